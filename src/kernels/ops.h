@@ -1,0 +1,78 @@
+#pragma once
+// The numerical op interface. Kernels see pointers, shapes and dtypes only: never a request,
+// a sequence or a scheduler type. Each op has a scalar reference in namespace `ref` (plain
+// loops, the definition of correct) and a SIMD implementation chosen at run time for the
+// best instruction set the CPU has (Highway dynamic dispatch: AVX2, AVX-512, ...).
+// A CUDA backend will be a second implementation of this same interface.
+//
+// Weight block layouts are exactly ggml's (GGUF):
+//   F32   4 bytes/value            F16  IEEE half          BF16  upper half of an f32
+//   Q8_0  blocks of 32: { f16 d; int8 q[32]; }           (34 bytes)  x = d * q
+//   Q4_0  blocks of 32: { f16 d; uint8 qs[16]; }          (18 bytes)
+//         x[j] = d * ((qs[j] & 0xF) - 8),  x[j + 16] = d * ((qs[j] >> 4) - 8)
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace sieve {
+class ThreadPool;
+}
+
+namespace sieve::kernels {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+std::string_view to_string(DType dtype);
+int64_t block_elems(DType dtype);   // 1 for float types, 32 for Q8_0 / Q4_0
+size_t block_bytes(DType dtype);    // 4, 2, 2, 34, 18
+size_t row_bytes(DType dtype, int64_t num_cols);  // num_cols must be a multiple of block_elems
+
+// A row-major weight matrix [rows][cols] stored in `dtype`; a row is row_bytes(dtype, cols).
+struct MatrixView {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// --- conversions (scalar, exact ggml rounding) ---
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);   // round to nearest even
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);  // round to nearest even, NaN preserved
+// f32 -> dtype and back for one row of n values (n a multiple of block_elems(dtype)).
+void quantize_row(DType dtype, const float* src, void* dst, int64_t n);
+void dequantize_row(DType dtype, const void* src, float* dst, int64_t n);
+
+// --- matrix multiply ---
+// y[i * w.rows + r] = sum_c x[i * w.cols + c] * w[r][c]   for i < num_x, r < w.rows.
+// num_x == 1 is the decode (matrix-vector) path; larger num_x is prefill (matrix-matrix),
+// which reads each weight row once for all x rows. Parallel over rows of w.
+// For Q8_0 / Q4_0 weights, x is first quantized to Q8_0 blocks (as ggml does) and the dot
+// products run in integers with one f32 scale per block.
+void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool);
+
+// --- vector ops (single-threaded; callers parallelise over rows/heads) ---
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
+// out = x / sqrt(mean(x^2) + eps) * weight
+void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t n);
+// gate = silu(gate) * up
+void silu_mul(float* gate, const float* up, int64_t n);
+// In place; returns the maximum (before exponentiation) and writes nothing else.
+float softmax(float* x, int64_t n);
+
+namespace ref {
+void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y);
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float alpha, const float* x, float* y, int64_t n);
+void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t n);
+void silu_mul(float* gate, const float* up, int64_t n);
+float softmax(float* x, int64_t n);
+}  // namespace ref
+
+// Names of the SIMD targets compiled in and available on this CPU (e.g. "AVX3", "AVX2"),
+// best first; and a way to force one for tests and benchmarks (empty = best).
+std::string_view active_target();
+void force_target_for_testing(std::string_view target_name);
+
+}  // namespace sieve::kernels

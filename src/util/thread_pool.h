@@ -1,0 +1,44 @@
+#pragma once
+// A fixed pool of worker threads for data-parallel loops. The calling thread takes part in
+// every loop, so a pool of N threads starts N-1 workers. Idle workers block in a futex wait
+// (std::atomic::wait) after a short bounded spin: an idle server burns no CPU.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace sieve {
+
+class ThreadPool {
+ public:
+  // num_threads <= 0 means one per hardware thread.
+  explicit ThreadPool(int num_threads = 0);
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  ~ThreadPool();
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) over disjoint ranges that cover [0, n), in chunks of `grain` items
+  // (default: n split evenly over the threads). Returns when every chunk is done. Not
+  // re-entrant: fn must not call parallel_for on the same pool.
+  using RangeFn = std::function<void(int64_t begin, int64_t end)>;
+  void parallel_for(int64_t n, const RangeFn& fn, int64_t grain = 0);
+
+ private:
+  void worker_loop();
+  void run_chunks();
+
+  std::vector<std::thread> workers_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> active_workers_{0};
+  std::atomic<bool> stop_{false};
+  // The current loop; written before generation_ is bumped, read by workers after.
+  const RangeFn* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int64_t job_grain_ = 1;
+  std::atomic<int64_t> next_chunk_{0};
+};
+
+}  // namespace sieve
