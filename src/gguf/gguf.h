@@ -13,11 +13,13 @@
 // truncated or hostile file produces sieve::gguf::FormatError with a message that names what
 // was wrong and where, never an out-of-bounds read or an unbounded allocation.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -44,7 +46,7 @@ enum class TensorType : uint32_t {
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15, kIQ2_XXS = 16,
   kIQ2_XS = 17, kIQ3_XXS = 18, kIQ1_S = 19, kIQ4_NL = 20, kIQ3_S = 21, kIQ2_S = 22,
   kIQ4_XS = 23, kI8 = 24, kI16 = 25, kI32 = 26, kI64 = 27, kF64 = 28, kIQ1_M = 29, kBF16 = 30,
-  kTQ1_0 = 34, kTQ2_0 = 35,
+  kTQ1_0 = 34, kTQ2_0 = 35, kMXFP4 = 39,
 };
 std::string to_string(TensorType type);  // "F32", "Q4_K", or "type 99" if unknown
 bool is_supported(TensorType type);      // F32, F16, BF16, Q8_0, Q4_0
@@ -52,11 +54,16 @@ bool is_supported(TensorType type);      // F32, F16, BF16, Q8_0, Q4_0
 // Throws FormatError for types whose layout sieve does not know.
 uint64_t block_size(TensorType type);
 uint64_t type_size(TensorType type);
+// Bytes of a tensor with this type and shape (ggml order, 1 to 4 dimensions). Throws FormatError
+// when the type is unknown, shape[0] is not a multiple of block_size(type), a dimension exceeds
+// ggml's int64 limit, or the size does not fit in uint64.
+uint64_t tensor_num_bytes(TensorType type, std::span<const uint64_t> shape);
 
 struct Value;
 struct Array {
   ValueType elem_type = ValueType::kUint8;
   std::vector<Value> items;
+  bool operator==(const Array&) const = default;
 };
 
 struct Value {
@@ -64,11 +71,13 @@ struct Value {
                Array, uint64_t, int64_t, double>
       data;
   ValueType type() const { return static_cast<ValueType>(data.index()); }
+  bool operator==(const Value&) const = default;  // floats compare by value (NaN != NaN)
 };
 
 struct KeyValue {
   std::string key;
   Value value;
+  bool operator==(const KeyValue&) const = default;
 };
 
 struct TensorInfo {
@@ -79,6 +88,15 @@ struct TensorInfo {
   uint64_t num_bytes = 0;  // computed from shape and type
   uint64_t num_elements() const;
 };
+
+namespace detail {
+// Name -> position, with heterogeneous lookup so that find(std::string_view) builds no string.
+struct NameHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view name) const { return std::hash<std::string_view>{}(name); }
+};
+using NameIndex = std::unordered_map<std::string, size_t, NameHash, std::equal_to<>>;
+}  // namespace detail
 
 class File {
  public:
@@ -118,6 +136,8 @@ class File {
   uint64_t data_offset_ = 0;
   std::vector<KeyValue> metadata_;
   std::vector<TensorInfo> tensors_;
+  detail::NameIndex key_index_;     // key -> position in metadata_
+  detail::NameIndex tensor_index_;  // tensor name -> position in tensors_
 };
 
 // Writes GGUF v3. Keys and tensors are written in the order they were added.
@@ -138,12 +158,17 @@ class Writer {
 
   // Writes the file (atomically: to path + ".tmp", then renamed). Throws sieve::Error.
   void write(const std::string& path) const;
+  // The whole file in memory (tests, fuzzing): an expensive copy of every tensor's data.
+  std::vector<uint8_t> to_bytes() const;
 
  private:
   struct PendingTensor {
     TensorInfo info;
     std::vector<uint8_t> data;
   };
+  // Validates everything, then hands the file to `sink` in consecutive pieces.
+  void emit(const std::function<void(std::span<const uint8_t>)>& sink) const;
+
   std::vector<KeyValue> metadata_;
   std::vector<PendingTensor> tensors_;
 };
