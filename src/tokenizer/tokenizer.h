@@ -23,7 +23,12 @@ using TokenId = int32_t;
 
 // tokenizer.ggml.token_type values.
 enum class TokenType : int32_t {
-  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5,
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
   kByte = 6,
 };
 
@@ -31,50 +36,76 @@ enum class VocabKind { kSpm, kBpe };
 
 struct Vocab {
   VocabKind kind = VocabKind::kSpm;
-  std::string pre;  // tokenizer.ggml.pre ("default" when absent)
-  std::vector<std::string> tokens;       // piece text as stored (SPM uses U+2581 for space)
-  std::vector<float> scores;             // SPM merge scores (empty for BPE)
+  std::string pre;                  // tokenizer.ggml.pre ("default" when absent)
+  std::vector<std::string> tokens;  // piece text as stored (SPM uses U+2581 for space)
+  std::vector<float> scores;        // SPM merge scores (empty for BPE)
   std::vector<TokenType> types;
-  std::vector<std::string> merges;       // BPE: "left right", by rank
+  std::vector<std::string> merges;  // BPE: "left right", by rank
   std::optional<TokenId> bos, eos, unk, pad, eot;
   bool add_bos = false;
   bool add_eos = false;
-  bool add_space_prefix = true;          // SPM: prepend a space to the text
+  bool add_space_prefix = true;  // SPM: prepend a space to the text
   size_t size() const { return tokens.size(); }
+  friend bool operator==(const Vocab&, const Vocab&) = default;
 };
 
 // Reads tokenizer.ggml.* keys. Throws sieve::Error with the key name when data is missing or
 // inconsistent (e.g. scores/types arrays of a different length than tokens, ids out of range).
+// Defaults follow llama.cpp: "llama" vocabularies add BOS and a space prefix and default to
+// unk/bos/eos = 0/1/2; "gpt2" ones add BOS only for the llama3 pre-tokenizers. A special-token
+// id of 0xFFFFFFFF (or -1) means "none". Token types outside the enum read as kUndefined.
 Vocab load_vocab(const gguf::File& file);
 // Reads a llama2.c tokenizer file (e.g. tok512.bin): i32 max_token_length, then per token
 // f32 score, i32 length, bytes. Produces the same SPM vocabulary as the GGUF conversion.
+// Ids 0, 1, 2 become <unk>, <s>, </s> (llama2.c stores "\n<s>\n" etc.), "<0xXX>" pieces are
+// byte tokens, spaces become U+2581; bos/eos/unk = 1/2/0. Bytes after the last token are
+// ignored. Throws sieve::Error naming the file and token on truncated or malformed data.
 Vocab load_llama2c_vocab(const std::string& path, size_t vocab_size);
 
+// Checks the invariants every tokenizer relies on: parallel arrays of equal length (scores may
+// be empty, meaning all 0), no NaN score, unique token texts, special ids in range, BOS/EOS
+// ids present when they are to be added. Throws sieve::Error saying what is wrong.
+// Tokenizer::create calls it.
+void validate(const Vocab& vocab);
+
 struct EncodeOptions {
-  bool add_special = true;    // add BOS/EOS as the vocabulary says
-  bool parse_special = false; // recognise special-token text (e.g. "<|eot_id|>") in the input
+  bool add_special = true;     // add BOS/EOS as the vocabulary says
+  bool parse_special = false;  // recognise special-token text (e.g. "<|eot_id|>") in the input
 };
 
+// Thread-safe: all methods are const and keep no per-call state in the object.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
+  // Validates the vocabulary (see validate()) and builds the SPM or BPE tokenizer; for BPE also
+  // compiles the pre-tokenizer, so an unknown tokenizer.ggml.pre throws sieve::Error here.
   static std::unique_ptr<Tokenizer> create(Vocab vocab);
 
   virtual std::vector<TokenId> encode(std::string_view text, EncodeOptions options = {}) const = 0;
   // The bytes a token stands for (U+2581 -> ' ', <0x0A> -> '\n', byte-level BPE unmapped).
   // Control tokens give "" unless render_special.
   virtual std::string token_to_piece(TokenId id, bool render_special = false) const = 0;
-  // Concatenated pieces; SPM strips the single leading space that encode() added when the
-  // first token is at the start of the text (as llama.cpp does with remove_special).
+  // Concatenated pieces; SPM strips the single leading space that encode() added at the start
+  // of the text: from the first piece, or from the second when the first token is BOS (unlike
+  // llama.cpp's detokenize, which keeps it after BOS). No clean-up of spaces before
+  // punctuation (llama.cpp's clean_spaces) is done, so decode(encode(text)) == text for all
+  // valid UTF-8 (SPM: without U+2581, which SPM cannot tell from a space; BPE: malformed bytes
+  // come back as U+FFFD). Ids out of range throw sieve::Error.
   virtual std::string decode(std::span<const TokenId> ids, bool render_special = false) const = 0;
 
   const Vocab& vocab() const { return vocab_; }
   bool is_control(TokenId id) const;
-  bool is_eog(TokenId id) const;  // end of generation: EOS, EOT
+  // End of generation: EOS, EOT, and control tokens named like an end of turn/text
+  // ("<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<end_of_turn>", ...), as llama.cpp does.
+  bool is_eog(TokenId id) const;
+  std::span<const TokenId> eog_ids() const { return eog_ids_; }  // sorted
 
  protected:
-  explicit Tokenizer(Vocab vocab) : vocab_(std::move(vocab)) {}
+  explicit Tokenizer(Vocab vocab);
   Vocab vocab_;
+
+ private:
+  std::vector<TokenId> eog_ids_;
 };
 
 }  // namespace sieve::tok

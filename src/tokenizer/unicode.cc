@@ -1,0 +1,133 @@
+#include "tokenizer/unicode.h"
+
+#include <array>
+
+namespace sieve::tok::unicode {
+namespace {
+
+bool is_continuation(uint8_t byte) { return (byte & 0xC0) == 0x80; }
+
+// The GPT-2 mapping, built once: forward as UTF-8 strings, backward as a dense table over
+// U+0000..U+01FF (every mapped code point is below U+0144).
+struct ByteMap {
+  std::array<std::string, 256> to_unicode;
+  std::array<int16_t, 512> to_byte;  // -1 where no byte maps to the code point
+
+  ByteMap() {
+    to_byte.fill(-1);
+    auto printable = [](int b) {
+      return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
+    int next_extra = 0;
+    for (int b = 0; b < 256; ++b) {
+      uint32_t cpt = printable(b) ? static_cast<uint32_t>(b) : 256u + next_extra++;
+      append_utf8(to_unicode[b], cpt);
+      to_byte[cpt] = static_cast<int16_t>(b);
+    }
+  }
+};
+
+const ByteMap& byte_map() {
+  static const ByteMap map;
+  return map;
+}
+
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(text.size());
+  size_t pos = 0;
+  while (true) {
+    size_t hit = text.find(from, pos);
+    if (hit == std::string_view::npos) break;
+    out.append(text.substr(pos, hit - pos));
+    out.append(to);
+    pos = hit + from.size();
+  }
+  out.append(text.substr(pos));
+  return out;
+}
+
+}  // namespace
+
+size_t sequence_length(uint8_t lead) {
+  static constexpr uint8_t kLengths[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+  return kLengths[lead >> 4];
+}
+
+uint32_t decode_lenient(std::string_view text, size_t& offset) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(text[offset + i]); };
+  const size_t left = text.size() - offset;
+  const uint8_t lead = byte(0);
+  if (lead < 0x80) {
+    offset += 1;
+    return lead;
+  }
+  size_t length = 0;
+  uint32_t cpt = 0;
+  if ((lead & 0xE0) == 0xC0) {
+    length = 2;
+    cpt = lead & 0x1F;
+  } else if ((lead & 0xF0) == 0xE0) {
+    length = 3;
+    cpt = lead & 0x0F;
+  } else if ((lead & 0xF8) == 0xF0) {
+    length = 4;
+    cpt = lead & 0x07;
+  }
+  bool ok = length != 0 && length <= left;
+  for (size_t i = 1; ok && i < length; ++i) {
+    ok = is_continuation(byte(i));
+    cpt = (cpt << 6) | (byte(i) & 0x3F);
+  }
+  if (!ok || cpt > 0x10FFFF) {
+    offset += 1;
+    return kReplacementChar;
+  }
+  offset += length;
+  return cpt;
+}
+
+void append_utf8(std::string& out, uint32_t cpt) {
+  if (cpt < 0x80) {
+    out.push_back(static_cast<char>(cpt));
+  } else if (cpt < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cpt >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cpt & 0x3F)));
+  } else if (cpt < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cpt >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cpt >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cpt & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cpt >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cpt >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cpt >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cpt & 0x3F)));
+  }
+}
+
+bool is_valid_utf8(std::string_view text) {
+  size_t offset = 0;
+  while (offset < text.size()) {
+    const size_t start = offset;
+    const uint32_t cpt = decode_lenient(text, offset);
+    const size_t length = offset - start;
+    if (cpt == kReplacementChar && length == 1) return false;  // malformed byte
+    const size_t shortest = cpt < 0x80 ? 1 : cpt < 0x800 ? 2 : cpt < 0x10000 ? 3 : 4;
+    if (length != shortest) return false;              // overlong form
+    if (cpt >= 0xD800 && cpt <= 0xDFFF) return false;  // surrogate
+  }
+  return true;
+}
+
+std::string_view byte_to_unicode(uint8_t byte) { return byte_map().to_unicode[byte]; }
+
+std::optional<uint8_t> unicode_to_byte(uint32_t cpt) {
+  if (cpt >= byte_map().to_byte.size() || byte_map().to_byte[cpt] < 0) return std::nullopt;
+  return static_cast<uint8_t>(byte_map().to_byte[cpt]);
+}
+
+std::string escape_spm_spaces(std::string_view text) { return replace_all(text, " ", kSpmSpace); }
+
+std::string unescape_spm_spaces(std::string_view text) { return replace_all(text, kSpmSpace, " "); }
+
+}  // namespace sieve::tok::unicode
