@@ -20,7 +20,7 @@ constexpr int kSpinRounds = 4000;
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
   workers_.reserve(num_threads - 1);
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(/*seen=*/0); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -40,8 +40,9 @@ void ThreadPool::run_chunks() {
   }
 }
 
-void ThreadPool::worker_loop() {
-  uint64_t seen = generation_.load();
+// `seen` starts at the pool's initial generation, not at whatever generation_ holds when the
+// thread first runs: a loop may already have been posted by then.
+void ThreadPool::worker_loop(uint64_t seen) {
   for (;;) {
     uint64_t current = generation_.load();
     for (int i = 0; i < kSpinRounds && current == seen; ++i) {

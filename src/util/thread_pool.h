@@ -27,7 +27,7 @@ class ThreadPool {
   void parallel_for(int64_t n, const RangeFn& fn, int64_t grain = 0);
 
  private:
-  void worker_loop();
+  void worker_loop(uint64_t seen);
   void run_chunks();
 
   std::vector<std::thread> workers_;
