@@ -12,7 +12,9 @@
 //         x[j] = d * ((qs[j] & 0xF) - 8),  x[j + 16] = d * ((qs[j] >> 4) - 8)
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace sieve {
 class ThreadPool;
@@ -70,9 +72,16 @@ void silu_mul(float* gate, const float* up, int64_t n);
 float softmax(float* x, int64_t n);
 }  // namespace ref
 
-// Names of the SIMD targets compiled in and available on this CPU (e.g. "AVX3", "AVX2"),
-// best first; and a way to force one for tests and benchmarks (empty = best).
+// --- SIMD target selection ---
+// Names of the SIMD targets compiled in and supported by this CPU, best first. On x86-64:
+// "AVX3" (AVX-512), "AVX2", "SSE4", then the portable baseline any x86-64 runs: "SCALAR" when
+// built with GCC < 12.3 (Highway disables "EMU128" there), else "EMU128".
+std::vector<std::string> available_targets();
+// The target the dispatched kernels run on now.
 std::string_view active_target();
-void force_target_for_testing(std::string_view target_name);
+// Makes every kernel run on `target_name` (one of available_targets()); empty = best again.
+// Returns false, changing nothing, for an unknown or unsupported name. For tests and
+// benchmarks only: not thread-safe with kernels running concurrently.
+bool force_target_for_testing(std::string_view target_name);
 
 }  // namespace sieve::kernels

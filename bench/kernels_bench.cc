@@ -1,0 +1,203 @@
+// Microbenchmarks of the matmul kernels (Google Benchmark).
+//
+//   MemBandwidth/threads:T          sum of a 1 GiB buffer: the DRAM roofline for decode
+//   Decode/<target>/<dtype>/RxC/threads:T   y = W x, one x row: GB/s of weights streamed
+//                                           (4096x4096 Q8_0/Q4_0 fit the 32 MiB L3 here)
+//   Prefill/<target>/<dtype>/RxC/x64        64 x rows: GFLOP/s (2 * rows * cols * 64 per call)
+//   Ref{Decode,Prefill}/<dtype>/...         the scalar reference, for scale
+//
+// Weights are random values quantized to each dtype. Filter with --benchmark_filter, e.g.
+//   kernels_bench --benchmark_filter='Decode/AVX3'
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "util/thread_pool.h"
+
+namespace sieve::kernels {
+namespace {
+
+constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+
+// Deterministic floats in [-1, 1) (xorshift; fast enough for 45 M values).
+std::vector<float> random_floats(int64_t n, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (float& f : v) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    f = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / (1 << 23);
+  }
+  return v;
+}
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  MatrixView view;
+};
+
+// One matrix per (dtype, shape), built on first use and shared by all targets.
+const Weights& weights(DType dtype, int64_t rows, int64_t cols) {
+  static std::map<std::tuple<DType, int64_t, int64_t>, std::unique_ptr<Weights>> cache;
+  auto& entry = cache[{dtype, rows, cols}];
+  if (!entry) {
+    entry = std::make_unique<Weights>();
+    const size_t bytes_per_row = row_bytes(dtype, cols);
+    entry->bytes.resize(bytes_per_row * rows);
+    for (int64_t r = 0; r < rows; r += 256) {
+      const int64_t n = std::min<int64_t>(256, rows - r);
+      const std::vector<float> values = random_floats(n * cols, r + 1);
+      for (int64_t k = 0; k < n; ++k) {
+        quantize_row(dtype, values.data() + k * cols, entry->bytes.data() + (r + k) * bytes_per_row,
+                     cols);
+      }
+    }
+    entry->view = MatrixView{dtype, entry->bytes.data(), rows, cols};
+  }
+  return *entry;
+}
+
+ThreadPool& pool_of(int num_threads) {
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  auto& pool = pools[num_threads];
+  if (!pool) pool = std::make_unique<ThreadPool>(num_threads);
+  return *pool;
+}
+
+int hardware_threads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+struct MatmulCase {
+  std::string target;  // empty: the scalar reference
+  DType dtype;
+  int64_t rows, cols, num_x;
+  int threads;
+};
+
+void run_matmul(benchmark::State& state, const MatmulCase& c) {
+  const bool reference = c.target.empty();
+  if (!reference && !force_target_for_testing(c.target)) {
+    state.SkipWithError("target not available");
+    return;
+  }
+  const Weights& w = weights(c.dtype, c.rows, c.cols);
+  const std::vector<float> x = random_floats(c.num_x * c.cols, 99);
+  std::vector<float> y(static_cast<size_t>(c.num_x * c.rows));
+  ThreadPool& pool = pool_of(c.threads);
+  for (auto _ : state) {
+    if (reference) {
+      ref::matmul(w.view, x.data(), c.num_x, y.data());
+    } else {
+      matmul(w.view, x.data(), c.num_x, y.data(), pool);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double iterations = static_cast<double>(state.iterations());
+  const double weight_bytes = static_cast<double>(row_bytes(c.dtype, c.cols)) * c.rows;
+  state.counters["GB/s"] =
+      benchmark::Counter(weight_bytes * iterations / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * c.rows * c.cols * c.num_x * iterations / 1e9,
+                                                 benchmark::Counter::kIsRate);
+  force_target_for_testing("");
+}
+
+// Sums a 1 GiB buffer of uint64 with all threads: the read bandwidth decode can hope for.
+void run_mem_bandwidth(benchmark::State& state, int threads) {
+  constexpr size_t kBytes = size_t{1} << 30;
+  static std::vector<uint64_t> buffer = [] {
+    std::vector<uint64_t> b(kBytes / sizeof(uint64_t));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = i;
+    return b;
+  }();
+  ThreadPool& pool = pool_of(threads);
+  constexpr int64_t kChunk = (1 << 20) / sizeof(uint64_t);  // 1 MiB per task
+  const int64_t num_chunks = static_cast<int64_t>(buffer.size()) / kChunk;
+  for (auto _ : state) {
+    std::vector<uint64_t> sums(num_chunks);
+    pool.parallel_for(
+        num_chunks,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t chunk = begin; chunk < end; ++chunk) {
+            const uint64_t* p = buffer.data() + chunk * kChunk;
+            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (int64_t i = 0; i < kChunk; i += 4) {
+              s0 += p[i];
+              s1 += p[i + 1];
+              s2 += p[i + 2];
+              s3 += p[i + 3];
+            }
+            sums[chunk] = s0 + s1 + s2 + s3;
+          }
+        },
+        1);
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(kBytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
+std::string shape_name(const MatmulCase& c) {
+  return std::string(to_string(c.dtype)) + "/" + std::to_string(c.rows) + "x" +
+         std::to_string(c.cols);
+}
+
+void register_all() {
+  const int max_threads = hardware_threads();
+  std::vector<int> thread_counts = {1};
+  if (max_threads > 1) thread_counts.push_back(max_threads);
+
+  for (int threads : thread_counts) {
+    benchmark::RegisterBenchmark(("MemBandwidth/threads:" + std::to_string(threads)).c_str(),
+                                 run_mem_bandwidth, threads)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  const auto add = [](const std::string& name, const MatmulCase& c) {
+    benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
+  for (const std::string& target : available_targets()) {
+    for (DType dtype : kDTypes) {
+      for (auto [rows, cols] :
+           {std::pair<int64_t, int64_t>{4096, 4096}, {11008, 4096}, {4096, 11008}}) {
+        for (int threads : thread_counts) {
+          const MatmulCase c{target, dtype, rows, cols, 1, threads};
+          add("Decode/" + target + "/" + shape_name(c) + "/threads:" + std::to_string(threads), c);
+        }
+      }
+      const MatmulCase c{target, dtype, 4096, 4096, 64, max_threads};
+      add("Prefill/" + target + "/" + shape_name(c) + "/x64", c);
+    }
+  }
+  for (DType dtype : kDTypes) {
+    const MatmulCase decode{"", dtype, 4096, 4096, 1, 1};
+    add("RefDecode/" + shape_name(decode), decode);
+    const MatmulCase prefill{"", dtype, 1024, 4096, 64, 1};
+    add("RefPrefill/" + shape_name(prefill) + "/x64", prefill);
+  }
+}
+
+}  // namespace
+}  // namespace sieve::kernels
+
+int main(int argc, char** argv) {
+  sieve::kernels::register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

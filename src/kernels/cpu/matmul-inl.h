@@ -1,0 +1,526 @@
+// Per-target matmul kernels: y[i][r] = <w[r], x[i]> for a weight matrix w [rows][cols] in
+// any DType and activations x [num_x][cols]. Included once per Highway target (toggle guard).
+//
+// Structure (one kernel for all dtypes, the dtype is a policy):
+//   Run()        parallel over tasks of consecutive weight rows (~kTaskBytes of weights per
+//                pass over the columns each)
+//   RunRows()    inside a task: decode (num_x == 1) runs whole rows, 4 at a time, with a
+//                software prefetcher for short rows; prefill walks kPrefillCols column slices
+//                and, in each, tiles of kW weight rows x kX activation rows
+//   Tile<kW,kX>  register-blocked dot products: each decoded weight vector is used for kX
+//                activation rows, each activation vector for kW weight rows
+// Two tile kinds:
+//   FloatKernel<Row>  F32 / F16 / BF16: weights widened to f32, f32 FMAs. Any cols.
+//   QuantKernel<Row>  Q8_0 / Q4_0: activations pre-quantized to Q8_0; int8 x int8 -> int32
+//                     per block (BlockDot), then one f32 FMA per block with scale d_w * d_x.
+//                     cols a multiple of 32.
+#if defined(SIEVE_KERNELS_CPU_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SIEVE_KERNELS_CPU_MATMUL_INL_H_
+#undef SIEVE_KERNELS_CPU_MATMUL_INL_H_
+#else
+#define SIEVE_KERNELS_CPU_MATMUL_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+#include "kernels/blocks.h"
+#include "kernels/cpu/ops-inl.h"
+#include "kernels/ops.h"
+#include "util/thread_pool.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sieve::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ----------------------------------------------------------------------------- tiling
+
+// Decode: 4 weight rows per tile = 4 independent FMA chains and 4 prefetch streams.
+inline constexpr int kDecodeRowsW = 4;
+// Prefill: kPrefillRowsW x 4 accumulators. AVX-512 has 32 vector registers, others 16.
+inline constexpr int kPrefillRowsX = 4;
+inline constexpr int kPrefillRowsW = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+// A task covers ~this many bytes of weights per pass (decode: whole rows, prefill: one
+// column slice): big enough to amortise the task overhead (~0.1 us), small enough to stay in
+// L2 while all x tiles pass over it (prefill).
+inline constexpr int64_t kTaskBytes = 64 << 10;
+inline constexpr int64_t kMaxTaskRows = 64;
+// Below this many multiply-adds a matmul runs on the calling thread alone, and below this
+// many activations their quantization does (waking the pool costs microseconds).
+inline constexpr int64_t kMinParallelMacs = 1 << 16;
+inline constexpr int64_t kMinParallelQuantize = 1 << 14;
+// Prefill walks the columns in slices of this many, so a tile's activation rows (4 x 4 KiB
+// of f32) stay in L1 while the weight rows pass over them. A multiple of 32 and of every
+// vector length.
+inline constexpr int64_t kPrefillCols = 1024;
+
+// Columns [begin, end) of a tile; `accumulate` adds to y instead of overwriting it.
+struct ColumnSlice {
+  int64_t begin = 0, end = 0;
+  bool accumulate = false;
+};
+
+HWY_INLINE void StoreOutput(float* out, float value, bool accumulate) {
+  *out = accumulate ? *out + value : value;
+}
+
+// Software prefetch for whole-row passes (decode) over short rows. A tile's kW rows are
+// adjacent in memory, and so are consecutive tiles: a cursor walks that region linearly
+// kPrefetchBytes ahead of the reads, at the rate the tile consumes it. The hardware
+// prefetchers do not ramp up on rows of a few KiB: measured single-threaded on a Zen 4 VM,
+// Q8_0 11008x4096 decode goes from 11 to 23 GB/s, F16 rows of 4 KiB from 19 to 23 GB/s. On
+// rows of 8 KiB and more the cursor runs behind the later rows of the tile and costs 10-25%,
+// so those are left to the hardware.
+inline constexpr int64_t kPrefetchBytes = 16 << 10;
+inline constexpr size_t kPrefetchMaxRowBytes = 8 << 10;
+
+// Addresses are integers: the cursor runs past the end of the matrix (prefetches never fault).
+class RowPrefetcher {
+ public:
+  // The tile's rows start at `tile`; each step consumes `step_bytes` of them.
+  RowPrefetcher(const void* tile, int64_t step_bytes)
+      : base_(reinterpret_cast<uintptr_t>(tile) + kPrefetchBytes),
+        next_(base_),
+        step_bytes_(static_cast<uintptr_t>(step_bytes)) {}
+  // Before step `step` (0, 1, ...): prefetch up to where that step will be, plus the distance.
+  HWY_INLINE void Before(int64_t step) {
+    const uintptr_t end = base_ + static_cast<uintptr_t>(step + 1) * step_bytes_;
+    for (; next_ < end; next_ += 64) hwy::Prefetch(reinterpret_cast<const uint8_t*>(next_));
+  }
+
+ private:
+  uintptr_t base_;
+  uintptr_t next_;
+  uintptr_t step_bytes_;
+};
+
+HWY_INLINE bool UseRowPrefetcher(const ColumnSlice& slice, int64_t cols, size_t row_bytes) {
+  return slice.begin == 0 && slice.end == cols && row_bytes < kPrefetchMaxRowBytes;
+}
+
+// ----------------------------------------------------------------------------- weight rows
+
+// Float policies: Load() widens the Lanes(df) values at p to f32; At() one value.
+struct F32Row {
+  using T = float;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* HWY_RESTRICT p) {
+    return hn::LoadU(df, p);
+  }
+  static HWY_INLINE float At(const T* p) { return *p; }
+};
+struct F16Row {
+  using T = uint16_t;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* HWY_RESTRICT p) {
+    return PromoteF16(df, p);
+  }
+  static HWY_INLINE float At(const T* p) { return f16_to_f32(*p); }
+};
+struct BF16Row {
+  using T = uint16_t;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* HWY_RESTRICT p) {
+    return PromoteBF16(df, p);
+  }
+  static HWY_INLINE float At(const T* p) { return bf16_to_f32(*p); }
+};
+
+// ----------------------------------------------------------------------------- int8 blocks
+
+// Dot products of 32-value int8 blocks: the block is kVecs vectors of D8 (int8 lanes), a
+// product yields int32 lanes whose total is the dot product.
+//   x86 (SSE4, AVX2, AVX-512): pmaddubsw (u8 x s8 -> pairs of i16) + pmaddwd (-> i32), on
+//     256-bit vectors from AVX2 up (one block per vector; 512-bit buys nothing here: the
+//     per-block scale work dominates). A signed w goes through |w| and sign(x, w).
+//     Measured 1.6x faster than widening to int16 (Highway's portable path below).
+//   other targets: widen both to int16, ReorderWidenMulAccumulate.
+// No VNNI (vpdpbusd) path: it needs Highway's AVX3_DL target, whose 1.0.3 flags enable the VEX
+// "avxvnni" that Zen 4 and Ice Lake lack (GCC then emits {vex} vpdpbusd: SIGILL), and it
+// measured only 5-10% faster for decode here.
+// Range: |x| <= 127 (our Q8_0 activations), w in [-128, 127] or nibbles in [0, 15], so the
+// i16 pair sums stay below 2^15 and never saturate.
+struct BlockDot {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  using D8 = hn::Full256<int8_t>;
+  using D32 = hn::Full256<int32_t>;
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+  using D8 = hn::Full128<int8_t>;
+  using D32 = hn::Full128<int32_t>;
+#else
+  using D16 = hn::ScalableTag<int16_t>;
+  using D8 = hn::Rebind<int8_t, D16>;  // half a vector: widened to D16 before multiplying
+  using D32 = hn::Repartition<int32_t, D16>;
+#endif
+  using DF = hn::Repartition<float, D32>;
+  using V8 = hn::Vec<D8>;
+  using V32 = hn::Vec<D32>;
+  static constexpr size_t kLanes = hn::MaxLanes(D8());
+  static constexpr size_t kVecs = kQBlock / kLanes;
+
+  // acc + sum_j w[j] * x[j] as int32 lanes; kSignedW: w in [-128, 127], else in [0, 15].
+  template <bool kSignedW>
+  static HWY_INLINE V32 Dot(V8 w, V8 x, V32 acc) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
+    const V8 u = kSignedW ? hn::Abs(w) : w;  // as u8: |-128| = 128 is right
+#if HWY_TARGET <= HWY_AVX2
+    const __m256i s = kSignedW ? _mm256_sign_epi8(x.raw, w.raw) : x.raw;
+    const __m256i pairs = _mm256_maddubs_epi16(u.raw, s);
+    return hn::Add(acc, V32{_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))});
+#else
+    const __m128i s = kSignedW ? _mm_sign_epi8(x.raw, w.raw) : x.raw;
+    return hn::Add(acc, V32{_mm_madd_epi16(_mm_maddubs_epi16(u.raw, s), _mm_set1_epi16(1))});
+#endif
+#else
+    const D16 d16;
+    V32 odd = hn::Zero(D32());
+    const V32 even = hn::ReorderWidenMulAccumulate(D32(), hn::PromoteTo(d16, w),
+                                                   hn::PromoteTo(d16, x), acc, odd);
+    return hn::RearrangeToOddPlusEven(even, odd);
+#endif
+  }
+};
+
+// One row of activations (num_blocks * 32 values) -> Q8_0 blocks, bit-identical to
+// quantize_block_q8_0 (ggml's quantize_row_q8_0_ref): d = max|x| / 127, q = roundf(x * (1/d)),
+// roundf's ties away from zero done as trunc + (|frac| >= 0.5). Writes q and d (the f16 scale
+// as f32). Two passes, so the two dependent divisions per block overlap across blocks instead
+// of stalling each block's rounding.
+HWY_INLINE void QuantizeRowQ8_0(const float* HWY_RESTRICT x, int64_t num_blocks,
+                                int8_t* HWY_RESTRICT q, float* HWY_RESTRICT d) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  constexpr size_t kLanes = hn::MaxLanes(decltype(df)());
+  static_assert(kQBlock % kLanes == 0);
+  const auto half = hn::Set(df, 0.5f);
+  const auto one = hn::Set(df, 1.0f);
+  constexpr int64_t kChunk = 64;  // blocks per pass
+  float inverse[kChunk];
+  for (int64_t b0 = 0; b0 < num_blocks; b0 += kChunk) {
+    const int64_t b1 = std::min(num_blocks, b0 + kChunk);
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* xb = x + b * kQBlock;
+      auto vmax = hn::Zero(df);
+      for (size_t k = 0; k < kQBlock; k += kLanes)
+        vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + k)));
+      const float scale = hn::GetLane(hn::MaxOfLanes(df, vmax)) / 127.0f;
+      inverse[b - b0] = scale != 0.0f ? 1.0f / scale : 0.0f;
+      d[b] = f16_to_f32(f32_to_f16(scale));
+    }
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* xb = x + b * kQBlock;
+      const auto id = hn::Set(df, inverse[b - b0]);
+      for (size_t k = 0; k < kQBlock; k += kLanes) {
+        const auto scaled = hn::Mul(hn::LoadU(df, xb + k), id);
+        const auto truncated = hn::Trunc(scaled);
+        const auto away = hn::Ge(hn::Abs(hn::Sub(scaled, truncated)), half);
+        const auto rounded =
+            hn::Add(truncated, hn::IfThenElseZero(away, hn::CopySignToAbs(one, scaled)));
+        hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, rounded)), d8, q + b * kQBlock + k);
+      }
+    }
+  }
+}
+
+// Quantized weight policies. Decode() writes the block's 32 weights (column order) as int8
+// lanes into q[0 .. kVecs); the weight is that value plus kOffset.
+struct Q8_0Row {
+  using Block = BlockQ8_0;
+  static constexpr bool kSigned = true;
+  static constexpr int kOffset = 0;
+  template <class D8>
+  static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
+    constexpr size_t kLanes = hn::MaxLanes(D8());
+    for (size_t v = 0; v < kQBlock / kLanes; ++v) q[v] = hn::LoadU(d8, block.qs + v * kLanes);
+  }
+};
+struct Q4_0Row {
+  using Block = BlockQ4_0;
+  static constexpr bool kSigned = false;  // nibbles 0..15
+  static constexpr int kOffset = -8;
+  template <class D8>
+  static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
+    constexpr size_t kLanes = hn::MaxLanes(D8());
+    const hn::RebindToUnsigned<D8> du8;
+    const auto mask = hn::Set(du8, 0xF);
+    if constexpr (kLanes <= 16) {
+      // Byte j holds columns j (low nibble) and j + 16 (high nibble).
+      for (size_t v = 0; v < 16 / kLanes; ++v) {
+        const auto bytes = hn::LoadU(du8, block.qs + v * kLanes);
+        q[v] = hn::BitCast(d8, hn::And(bytes, mask));
+        q[v + 16 / kLanes] = hn::BitCast(d8, hn::ShiftRight<4>(bytes));
+      }
+    } else {
+#if HWY_TARGET != HWY_SCALAR  // (no Combine there; this branch needs 32 lanes anyway)
+      // One vector holds the block: low nibbles -> lower half, high nibbles -> upper half.
+      const hn::Half<decltype(du8)> dh;
+      const auto bytes = hn::LoadU(dh, block.qs);
+      const auto high = hn::BitCast(
+          dh, hn::ShiftRight<4>(hn::BitCast(hn::RepartitionToWide<decltype(dh)>(), bytes)));
+      q[0] = hn::BitCast(d8, hn::And(hn::Combine(du8, high, bytes), mask));
+#endif
+    }
+  }
+};
+
+// ----------------------------------------------------------------------------- tiles
+
+// Float weights: y[x0 + i][r0 + r] for r < kW, i < kX. Per Lanes(df) columns: kW weight
+// loads (+ widening), kX activation loads, kW * kX FMAs; the rest (< Lanes) in scalar code.
+template <class Row>
+struct FloatKernel {
+  using T = typename Row::T;
+  const uint8_t* w;  // rows * row_bytes bytes
+  size_t row_bytes;  // cols * sizeof(T)
+  int64_t rows, cols;
+  const float* x;  // [num_x][cols]
+  float* y;        // [num_x][rows]
+
+  template <int kW, int kX>
+  HWY_INLINE void Tile(int64_t r0, int64_t x0, ColumnSlice slice) const {
+    const hn::ScalableTag<float> df;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+    const T* w_rows[kW];
+    for (int r = 0; r < kW; ++r) {
+      w_rows[r] = reinterpret_cast<const T*>(w + static_cast<size_t>(r0 + r) * row_bytes);
+    }
+    const float* x_rows[kX];
+    for (int i = 0; i < kX; ++i) x_rows[i] = x + (x0 + i) * cols;
+
+    hn::Vec<decltype(df)> acc[kX][kW];
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) acc[i][r] = hn::Zero(df);
+    }
+    const bool prefetch = UseRowPrefetcher(slice, cols, row_bytes);
+    RowPrefetcher prefetcher(w_rows[0], static_cast<int64_t>(kW * N * sizeof(T)));
+    int64_t c = slice.begin;
+    for (; c + N <= slice.end; c += N) {
+      if (prefetch) prefetcher.Before(c / N);
+      hn::Vec<decltype(df)> xv[kX];
+      for (int i = 0; i < kX; ++i) xv[i] = hn::LoadU(df, x_rows[i] + c);
+      for (int r = 0; r < kW; ++r) {
+        const auto wv = Row::Load(df, w_rows[r] + c);
+        for (int i = 0; i < kX; ++i) acc[i][r] = hn::MulAdd(wv, xv[i], acc[i][r]);
+      }
+    }
+    float tail[kX][kW] = {};
+    for (; c < slice.end; ++c) {
+      for (int r = 0; r < kW; ++r) {
+        const float wc = Row::At(w_rows[r] + c);
+        for (int i = 0; i < kX; ++i) tail[i][r] += wc * x_rows[i][c];
+      }
+    }
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) {
+        StoreOutput(&y[(x0 + i) * rows + r0 + r], ReduceSum(df, acc[i][r]) + tail[i][r],
+                    slice.accumulate);
+      }
+    }
+  }
+};
+
+// Quantized weights against Q8_0 activations. Per 32-column block and weight row: one block
+// decode (shared by the kX activation rows); per activation row BlockDot::kVecs int8 dot
+// products into int32 lanes (Q4_0: minus 8 * x per lane, computed once per activation block),
+// one int->float conversion and one FMA with d_w * d_x.
+template <class Row>
+struct QuantKernel {
+  using Block = typename Row::Block;
+  const uint8_t* w;  // rows * row_bytes bytes
+  size_t row_bytes;  // cols / 32 * sizeof(Block)
+  int64_t rows, cols;
+  QuantizedActivations x;
+  float* y;  // [num_x][rows]
+
+  template <int kW, int kX>
+  HWY_INLINE void Tile(int64_t r0, int64_t x0, ColumnSlice slice) const {
+    using Dot = BlockDot;
+    const typename Dot::D8 d8;
+    const typename Dot::D32 d32;
+    const typename Dot::DF df;
+    constexpr size_t kVecs = Dot::kVecs;
+    const int64_t num_blocks = cols / kQBlock;
+
+    const Block* w_rows[kW];
+    for (int r = 0; r < kW; ++r) {
+      w_rows[r] = reinterpret_cast<const Block*>(w + static_cast<size_t>(r0 + r) * row_bytes);
+    }
+    const int8_t* xq[kX];
+    const float* xd[kX];
+    for (int i = 0; i < kX; ++i) {
+      xq[i] = x.q + (x0 + i) * cols;
+      xd[i] = x.d + (x0 + i) * num_blocks;
+    }
+
+    hn::Vec<decltype(df)> acc[kX][kW];
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) acc[i][r] = hn::Zero(df);
+    }
+    const bool prefetch = UseRowPrefetcher(slice, cols, row_bytes);
+    RowPrefetcher prefetcher(w_rows[0], kW * sizeof(Block));
+    for (int64_t b = slice.begin / kQBlock; b < slice.end / kQBlock; ++b) {
+      if (prefetch) prefetcher.Before(b);
+      // The activation blocks, loaded once for the kW weight rows.
+      hn::Vec<decltype(d8)> xv[kX][kVecs];
+      for (int i = 0; i < kX; ++i) {
+        for (size_t v = 0; v < kVecs; ++v)
+          xv[i][v] = hn::LoadU(d8, xq[i] + b * kQBlock + v * Dot::kLanes);
+      }
+      // Weights stored as value - kOffset: subtract kOffset * x per lane, so that every int32
+      // lane holds its exact partial dot product (no cancellation after the float conversion).
+      hn::Vec<decltype(d32)> offset[kX];
+      for (int i = 0; i < kX; ++i) {
+        offset[i] = hn::Zero(d32);
+        if constexpr (Row::kOffset != 0) {
+          const auto k = hn::Set(d8, static_cast<int8_t>(-Row::kOffset));
+          for (size_t v = 0; v < kVecs; ++v)
+            offset[i] = Dot::template Dot<false>(k, xv[i][v], offset[i]);
+          offset[i] = hn::Neg(offset[i]);
+        }
+      }
+      for (int r = 0; r < kW; ++r) {
+        const Block& block = w_rows[r][b];
+        hn::Vec<decltype(d8)> wq[kVecs];
+        Row::Decode(d8, block, wq);
+        const float d_w = F16ToF32(&block.d);  // (reads into qs: fine, blocks are >= 18 bytes)
+        for (int i = 0; i < kX; ++i) {
+          auto sum = offset[i];
+          for (size_t v = 0; v < kVecs; ++v)
+            sum = Dot::template Dot<Row::kSigned>(wq[v], xv[i][v], sum);
+          acc[i][r] = hn::MulAdd(hn::ConvertTo(df, sum), hn::Set(df, d_w * xd[i][b]), acc[i][r]);
+        }
+      }
+    }
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) {
+        StoreOutput(&y[(x0 + i) * rows + r0 + r], ReduceSum(df, acc[i][r]), slice.accumulate);
+      }
+    }
+  }
+};
+
+// ----------------------------------------------------------------------------- driver
+
+// Weight rows [r_begin, r_end) x activation rows [x0, x0 + kX): full kW tiles, then single rows.
+template <int kW, int kX, class Kernel>
+HWY_INLINE void TileRows(const Kernel& kernel, int64_t r_begin, int64_t r_end, int64_t x0,
+                         ColumnSlice slice) {
+  int64_t r = r_begin;
+  for (; r + kW <= r_end; r += kW) kernel.template Tile<kW, kX>(r, x0, slice);
+  for (; r < r_end; ++r) kernel.template Tile<1, kX>(r, x0, slice);
+}
+
+// The last num_x_left < kPrefillRowsX activation rows: one TileRows<kPrefillRowsW, num_x_left>.
+template <int kX, class Kernel>
+HWY_INLINE void TileRowsRemainder(const Kernel& kernel, int64_t r_begin, int64_t r_end, int64_t x0,
+                                  int64_t num_x_left, ColumnSlice slice) {
+  if constexpr (kX > 0) {
+    if (num_x_left == kX) {
+      TileRows<kPrefillRowsW, kX>(kernel, r_begin, r_end, x0, slice);
+    } else {
+      TileRowsRemainder<kX - 1>(kernel, r_begin, r_end, x0, num_x_left, slice);
+    }
+  }
+}
+
+// Weight rows [r_begin, r_end) x all activation rows. Decode: one pass over whole rows.
+// Prefill: column slices outer, then x tiles, then weight rows: the task's weights
+// (kTaskBytes) come from DRAM once and are re-read from L2 for every x tile, the x tile's
+// slice stays in L1.
+template <class Kernel>
+HWY_NOINLINE void RunRows(const Kernel& kernel, int64_t r_begin, int64_t r_end, int64_t num_x) {
+  if (num_x == 1) {
+    TileRows<kDecodeRowsW, 1>(kernel, r_begin, r_end, 0, ColumnSlice{0, kernel.cols, false});
+    return;
+  }
+  for (int64_t c0 = 0; c0 < kernel.cols; c0 += kPrefillCols) {
+    const ColumnSlice slice{c0, std::min(kernel.cols, c0 + kPrefillCols), c0 != 0};
+    int64_t x0 = 0;
+    for (; x0 + kPrefillRowsX <= num_x; x0 += kPrefillRowsX) {
+      TileRows<kPrefillRowsW, kPrefillRowsX>(kernel, r_begin, r_end, x0, slice);
+    }
+    if (x0 < num_x)
+      TileRowsRemainder<kPrefillRowsX - 1>(kernel, r_begin, r_end, x0, num_x - x0, slice);
+  }
+}
+
+// Splits the weight rows into tasks of ~kTaskBytes of weights per pass (a whole row for
+// decode, a kPrefillCols slice for prefill) and runs them on the pool (the calling thread takes
+// part), or all on the calling thread when the matmul is small. The task size is also the
+// cache blocking, so it is the same with one thread.
+template <class Kernel>
+void Run(const Kernel& kernel, int64_t num_x, ThreadPool& pool) {
+  const int64_t rows = kernel.rows;
+  if (rows <= 0 || num_x <= 0) return;
+  const int64_t rows_w = num_x == 1 ? kDecodeRowsW : kPrefillRowsW;
+  const int64_t pass_cols = num_x == 1 ? kernel.cols : std::min(kernel.cols, kPrefillCols);
+  const int64_t pass_bytes = std::max<int64_t>(
+      1, static_cast<int64_t>(kernel.row_bytes) * pass_cols / std::max<int64_t>(1, kernel.cols));
+  int64_t rows_per_task = std::clamp<int64_t>(kTaskBytes / pass_bytes, 1, kMaxTaskRows);
+  const bool parallel = pool.num_threads() > 1 && rows * kernel.cols * num_x >= kMinParallelMacs;
+  if (parallel) {
+    // At least ~4 tasks per thread, for balance on small matrices.
+    const int64_t balanced = (rows + 4 * pool.num_threads() - 1) / (4 * pool.num_threads());
+    rows_per_task = std::min(rows_per_task, balanced);
+  }
+  rows_per_task = (rows_per_task + rows_w - 1) / rows_w * rows_w;  // whole tiles
+  const int64_t num_tasks = (rows + rows_per_task - 1) / rows_per_task;
+  const auto run_tasks = [&](int64_t begin, int64_t end) HWY_ATTR {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r_begin = task * rows_per_task;
+      RunRows(kernel, r_begin, std::min(rows, r_begin + rows_per_task), num_x);
+    }
+  };
+  if (parallel) {
+    // Decode streams from DRAM: each thread walks one contiguous run of tasks in order, which
+    // keeps the hardware prefetchers on long linear streams. Prefill tasks are cache-blocked
+    // and uneven, so they are handed out one at a time.
+    const int64_t grain = num_x == 1 ? (num_tasks + pool.num_threads() - 1) / pool.num_threads() : 1;
+    pool.parallel_for(num_tasks, run_tasks, grain);
+  } else {
+    run_tasks(0, num_tasks);
+  }
+}
+
+template <class Row>
+void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
+  const FloatKernel<Row> kernel{
+      static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols, x, y};
+  Run(kernel, num_x, pool);
+}
+
+// x is quantized to Q8_0 first (as ggml does): num_x * cols * 1.125 bytes of scratch,
+// ~20 ns per 32 values, parallel over x rows when there are many.
+template <class Row>
+void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
+  const int64_t num_blocks = w.cols / kQBlock;
+  std::vector<int8_t> q(static_cast<size_t>(num_x * w.cols));
+  std::vector<float> d(static_cast<size_t>(num_x * num_blocks));
+  const auto quantize_rows = [&](int64_t begin, int64_t end) HWY_ATTR {
+    for (int64_t i = begin; i < end; ++i) {
+      QuantizeRowQ8_0(x + i * w.cols, num_blocks, q.data() + i * w.cols, d.data() + i * num_blocks);
+    }
+  };
+  if (num_x > 1 && pool.num_threads() > 1 && num_x * w.cols >= kMinParallelQuantize) {
+    pool.parallel_for(num_x, quantize_rows);
+  } else {
+    quantize_rows(0, num_x);
+  }
+  const QuantKernel<Row> kernel{static_cast<const uint8_t*>(w.data),
+                                row_bytes(w.dtype, w.cols),
+                                w.rows,
+                                w.cols,
+                                QuantizedActivations{q.data(), d.data()},
+                                y};
+  Run(kernel, num_x, pool);
+}
+
+}  // namespace sieve::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // SIEVE_KERNELS_CPU_MATMUL_INL_H_ toggle

@@ -1,0 +1,210 @@
+// Per-target SIMD building blocks and the vector ops (dot, axpy, rmsnorm, silu_mul, softmax).
+// Included once per Highway target by foreach_target.h from cpu/*.cc, hence the toggle guard
+// instead of #pragma once. Every op here has a scalar twin in ref/ref_ops.cc.
+#if defined(SIEVE_KERNELS_CPU_OPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SIEVE_KERNELS_CPU_OPS_INL_H_
+#undef SIEVE_KERNELS_CPU_OPS_INL_H_
+#else
+#define SIEVE_KERNELS_CPU_OPS_INL_H_
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sieve::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ----------------------------------------------------------------------------- loads
+
+// Loads `count` < Lanes(d) values from p, the remaining lanes set to `pad`. Never touches
+// memory past p + count (so it is safe at the end of a mapping).
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> LoadTail(D d, const T* HWY_RESTRICT p, size_t count, T pad) {
+  HWY_ALIGN T buf[hn::MaxLanes(D())];
+  for (size_t i = 0; i < hn::MaxLanes(d); ++i) buf[i] = i < count ? p[i] : pad;
+  return hn::Load(d, buf);
+}
+
+// Stores the first `count` < Lanes(d) lanes of v to p.
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE void StoreTail(D d, hn::Vec<D> v, T* HWY_RESTRICT p, size_t count) {
+  HWY_ALIGN T buf[hn::MaxLanes(D())];
+  hn::Store(v, d, buf);
+  for (size_t i = 0; i < count; ++i) p[i] = buf[i];
+}
+
+// Lanes(df) IEEE halfs at p -> f32, exact for every input (subnormals, inf, NaN). AVX2 and
+// up convert in hardware (F16C); older targets use the FP16 library's bit trick (Highway's
+// emulation there turns inf/NaN into finite numbers).
+template <class DF>
+HWY_INLINE hn::Vec<DF> PromoteF16(DF df, const uint16_t* HWY_RESTRICT p) {
+#if HWY_TARGET <= HWY_AVX2
+  const hn::Rebind<hwy::float16_t, DF> df16;
+  return hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(p)));
+#else
+  const hn::RebindToUnsigned<DF> du32;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto bits = hn::PromoteTo(du32, hn::LoadU(du16, p));
+  const auto w = hn::ShiftLeft<16>(bits);
+  const auto sign = hn::And(w, hn::Set(du32, 0x80000000u));
+  const auto two_w = hn::Add(w, w);  // exponent and mantissa, sign shifted out
+  // Normal, inf, NaN: move exponent+mantissa into place, rebias by 2^-112 (exact).
+  const auto normalized =
+      hn::Mul(hn::BitCast(df, hn::Add(hn::ShiftRight<4>(two_w), hn::Set(du32, 0xE0u << 23))),
+              hn::Set(df, 0x1.0p-112f));
+  // Subnormal: mantissa * 2^-24, computed as (0.5 + mantissa * 2^-24) - 0.5 (exact).
+  const auto denormalized =
+      hn::Sub(hn::BitCast(df, hn::Or(hn::ShiftRight<17>(two_w), hn::Set(du32, 126u << 23))),
+              hn::Set(df, 0.5f));
+  const auto is_denormal =
+      hn::RebindMask(df, hn::Eq(hn::And(bits, hn::Set(du32, 0x7C00u)), hn::Zero(du32)));
+  const auto magnitude = hn::IfThenElse(is_denormal, denormalized, normalized);
+  return hn::BitCast(df, hn::Or(hn::BitCast(du32, magnitude), sign));
+#endif
+}
+
+// Lanes(df) bfloat16 at p -> f32 (exact: bf16 is the upper half of an f32).
+template <class DF>
+HWY_INLINE hn::Vec<DF> PromoteBF16(DF df, const uint16_t* HWY_RESTRICT p) {
+  const hn::RebindToUnsigned<DF> du32;
+  const hn::Rebind<uint16_t, DF> du16;
+  return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p))));
+}
+
+// The f16 at p as f32, through the vector unit. Reads 8 bytes (4 halfs) so that AVX2+ converts
+// straight from memory (one vcvtph2ps xmm, m64): p must have 6 readable bytes after it.
+HWY_INLINE float F16ToF32(const uint16_t* p) {
+  const hn::CappedTag<float, 4> d4;
+  return hn::GetLane(PromoteF16(d4, p));
+}
+
+template <class D>
+HWY_INLINE float ReduceSum(D d, hn::Vec<D> v) {
+  return hn::GetLane(hn::SumOfLanes(d, v));
+}
+
+// ----------------------------------------------------------------------------- vector ops
+// All single-threaded, n any size >= 0; cost ~n / Lanes vector ops, memory-bound for large n.
+
+// sum_i a[i] * b[i], 4 independent accumulators.
+HWY_INLINE float Dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto sum0 = hn::Zero(d), sum1 = hn::Zero(d), sum2 = hn::Zero(d), sum3 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    sum0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), sum0);
+    sum1 = hn::MulAdd(hn::LoadU(d, a + i + N), hn::LoadU(d, b + i + N), sum1);
+    sum2 = hn::MulAdd(hn::LoadU(d, a + i + 2 * N), hn::LoadU(d, b + i + 2 * N), sum2);
+    sum3 = hn::MulAdd(hn::LoadU(d, a + i + 3 * N), hn::LoadU(d, b + i + 3 * N), sum3);
+  }
+  for (; i + N <= n; i += N) sum0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), sum0);
+  if (i < n) {
+    const size_t rest = static_cast<size_t>(n - i);
+    sum1 = hn::MulAdd(LoadTail(d, a + i, rest, 0.0f), LoadTail(d, b + i, rest, 0.0f), sum1);
+  }
+  return ReduceSum(d, hn::Add(hn::Add(sum0, sum1), hn::Add(sum2, sum3)));
+}
+
+// y += alpha * x
+HWY_INLINE void Axpy(float alpha, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, alpha);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  }
+  if (i < n) {
+    const size_t rest = static_cast<size_t>(n - i);
+    StoreTail(d, hn::MulAdd(va, LoadTail(d, x + i, rest, 0.0f), LoadTail(d, y + i, rest, 0.0f)),
+              y + i, rest);
+  }
+}
+
+// out = x / sqrt(mean(x^2) + eps) * weight
+HWY_INLINE void RmsNorm(const float* HWY_RESTRICT x, const float* HWY_RESTRICT weight, float eps,
+                        float* HWY_RESTRICT out, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float scale = 1.0f / std::sqrt(Dot(x, x, n) / static_cast<float>(n) + eps);
+  const auto vs = hn::Set(d, scale);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(d, x + i), vs), hn::LoadU(d, weight + i)), d, out + i);
+  }
+  if (i < n) {
+    const size_t rest = static_cast<size_t>(n - i);
+    StoreTail(
+        d,
+        hn::Mul(hn::Mul(LoadTail(d, x + i, rest, 0.0f), vs), LoadTail(d, weight + i, rest, 0.0f)),
+        out + i, rest);
+  }
+}
+
+// gate = silu(gate) * up = gate / (1 + exp(-gate)) * up
+HWY_INLINE void SiluMul(float* HWY_RESTRICT gate, const float* HWY_RESTRICT up, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto one = hn::Set(d, 1.0f);
+  const auto silu_mul = [&](hn::Vec<decltype(d)> g, hn::Vec<decltype(d)> u) HWY_ATTR {
+    return hn::Mul(hn::Div(g, hn::Add(one, hn::Exp(d, hn::Neg(g)))), u);
+  };
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    hn::StoreU(silu_mul(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, gate + i);
+  }
+  if (i < n) {
+    const size_t rest = static_cast<size_t>(n - i);
+    StoreTail(d, silu_mul(LoadTail(d, gate + i, rest, 0.0f), LoadTail(d, up + i, rest, 0.0f)),
+              gate + i, rest);
+  }
+}
+
+// x = exp(x - max) / sum(exp(x - max)) in place; returns max (-inf for n == 0).
+// Three passes: max, exp + sum (stored), scale.
+HWY_INLINE float Softmax(float* HWY_RESTRICT x, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t rest = static_cast<size_t>(n % N);
+  const int64_t n_full = n - static_cast<int64_t>(rest);
+
+  auto vmax = hn::Set(d, kNegInf);
+  for (int64_t i = 0; i < n_full; i += N) vmax = hn::Max(vmax, hn::LoadU(d, x + i));
+  if (rest != 0) vmax = hn::Max(vmax, LoadTail(d, x + n_full, rest, kNegInf));
+  const float max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  vmax = hn::Set(d, max);
+
+  // Padding lanes hold -inf, and Exp(-inf) == 0, so they add nothing to the sum.
+  auto vsum = hn::Zero(d);
+  for (int64_t i = 0; i < n_full; i += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vmax));
+    hn::StoreU(e, d, x + i);
+    vsum = hn::Add(vsum, e);
+  }
+  if (rest != 0) {
+    const auto e = hn::Exp(d, hn::Sub(LoadTail(d, x + n_full, rest, kNegInf), vmax));
+    StoreTail(d, e, x + n_full, rest);
+    vsum = hn::Add(vsum, e);
+  }
+
+  const auto vscale = hn::Set(d, 1.0f / ReduceSum(d, vsum));
+  for (int64_t i = 0; i < n_full; i += N)
+    hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vscale), d, x + i);
+  if (rest != 0) {
+    StoreTail(d, hn::Mul(LoadTail(d, x + n_full, rest, 0.0f), vscale), x + n_full, rest);
+  }
+  return max;
+}
+
+}  // namespace sieve::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // SIEVE_KERNELS_CPU_OPS_INL_H_ toggle

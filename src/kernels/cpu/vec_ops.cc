@@ -1,0 +1,53 @@
+// Vector ops: per-target entry points (compiled once per Highway target) and dispatchers.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/vec_ops.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/ops-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sieve::kernels::HWY_NAMESPACE {
+
+float DotImpl(const float* a, const float* b, int64_t n) { return Dot(a, b, n); }
+void AxpyImpl(float alpha, const float* x, float* y, int64_t n) { Axpy(alpha, x, y, n); }
+void RmsNormImpl(const float* x, const float* weight, float eps, float* out, int64_t n) {
+  RmsNorm(x, weight, eps, out, n);
+}
+void SiluMulImpl(float* gate, const float* up, int64_t n) { SiluMul(gate, up, n); }
+float SoftmaxImpl(float* x, int64_t n) { return Softmax(x, n); }
+const char* VecOpsTargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace sieve::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "kernels/cpu/targets.h"
+#include "kernels/ops.h"
+
+namespace sieve::kernels {
+
+HWY_EXPORT(DotImpl);
+HWY_EXPORT(AxpyImpl);
+HWY_EXPORT(RmsNormImpl);
+HWY_EXPORT(SiluMulImpl);
+HWY_EXPORT(SoftmaxImpl);
+HWY_EXPORT(VecOpsTargetName);
+
+float dot(const float* a, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
+}
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n);
+}
+void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(RmsNormImpl)(x, weight, eps, out, n);
+}
+void silu_mul(float* gate, const float* up, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, n);
+}
+float softmax(float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(SoftmaxImpl)(x, n); }
+
+std::string_view vec_ops_target_name() { return HWY_DYNAMIC_DISPATCH(VecOpsTargetName)(); }
+
+}  // namespace sieve::kernels
+#endif  // HWY_ONCE

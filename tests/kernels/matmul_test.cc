@@ -1,0 +1,270 @@
+// matmul against ref::matmul for every dtype, on every SIMD target, over shapes that cut
+// every tile and vector width (rows 1/3/64/67, num_x 1/2/3/5/17, odd cols), with 1 and 3
+// threads; plus hand-computed values and weights beyond 2 GiB of row offsets.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels_test_util.h"
+#include "util/thread_pool.h"
+
+namespace sieve::kernels {
+namespace {
+
+bool is_quantized(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kQ4_0; }
+
+// magnitude[i][r] = sum_c |w[r][c] * x[i][c]|, with x as the kernel sees it (rounded to Q8_0
+// for quantized weights): the scale of the rounding error a correct kernel may make.
+std::vector<double> magnitudes(const MatrixView& w, const float* x, int64_t num_x) {
+  std::vector<float> w_row(w.cols), x_row(w.cols);
+  std::vector<uint8_t> x_q8(is_quantized(w.dtype) ? row_bytes(DType::kQ8_0, w.cols) : 0);
+  std::vector<double> mags(static_cast<size_t>(num_x * w.rows));
+  for (int64_t i = 0; i < num_x; ++i) {
+    std::memcpy(x_row.data(), x + i * w.cols, w.cols * sizeof(float));
+    if (is_quantized(w.dtype)) {
+      quantize_row(DType::kQ8_0, x_row.data(), x_q8.data(), w.cols);
+      dequantize_row(DType::kQ8_0, x_q8.data(), x_row.data(), w.cols);
+    }
+    for (int64_t r = 0; r < w.rows; ++r) {
+      dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + r * row_bytes(w.dtype, w.cols),
+                     w_row.data(), w.cols);
+      double sum = 0.0;
+      for (int64_t c = 0; c < w.cols; ++c)
+        sum += std::fabs(static_cast<double>(w_row[c]) * x_row[c]);
+      mags[i * w.rows + r] = sum;
+    }
+  }
+  return mags;
+}
+
+// Runs matmul and ref::matmul on random x and compares every output within 1e-5 of its
+// magnitude; also checks nothing is written past y[num_x * rows).
+void expect_matches_ref(const MatrixView& w, int64_t num_x, ThreadPool& pool, uint32_t seed) {
+  const std::vector<float> x = random_floats(num_x * w.cols, seed);
+  constexpr float kSentinel = 12345.0f;
+  std::vector<float> y(num_x * w.rows + 1, kSentinel), y_ref(num_x * w.rows, kSentinel);
+  matmul(w, x.data(), num_x, y.data(), pool);
+  ref::matmul(w, x.data(), num_x, y_ref.data());
+  const std::vector<double> mags = magnitudes(w, x.data(), num_x);
+  for (int64_t k = 0; k < num_x * w.rows; ++k) {
+    ASSERT_NEAR(y[k], y_ref[k], 1e-5 * mags[k] + 1e-30)
+        << to_string(w.dtype) << " rows=" << w.rows << " cols=" << w.cols << " num_x=" << num_x
+        << " threads=" << pool.num_threads() << " x_row=" << k / w.rows << " w_row=" << k % w.rows;
+  }
+  EXPECT_EQ(y[num_x * w.rows], kSentinel) << "wrote past the end";
+}
+
+class Matmul : public PerTargetTest {};
+
+TEST_P(Matmul, FloatWeightsAnyShape) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 1;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t cols : {1, 7, 8, 16, 33, 100, 172, 259}) {
+      for (int64_t rows : {1, 3, 64, 67}) {
+        const TestMatrix w(dtype, rows, cols, ++seed);
+        for (int64_t num_x : {1, 2, 3, 5, 17}) {
+          for (ThreadPool* pool : {&pool1, &pool3})
+            expect_matches_ref(w.view, num_x, *pool, ++seed);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Matmul, QuantizedWeightsAnyShape) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 1000;
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    for (int64_t cols : {32, 64, 96, 320}) {
+      for (int64_t rows : {1, 3, 64, 67}) {
+        const TestMatrix w(dtype, rows, cols, ++seed);
+        for (int64_t num_x : {1, 2, 3, 5, 17}) {
+          for (ThreadPool* pool : {&pool1, &pool3})
+            expect_matches_ref(w.view, num_x, *pool, ++seed);
+        }
+      }
+    }
+  }
+}
+
+// Blocks of arbitrary bytes, not only what ggml's quantizer produces: Q8_0 values down to
+// -128 (the int8 kernels take |w| as unsigned), every Q4_0 nibble, scales of both signs.
+TEST_P(Matmul, QuantizedWeightsRawRandomBlocks) {
+  ThreadPool pool(3);
+  std::mt19937 rng(5);
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    const int64_t rows = 37, cols = 256;
+    std::vector<uint8_t> bytes(row_bytes(dtype, cols) * rows);
+    for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
+    for (size_t offset = 0; offset < bytes.size(); offset += block_bytes(dtype)) {
+      const float scale = std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng);
+      const uint16_t d = f32_to_f16(scale);
+      std::memcpy(&bytes[offset], &d, 2);
+    }
+    const MatrixView w{dtype, bytes.data(), rows, cols};
+    for (int64_t num_x : {1, 4, 7}) expect_matches_ref(w, num_x, pool, 17 + num_x);
+  }
+}
+
+// With weight matrices that pick single columns (y[i][r] = x_q8[i][r], exact in f32), the
+// kernels' own (SIMD) activation quantizer must reproduce quantize_row(kQ8_0) bit for bit,
+// rounding ties away from zero like roundf.
+TEST_P(Matmul, ActivationsQuantizeExactlyLikeTheReference) {
+  ThreadPool pool(3);
+  const int64_t cols = 96;
+  std::vector<float> x = random_floats(3 * cols, 11, -3.0f, 3.0f);
+  x[0] = 127.0f;  // block 0 of row 0: d = 1, so x * id is x itself: exact ties
+  for (int j = 1; j < 32; ++j) x[j] = (j % 2 ? 0.5f : -0.5f) + static_cast<float>(j - 16);
+  for (int j = 32; j < 64; ++j) x[j] = 0.0f;  // block 1: all zero, d = 0
+  x[cols + 40] = -1e-20f;                     // a tiny block maximum
+  std::vector<float> expected(x.size());
+  std::vector<uint8_t> blocks(row_bytes(DType::kQ8_0, cols));
+  for (int64_t i = 0; i < 3; ++i) {
+    quantize_row(DType::kQ8_0, x.data() + i * cols, blocks.data(), cols);
+    dequantize_row(DType::kQ8_0, blocks.data(), expected.data() + i * cols, cols);
+  }
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
+    // Row r: weight 1 at column r, 0 elsewhere. Every block has d = 1 (f16 0x3C00); Q8_0 holds
+    // q = 1 / 0, Q4_0 nibbles 9 / 8 (weight = nibble - 8).
+    const size_t bytes_per_block = block_bytes(dtype);
+    std::vector<uint8_t> bytes(row_bytes(dtype, cols) * cols);
+    for (int64_t r = 0; r < cols; ++r) {
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        uint8_t* block = bytes.data() + r * row_bytes(dtype, cols) + b * bytes_per_block;
+        block[0] = 0x00;
+        block[1] = 0x3C;
+        std::memset(block + 2, dtype == DType::kQ8_0 ? 0x00 : 0x88, bytes_per_block - 2);
+      }
+      uint8_t* block = bytes.data() + r * row_bytes(dtype, cols) + (r / 32) * bytes_per_block;
+      const int64_t j = r % 32;
+      if (dtype == DType::kQ8_0) {
+        block[2 + j] = 1;
+      } else {
+        block[2 + j % 16] = j < 16 ? 0x89 : 0x98;
+      }
+    }
+    const MatrixView w{dtype, bytes.data(), cols, cols};
+    for (int64_t num_x : {1, 3}) {
+      std::vector<float> y(num_x * cols);
+      matmul(w, x.data(), num_x, y.data(), pool);
+      for (int64_t k = 0; k < num_x * cols; ++k) {
+        ASSERT_EQ(y[k], expected[k])
+            << to_string(dtype) << " num_x=" << num_x << " x=" << x[k] << " k=" << k;
+      }
+    }
+  }
+}
+
+TEST_P(Matmul, LargerShapes) {
+  ThreadPool pool(3);
+  uint32_t seed = 2000;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+    const TestMatrix decode(dtype, 515, 4096, ++seed);
+    expect_matches_ref(decode.view, 1, pool, ++seed);
+    const TestMatrix prefill(dtype, 131, 2080, ++seed);  // 2 column slices of 1024 + 32
+    expect_matches_ref(prefill.view, 19, pool, ++seed);
+  }
+}
+
+TEST_P(Matmul, EmptyShapesWriteNothing) {
+  ThreadPool pool(3);
+  const TestMatrix w(DType::kQ8_0, 5, 64, 1);
+  const std::vector<float> x(64 * 2, 1.0f);
+  float y[10] = {};
+  matmul(MatrixView{DType::kQ8_0, w.view.data, 0, 64}, x.data(), 2, y, pool);
+  matmul(w.view, x.data(), 0, y, pool);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+}
+
+// y = W x for hand-made inputs, on every target and in the reference.
+TEST_P(Matmul, HandComputedValues) {
+  ThreadPool pool(1);
+  // F32: [[1 2 3] [-1 0.5 4]] x [1 1 2]  = [9, 7.5]
+  const float w_f32[] = {1, 2, 3, -1, 0.5f, 4};
+  const float x3[] = {1, 1, 2};
+  float y[2];
+  for (bool reference : {false, true}) {
+    const MatrixView w{DType::kF32, w_f32, 2, 3};
+    reference ? ref::matmul(w, x3, 1, y) : matmul(w, x3, 1, y, pool);
+    EXPECT_EQ(y[0], 9.0f);
+    EXPECT_EQ(y[1], 7.5f);
+  }
+  // Q8_0 weights q[j] = j, d = 1 against x = 1: x quantizes to q = 127, d_x = f16(1/127),
+  // so y = 1 * f16(1/127) * 127 * sum(j) = f16(1/127) * 62992 (ggml's vec_dot_q8_0_q8_0).
+  uint8_t block[34];
+  const uint16_t one = 0x3C00;
+  std::memcpy(block, &one, 2);
+  for (int j = 0; j < 32; ++j) block[2 + j] = static_cast<uint8_t>(j);
+  const std::vector<float> ones(32, 1.0f);
+  const float expected = f16_to_f32(f32_to_f16(1.0f / 127.0f)) * 62992.0f;
+  for (bool reference : {false, true}) {
+    const MatrixView w{DType::kQ8_0, block, 1, 32};
+    reference ? ref::matmul(w, ones.data(), 1, y) : matmul(w, ones.data(), 1, y, pool);
+    EXPECT_FLOAT_EQ(y[0], expected);
+  }
+  // Q4_0 with every nibble 0xF (weight 15 - 8 = 7) and d = 0.5: y = 0.5 * 7 * f16(1/127) * 127
+  // * 32.
+  uint8_t block4[18];
+  const uint16_t half = 0x3800;
+  std::memcpy(block4, &half, 2);
+  std::memset(block4 + 2, 0xFF, 16);
+  const float expected4 = 0.5f * 7 * f16_to_f32(f32_to_f16(1.0f / 127.0f)) * 127 * 32;
+  for (bool reference : {false, true}) {
+    const MatrixView w{DType::kQ4_0, block4, 1, 32};
+    reference ? ref::matmul(w, ones.data(), 1, y) : matmul(w, ones.data(), 1, y, pool);
+    EXPECT_FLOAT_EQ(y[0], expected4);
+  }
+}
+
+// A matrix whose last rows start beyond 2^31 bytes: row offsets must be computed in 64 bits.
+// Backed by a sparse anonymous mapping (zero pages, nothing allocated until written); only
+// the last few rows hold data. The kernels read all of it (~2 GiB of zero pages) per call.
+TEST_P(Matmul, RowOffsetsBeyond2GiB) {
+  ThreadPool pool(3);
+  for (DType dtype : {DType::kF32, DType::kQ8_0}) {  // FloatKernel and QuantKernel
+    const int64_t cols = dtype == DType::kF32 ? (1 << 18) : (1 << 19);
+    const size_t bytes_per_row = row_bytes(dtype, cols);
+    const int64_t rows = static_cast<int64_t>((size_t{1} << 31) / bytes_per_row) + 3;
+    const size_t total = bytes_per_row * rows;
+    ASSERT_GT(total - 2 * bytes_per_row, size_t{1} << 31);  // the last 2 rows start past 2 GiB
+    void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) GTEST_SKIP() << "cannot map " << total << " bytes";
+    auto* base = static_cast<uint8_t*>(mem);
+    const int64_t num_data_rows = 3;
+    const TestMatrix tail(dtype, num_data_rows, cols, 77);
+    std::memcpy(base + (rows - num_data_rows) * bytes_per_row, tail.bytes.data(),
+                num_data_rows * bytes_per_row);
+
+    const MatrixView w{dtype, base, rows, cols};
+    for (int64_t num_x : {1, 2}) {
+      const std::vector<float> x = random_floats(num_x * cols, 78);
+      std::vector<float> y(num_x * rows, 1.0f), y_tail(num_x * num_data_rows);
+      matmul(w, x.data(), num_x, y.data(), pool);
+      ref::matmul(tail.view, x.data(), num_x, y_tail.data());
+      const std::vector<double> mags = magnitudes(tail.view, x.data(), num_x);
+      for (int64_t i = 0; i < num_x; ++i) {
+        for (int64_t r = 0; r < rows - num_data_rows; r += 97)
+          ASSERT_EQ(y[i * rows + r], 0.0f) << r;
+        for (int64_t r = 0; r < num_data_rows; ++r) {
+          const int64_t k = i * num_data_rows + r;
+          EXPECT_NEAR(y[i * rows + rows - num_data_rows + r], y_tail[k], 1e-5 * mags[k])
+              << to_string(dtype) << " row " << rows - num_data_rows + r;
+        }
+      }
+    }
+    munmap(mem, total);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTargets, Matmul, ::testing::ValuesIn(available_targets()),
+                         target_test_name);
+
+}  // namespace
+}  // namespace sieve::kernels

@@ -1,0 +1,119 @@
+// Vector ops against their scalar references, on every SIMD target, at sizes around and
+// between multiples of every vector width (tails).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels_test_util.h"
+
+namespace sieve::kernels {
+namespace {
+
+constexpr int64_t kSizes[] = {0,  1,  2,  3,  4,  5,  7,   8,   9,   15,   16,  17,
+                              31, 32, 33, 63, 64, 65, 100, 127, 129, 1000, 4099};
+
+class VecOps : public PerTargetTest {};
+
+TEST_P(VecOps, Dot) {
+  for (int64_t n : kSizes) {
+    const auto a = random_floats(n, 1);
+    const auto b = random_floats(n, 2);
+    double magnitude = 0.0;
+    for (int64_t i = 0; i < n; ++i) magnitude += std::fabs(a[i] * b[i]);
+    EXPECT_NEAR(dot(a.data(), b.data(), n), ref::dot(a.data(), b.data(), n),
+                1e-6 * magnitude + 1e-30)
+        << "n=" << n;
+  }
+}
+
+TEST_P(VecOps, Axpy) {
+  for (int64_t n : kSizes) {
+    const auto x = random_floats(n, 3);
+    auto y = random_floats(n + 1, 4);  // +1: a sentinel that must stay untouched
+    auto y_ref = y;
+    axpy(0.75f, x.data(), y.data(), n);
+    ref::axpy(0.75f, x.data(), y_ref.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(y[i], y_ref[i], 1e-6 * (std::fabs(0.75f * x[i]) + std::fabs(y_ref[i])))
+          << n << " " << i;
+    }
+    EXPECT_EQ(y[n], y_ref[n]) << "wrote past the end, n=" << n;
+  }
+}
+
+TEST_P(VecOps, RmsNorm) {
+  for (int64_t n : kSizes) {
+    if (n == 0) continue;
+    const auto x = random_floats(n, 5, -3.0f, 3.0f);
+    const auto weight = random_floats(n, 6, 0.5f, 1.5f);
+    std::vector<float> out(n + 1, 42.0f), out_ref(n + 1, 42.0f);
+    rmsnorm(x.data(), weight.data(), 1e-5f, out.data(), n);
+    ref::rmsnorm(x.data(), weight.data(), 1e-5f, out_ref.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(out[i], out_ref[i], 2e-6 * (1 + std::fabs(out_ref[i]))) << n;
+    EXPECT_EQ(out[n], 42.0f) << "wrote past the end, n=" << n;
+  }
+}
+
+TEST_P(VecOps, SiluMul) {
+  for (int64_t n : kSizes) {
+    auto gate = random_floats(n + 1, 7, -12.0f, 12.0f);
+    const auto up = random_floats(n, 8);
+    if (n >= 4) {  // saturated inputs: exp(-g) overflows or underflows
+      gate[0] = -100.0f;
+      gate[1] = 100.0f;
+      gate[2] = -88.5f;
+      gate[3] = 0.0f;
+    }
+    auto gate_ref = gate;
+    silu_mul(gate.data(), up.data(), n);
+    ref::silu_mul(gate_ref.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(gate[i], gate_ref[i], 4e-6 * (1 + std::fabs(gate_ref[i])))
+          << "n=" << n << " i=" << i;
+    }
+    EXPECT_EQ(gate[n], gate_ref[n]) << "wrote past the end, n=" << n;
+  }
+}
+
+TEST_P(VecOps, Softmax) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t n : kSizes) {
+    if (n == 0) continue;
+    auto x = random_floats(n + 1, 9, -20.0f, 20.0f);
+    if (n >= 3) x[n / 2] = kNegInf;  // masked positions
+    if (n >= 2) x[n - 1] = 35.0f;    // the max in the tail
+    const auto x_in = x;
+    auto x_ref = x;
+    const float max = softmax(x.data(), n);
+    const float max_ref = ref::softmax(x_ref.data(), n);
+    EXPECT_EQ(max, max_ref) << "n=" << n;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      // exp(x - max) in f32: x - max carries an error of ~ulp(|x - max|), so relative to
+      // the result the tolerance grows with |x - max|.
+      if (std::isinf(x_in[i])) {
+        ASSERT_EQ(x[i], 0.0f);
+        continue;
+      }
+      const double tolerance = 4e-7 * (1 + std::fabs(x_in[i] - max)) * x_ref[i] + 1e-38;
+      ASSERT_NEAR(x[i], x_ref[i], tolerance) << "n=" << n << " i=" << i;
+      sum += x[i];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+    EXPECT_EQ(x[n], x_ref[n]) << "wrote past the end, n=" << n;
+  }
+  // n == 0 writes nothing and reports -inf.
+  float untouched = 1.0f;
+  EXPECT_EQ(softmax(&untouched, 0), kNegInf);
+  EXPECT_EQ(untouched, 1.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTargets, VecOps, ::testing::ValuesIn(available_targets()),
+                         target_test_name);
+
+}  // namespace
+}  // namespace sieve::kernels
