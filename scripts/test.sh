@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone:
+#   1. install dependencies, build Release, run every unit/golden/CLI test (ctest);
+#   2. build the input-parsing code (GGUF reader, tokenizers) with AddressSanitizer +
+#      UndefinedBehaviorSanitizer and run its tests;
+#   3. build the libFuzzer targets with clang and run each for FUZZ_SECONDS (default 60).
+# Shared data (models, golden outputs) is read from ../shared (override: SIEVE_SHARED_DIR).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+jobs=$(nproc)
+fuzz_seconds=${FUZZ_SECONDS:-60}
+shared=${SIEVE_SHARED_DIR:-$root/../shared}
+if [ ! -d "$shared/models" ]; then
+  echo "test.sh: shared test data not found at $shared (set SIEVE_SHARED_DIR)" >&2
+  exit 1
+fi
+
+scripts/install-deps.sh
+
+echo "== [1/3] Release build and full test suite"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIEVE_SHARED_DIR="$shared"
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== [2/3] ASan + UBSan: GGUF reader and tokenizer tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSIEVE_SANITIZE=ON -DSIEVE_SHARED_DIR="$shared"
+cmake --build build-asan -j"$jobs" --target gguf_test tokenizer_test
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -L input
+
+echo "== [3/3] libFuzzer: ${fuzz_seconds}s per target"
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DSIEVE_FUZZ=ON -DSIEVE_BUILD_TESTS=OFF
+cmake --build build-fuzz -j"$jobs" --target gguf_fuzz tokenizer_fuzz
+for target in gguf tokenizer; do
+  corpus="build-fuzz/corpus/$target"
+  rm -rf "$corpus" && mkdir -p "$corpus"
+  if [ "$target" = gguf ]; then
+    fuzz/make_corpus.sh "$corpus" "$shared"
+  else
+    cp "$shared"/golden/tokenizer/*.inp "$corpus"/
+  fi
+  SIEVE_SHARED_DIR="$shared" "build-fuzz/fuzz/${target}_fuzz" -max_total_time="$fuzz_seconds" \
+    -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+done
+echo "== all tests passed"

@@ -1,0 +1,87 @@
+// `sieve bench`: memory bandwidth, then prompt and decode speed of each model, with decode
+// expressed as a fraction of the measured bandwidth.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "eval/speed.h"
+#include "kernels/ops.h"
+#include "model/loader.h"
+#include "util/thread_pool.h"
+
+namespace sieve::cli {
+
+namespace {
+
+struct BenchOptions {
+  std::vector<std::string> model_paths;
+  int64_t bandwidth_mib = 1024;
+  int repetitions = 5;
+  int64_t prompt_tokens = 128;
+  int64_t decode_tokens = 32;
+  int threads = 0;
+  bool json = false;
+};
+
+void bench(const BenchOptions& options) {
+  ThreadPool pool(options.threads);
+  if (!options.json) {
+    fmt::print("threads {}, SIMD target {}\n", pool.num_threads(), kernels::active_target());
+  }
+  eval::BandwidthResult bandwidth =
+      eval::measure_read_bandwidth(pool, static_cast<uint64_t>(options.bandwidth_mib) << 20, options.repetitions);
+  nlohmann::json out = {{"threads", pool.num_threads()},
+                        {"simd_target", kernels::active_target()},
+                        {"bandwidth", {{"bytes", bandwidth.bytes},
+                                       {"best_gb_per_s", bandwidth.best_gb_per_s},
+                                       {"mean_gb_per_s", bandwidth.mean_gb_per_s}}},
+                        {"models", nlohmann::json::array()}};
+  if (!options.json) {
+    fmt::print("memory read bandwidth (sum over {:.2f} GiB, best of {}): {:.2f} GB/s\n\n",
+               bandwidth.bytes / double(1 << 30), options.repetitions, bandwidth.best_gb_per_s);
+    fmt::print("{:<40} {:>10} {:>12} {:>12} {:>12} {:>12}\n", "model", "MB/token", "prompt tok/s",
+               "decode tok/s", "decode GB/s", "bw util");
+  }
+  for (const std::string& path : options.model_paths) {
+    model::LoadedModel loaded = model::load_model({path, ""});
+    eval::ModelSpeed speed =
+        eval::measure_model_speed(*loaded.model, pool, options.prompt_tokens, options.decode_tokens);
+    const double utilisation = speed.decode_gb_per_s / bandwidth.best_gb_per_s;
+    out["models"].push_back({{"path", path},
+                             {"bytes_per_token", speed.bytes_per_token},
+                             {"prompt_tokens", speed.prompt_tokens},
+                             {"prompt_tokens_per_s", speed.prompt_tokens_per_s},
+                             {"decode_tokens", speed.decode_tokens},
+                             {"decode_tokens_per_s", speed.decode_tokens_per_s},
+                             {"decode_gb_per_s", speed.decode_gb_per_s},
+                             {"bandwidth_utilisation", utilisation}});
+    if (!options.json) {
+      fmt::print("{:<40} {:>10.1f} {:>12.1f} {:>12.2f} {:>12.2f} {:>11.1f}%\n", path,
+                 speed.bytes_per_token / 1e6, speed.prompt_tokens_per_s, speed.decode_tokens_per_s,
+                 speed.decode_gb_per_s, 100.0 * utilisation);
+    }
+  }
+  if (options.json) fmt::print("{}\n", out.dump(2));
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto options = std::make_shared<BenchOptions>();
+  CLI::App* command = app.add_subcommand(
+      "bench", "Measure memory bandwidth, then prompt and decode speed of models against it");
+  command->add_option("-m,--model", options->model_paths, "GGUF model (repeatable)")
+      ->check(CLI::ExistingFile);
+  command->add_option("--bandwidth-mib", options->bandwidth_mib, "Buffer size for the bandwidth test")
+      ->capture_default_str();
+  command->add_option("--reps", options->repetitions, "Bandwidth passes (best is reported)")->capture_default_str();
+  command->add_option("--prompt-tokens", options->prompt_tokens, "Prompt length for prompt speed")
+      ->capture_default_str();
+  command->add_option("--decode-tokens", options->decode_tokens, "Tokens decoded for decode speed")
+      ->capture_default_str();
+  command->add_option("-t,--threads", options->threads, "Worker threads (default: all cores)");
+  command->add_flag("--json", options->json, "Print the results as JSON");
+  command->callback([options] { bench(*options); });
+}
+
+}  // namespace sieve::cli

@@ -1,0 +1,14 @@
+#pragma once
+// Each subcommand registers its options and callback on the top-level app.
+#include <CLI/CLI.hpp>
+
+namespace sieve::cli {
+
+void add_run_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+void add_gen_model_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace sieve::cli

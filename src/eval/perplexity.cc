@@ -1,0 +1,59 @@
+#include "eval/perplexity.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "engine/sampler.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace sieve::eval {
+
+PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int32_t> tokens,
+                            int32_t bos_id, int64_t context, ThreadPool& pool,
+                            const std::function<void(const PerplexityResult&)>& on_chunk) {
+  const model::ModelConfig& config = model.config();
+  if (context < 4 || context > config.context_length) {
+    fail("perplexity context {} must be in [4, {}] (the model's context)", context, config.context_length);
+  }
+  PerplexityResult result;
+  result.context = context;
+  result.num_chunks = static_cast<int64_t>(tokens.size()) / context;
+  if (result.num_chunks == 0) {
+    fail("the text has {} tokens, fewer than one chunk of {}", tokens.size(), context);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  model::KvCache cache(config, 1, static_cast<int32_t>(context));
+  model::ForwardScratch scratch;
+  std::vector<float> logits;
+  const int64_t first_scored = context / 2;  // logits at first_scored predict token first_scored+1
+  double sum_nll = 0.0, sum_nll2 = 0.0;
+
+  for (int64_t chunk = 0; chunk < result.num_chunks; ++chunk) {
+    std::span<const int32_t> window = tokens.subspan(chunk * context, context);
+    model::Batch batch;
+    for (int64_t j = 0; j < context; ++j) {
+      const int32_t token = j == 0 ? bos_id : window[j];
+      batch.add(token, static_cast<int32_t>(j), 0, j >= first_scored && j <= context - 2);
+    }
+    model.forward(batch, cache, pool, scratch, logits);
+    for (int64_t j = first_scored; j <= context - 2; ++j) {
+      std::span<const float> row(&logits[(j - first_scored) * config.vocab_size], config.vocab_size);
+      const double nll = -engine::token_logprob(row, window[j + 1]);
+      sum_nll += nll;
+      sum_nll2 += nll * nll;
+      ++result.scored_tokens;
+    }
+    result.running_ppl.push_back(std::exp(sum_nll / result.scored_tokens));
+    if (on_chunk) on_chunk(result);
+  }
+  const double count = static_cast<double>(result.scored_tokens);
+  result.mean_nll = sum_nll / count;
+  result.ppl = std::exp(result.mean_nll);
+  const double variance = sum_nll2 / count - result.mean_nll * result.mean_nll;
+  result.ppl_stderr = count > 1 ? result.ppl * std::sqrt(std::max(0.0, variance) / (count - 1)) : 0.0;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace sieve::eval

@@ -1,0 +1,36 @@
+#pragma once
+// Perplexity the way llama.cpp's llama-perplexity computes it, so results compare directly:
+// the token stream is cut into chunks of n_ctx tokens; each chunk starts with BOS in place of
+// its first token and is evaluated from an empty cache; only the second half is scored:
+// for j = n_ctx/2 .. n_ctx-2 the logits at j predict token j+1.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace sieve {
+class ThreadPool;
+}
+
+namespace sieve::eval {
+
+struct PerplexityResult {
+  int64_t context = 0;
+  int64_t num_chunks = 0;
+  int64_t scored_tokens = 0;
+  double mean_nll = 0.0;
+  double ppl = 0.0;
+  double ppl_stderr = 0.0;
+  std::vector<double> running_ppl;  // after each chunk
+  double seconds = 0.0;
+};
+
+// `tokens` is the whole tokenized text (BOS first). Throws sieve::Error when there is not one
+// full chunk or context is not in [4, model context].
+PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int32_t> tokens,
+                            int32_t bos_id, int64_t context, ThreadPool& pool,
+                            const std::function<void(const PerplexityResult&)>& on_chunk = {});
+
+}  // namespace sieve::eval

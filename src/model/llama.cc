@@ -1,0 +1,134 @@
+#include "model/llama.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/attention.h"
+#include "kernels/ops.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace sieve::model {
+
+LlamaModel::LlamaModel(ModelConfig config, Weights weights)
+    : config_(std::move(config)), weights_(std::move(weights)) {
+  config_.validate();
+  rope_.ordering = config_.rope.ordering == RopeOrdering::kNeox ? kernels::RopeOrdering::kNeox
+                                                                : kernels::RopeOrdering::kNormal;
+  rope_.head_dim = config_.head_dim;
+  rope_.num_dims = config_.rope.num_dims;
+  rope_.freq_base = config_.rope.freq_base;
+  rope_.freq_scale = config_.rope.freq_scale;
+  rope_.freq_factors = config_.rope.freq_factors;
+}
+
+void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
+  for (int64_t i = 0; i < batch.size(); ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= config_.vocab_size) {
+      fail("token id {} is outside the vocabulary (size {})", batch.tokens[i], config_.vocab_size);
+    }
+    if (batch.positions[i] < 0 || batch.positions[i] >= cache.capacity()) {
+      fail("position {} is outside the KV cache (capacity {})", batch.positions[i], cache.capacity());
+    }
+    if (batch.slots[i] < 0 || batch.slots[i] >= cache.num_slots()) {
+      fail("KV slot {} does not exist ({} slots)", batch.slots[i], cache.num_slots());
+    }
+  }
+}
+
+void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
+                         ForwardScratch& s, std::vector<float>& logits) const {
+  check_batch(batch, cache);
+  const int64_t n = batch.size();
+  const ModelConfig& c = config_;
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
+  s.x.resize(n * dim);
+  s.norm.resize(n * dim);
+  s.q.resize(n * q_dim);
+  s.k.resize(n * kv_dim);
+  s.v.resize(n * kv_dim);
+  s.attn.resize(n * q_dim);
+  s.gate.resize(n * c.ffn_dim);
+  s.up.resize(n * c.ffn_dim);
+
+  const kernels::MatrixView& embd = weights_.token_embd;
+  const size_t embd_row_bytes = kernels::row_bytes(embd.dtype, embd.cols);
+  for (int64_t t = 0; t < n; ++t) {
+    const auto* row = static_cast<const uint8_t*>(embd.data) + batch.tokens[t] * embd_row_bytes;
+    kernels::dequantize_row(embd.dtype, row, &s.x[t * dim], dim);
+  }
+
+  auto norm_all = [&](const std::vector<float>& weight) {
+    for (int64_t t = 0; t < n; ++t) {
+      kernels::rmsnorm(&s.x[t * dim], weight.data(), c.rms_eps, &s.norm[t * dim], dim);
+    }
+  };
+  auto add_into_x = [&](const std::vector<float>& delta) {
+    for (int64_t i = 0; i < n * dim; ++i) s.x[i] += delta[i];
+  };
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const int64_t group = c.group_size();
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    norm_all(w.attn_norm);
+    kernels::matmul(w.wq, s.norm.data(), n, s.q.data(), pool);
+    kernels::matmul(w.wk, s.norm.data(), n, s.k.data(), pool);
+    kernels::matmul(w.wv, s.norm.data(), n, s.v.data(), pool);
+    pool.parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        kernels::rope(rope_, batch.positions[t], &s.q[t * q_dim], c.num_heads);
+        kernels::rope(rope_, batch.positions[t], &s.k[t * kv_dim], c.num_kv_heads);
+        std::memcpy(cache.key(l, batch.slots[t], batch.positions[t]), &s.k[t * kv_dim], kv_dim * sizeof(float));
+        std::memcpy(cache.value(l, batch.slots[t], batch.positions[t]), &s.v[t * kv_dim], kv_dim * sizeof(float));
+      }
+    });
+    // One work item per (token, query head); later positions cost more, so hand out small chunks.
+    pool.parallel_for(
+        n * c.num_heads,
+        [&](int64_t begin, int64_t end) {
+          thread_local std::vector<float> scores;
+          for (int64_t item = begin; item < end; ++item) {
+            const int64_t t = item / c.num_heads, h = item % c.num_heads;
+            const int32_t num_ctx = batch.positions[t] + 1;
+            if (scores.size() < static_cast<size_t>(num_ctx)) scores.resize(num_ctx);
+            kernels::HeadAttention head{
+                .q = &s.q[t * q_dim + h * head_dim],
+                .k = cache.key(l, batch.slots[t], 0) + (h / group) * head_dim,
+                .v = cache.value(l, batch.slots[t], 0) + (h / group) * head_dim,
+                .row_stride = cache.row_floats(),
+                .num_ctx = num_ctx,
+                .head_dim = head_dim,
+                .scale = scale,
+            };
+            kernels::attend_head(head, scores.data(), &s.attn[t * q_dim + h * head_dim]);
+          }
+        },
+        std::max<int64_t>(1, n * c.num_heads / (8 * pool.num_threads())));
+    kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
+    add_into_x(s.norm);
+
+    norm_all(w.ffn_norm);
+    kernels::matmul(w.w_gate, s.norm.data(), n, s.gate.data(), pool);
+    kernels::matmul(w.w_up, s.norm.data(), n, s.up.data(), pool);
+    for (int64_t t = 0; t < n; ++t) {
+      kernels::silu_mul(&s.gate[t * c.ffn_dim], &s.up[t * c.ffn_dim], c.ffn_dim);
+    }
+    kernels::matmul(w.w_down, s.gate.data(), n, s.norm.data(), pool);
+    add_into_x(s.norm);
+  }
+
+  // Final norm and output head, only for the tokens that want logits.
+  const int64_t num_out = batch.num_logits();
+  s.rows.resize(num_out * dim);
+  int64_t out_idx = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (!batch.want_logits[t]) continue;
+    kernels::rmsnorm(&s.x[t * dim], weights_.output_norm.data(), c.rms_eps, &s.rows[out_idx * dim], dim);
+    ++out_idx;
+  }
+  logits.resize(num_out * c.vocab_size);
+  kernels::matmul(weights_.output, s.rows.data(), num_out, logits.data(), pool);
+}
+
+}  // namespace sieve::model

@@ -1,0 +1,233 @@
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "gguf/gguf.h"
+#include "util/error.h"
+#include "util/mapped_file.h"
+
+namespace sieve::model {
+
+namespace {
+
+std::optional<kernels::DType> to_dtype(gguf::TensorType type) {
+  switch (type) {
+    case gguf::TensorType::kF32: return kernels::DType::kF32;
+    case gguf::TensorType::kF16: return kernels::DType::kF16;
+    case gguf::TensorType::kBF16: return kernels::DType::kBF16;
+    case gguf::TensorType::kQ8_0: return kernels::DType::kQ8_0;
+    case gguf::TensorType::kQ4_0: return kernels::DType::kQ4_0;
+    default: return std::nullopt;
+  }
+}
+
+class GgufTensors {
+ public:
+  explicit GgufTensors(const gguf::File& file) : file_(file) {}
+
+  const gguf::TensorInfo* find(const std::string& name) const { return file_.find_tensor(name); }
+
+  const gguf::TensorInfo& require(const std::string& name) const {
+    const gguf::TensorInfo* info = file_.find_tensor(name);
+    if (info == nullptr) fail("model file has no tensor '{}'", name);
+    return *info;
+  }
+
+  // A [rows][cols] matrix (ggml shape [cols, rows]).
+  kernels::MatrixView matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    const gguf::TensorInfo& info = require(name);
+    std::optional<kernels::DType> dtype = to_dtype(info.type);
+    if (!dtype) {
+      fail("tensor '{}' has type {}, which sieve cannot compute with (supported: F32, F16, BF16, "
+           "Q8_0, Q4_0); convert the model with `sieve quantize`",
+           name, gguf::to_string(info.type));
+    }
+    if (info.shape.size() != 2 || info.shape[0] != static_cast<uint64_t>(cols) ||
+        info.shape[1] != static_cast<uint64_t>(rows)) {
+      fail("tensor '{}' has shape {}, expected [{}, {}]", name, shape_string(info), cols, rows);
+    }
+    return kernels::MatrixView{*dtype, file_.tensor_data(info).data(), rows, cols};
+  }
+
+  std::vector<float> vector(const std::string& name, int64_t size) const {
+    const gguf::TensorInfo& info = require(name);
+    if (info.shape.size() != 1 || info.shape[0] != static_cast<uint64_t>(size)) {
+      fail("tensor '{}' has shape {}, expected [{}]", name, shape_string(info), size);
+    }
+    std::optional<kernels::DType> dtype = to_dtype(info.type);
+    if (!dtype || kernels::block_elems(*dtype) != 1) {
+      fail("vector tensor '{}' has type {}; expected F32, F16 or BF16", name,
+           gguf::to_string(info.type));
+    }
+    std::vector<float> values(size);
+    kernels::dequantize_row(*dtype, file_.tensor_data(info).data(), values.data(), size);
+    return values;
+  }
+
+ private:
+  static std::string shape_string(const gguf::TensorInfo& info) {
+    std::string text = "[";
+    for (size_t i = 0; i < info.shape.size(); ++i) {
+      text += (i ? ", " : "") + std::to_string(info.shape[i]);
+    }
+    return text + "]";
+  }
+  const gguf::File& file_;
+};
+
+}  // namespace
+
+size_t Weights::bytes_per_token() const {
+  auto bytes = [](const kernels::MatrixView& m) {
+    return kernels::row_bytes(m.dtype, m.cols) * static_cast<size_t>(m.rows);
+  };
+  size_t total = bytes(output);
+  for (const LayerWeights& layer : layers) {
+    total += bytes(layer.wq) + bytes(layer.wk) + bytes(layer.wv) + bytes(layer.wo) +
+             bytes(layer.w_gate) + bytes(layer.w_up) + bytes(layer.w_down);
+  }
+  return total;
+}
+
+size_t Weights::total_bytes() const {
+  size_t total = bytes_per_token();
+  if (!tied_output) {
+    total += kernels::row_bytes(token_embd.dtype, token_embd.cols) * token_embd.rows;
+  }
+  return total;
+}
+
+Weights weights_from_gguf(std::shared_ptr<const gguf::File> file, ModelConfig& config) {
+  GgufTensors tensors(*file);
+  if (const gguf::TensorInfo* freqs = tensors.find("rope_freqs.weight")) {
+    config.rope.freq_factors = tensors.vector("rope_freqs.weight", freqs->shape.empty() ? 0 : freqs->shape[0]);
+  }
+  if (config.vocab_size == 0) {
+    const gguf::TensorInfo& embd = tensors.require("token_embd.weight");
+    if (embd.shape.size() == 2) config.vocab_size = static_cast<int64_t>(embd.shape[1]);
+  }
+  config.validate();
+
+  Weights weights;
+  weights.token_embd = tensors.matrix("token_embd.weight", config.vocab_size, config.dim);
+  weights.layers.resize(config.num_layers);
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LayerWeights& layer = weights.layers[i];
+    layer.attn_norm = tensors.vector(p + "attn_norm.weight", config.dim);
+    layer.wq = tensors.matrix(p + "attn_q.weight", config.q_dim(), config.dim);
+    layer.wk = tensors.matrix(p + "attn_k.weight", config.kv_dim(), config.dim);
+    layer.wv = tensors.matrix(p + "attn_v.weight", config.kv_dim(), config.dim);
+    layer.wo = tensors.matrix(p + "attn_output.weight", config.dim, config.q_dim());
+    layer.ffn_norm = tensors.vector(p + "ffn_norm.weight", config.dim);
+    layer.w_gate = tensors.matrix(p + "ffn_gate.weight", config.ffn_dim, config.dim);
+    layer.w_up = tensors.matrix(p + "ffn_up.weight", config.ffn_dim, config.dim);
+    layer.w_down = tensors.matrix(p + "ffn_down.weight", config.dim, config.ffn_dim);
+  }
+  weights.output_norm = tensors.vector("output_norm.weight", config.dim);
+  if (tensors.find("output.weight") != nullptr) {
+    weights.output = tensors.matrix("output.weight", config.vocab_size, config.dim);
+  } else {
+    weights.output = weights.token_embd;
+    weights.tied_output = true;
+  }
+  weights.storage = std::move(file);
+  return weights;
+}
+
+namespace {
+
+// Owned f32 buffers for a llama2.c checkpoint; views point into `data`.
+struct Llama2cStorage {
+  MappedFile file;
+};
+
+}  // namespace
+
+Llama2cModel load_llama2c_checkpoint(const std::string& path) {
+  auto storage = std::make_shared<Llama2cStorage>();
+  storage->file = MappedFile::open(path);
+  std::span<const uint8_t> bytes = storage->file.bytes();
+  constexpr size_t kHeaderBytes = 7 * sizeof(int32_t);
+  if (bytes.size() < kHeaderBytes) fail("'{}' is too small to be a llama2.c checkpoint", path);
+  int32_t header[7];
+  std::memcpy(header, bytes.data(), kHeaderBytes);
+  const auto [dim, hidden_dim, n_layers, n_heads, n_kv_heads, signed_vocab, seq_len] =
+      std::array<int32_t, 7>{header[0], header[1], header[2], header[3], header[4], header[5],
+                             header[6]};
+  for (int32_t value : {dim, hidden_dim, n_layers, n_heads, n_kv_heads, seq_len}) {
+    if (value <= 0 || value > (1 << 20)) fail("'{}': implausible llama2.c header value {}", path, value);
+  }
+  const bool shared_classifier = signed_vocab > 0;
+  const int64_t vocab = signed_vocab > 0 ? signed_vocab : -static_cast<int64_t>(signed_vocab);
+  if (vocab == 0 || vocab > (1 << 24)) fail("'{}': implausible vocabulary size {}", path, vocab);
+
+  Llama2cModel model;
+  ModelConfig& config = model.config;
+  config.architecture = "llama";
+  config.name = path;
+  config.dim = dim;
+  config.ffn_dim = hidden_dim;
+  config.num_layers = n_layers;
+  config.num_heads = n_heads;
+  config.num_kv_heads = n_kv_heads;
+  config.head_dim = dim / n_heads;
+  config.vocab_size = vocab;
+  config.context_length = seq_len;
+  config.rms_eps = 1e-5f;
+  config.rope.num_dims = config.head_dim;
+  config.rope.freq_base = 10000.0f;
+  config.rope.ordering = RopeOrdering::kNormal;
+  config.validate();
+
+  // Walk the f32 arrays in file order, checking each fits.
+  const float* base = reinterpret_cast<const float*>(bytes.data() + kHeaderBytes);
+  const size_t num_floats = (bytes.size() - kHeaderBytes) / sizeof(float);
+  size_t cursor = 0;
+  auto take = [&](size_t count, const char* what) {
+    if (count > num_floats - cursor) fail("'{}' is truncated (reading {})", path, what);
+    const float* start = base + cursor;
+    cursor += count;
+    return start;
+  };
+  auto matrix = [](const float* data, int64_t rows, int64_t cols) {
+    return kernels::MatrixView{kernels::DType::kF32, data, rows, cols};
+  };
+  const int64_t head_dim = config.head_dim, kv_dim = config.kv_dim(), L = n_layers;
+  const float* embd = take(vocab * dim, "token embeddings");
+  const float* rms_att = take(L * dim, "attention norms");
+  const float* wq = take(L * dim * config.q_dim(), "wq");
+  const float* wk = take(L * dim * kv_dim, "wk");
+  const float* wv = take(L * dim * kv_dim, "wv");
+  const float* wo = take(L * config.q_dim() * dim, "wo");
+  const float* rms_ffn = take(L * dim, "ffn norms");
+  const float* w1 = take(L * dim * hidden_dim, "w1");
+  const float* w2 = take(L * hidden_dim * dim, "w2");
+  const float* w3 = take(L * dim * hidden_dim, "w3");
+  const float* rms_final = take(dim, "final norm");
+  take(static_cast<size_t>(seq_len) * head_dim, "rope tables");  // freq_cis_real + imag
+  const float* wcls = shared_classifier ? embd : take(vocab * dim, "classifier");
+
+  Weights& weights = model.weights;
+  weights.token_embd = matrix(embd, vocab, dim);
+  weights.layers.resize(L);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerWeights& layer = weights.layers[l];
+    layer.attn_norm.assign(rms_att + l * dim, rms_att + (l + 1) * dim);
+    layer.wq = matrix(wq + l * dim * config.q_dim(), config.q_dim(), dim);
+    layer.wk = matrix(wk + l * dim * kv_dim, kv_dim, dim);
+    layer.wv = matrix(wv + l * dim * kv_dim, kv_dim, dim);
+    layer.wo = matrix(wo + l * config.q_dim() * dim, dim, config.q_dim());
+    layer.ffn_norm.assign(rms_ffn + l * dim, rms_ffn + (l + 1) * dim);
+    layer.w_gate = matrix(w1 + l * dim * hidden_dim, hidden_dim, dim);
+    layer.w_down = matrix(w2 + l * hidden_dim * dim, dim, hidden_dim);
+    layer.w_up = matrix(w3 + l * dim * hidden_dim, hidden_dim, dim);
+  }
+  weights.output_norm.assign(rms_final, rms_final + dim);
+  weights.output = matrix(wcls, vocab, dim);
+  weights.tied_output = shared_classifier;
+  weights.storage = std::move(storage);
+  return model;
+}
+
+}  // namespace sieve::model

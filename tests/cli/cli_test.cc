@@ -1,0 +1,103 @@
+// The `sieve` binary as a user runs it: exit codes, JSON output, clear errors.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "shared_data.h"
+
+namespace sieve {
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together when merge_stderr
+};
+
+Result run(const std::string& args, bool merge_stderr = false) {
+  std::string command = std::string(SIEVE_BINARY_DIR) + "/sieve " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* pipe = ::popen(command.c_str(), "r");
+  Result result;
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer{};
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
+  int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string model() { return testing::shared_path("models/stories260K.gguf"); }
+
+TEST(Cli, HelpForEveryCommand) {
+  Result top = run("--help");
+  EXPECT_EQ(top.exit_code, 0);
+  for (const char* command : {"run", "tokenize", "perplexity", "quantize", "gen-model", "bench"}) {
+    EXPECT_NE(top.out.find(command), std::string::npos) << command;
+    Result help = run(std::string(command) + " --help");
+    EXPECT_EQ(help.exit_code, 0) << command;
+    EXPECT_NE(help.out.find("Usage"), std::string::npos) << command;
+  }
+}
+
+TEST(Cli, RunGreedyJsonMatchesGolden) {
+  Result r = run("run -m " + model() + " -p 'Once upon a time' -n 16 --temp 0 -t 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json out = nlohmann::json::parse(r.out);
+  std::ifstream in(testing::shared_path("golden/stories260K/greedy.json"));
+  nlohmann::json golden = nlohmann::json::parse(in);
+  std::vector<int> want = golden[0]["tokens"].get<std::vector<int>>();
+  want.resize(16);
+  EXPECT_EQ(out["tokens"].get<std::vector<int>>(), want);
+  EXPECT_EQ(out["prompt_tokens"].get<std::vector<int>>(), golden[0]["prompt_tokens"].get<std::vector<int>>());
+  EXPECT_GT(out["generated_tokens_per_second"].get<double>(), 0.0);
+}
+
+TEST(Cli, RunStreamsTextAndReportsSpeedOnStderr) {
+  Result r = run("run -m " + model() + " -p 'Once upon a time' -n 8 --temp 0", true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+}
+
+TEST(Cli, TokenizeVocabOnlyFile) {
+  Result r = run("tokenize -m " + testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf") +
+                 " --ids 'Hello world'");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "[1, 15043, 3186]\n");
+  r = run("tokenize -m " + testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf") +
+          " --no-bos --json 'Hello world'");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int>>(), (std::vector<int>{15043, 3186}));
+}
+
+TEST(Cli, BadModelFileIsAClearError) {
+  const std::string path = (std::filesystem::temp_directory_path() / "sieve_cli_bad.gguf").string();
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "GGUF\x03\x00\x00\x00 truncated";
+  }
+  Result r = run("run -m " + path + " -p hi -n 1", true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("error:"), std::string::npos) << r.out;
+  std::filesystem::remove(path);
+
+  r = run("run -m /nonexistent.gguf -p hi", true);
+  EXPECT_NE(r.exit_code, 0);
+}
+
+TEST(Cli, PromptLongerThanContextIsRejected) {
+  std::string prompt(3000, 'a');
+  for (size_t i = 1; i < prompt.size(); i += 2) prompt[i] = ' ';
+  Result r = run("run -m " + model() + " -p '" + prompt + "' -n 1", true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("context"), std::string::npos) << r.out.substr(0, 300);
+}
+
+}  // namespace
+}  // namespace sieve
