@@ -1,0 +1,218 @@
+#include "kv/kv_manager.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+
+namespace sieve::kv {
+
+KvManager::KvManager(const KvConfig& config) : config_(config), pool_(config.num_pages) {
+  assert(config.page_size > 0 && config.num_pages >= 0);
+}
+
+KvManager::SeqState& KvManager::state(SeqId seq) {
+  auto it = seqs_.find(seq);
+  assert(it != seqs_.end() && "unknown SeqId");
+  return it->second;
+}
+
+const KvManager::SeqState& KvManager::state(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  assert(it != seqs_.end() && "unknown SeqId");
+  return it->second;
+}
+
+KvStats KvManager::stats() const {
+  return KvStats{.num_pages = pool_.num_pages(),
+                 .num_free_pages = pool_.num_free_pages(),
+                 .num_cached_blocks = pool_.num_cached_pages(),
+                 .num_evictions = pool_.num_evictions(),
+                 .num_prefix_query_tokens = num_prefix_query_tokens_,
+                 .num_prefix_hit_tokens = num_prefix_hit_tokens_,
+                 .num_prefix_query_requests = num_prefix_query_requests_,
+                 .num_prefix_hit_requests = num_prefix_hit_requests_};
+}
+
+int32_t KvManager::num_pages_for(int32_t num_tokens) const {
+  assert(num_tokens >= 0);
+  return static_cast<int32_t>((int64_t{num_tokens} + config_.page_size - 1) / config_.page_size);
+}
+
+PrefixMatch KvManager::lookup_prefix(std::span<const int32_t> prompt, uint64_t extra_key) const {
+  PrefixMatch match{.num_prompt_tokens = static_cast<int32_t>(prompt.size()),
+                    .extra_key = extra_key};
+  if (!config_.enable_prefix_caching || prompt.empty()) return match;
+  const size_t page_size = static_cast<size_t>(config_.page_size);
+  // At least the last prompt token is computed, so only blocks within prompt[0, n-1) count.
+  const size_t max_blocks = (prompt.size() - 1) / page_size;
+  std::optional<BlockHash> parent;
+  for (size_t block = 0; block < max_blocks; ++block) {
+    BlockHash hash = hash_block(parent, prompt.subspan(block * page_size, page_size), extra_key,
+                                config_.hash_seed);
+    std::optional<PageId> page = pool_.find_cached(hash);
+    if (!page) break;
+    match.pages.push_back(*page);
+    match.hashes.push_back(hash);
+    parent = hash;
+  }
+  match.num_cached_tokens = static_cast<int32_t>(match.pages.size()) * config_.page_size;
+  return match;
+}
+
+int32_t KvManager::num_pages_needed(const PrefixMatch& match, int32_t num_tokens) const {
+  assert(num_tokens >= match.num_cached_tokens);
+  int32_t num_needed = num_pages_for(num_tokens) - static_cast<int32_t>(match.pages.size());
+  for (PageId page : match.pages) {
+    if (pool_.ref_count(page) == 0) ++num_needed;
+  }
+  return num_needed;
+}
+
+int32_t KvManager::num_pages_needed(SeqId seq, int32_t num_tokens) const {
+  int32_t num_have = static_cast<int32_t>(state(seq).pages.size());
+  return std::max(0, num_pages_for(num_tokens) - num_have);
+}
+
+std::optional<Allocation> KvManager::admit(SeqId seq, const PrefixMatch& match,
+                                           int32_t num_tokens) {
+  assert(!contains(seq) && "SeqId already in use");
+  assert(match.pages.size() == match.hashes.size());
+  for (size_t i = 0; i < match.pages.size(); ++i) {
+    assert(pool_.block_hash(match.pages[i]) == match.hashes[i] && "stale PrefixMatch");
+  }
+  if (num_pages_needed(match, num_tokens) > pool_.num_free_pages()) return std::nullopt;
+
+  SeqState& s = seqs_[seq];
+  s.extra_key = match.extra_key;
+  s.block_hashes = match.hashes;
+  s.pages.reserve(num_pages_for(num_tokens));
+  // Hits first: taking them out of the free queue keeps allocate() from evicting them.
+  for (PageId page : match.pages) {
+    pool_.retain(page);
+    s.pages.push_back(page);
+  }
+  const int32_t num_new = num_pages_for(num_tokens) - static_cast<int32_t>(s.pages.size());
+  for (int32_t i = 0; i < num_new; ++i) {
+    std::optional<PageId> page = pool_.allocate();
+    assert(page);
+    s.pages.push_back(*page);
+  }
+  num_prefix_query_tokens_ += match.num_prompt_tokens;
+  num_prefix_hit_tokens_ += match.num_cached_tokens;
+  ++num_prefix_query_requests_;
+  if (match.num_cached_tokens > 0) ++num_prefix_hit_requests_;
+  return Allocation{.first_new_block_idx = static_cast<int32_t>(match.pages.size()),
+                    .num_new_pages = num_new};
+}
+
+std::optional<Allocation> KvManager::allocate(SeqId seq, int32_t num_tokens) {
+  SeqState& s = state(seq);
+  const int32_t num_have = static_cast<int32_t>(s.pages.size());
+  const int32_t num_new = std::max(0, num_pages_for(num_tokens) - num_have);
+  if (num_new > pool_.num_free_pages()) return std::nullopt;
+  for (int32_t i = 0; i < num_new; ++i) {
+    std::optional<PageId> page = pool_.allocate();
+    assert(page);
+    s.pages.push_back(*page);
+  }
+  return Allocation{.first_new_block_idx = num_have, .num_new_pages = num_new};
+}
+
+void KvManager::commit_full_blocks(SeqId seq, std::span<const int32_t> tokens,
+                                   int32_t num_computed_tokens) {
+  SeqState& s = state(seq);
+  assert(num_computed_tokens >= 0 && static_cast<size_t>(num_computed_tokens) <= tokens.size());
+  assert(num_computed_tokens <= static_cast<int64_t>(s.pages.size()) * config_.page_size);
+  if (!config_.enable_prefix_caching) return;
+  const size_t page_size = static_cast<size_t>(config_.page_size);
+  const size_t num_full = static_cast<size_t>(num_computed_tokens) / page_size;
+  for (size_t block = s.block_hashes.size(); block < num_full; ++block) {
+    std::optional<BlockHash> parent;
+    if (block > 0) parent = s.block_hashes[block - 1];
+    BlockHash hash = hash_block(parent, tokens.subspan(block * page_size, page_size), s.extra_key,
+                                config_.hash_seed);
+    PageId page = s.pages[block];
+    if (!pool_.block_hash(page)) {
+      pool_.publish(page, hash);  // false: another page caches this block; ours stays private
+    } else {
+      // A page shared through fork that the other sequence published first.
+      assert(*pool_.block_hash(page) == hash &&
+             "a published page was written without prepare_write");
+    }
+    s.block_hashes.push_back(hash);
+  }
+}
+
+WritePlan KvManager::prepare_write(SeqId seq, int32_t position) {
+  SeqState& s = state(seq);
+  assert(position >= 0 && position < static_cast<int64_t>(s.pages.size()) * config_.page_size);
+  const size_t block = static_cast<size_t>(position / config_.page_size);
+  const PageId page = s.pages[block];
+  WritePlan plan = WriteInPlace{};
+  if (pool_.ref_count(page) > 1 || pool_.block_hash(page)) {
+    std::optional<PageId> fresh = pool_.allocate();
+    if (!fresh) return NoFreePage{};
+    s.pages[block] = *fresh;
+    pool_.release(page);
+    plan = PageCopy{.src = page, .dst = *fresh, .block_idx = static_cast<int32_t>(block)};
+  }
+  // Block `block` is about to change, so its hash (and the chain after it) no longer holds.
+  if (s.block_hashes.size() > block) s.block_hashes.resize(block);
+  return plan;
+}
+
+void KvManager::fork(SeqId parent, SeqId child) {
+  assert(!contains(child) && "SeqId already in use");
+  SeqState copy = state(parent);
+  for (PageId page : copy.pages) pool_.retain(page);
+  seqs_.emplace(child, std::move(copy));
+}
+
+void KvManager::free(SeqId seq) {
+  auto it = seqs_.find(seq);
+  assert(it != seqs_.end() && "unknown SeqId");
+  const std::vector<PageId>& pages = it->second.pages;
+  for (auto page = pages.rbegin(); page != pages.rend(); ++page) pool_.release(*page);
+  seqs_.erase(it);
+}
+
+bool KvManager::reset_prefix_cache() {
+  if (!pool_.reset_cache()) return false;
+  // No page is in use, so every sequence left has an empty table and no hashes.
+  return true;
+}
+
+std::span<const PageId> KvManager::block_table(SeqId seq) const { return state(seq).pages; }
+
+std::optional<std::string> KvManager::invariant_violation() const {
+  if (std::optional<std::string> violation = pool_.invariant_violation()) return violation;
+  std::vector<int32_t> num_uses(pool_.num_pages(), 0);
+  for (const auto& [seq, s] : seqs_) {
+    if (s.block_hashes.size() > s.pages.size()) {
+      return fmt::format("seq {} has {} block hashes but {} pages", seq.value,
+                         s.block_hashes.size(), s.pages.size());
+    }
+    for (size_t block = 0; block < s.pages.size(); ++block) {
+      PageId page = s.pages[block];
+      if (page.value < 0 || page.value >= pool_.num_pages()) {
+        return fmt::format("seq {} holds page {}, which does not exist", seq.value, page.value);
+      }
+      ++num_uses[page.value];
+      const std::optional<BlockHash>& published = pool_.block_hash(page);
+      if (block < s.block_hashes.size() && published && *published != s.block_hashes[block]) {
+        return fmt::format("seq {} block {}: page {} is published under another hash", seq.value,
+                           block, page.value);
+      }
+    }
+  }
+  for (int32_t page = 0; page < pool_.num_pages(); ++page) {
+    if (num_uses[page] != pool_.ref_count(PageId{page})) {
+      return fmt::format("page {} has ref count {} but {} block table entries", page,
+                         pool_.ref_count(PageId{page}), num_uses[page]);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace sieve::kv

@@ -1,0 +1,184 @@
+#pragma once
+// KvManager: the KV-cache API the scheduler calls (integers only). Each sequence has a block
+// table, one page per `page_size` tokens; pages come from one PagePool and may be shared
+// between sequences with a common cached prefix and between the samples of one request (fork).
+//
+//   seq 7  block table [ p3 | p0 | p8 ]   tokens 0..15 | 16..31 | 32..40 (partial, private)
+//   seq 9  block table [ p3 | p0 | p5 ]   same first 32 tokens: prefix hit on p3, p0
+//                          |    |    |
+//   PagePool   page  p0  p1  p2  p3  p4  p5  p6  p7  p8     K/V of page p: the model runner's
+//              ref    2   0   0   2   0   1   0   0   1     storage[p] (all layers, all heads)
+//              hash  h1   -  h7  h0   -   -   -   -   -     p2: cached-free, reusable by a prefix
+//              free queue (head..tail): p1 p4 p6 p7 p2      hit until evicted
+//
+// Position t of a sequence lives in page block_table[t / page_size], slot t % page_size.
+//
+// One engine step, vLLM v1 style (a request carries only num_computed_tokens and its tokens):
+//   waiting:  match = lookup_prefix(prompt, extra_key);   // no state change
+//             num_computed = match.num_cached_tokens;     // choose n new tokens for the budget
+//             admit(seq, match, num_computed + n)         // nullopt: does not fit, keep waiting
+//   running:  allocate(seq, num_computed + n)             // nullopt: preempt someone, retry
+//             prepare_write(seq, num_computed)            // copy-on-write after fork
+//   after the forward pass:
+//             commit_full_blocks(seq, tokens, num_computed + n)   // publish for reuse
+//   finished, preempted or cancelled: free(seq)
+//
+// Expected failures (no free page) are return values and leave the state unchanged; misuse
+// (unknown or duplicate SeqId, out-of-range positions, stale match) is an assert.
+// Costs: every call is O(blocks touched) plus hashing O(tokens hashed); nothing is O(num_pages)
+// except reset_prefix_cache() and the invariant check.
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "kv/block_hash.h"
+#include "kv/ids.h"
+#include "kv/page_pool.h"
+
+namespace sieve::kv {
+
+struct KvConfig {
+  int32_t num_pages = 0;
+  int32_t page_size = 16;  // tokens per page
+  bool enable_prefix_caching = true;
+  uint64_t hash_seed = 0;  // see block_hash.h
+};
+
+// The longest cached prefix of a prompt, from lookup_prefix(); valid until the next call that
+// changes the manager (admit it right away).
+struct PrefixMatch {
+  int32_t num_prompt_tokens = 0;
+  // pages.size() * page_size. Always < num_prompt_tokens, so at least one prompt token is
+  // computed and yields logits (vLLM caps hits at num_prompt_tokens - 1, rounded down to
+  // full blocks).
+  int32_t num_cached_tokens = 0;
+  uint64_t extra_key = 0;
+  std::vector<PageId> pages;      // [num cached blocks]
+  std::vector<BlockHash> hashes;  // [num cached blocks]
+};
+
+// Pages added to a block table: block_table(seq)[first_new_block_idx, + num_new_pages).
+struct Allocation {
+  int32_t first_new_block_idx = 0;
+  int32_t num_new_pages = 0;
+  bool operator==(const Allocation&) const = default;
+};
+
+// Copy-on-write order for the model runner: copy page `src` to page `dst` (all layers) before
+// this step writes; `dst` replaced `src` at block_table(seq)[block_idx].
+struct PageCopy {
+  PageId src;
+  PageId dst;
+  int32_t block_idx = 0;
+  bool operator==(const PageCopy&) const = default;
+};
+// The page is this sequence's alone and not published: write in place.
+struct WriteInPlace {
+  bool operator==(const WriteInPlace&) const = default;
+};
+// A copy was needed but no page is free; nothing changed (preempt someone and retry).
+struct NoFreePage {
+  bool operator==(const NoFreePage&) const = default;
+};
+using WritePlan = std::variant<WriteInPlace, PageCopy, NoFreePage>;
+
+struct KvStats {
+  int32_t num_pages = 0;
+  int32_t num_free_pages = 0;     // ref count 0, including cached-free (evictable) pages
+  int32_t num_cached_blocks = 0;  // published pages, in use or cached-free
+  int64_t num_evictions = 0;      // cached pages reused for other data
+  // Counted at admit(): prompt tokens and requests admitted, and how many were served from
+  // the cache (a request "hits" when at least one block was cached).
+  int64_t num_prefix_query_tokens = 0;
+  int64_t num_prefix_hit_tokens = 0;
+  int64_t num_prefix_query_requests = 0;
+  int64_t num_prefix_hit_requests = 0;
+  double usage() const {  // fraction of pages in use (ref count > 0)
+    return num_pages == 0 ? 0.0 : 1.0 - static_cast<double>(num_free_pages) / num_pages;
+  }
+  bool operator==(const KvStats&) const = default;
+};
+
+class KvManager {
+ public:
+  explicit KvManager(const KvConfig& config);
+
+  const KvConfig& config() const { return config_; }
+  int32_t num_pages() const { return pool_.num_pages(); }
+  int32_t num_free_pages() const { return pool_.num_free_pages(); }
+  KvStats stats() const;
+  const PagePool& pool() const { return pool_; }
+
+  // Pages covering `num_tokens` tokens: ceil(num_tokens / page_size).
+  int32_t num_pages_for(int32_t num_tokens) const;
+
+  // The longest run of cached full blocks that starts the prompt, capped below the whole
+  // prompt (see PrefixMatch). Changes nothing, counts nothing. O(matched blocks + 1) hashes.
+  PrefixMatch lookup_prefix(std::span<const int32_t> prompt, uint64_t extra_key = 0) const;
+  // Free pages admit(match, num_tokens) would take: new pages plus matched pages that are
+  // cached-free (a hit takes them out of the free queue).
+  int32_t num_pages_needed(const PrefixMatch& match, int32_t num_tokens) const;
+  // Free pages allocate(seq, num_tokens) would take.
+  int32_t num_pages_needed(SeqId seq, int32_t num_tokens) const;
+
+  // Starts a sequence (new SeqId): attaches the matched pages (ref++) and allocates pages to
+  // cover num_tokens >= match.num_cached_tokens tokens. The first match.num_cached_tokens
+  // tokens count as computed. nullopt, with nothing changed and nothing counted, if not enough
+  // pages are free. `match` must come from lookup_prefix() with no change in between.
+  std::optional<Allocation> admit(SeqId seq, const PrefixMatch& match, int32_t num_tokens);
+  // Grows the block table to cover num_tokens tokens (never shrinks it). nullopt, with nothing
+  // changed, if not enough pages are free (cached-free pages count as free: they get evicted).
+  std::optional<Allocation> allocate(SeqId seq, int32_t num_tokens);
+  // Publishes every full block within the first num_computed_tokens tokens that is not yet
+  // published, so later prompts can reuse it. `tokens` are the sequence's tokens so far
+  // (prompt + output); blocks already hashed for this sequence are skipped. If another page
+  // already caches the same block, this sequence's copy stays private.
+  void commit_full_blocks(SeqId seq, std::span<const int32_t> tokens, int32_t num_computed_tokens);
+  // Call before writing K/V at `position` (once per page a step writes to; for a decode step,
+  // position = num_computed_tokens). If the page holding it is shared (ref > 1) or published,
+  // the sequence gets a fresh page holding a copy (PageCopy, which the runner must perform
+  // before the forward pass); the old page keeps serving its other users and the cache.
+  WritePlan prepare_write(SeqId seq, int32_t position);
+  // Parallel sampling: `child` (new SeqId) starts as a copy of `parent` sharing all its pages.
+  // Writes to shared pages then go through prepare_write's copy-on-write.
+  void fork(SeqId parent, SeqId child);
+  // Releases the sequence's pages, last block first, so that the tail of a cached prefix is
+  // evicted before its head.
+  void free(SeqId seq);
+  // Forgets all cached blocks. Only while no page is in use; false (nothing changed) otherwise.
+  bool reset_prefix_cache();
+
+  bool contains(SeqId seq) const { return seqs_.contains(seq); }
+  int32_t num_seqs() const { return static_cast<int32_t>(seqs_.size()); }
+  // Valid until the next call that changes this sequence.
+  std::span<const PageId> block_table(SeqId seq) const;
+
+  // Describes the first broken invariant of the pool or the tables, nullopt if all hold:
+  // ref count of every page == its number of occurrences in all block tables, and the pool's
+  // own invariants. O(num_pages + total table length); for tests and debugging.
+  std::optional<std::string> invariant_violation() const;
+
+ private:
+  struct SeqState {
+    std::vector<PageId> pages;  // the block table
+    // Hashes of blocks [0, block_hashes.size()), all full and computed; a prefix of `pages`.
+    std::vector<BlockHash> block_hashes;
+    uint64_t extra_key = 0;
+  };
+  SeqState& state(SeqId seq);
+  const SeqState& state(SeqId seq) const;
+
+  KvConfig config_;
+  PagePool pool_;
+  std::unordered_map<SeqId, SeqState> seqs_;
+  int64_t num_prefix_query_tokens_ = 0;
+  int64_t num_prefix_hit_tokens_ = 0;
+  int64_t num_prefix_query_requests_ = 0;
+  int64_t num_prefix_hit_requests_ = 0;
+};
+
+}  // namespace sieve::kv

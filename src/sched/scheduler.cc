@@ -1,0 +1,166 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace sieve::sched {
+
+Scheduler::Scheduler(const SchedulerConfig& config, kv::KvManager& kv) : config_(config), kv_(kv) {}
+
+AddResult Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens,
+                         uint64_t extra_key) {
+  assert(!seqs_.contains(seq) && !prompt.empty());
+  const int64_t max_total = static_cast<int64_t>(prompt.size()) + std::max(0, max_new_tokens);
+  if (config_.max_model_len > 0 && max_total > config_.max_model_len) return AddResult::kTooLong;
+  if (kv_.num_pages_for(static_cast<int32_t>(max_total)) > kv_.num_pages()) return AddResult::kNeverFits;
+  if (static_cast<int32_t>(waiting_.size()) >= config_.max_queued) return AddResult::kQueueFull;
+  Sequence& s = seqs_[seq];
+  s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
+  s.tokens = std::move(prompt);
+  s.max_total_tokens = static_cast<int32_t>(max_total);
+  s.extra_key = extra_key;
+  waiting_.push_back(seq);
+  return AddResult::kQueued;
+}
+
+void Scheduler::fork(SeqId parent, SeqId child) {
+  const Sequence& p = seqs_.at(parent);
+  assert(p.running && !seqs_.contains(child));
+  Sequence copy = p;
+  seqs_.emplace(child, std::move(copy));
+  kv_.fork(parent, child);
+  running_.push_back(child);
+}
+
+std::span<const int32_t> Scheduler::tokens(SeqId seq) const { return seqs_.at(seq).tokens; }
+int32_t Scheduler::num_computed(SeqId seq) const { return seqs_.at(seq).num_computed; }
+int32_t Scheduler::num_output_tokens(SeqId seq) const {
+  const Sequence& s = seqs_.at(seq);
+  return static_cast<int32_t>(s.tokens.size()) - s.num_prompt_tokens;
+}
+
+SchedulerStats Scheduler::stats() const {
+  return {static_cast<int32_t>(running_.size()), static_cast<int32_t>(waiting_.size()), num_preemptions_};
+}
+
+void Scheduler::preempt(SeqId seq, ScheduleOutput& out) {
+  Sequence& s = seqs_.at(seq);
+  kv_.free(seq);
+  s.num_computed = 0;
+  s.running = false;
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  waiting_.push_front(seq);
+  // A victim already scheduled this step (a decode admitted after the sequence that needs its
+  // pages) gives its tokens back.
+  auto scheduled = std::find_if(out.scheduled.begin(), out.scheduled.end(),
+                                [&](const ScheduledSequence& x) { return x.seq_id == seq; });
+  if (scheduled != out.scheduled.end()) {
+    out.num_batched_tokens -= scheduled->num_new_tokens;
+    out.scheduled.erase(scheduled);
+  }
+  out.preempted.push_back(seq);
+  ++num_preemptions_;
+}
+
+bool Scheduler::reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out) {
+  const int32_t write_position = seqs_.at(seq).num_computed;
+  for (;;) {
+    if (kv_.allocate(seq, num_tokens)) {
+      kv::WritePlan plan = kv_.prepare_write(seq, write_position);
+      if (const auto* copy = std::get_if<kv::PageCopy>(&plan)) out.page_copies.push_back({seq, *copy});
+      if (!std::holds_alternative<kv::NoFreePage>(plan)) return true;
+    }
+    // Out of pages: the most recently admitted sequence makes room (possibly `seq` itself).
+    const SeqId victim = running_.back();
+    preempt(victim, out);
+    if (victim == seq) return false;
+  }
+}
+
+void Scheduler::add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out) {
+  const Sequence& s = seqs_.at(seq);
+  std::span<const kv::PageId> table = kv_.block_table(seq);
+  out.scheduled.push_back({.seq_id = seq,
+                           .num_computed_before = s.num_computed,
+                           .num_new_tokens = num_new,
+                           .samples = s.num_computed + num_new == static_cast<int32_t>(s.tokens.size()),
+                           .block_table = {table.begin(), table.end()}});
+  out.num_batched_tokens += num_new;
+}
+
+void Scheduler::schedule_running(bool decodes, ScheduleOutput& out) {
+  // Iterate over a snapshot: preemption removes entries from running_.
+  const std::vector<SeqId> order = running_;
+  for (SeqId seq : order) {
+    const int32_t budget = config_.max_batch_tokens - out.num_batched_tokens;
+    if (budget == 0) return;
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end() || !it->second.running) continue;  // preempted earlier this step
+    const int32_t remaining = static_cast<int32_t>(it->second.tokens.size()) - it->second.num_computed;
+    if ((remaining == 1) != decodes || remaining == 0) continue;
+    if (std::any_of(out.scheduled.begin(), out.scheduled.end(),
+                    [&](const ScheduledSequence& s) { return s.seq_id == seq; })) {
+      continue;
+    }
+    const int32_t num_new = std::min(remaining, budget);
+    if (!reserve_running(seq, it->second.num_computed + num_new, out)) continue;
+    add_scheduled(seq, num_new, out);
+  }
+}
+
+void Scheduler::schedule_waiting(ScheduleOutput& out) {
+  for (;;) {
+    const int32_t budget = config_.max_batch_tokens - out.num_batched_tokens;
+    if (budget == 0 || waiting_.empty() || static_cast<int32_t>(running_.size()) >= config_.max_num_seqs) return;
+    const SeqId seq = waiting_.front();
+    Sequence& s = seqs_.at(seq);
+    const kv::PrefixMatch match = kv_.lookup_prefix(s.tokens, s.extra_key);
+    const int32_t num_new = std::min(static_cast<int32_t>(s.tokens.size()) - match.num_cached_tokens, budget);
+    if (!kv_.admit(seq, match, match.num_cached_tokens + num_new)) return;  // wait for pages
+    waiting_.pop_front();
+    s.num_computed = match.num_cached_tokens;
+    s.running = true;
+    running_.push_back(seq);
+    add_scheduled(seq, num_new, out);
+  }
+}
+
+ScheduleOutput Scheduler::schedule() {
+  ScheduleOutput out;
+  schedule_running(/*decodes=*/true, out);
+  schedule_running(/*decodes=*/false, out);
+  // No admissions in a step that had to preempt: the pool is full.
+  if (out.preempted.empty()) schedule_waiting(out);
+  // Copies planned for sequences preempted later in the step would write pages they no
+  // longer own (and which may already belong to someone else).
+  std::erase_if(out.page_copies, [&](const ScheduledCopy& copy) {
+    return std::find(out.preempted.begin(), out.preempted.end(), copy.seq_id) != out.preempted.end();
+  });
+  return out;
+}
+
+void Scheduler::on_step_done(const ScheduleOutput& out) {
+  for (const ScheduledSequence& scheduled : out.scheduled) {
+    auto it = seqs_.find(scheduled.seq_id);
+    if (it == seqs_.end() || !it->second.running) continue;  // finished or preempted since
+    Sequence& s = it->second;
+    s.num_computed = scheduled.num_computed_before + scheduled.num_new_tokens;
+    kv_.commit_full_blocks(scheduled.seq_id, s.tokens, s.num_computed);
+  }
+}
+
+void Scheduler::append_token(SeqId seq, int32_t token) { seqs_.at(seq).tokens.push_back(token); }
+
+void Scheduler::finish(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return;
+  if (it->second.running) {
+    kv_.free(seq);
+    running_.erase(std::find(running_.begin(), running_.end(), seq));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+  }
+  seqs_.erase(it);
+}
+
+}  // namespace sieve::sched

@@ -1,0 +1,128 @@
+#pragma once
+// Iteration-level scheduling (continuous batching) over the paged KV cache.
+//
+// A sequence is two counters and its tokens — no prefill/decode modes:
+//   tokens        prompt + sampled output so far ("known")
+//   num_computed  how many of them have K/V in the cache
+// Each step hands out a token budget (max_batch_tokens):
+//   1. running sequences with one token left to compute (decodes), in admission order;
+//   2. running sequences still in their prompt (chunked prefill: at most the remaining budget);
+//   3. waiting sequences, FIFO, while pages and the sequence limit allow (prefix-cache hits
+//      count as computed and cost no budget).
+// When pages run out, the most recently admitted running sequence is preempted: its pages are
+// freed and it goes back to the front of the queue to be recomputed later. A sequence that
+// could not fit even in an empty pool is rejected instead of waiting forever.
+//
+// The scheduler deals in ids and counts only; it emits one plain ScheduleOutput that the model
+// runner turns into batch inputs (block tables, positions).
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/kv_manager.h"
+
+namespace sieve::sched {
+
+using kv::SeqId;
+
+struct SchedulerConfig {
+  int32_t max_batch_tokens = 512;  // tokens computed per step, over all sequences
+  int32_t max_num_seqs = 64;       // running sequences at most
+  int32_t max_queued = 1024;       // waiting sequences at most (add() refuses beyond)
+  int32_t max_model_len = 0;       // context length: prompt + output tokens at most
+};
+
+enum class AddResult {
+  kQueued,
+  kQueueFull,    // load shedding: max_queued sequences are already waiting
+  kTooLong,      // prompt + max_new_tokens exceeds max_model_len
+  kNeverFits,    // needs more pages than the whole pool has
+};
+
+struct ScheduledSequence {
+  SeqId seq_id;
+  int32_t num_computed_before = 0;  // position of the first token computed this step
+  int32_t num_new_tokens = 0;
+  // The step computes the sequence's last known token, so its logits give the next token.
+  bool samples = false;
+  std::vector<kv::PageId> block_table;  // after this step's allocation
+};
+
+// Copy-on-write for a sequence that shares the page it is about to write.
+struct ScheduledCopy {
+  SeqId seq_id;
+  kv::PageCopy copy;
+};
+
+struct ScheduleOutput {
+  std::vector<ScheduledSequence> scheduled;  // decodes first, then prefill chunks, then new
+  std::vector<ScheduledCopy> page_copies;    // copy-on-write: do these before the forward pass
+  std::vector<SeqId> preempted;              // lost their pages this step; will be recomputed
+  int32_t num_batched_tokens = 0;
+  bool empty() const { return scheduled.empty(); }
+};
+
+struct SchedulerStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int64_t num_preemptions = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, kv::KvManager& kv);
+
+  // Queues a new sequence. `extra_key` separates prefix-cache namespaces (see kv::BlockHash).
+  AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens, uint64_t extra_key = 0);
+  // Starts `child` as a running copy of running sequence `parent` (parallel sampling, n > 1):
+  // it shares every page; its own writes go through copy-on-write. Call right after the step
+  // in which the parent sampled its first token, before appending that token to either.
+  void fork(SeqId parent, SeqId child);
+
+  ScheduleOutput schedule();
+  // After the model ran `out`: the scheduled tokens are computed; full blocks are published to
+  // the prefix cache.
+  void on_step_done(const ScheduleOutput& out);
+  // A sampled token becomes known (it is computed in a later step).
+  void append_token(SeqId seq, int32_t token);
+  // Finished or cancelled, waiting or running: forgets the sequence and frees its pages now.
+  void finish(SeqId seq);
+
+  bool contains(SeqId seq) const { return seqs_.contains(seq); }
+  std::span<const int32_t> tokens(SeqId seq) const;
+  int32_t num_computed(SeqId seq) const;
+  int32_t num_output_tokens(SeqId seq) const;
+  SchedulerStats stats() const;
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+
+ private:
+  struct Sequence {
+    std::vector<int32_t> tokens;
+    int32_t num_prompt_tokens = 0;
+    int32_t num_computed = 0;
+    int32_t max_total_tokens = 0;  // prompt + max_new_tokens
+    uint64_t extra_key = 0;
+    bool running = false;
+  };
+  // Makes room for `seq` to hold `num_tokens` tokens and have its next write page private,
+  // preempting the most recently admitted other sequences as needed. False if `seq` itself
+  // had to be preempted.
+  bool reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out);
+  void preempt(SeqId seq, ScheduleOutput& out);
+  // The step's remaining budget is max_batch_tokens - out.num_batched_tokens.
+  void schedule_running(bool decodes, ScheduleOutput& out);
+  void schedule_waiting(ScheduleOutput& out);
+  void add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out);
+
+  SchedulerConfig config_;
+  kv::KvManager& kv_;
+  std::unordered_map<SeqId, Sequence> seqs_;
+  std::vector<SeqId> running_;  // admission order
+  std::deque<SeqId> waiting_;   // FIFO; preempted sequences go back to the front
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace sieve::sched

@@ -1,0 +1,182 @@
+// Table-driven scheduler simulations with a fake model runner: each step's exact schedule
+// ("A8+8*" = sequence A computes 8 tokens from position 8 and samples), preemptions, and the
+// pool back to all pages free at the end.
+#include "sched/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace sieve::sched {
+namespace {
+
+class Simulation {
+ public:
+  Simulation(SchedulerConfig config, kv::KvConfig kv_config) : kv_(kv_config), scheduler_(config, kv_) {}
+
+  AddResult add(char name, std::vector<int32_t> prompt, int32_t max_new) {
+    max_new_[name] = max_new;
+    return scheduler_.add(id(name), std::move(prompt), max_new);
+  }
+  AddResult add(char name, int32_t prompt_len, int32_t max_new) {
+    std::vector<int32_t> prompt(prompt_len);
+    std::iota(prompt.begin(), prompt.end(), 1000 * (name - 'A' + 1));
+    return add(name, std::move(prompt), max_new);
+  }
+
+  // One engine step with a fake runner: every sampling sequence gets token 7; a sequence with
+  // max_new outputs finishes.
+  std::string step() {
+    ScheduleOutput out = scheduler_.schedule();
+    std::string text;
+    for (const ScheduledSequence& s : out.scheduled) {
+      if (!text.empty()) text += ' ';
+      text += name(s.seq_id) + std::to_string(s.num_computed_before) + "+" + std::to_string(s.num_new_tokens) +
+              (s.samples ? "*" : "");
+      EXPECT_EQ(static_cast<int32_t>(s.block_table.size()),
+                kv_.num_pages_for(s.num_computed_before + s.num_new_tokens));
+    }
+    for (SeqId seq : out.preempted) text += " | pre " + name(seq);
+    scheduler_.on_step_done(out);
+    for (const ScheduledSequence& s : out.scheduled) {
+      if (!s.samples) continue;
+      scheduler_.append_token(s.seq_id, 7);
+      if (scheduler_.num_output_tokens(s.seq_id) == max_new_[name(s.seq_id)[0]]) scheduler_.finish(s.seq_id);
+    }
+    EXPECT_EQ(kv_.invariant_violation(), std::nullopt);
+    return text;
+  }
+
+  std::vector<std::string> run_until_idle(int max_steps = 100) {
+    std::vector<std::string> steps;
+    while (!scheduler_.idle() && max_steps-- > 0) steps.push_back(step());
+    return steps;
+  }
+
+  Scheduler& scheduler() { return scheduler_; }
+  kv::KvManager& kv() { return kv_; }
+
+ private:
+  static SeqId id(char name) { return SeqId{static_cast<uint64_t>(name)}; }
+  static std::string name(SeqId seq) { return std::string(1, static_cast<char>(seq.value)); }
+  kv::KvManager kv_;
+  Scheduler scheduler_;
+  std::map<char, int32_t> max_new_;
+};
+
+SchedulerConfig config(int32_t budget, int32_t max_seqs = 8) {
+  return {.max_batch_tokens = budget, .max_num_seqs = max_seqs, .max_queued = 16, .max_model_len = 1024};
+}
+kv::KvConfig pool(int32_t pages, bool prefix_caching = false) {
+  return {.num_pages = pages, .page_size = 4, .enable_prefix_caching = prefix_caching};
+}
+
+TEST(Scheduler, ChunkedPrefillThenDecode) {
+  Simulation sim(config(8), pool(16));
+  ASSERT_EQ(sim.add('A', 20, 2), AddResult::kQueued);
+  EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{"A0+8", "A8+8", "A16+4*", "A20+1*"}));
+  EXPECT_EQ(sim.kv().num_free_pages(), 16);
+}
+
+TEST(Scheduler, DecodesFirstThenPrefillChunksThenNewRequests) {
+  Simulation sim(config(8), pool(16));
+  sim.add('A', 3, 3);
+  EXPECT_EQ(sim.step(), "A0+3*");
+  sim.add('B', 10, 1);
+  sim.add('C', 2, 1);
+  EXPECT_EQ(sim.step(), "A3+1* B0+7");
+  // A decodes, B finishes its prompt, C is admitted with what is left of the budget.
+  EXPECT_EQ(sim.step(), "A4+1* B7+3* C0+2*");
+  EXPECT_TRUE(sim.scheduler().idle());
+  EXPECT_EQ(sim.kv().num_free_pages(), 16);
+}
+
+TEST(Scheduler, PreemptsTheMostRecentAndRecomputesIt) {
+  // 4 pages of 4 tokens: A and B each need 3 pages at their longest.
+  Simulation sim(config(16), pool(4));
+  sim.add('A', 6, 6);
+  sim.add('B', 6, 6);
+  EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{
+                                      "A0+6* B0+6*",
+                                      "A6+1* B6+1*",
+                                      "A7+1* B7+1*",
+                                      "A8+1* | pre B",  // position 8 needs A's third page: B gives up its two
+                                      "A9+1*",          // B waits: 1 page free, it needs 3 for 9 tokens
+                                      "A10+1*",
+                                      "B0+9*",          // recomputes prompt + its 3 outputs
+                                      "B9+1*",
+                                      "B10+1*",
+                                  }));
+  EXPECT_EQ(sim.scheduler().stats().num_preemptions, 1);
+  EXPECT_EQ(sim.kv().num_free_pages(), 4);
+}
+
+TEST(Scheduler, RandomWorkloadsAlwaysFinishAndFreeEveryPage) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    std::mt19937 rng(seed);
+    Simulation sim(config(1 + rng() % 32, 1 + rng() % 6), pool(8 + rng() % 16, rng() % 2 == 0));
+    int next = 0;
+    int steps = 0;
+    for (; steps < 2000; ++steps) {
+      if (next < 24 && rng() % 3 == 0) {
+        const char name = static_cast<char>('A' + next++);
+        // Shared prefixes between some requests exercise the prefix cache.
+        std::vector<int32_t> prompt(1 + rng() % 20);
+        for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = i < 8 ? static_cast<int32_t>(i) : name;
+        sim.add(name, std::move(prompt), 1 + rng() % 12);
+      }
+      if (next == 24 && sim.scheduler().idle()) break;
+      sim.step();
+    }
+    EXPECT_LT(steps, 2000) << "seed " << seed << ": did not finish";
+    EXPECT_EQ(sim.kv().num_free_pages(), sim.kv().num_pages()) << "seed " << seed;
+  }
+}
+
+TEST(Scheduler, PrefixCacheHitSkipsComputedBlocks) {
+  Simulation sim(config(64), pool(16, /*prefix_caching=*/true));
+  std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  sim.add('A', prompt, 1);
+  EXPECT_EQ(sim.step(), "A0+10*");
+  sim.add('B', prompt, 1);
+  EXPECT_EQ(sim.step(), "B8+2*");  // two full cached blocks; the last 2 tokens are computed
+  kv::KvStats stats = sim.kv().stats();
+  EXPECT_EQ(stats.num_prefix_query_requests, 2);
+  EXPECT_EQ(stats.num_prefix_hit_requests, 1);
+  EXPECT_EQ(stats.num_prefix_hit_tokens, 8);
+  EXPECT_EQ(sim.kv().num_free_pages(), 16);
+}
+
+TEST(Scheduler, SequenceLimitHoldsNewRequests) {
+  Simulation sim(config(64, /*max_seqs=*/2), pool(16));
+  sim.add('A', 2, 2);
+  sim.add('B', 2, 1);
+  sim.add('C', 2, 1);
+  EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{"A0+2* B0+2*", "A2+1* C0+2*"}));
+}
+
+TEST(Scheduler, RejectsWhatCanNeverRunAndShedsLoad) {
+  Simulation sim(config(8), pool(4));  // 16 tokens of KV at most
+  EXPECT_EQ(sim.add('A', 10, 10), AddResult::kNeverFits);
+  EXPECT_EQ(sim.add('B', 2000, 1), AddResult::kTooLong);
+  for (char name = 'C'; name < 'C' + 16; ++name) EXPECT_EQ(sim.add(name, 2, 1), AddResult::kQueued);
+  EXPECT_EQ(sim.add('Z', 2, 1), AddResult::kQueueFull);
+}
+
+TEST(Scheduler, FinishWhileWaitingOrRunningFreesEverything) {
+  Simulation sim(config(4), pool(8));
+  sim.add('A', 12, 4);
+  sim.add('B', 4, 4);
+  EXPECT_EQ(sim.step(), "A0+4");
+  sim.scheduler().finish(SeqId{'B'});  // cancelled while waiting
+  sim.scheduler().finish(SeqId{'A'});  // cancelled mid-prefill
+  EXPECT_TRUE(sim.scheduler().idle());
+  EXPECT_EQ(sim.kv().num_free_pages(), 8);
+}
+
+}  // namespace
+}  // namespace sieve::sched
