@@ -1,0 +1,250 @@
+// Microbenchmarks of paged attention (Google Benchmark). Shapes of a Llama-3-8B layer:
+// 32 query heads, 8 kv heads (GQA group 4), head_dim 128, pages of 16 tokens, block tables
+// shuffled over the pool.
+//
+//   MemBandwidth/threads:T                   sum of a 1 GiB buffer: the DRAM roofline
+//   Decode/<target>/ctx:C/threads:T          one query row at position C - 1: GB/s of K+V read
+//                                            (C * 8 heads * 128 * 4 bytes * 2). Iterations
+//                                            cycle over enough layers (>= 256 MiB of K+V) that
+//                                            each layer's K/V comes from DRAM, as in a forward
+//                                            pass; ctx:2048 is 16 MiB per layer.
+//   DecodeL3/<target>/ctx:2048/threads:T     the same on one layer that stays in L3 (16 MiB)
+//   DecodeL2/<target>/ctx:64/threads:1       ... and in L2 (512 KiB): the kernel's compute speed
+//   Prefill/<target>/n:N/threads:T           causal prompt of N tokens: GFLOP/s (4 * head_dim
+//                                            * heads * N(N+1)/2 per call)
+//   RefDecode/ctx:2048                       the double-precision reference, for scale
+//
+//   attention_bench --benchmark_filter='Decode/AVX3'
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/paged_attention.h"
+#include "util/thread_pool.h"
+
+namespace sieve::kernels {
+namespace {
+
+constexpr int64_t kKvHeads = 8, kHeads = 32, kHeadDim = 128;
+constexpr int32_t kPageSize = 16;
+constexpr size_t kColdBytes = size_t{256} << 20;
+
+std::vector<float> random_floats(int64_t n, uint64_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (float& f : v) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    f = static_cast<float>(static_cast<int64_t>(s >> 40) - (1 << 23)) / (1 << 23);
+  }
+  return v;
+}
+
+// `num_layers` layers of one sequence of `num_keys` tokens, each layer in its own page pool
+// with a shuffled block table.
+struct Cache {
+  std::vector<std::vector<float>> k, v;
+  std::vector<std::vector<int32_t>> block_tables;
+  int64_t num_keys = 0;
+
+  PagedKv layer(size_t i) const {
+    return PagedKv{k[i].data(),
+                   v[i].data(),
+                   kKvHeads * kPageSize * kHeadDim,
+                   kPageSize * kHeadDim,
+                   kPageSize,
+                   kHeadDim,
+                   kKvHeads,
+                   block_tables[i]};
+  }
+  size_t bytes_per_layer() const {
+    return static_cast<size_t>(num_keys * kKvHeads * kHeadDim * 2) * sizeof(float);
+  }
+};
+
+const Cache& cache_of(int64_t num_keys, bool cold) {
+  static std::map<std::pair<int64_t, bool>, std::unique_ptr<Cache>> caches;
+  auto& entry = caches[{num_keys, cold}];
+  if (!entry) {
+    entry = std::make_unique<Cache>();
+    entry->num_keys = num_keys;
+    const size_t num_layers =
+        cold ? std::max<size_t>(
+                   2, (kColdBytes + entry->bytes_per_layer() - 1) / entry->bytes_per_layer())
+             : 1;
+    const int64_t num_pages = (num_keys + kPageSize - 1) / kPageSize;
+    const int64_t page_floats = kKvHeads * kPageSize * kHeadDim;
+    for (size_t l = 0; l < num_layers; ++l) {
+      entry->k.push_back(random_floats(num_pages * page_floats, 2 * l + 1));
+      entry->v.push_back(random_floats(num_pages * page_floats, 2 * l + 2));
+      std::vector<int32_t> table(static_cast<size_t>(num_pages));
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), std::mt19937(static_cast<uint32_t>(l)));
+      entry->block_tables.push_back(std::move(table));
+    }
+  }
+  return *entry;
+}
+
+ThreadPool& pool_of(int num_threads) {
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  auto& pool = pools[num_threads];
+  if (!pool) pool = std::make_unique<ThreadPool>(num_threads);
+  return *pool;
+}
+
+void run_decode(benchmark::State& state, const std::string& target, int64_t ctx, int threads,
+                bool cold) {
+  const bool reference = target.empty();
+  if (!reference && !force_target_for_testing(target)) {
+    state.SkipWithError("target not available");
+    return;
+  }
+  const Cache& cache = cache_of(ctx, cold);
+  const std::vector<float> q = random_floats(kHeads * kHeadDim, 7);
+  const std::vector<int32_t> positions = {static_cast<int32_t>(ctx - 1)};
+  const AttentionQuery query{q.data(), positions, kHeads, 0.088f};
+  std::vector<float> out(kHeads * kHeadDim), row_max(kHeads), row_lse(kHeads);
+  const AttentionOutput output{out.data(), row_max.data(), row_lse.data()};
+  ThreadPool& pool = pool_of(threads);
+  size_t layer = 0;
+  for (auto _ : state) {
+    if (reference) {
+      ref::paged_attention(cache.layer(0), query, output);
+    } else {
+      paged_attention(cache.layer(layer), query, output, pool);
+      layer = (layer + 1) % cache.k.size();
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(cache.bytes_per_layer()) * state.iterations() / 1e9,
+                         benchmark::Counter::kIsRate);
+  force_target_for_testing("");
+}
+
+void run_prefill(benchmark::State& state, const std::string& target, int64_t n, int threads) {
+  if (!force_target_for_testing(target)) {
+    state.SkipWithError("target not available");
+    return;
+  }
+  const Cache& cache = cache_of(n, /*cold=*/false);
+  const std::vector<float> q = random_floats(n * kHeads * kHeadDim, 8);
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  std::iota(positions.begin(), positions.end(), 0);
+  const AttentionQuery query{q.data(), positions, kHeads, 0.088f};
+  std::vector<float> out(n * kHeads * kHeadDim), row_max(n * kHeads), row_lse(n * kHeads);
+  ThreadPool& pool = pool_of(threads);
+  for (auto _ : state) {
+    paged_attention(cache.layer(0), query, {out.data(), row_max.data(), row_lse.data()}, pool);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 4.0 * kHeadDim * kHeads * static_cast<double>(n * (n + 1) / 2);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  force_target_for_testing("");
+}
+
+// Sums a 1 GiB buffer with all threads: the read bandwidth decode can hope for.
+void run_mem_bandwidth(benchmark::State& state, int threads) {
+  constexpr size_t kBytes = size_t{1} << 30;
+  static std::vector<uint64_t> buffer = [] {
+    std::vector<uint64_t> b(kBytes / sizeof(uint64_t));
+    std::iota(b.begin(), b.end(), uint64_t{0});
+    return b;
+  }();
+  ThreadPool& pool = pool_of(threads);
+  constexpr int64_t kChunk = (1 << 20) / sizeof(uint64_t);
+  const int64_t num_chunks = static_cast<int64_t>(buffer.size()) / kChunk;
+  for (auto _ : state) {
+    std::vector<uint64_t> sums(num_chunks);
+    pool.parallel_for(
+        num_chunks,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t chunk = begin; chunk < end; ++chunk) {
+            const uint64_t* p = buffer.data() + chunk * kChunk;
+            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (int64_t i = 0; i < kChunk; i += 4) {
+              s0 += p[i];
+              s1 += p[i + 1];
+              s2 += p[i + 2];
+              s3 += p[i + 3];
+            }
+            sums[chunk] = s0 + s1 + s2 + s3;
+          }
+        },
+        1);
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(kBytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
+void register_all() {
+  const int max_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> thread_counts = {1};
+  if (max_threads > 1) thread_counts.push_back(max_threads);
+  for (int threads : thread_counts) {
+    benchmark::RegisterBenchmark(("MemBandwidth/threads:" + std::to_string(threads)).c_str(),
+                                 run_mem_bandwidth, threads)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (const std::string& target : available_targets()) {
+    for (int64_t ctx : {2048, 8192, 16384}) {
+      for (int threads : thread_counts) {
+        const std::string name = "Decode/" + target + "/ctx:" + std::to_string(ctx) +
+                                 "/threads:" + std::to_string(threads);
+        benchmark::RegisterBenchmark(name.c_str(), run_decode, target, ctx, threads, true)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+    for (int threads : thread_counts) {
+      const std::string name =
+          "DecodeL3/" + target + "/ctx:2048/threads:" + std::to_string(threads);
+      benchmark::RegisterBenchmark(name.c_str(), run_decode, target, int64_t{2048}, threads, false)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+    const std::string hot = "DecodeL2/" + target + "/ctx:64/threads:1";
+    benchmark::RegisterBenchmark(hot.c_str(), run_decode, target, int64_t{64}, 1, false)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    for (int64_t n : {512, 2048}) {
+      const std::string name = "Prefill/" + target + "/n:" + std::to_string(n) +
+                               "/threads:" + std::to_string(max_threads);
+      benchmark::RegisterBenchmark(name.c_str(), run_prefill, target, n, max_threads)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  benchmark::RegisterBenchmark("RefDecode/ctx:2048", run_decode, std::string(), int64_t{2048}, 1,
+                               false)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+}  // namespace sieve::kernels
+
+int main(int argc, char** argv) {
+  sieve::kernels::register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,552 @@
+// Per-target paged attention kernels (FlashAttention-2 style). Included once per Highway target
+// (toggle guard). The work split is cpu/attention_plan.cc; the scalar reference is
+// paged_attention_ref.cc.
+//
+// One task (cpu/attention.h) = query rows [r0, r1) x kv heads [h0, h1) x keys [k0, k1). Its
+// query vectors are staged once, pre-scaled, into a zero-padded [vectors][dp] buffer; vector
+// b * per_head + r * group + g is row r0 + r of query head (h0 + b) * group + g. The keys are
+// walked in tiles of kTileKeys; a unit of work is one tile of one kv head, in the order
+// (tile 0, h0), (tile 0, h0 + 1), ..., (tile 1, h0), ... so that a decode task sweeps each page
+// through all its heads. A tile is a few runs, one per page it touches (a run's K rows are
+// contiguous). Per unit, for the per_head = (r1 - r0) * group query vectors of that kv head:
+//
+//   QK       S[m][t] = q_m · k_t        QkTile<kM, 4>: kM query vectors x 4 keys, lanes along
+//                                       head_dim; Reduce4 folds the 4 accumulators of a query
+//                                       into its 4 scores (3 shuffle + add levels, not 4
+//                                       horizontal sums)
+//   softmax  mask keys > position (-inf); per m: new max, alpha = exp(old max - new max),
+//            P = exp(S - new max) (vector Exp over the tile), sum = sum * alpha + sum(P)
+//   PV       acc[m] = alpha[m] * acc[m] + P[m] · V    PvTile<kM, kC>: kM query vectors x kC
+//                                       vectors of head_dim, each V load used kM times
+//
+// At the end: out = acc / sum, row_max = max, lse = max + log(sum); or, for a split task, the
+// (max, sum, acc) state goes to a partial slot and MergeSplits combines the slots:
+//   max = max_j max_j,  w_j = exp(max_j - max),  sum = sum_j w_j sum_j,
+//   out = sum_j w_j acc_j / sum
+//
+// Cost per unit and query vector: 2 * tile keys * head_dim FMAs + one Exp per tile vector.
+// Memory: scratch of vectors * (2 * dp + tp + 3) floats per thread (~40 KiB at 32 vectors,
+// head_dim 128).
+#if defined(SIEVE_KERNELS_CPU_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SIEVE_KERNELS_CPU_ATTENTION_INL_H_
+#undef SIEVE_KERNELS_CPU_ATTENTION_INL_H_
+#else
+#define SIEVE_KERNELS_CPU_ATTENTION_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "hwy/aligned_allocator.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/ops-inl.h"
+#include "kernels/paged_attention.h"
+#include "util/thread_pool.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sieve::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace attention {
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Keys per online-softmax step: 2 pages of 16; K and V tiles of 16 KiB each at head_dim 128.
+inline constexpr int64_t kTileKeys = 32;
+// At most this many runs (pages) per tile: a page of one slot makes one run per key.
+inline constexpr int64_t kMaxRuns = kTileKeys;
+// Register tiles. AVX-512 has 32 vector registers, the other targets 16:
+//   QK: kQkRows x 4 accumulators + 4 key vectors + 1 query vector
+//   PV: kPvRows x kPvChunks accumulators + kPvChunks value vectors + 1 broadcast
+inline constexpr int kQkRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+// PV reads whole V rows per pass where the registers allow (8 vectors = head_dim 128 on
+// AVX-512).
+inline constexpr int kPvRows = 2;
+inline constexpr int kPvChunks = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
+// No software prefetch: paced prefetching of the next unit's K/V rows (as the matmul does) or
+// of V during QK measured neutral to 5% slower on Zen 4, DRAM- or L3-resident.
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Consecutive keys of one page: K row j at k + j * head_dim (V likewise); their scores are
+// columns [col, col + count) of the tile.
+struct KeyRun {
+  const float* k;
+  const float* v;
+  int64_t col;
+  int64_t count;
+};
+
+// The read-only inputs every task shares, plus derived sizes.
+struct Problem {
+  const PagedKv& kv;
+  const AttentionQuery& q;
+  const AttentionOutput& out;
+  int64_t group;     // query heads per kv head
+  int64_t dp;        // head_dim rounded up to whole vectors
+  int64_t tp;        // kTileKeys rounded up to whole vectors
+  int64_t max_rows;  // query vectors per task at most (AttentionPlan::max_query_vectors)
+  float* partials;   // num_slots slots of SlotFloats() floats
+  // A partial slot: [max_rows][dp] acc, [max_rows] max, [max_rows] sum; whole cache lines, so
+  // every slot's acc is vector-aligned.
+  int64_t SlotFloats() const { return (max_rows * (dp + 2) + 15) / 16 * 16; }
+};
+
+// Per-thread buffers for one task at a time (aligned, whole vectors).
+struct Scratch {
+  hwy::AlignedFreeUniquePtr<float[]> buffer;
+  float* q;      // [max_rows][dp] staged queries, scale applied, zero padding
+  float* acc;    // [max_rows][dp] unnormalized outputs
+  float* s;      // [max_rows][tp] scores, then probabilities
+  float* max;    // [max_rows] running max of scores
+  float* sum;    // [max_rows] running sum of exp(score - max)
+  float* alpha;  // [max_rows] this tile's rescale factor of acc
+
+  explicit Scratch(const Problem& p) {
+    const int64_t n = p.max_rows;
+    const int64_t floats_per_vec = static_cast<int64_t>(hn::Lanes(DF()));
+    const int64_t small = (n + floats_per_vec - 1) / floats_per_vec * floats_per_vec;
+    buffer = hwy::AllocateAligned<float>(static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small));
+    q = buffer.get();
+    acc = q + n * p.dp;
+    s = acc + n * p.dp;
+    max = s + n * p.tp;
+    sum = max + small;
+    alpha = sum + small;
+  }
+};
+
+// The query vectors of one kv head in a task (row r, group head g at index r * group + g) and
+// the per-tile scratch they use.
+struct HeadBlock {
+  const float* q;  // [num_rows][dp]
+  float* acc;      // [num_rows][dp]
+  float* max;      // [num_rows]
+  float* sum;      // [num_rows]
+  float* s;        // [num_rows][tp]
+  float* alpha;    // [num_rows]
+  int64_t num_rows;
+};
+
+// ----------------------------------------------------------------------------- reductions
+
+#if HWY_TARGET != HWY_SCALAR  // (1 lane: the scores are plain sums there)
+// Sums the halves of v down to one 128-bit vector (4 lanes).
+template <class D>
+HWY_INLINE auto FoldTo128(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(D()) <= 4) {
+    return v;
+  } else {
+    const hn::Half<D> dh;
+    return FoldTo128(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
+// {sum(a), sum(b), sum(c), sum(e)} as 4 lanes. Needs >= 4 lanes. Per 128-bit block:
+//   ab = [a0+a2, b0+b2, a1+a3, b1+b3], ce likewise; 64-bit interleaves then give
+//   [a02, b02, c02, e02] + [a13, b13, c13, e13]; then the blocks are added.
+template <class D>
+HWY_INLINE auto Reduce4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e) {
+  const hn::Repartition<uint64_t, D> du64;
+  const auto ab =
+      hn::BitCast(du64, hn::Add(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b)));
+  const auto ce =
+      hn::BitCast(du64, hn::Add(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e)));
+  const auto sums = hn::Add(hn::BitCast(d, hn::InterleaveLower(du64, ab, ce)),
+                            hn::BitCast(d, hn::InterleaveUpper(du64, ab, ce)));
+  return FoldTo128(d, sums);
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
+// ----------------------------------------------------------------------------- QK
+
+// s[m * tp + j] = <q_m, k_j> for m < kM, j < kK. q: rows of dp floats (aligned, zero padded);
+// k: rows of head_dim floats (the tail is loaded without reading past the row).
+template <int kM, int kK>
+HWY_INLINE void QkTile(const float* HWY_RESTRICT q, int64_t dp, const float* HWY_RESTRICT k,
+                       int64_t head_dim, float* HWY_RESTRICT s, int64_t tp) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF acc[kM][kK];
+  for (int m = 0; m < kM; ++m) {
+    for (int j = 0; j < kK; ++j) acc[m][j] = hn::Zero(d);
+  }
+  int64_t i = 0;
+  for (; i + N <= head_dim; i += N) {
+    VF kv[kK];
+    for (int j = 0; j < kK; ++j) kv[j] = hn::LoadU(d, k + j * head_dim + i);
+    for (int m = 0; m < kM; ++m) {
+      const VF qv = hn::Load(d, q + m * dp + i);
+      for (int j = 0; j < kK; ++j) acc[m][j] = hn::MulAdd(qv, kv[j], acc[m][j]);
+    }
+  }
+  if (i < head_dim) {
+    const size_t rest = static_cast<size_t>(head_dim - i);
+    VF kv[kK];
+    for (int j = 0; j < kK; ++j) kv[j] = LoadTail(d, k + j * head_dim + i, rest, 0.0f);
+    for (int m = 0; m < kM; ++m) {
+      const VF qv = hn::Load(d, q + m * dp + i);
+      for (int j = 0; j < kK; ++j) acc[m][j] = hn::MulAdd(qv, kv[j], acc[m][j]);
+    }
+  }
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (kK == 4) {
+    const hn::CappedTag<float, 4> d4;
+    for (int m = 0; m < kM; ++m) {
+      hn::StoreU(Reduce4(d, acc[m][0], acc[m][1], acc[m][2], acc[m][3]), d4, s + m * tp);
+    }
+    return;
+  }
+#endif
+  for (int m = 0; m < kM; ++m) {
+    for (int j = 0; j < kK; ++j) s[m * tp + j] = ReduceSum(d, acc[m][j]);
+  }
+}
+
+// Scores of kM query vectors against every key of the tile.
+template <int kM>
+HWY_NOINLINE void QkRows(const float* HWY_RESTRICT q, int64_t dp, const KeyRun* runs,
+                         int64_t num_runs, int64_t head_dim, float* HWY_RESTRICT s, int64_t tp) {
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const KeyRun& run = runs[r];
+    int64_t j = 0;
+    for (; j + 4 <= run.count; j += 4) {
+      QkTile<kM, 4>(q, dp, run.k + j * head_dim, head_dim, s + run.col + j, tp);
+    }
+    for (; j < run.count; ++j) {
+      QkTile<kM, 1>(q, dp, run.k + j * head_dim, head_dim, s + run.col + j, tp);
+    }
+  }
+}
+
+HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun* runs, int64_t num_runs) {
+  for (int64_t m = 0; m < block.num_rows; m += kQkRows) {
+    const float* q = block.q + m * p.dp;
+    float* s = block.s + m * p.tp;
+    const int64_t hd = p.kv.head_dim;
+    switch (std::min<int64_t>(kQkRows, block.num_rows - m)) {
+      case 1:
+        QkRows<1>(q, p.dp, runs, num_runs, hd, s, p.tp);
+        break;
+      case 2:
+        QkRows<2>(q, p.dp, runs, num_runs, hd, s, p.tp);
+        break;
+      default:
+        if constexpr (kQkRows >= 4) {
+          if (block.num_rows - m == 3) {
+            QkRows<3>(q, p.dp, runs, num_runs, hd, s, p.tp);
+          } else {
+            QkRows<4>(q, p.dp, runs, num_runs, hd, s, p.tp);
+          }
+        }
+        break;
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------- softmax
+
+// Online softmax step for one tile of num_keys keys starting at position key0. Query vector m
+// (row m / group) sees keys < limit[m / group]. Leaves probabilities in S (0 for masked keys)
+// and each row's acc rescale factor in alpha.
+HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* limit,
+                            int64_t key0, int64_t num_keys) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t m = 0; m < block.num_rows; ++m) {
+    float* HWY_RESTRICT s = block.s + m * p.tp;
+    const int64_t num_valid = std::clamp<int64_t>(limit[m / p.group] - key0, 0, num_keys);
+    if (num_valid == 0) {  // nothing to see in this tile: P = 0, acc unchanged
+      std::fill(s, s + p.tp, 0.0f);
+      block.alpha[m] = 1.0f;
+      continue;
+    }
+    std::fill(s + num_valid, s + p.tp, kNegInf);  // masked keys and padding
+    VF vmax = hn::Load(d, s);
+    for (int64_t i = N; i < p.tp; i += N) vmax = hn::Max(vmax, hn::Load(d, s + i));
+    const float old_max = block.max[m];
+    const float new_max = std::max(old_max, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+    // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway.
+    const float alpha = new_max == old_max ? 1.0f : std::exp(old_max - new_max);
+    const VF shift = hn::Set(d, new_max);
+    VF vsum = hn::Zero(d);
+    for (int64_t i = 0; i < p.tp; i += N) {
+      const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
+      hn::Store(e, d, s + i);
+      vsum = hn::Add(vsum, e);
+    }
+    block.alpha[m] = alpha;
+    block.max[m] = new_max;
+    block.sum[m] = block.sum[m] * alpha + ReduceSum(d, vsum);
+  }
+}
+
+// ----------------------------------------------------------------------------- PV
+
+// acc[m][c0 + c * N + lane] = alpha[m] * acc[...] + sum_t P[m][t] * v_t[...] for m < kM and
+// c < kC vectors of columns from c0. kTail: one partial vector of `rest` columns (acc is
+// padded, V rows are read only up to head_dim).
+template <int kM, int kC, bool kTail>
+HWY_INLINE void PvTile(const float* HWY_RESTRICT prob, int64_t tp, const KeyRun* runs,
+                       int64_t num_runs, int64_t head_dim, const float* HWY_RESTRICT alpha,
+                       float* HWY_RESTRICT acc, int64_t dp, int64_t c0, size_t rest) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF a[kM][kC];
+  for (int m = 0; m < kM; ++m) {
+    const VF scale = hn::Set(d, alpha[m]);
+    for (int c = 0; c < kC; ++c) a[m][c] = hn::Mul(hn::Load(d, acc + m * dp + c0 + c * N), scale);
+  }
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const KeyRun& run = runs[r];
+    const float* HWY_RESTRICT pcol = prob + run.col;
+    const float* HWY_RESTRICT v = run.v + c0;
+    for (int64_t j = 0; j < run.count; ++j, v += head_dim) {
+      VF vv[kC];
+      for (int c = 0; c < kC; ++c) {
+        vv[c] = kTail ? LoadTail(d, v + c * N, rest, 0.0f) : hn::LoadU(d, v + c * N);
+      }
+      for (int m = 0; m < kM; ++m) {
+        const VF pm = hn::Set(d, pcol[m * tp + j]);
+        for (int c = 0; c < kC; ++c) a[m][c] = hn::MulAdd(pm, vv[c], a[m][c]);
+      }
+    }
+  }
+  for (int m = 0; m < kM; ++m) {
+    for (int c = 0; c < kC; ++c) hn::Store(a[m][c], d, acc + m * dp + c0 + c * N);
+  }
+}
+
+// All columns for kM query vectors: passes of kPvChunks vectors, then at most one pass of each
+// narrower width, then the partial vector.
+template <int kM>
+HWY_NOINLINE void PvRows(const float* HWY_RESTRICT prob, int64_t tp, const KeyRun* runs,
+                         int64_t num_runs, int64_t head_dim, const float* HWY_RESTRICT alpha,
+                         float* HWY_RESTRICT acc, int64_t dp) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  int64_t c = 0;
+  for (; c + kPvChunks * N <= head_dim; c += kPvChunks * N) {
+    PvTile<kM, kPvChunks, false>(prob, tp, runs, num_runs, head_dim, alpha, acc, dp, c, 0);
+  }
+  if (c + kPvChunks / 2 * N <= head_dim) {
+    PvTile<kM, kPvChunks / 2, false>(prob, tp, runs, num_runs, head_dim, alpha, acc, dp, c, 0);
+    c += kPvChunks / 2 * N;
+  }
+  if constexpr (kPvChunks >= 8) {
+    if (c + 2 * N <= head_dim) {
+      PvTile<kM, 2, false>(prob, tp, runs, num_runs, head_dim, alpha, acc, dp, c, 0);
+      c += 2 * N;
+    }
+  }
+  for (; c + N <= head_dim; c += N) {
+    PvTile<kM, 1, false>(prob, tp, runs, num_runs, head_dim, alpha, acc, dp, c, 0);
+  }
+  if (c < head_dim) {
+    PvTile<kM, 1, true>(prob, tp, runs, num_runs, head_dim, alpha, acc, dp, c,
+                        static_cast<size_t>(head_dim - c));
+  }
+}
+
+HWY_INLINE void Pv(const Problem& p, const HeadBlock& block, const KeyRun* runs, int64_t num_runs) {
+  static_assert(kPvRows == 2);
+  for (int64_t m = 0; m < block.num_rows; m += kPvRows) {
+    const float* prob = block.s + m * p.tp;
+    const float* alpha = block.alpha + m;
+    float* acc = block.acc + m * p.dp;
+    if (block.num_rows - m == 1) {
+      PvRows<1>(prob, p.tp, runs, num_runs, p.kv.head_dim, alpha, acc, p.dp);
+    } else {
+      PvRows<2>(prob, p.tp, runs, num_runs, p.kv.head_dim, alpha, acc, p.dp);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------- tasks
+
+// The runs of keys [key0, key1) of kv_head; returns how many.
+HWY_INLINE int64_t TileRuns(const PagedKv& kv, int64_t kv_head, int64_t key0, int64_t key1,
+                            KeyRun* runs) {
+  int64_t num_runs = 0;
+  for (int64_t t = key0; t < key1;) {
+    const int64_t slot = t % kv.page_size;
+    const int64_t count = std::min(key1 - t, kv.page_size - slot);
+    const int64_t offset = kv_offset(kv, t, kv_head);
+    runs[num_runs++] = KeyRun{kv.k + offset, kv.v + offset, t - key0, count};
+    t += count;
+  }
+  return num_runs;
+}
+
+// out row = acc / sum (head_dim floats, acc padded to whole vectors).
+HWY_INLINE void StoreNormalized(const float* HWY_RESTRICT acc, float inv_sum, int64_t head_dim,
+                                float* HWY_RESTRICT out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF scale = hn::Set(d, inv_sum);
+  int64_t i = 0;
+  for (; i + N <= head_dim; i += N) hn::StoreU(hn::Mul(hn::Load(d, acc + i), scale), d, out + i);
+  if (i < head_dim) {
+    StoreTail(d, hn::Mul(hn::Load(d, acc + i), scale), out + i, static_cast<size_t>(head_dim - i));
+  }
+}
+
+// Writes output row m (query row row0 + m / group, head kv_head * group + m % group).
+HWY_INLINE void StoreRow(const Problem& p, int64_t row0, int64_t kv_head, int64_t m,
+                         const float* acc, float max, float sum) {
+  const int64_t row = row0 + m / p.group;
+  const int64_t head = kv_head * p.group + m % p.group;
+  const int64_t idx = row * p.q.num_heads + head;
+  StoreNormalized(acc, 1.0f / sum, p.kv.head_dim, p.out.out + idx * p.kv.head_dim);
+  if (p.out.row_max != nullptr) p.out.row_max[idx] = max;
+  if (p.out.row_lse != nullptr) p.out.row_lse[idx] = max + std::log(sum);
+}
+
+HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& sc) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t head_dim = p.kv.head_dim;
+  const int64_t num_rows = task.row_end - task.row_begin;
+  const int64_t per_head = num_rows * p.group;  // query vectors per kv head
+  const int64_t num_heads = task.kv_head_end - task.kv_head_begin;
+
+  // Stage the queries (scaled, zero padded); reset the state. Vector b * per_head + m is row
+  // m / group of query head (kv_head_begin + b) * group + m % group.
+  const VF scale = hn::Set(d, p.q.scale);
+  for (int64_t v = 0; v < num_heads * per_head; ++v) {
+    const int64_t row = task.row_begin + v % per_head / p.group;
+    const int64_t head = task.kv_head_begin * p.group + v / per_head * p.group + v % p.group;
+    const float* src = p.q.q + (row * p.q.num_heads + head) * head_dim;
+    float* dst = sc.q + v * p.dp;
+    int64_t i = 0;
+    for (; i + N <= head_dim; i += N) hn::Store(hn::Mul(hn::LoadU(d, src + i), scale), d, dst + i);
+    if (i < head_dim) {
+      hn::Store(hn::Mul(LoadTail(d, src + i, static_cast<size_t>(head_dim - i), 0.0f), scale), d,
+                dst + i);
+    }
+    std::fill(sc.acc + v * p.dp, sc.acc + (v + 1) * p.dp, 0.0f);
+    sc.max[v] = kNegInf;
+    sc.sum[v] = 0.0f;
+  }
+  int64_t limit[kAttentionQueryVectorsPerTask];  // per query row: keys < limit are visible
+  for (int64_t r = 0; r < num_rows; ++r) limit[r] = int64_t{p.q.positions[task.row_begin + r]} + 1;
+
+  // Units of work in order: for each key tile, each kv head of the task.
+  KeyRun runs[kMaxRuns];
+  for (int64_t key0 = task.key_begin; key0 < task.key_end; key0 += kTileKeys) {
+    const int64_t key1 = std::min(task.key_end, key0 + kTileKeys);
+    for (int64_t b = 0; b < num_heads; ++b) {
+      const int64_t num_runs = TileRuns(p.kv, task.kv_head_begin + b, key0, key1, runs);
+      const HeadBlock block{sc.q + b * per_head * p.dp,
+                            sc.acc + b * per_head * p.dp,
+                            sc.max + b * per_head,
+                            sc.sum + b * per_head,
+                            sc.s,
+                            sc.alpha,
+                            per_head};
+      Qk(p, block, runs, num_runs);
+      SoftmaxStep(p, block, limit, key0, key1 - key0);
+      Pv(p, block, runs, num_runs);
+    }
+  }
+
+  const int64_t num_vectors = num_heads * per_head;
+  if (task.partial_slot.has_value()) {
+    float* slot = p.partials + *task.partial_slot * p.SlotFloats();
+    std::copy(sc.acc, sc.acc + num_vectors * p.dp, slot);
+    std::copy(sc.max, sc.max + num_vectors, slot + p.max_rows * p.dp);
+    std::copy(sc.sum, sc.sum + num_vectors, slot + p.max_rows * (p.dp + 1));
+    return;
+  }
+  for (int64_t v = 0; v < num_vectors; ++v) {
+    StoreRow(p, task.row_begin, task.kv_head_begin + v / per_head, v % per_head, sc.acc + v * p.dp,
+             sc.max[v], sc.sum[v]);
+  }
+}
+
+// Combines the partial states of one split (row tile, kv head) and writes its outputs.
+HWY_NOINLINE void MergeSplits(const Problem& p, const AttentionMerge& merge, Scratch& sc) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t per_head = (merge.row_end - merge.row_begin) * p.group;
+  const float* first = p.partials + merge.first_slot * p.SlotFloats();
+  const int64_t max_at = p.max_rows * p.dp, sum_at = p.max_rows * (p.dp + 1);
+  for (int64_t m = 0; m < per_head; ++m) {
+    const int64_t v = merge.head_in_slot * per_head + m;  // vector index in each slot
+    float max = kNegInf;
+    for (int64_t j = 0; j < merge.num_slots; ++j) {
+      max = std::max(max, first[j * p.SlotFloats() + max_at + v]);
+    }
+    float* acc = sc.acc;
+    std::fill(acc, acc + p.dp, 0.0f);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < merge.num_slots; ++j) {
+      const float* slot = first + j * p.SlotFloats();
+      const float slot_max = slot[max_at + v];
+      if (slot_max == kNegInf) continue;  // no visible keys in that split
+      const float w = std::exp(slot_max - max);
+      sum += w * slot[sum_at + v];
+      const VF vw = hn::Set(d, w);
+      for (int64_t i = 0; i < p.dp; i += N) {
+        hn::Store(hn::MulAdd(vw, hn::Load(d, slot + v * p.dp + i), hn::Load(d, acc + i)), d,
+                  acc + i);
+      }
+    }
+    StoreRow(p, merge.row_begin, merge.kv_head, m, acc, max, sum);
+  }
+}
+
+// Below this many multiply-adds everything runs on the calling thread (waking the pool costs
+// microseconds).
+inline constexpr int64_t kMinParallelMacs = 1 << 16;
+
+inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,
+                           ThreadPool& pool) {
+  if (q.positions.empty()) return;
+  const AttentionPlan plan = plan_paged_attention(kv, q, pool.num_threads());
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  const int64_t group = q.num_heads / kv.num_kv_heads;
+  Problem problem{kv,
+                  q,
+                  out,
+                  group,
+                  (kv.head_dim + N - 1) / N * N,
+                  (kTileKeys + N - 1) / N * N,
+                  plan.max_query_vectors,
+                  nullptr};
+  hwy::AlignedFreeUniquePtr<float[]> partials;
+  if (plan.num_slots > 0) {
+    partials =
+        hwy::AllocateAligned<float>(static_cast<size_t>(plan.num_slots * problem.SlotFloats()));
+    problem.partials = partials.get();
+  }
+  const bool parallel = pool.num_threads() > 1 && plan.total_macs >= kMinParallelMacs;
+  const auto run_tasks = [&](int64_t begin, int64_t end) HWY_ATTR {
+    Scratch scratch(problem);
+    for (int64_t t = begin; t < end; ++t) RunTask(problem, plan.tasks[t], scratch);
+  };
+  const auto run_merges = [&](int64_t begin, int64_t end) HWY_ATTR {
+    Scratch scratch(problem);
+    for (int64_t i = begin; i < end; ++i) MergeSplits(problem, plan.merges[i], scratch);
+  };
+  const auto num_tasks = static_cast<int64_t>(plan.tasks.size());
+  const auto num_merges = static_cast<int64_t>(plan.merges.size());
+  if (parallel) {
+    pool.parallel_for(num_tasks, run_tasks, /*grain=*/1);
+    if (num_merges > 0) pool.parallel_for(num_merges, run_merges, /*grain=*/1);
+  } else {
+    run_tasks(0, num_tasks);
+    if (num_merges > 0) run_merges(0, num_merges);
+  }
+}
+
+}  // namespace attention
+
+}  // namespace sieve::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // SIEVE_KERNELS_CPU_ATTENTION_INL_H_ toggle

@@ -1,0 +1,36 @@
+// paged_attention(): per-target entry points (compiled once per Highway target) and dispatcher.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/attention-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sieve::kernels::HWY_NAMESPACE {
+
+void PagedAttentionImpl(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,
+                        ThreadPool& pool) {
+  attention::PagedAttention(kv, q, out, pool);
+}
+const char* AttentionTargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace sieve::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sieve::kernels {
+
+HWY_EXPORT(PagedAttentionImpl);
+HWY_EXPORT(AttentionTargetName);
+
+void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,
+                     ThreadPool& pool) {
+  HWY_DYNAMIC_DISPATCH(PagedAttentionImpl)(kv, q, out, pool);
+}
+
+std::string_view paged_attention_target_name() {
+  return HWY_DYNAMIC_DISPATCH(AttentionTargetName)();
+}
+
+}  // namespace sieve::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,65 @@
+#pragma once
+// Internal to src/kernels: how paged_attention() splits its work, and the target its dispatch
+// table resolves to. Target-independent; the per-target kernels are in cpu/attention-inl.h.
+//
+// A task is (query-row tile, range of kv heads, key range). Its query vectors are the tile's
+// rows x the query heads of its kv heads (GQA groups); all of a kv head's query vectors run
+// against each K/V tile that is loaded, so each K/V element is read once per task. Prefill
+// tiles take one kv head each; decode (one row) takes several kv heads per task, so that it
+// walks each page through all of their heads (a page holds the heads one after another; on
+// Zen 4, reading one head's 8 KiB slice of every page in turn streams at half the rate of
+// page-by-page order in a plain read loop, and decode ran ~12% faster this way). A tile's
+// key range is [0, max position + 1); when there are too few tasks to occupy the threads
+// (decode, short chunks over long contexts) it is split into page-aligned pieces whose partial
+// (max, sum, acc) states a merge step combines.
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "kernels/paged_attention.h"
+
+namespace sieve::kernels {
+
+// Query vectors (rows x query heads) per task: the accumulators ([32][head_dim] f32, 16 KiB at
+// head_dim 128) and staged queries stay in L1/L2 while each K/V tile is reused by all of them.
+inline constexpr int64_t kAttentionQueryVectorsPerTask = 32;
+// Split keys when there are fewer than this many tasks per thread.
+inline constexpr int64_t kAttentionTasksPerThread = 4;
+// No split task reads less than this much K+V: it would cost more in task overhead and
+// merging than it gains.
+inline constexpr int64_t kAttentionMinTaskBytes = 256 << 10;
+
+struct AttentionTask {
+  int64_t row_begin = 0, row_end = 0;          // query rows [row_begin, row_end)
+  int64_t kv_head_begin = 0, kv_head_end = 0;  // kv heads [kv_head_begin, kv_head_end)
+  int64_t key_begin = 0, key_end = 0;          // key positions [key_begin, key_end)
+  // Set when the keys are split: the task stores its partial state in this slot of the
+  // partials buffer and merges write the output. Unset: the task writes the output.
+  std::optional<int64_t> partial_slot;
+};
+
+// The key splits of one (row tile, kv head): slots [first_slot, first_slot + num_slots), each
+// holding the kv head as head number `head_in_slot` of its task.
+struct AttentionMerge {
+  int64_t row_begin = 0, row_end = 0;
+  int64_t kv_head = 0;
+  int64_t head_in_slot = 0;
+  int64_t first_slot = 0, num_slots = 0;
+};
+
+struct AttentionPlan {
+  int64_t rows_per_tile = 1;           // query rows per task (the last tile may have fewer)
+  int64_t max_query_vectors = 0;       // per task: rows x kv heads x group, at most
+  std::vector<AttentionTask> tasks;    // costliest first (better balance when run dynamically)
+  std::vector<AttentionMerge> merges;  // empty when nothing was split
+  int64_t num_slots = 0;               // partial slots the split tasks use
+  int64_t total_macs = 0;              // q·k + p·v multiply-adds over all tasks
+};
+
+// The work split for `num_threads` threads. Pure function of the shapes and positions.
+AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, int num_threads);
+
+std::string_view paged_attention_target_name();  // cpu/attention.cc
+
+}  // namespace sieve::kernels

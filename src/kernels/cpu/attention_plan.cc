@@ -1,0 +1,94 @@
+// plan_paged_attention(): row tiles x kv-head groups, key ranges split for idle threads.
+#include <algorithm>
+#include <cassert>
+#include <limits>
+
+#include "kernels/cpu/attention.h"
+
+namespace sieve::kernels {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, int num_threads) {
+  assert(kv.num_kv_heads > 0 && q.num_heads % kv.num_kv_heads == 0);
+  assert(kv.page_size > 0 && kv.head_dim > 0);
+  const int64_t group = q.num_heads / kv.num_kv_heads;
+  const int64_t num_q = static_cast<int64_t>(q.positions.size());
+  [[maybe_unused]] const int64_t capacity =
+      static_cast<int64_t>(kv.block_table.size()) * kv.page_size;
+
+  AttentionPlan plan;
+  plan.rows_per_tile = std::max<int64_t>(1, kAttentionQueryVectorsPerTask / group);
+  const int64_t rows_per_tile = std::min(plan.rows_per_tile, std::max<int64_t>(1, num_q));
+  // kv heads per task: as many as the query-vector budget allows (decode), evened out.
+  int64_t heads_per_task = std::clamp<int64_t>(
+      kAttentionQueryVectorsPerTask / (rows_per_tile * group), 1, kv.num_kv_heads);
+  const int64_t num_head_groups = ceil_div(kv.num_kv_heads, heads_per_task);
+  heads_per_task = ceil_div(kv.num_kv_heads, num_head_groups);
+  plan.max_query_vectors = rows_per_tile * group * heads_per_task;
+
+  struct RowTile {
+    int64_t begin, end, num_keys;
+  };
+  std::vector<RowTile> tiles;
+  int64_t total_key_heads = 0;  // K (or V) rows read over all tasks, before splitting
+  for (int64_t begin = 0; begin < num_q; begin += plan.rows_per_tile) {
+    const int64_t end = std::min(num_q, begin + plan.rows_per_tile);
+    int64_t num_keys = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      assert(q.positions[i] >= 0 && q.positions[i] < capacity);
+      num_keys = std::max(num_keys, int64_t{q.positions[i]} + 1);
+    }
+    tiles.push_back({begin, end, num_keys});
+    total_key_heads += num_keys * kv.num_kv_heads;
+    plan.total_macs += 2 * num_keys * (end - begin) * q.num_heads * kv.head_dim;
+  }
+
+  // Split when the unsplit tasks cannot keep kAttentionTasksPerThread tasks per thread busy:
+  // pieces of ~total / wanted K rows, but no fewer than kAttentionMinTaskBytes of K+V.
+  int64_t split_key_heads = std::numeric_limits<int64_t>::max();
+  const int64_t wanted_tasks = kAttentionTasksPerThread * num_threads;
+  if (num_threads > 1 && static_cast<int64_t>(tiles.size()) * num_head_groups < wanted_tasks) {
+    const int64_t row_bytes = 2 * kv.head_dim * static_cast<int64_t>(sizeof(float));
+    split_key_heads = std::max(ceil_div(kAttentionMinTaskBytes, row_bytes),
+                               ceil_div(total_key_heads, wanted_tasks));
+  }
+  for (const RowTile& tile : tiles) {
+    for (int64_t h0 = 0; h0 < kv.num_kv_heads; h0 += heads_per_task) {
+      const int64_t h1 = std::min(kv.num_kv_heads, h0 + heads_per_task);
+      // Even, page-aligned pieces.
+      int64_t num_splits = 1;
+      int64_t chunk = tile.num_keys;
+      if (tile.num_keys * (h1 - h0) > split_key_heads) {
+        num_splits = ceil_div(tile.num_keys * (h1 - h0), split_key_heads);
+        chunk = ceil_div(ceil_div(tile.num_keys, num_splits), kv.page_size) * kv.page_size;
+        num_splits = ceil_div(tile.num_keys, chunk);
+      }
+      if (num_splits == 1) {
+        plan.tasks.push_back({tile.begin, tile.end, h0, h1, 0, tile.num_keys, std::nullopt});
+        continue;
+      }
+      for (int64_t h = h0; h < h1; ++h) {
+        plan.merges.push_back({tile.begin, tile.end, h, h - h0, plan.num_slots, num_splits});
+      }
+      for (int64_t s = 0; s < num_splits; ++s) {
+        plan.tasks.push_back({tile.begin, tile.end, h0, h1, s * chunk,
+                              std::min(tile.num_keys, (s + 1) * chunk), plan.num_slots++});
+      }
+    }
+  }
+  const auto cost = [](const AttentionTask& t) {
+    return (t.key_end - t.key_begin) * (t.row_end - t.row_begin) *
+           (t.kv_head_end - t.kv_head_begin);
+  };
+  std::stable_sort(
+      plan.tasks.begin(), plan.tasks.end(),
+      [&](const AttentionTask& a, const AttentionTask& b) { return cost(a) > cost(b); });
+  return plan;
+}
+
+}  // namespace sieve::kernels

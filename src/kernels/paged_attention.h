@@ -1,0 +1,83 @@
+#pragma once
+// Causal multi-head attention of one sequence's new tokens over its paged KV cache.
+//
+// The KV cache lives in fixed-size pages from a shared pool; a sequence owns a block table
+// (logical block i -> page id). One layer's K (and, with the same strides, V):
+//
+//   k ─┬─ page 0 ─┬─ kv head 0: slot 0 [head_dim] slot 1 [head_dim] ... slot page_size-1
+//      │          ├─ kv head 1: ...                          (head_stride floats apart)
+//      │          └─ ...
+//      ├─ page 1 ─ ...                                       (page_stride floats apart)
+//      └─ ...
+//   block_table = {7, 2, 9}:  positions 0..15 -> page 7, 16..31 -> page 2, 32..47 -> page 9
+//
+// Key position t of kv head h is at k[page * page_stride + h * head_stride + slot * head_dim]
+// with page = block_table[t / page_size], slot = t % page_size (kv_offset() below). Only the
+// pages of attended positions are read.
+//
+// Algorithm (FlashAttention-2 style, see cpu/attention-inl.h): work items are (query-row tile,
+// kv heads, key range). Each runs all query heads of a kv head's GQA group and several query
+// rows against one tile of keys at a time, with an online softmax (running max and sum,
+// rescaled accumulator): memory O(tile), each K/V element read once per query-row tile.
+// Decode takes several kv heads per work item, so each page is read through all its heads in
+// turn, and splits the key range across threads (flash-decoding), merging the partial
+// (max, sum, acc) states at the end; so do short chunks over long contexts.
+// Cost: 2 * head_dim multiply-adds per (query row, query head, attended key) for q·k, the same
+// for p·v; K/V traffic ~ num_row_tiles * attended keys * num_kv_heads * head_dim * 8 bytes
+// (num_row_tiles = 1 for decode; rows per tile = 32 / group).
+// Results are deterministic for a given pool size (the key splits depend on it).
+#include <cstdint>
+#include <span>
+
+namespace sieve {
+class ThreadPool;
+}
+
+namespace sieve::kernels {
+
+// Where one layer's K/V of one sequence lives (layout above). Strides are in floats.
+struct PagedKv {
+  const float* k = nullptr;  // the page pool's K base (page id 0)
+  const float* v = nullptr;  // the page pool's V base, same strides as k
+  int64_t page_stride = 0;   // floats between pages, >= num_kv_heads * head_stride
+  int64_t head_stride = 0;   // floats between kv heads of a page, >= page_size * head_dim
+  int32_t page_size = 16;    // token slots per page
+  int64_t head_dim = 0;
+  int64_t num_kv_heads = 0;
+  std::span<const int32_t> block_table;  // page ids of logical blocks 0, 1, ... (position order)
+};
+
+// Offset in floats of position `position`, kv head `kv_head` from kv.k (and kv.v).
+inline int64_t kv_offset(const PagedKv& kv, int64_t position, int64_t kv_head) {
+  const int64_t page = kv.block_table[static_cast<size_t>(position / kv.page_size)];
+  return page * kv.page_stride + kv_head * kv.head_stride + (position % kv.page_size) * kv.head_dim;
+}
+
+// The new tokens (query rows) of ONE sequence.
+struct AttentionQuery {
+  const float* q = nullptr;            // [num_q][num_heads][head_dim]
+  std::span<const int32_t> positions;  // [num_q]; row i attends to key positions [0, positions[i]]
+  int64_t num_heads = 0;               // a multiple of num_kv_heads; query head h uses kv head
+                                       // h / (num_heads / num_kv_heads) (grouped-query attention)
+  float scale = 1.0f;                  // score = scale * q·k, usually 1 / sqrt(head_dim)
+};
+
+struct AttentionOutput {
+  float* out = nullptr;      // [num_q][num_heads][head_dim]: softmax(scores) · v
+  float* row_max = nullptr;  // optional [num_q][num_heads]: max score over attended keys
+  float* row_lse = nullptr;  // optional [num_q][num_heads]: log(sum exp(score)) (natural log),
+                             // so p_t = exp(score_t - lse) is the attention weight of key t
+};
+
+// Requirements: the K/V of every attended position (positions[i] included) are in the pages;
+// positions[i] < block_table.size() * page_size; num_heads % num_kv_heads == 0. Parallel on
+// `pool` over (query-row tiles x kv heads x key splits).
+void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,
+                     ThreadPool& pool);
+
+namespace ref {
+// Naive full softmax per (row, head), in double; the definition of correct.
+void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out);
+}  // namespace ref
+
+}  // namespace sieve::kernels

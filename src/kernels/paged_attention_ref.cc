@@ -1,0 +1,51 @@
+// ref::paged_attention: per (query row, query head), every score, one softmax, all in double.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/paged_attention.h"
+
+namespace sieve::kernels::ref {
+
+void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out) {
+  assert(kv.num_kv_heads > 0 && q.num_heads % kv.num_kv_heads == 0);
+  const int64_t group = q.num_heads / kv.num_kv_heads;
+  const int64_t head_dim = kv.head_dim;
+  const int64_t num_q = static_cast<int64_t>(q.positions.size());
+  std::vector<double> scores, acc(static_cast<size_t>(head_dim));
+  for (int64_t i = 0; i < num_q; ++i) {
+    const int64_t num_keys = int64_t{q.positions[i]} + 1;
+    assert(num_keys <= static_cast<int64_t>(kv.block_table.size()) * kv.page_size);
+    scores.assign(static_cast<size_t>(num_keys), 0.0);
+    for (int64_t h = 0; h < q.num_heads; ++h) {
+      const int64_t kv_head = h / group;
+      const float* q_row = q.q + (i * q.num_heads + h) * head_dim;
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t t = 0; t < num_keys; ++t) {
+        const float* k_row = kv.k + kv_offset(kv, t, kv_head);
+        double dot = 0.0;
+        for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
+        scores[t] = static_cast<double>(q.scale) * dot;
+        max = std::max(max, scores[t]);
+      }
+      double sum = 0.0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t t = 0; t < num_keys; ++t) {
+        const double p = std::exp(scores[t] - max);
+        sum += p;
+        const float* v_row = kv.v + kv_offset(kv, t, kv_head);
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * v_row[d];
+      }
+      float* out_row = out.out + (i * q.num_heads + h) * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) out_row[d] = static_cast<float>(acc[d] / sum);
+      if (out.row_max != nullptr) out.row_max[i * q.num_heads + h] = static_cast<float>(max);
+      if (out.row_lse != nullptr) {
+        out.row_lse[i * q.num_heads + h] = static_cast<float>(max + std::log(sum));
+      }
+    }
+  }
+}
+
+}  // namespace sieve::kernels::ref

@@ -1,0 +1,490 @@
+// paged_attention against ref::paged_attention on every SIMD target: prefill, chunked prefill
+// and decode; sequence lengths around page boundaries; GQA groups 1/2/4/8; head_dim 8/64/128
+// (head_dim 8 is a partial vector on AVX2 and AVX-512); pools of 1 and 3 threads (3 threads
+// split long decodes across threads). The K/V of each sequence sit in shuffled,
+// non-contiguous pages of a larger pool; every float the kernel must not read (other pages,
+// unused slots, gaps between heads and pages) is NaN, so a stray read shows up in the output.
+#include "kernels/paged_attention.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/ops.h"
+#include "kernels_test_util.h"
+#include "util/thread_pool.h"
+
+namespace sieve::kernels {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct CacheShape {
+  int64_t num_keys = 0;  // positions [0, num_keys) hold K/V
+  int64_t num_kv_heads = 2;
+  int64_t head_dim = 64;
+  int32_t page_size = 16;
+};
+
+// value(position, kv_head, dim) for K or V.
+using KvFill = std::function<float(int64_t, int64_t, int64_t)>;
+
+// One sequence's K/V in a pool of 2 * num_blocks + 3 pages. The block table has one entry
+// more than the sequence needs (room to grow), pointing at a NaN page. Strides leave NaN gaps
+// between heads (3 floats) and pages (5 floats).
+class TestCache {
+ public:
+  TestCache(const CacheShape& shape, uint32_t seed, const KvFill& k_fill = {},
+            const KvFill& v_fill = {})
+      : shape_(shape) {
+    const int64_t num_blocks = (shape.num_keys + shape.page_size - 1) / shape.page_size;
+    const int64_t num_pages = 2 * num_blocks + 3;
+    head_stride_ = shape.page_size * shape.head_dim + 3;
+    page_stride_ = shape.num_kv_heads * head_stride_ + 5;
+    k_.assign(static_cast<size_t>(num_pages * page_stride_), kNaN);
+    v_ = k_;
+    std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::mt19937 rng(seed);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    block_table_.assign(pages.begin(), pages.begin() + num_blocks + 1);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const PagedKv kv = view();
+    for (int64_t t = 0; t < shape.num_keys; ++t) {
+      for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+        const int64_t offset = kv_offset(kv, t, h);
+        for (int64_t d = 0; d < shape.head_dim; ++d) {
+          k_[offset + d] = k_fill ? k_fill(t, h, d) : dist(rng);
+          v_[offset + d] = v_fill ? v_fill(t, h, d) : dist(rng);
+        }
+      }
+    }
+  }
+
+  PagedKv view() const {
+    return PagedKv{k_.data(),        v_.data(),       page_stride_,        head_stride_,
+                   shape_.page_size, shape_.head_dim, shape_.num_kv_heads, block_table_};
+  }
+  const CacheShape& shape() const { return shape_; }
+
+ private:
+  CacheShape shape_;
+  int64_t head_stride_ = 0, page_stride_ = 0;
+  std::vector<float> k_, v_;
+  std::vector<int32_t> block_table_;
+};
+
+std::vector<int32_t> position_range(int64_t begin, int64_t end) {
+  std::vector<int32_t> positions(static_cast<size_t>(end - begin));
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(begin));
+  return positions;
+}
+
+struct Outputs {
+  std::vector<float> out, row_max, row_lse;
+  Outputs(int64_t num_q, int64_t num_heads, int64_t head_dim, float fill)
+      : out(static_cast<size_t>(num_q * num_heads * head_dim + 1), fill),
+        row_max(static_cast<size_t>(num_q * num_heads + 1), fill),
+        row_lse(static_cast<size_t>(num_q * num_heads + 1), fill) {}
+  AttentionOutput view() { return {out.data(), row_max.data(), row_lse.data()}; }
+};
+
+std::string describe(const CacheShape& shape, const std::vector<int32_t>& positions, int64_t group,
+                     int num_threads) {
+  std::ostringstream s;
+  s << "keys=" << shape.num_keys << " page_size=" << shape.page_size
+    << " kv_heads=" << shape.num_kv_heads << " group=" << group << " head_dim=" << shape.head_dim
+    << " num_q=" << positions.size() << " first_pos=" << (positions.empty() ? -1 : positions[0])
+    << " threads=" << num_threads;
+  return s.str();
+}
+
+// Runs the kernel and the reference on random queries (uniform in [q_lo, q_hi]) and
+// compares every output: out within 1e-5 (V is in [-1, 1], outputs are averages of it), row max
+// and lse within 1e-5 * (1 + |value|). Also checks nothing is written past the outputs.
+void expect_matches_ref(const TestCache& cache, const std::vector<int32_t>& positions,
+                        int64_t group, ThreadPool& pool, uint32_t seed, float q_lo = -1.0f,
+                        float q_hi = 1.0f) {
+  const CacheShape& shape = cache.shape();
+  const int64_t num_q = static_cast<int64_t>(positions.size());
+  const int64_t num_heads = shape.num_kv_heads * group;
+  const std::vector<float> q = random_floats(num_q * num_heads * shape.head_dim, seed, q_lo, q_hi);
+  const AttentionQuery query{q.data(), positions, num_heads,
+                             1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
+  constexpr float kSentinel = 12345.0f;
+  Outputs got(num_q, num_heads, shape.head_dim, kSentinel);
+  Outputs want(num_q, num_heads, shape.head_dim, kSentinel);
+  paged_attention(cache.view(), query, got.view(), pool);
+  ref::paged_attention(cache.view(), query, want.view());
+
+  const std::string what = describe(shape, positions, group, pool.num_threads());
+  for (int64_t i = 0; i < num_q; ++i) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const int64_t idx = i * num_heads + h;
+      ASSERT_NEAR(got.row_max[idx], want.row_max[idx], 1e-5 * (1 + std::fabs(want.row_max[idx])))
+          << what << " row " << i << " head " << h;
+      ASSERT_NEAR(got.row_lse[idx], want.row_lse[idx], 1e-5 * (1 + std::fabs(want.row_lse[idx])))
+          << what << " row " << i << " head " << h;
+      for (int64_t d = 0; d < shape.head_dim; ++d) {
+        const int64_t o = idx * shape.head_dim + d;
+        ASSERT_NEAR(got.out[o], want.out[o], 1e-5)
+            << what << " row " << i << " head " << h << " dim " << d;
+      }
+    }
+  }
+  EXPECT_EQ(got.out.back(), kSentinel) << what << ": wrote past out";
+  EXPECT_EQ(got.row_max.back(), kSentinel) << what << ": wrote past row_max";
+  EXPECT_EQ(got.row_lse.back(), kSentinel) << what << ": wrote past row_lse";
+}
+
+class PagedAttention : public PerTargetTest {};
+
+TEST_P(PagedAttention, DispatchFollowsTheForcedTarget) {
+  EXPECT_EQ(paged_attention_target_name(), GetParam());
+}
+
+// num_q = n at positions 0..n-1: causal self-attention of a whole prompt.
+TEST_P(PagedAttention, Prefill) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 100;
+  for (int64_t len : {1, 15, 16, 17, 100}) {
+    for (int64_t head_dim : {8, 64, 128}) {
+      const TestCache cache({.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim}, ++seed);
+      for (int64_t group : {1, 2, 4, 8}) {
+        for (ThreadPool* pool : {&pool1, &pool3}) {
+          expect_matches_ref(cache, position_range(0, len), group, *pool, ++seed);
+        }
+      }
+    }
+  }
+  // A long prompt: many row tiles, causal masking on the diagonal tiles only.
+  const TestCache cache({.num_keys = 1000, .num_kv_heads = 1, .head_dim = 64}, ++seed);
+  for (int64_t group : {1, 4})
+    expect_matches_ref(cache, position_range(0, 1000), group, pool3, ++seed);
+}
+
+// num_q = 1 at position n - 1. With 3 threads, n >= 512 splits the keys (flash-decoding).
+TEST_P(PagedAttention, Decode) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 200;
+  for (int64_t len : {1, 15, 16, 17, 100, 1000, 2500}) {
+    for (int64_t head_dim : {8, 64, 128}) {
+      const TestCache cache({.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim}, ++seed);
+      for (int64_t group : {1, 2, 4, 8}) {
+        for (ThreadPool* pool : {&pool1, &pool3}) {
+          expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, group, *pool, ++seed);
+        }
+      }
+    }
+  }
+}
+
+// A chunk of a prompt whose earlier part is already cached: positions start mid-sequence.
+TEST_P(PagedAttention, ChunkedPrefill) {
+  ThreadPool pool1(1), pool3(3);
+  struct Chunk {
+    int64_t begin, num_q;
+  };
+  uint32_t seed = 300;
+  for (const Chunk chunk :
+       {Chunk{1, 15}, Chunk{16, 1}, Chunk{15, 17}, Chunk{50, 50}, Chunk{17, 83}, Chunk{990, 10}}) {
+    const int64_t len = chunk.begin + chunk.num_q;
+    for (int64_t head_dim : {8, 64, 128}) {
+      const TestCache cache({.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim}, ++seed);
+      for (int64_t group : {1, 2, 4, 8}) {
+        for (ThreadPool* pool : {&pool1, &pool3}) {
+          expect_matches_ref(cache, position_range(chunk.begin, len), group, *pool, ++seed);
+        }
+      }
+    }
+  }
+  // A long chunk late in a long sequence, split across threads.
+  const TestCache cache({.num_keys = 1000, .num_kv_heads = 2, .head_dim = 64}, ++seed);
+  expect_matches_ref(cache, position_range(900, 1000), 2, pool3, ++seed);
+}
+
+// Head sizes that cut the value sweeps (8, 4, 2, 1 vectors, a partial vector) differently on
+// each target, and more query heads per kv head than a task's usual budget.
+TEST_P(PagedAttention, OtherHeadSizesAndGroups) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 350;
+  for (int64_t head_dim : {1, 3, 24, 72, 80, 96, 112, 256}) {
+    const TestCache cache({.num_keys = 600, .num_kv_heads = 3, .head_dim = head_dim}, ++seed);
+    for (ThreadPool* pool : {&pool1, &pool3}) {
+      expect_matches_ref(cache, {599}, 3, *pool, ++seed);
+      expect_matches_ref(cache, position_range(560, 600), 2, *pool, ++seed);
+    }
+  }
+  const TestCache cache({.num_keys = 300, .num_kv_heads = 1, .head_dim = 64}, ++seed);
+  for (ThreadPool* pool : {&pool1, &pool3}) {
+    expect_matches_ref(cache, {299}, 48, *pool, ++seed);
+    expect_matches_ref(cache, position_range(290, 300), 48, *pool, ++seed);
+  }
+}
+
+// Rows need not be sorted or distinct: each sees exactly the keys up to its own position.
+TEST_P(PagedAttention, AnyPositionsPerRow) {
+  ThreadPool pool(3);
+  const TestCache cache({.num_keys = 41, .num_kv_heads = 2, .head_dim = 64}, 400);
+  expect_matches_ref(cache, {40, 7, 40, 0, 16, 15}, 4, pool, 401);
+}
+
+TEST_P(PagedAttention, OtherPageSizes) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 500;
+  for (int32_t page_size : {1, 5, 32, 64}) {
+    const TestCache cache(
+        {.num_keys = 300, .num_kv_heads = 2, .head_dim = 64, .page_size = page_size}, ++seed);
+    for (ThreadPool* pool : {&pool1, &pool3}) {
+      expect_matches_ref(cache, {299}, 4, *pool, ++seed);
+      expect_matches_ref(cache, position_range(250, 300), 2, *pool, ++seed);
+    }
+  }
+}
+
+// Large scores: most probabilities underflow, the running max changes by large steps.
+TEST_P(PagedAttention, WideScoreRange) {
+  ThreadPool pool1(1), pool3(3);
+  const TestCache cache({.num_keys = 700, .num_kv_heads = 2, .head_dim = 64}, 600);
+  for (ThreadPool* pool : {&pool1, &pool3}) {
+    for (float q_range : {8.0f, 40.0f}) {
+      expect_matches_ref(cache, {699}, 4, *pool, 601, -q_range, q_range);
+      expect_matches_ref(cache, position_range(600, 700), 4, *pool, 602, -q_range, q_range);
+    }
+  }
+}
+
+// Keys drift towards the (positive) queries, so every tile raises the running max and the
+// accumulator is rescaled at every step.
+TEST_P(PagedAttention, RunningMaxGrowsEveryTile) {
+  ThreadPool pool1(1), pool3(3);
+  std::mt19937 rng(700);
+  std::uniform_real_distribution<float> dist(-0.1f, 0.1f);
+  const KvFill drift = [&](int64_t t, int64_t, int64_t) { return 0.002f * t + dist(rng); };
+  const TestCache cache({.num_keys = 1000, .num_kv_heads = 2, .head_dim = 64}, 701, drift);
+  for (ThreadPool* pool : {&pool1, &pool3}) {
+    expect_matches_ref(cache, {999}, 8, *pool, 702, 0.5f, 1.0f);
+    expect_matches_ref(cache, position_range(960, 1000), 1, *pool, 703, 0.5f, 1.0f);
+  }
+}
+
+TEST_P(PagedAttention, RowStatsAreOptional) {
+  ThreadPool pool(3);
+  const TestCache cache({.num_keys = 600, .num_kv_heads = 2, .head_dim = 64}, 800);
+  const std::vector<int32_t> positions = {599};
+  const std::vector<float> q = random_floats(4 * 64, 801);
+  const AttentionQuery query{q.data(), positions, 4, 0.125f};
+  Outputs with(1, 4, 64, 0.0f);
+  std::vector<float> without(4 * 64);
+  paged_attention(cache.view(), query, with.view(), pool);
+  paged_attention(cache.view(), query, {without.data(), nullptr, nullptr}, pool);
+  for (size_t i = 0; i < without.size(); ++i) EXPECT_EQ(without[i], with.out[i]) << i;
+}
+
+// lse gives each key's attention weight: sum_t exp(score_t - lse) = 1 and
+// sum_t exp(score_t - lse) * v_t = out.
+TEST_P(PagedAttention, LseRecoversTheAttentionWeights) {
+  ThreadPool pool(3);
+  const CacheShape shape{.num_keys = 777, .num_kv_heads = 1, .head_dim = 64};
+  const TestCache cache(shape, 900);
+  const std::vector<int32_t> positions = {776};
+  const std::vector<float> q = random_floats(64, 901, -3.0f, 3.0f);
+  const float scale = 0.125f;
+  const AttentionQuery query{q.data(), positions, 1, scale};
+  Outputs got(1, 1, 64, 0.0f);
+  paged_attention(cache.view(), query, got.view(), pool);
+  const PagedKv kv = cache.view();
+  double total = 0;
+  std::vector<double> out(64);
+  for (int64_t t = 0; t < shape.num_keys; ++t) {
+    const float* k = kv.k + kv_offset(kv, t, 0);
+    const float* v = kv.v + kv_offset(kv, t, 0);
+    double dot = 0;
+    for (int d = 0; d < 64; ++d) dot += double{q[d]} * k[d];
+    const double p = std::exp(scale * dot - got.row_lse[0]);
+    total += p;
+    for (int d = 0; d < 64; ++d) out[d] += p * v[d];
+  }
+  EXPECT_NEAR(total, 1.0, 1e-5);
+  for (int d = 0; d < 64; ++d) EXPECT_NEAR(out[d], got.out[d], 1e-5) << d;
+}
+
+// Pages past 4 GiB of the pool base: page offsets must be computed in 64 bits. The pool is a
+// sparse anonymous mapping; only the pages in the block table are written. The result must
+// equal the reference on the same data laid out compactly.
+TEST_P(PagedAttention, PageOffsetsBeyond4GiB) {
+  const CacheShape shape{.num_keys = 70, .num_kv_heads = 2, .head_dim = 64};
+  const TestCache compact(shape, 1000);
+  const PagedKv small = compact.view();
+  const int64_t page_stride = shape.num_kv_heads * shape.page_size * shape.head_dim;
+  const int64_t first_page = ((int64_t{1} << 32) / 4) / page_stride + 1000;  // past 4 GiB
+  const int64_t num_blocks = static_cast<int64_t>(small.block_table.size());
+  const size_t bytes = static_cast<size_t>((first_page + 2 * num_blocks) * page_stride) * 4;
+  void* k_mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (k_mem == MAP_FAILED) GTEST_SKIP() << "cannot map " << bytes << " bytes";
+  void* v_mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (v_mem == MAP_FAILED) {
+    munmap(k_mem, bytes);
+    GTEST_SKIP() << "cannot map " << bytes << " bytes";
+  }
+  std::vector<int32_t> table;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    table.push_back(static_cast<int32_t>(first_page + 2 * (num_blocks - 1 - b)));  // descending
+  }
+  PagedKv big{static_cast<float*>(k_mem),
+              static_cast<float*>(v_mem),
+              page_stride,
+              shape.page_size * shape.head_dim,
+              shape.page_size,
+              shape.head_dim,
+              shape.num_kv_heads,
+              table};
+  for (int64_t t = 0; t < shape.num_keys; ++t) {
+    for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+      std::memcpy(const_cast<float*>(big.k) + kv_offset(big, t, h),
+                  small.k + kv_offset(small, t, h), shape.head_dim * sizeof(float));
+      std::memcpy(const_cast<float*>(big.v) + kv_offset(big, t, h),
+                  small.v + kv_offset(small, t, h), shape.head_dim * sizeof(float));
+    }
+  }
+  ThreadPool pool(3);
+  for (const std::vector<int32_t>& positions : {position_range(69, 70), position_range(0, 70)}) {
+    const int64_t num_q = static_cast<int64_t>(positions.size()), num_heads = 4;
+    const std::vector<float> q = random_floats(num_q * num_heads * shape.head_dim, 1001);
+    const AttentionQuery query{q.data(), positions, num_heads, 0.125f};
+    Outputs got(num_q, num_heads, shape.head_dim, 0.0f),
+        want(num_q, num_heads, shape.head_dim, 0.0f);
+    paged_attention(big, query, got.view(), pool);
+    ref::paged_attention(small, query, want.view());
+    for (size_t i = 0; i < got.out.size(); ++i) ASSERT_NEAR(got.out[i], want.out[i], 1e-5) << i;
+    for (size_t i = 0; i < got.row_lse.size(); ++i) {
+      ASSERT_NEAR(got.row_lse[i], want.row_lse[i], 1e-5 * (1 + std::fabs(want.row_lse[i]))) << i;
+    }
+  }
+  munmap(k_mem, bytes);
+  munmap(v_mem, bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTargets, PagedAttention, ::testing::ValuesIn(available_targets()),
+                         target_test_name);
+
+// ----------------------------------------------------------------------------- the plan
+
+// Every (row, kv head, key) the rows must see is covered by exactly one task; split tasks
+// are page-aligned and each split (row tile, kv head) has one merge over its slots.
+void expect_plan_covers(const PagedKv& kv, const AttentionQuery& q, int num_threads) {
+  const AttentionPlan plan = plan_paged_attention(kv, q, num_threads);
+  const int64_t num_q = static_cast<int64_t>(q.positions.size());
+  const int64_t group = q.num_heads / kv.num_kv_heads;
+  const int64_t max_keys = static_cast<int64_t>(kv.block_table.size()) * kv.page_size;
+  std::vector<int> covered(static_cast<size_t>(num_q * kv.num_kv_heads * max_keys), 0);
+  std::vector<int> slot_used(static_cast<size_t>(plan.num_slots), 0);
+  std::vector<int> merged(static_cast<size_t>(num_q * kv.num_kv_heads), 0);
+  for (const AttentionTask& task : plan.tasks) {
+    EXPECT_LE(task.row_end - task.row_begin, plan.rows_per_tile);
+    EXPECT_LE((task.row_end - task.row_begin) * (task.kv_head_end - task.kv_head_begin) * group,
+              plan.max_query_vectors);
+    if (task.partial_slot) {
+      ++slot_used[*task.partial_slot];
+      EXPECT_EQ(task.key_begin % kv.page_size, 0);
+    }
+    for (int64_t i = task.row_begin; i < task.row_end; ++i) {
+      for (int64_t h = task.kv_head_begin; h < task.kv_head_end; ++h) {
+        for (int64_t t = task.key_begin; t < task.key_end; ++t) {
+          ++covered[(i * kv.num_kv_heads + h) * max_keys + t];
+        }
+        if (task.partial_slot) ++merged[i * kv.num_kv_heads + h];
+      }
+    }
+  }
+  for (int64_t i = 0; i < num_q; ++i) {
+    for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
+      for (int64_t t = 0; t <= q.positions[i]; ++t) {
+        ASSERT_EQ(covered[(i * kv.num_kv_heads + h) * max_keys + t], 1)
+            << i << " " << h << " " << t;
+      }
+    }
+  }
+  for (int used : slot_used) EXPECT_EQ(used, 1);
+  // Each merge covers exactly the split tasks of its (rows, kv head).
+  for (const AttentionMerge& merge : plan.merges) {
+    EXPECT_GE(merge.num_slots, 2);
+    for (int64_t j = merge.first_slot; j < merge.first_slot + merge.num_slots; ++j) {
+      const auto task = std::find_if(plan.tasks.begin(), plan.tasks.end(),
+                                     [&](const AttentionTask& t) { return t.partial_slot == j; });
+      ASSERT_NE(task, plan.tasks.end());
+      EXPECT_EQ(task->row_begin, merge.row_begin);
+      EXPECT_EQ(task->kv_head_begin + merge.head_in_slot, merge.kv_head);
+    }
+    for (int64_t i = merge.row_begin; i < merge.row_end; ++i) {
+      merged[i * kv.num_kv_heads + merge.kv_head] -= static_cast<int>(merge.num_slots);
+    }
+  }
+  for (int m : merged) EXPECT_EQ(m, 0);
+  const auto cost = [](const AttentionTask& t) {
+    return (t.key_end - t.key_begin) * (t.row_end - t.row_begin) *
+           (t.kv_head_end - t.kv_head_begin);
+  };
+  for (size_t i = 1; i < plan.tasks.size(); ++i) {
+    EXPECT_GE(cost(plan.tasks[i - 1]), cost(plan.tasks[i]));
+  }
+}
+
+TEST(AttentionPlan, DecodeTakesAllKvHeadsPerTaskAndSplitsKeysWhenLongAndParallel) {
+  const std::vector<int32_t> table(256);
+  const PagedKv kv{nullptr, nullptr, 0, 0, 16, 128, 8, table};
+  const std::vector<int32_t> decode = {4000};
+  const AttentionQuery q{nullptr, decode, 32, 1.0f};  // group 4: 8 kv heads = 32 vectors
+  const AttentionPlan serial = plan_paged_attention(kv, q, 1);
+  ASSERT_EQ(serial.tasks.size(), 1u);
+  EXPECT_EQ(serial.tasks[0].kv_head_end - serial.tasks[0].kv_head_begin, 8);
+  EXPECT_TRUE(serial.merges.empty());
+  const AttentionPlan plan = plan_paged_attention(kv, q, 16);
+  EXPECT_EQ(plan.merges.size(), 8u);  // one per kv head
+  EXPECT_GE(static_cast<int64_t>(plan.tasks.size()), 2 * 16);
+  expect_plan_covers(kv, q, 16);
+  // Short contexts are not split: no task would read kAttentionMinTaskBytes.
+  const std::vector<int32_t> short_decode = {20};
+  EXPECT_TRUE(plan_paged_attention(kv, {nullptr, short_decode, 32, 1.0f}, 16).merges.empty());
+  // Group 8: two tasks of 4 kv heads.
+  const AttentionPlan wide = plan_paged_attention(kv, {nullptr, decode, 64, 1.0f}, 1);
+  ASSERT_EQ(wide.tasks.size(), 2u);
+  EXPECT_EQ(wide.max_query_vectors, 32);
+  expect_plan_covers(kv, {nullptr, decode, 64, 1.0f}, 3);
+}
+
+TEST(AttentionPlan, PrefillTilesRowsAndCoversTheCausalTriangle) {
+  const std::vector<int32_t> table(64);
+  const std::vector<int32_t> positions = position_range(0, 1000);
+  for (int64_t group : {1, 4, 8}) {
+    const PagedKv kv{nullptr, nullptr, 0, 0, 16, 64, 2, table};
+    const AttentionQuery q{nullptr, positions, 2 * group, 1.0f};
+    const AttentionPlan plan = plan_paged_attention(kv, q, 3);
+    EXPECT_EQ(plan.rows_per_tile * group, kAttentionQueryVectorsPerTask);
+    EXPECT_EQ(plan.max_query_vectors, kAttentionQueryVectorsPerTask);
+    EXPECT_TRUE(plan.merges.empty());
+    expect_plan_covers(kv, q, 3);
+  }
+  // A short chunk over a long context with many threads is split.
+  const std::vector<int32_t> chunk = position_range(3000, 3010);
+  const std::vector<int32_t> long_table(256);
+  const PagedKv kv{nullptr, nullptr, 0, 0, 16, 64, 2, long_table};
+  expect_plan_covers(kv, {nullptr, chunk, 8, 1.0f}, 8);
+  EXPECT_FALSE(plan_paged_attention(kv, {nullptr, chunk, 8, 1.0f}, 8).merges.empty());
+}
+
+}  // namespace
+}  // namespace sieve::kernels
