@@ -1,85 +1,324 @@
 #include "engine/sampler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cassert>
 #include <cmath>
-#include <numeric>
+#include <limits>
 
 namespace sieve::engine {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Descending by logit, ties to the lowest id: the order of greedy, top-k and top logprobs.
+struct Ranked {
+  float logit;
+  TokenId id;
+};
+bool ranks_higher(const Ranked& a, const Ranked& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+// The `count` highest-ranked logits, best first. A heap of `count` whose front is the worst
+// kept so far: O(V log count), O(count) memory.
+std::vector<Ranked> top_ranked(std::span<const float> logits, size_t count) {
+  count = std::min(count, logits.size());
+  std::vector<Ranked> heap;
+  if (count == 0) return heap;
+  heap.reserve(count);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const Ranked r{logits[i], static_cast<TokenId>(i)};
+    if (heap.size() < count) {
+      heap.push_back(r);
+      std::push_heap(heap.begin(), heap.end(), ranks_higher);
+    } else if (ranks_higher(r, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), ranks_higher);
+      heap.back() = r;
+      std::push_heap(heap.begin(), heap.end(), ranks_higher);
+    }
+  }
+  std::sort(heap.begin(), heap.end(), ranks_higher);
+  return heap;
+}
+
+// log(sum(exp(logits))), in double.
+double log_sum_exp(std::span<const float> logits) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - max_logit);
+  return max_logit + std::log(sum);
+}
+
+std::vector<TokenLogprob> to_logprobs(const std::vector<Ranked>& ranked, double log_sum) {
+  std::vector<TokenLogprob> out(ranked.size());
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    out[i] = {ranked[i].id, static_cast<float>(ranked[i].logit - log_sum)};
+  }
+  return out;
+}
+
+// Descending weight, ties to the lowest id (weights are monotone in the logits).
+bool weighs_more(const std::pair<double, TokenId>& a, const std::pair<double, TokenId>& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// A uniform double in [0, 1) from the top 53 bits of one 64-bit draw: the same on every
+// standard library (std::uniform_real_distribution is not).
+double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+bool in_range(TokenId id, int32_t vocab_size) { return id >= 0 && id < vocab_size; }
+
+}  // namespace
+
+std::optional<std::string> check_sampling_params(const SamplingParams& p, int32_t vocab_size) {
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
+    return fmt::format("temperature must be a number >= 0 (0 is greedy), got {}", p.temperature);
+  }
+  if (p.top_k < 0) return fmt::format("top_k must be >= 0 (0 keeps all tokens), got {}", p.top_k);
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return fmt::format("top_p must be in (0, 1] (1 keeps all tokens), got {}", p.top_p);
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return fmt::format("min_p must be in [0, 1] (0 keeps all tokens), got {}", p.min_p);
+  }
+  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) {
+    return fmt::format("repetition_penalty must be > 0 (1 is none), got {}", p.repetition_penalty);
+  }
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
+    return fmt::format("presence_penalty must be in [-2, 2], got {}", p.presence_penalty);
+  }
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
+    return fmt::format("frequency_penalty must be in [-2, 2], got {}", p.frequency_penalty);
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (!in_range(id, vocab_size)) {
+      return fmt::format("logit_bias has token id {}, but the vocabulary has ids 0..{}", id,
+                         vocab_size - 1);
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return fmt::format("logit_bias for token {} must be in [-100, 100], got {}", id, bias);
+    }
+  }
+  if (p.min_tokens < 0) return fmt::format("min_tokens must be >= 0, got {}", p.min_tokens);
+  if (p.max_tokens) {
+    if (*p.max_tokens < 1) return fmt::format("max_tokens must be >= 1, got {}", *p.max_tokens);
+    if (p.min_tokens > *p.max_tokens) {
+      return fmt::format("min_tokens ({}) must not exceed max_tokens ({})", p.min_tokens,
+                         *p.max_tokens);
+    }
+  }
+  for (TokenId id : p.stop_token_ids) {
+    if (!in_range(id, vocab_size)) {
+      return fmt::format("stop_token_ids has token id {}, but the vocabulary has ids 0..{}", id,
+                         vocab_size - 1);
+    }
+  }
+  for (const std::string& stop : p.stop_strings) {
+    if (stop.empty()) return "stop strings must not be empty";
+  }
+  if (p.logprobs && (*p.logprobs < 0 || *p.logprobs > kMaxTopLogprobs)) {
+    return fmt::format("logprobs must be in [0, {}], got {}", kMaxTopLogprobs, *p.logprobs);
+  }
+  if (p.n < 1) return fmt::format("n must be >= 1, got {}", p.n);
+  return std::nullopt;
+}
+
+SamplingParams params_for_sample(const SamplingParams& request, int32_t sample_idx) {
+  assert(sample_idx >= 0 && sample_idx < request.n);
+  SamplingParams params = request;
+  params.seed = request.seed + static_cast<uint64_t>(sample_idx);
+  params.n = 1;
+  return params;
+}
+
+std::vector<TokenId> all_stop_token_ids(const SamplingParams& params,
+                                        std::span<const TokenId> eos_token_ids) {
+  std::vector<TokenId> ids = params.stop_token_ids;
+  if (!params.ignore_eos) ids.insert(ids.end(), eos_token_ids.begin(), eos_token_ids.end());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
 
 TokenId argmax(std::span<const float> logits) {
   return static_cast<TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 double token_logprob(std::span<const float> logits, TokenId token) {
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - max_logit);
-  return static_cast<double>(logits[token]) - max_logit - std::log(sum);
+  return static_cast<double>(logits[token]) - log_sum_exp(logits);
 }
 
 std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count) {
-  count = std::min<int>(count, static_cast<int>(logits.size()));
-  std::vector<TokenId> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  std::partial_sort(ids.begin(), ids.begin() + count, ids.end(), [&](TokenId a, TokenId b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  const float max_logit = logits[ids[0]];
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - max_logit);
-  const double log_sum = std::log(sum);
-  std::vector<TokenLogprob> top(count);
-  for (int i = 0; i < count; ++i) {
-    top[i] = {ids[i], static_cast<float>(logits[ids[i]] - max_logit - log_sum)};
-  }
-  return top;
+  if (logits.empty() || count <= 0) return {};
+  return to_logprobs(top_ranked(logits, static_cast<size_t>(count)), log_sum_exp(logits));
 }
 
-TokenId Sampler::sample(std::span<const float> logits) {
-  if (params_.temperature <= 0.0f) return argmax(logits);
+Sampler::Sampler(SamplingParams params, std::span<const TokenId> eos_token_ids)
+    : params_(std::move(params)), rng_(params_.seed) {
+  if (params_.min_tokens > 0) min_tokens_mask_ids_ = all_stop_token_ids(params_, eos_token_ids);
+}
 
-  // Candidates sorted by logit, then truncated by top-k, min-p and top-p (in that order).
-  candidates_.resize(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) candidates_[i] = {logits[i], static_cast<TokenId>(i)};
-  size_t keep = candidates_.size();
-  if (params_.top_k > 0) keep = std::min<size_t>(keep, params_.top_k);
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
-  candidates_.resize(keep);
+void Sampler::update_history(const SequenceTokens& history) {
+  const bool track_output = params_.repetition_penalty != 1.0f ||
+                            params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+  const bool track_prompt = params_.repetition_penalty != 1.0f;
+  if (!track_output) return;
+  if (history.prompt.size() < num_prompt_seen_ || history.output.size() < num_output_seen_) {
+    // Not the sequence we have been following (or rolled back): recount from scratch.
+    num_prompt_seen_ = num_output_seen_ = 0;
+    prompt_ids_.clear();
+    output_counts_.clear();
+  }
+  if (track_prompt && history.prompt.size() > num_prompt_seen_) {
+    prompt_ids_.insert(prompt_ids_.end(), history.prompt.begin() + num_prompt_seen_,
+                       history.prompt.end());
+    std::sort(prompt_ids_.begin(), prompt_ids_.end());
+    prompt_ids_.erase(std::unique(prompt_ids_.begin(), prompt_ids_.end()), prompt_ids_.end());
+    num_prompt_seen_ = history.prompt.size();
+  }
+  for (size_t i = num_output_seen_; i < history.output.size(); ++i)
+    ++output_counts_[history.output[i]];
+  num_output_seen_ = history.output.size();
+}
 
-  const float max_logit = candidates_[0].first;
-  std::vector<double> probs(keep);
-  double total = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp((static_cast<double>(candidates_[i].first) - max_logit) / params_.temperature);
-    total += probs[i];
+bool Sampler::needs_scratch(int64_t num_output) const {
+  return !params_.logit_bias.empty() ||
+         (num_output < params_.min_tokens && !min_tokens_mask_ids_.empty()) ||
+         (params_.repetition_penalty != 1.0f &&
+          (!prompt_ids_.empty() || !output_counts_.empty())) ||
+         ((params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) &&
+          !output_counts_.empty());
+}
+
+void Sampler::apply_bias_and_penalties(std::span<float> logits, int64_t num_output) const {
+  const auto vocab_size = static_cast<TokenId>(logits.size());
+  // 1. logit_bias, then the min_tokens mask (so no bias can undo it).
+  for (const auto& [id, bias] : params_.logit_bias) {
+    assert(in_range(id, vocab_size));
+    logits[id] += bias;
   }
-  if (params_.min_p > 0.0f) {
-    const double threshold = params_.min_p * probs[0];  // probs[0] is the largest
-    size_t n = 1;
-    while (n < keep && probs[n] >= threshold) ++n;
-    keep = n;
-    total = std::accumulate(probs.begin(), probs.begin() + keep, 0.0);
-  }
-  if (params_.top_p < 1.0f) {
-    double mass = 0.0;
-    size_t n = 0;
-    while (n < keep) {
-      mass += probs[n++] / total;
-      if (mass >= params_.top_p) break;
+  if (num_output < params_.min_tokens) {
+    for (TokenId id : min_tokens_mask_ids_) {
+      if (in_range(id, vocab_size)) logits[id] = kNegInf;
     }
-    keep = n;
-    total = std::accumulate(probs.begin(), probs.begin() + keep, 0.0);
   }
-  std::uniform_real_distribution<double> uniform(0.0, total);
-  double r = uniform(rng_);
-  for (size_t i = 0; i < keep; ++i) {
-    r -= probs[i];
-    if (r <= 0.0) return candidates_[i].second;
+  // 2. Repetition penalty over prompt ∪ output (each distinct token once), then frequency and
+  // presence over the output.
+  if (const float penalty = params_.repetition_penalty; penalty != 1.0f) {
+    auto penalise = [&](TokenId id) {
+      assert(in_range(id, vocab_size));
+      float& l = logits[id];
+      l = l > 0.0f ? l / penalty : l * penalty;
+    };
+    for (TokenId id : prompt_ids_) penalise(id);
+    for (const auto& [id, count] : output_counts_) {
+      if (!std::binary_search(prompt_ids_.begin(), prompt_ids_.end(), id)) penalise(id);
+    }
   }
-  return candidates_[keep - 1].second;
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    for (const auto& [id, count] : output_counts_) {
+      assert(in_range(id, vocab_size));
+      logits[id] -=
+          params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+    }
+  }
+}
+
+TokenId Sampler::sample_truncated(std::span<const float> logits) {
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  if (!(max_logit > kNegInf)) return argmax(logits);  // every token masked: nothing to draw from
+
+  // 4. Temperature and unnormalised softmax; the best token has weight exactly 1.
+  const double inv_temperature = 1.0 / params_.temperature;
+  candidates_.clear();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double weight = std::exp((static_cast<double>(logits[i]) - max_logit) * inv_temperature);
+    if (weight > 0.0) candidates_.emplace_back(weight, static_cast<TokenId>(i));
+  }
+  // 5. Top-k: the k heaviest, unordered.
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < candidates_.size()) {
+    std::nth_element(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(),
+                     weighs_more);
+    candidates_.resize(params_.top_k);
+  }
+  double top_k_mass = 0.0;
+  for (const auto& c : candidates_) top_k_mass += c.first;
+  // 7. Min-p before 6. top-p gives the same set as the documented order: min-p compares with
+  // p_max only, so it cuts a most-likely prefix whatever the normalisation, and top-p below
+  // still normalises by the top-k mass. The set kept is the shorter of the two prefixes.
+  if (params_.min_p > 0.0f) {
+    const double threshold = params_.min_p;  // * p_max, which is weight 1
+    std::erase_if(candidates_, [&](const auto& c) { return c.first < threshold; });
+  }
+  // 6. Top-p: sort only as far as needed, in growing chunks (nth_element, then sort the chunk).
+  if (params_.top_p < 1.0f) {
+    const double target = static_cast<double>(params_.top_p) * top_k_mass;
+    const size_t num_candidates = candidates_.size();
+    size_t num_sorted = 0, chunk = 64;
+    std::optional<size_t> keep;
+    double mass = 0.0;
+    while (!keep && num_sorted < num_candidates) {
+      const auto first = candidates_.begin() + num_sorted;
+      const size_t end = std::min(num_candidates, num_sorted + chunk);
+      if (end < num_candidates) {
+        std::nth_element(first, candidates_.begin() + end, candidates_.end(), weighs_more);
+      }
+      std::sort(first, candidates_.begin() + end, weighs_more);
+      for (; num_sorted < end && !keep; ++num_sorted) {
+        mass += candidates_[num_sorted].first;
+        if (mass >= target) keep = num_sorted + 1;
+      }
+      chunk *= 4;
+    }
+    if (keep) candidates_.resize(*keep);
+  }
+  // 8. One draw by inverse CDF over what is left.
+  double kept_mass = 0.0;
+  for (const auto& c : candidates_) kept_mass += c.first;
+  double r = uniform01(rng_) * kept_mass;
+  for (const auto& c : candidates_) {
+    r -= c.first;
+    if (r < 0.0) return c.second;
+  }
+  return candidates_.back().second;
+}
+
+SampleResult Sampler::sample(std::span<const float> logits, const SequenceTokens& history) {
+  assert(!logits.empty());
+  update_history(history);
+  const auto num_output = static_cast<int64_t>(history.output.size());
+  std::span<const float> processed = logits;
+  if (needs_scratch(num_output)) {
+    logits_.assign(logits.begin(), logits.end());
+    apply_bias_and_penalties(logits_, num_output);
+    processed = logits_;
+  }
+
+  SampleResult result;
+  // 3. Greedy is decided on the penalised logits.
+  result.token =
+      params_.temperature < kGreedyTemperature ? argmax(processed) : sample_truncated(processed);
+  if (params_.logprobs) {
+    const double log_sum = log_sum_exp(logits);  // of the RAW logits
+    result.logprob = static_cast<float>(static_cast<double>(logits[result.token]) - log_sum);
+    if (*params_.logprobs > 0) {
+      result.top = to_logprobs(top_ranked(logits, static_cast<size_t>(*params_.logprobs)), log_sum);
+    }
+  }
+  return result;
+}
+
+TokenId Sampler::sample(std::span<const float> logits) { return sample(logits, {}).token; }
+
+std::vector<float> Sampler::processed_logits(std::span<const float> logits,
+                                             const SequenceTokens& history) {
+  update_history(history);
+  std::vector<float> processed(logits.begin(), logits.end());
+  apply_bias_and_penalties(processed, static_cast<int64_t>(history.output.size()));
+  return processed;
 }
 
 }  // namespace sieve::engine
