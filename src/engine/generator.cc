@@ -23,14 +23,13 @@ GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId
     fail("the prompt has {} tokens but the model's context is {}", prompt.size(), context);
   }
   const int64_t capacity = std::min<int64_t>(context, prompt.size() + std::max(0, options.max_tokens));
-  model::KvCache cache(model.config(), 1, static_cast<int32_t>(capacity));
+  auto [cache, block_table] = model::KvCache::for_one_sequence(model.config(), static_cast<int32_t>(capacity));
   model::ForwardScratch scratch;
   Sampler sampler(options.sampling);
   std::vector<float> logits;
   model::Batch batch;
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    batch.add(prompt[i], static_cast<int32_t>(i), 0, i + 1 == prompt.size());
-  }
+  batch.begin_sequence(block_table);
+  for (size_t i = 0; i < prompt.size(); ++i) batch.add(prompt[i], static_cast<int32_t>(i), i + 1 == prompt.size());
 
   GenerationStats stats;
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -47,7 +46,8 @@ GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId
     if (!on_token(token, logits)) break;
     if (position >= capacity) break;  // context full
     batch.clear();
-    batch.add(token, position++, 0, true);
+    batch.begin_sequence(block_table);
+    batch.add(token, position++, true);
     model.forward(batch, cache, pool, scratch, logits);
   }
   stats.generate_seconds = seconds_since(start);

@@ -36,11 +36,13 @@ ModelAgreement compare_models(const model::LlamaModel& reference, const model::L
     // Teacher-forced: the candidate sees the reference's tokens, one batch for all steps.
     std::vector<int32_t> sequence = prompt;
     sequence.insert(sequence.end(), ref.tokens.begin(), ref.tokens.end() - (ref.tokens.empty() ? 0 : 1));
-    model::KvCache cache(candidate.config(), 1, static_cast<int32_t>(sequence.size()));
+    auto [cache, block_table] =
+        model::KvCache::for_one_sequence(candidate.config(), static_cast<int32_t>(sequence.size()));
     model::ForwardScratch scratch;
     model::Batch batch;
+    batch.begin_sequence(block_table);
     for (size_t j = 0; j < sequence.size(); ++j) {
-      batch.add(sequence[j], static_cast<int32_t>(j), 0, j + 1 >= prompt.size());
+      batch.add(sequence[j], static_cast<int32_t>(j), j + 1 >= prompt.size());
     }
     std::vector<float> logits;
     candidate.forward(batch, cache, pool, scratch, logits);

@@ -23,7 +23,7 @@ PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int3
     fail("the text has {} tokens, fewer than one chunk of {}", tokens.size(), context);
   }
   const auto start = std::chrono::steady_clock::now();
-  model::KvCache cache(config, 1, static_cast<int32_t>(context));
+  auto [cache, block_table] = model::KvCache::for_one_sequence(config, static_cast<int32_t>(context));
   model::ForwardScratch scratch;
   std::vector<float> logits;
   const int64_t first_scored = context / 2;  // logits at first_scored predict token first_scored+1
@@ -32,9 +32,10 @@ PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int3
   for (int64_t chunk = 0; chunk < result.num_chunks; ++chunk) {
     std::span<const int32_t> window = tokens.subspan(chunk * context, context);
     model::Batch batch;
+    batch.begin_sequence(block_table);
     for (int64_t j = 0; j < context; ++j) {
       const int32_t token = j == 0 ? bos_id : window[j];
-      batch.add(token, static_cast<int32_t>(j), 0, j >= first_scored && j <= context - 2);
+      batch.add(token, static_cast<int32_t>(j), j >= first_scored && j <= context - 2);
     }
     model.forward(batch, cache, pool, scratch, logits);
     for (int64_t j = first_scored; j <= context - 2; ++j) {

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/attention.h"
+#include "kernels/paged_attention.h"
 #include "kernels/ops.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -23,15 +23,29 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights)
 }
 
 void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
+  int64_t expected_first = 0;
+  for (const BatchSequence& seq : batch.sequences) {
+    if (seq.first_token != expected_first || seq.num_tokens <= 0) {
+      fail("batch sequences must cover the tokens contiguously, in order");
+    }
+    expected_first += seq.num_tokens;
+    for (int32_t page : seq.block_table) {
+      if (page < 0 || page >= cache.num_pages()) fail("page id {} is outside the KV cache ({} pages)", page, cache.num_pages());
+    }
+    const int64_t capacity = static_cast<int64_t>(seq.block_table.size()) * cache.page_size();
+    for (int32_t i = seq.first_token; i < seq.first_token + seq.num_tokens; ++i) {
+      if (batch.positions[i] < 0 || batch.positions[i] >= capacity) {
+        fail("position {} is outside the sequence's {} KV slots", batch.positions[i], capacity);
+      }
+      if (i > seq.first_token && batch.positions[i] != batch.positions[i - 1] + 1) {
+        fail("positions of a sequence's tokens must be consecutive");
+      }
+    }
+  }
+  if (expected_first != batch.size()) fail("batch has tokens outside any sequence");
   for (int64_t i = 0; i < batch.size(); ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= config_.vocab_size) {
       fail("token id {} is outside the vocabulary (size {})", batch.tokens[i], config_.vocab_size);
-    }
-    if (batch.positions[i] < 0 || batch.positions[i] >= cache.capacity()) {
-      fail("position {} is outside the KV cache (capacity {})", batch.positions[i], cache.capacity());
-    }
-    if (batch.slots[i] < 0 || batch.slots[i] >= cache.num_slots()) {
-      fail("KV slot {} does not exist ({} slots)", batch.slots[i], cache.num_slots());
     }
   }
 }
@@ -67,7 +81,6 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
     for (int64_t i = 0; i < n * dim; ++i) s.x[i] += delta[i];
   };
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const int64_t group = c.group_size();
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
@@ -75,36 +88,24 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
     kernels::matmul(w.wq, s.norm.data(), n, s.q.data(), pool);
     kernels::matmul(w.wk, s.norm.data(), n, s.k.data(), pool);
     kernels::matmul(w.wv, s.norm.data(), n, s.v.data(), pool);
-    pool.parallel_for(n, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        kernels::rope(rope_, batch.positions[t], &s.q[t * q_dim], c.num_heads);
-        kernels::rope(rope_, batch.positions[t], &s.k[t * kv_dim], c.num_kv_heads);
-        std::memcpy(cache.key(l, batch.slots[t], batch.positions[t]), &s.k[t * kv_dim], kv_dim * sizeof(float));
-        std::memcpy(cache.value(l, batch.slots[t], batch.positions[t]), &s.v[t * kv_dim], kv_dim * sizeof(float));
-      }
-    });
-    // One work item per (token, query head); later positions cost more, so hand out small chunks.
-    pool.parallel_for(
-        n * c.num_heads,
-        [&](int64_t begin, int64_t end) {
-          thread_local std::vector<float> scores;
-          for (int64_t item = begin; item < end; ++item) {
-            const int64_t t = item / c.num_heads, h = item % c.num_heads;
-            const int32_t num_ctx = batch.positions[t] + 1;
-            if (scores.size() < static_cast<size_t>(num_ctx)) scores.resize(num_ctx);
-            kernels::HeadAttention head{
-                .q = &s.q[t * q_dim + h * head_dim],
-                .k = cache.key(l, batch.slots[t], 0) + (h / group) * head_dim,
-                .v = cache.value(l, batch.slots[t], 0) + (h / group) * head_dim,
-                .row_stride = cache.row_floats(),
-                .num_ctx = num_ctx,
-                .head_dim = head_dim,
-                .scale = scale,
-            };
-            kernels::attend_head(head, scores.data(), &s.attn[t * q_dim + h * head_dim]);
-          }
-        },
-        std::max<int64_t>(1, n * c.num_heads / (8 * pool.num_threads())));
+    for (const BatchSequence& seq : batch.sequences) {
+      pool.parallel_for(seq.num_tokens, [&](int64_t begin, int64_t end) {
+        for (int64_t t = seq.first_token + begin; t < seq.first_token + end; ++t) {
+          kernels::rope(rope_, batch.positions[t], &s.q[t * q_dim], c.num_heads);
+          kernels::rope(rope_, batch.positions[t], &s.k[t * kv_dim], c.num_kv_heads);
+          cache.write(l, seq.block_table, batch.positions[t], &s.k[t * kv_dim], &s.v[t * kv_dim]);
+        }
+      });
+    }
+    for (const BatchSequence& seq : batch.sequences) {
+      kernels::AttentionQuery query{
+          .q = &s.q[seq.first_token * q_dim],
+          .positions = std::span<const int32_t>(&batch.positions[seq.first_token], seq.num_tokens),
+          .num_heads = c.num_heads,
+          .scale = scale};
+      kernels::paged_attention(cache.layer_view(l, seq.block_table), query,
+                               {.out = &s.attn[seq.first_token * q_dim]}, pool);
+    }
     kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
     add_into_x(s.norm);
 

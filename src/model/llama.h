@@ -35,10 +35,11 @@ class LlamaModel {
   const ModelConfig& config() const { return config_; }
   const Weights& weights() const { return weights_; }
 
-  // Runs `batch`, writing each token's K/V into `cache` at (slot, position); each token attends
-  // to positions [0, position] of its slot. Fills `logits` with [batch.num_logits()][vocab]
-  // rows, in batch order of the tokens that asked for them. Throws sieve::Error for tokens
-  // outside the vocabulary or positions outside the cache.
+  // Runs `batch`, writing each token's K/V into `cache` through its sequence's block table;
+  // each token attends to positions [0, position] of its sequence. Fills `logits` with
+  // [batch.num_logits()][vocab] rows, in batch order of the tokens that asked for them. Throws
+  // sieve::Error for tokens outside the vocabulary, pages outside the cache or positions
+  // outside the block table.
   void forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& scratch,
                std::vector<float>& logits) const;
 

@@ -25,12 +25,13 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Logits of every position of `tokens`, fed one token per forward call.
 std::vector<float> token_by_token(const model::LlamaModel& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
-  model::KvCache cache(m.config(), 1, static_cast<int32_t>(tokens.size()));
+  auto [cache, table] = model::KvCache::for_one_sequence(m.config(), static_cast<int32_t>(tokens.size()));
   model::ForwardScratch scratch;
   std::vector<float> all, logits;
   for (size_t i = 0; i < tokens.size(); ++i) {
     model::Batch batch;
-    batch.add(tokens[i], static_cast<int32_t>(i), 0, true);
+    batch.begin_sequence(table);
+    batch.add(tokens[i], static_cast<int32_t>(i), true);
     m.forward(batch, cache, pool, scratch, logits);
     all.insert(all.end(), logits.begin(), logits.end());
   }
@@ -41,10 +42,12 @@ TEST(Forward, PrefillBatchEqualsTokenByToken) {
   model::LoadedModel loaded = load();
   ThreadPool pool(3);
   std::vector<int32_t> tokens = loaded.tokenizer->encode("Once upon a time there was a little girl named Lily.");
-  model::KvCache cache(loaded.model->config(), 1, static_cast<int32_t>(tokens.size()));
+  auto [cache, table] =
+      model::KvCache::for_one_sequence(loaded.model->config(), static_cast<int32_t>(tokens.size()), 4);
   model::ForwardScratch scratch;
   model::Batch batch;
-  for (size_t i = 0; i < tokens.size(); ++i) batch.add(tokens[i], static_cast<int32_t>(i), 0, true);
+  batch.begin_sequence(table);
+  for (size_t i = 0; i < tokens.size(); ++i) batch.add(tokens[i], static_cast<int32_t>(i), true);
   std::vector<float> batched;
   loaded.model->forward(batch, cache, pool, scratch, batched);
   EXPECT_LT(max_abs_diff(batched, token_by_token(*loaded.model, tokens, pool)), 1e-4f);
@@ -55,15 +58,17 @@ TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
   ThreadPool pool(2);
   const std::vector<std::string> prompts = {"Once upon a time", "The dog ran to the big red ball and",
                                             "Sara"};
-  model::KvCache cache(loaded.model->config(), 3, 64);
+  // Pages of 4 tokens, handed out interleaved and out of order between the sequences.
+  model::KvCache cache(loaded.model->config(), 16, 4);
+  const std::vector<std::vector<int32_t>> tables = {{9, 2, 14}, {5, 11, 0, 7, 3}, {12}};
   model::ForwardScratch scratch;
   model::Batch batch;
   std::vector<std::vector<int32_t>> encoded;
   for (size_t s = 0; s < prompts.size(); ++s) {
     encoded.push_back(loaded.tokenizer->encode(prompts[s]));
-    for (size_t i = 0; i < encoded[s].size(); ++i) {
-      batch.add(encoded[s][i], static_cast<int32_t>(i), static_cast<int32_t>(s), true);
-    }
+    ASSERT_LE(encoded[s].size(), tables[s].size() * 4);
+    batch.begin_sequence(tables[s]);
+    for (size_t i = 0; i < encoded[s].size(); ++i) batch.add(encoded[s][i], static_cast<int32_t>(i), true);
   }
   std::vector<float> batched;
   loaded.model->forward(batch, cache, pool, scratch, batched);
@@ -77,17 +82,23 @@ TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
   }
 }
 
-TEST(Forward, RejectsPositionsOutsideTheCacheAndBadTokens) {
+TEST(Forward, RejectsPositionsOutsideTheBlockTableBadPagesAndBadTokens) {
   model::LoadedModel loaded = load();
   ThreadPool pool(1);
-  model::KvCache cache(loaded.model->config(), 1, 4);
+  model::KvCache cache(loaded.model->config(), 2, 4);
   model::ForwardScratch scratch;
   std::vector<float> logits;
   model::Batch batch;
-  batch.add(1, 4, 0, true);
+  batch.begin_sequence({0});
+  batch.add(1, 4, true);  // the block table covers positions 0..3
   EXPECT_THROW(loaded.model->forward(batch, cache, pool, scratch, logits), Error);
   batch.clear();
-  batch.add(512, 0, 0, true);
+  batch.begin_sequence({0});
+  batch.add(512, 0, true);  // vocabulary has 512 tokens
+  EXPECT_THROW(loaded.model->forward(batch, cache, pool, scratch, logits), Error);
+  batch.clear();
+  batch.begin_sequence({2});  // page 2 does not exist
+  batch.add(1, 0, true);
   EXPECT_THROW(loaded.model->forward(batch, cache, pool, scratch, logits), Error);
 }
 

@@ -89,7 +89,9 @@ TEST(Quantize, EveryTypeLoadsAndTracksF32) {
     eval::ModelAgreement agreement = eval::compare_models(*reference.model, *candidate.model, prompts, 32, pool);
     EXPECT_EQ(agreement.steps, 64);
     if (std::string(type) == "f32") {
-      EXPECT_EQ(agreement.max_abs_logit_error, 0.0);
+      // Same weights; only the attention kernel's summation order differs between the
+      // reference's token-by-token decode and the candidate's one-batch prefill.
+      EXPECT_LT(agreement.max_abs_logit_error, 1e-4);
       EXPECT_EQ(agreement.free_run_tokens, agreement.free_run_total);
     } else {
       EXPECT_GT(agreement.max_abs_logit_error, 0.0);

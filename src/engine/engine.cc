@@ -1,0 +1,314 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "util/error.h"
+
+namespace sieve::engine {
+
+namespace {
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model) {
+  if (config.num_kv_pages > 0) return config.num_kv_pages;
+  const size_t page_bytes = model::KvCache::bytes_per_page(model, config.page_size);
+  const uint64_t pages = config.kv_memory_bytes / page_bytes;
+  if (pages == 0) {
+    fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens)", config.kv_memory_bytes,
+         page_bytes, config.page_size);
+  }
+  return static_cast<int32_t>(std::min<uint64_t>(pages, 1u << 30));
+}
+
+}  // namespace
+
+struct Engine::PendingRequest {
+  RequestId id = 0;
+  Request request;
+  std::shared_ptr<EventSink> sink;
+  Clock::time_point arrival;
+};
+
+// One sequence: one sample of one request.
+struct Engine::Sample {
+  RequestId request_id = 0;
+  int32_t sample_idx = 0;
+  std::shared_ptr<EventSink> sink;
+  SamplingParams params;
+  Sampler sampler;
+  StopMatcher stop;
+  int32_t num_prompt_tokens = 0;
+  int32_t num_samples_to_fork = 0;  // n - 1 on the first sample until its first token
+  Clock::time_point arrival;
+  std::optional<Clock::time_point> first_scheduled;
+  int32_t cached_prompt_tokens = 0;
+  Timings timings;
+
+  Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink, const SamplingParams& p,
+         std::span<const TokenId> eos, int32_t prompt_tokens, Clock::time_point arrived)
+      : request_id(request),
+        sample_idx(idx),
+        sink(std::move(event_sink)),
+        params(p),
+        sampler(p, eos),
+        stop(p, eos),
+        num_prompt_tokens(prompt_tokens),
+        arrival(arrived) {}
+};
+
+Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
+               std::shared_ptr<const tok::Tokenizer> tokenizer)
+    : config_(config),
+      model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      eos_ids_(tokenizer_->eog_ids().begin(), tokenizer_->eog_ids().end()),
+      pool_(config.threads),
+      kv_(kv::KvConfig{.num_pages = pages_for(config, model_->config()),
+                       .page_size = config.page_size,
+                       .enable_prefix_caching = config.enable_prefix_caching}),
+      cache_(model_->config(), kv_.num_pages(), config.page_size),
+      scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
+                                        .max_num_seqs = config.max_num_seqs,
+                                        .max_queued = config.max_queued,
+                                        .max_model_len = static_cast<int32_t>(model_->config().context_length)},
+                 kv_),
+      runner_(*model_, cache_, pool_) {
+  config_.num_kv_pages = kv_.num_pages();
+  published_stats_.kv = kv_.stats();
+}
+
+Engine::~Engine() { stop(); }
+
+std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sink) {
+  const int64_t context = model_->config().context_length;
+  const auto prompt_len = static_cast<int64_t>(request.prompt.size());
+  if (prompt_len == 0) return Rejection{SubmitError::kEmptyPrompt, "the prompt is empty"};
+  if (auto problem = check_sampling_params(request.params, static_cast<int32_t>(model_->config().vocab_size))) {
+    return Rejection{SubmitError::kInvalidParams, *problem};
+  }
+  for (TokenId token : request.prompt) {
+    if (token < 0 || token >= model_->config().vocab_size) {
+      return Rejection{SubmitError::kInvalidParams, fmt::format("prompt token id {} is outside the vocabulary", token)};
+    }
+  }
+  if (prompt_len >= context) {
+    return Rejection{SubmitError::kTooLong,
+                     fmt::format("the prompt has {} tokens but the context is {} (at least one "
+                                 "token must be generated)", prompt_len, context)};
+  }
+  if (!request.params.max_tokens) request.params.max_tokens = static_cast<int32_t>(context - prompt_len);
+  if (prompt_len + *request.params.max_tokens > context) {
+    return Rejection{SubmitError::kTooLong,
+                     fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
+                                 prompt_len, *request.params.max_tokens, context)};
+  }
+  const int64_t pages_needed = (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
+  if (pages_needed > config_.num_kv_pages) {
+    return Rejection{SubmitError::kNeverFits,
+                     fmt::format("the request needs {} KV pages but the pool has {}; lower max_tokens "
+                                 "or give the server more --kv-memory", pages_needed, config_.num_kv_pages)};
+  }
+  std::lock_guard lock(mutex_);
+  if (published_stats_.num_waiting + static_cast<int64_t>(pending_.size()) >= config_.max_queued) {
+    return Rejection{SubmitError::kQueueFull, "the server is at its queue limit; retry later"};
+  }
+  auto pending = std::make_unique<PendingRequest>();
+  pending->id = next_request_id_++;
+  pending->request = std::move(request);
+  pending->sink = std::make_shared<EventSink>(std::move(sink));
+  pending->arrival = Clock::now();
+  const RequestId id = pending->id;
+  pending_.push_back(std::move(pending));
+  work_available_.notify_one();
+  return id;
+}
+
+void Engine::cancel(RequestId id) {
+  std::lock_guard lock(mutex_);
+  cancelled_.push_back(id);
+  work_available_.notify_one();
+}
+
+void Engine::admit_pending() {
+  std::vector<std::unique_ptr<PendingRequest>> pending;
+  {
+    std::lock_guard lock(mutex_);
+    pending.swap(pending_);
+  }
+  for (auto& p : pending) {
+    const sched::SeqId seq{next_seq_id_++};
+    const int32_t n = std::max(1, p->request.params.n);
+    auto sample = std::make_unique<Sample>(p->id, 0, p->sink, params_for_sample(p->request.params, 0), eos_ids_,
+                                           static_cast<int32_t>(p->request.prompt.size()), p->arrival);
+    sample->num_samples_to_fork = n - 1;
+    const int32_t max_new = *p->request.params.max_tokens;
+    const sched::AddResult added = scheduler_.add(seq, std::move(p->request.prompt), max_new);
+    if (added != sched::AddResult::kQueued) {
+      RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
+      event.error = added == sched::AddResult::kQueueFull ? "the server is at its queue limit; retry later"
+                                                           : "the request cannot fit in the KV cache";
+      (*p->sink)(event);
+      continue;
+    }
+    samples_.emplace(seq, std::move(sample));
+  }
+}
+
+void Engine::apply_cancellations() {
+  std::vector<RequestId> cancelled;
+  {
+    std::lock_guard lock(mutex_);
+    cancelled.swap(cancelled_);
+  }
+  for (RequestId id : cancelled) {
+    for (auto it = samples_.begin(); it != samples_.end();) {
+      if (it->second->request_id != id) {
+        ++it;
+        continue;
+      }
+      scheduler_.finish(it->first);
+      RequestEvent event{.request_id = id, .sample_idx = it->second->sample_idx,
+                         .finish = Finish{FinishReason::kStop}, .error = "cancelled"};
+      (*it->second->sink)(event);
+      it = samples_.erase(it);
+    }
+  }
+}
+
+void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
+  Sample& sample = *samples_.at(seq);
+  const auto now = Clock::now();
+  sample.timings.total_seconds = seconds_between(sample.arrival, now);
+  event.usage = {.prompt_tokens = sample.num_prompt_tokens,
+                 .completion_tokens = scheduler_.num_output_tokens(seq),
+                 .cached_prompt_tokens = sample.cached_prompt_tokens};
+  event.timings = std::move(sample.timings);
+  scheduler_.finish(seq);
+}
+
+void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<float>& logits) {
+  const int64_t vocab = model_->config().vocab_size;
+  const auto now = Clock::now();
+  int64_t row = 0;
+  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
+    Sample& first = *samples_.at(scheduled.seq_id);
+    if (!first.first_scheduled) {
+      first.first_scheduled = now;
+      first.timings.queue_seconds = seconds_between(first.arrival, now);
+      first.cached_prompt_tokens = scheduled.num_computed_before;
+    }
+    if (scheduled.num_computed_before < first.num_prompt_tokens) {
+      num_prompt_tokens_computed_ += std::min(scheduled.num_new_tokens, first.num_prompt_tokens - scheduled.num_computed_before);
+    }
+    if (!scheduled.samples) continue;
+    std::span<const float> row_logits(&logits[row++ * vocab], vocab);
+
+    // n > 1: the other samples start here, sharing every prompt page, from the same logits.
+    std::vector<sched::SeqId> seqs = {scheduled.seq_id};
+    for (int32_t i = 1; i <= first.num_samples_to_fork; ++i) {
+      const sched::SeqId child{next_seq_id_++};
+      scheduler_.fork(scheduled.seq_id, child);
+      auto sample = std::make_unique<Sample>(first.request_id, i, first.sink, params_for_sample(first.params, i),
+                                             eos_ids_, first.num_prompt_tokens, first.arrival);
+      sample->first_scheduled = first.first_scheduled;
+      sample->timings.queue_seconds = first.timings.queue_seconds;
+      sample->cached_prompt_tokens = first.cached_prompt_tokens;
+      samples_.emplace(child, std::move(sample));
+      seqs.push_back(child);
+    }
+    first.num_samples_to_fork = 0;
+
+    for (sched::SeqId seq : seqs) {
+      Sample& sample = *samples_.at(seq);
+      std::span<const int32_t> tokens = scheduler_.tokens(seq);
+      const SequenceTokens history{.prompt = tokens.first(sample.num_prompt_tokens),
+                                   .output = tokens.subspan(sample.num_prompt_tokens)};
+      SampleResult result = sample.sampler.sample(row_logits, history);
+      scheduler_.append_token(seq, result.token);
+      ++num_generated_tokens_;
+      sample.timings.token_seconds.push_back(seconds_between(sample.arrival, now));
+      if (sample.timings.token_seconds.size() == 1) sample.timings.first_token_seconds = sample.timings.token_seconds[0];
+
+      StopUpdate update = sample.stop.push(result.token, tokenizer_->token_to_piece(result.token));
+      if (!update.finish && static_cast<int64_t>(scheduler_.tokens(seq).size()) >= model_->config().context_length) {
+        StopUpdate rest = sample.stop.finish(FinishReason::kLength);
+        update.text += rest.text;
+        update.finish = rest.finish;
+      }
+      RequestEvent event{.request_id = sample.request_id, .sample_idx = sample.sample_idx,
+                         .tokens = {result.token}, .text = std::move(update.text)};
+      if (sample.params.logprobs) event.logprobs.push_back(std::move(result));
+      event.finish = update.finish;
+      if (update.finish) finish_sample(seq, event);
+      (*sample.sink)(event);
+      if (update.finish) samples_.erase(seq);
+    }
+  }
+}
+
+bool Engine::step() {
+  apply_cancellations();
+  admit_pending();
+  sched::ScheduleOutput out = scheduler_.schedule();
+  bool did_work = !out.empty();
+  if (did_work) {
+    const std::vector<float>& logits =
+        runner_.run(out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); });
+    scheduler_.on_step_done(out);
+    postprocess(out, logits);
+    ++num_steps_;
+  }
+  EngineStats stats{.num_running = scheduler_.stats().num_running,
+                    .num_waiting = scheduler_.stats().num_waiting,
+                    .num_preemptions = scheduler_.stats().num_preemptions,
+                    .num_steps = num_steps_,
+                    .num_prompt_tokens_computed = num_prompt_tokens_computed_,
+                    .num_generated_tokens = num_generated_tokens_,
+                    .kv = kv_.stats()};
+  std::lock_guard lock(mutex_);
+  published_stats_ = stats;
+  return did_work;
+}
+
+void Engine::run_until_idle() {
+  for (;;) {
+    const bool did_work = step();
+    std::lock_guard lock(mutex_);
+    if (!did_work && pending_.empty() && cancelled_.empty() && scheduler_.idle()) return;
+  }
+}
+
+void Engine::start() {
+  if (loop_.joinable()) return;
+  stop_requested_ = false;
+  loop_ = std::thread([this] {
+    while (!stop_requested_) {
+      if (step()) continue;
+      std::unique_lock lock(mutex_);
+      work_available_.wait_for(lock, std::chrono::milliseconds(50), [&] {
+        return stop_requested_ || !pending_.empty() || !cancelled_.empty();
+      });
+    }
+  });
+}
+
+void Engine::stop() {
+  if (!loop_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    stop_requested_ = true;
+    work_available_.notify_all();
+  }
+  loop_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mutex_);
+  return published_stats_;
+}
+
+}  // namespace sieve::engine

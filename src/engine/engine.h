@@ -1,0 +1,163 @@
+#pragma once
+// The serving engine: continuous batching over a paged KV cache.
+//
+// The path of one request:
+//   Request (prompt ids + SamplingParams)
+//     └─ Engine::submit ──► Scheduler waiting queue (one sequence per sample)
+//   Engine::step():
+//     out    = scheduler.schedule()             ids and counts: who computes which tokens
+//     logits = runner.run(out)                  block tables → Batch → LlamaModel::forward
+//     postprocess(out, logits)                  Sampler → StopMatcher → RequestEvent → sink
+//   finished or cancelled ──► Scheduler::finish ──► pages back to the pool in the same step
+//
+// Threading: submit() and cancel() may be called from any thread; step() runs on one thread
+// (the caller's, or the engine's own loop after start()). Event sinks are called on that
+// thread and must not block.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "engine/sampler.h"
+#include "engine/stop_matcher.h"
+#include "kv/kv_manager.h"
+#include "model/kv_cache.h"
+#include "model/llama.h"
+#include "sched/scheduler.h"
+#include "tokenizer/tokenizer.h"
+#include "util/thread_pool.h"
+
+namespace sieve::engine {
+
+using RequestId = uint64_t;
+using Clock = std::chrono::steady_clock;
+
+struct EngineConfig {
+  int32_t num_kv_pages = 0;          // 0: derived from kv_memory_bytes
+  uint64_t kv_memory_bytes = 256ull << 20;
+  int32_t page_size = 16;
+  int32_t max_batch_tokens = 512;
+  int32_t max_num_seqs = 64;
+  int32_t max_queued = 1024;
+  bool enable_prefix_caching = true;
+  int threads = 0;  // 0: all cores
+};
+
+struct Request {
+  std::vector<TokenId> prompt;
+  SamplingParams params;
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;
+};
+
+struct Timings {
+  double queue_seconds = 0.0;        // arrival to first scheduled
+  double first_token_seconds = 0.0;  // arrival to first sampled token (TTFT)
+  double total_seconds = 0.0;        // arrival to finish
+  std::vector<double> token_seconds; // arrival to each sampled token
+};
+
+// One step's news for one sample of one request.
+struct RequestEvent {
+  RequestId request_id = 0;
+  int32_t sample_idx = 0;
+  std::vector<TokenId> tokens;  // sampled this step (one per step today)
+  std::string text;             // text now safe to stream (may be empty: held back)
+  std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
+  std::optional<Finish> finish;
+  std::optional<std::string> error;  // the request failed; finish is set too
+  Usage usage;                       // meaningful with finish
+  Timings timings;                   // meaningful with finish
+};
+using EventSink = std::function<void(const RequestEvent&)>;
+
+enum class SubmitError { kInvalidParams, kEmptyPrompt, kTooLong, kNeverFits, kQueueFull };
+struct Rejection {
+  SubmitError error;
+  std::string message;
+};
+
+struct EngineStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t num_prompt_tokens_computed = 0;
+  int64_t num_generated_tokens = 0;
+  kv::KvStats kv;
+};
+
+class Engine {
+ public:
+  Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
+         std::shared_ptr<const tok::Tokenizer> tokenizer);
+  ~Engine();
+
+  // Validates and queues a request; its events go to `sink`.
+  std::variant<RequestId, Rejection> submit(Request request, EventSink sink);
+  // Stops a request; its pages are freed at the start of the next step. Unknown ids are ignored.
+  void cancel(RequestId id);
+
+  // One iteration on the calling thread. False when there was nothing to do.
+  bool step();
+  void run_until_idle();
+  // A background thread that steps while there is work and sleeps otherwise.
+  void start();
+  void stop();
+
+  EngineStats stats() const;
+  const EngineConfig& config() const { return config_; }
+  const model::LlamaModel& model() const { return *model_; }
+
+ private:
+  struct Sample;
+  struct PendingRequest;
+  void admit_pending();
+  void apply_cancellations();
+  void postprocess(const sched::ScheduleOutput& out, const std::vector<float>& logits);
+  void finish_sample(sched::SeqId seq, RequestEvent& event);
+
+  EngineConfig config_;
+  std::shared_ptr<const model::LlamaModel> model_;
+  std::shared_ptr<const tok::Tokenizer> tokenizer_;
+  std::vector<TokenId> eos_ids_;
+  ThreadPool pool_;
+  kv::KvManager kv_;
+  model::KvCache cache_;
+  sched::Scheduler scheduler_;
+  ModelRunner runner_;
+
+  // Owned by the stepping thread.
+  std::unordered_map<sched::SeqId, std::unique_ptr<Sample>> samples_;
+  uint64_t next_seq_id_ = 1;
+  int64_t num_steps_ = 0;
+  int64_t num_prompt_tokens_computed_ = 0;
+  int64_t num_generated_tokens_ = 0;
+
+  // Shared with submit()/cancel() callers.
+  mutable std::mutex mutex_;
+  std::condition_variable work_available_;
+  std::vector<std::unique_ptr<PendingRequest>> pending_;
+  std::vector<RequestId> cancelled_;
+  std::atomic<RequestId> next_request_id_{1};
+  EngineStats published_stats_;
+
+  std::thread loop_;
+  std::atomic<bool> stop_requested_{false};
+};
+
+}  // namespace sieve::engine

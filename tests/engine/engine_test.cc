@@ -1,0 +1,258 @@
+// The batched engine against single-sequence runs: continuous batching, preemption, prefix
+// caching and parallel sampling must not change what any request generates, and every page
+// must be back in the pool afterwards.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "engine/generator.h"
+#include "model/loader.h"
+#include "model/model_file.h"
+#include "shared_data.h"
+
+namespace sieve::engine {
+namespace {
+
+model::LoadedModel load_stories() { return model::load_model({testing::shared_path("models/stories260K.gguf"), ""}); }
+
+// A generated GQA model (8 query heads / 2 KV heads) with the llama SPM vocabulary.
+model::LoadedModel load_generated() {
+  static const std::string path = [] {
+    std::string p = (std::filesystem::temp_directory_path() / ("sieve_engine_test_" + std::to_string(::getpid()) + ".gguf")).string();
+    ThreadPool pool(2);
+    model::write_random_model({.dim = 128, .num_layers = 2, .num_heads = 8, .num_kv_heads = 2, .ffn_dim = 256,
+                               .context_length = 2048, .rope_base = 500000.0f, .dtype = kernels::DType::kQ8_0,
+                               .vocab_path = testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf"),
+                               .seed = 3},
+                              p, pool);
+    return p;
+  }();
+  return model::load_model({path, ""});
+}
+
+// 32 prompts of different lengths: sentence starts from the TinyStories text.
+std::vector<std::vector<TokenId>> prompts(const tok::Tokenizer& tokenizer, size_t count = 32) {
+  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  std::vector<std::vector<TokenId>> out;
+  size_t start = 0;
+  for (size_t i = 0; out.size() < count; ++i) {
+    size_t end = text.find('.', start);
+    std::string sentence = text.substr(start, std::min<size_t>(end - start, 20 + 7 * (i % 9)));
+    start = end + 2;
+    out.push_back(tokenizer.encode(sentence));
+  }
+  return out;
+}
+
+struct Outcome {
+  std::vector<TokenId> tokens;
+  std::string text;
+  std::optional<Finish> finish;
+  std::optional<std::string> error;
+  Usage usage;
+};
+
+// Runs requests through one engine; outcomes keyed by (request index, sample index).
+std::map<std::pair<size_t, int>, Outcome> run(Engine& engine, const std::vector<Request>& requests) {
+  std::map<std::pair<size_t, int>, Outcome> outcomes;
+  std::map<RequestId, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto submitted = engine.submit(requests[i], [&outcomes, &index](const RequestEvent& event) {
+      Outcome& o = outcomes[{index.at(event.request_id), event.sample_idx}];
+      o.tokens.insert(o.tokens.end(), event.tokens.begin(), event.tokens.end());
+      o.text += event.text;
+      if (event.finish) {
+        o.finish = event.finish;
+        o.usage = event.usage;
+      }
+      if (event.error) o.error = event.error;
+    });
+    EXPECT_TRUE(std::holds_alternative<RequestId>(submitted));
+    index[std::get<RequestId>(submitted)] = i;
+  }
+  engine.run_until_idle();
+  return outcomes;
+}
+
+Request greedy(std::vector<TokenId> prompt, int32_t max_tokens) {
+  Request request{.prompt = std::move(prompt)};
+  request.params.max_tokens = max_tokens;
+  request.params.ignore_eos = true;
+  return request;
+}
+
+EngineConfig config(int32_t num_pages, int32_t max_batch_tokens = 256, bool prefix_caching = true) {
+  return {.num_kv_pages = num_pages, .page_size = 16, .max_batch_tokens = max_batch_tokens,
+          .max_num_seqs = 64, .max_queued = 256, .enable_prefix_caching = prefix_caching, .threads = 2};
+}
+
+void expect_all_pages_free(const Engine& engine) {
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.kv.num_free_pages, stats.kv.num_pages) << "KV pages leaked";
+  EXPECT_EQ(stats.num_running, 0);
+  EXPECT_EQ(stats.num_waiting, 0);
+}
+
+class BatchedEqualsAlone : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BatchedEqualsAlone, ThirtyTwoPromptsTogetherGiveTheTokensEachGivesAlone) {
+  model::LoadedModel loaded = GetParam() ? load_generated() : load_stories();
+  const auto all_prompts = prompts(*loaded.tokenizer);
+  std::vector<Request> requests;
+  for (const auto& p : all_prompts) requests.push_back(greedy(p, 24));
+
+  Engine together(config(512), loaded.model, loaded.tokenizer);
+  auto batched = run(together, requests);
+  expect_all_pages_free(together);
+  EXPECT_GT(together.stats().num_steps, 0);
+
+  ThreadPool pool(2);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::vector<TokenId> alone;
+    generate(*loaded.model, requests[i].prompt, {.max_tokens = 24, .sampling = {.temperature = 0.0f}}, pool,
+             [&](TokenId t, std::span<const float>) {
+               alone.push_back(t);
+               return true;
+             });
+    const Outcome& o = batched.at({i, 0});
+    EXPECT_EQ(o.tokens, alone) << "prompt " << i;
+    ASSERT_TRUE(o.finish.has_value());
+    EXPECT_EQ(o.finish->reason, FinishReason::kLength);
+    EXPECT_EQ(o.usage.completion_tokens, 24);
+    EXPECT_EQ(o.usage.prompt_tokens, static_cast<int32_t>(requests[i].prompt.size()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, BatchedEqualsAlone, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "GeneratedGqa" : "Stories260K"; });
+
+TEST(Engine, PreemptionUnderASmallPoolKeepsOutputsIdentical) {
+  model::LoadedModel loaded = load_stories();
+  const auto all_prompts = prompts(*loaded.tokenizer, 16);
+  std::vector<Request> requests;
+  for (const auto& p : all_prompts) requests.push_back(greedy(p, 40));
+
+  Engine roomy(config(512), loaded.model, loaded.tokenizer);
+  auto expected = run(roomy, requests);
+  EXPECT_EQ(roomy.stats().num_preemptions, 0);
+
+  Engine tight(config(12, 64), loaded.model, loaded.tokenizer);  // 192 tokens of KV for 16 requests
+  auto got = run(tight, requests);
+  EXPECT_GT(tight.stats().num_preemptions, 0);
+  for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got.at({i, 0}).tokens, expected.at({i, 0}).tokens) << i;
+  expect_all_pages_free(tight);
+  expect_all_pages_free(roomy);
+}
+
+TEST(Engine, RepeatedPromptHitsThePrefixCache) {
+  model::LoadedModel loaded = load_stories();
+  std::vector<TokenId> prompt = loaded.tokenizer->encode(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog.");
+  ASSERT_GT(prompt.size(), 32u);
+  Engine engine(config(128), loaded.model, loaded.tokenizer);
+  auto first = run(engine, {greedy(prompt, 16)});
+  const EngineStats after_first = engine.stats();
+  auto second = run(engine, {greedy(prompt, 16)});
+  const EngineStats after_second = engine.stats();
+  EXPECT_EQ(second.at({0, 0}).tokens, first.at({0, 0}).tokens);
+  const int64_t cached = (static_cast<int64_t>(prompt.size()) - 1) / 16 * 16;
+  EXPECT_EQ(after_second.kv.num_prefix_hit_tokens - after_first.kv.num_prefix_hit_tokens, cached);
+  EXPECT_EQ(second.at({0, 0}).usage.cached_prompt_tokens, cached);
+  EXPECT_EQ(after_second.num_prompt_tokens_computed - after_first.num_prompt_tokens_computed,
+            static_cast<int64_t>(prompt.size()) - cached);
+  expect_all_pages_free(engine);
+}
+
+TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) {
+  model::LoadedModel loaded = load_stories();
+  std::vector<TokenId> prompt = loaded.tokenizer->encode("Once upon a time, there was a big dog who");
+  Request request{.prompt = prompt};
+  request.params.temperature = 0.9f;
+  request.params.top_k = 40;
+  request.params.seed = 1234;
+  request.params.max_tokens = 32;
+  request.params.ignore_eos = true;
+  request.params.n = 4;
+
+  Engine engine(config(128, 256, /*prefix_caching=*/false), loaded.model, loaded.tokenizer);
+  auto together = run(engine, {request});
+  expect_all_pages_free(engine);
+  ASSERT_EQ(together.size(), 4u);
+  // The prompt was computed once for all four samples.
+  EXPECT_EQ(engine.stats().num_prompt_tokens_computed, static_cast<int64_t>(prompt.size()));
+
+  std::set<std::vector<TokenId>> distinct;
+  for (int i = 0; i < 4; ++i) {
+    Engine alone_engine(config(128, 256, false), loaded.model, loaded.tokenizer);
+    auto alone = run(alone_engine, {Request{.prompt = prompt, .params = params_for_sample(request.params, i)}});
+    EXPECT_EQ(together.at({0, i}).tokens, alone.at({0, 0}).tokens) << "sample " << i;
+    distinct.insert(together.at({0, i}).tokens);
+  }
+  EXPECT_GT(distinct.size(), 1u) << "samples with different seeds should differ";
+}
+
+TEST(Engine, CancelFreesPagesAndRejectionsAreClear) {
+  model::LoadedModel loaded = load_stories();
+  Engine engine(config(8), loaded.model, loaded.tokenizer);  // 128 tokens of KV
+  auto too_big = engine.submit(greedy(std::vector<TokenId>(100, 5), 100), [](const RequestEvent&) {});
+  ASSERT_TRUE(std::holds_alternative<Rejection>(too_big));
+  EXPECT_EQ(std::get<Rejection>(too_big).error, SubmitError::kNeverFits);
+  auto too_long = engine.submit(greedy(std::vector<TokenId>(600, 5), 1), [](const RequestEvent&) {});
+  ASSERT_TRUE(std::holds_alternative<Rejection>(too_long));
+  EXPECT_EQ(std::get<Rejection>(too_long).error, SubmitError::kTooLong);
+  EXPECT_NE(std::get<Rejection>(too_long).message.find("600"), std::string::npos);
+
+  std::optional<std::string> error;
+  int tokens = 0;
+  auto id = engine.submit(greedy(loaded.tokenizer->encode("Once upon a time"), 100), [&](const RequestEvent& e) {
+    tokens += static_cast<int>(e.tokens.size());
+    if (e.error) error = e.error;
+  });
+  ASSERT_TRUE(std::holds_alternative<RequestId>(id));
+  engine.step();
+  engine.step();
+  engine.cancel(std::get<RequestId>(id));
+  engine.run_until_idle();
+  EXPECT_EQ(error, "cancelled");
+  EXPECT_EQ(tokens, 2);
+  expect_all_pages_free(engine);
+}
+
+TEST(Engine, BackgroundLoopServesConcurrentSubmitters) {
+  model::LoadedModel loaded = load_stories();
+  Engine engine(config(256), loaded.model, loaded.tokenizer);
+  engine.start();
+  std::mutex mutex;
+  std::condition_variable done;
+  int finished = 0;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      auto id = engine.submit(greedy(loaded.tokenizer->encode("Lily and Ben"), 8 + c), [&](const RequestEvent& e) {
+        if (!e.finish) return;
+        std::lock_guard lock(mutex);
+        ++finished;
+        done.notify_all();
+      });
+      EXPECT_TRUE(std::holds_alternative<RequestId>(id));
+    });
+  }
+  for (auto& t : clients) t.join();
+  std::unique_lock lock(mutex);
+  EXPECT_TRUE(done.wait_for(lock, std::chrono::seconds(30), [&] { return finished == 4; }));
+  lock.unlock();
+  engine.stop();
+  expect_all_pages_free(engine);
+}
+
+}  // namespace
+}  // namespace sieve::engine
