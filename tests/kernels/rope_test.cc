@@ -1,11 +1,10 @@
-// RoPE and single-head attention against direct formulas.
+// RoPE against the direct formula.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
-#include "kernels/attention.h"
 #include "kernels/rope.h"
 
 namespace sieve::kernels {
@@ -54,32 +53,6 @@ TEST(Rope, PositionZeroIsIdentity) {
   std::vector<float> x = random_vector(32, 3), y = x;
   rope(params, 0, y.data(), 2);
   EXPECT_EQ(x, y);
-}
-
-TEST(Attention, MatchesNaiveSoftmaxInDouble) {
-  for (int64_t num_ctx : {1, 2, 7, 33, 300}) {
-    const int64_t head_dim = 24, stride = 3 * head_dim;  // rows interleaved with other heads
-    std::vector<float> q = random_vector(head_dim, 4), k = random_vector(num_ctx * stride, 5),
-                       v = random_vector(num_ctx * stride, 6);
-    const float scale = 1.0f / std::sqrt(float(head_dim));
-    std::vector<float> scores(num_ctx), out(head_dim);
-    attend_head({q.data(), k.data() + head_dim, v.data() + head_dim, stride, num_ctx, head_dim, scale},
-                scores.data(), out.data());
-    std::vector<double> logits(num_ctx);
-    double max_logit = -1e300, total = 0;
-    for (int64_t t = 0; t < num_ctx; ++t) {
-      double s = 0;
-      for (int64_t d = 0; d < head_dim; ++d) s += double(q[d]) * k[t * stride + head_dim + d];
-      logits[t] = s * scale;
-      max_logit = std::max(max_logit, logits[t]);
-    }
-    for (double& l : logits) total += (l = std::exp(l - max_logit));
-    for (int64_t d = 0; d < head_dim; ++d) {
-      double want = 0;
-      for (int64_t t = 0; t < num_ctx; ++t) want += logits[t] / total * v[t * stride + head_dim + d];
-      EXPECT_NEAR(out[d], want, 1e-5) << "num_ctx " << num_ctx << " d " << d;
-    }
-  }
 }
 
 }  // namespace
