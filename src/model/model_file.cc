@@ -7,34 +7,13 @@
 #include <optional>
 
 #include "gguf/gguf.h"
+#include "model/weights.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace sieve::model {
 
 namespace {
-
-gguf::TensorType to_tensor_type(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::kF32: return gguf::TensorType::kF32;
-    case kernels::DType::kF16: return gguf::TensorType::kF16;
-    case kernels::DType::kBF16: return gguf::TensorType::kBF16;
-    case kernels::DType::kQ8_0: return gguf::TensorType::kQ8_0;
-    case kernels::DType::kQ4_0: return gguf::TensorType::kQ4_0;
-  }
-  return gguf::TensorType::kF32;
-}
-
-std::optional<kernels::DType> from_tensor_type(gguf::TensorType type) {
-  switch (type) {
-    case gguf::TensorType::kF32: return kernels::DType::kF32;
-    case gguf::TensorType::kF16: return kernels::DType::kF16;
-    case gguf::TensorType::kBF16: return kernels::DType::kBF16;
-    case gguf::TensorType::kQ8_0: return kernels::DType::kQ8_0;
-    case gguf::TensorType::kQ4_0: return kernels::DType::kQ4_0;
-    default: return std::nullopt;
-  }
-}
 
 // llama.cpp's general.file_type values ("mostly X").
 uint32_t file_type(kernels::DType dtype) {
@@ -186,7 +165,7 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
 
   QuantizeReport report;
   for (const gguf::TensorInfo& info : input.tensors()) {
-    std::optional<kernels::DType> from = from_tensor_type(info.type);
+    std::optional<kernels::DType> from = to_dtype(info.type);
     if (!from) {
       fail("tensor '{}' has type {}, which sieve cannot convert", info.name, gguf::to_string(info.type));
     }

@@ -8,8 +8,6 @@
 
 namespace sieve::model {
 
-namespace {
-
 std::optional<kernels::DType> to_dtype(gguf::TensorType type) {
   switch (type) {
     case gguf::TensorType::kF32: return kernels::DType::kF32;
@@ -20,6 +18,19 @@ std::optional<kernels::DType> to_dtype(gguf::TensorType type) {
     default: return std::nullopt;
   }
 }
+
+gguf::TensorType to_tensor_type(kernels::DType dtype) {
+  switch (dtype) {
+    case kernels::DType::kF32: return gguf::TensorType::kF32;
+    case kernels::DType::kF16: return gguf::TensorType::kF16;
+    case kernels::DType::kBF16: return gguf::TensorType::kBF16;
+    case kernels::DType::kQ8_0: return gguf::TensorType::kQ8_0;
+    case kernels::DType::kQ4_0: return gguf::TensorType::kQ4_0;
+  }
+  return gguf::TensorType::kF32;
+}
+
+namespace {
 
 class GgufTensors {
  public:

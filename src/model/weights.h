@@ -6,14 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "gguf/gguf.h"
 #include "kernels/ops.h"
 #include "model/config.h"
 
-namespace sieve::gguf {
-class File;
-}
-
 namespace sieve::model {
+
+// The kernels' dtype for a GGUF tensor type (nullopt: sieve cannot compute with it), and back.
+std::optional<kernels::DType> to_dtype(gguf::TensorType type);
+gguf::TensorType to_tensor_type(kernels::DType dtype);
 
 struct LayerWeights {
   std::vector<float> attn_norm;  // [dim]
