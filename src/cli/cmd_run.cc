@@ -3,12 +3,14 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <algorithm>
 #include <random>
 
 #include "cli/commands.h"
 #include "cli/model_options.h"
-#include "engine/generator.h"
-#include "engine/text_stream.h"
+#include "cli/engine_options.h"
+#include "engine/engine.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace sieve::cli {
@@ -17,69 +19,77 @@ namespace {
 
 struct RunOptions {
   ModelOptions model;
+  EngineOptions engine;
   std::string prompt;
   int32_t max_tokens = 128;
   engine::SamplingParams sampling{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f};
   bool no_bos = false;
-  bool ignore_eos = false;
   bool json = false;
 };
 
-void run(const RunOptions& options) {
+void run(RunOptions options) {
   model::LoadedModel loaded = model::load_model(options.model.load_options());
   const tok::Tokenizer& tokenizer = *loaded.tokenizer;
   std::vector<tok::TokenId> prompt =
       tokenizer.encode(options.prompt, {.add_special = !options.no_bos, .parse_special = true});
-  ThreadPool pool(options.model.threads);
-
-  engine::GenerateOptions generate_options{.max_tokens = options.max_tokens,
-                                           .sampling = options.sampling};
-  if (!options.ignore_eos) {
-    generate_options.is_stop_token = [&](tok::TokenId id) { return tokenizer.is_eog(id); };
+  const int64_t context = loaded.model->config().context_length;
+  if (static_cast<int64_t>(prompt.size()) >= context) {
+    fail("the prompt has {} tokens but the model's context is {}", prompt.size(), context);
   }
-  engine::Utf8Stream stream;
+  options.sampling.max_tokens =
+      static_cast<int32_t>(std::min<int64_t>(options.max_tokens, context - static_cast<int64_t>(prompt.size())));
+  // One sequence: the pool needs only the pages this request can fill.
+  engine::EngineConfig config = options.engine.engine_config(options.model.threads);
+  config.num_kv_pages = static_cast<int32_t>((prompt.size() + *options.sampling.max_tokens + config.page_size - 1) /
+                                             config.page_size);
+  engine::Engine engine(config, loaded.model, loaded.tokenizer);
+
   std::vector<tok::TokenId> generated;
   std::string text;
+  engine::RequestEvent last;
   if (!options.json) {
     std::fputs(options.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  engine::GenerationStats stats = engine::generate(
-      *loaded.model, prompt, generate_options, pool,
-      [&](tok::TokenId token, std::span<const float>) {
-        generated.push_back(token);
-        std::string piece = stream.push(tokenizer.token_to_piece(token));
-        text += piece;
-        if (!options.json) {
-          std::fputs(piece.c_str(), stdout);
-          std::fflush(stdout);
-        }
-        return true;
-      });
-  std::string rest = stream.flush();
-  text += rest;
+  auto submitted = engine.submit({.prompt = prompt, .params = options.sampling}, [&](const engine::RequestEvent& event) {
+    generated.insert(generated.end(), event.tokens.begin(), event.tokens.end());
+    text += event.text;
+    if (!options.json) {
+      std::fputs(event.text.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    if (event.finish) last = event;
+  });
+  if (const auto* rejection = std::get_if<engine::Rejection>(&submitted)) fail("{}", rejection->message);
+  engine.run_until_idle();
+  if (last.error) fail("{}", *last.error);
+
+  const engine::Timings& t = last.timings;
+  const double prompt_tps = t.first_token_seconds > 0 ? prompt.size() / t.first_token_seconds : 0.0;
+  const double decode_seconds = t.total_seconds - t.first_token_seconds;
+  const double generate_tps = generated.size() > 1 && decode_seconds > 0 ? (generated.size() - 1) / decode_seconds : 0.0;
+  const std::string finish = last.finish ? std::string(engine::finish_reason_name(last.finish->reason)) : "";
   if (options.json) {
     nlohmann::json out = {
         {"prompt_tokens", prompt},
         {"tokens", generated},
         {"text", text},
+        {"finish_reason", finish},
         {"seed", options.sampling.seed},
-        {"prompt_tokens_per_second", stats.prompt_tokens_per_second()},
-        {"generated_tokens_per_second", stats.generated_tokens_per_second()},
-        {"prompt_seconds", stats.prompt_seconds},
-        {"generate_seconds", stats.generate_seconds},
-        {"threads", pool.num_threads()},
+        {"time_to_first_token_seconds", t.first_token_seconds},
+        {"total_seconds", t.total_seconds},
+        {"prompt_tokens_per_second", prompt_tps},
+        {"generated_tokens_per_second", generate_tps},
+        {"threads", options.model.threads},
     };
     fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
-    fmt::print("{}\n", rest);
+    fmt::print("\n");
     std::fflush(stdout);
     fmt::print(stderr,
-               "\nprompt: {} tokens in {:.3f} s ({:.1f} tokens/s) | generation: {} tokens in "
-               "{:.3f} s ({:.1f} tokens/s) | {} threads\n",
-               stats.prompt_tokens, stats.prompt_seconds, stats.prompt_tokens_per_second(),
-               stats.generated_tokens, stats.generate_seconds,
-               stats.generated_tokens_per_second(), pool.num_threads());
+               "\nprompt: {} tokens, first token after {:.3f} s ({:.1f} tokens/s) | generation: {} tokens "
+               "({:.1f} tokens/s) | finish: {}\n",
+               prompt.size(), t.first_token_seconds, prompt_tps, generated.size(), generate_tps, finish);
   }
 }
 
@@ -108,8 +118,12 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::Range(0.0f, 1.0f));
   command->add_option("--seed", options->sampling.seed, "Random seed (default: random)");
   command->add_flag("--no-bos", options->no_bos, "Do not add the BOS token");
-  command->add_flag("--ignore-eos", options->ignore_eos, "Keep generating after end-of-generation tokens");
+  command->add_flag("--ignore-eos", options->sampling.ignore_eos, "Keep generating after end-of-generation tokens");
   command->add_flag("--json", options->json, "Print one JSON object (tokens, text, speeds) instead of streaming");
+  options->engine.add_to(*command);
+  command->add_option("--repeat-penalty", options->sampling.repetition_penalty, "Repetition penalty (1 = off)")
+      ->capture_default_str();
+  command->add_option("--stop", options->sampling.stop_strings, "Stop string (repeatable)");
   command->callback([options] { run(*options); });
 }
 

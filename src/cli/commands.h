@@ -10,5 +10,7 @@ void add_gen_model_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_perplexity_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_batch_command(CLI::App& app);
+void add_bench_engine_command(CLI::App& app);
 
 }  // namespace sieve::cli

@@ -15,11 +15,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "sieve 0.1.0");
   sieve::cli::add_run_command(app);
+  sieve::cli::add_batch_command(app);
   sieve::cli::add_tokenize_command(app);
   sieve::cli::add_perplexity_command(app);
   sieve::cli::add_quantize_command(app);
   sieve::cli::add_gen_model_command(app);
   sieve::cli::add_bench_command(app);
+  sieve::cli::add_bench_engine_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "shared_data.h"
 
@@ -37,7 +38,7 @@ std::string model() { return testing::shared_path("models/stories260K.gguf"); }
 TEST(Cli, HelpForEveryCommand) {
   Result top = run("--help");
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* command : {"run", "tokenize", "perplexity", "quantize", "gen-model", "bench"}) {
+  for (const char* command : {"run", "batch", "tokenize", "perplexity", "quantize", "gen-model", "bench", "bench-engine"}) {
     EXPECT_NE(top.out.find(command), std::string::npos) << command;
     Result help = run(std::string(command) + " --help");
     EXPECT_EQ(help.exit_code, 0) << command;
@@ -63,6 +64,29 @@ TEST(Cli, RunStreamsTextAndReportsSpeedOnStderr) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.rfind("Once upon a time, there was", 0), 0u) << r.out;
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+}
+
+TEST(Cli, BatchRunsEveryPromptAndMatchesRun) {
+  const std::string path = (std::filesystem::temp_directory_path() / "sieve_cli_prompts.txt").string();
+  {
+    std::ofstream out(path);
+    out << "Once upon a time\n\n{\"prompt\": \"The little dog\", \"max_tokens\": 5}\nLily and Ben\n";
+  }
+  Result r = run("batch -m " + model() + " -f " + path + " -n 12 --json --kv-memory 16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1]["usage"]["completion_tokens"].get<int>(), 5);
+  EXPECT_EQ(lines[0]["usage"]["completion_tokens"].get<int>(), 12);
+  Result alone = run("run -m " + model() + " -p 'Once upon a time' -n 12 --temp 0 --json");
+  ASSERT_EQ(alone.exit_code, 0);
+  EXPECT_EQ(lines[0]["tokens"], nlohmann::json::parse(alone.out)["tokens"]);
+  std::filesystem::remove(path);
+
+  Result bad = run("batch -m " + model() + " -f /nonexistent/prompts.txt", true);
+  EXPECT_NE(bad.exit_code, 0);
 }
 
 TEST(Cli, TokenizeVocabOnlyFile) {

@@ -1,0 +1,36 @@
+#pragma once
+// Options of the commands that run the serving engine (run, batch, and later serve).
+#include <CLI/CLI.hpp>
+
+#include "engine/engine.h"
+
+namespace sieve::cli {
+
+struct EngineOptions {
+  int64_t kv_memory_mib = 512;
+  engine::EngineConfig config;
+
+  void add_to(CLI::App& command) {
+    command.add_option("--kv-memory", kv_memory_mib, "KV cache size in MiB (the page pool)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    command.add_option("--page-size", config.page_size, "Tokens per KV page")->capture_default_str()->check(CLI::Range(1, 4096));
+    command.add_option("--max-batch-tokens", config.max_batch_tokens, "Tokens computed per engine step (chunked prefill)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    command.add_option("--max-num-seqs", config.max_num_seqs, "Sequences running at once")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    command.add_option("--max-queued", config.max_queued, "Requests waiting at most")->capture_default_str()->check(CLI::PositiveNumber);
+    command.add_flag("--no-prefix-caching{false}", config.enable_prefix_caching, "Do not reuse KV pages of earlier prompts");
+  }
+
+  engine::EngineConfig engine_config(int threads) const {
+    engine::EngineConfig c = config;
+    c.kv_memory_bytes = static_cast<uint64_t>(kv_memory_mib) << 20;
+    c.threads = threads;
+    return c;
+  }
+};
+
+}  // namespace sieve::cli

@@ -1,0 +1,269 @@
+#include "eval/engine_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <variant>
+
+#include "engine/engine.h"
+#include "util/error.h"
+
+namespace sieve::eval {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+int32_t pages_for_tokens(int64_t tokens, int32_t page_size) {
+  return static_cast<int32_t>((tokens + page_size - 1) / page_size);
+}
+
+engine::EngineConfig engine_config(const EngineBenchConfig& config, int32_t pages_needed, int32_t max_num_seqs) {
+  engine::EngineConfig ec;
+  ec.page_size = config.page_size;
+  ec.max_batch_tokens = config.max_batch_tokens;
+  ec.max_num_seqs = std::max(1, max_num_seqs);
+  ec.max_queued = std::max(ec.max_queued, max_num_seqs);
+  ec.enable_prefix_caching = false;  // every point pays for every prompt token
+  ec.threads = config.threads;
+  if (config.kv_memory_bytes) {
+    ec.num_kv_pages = 0;
+    ec.kv_memory_bytes = *config.kv_memory_bytes;
+  } else {
+    ec.num_kv_pages = pages_needed;
+  }
+  return ec;
+}
+
+engine::SamplingParams bench_params(int32_t max_tokens) {
+  engine::SamplingParams params;
+  params.temperature = 0.0f;  // greedy
+  params.ignore_eos = true;   // always exactly max_tokens
+  params.max_tokens = max_tokens;
+  return params;
+}
+
+// What one request's finish event left behind.
+struct Finished {
+  bool done = false;
+  std::optional<std::string> error;
+  engine::Usage usage;
+  engine::Timings timings;
+  std::vector<Clock::time_point> token_times;  // when each token's event arrived
+};
+
+engine::RequestId submit_or_fail(engine::Engine& engine, engine::Request request, Finished& slot) {
+  auto submitted = engine.submit(std::move(request), [&slot](const engine::RequestEvent& event) {
+    if (!event.tokens.empty()) slot.token_times.insert(slot.token_times.end(), event.tokens.size(), Clock::now());
+    if (!event.finish) return;
+    slot.done = true;
+    slot.error = event.error;
+    slot.usage = event.usage;
+    slot.timings = event.timings;
+  });
+  if (auto* rejection = std::get_if<engine::Rejection>(&submitted)) {
+    fail("bench-engine: the engine refused a request: {}", rejection->message);
+  }
+  return std::get<engine::RequestId>(submitted);
+}
+
+void check_finished(const Finished& slot) {
+  if (!slot.done) fail("bench-engine: a request never finished");
+  if (slot.error) fail("bench-engine: a request failed: {}", *slot.error);
+}
+
+void check_config(const EngineBenchConfig& config) {
+  if (config.page_size <= 0) fail("--page-size must be positive");
+  if (config.max_batch_tokens <= 0) fail("--max-batch-tokens must be positive");
+  if (config.prompt_tokens <= 0) fail("--prompt-tokens must be positive");
+  if (config.output_tokens <= 0) fail("--output-tokens must be positive");
+  if (config.depth_decode_tokens <= 0) fail("--depth-decode-tokens must be positive");
+  for (int32_t c : config.concurrency) {
+    if (c <= 0) fail("--concurrency values must be positive (got {})", c);
+  }
+  for (int32_t d : config.depths) {
+    if (d < 0) fail("--depths values must be >= 0 (got {})", d);
+  }
+}
+
+}  // namespace
+
+std::vector<int32_t> bench_prompt(int64_t vocab_size, int32_t length, uint64_t index) {
+  constexpr int64_t kFirstId = 3;  // skip llama's unk/bos/eos
+  const int64_t range = std::max<int64_t>(1, vocab_size - kFirstId);
+  const int64_t first = vocab_size > kFirstId ? kFirstId : 0;
+  std::vector<int32_t> prompt(std::max(0, length));
+  const uint64_t stream = splitmix64(index * 0x2545f4914f6cdd1dull + 0x5eed);
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    prompt[i] = static_cast<int32_t>(first + static_cast<int64_t>(splitmix64(stream + i) % range));
+  }
+  return prompt;
+}
+
+ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaModel>& model,
+                                     const std::shared_ptr<const tok::Tokenizer>& tokenizer,
+                                     const EngineBenchConfig& config, int32_t concurrency) {
+  check_config(config);
+  const int64_t vocab = model->config().vocab_size;
+  const int32_t pages_needed =
+      concurrency * pages_for_tokens(int64_t{config.prompt_tokens} + config.output_tokens, config.page_size);
+  engine::Engine engine(engine_config(config, pages_needed, concurrency), model, tokenizer);
+
+  // Prompts are built before the clock starts.
+  std::vector<engine::Request> requests(concurrency);
+  for (int32_t i = 0; i < concurrency; ++i) {
+    // Offset the indices by the concurrency so that no two points share prompts either.
+    requests[i].prompt = bench_prompt(vocab, config.prompt_tokens, (uint64_t{1} << 32) * concurrency + i);
+    requests[i].params = bench_params(config.output_tokens);
+  }
+  std::vector<Finished> finished(concurrency);
+
+  const auto start = Clock::now();
+  for (int32_t i = 0; i < concurrency; ++i) submit_or_fail(engine, std::move(requests[i]), finished[i]);
+  engine.run_until_idle();
+  const double wall = seconds_between(start, Clock::now());
+
+  ConcurrencyPoint point;
+  point.concurrency = concurrency;
+  point.num_kv_pages = engine.config().num_kv_pages;
+  point.wall_seconds = wall;
+  double ttft_sum = 0.0, tpot_sum = 0.0;
+  int32_t tpot_count = 0;
+  for (const Finished& f : finished) {
+    check_finished(f);
+    point.prompt_tokens += f.usage.prompt_tokens;
+    point.generated_tokens += f.usage.completion_tokens;
+    ttft_sum += f.timings.first_token_seconds;
+    if (f.usage.completion_tokens > 1) {
+      tpot_sum += (f.timings.total_seconds - f.timings.first_token_seconds) / (f.usage.completion_tokens - 1);
+      ++tpot_count;
+    }
+  }
+  point.generated_tokens_per_s = wall > 0 ? point.generated_tokens / wall : 0.0;
+  point.total_tokens_per_s = wall > 0 ? (point.prompt_tokens + point.generated_tokens) / wall : 0.0;
+  point.mean_ttft_seconds = ttft_sum / concurrency;
+  point.mean_tpot_seconds = tpot_count > 0 ? tpot_sum / tpot_count : 0.0;
+  // The decode phase: from the moment the last request got its first token (every prompt is
+  // in the cache, all C sequences decode together) to the last token.
+  Clock::time_point all_started = start, last = start;
+  for (const Finished& f : finished) {
+    if (f.token_times.empty()) continue;
+    all_started = std::max(all_started, f.token_times.front());
+    last = std::max(last, f.token_times.back());
+  }
+  for (const Finished& f : finished) {
+    point.decode_phase_tokens += std::count_if(f.token_times.begin(), f.token_times.end(),
+                                               [&](Clock::time_point t) { return t > all_started; });
+  }
+  point.decode_phase_seconds = seconds_between(all_started, last);
+  point.decode_phase_tokens_per_s =
+      point.decode_phase_seconds > 0 ? point.decode_phase_tokens / point.decode_phase_seconds : 0.0;
+  const engine::EngineStats stats = engine.stats();
+  point.steps = stats.num_steps;
+  point.preemptions = stats.num_preemptions;
+  return point;
+}
+
+DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
+                         const std::shared_ptr<const tok::Tokenizer>& tokenizer,
+                         const EngineBenchConfig& config, int32_t depth) {
+  check_config(config);
+  const int64_t vocab = model->config().vocab_size;
+  const int32_t prompt_len = std::max(1, depth);
+  const int32_t max_tokens = config.depth_decode_tokens + 1;
+  const int64_t context = model->config().context_length;
+  if (prompt_len + int64_t{max_tokens} > context) {
+    fail("depth {} + {} tokens exceeds the model's context of {} tokens", prompt_len, max_tokens, context);
+  }
+  const int32_t pages_needed = pages_for_tokens(int64_t{prompt_len} + max_tokens, config.page_size);
+  engine::Engine engine(engine_config(config, pages_needed, 1), model, tokenizer);
+
+  engine::Request request{.prompt = bench_prompt(vocab, prompt_len, (uint64_t{1} << 48) + depth),
+                          .params = bench_params(max_tokens)};
+  Finished finished;
+  submit_or_fail(engine, std::move(request), finished);
+  engine.run_until_idle();
+  check_finished(finished);
+
+  DepthPoint point;
+  point.depth = depth;
+  point.prompt_tokens = prompt_len;
+  point.num_kv_pages = engine.config().num_kv_pages;
+  // Submit to the first sampled token: the whole (chunked) prefill of the prompt.
+  point.prompt_seconds = finished.timings.first_token_seconds;
+  point.prompt_tokens_per_s = point.prompt_seconds > 0 ? prompt_len / point.prompt_seconds : 0.0;
+  const std::vector<double>& ts = finished.timings.token_seconds;
+  if (ts.size() >= 2) {
+    point.decode_tokens = static_cast<int32_t>(ts.size() - 1);
+    point.decode_seconds = ts.back() - ts.front();
+    point.decode_tokens_per_s = point.decode_seconds > 0 ? point.decode_tokens / point.decode_seconds : 0.0;
+  }
+  point.steps = engine.stats().num_steps;
+  return point;
+}
+
+EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel>& model,
+                                   const std::shared_ptr<const tok::Tokenizer>& tokenizer,
+                                   const EngineBenchConfig& config, const EngineBenchProgress& progress) {
+  check_config(config);
+  // Fail before minutes of measuring, not after.
+  const int64_t context = model->config().context_length;
+  for (int32_t d : config.depths) {
+    if (std::max(1, d) + int64_t{config.depth_decode_tokens} + 1 > context) {
+      fail("depth {} + {} tokens exceeds the model's context of {} tokens", d, config.depth_decode_tokens + 1, context);
+    }
+  }
+  if (int64_t{config.prompt_tokens} + config.output_tokens > context) {
+    fail("--prompt-tokens + --output-tokens ({}) exceeds the model's context of {} tokens",
+         int64_t{config.prompt_tokens} + config.output_tokens, context);
+  }
+  EngineBenchResult result;
+  result.threads = config.threads > 0 ? config.threads
+                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  // The references are the C=1 and depth-0 points, measured first when listed so the progress
+  // callbacks can already show the ratios.
+  std::vector<int32_t> concurrency = config.concurrency;
+  std::stable_partition(concurrency.begin(), concurrency.end(), [](int32_t c) { return c == 1; });
+  std::vector<int32_t> depths = config.depths;
+  std::stable_partition(depths.begin(), depths.end(), [](int32_t d) { return d == 0; });
+
+  // Warm-up, not reported: pages the weights in and starts the worker threads once.
+  {
+    EngineBenchConfig warm = config;
+    warm.depth_decode_tokens = 2;
+    (void)measure_depth(model, tokenizer, warm, 0);
+  }
+
+  std::optional<double> c1;
+  for (int32_t c : concurrency) {
+    ConcurrencyPoint point = measure_concurrency(model, tokenizer, config, c);
+    if (c == 1 && !c1) c1 = point.generated_tokens_per_s;
+    if (c1 && *c1 > 0) point.speedup_vs_c1 = point.generated_tokens_per_s / *c1;
+    if (progress.on_concurrency) progress.on_concurrency(point);
+    result.concurrency.push_back(point);
+  }
+  std::optional<double> d0;
+  for (int32_t d : depths) {
+    DepthPoint point = measure_depth(model, tokenizer, config, d);
+    if (d == 0 && !d0) d0 = point.decode_tokens_per_s;
+    if (d0 && *d0 > 0) point.ratio_vs_depth0 = point.decode_tokens_per_s / *d0;
+    if (progress.on_depth) progress.on_depth(point);
+    result.depths.push_back(point);
+  }
+  return result;
+}
+
+}  // namespace sieve::eval

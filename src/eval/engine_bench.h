@@ -1,0 +1,91 @@
+#pragma once
+// Measurements for `sieve bench-engine`: the paged continuous-batching Engine under load.
+//   1. throughput vs concurrency: C requests submitted at once to one fresh Engine (prefix
+//      caching off, so no request helps another), stepped to idle on the calling thread;
+//   2. single-sequence decode speed vs context depth: one request with a D-token prompt
+//      (chunked prefill, timed apart), then decode steps timed from the per-token Timings.
+// Prompts are token ids drawn deterministically from the vocabulary (a different one per
+// request), sampling is greedy with ignore_eos, so every run does the same work.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "model/llama.h"
+#include "tokenizer/tokenizer.h"
+
+namespace sieve::eval {
+
+struct EngineBenchConfig {
+  int32_t prompt_tokens = 512;
+  int32_t output_tokens = 128;
+  std::vector<int32_t> concurrency = {1, 4, 16, 64};
+  std::vector<int32_t> depths = {0, 2048, 8192, 16384};
+  int32_t depth_decode_tokens = 32;
+  std::optional<uint64_t> kv_memory_bytes;  // nullopt: exactly enough pages for each point
+  int32_t max_batch_tokens = 512;
+  int32_t page_size = 16;
+  int threads = 0;  // 0: all cores
+};
+
+struct ConcurrencyPoint {
+  int32_t concurrency = 0;
+  int32_t num_kv_pages = 0;
+  int64_t prompt_tokens = 0;      // over all requests
+  int64_t generated_tokens = 0;   // over all requests
+  double wall_seconds = 0.0;      // first submit to idle
+  double generated_tokens_per_s = 0.0;
+  double total_tokens_per_s = 0.0;  // (prompt + generated) / wall
+  double mean_ttft_seconds = 0.0;
+  double mean_tpot_seconds = 0.0;   // mean over requests of (total - ttft) / (completion - 1)
+  // Steady decode: tokens sampled after the last request's first token, over the time from
+  // then to the last token (all C sequences in the cache, one token each per step).
+  int64_t decode_phase_tokens = 0;
+  double decode_phase_seconds = 0.0;
+  double decode_phase_tokens_per_s = 0.0;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  double speedup_vs_c1 = 0.0;       // generated tok/s / the C=1 figure (0 when no C=1 point)
+};
+
+struct DepthPoint {
+  int32_t depth = 0;             // as asked (0: a 1-token prompt)
+  int32_t prompt_tokens = 0;     // as run
+  int32_t num_kv_pages = 0;
+  double prompt_seconds = 0.0;   // submit to first token: the chunked prefill
+  double prompt_tokens_per_s = 0.0;
+  int32_t decode_tokens = 0;     // tokens after the first
+  double decode_seconds = 0.0;   // first token to last
+  double decode_tokens_per_s = 0.0;
+  int64_t steps = 0;
+  double ratio_vs_depth0 = 0.0;  // decode tok/s / the depth-0 figure (0 when no depth-0 point)
+};
+
+struct EngineBenchResult {
+  int threads = 0;
+  std::vector<ConcurrencyPoint> concurrency;
+  std::vector<DepthPoint> depths;
+};
+
+// The prompt of request `index`: `length` ids in [3, vocab) (above llama's unk/bos/eos),
+// different for every index, the same on every run.
+std::vector<int32_t> bench_prompt(int64_t vocab_size, int32_t length, uint64_t index);
+
+ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaModel>& model,
+                                     const std::shared_ptr<const tok::Tokenizer>& tokenizer,
+                                     const EngineBenchConfig& config, int32_t concurrency);
+DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
+                         const std::shared_ptr<const tok::Tokenizer>& tokenizer,
+                         const EngineBenchConfig& config, int32_t depth);
+
+// Both tables; `on_point` (optional) is called after each point, e.g. to print progress.
+struct EngineBenchProgress {
+  std::function<void(const ConcurrencyPoint&)> on_concurrency;
+  std::function<void(const DepthPoint&)> on_depth;
+};
+EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel>& model,
+                                   const std::shared_ptr<const tok::Tokenizer>& tokenizer,
+                                   const EngineBenchConfig& config, const EngineBenchProgress& progress = {});
+
+}  // namespace sieve::eval
