@@ -8,11 +8,14 @@ namespace sieve::cli {
 
 struct EngineOptions {
   int64_t kv_memory_mib = 512;
+  int64_t kv_tokens = 0;  // when set, sizes the pool instead of kv_memory_mib
   engine::EngineConfig config;
 
   void add_to(CLI::App& command) {
     command.add_option("--kv-memory", kv_memory_mib, "KV cache size in MiB (the page pool)")
         ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    command.add_option("--kv-tokens", kv_tokens, "KV cache size in tokens (instead of --kv-memory)")
         ->check(CLI::PositiveNumber);
     command.add_option("--page-size", config.page_size, "Tokens per KV page")->capture_default_str()->check(CLI::Range(1, 4096));
     command.add_option("--max-batch-tokens", config.max_batch_tokens, "Tokens computed per engine step (chunked prefill)")
@@ -29,6 +32,7 @@ struct EngineOptions {
     engine::EngineConfig c = config;
     c.kv_memory_bytes = static_cast<uint64_t>(kv_memory_mib) << 20;
     c.threads = threads;
+    if (kv_tokens > 0) c.num_kv_pages = static_cast<int32_t>((kv_tokens + c.page_size - 1) / c.page_size);
     return c;
   }
 };

@@ -72,7 +72,7 @@ TEST(Cli, BatchRunsEveryPromptAndMatchesRun) {
     std::ofstream out(path);
     out << "Once upon a time\n\n{\"prompt\": \"The little dog\", \"max_tokens\": 5}\nLily and Ben\n";
   }
-  Result r = run("batch -m " + model() + " -f " + path + " -n 12 --json --kv-memory 16");
+  Result r = run("batch -m " + model() + " -f " + path + " -n 12 --json --kv-tokens 512");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::vector<nlohmann::json> lines;
   std::istringstream in(r.out);
