@@ -82,10 +82,10 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
     for (int64_t i = 0; i < n * dim; ++i) s.x[i] += delta[i];
   };
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const bool many_short_sequences =
-      static_cast<int64_t>(batch.sequences.size()) >= 2 * pool.num_threads() &&
-      std::all_of(batch.sequences.begin(), batch.sequences.end(),
-                  [](const BatchSequence& seq) { return seq.num_tokens <= 4; });
+  std::vector<const BatchSequence*> short_sequences, long_sequences;
+  for (const BatchSequence& seq : batch.sequences) {
+    (seq.num_tokens <= 4 ? short_sequences : long_sequences).push_back(&seq);
+  }
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
@@ -111,16 +111,18 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
       kernels::paged_attention(cache.layer_view(l, seq.block_table), query,
                                {.out = &s.attn[seq.first_token * q_dim]}, attention_pool);
     };
-    if (many_short_sequences) {
-      // Decode-heavy steps: one sequence per task, each attention single-threaded, instead of
-      // one pool dispatch (and key split + merge) per sequence.
-      pool.parallel_for(static_cast<int64_t>(batch.sequences.size()), [&](int64_t begin, int64_t end) {
+    // Short sequences (decodes), when there are enough of them: one sequence per task, each
+    // attention single-threaded, instead of one pool dispatch (and key split + merge) per
+    // sequence. Prefill chunks use the whole pool each.
+    if (short_sequences.size() >= 2 * static_cast<size_t>(pool.num_threads())) {
+      pool.parallel_for(static_cast<int64_t>(short_sequences.size()), [&](int64_t begin, int64_t end) {
         thread_local ThreadPool inline_pool(1);
-        for (int64_t i = begin; i < end; ++i) attend(batch.sequences[i], inline_pool);
+        for (int64_t i = begin; i < end; ++i) attend(*short_sequences[i], inline_pool);
       }, 1);
     } else {
-      for (const BatchSequence& seq : batch.sequences) attend(seq, pool);
+      for (const BatchSequence* seq : short_sequences) attend(*seq, pool);
     }
+    for (const BatchSequence* seq : long_sequences) attend(*seq, pool);
     kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
     add_into_x(s.norm);
 
