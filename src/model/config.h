@@ -6,16 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "kernels/rope.h"
+
 namespace sieve::gguf {
 class File;
 }
 
 namespace sieve::model {
 
-enum class RopeOrdering {
-  kNormal,  // rotate adjacent pairs (2i, 2i+1): llama.cpp "normal", llama2.c
-  kNeox,    // rotate (i, i + n/2): GPT-NeoX / HF layout
-};
+using kernels::RopeOrdering;  // kNormal: pairs (2i, 2i+1), llama.cpp "normal"; kNeox: (i, i + n/2)
 
 struct RopeConfig {
   RopeOrdering ordering = RopeOrdering::kNormal;

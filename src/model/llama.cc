@@ -14,8 +14,7 @@ namespace sieve::model {
 LlamaModel::LlamaModel(ModelConfig config, Weights weights)
     : config_(std::move(config)), weights_(std::move(weights)) {
   config_.validate();
-  rope_.ordering = config_.rope.ordering == RopeOrdering::kNeox ? kernels::RopeOrdering::kNeox
-                                                                : kernels::RopeOrdering::kNormal;
+  rope_.ordering = config_.rope.ordering;
   rope_.head_dim = config_.head_dim;
   rope_.num_dims = config_.rope.num_dims;
   rope_.freq_base = config_.rope.freq_base;

@@ -100,14 +100,6 @@ size_t Weights::bytes_per_token() const {
   return total;
 }
 
-size_t Weights::total_bytes() const {
-  size_t total = bytes_per_token();
-  if (!tied_output) {
-    total += kernels::row_bytes(token_embd.dtype, token_embd.cols) * token_embd.rows;
-  }
-  return total;
-}
-
 Weights weights_from_gguf(std::shared_ptr<const gguf::File> file, ModelConfig& config) {
   GgufTensors tensors(*file);
   if (const gguf::TensorInfo* freqs = tensors.find("rope_freqs.weight")) {

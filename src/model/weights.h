@@ -38,7 +38,6 @@ struct Weights {
   // Bytes of weights read to compute one token's logits (every matrix but the embedding
   // table, of which only one row is read). The bandwidth benchmark divides by this.
   size_t bytes_per_token() const;
-  size_t total_bytes() const;
 
   // Keeps whatever backs the views alive (a mapped file, owned buffers).
   std::shared_ptr<const void> storage;
