@@ -4,7 +4,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev            # libFuzzer + sanitizer runtimes for the fuzz targets
-  libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
+  libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev prometheus-cpp-dev
+  curl nodejs npm                     # end-to-end server tests (curl, the openai npm package)
   libhwy-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )

@@ -12,5 +12,6 @@ void add_perplexity_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_batch_command(CLI::App& app);
 void add_bench_engine_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace sieve::cli

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   sieve::cli::add_gen_model_command(app);
   sieve::cli::add_bench_command(app);
   sieve::cli::add_bench_engine_command(app);
+  sieve::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

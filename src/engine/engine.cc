@@ -251,8 +251,9 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
 }
 
 bool Engine::step() {
-  apply_cancellations();
+  // Admit first, so that a request cancelled before its first step is found and stopped.
   admit_pending();
+  apply_cancellations();
   sched::ScheduleOutput out = scheduler_.schedule();
   bool did_work = !out.empty();
   if (did_work) {

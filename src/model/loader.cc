@@ -1,5 +1,6 @@
 #include "model/loader.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "gguf/gguf.h"
@@ -23,13 +24,42 @@ std::shared_ptr<const tok::Tokenizer> load_tokenizer(const LoadOptions& options)
   return load_model(options).tokenizer;
 }
 
+namespace {
+
+// Reads one byte per page of every tensor so the mapping is resident, reporting progress.
+void touch_tensors(const gguf::File& file, const std::function<void(double)>& on_progress) {
+  uint64_t total = 0;
+  for (const gguf::TensorInfo& tensor : file.tensors()) total += file.tensor_data(tensor).size();
+  uint64_t done = 0;
+  volatile uint8_t sink = 0;
+  constexpr size_t kPage = 4096;
+  constexpr uint64_t kReportEvery = 64ull << 20;
+  uint64_t next_report = 0;
+  for (const gguf::TensorInfo& tensor : file.tensors()) {
+    std::span<const uint8_t> data = file.tensor_data(tensor);
+    for (size_t i = 0; i < data.size(); i += kPage) sink = sink + data[i];
+    done += data.size();
+    if (on_progress && done >= next_report) {
+      on_progress(total == 0 ? 1.0 : static_cast<double>(done) / total);
+      next_report = done + kReportEvery;
+    }
+  }
+  if (on_progress) on_progress(1.0);
+}
+
+}  // namespace
+
 LoadedModel load_model(const LoadOptions& options) {
   LoadedModel loaded;
+  loaded.name = std::filesystem::path(options.model_path).filename().string();
   if (is_gguf_file(options.model_path)) {
     auto file = std::make_shared<const gguf::File>(gguf::File::open(options.model_path));
+    if (auto name = file->get_string("general.name"); name && !name->empty()) loaded.name = *name;
+    loaded.chat_template = file->get_string("tokenizer.chat_template");
     ModelConfig config = config_from_gguf(*file);
     loaded.tokenizer = tok::Tokenizer::create(tok::load_vocab(*file));
     Weights weights = weights_from_gguf(file, config);
+    if (options.on_progress) touch_tensors(*file, options.on_progress);
     loaded.model = std::make_shared<const LlamaModel>(std::move(config), std::move(weights));
   } else {
     if (options.tokenizer_path.empty()) {
@@ -41,6 +71,7 @@ LoadedModel load_model(const LoadOptions& options) {
         tok::load_llama2c_vocab(options.tokenizer_path, checkpoint.config.vocab_size));
     loaded.model = std::make_shared<const LlamaModel>(std::move(checkpoint.config),
                                                       std::move(checkpoint.weights));
+    if (options.on_progress) options.on_progress(1.0);
   }
   const int64_t vocab = loaded.model->config().vocab_size;
   if (static_cast<int64_t>(loaded.tokenizer->vocab().size()) != vocab) {

@@ -1,7 +1,9 @@
 #pragma once
 // Loads a model and its tokenizer from a GGUF file, or from a llama2.c checkpoint plus its
 // tokenizer file. Both produce the same in-memory LlamaModel.
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "model/llama.h"
@@ -12,11 +14,17 @@ namespace sieve::model {
 struct LoadOptions {
   std::string model_path;      // .gguf, or a llama2.c .bin checkpoint
   std::string tokenizer_path;  // llama2.c tokenizer .bin (required for llama2.c checkpoints)
+  // Called while the weights are read into memory (fraction done, 0..1). Reading them at load
+  // time (instead of on first use through the mapping) makes the first request as fast as the
+  // rest and surfaces I/O errors before the server says it is ready.
+  std::function<void(double fraction)> on_progress;
 };
 
 struct LoadedModel {
   std::shared_ptr<const LlamaModel> model;
   std::shared_ptr<const tok::Tokenizer> tokenizer;
+  std::string name;                          // general.name, else the file name
+  std::optional<std::string> chat_template;  // tokenizer.chat_template (GGUF only)
 };
 
 // Throws sieve::Error with a clear message (bad file, unsupported architecture or tensor type).

@@ -1,0 +1,176 @@
+// `sieve serve`: an OpenAI-compatible HTTP server over the engine.
+//
+// Start-up order: bind the port first (so /health can say 503 while loading), load the model
+// with a progress bar, build the engine, then turn ready. SIGINT/SIGTERM drain gracefully.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <semaphore>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/engine_options.h"
+#include "cli/model_options.h"
+#include "server/chat_template.h"
+#include "server/http_server.h"
+#include "util/error.h"
+
+namespace sieve::cli {
+
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  EngineOptions engine;
+  server::ServerConfig server;
+  std::string chat_template_file;
+  double shutdown_grace_seconds = 10.0;
+  size_t max_body_mib = 8;
+};
+
+// Signals only post a semaphore; the main thread does the shutdown work.
+std::counting_semaphore<16> g_signalled{0};
+void on_signal(int) { g_signalled.release(); }
+
+class LoadProgress {
+ public:
+  LoadProgress() : tty_(isatty(STDERR_FILENO) != 0) {}
+  void operator()(double fraction) {
+    const int percent = static_cast<int>(fraction * 100.0 + 0.5);
+    if (tty_) {
+      constexpr int kWidth = 40;
+      const int filled = percent * kWidth / 100;
+      fmt::print(stderr, "\rloading weights [{}{}] {:3d}%{}", std::string(filled, '#'),
+                 std::string(kWidth - filled, '.'), percent, percent >= 100 ? "\n" : "");
+    } else if (percent >= next_line_percent_) {
+      fmt::print(stderr, "loading weights: {}%\n", percent);
+      next_line_percent_ = percent / 25 * 25 + 25;
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  bool tty_;
+  int next_line_percent_ = 0;
+};
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open chat template '{}'", path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+void serve(ServeOptions options) {
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  options.server.shutdown_grace =
+      std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_grace_seconds * 1000.0));
+  options.server.max_body_bytes = options.max_body_mib << 20;
+  if (options.server.http_threads == 0) {
+    options.server.http_threads = std::max(64, options.engine.config.max_num_seqs * 2 + 32);
+  }
+  server::HttpServer http(options.server);
+  http.bind();
+  spdlog::info("listening on http://{}:{} (/health answers 503 until the model is loaded)", options.server.host,
+               http.port());
+  std::thread listener([&] { http.listen(); });
+
+  try {
+    LoadProgress progress;
+    model::LoadOptions load = options.model.load_options();
+    load.on_progress = [&](double f) { progress(f); };
+    model::LoadedModel loaded = model::load_model(load);
+    const model::ModelConfig& mc = loaded.model->config();
+
+    std::string template_source;
+    std::string template_origin;
+    if (!options.chat_template_file.empty()) {
+      template_source = read_text_file(options.chat_template_file);
+      template_origin = options.chat_template_file;
+    } else if (loaded.chat_template) {
+      template_source = *loaded.chat_template;
+      template_origin = "the model's tokenizer.chat_template";
+    } else {
+      template_source = std::string(server::chatml_template());
+      template_origin = "ChatML (the model has no chat template)";
+    }
+    auto chat_template = std::make_shared<const server::ChatTemplate>(server::ChatTemplate::parse(template_source));
+
+    engine::EngineConfig config = options.engine.engine_config(options.model.threads);
+    auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
+    engine->start();
+    const engine::EngineConfig& ec = engine->config();
+    const std::string name = options.server.served_model_name.empty() ? loaded.name : options.server.served_model_name;
+    spdlog::info("model '{}' from {}: {} layers, {} heads ({} KV), vocab {}, context {} tokens", name,
+                 options.model.model_path, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.vocab_size,
+                 mc.context_length);
+    spdlog::info("KV cache: {} pages of {} tokens ({} tokens, {:.1f} MiB); max {} sequences, {} batched tokens, {} queued",
+                 ec.num_kv_pages, ec.page_size, static_cast<int64_t>(ec.num_kv_pages) * ec.page_size,
+                 static_cast<double>(model::KvCache::bytes_per_page(mc, ec.page_size)) * ec.num_kv_pages / (1 << 20),
+                 ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
+    spdlog::info("threads: {} compute, {} HTTP; chat template: {}; API key: {}",
+                 options.model.threads > 0 ? options.model.threads : static_cast<int>(std::thread::hardware_concurrency()), options.server.http_threads, template_origin,
+                 options.server.api_key.empty() ? "none" : "required");
+    http.set_backend({.engine = engine,
+                      .tokenizer = loaded.tokenizer,
+                      .model_name = name,
+                      .context_length = mc.context_length,
+                      .render_chat = [chat_template](const nlohmann::json& context) {
+                        return chat_template->render(context);
+                      }});
+    spdlog::info("ready: http://{}:{}/v1 serves '{}'", options.server.host, http.port(), name);
+
+    g_signalled.acquire();
+    spdlog::info("shutting down: {} request(s) in flight, grace {:.1f} s", http.num_active_requests(),
+                 options.shutdown_grace_seconds);
+    http.shutdown();
+    listener.join();
+    engine->stop();
+    spdlog::info("stopped");
+  } catch (...) {
+    http.shutdown();
+    listener.join();
+    throw;
+  }
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto options = std::make_shared<ServeOptions>();
+  CLI::App* command = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  options->model.add_to(*command);
+  command->add_option("--host", options->server.host, "Address to listen on")->capture_default_str();
+  command->add_option("--port", options->server.port, "Port to listen on (0: any free port)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  command->add_option("--api-key", options->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  command->add_option("--served-model-name", options->server.served_model_name,
+                      "Model name clients use (default: general.name of the GGUF, else the file name)");
+  command->add_option("--chat-template", options->chat_template_file,
+                      "Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
+      ->check(CLI::ExistingFile);
+  command->add_option("--max-body", options->max_body_mib, "Largest request body in MiB (413 above)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--http-threads", options->server.http_threads,
+                      "HTTP worker threads; each open stream holds one (default: 2 x max-num-seqs + 32)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--shutdown-grace", options->shutdown_grace_seconds,
+                      "Seconds running requests get to finish on SIGINT/SIGTERM before they are cancelled")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  options->engine.add_to(*command);
+  command->callback([options] { serve(*options); });
+}
+
+}  // namespace sieve::cli

@@ -1,0 +1,80 @@
+#pragma once
+// Prometheus metrics under the names vLLM exports, so that dashboards, autoscalers and the
+// Gateway API inference extension written for vLLM read sieve unchanged. Every series carries
+// a model_name label; histograms use vLLM's bucket boundaries.
+//
+// Engine-level values (running, waiting, KV usage, cumulative token and cache counters) are
+// sampled from Engine::stats() at scrape time; request-level histograms are observed when each
+// sequence finishes.
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace sieve::server {
+
+// One finished sequence (one choice), as the engine timed it.
+struct SequenceRecord {
+  std::string finished_reason;  // "stop", "length" or "abort"
+  int64_t prompt_tokens = 0;
+  int64_t generation_tokens = 0;
+  int32_t n = 1;
+  std::optional<int32_t> max_tokens;
+  engine::Timings timings;
+};
+
+class Metrics {
+ public:
+  Metrics(std::string model_name, int64_t max_model_len, int32_t page_size, int32_t num_pages);
+
+  void observe(const SequenceRecord& record);
+  // Prometheus text format, with gauges and counters brought up to date from `stats`.
+  std::string render(const engine::EngineStats& stats);
+
+ private:
+  void sync_counter(prometheus::Counter& counter, int64_t& last, int64_t now);
+
+  std::string model_name_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::mutex mutex_;
+
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Gauge* kv_usage_;
+  prometheus::Gauge* kv_usage_v0_;
+  prometheus::Gauge* kv_pages_used_;
+  prometheus::Gauge* kv_pages_free_;
+  prometheus::Counter* preemptions_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* generation_tokens_;
+  prometheus::Counter* prefix_queries_;
+  prometheus::Counter* prefix_hits_;
+  prometheus::Family<prometheus::Counter>* success_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* itl_;
+  prometheus::Histogram* tpot_v0_;
+  prometheus::Histogram* request_tpot_;
+  prometheus::Histogram* e2e_;
+  prometheus::Histogram* queue_;
+  prometheus::Histogram* inference_;
+  prometheus::Histogram* prefill_;
+  prometheus::Histogram* decode_;
+  prometheus::Histogram* request_prompt_tokens_;
+  prometheus::Histogram* request_generation_tokens_;
+  prometheus::Histogram* request_n_;
+  prometheus::Histogram* request_max_tokens_;
+
+  // Last values synced from the engine's cumulative stats.
+  int64_t last_preemptions_ = 0;
+  int64_t last_generated_ = 0;
+  int64_t last_prefix_queries_ = 0;
+  int64_t last_prefix_hits_ = 0;
+};
+
+}  // namespace sieve::server

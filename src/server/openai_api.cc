@@ -1,0 +1,569 @@
+#include "server/openai_api.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "util/error.h"
+
+namespace sieve::server {
+
+namespace {
+
+// Largest numbers of prompts per request and samples per prompt: bounds the work one body
+// can ask for before the queue limit applies.
+constexpr size_t kMaxPrompts = 256;
+constexpr int64_t kMaxN = 128;
+constexpr size_t kMaxStopStrings = 64;
+constexpr int64_t kCompletionsDefaultMaxTokens = 16;  // OpenAI's legacy default
+
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double number_of(const json& value, const std::string& param) {
+  if (!value.is_number()) throw_invalid(param, fmt::format("'{}' must be a number", param));
+  const double x = value.get<double>();
+  if (!std::isfinite(x)) throw_invalid(param, fmt::format("'{}' must be a finite number", param));
+  return x;
+}
+
+int64_t integer_of(const json& value, const std::string& param) {
+  if (value.is_number_unsigned()) {
+    if (value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw_invalid(param, fmt::format("'{}' is too large", param));
+    }
+    return static_cast<int64_t>(value.get<uint64_t>());
+  }
+  if (value.is_number_integer()) return value.get<int64_t>();
+  if (value.is_number_float()) {
+    // 16.0 is accepted as 16 (as pydantic does); 16.5 is not.
+    const double x = value.get<double>();
+    if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) <= 9007199254740992.0) return static_cast<int64_t>(x);
+  }
+  throw_invalid(param, fmt::format("'{}' must be an integer", param));
+}
+
+bool bool_of(const json& value, const std::string& param) {
+  if (!value.is_boolean()) throw_invalid(param, fmt::format("'{}' must be a boolean", param));
+  return value.get<bool>();
+}
+
+std::string string_of(const json& value, const std::string& param) {
+  if (!value.is_string()) throw_invalid(param, fmt::format("'{}' must be a string", param));
+  return value.get<std::string>();
+}
+
+void check_range(double x, double lo, double hi, const std::string& param) {
+  if (x < lo || x > hi) throw_invalid(param, fmt::format("'{}' must be in [{}, {}], got {}", param, lo, hi, x));
+}
+
+int64_t integer_in(const json& value, int64_t lo, int64_t hi, const std::string& param) {
+  const int64_t x = integer_of(value, param);
+  if (x < lo || x > hi) throw_invalid(param, fmt::format("'{}' must be in [{}, {}], got {}", param, lo, hi, x));
+  return x;
+}
+
+TokenId token_id_of(const json& value, const std::string& param, size_t vocab_size) {
+  const int64_t id = integer_of(value, param);
+  if (id < 0 || id >= static_cast<int64_t>(vocab_size)) {
+    throw_invalid(param, fmt::format("token id {} in '{}' is outside the vocabulary (0..{})", id, param, vocab_size - 1));
+  }
+  return static_cast<TokenId>(id);
+}
+
+std::vector<TokenId> token_array(const json& array, const std::string& param, size_t vocab_size) {
+  std::vector<TokenId> ids;
+  ids.reserve(array.size());
+  for (const json& v : array) ids.push_back(token_id_of(v, param, vocab_size));
+  return ids;
+}
+
+// prompt: a string, an array of strings, an array of token ids, or an array of those arrays.
+std::vector<std::vector<TokenId>> parse_prompts(const json& body, const tok::Tokenizer& tokenizer) {
+  const json* prompt = field(body, "prompt");
+  if (!prompt) throw_invalid("prompt", "'prompt' is required");
+  const size_t vocab = tokenizer.vocab().size();
+  const tok::EncodeOptions encode{.add_special = true, .parse_special = true};
+  std::vector<std::vector<TokenId>> prompts;
+  if (prompt->is_string()) {
+    prompts.push_back(tokenizer.encode(prompt->get<std::string>(), encode));
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) throw_invalid("prompt", "'prompt' must not be empty");
+    if (prompt->size() > kMaxPrompts) throw_invalid("prompt", fmt::format("at most {} prompts per request", kMaxPrompts));
+    const json& first = prompt->front();
+    if (first.is_number()) {
+      prompts.push_back(token_array(*prompt, "prompt", vocab));
+    } else {
+      for (const json& item : *prompt) {
+        if (item.is_string()) {
+          prompts.push_back(tokenizer.encode(item.get<std::string>(), encode));
+        } else if (item.is_array()) {
+          prompts.push_back(token_array(item, "prompt", vocab));
+        } else {
+          throw_invalid("prompt", "'prompt' must be a string, an array of strings, an array of token ids, "
+                                  "or an array of token id arrays");
+        }
+      }
+    }
+  } else {
+    throw_invalid("prompt", "'prompt' must be a string, an array of strings, an array of token ids, "
+                            "or an array of token id arrays");
+  }
+  for (const auto& p : prompts) {
+    if (p.empty()) throw_invalid("prompt", "the prompt is empty");
+  }
+  return prompts;
+}
+
+std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model) {
+  const json* messages = field(body, "messages");
+  if (!messages) throw_invalid("messages", "'messages' is required");
+  if (!messages->is_array()) throw_invalid("messages", "'messages' must be an array");
+  if (messages->empty()) throw_invalid("messages", "'messages' must not be empty");
+  bool add_generation_prompt = true;  // vLLM's extension; OpenAI always adds it
+  if (const json* v = field(body, "add_generation_prompt")) add_generation_prompt = bool_of(*v, "add_generation_prompt");
+  json context = chat_template_context(*messages, add_generation_prompt, *model.tokenizer);
+  if (const json* tools = field(body, "tools")) context["tools"] = *tools;
+  std::string text;
+  try {
+    text = model.render_chat(context);
+  } catch (const Error& e) {
+    throw_invalid("messages", fmt::format("the chat template rejected the messages: {}", e.what()));
+  }
+  const tok::Tokenizer& tokenizer = *model.tokenizer;
+  std::vector<TokenId> ids = tokenizer.encode(text, {.add_special = false, .parse_special = true});
+  // Templates usually write the BOS token themselves; add it (as llama.cpp does) when the
+  // vocabulary wants one and the template did not.
+  const auto& v = tokenizer.vocab();
+  if (v.add_bos && v.bos && (ids.empty() || ids.front() != *v.bos)) ids.insert(ids.begin(), *v.bos);
+  if (ids.empty()) throw_invalid("messages", "the rendered conversation is empty");
+  return ids;
+}
+
+std::vector<std::string> parse_stop(const json& value) {
+  std::vector<std::string> stops;
+  if (value.is_string()) {
+    stops.push_back(value.get<std::string>());
+  } else if (value.is_array()) {
+    if (value.size() > kMaxStopStrings) throw_invalid("stop", fmt::format("at most {} stop strings", kMaxStopStrings));
+    for (const json& s : value) stops.push_back(string_of(s, "stop"));
+  } else {
+    throw_invalid("stop", "'stop' must be a string or an array of strings");
+  }
+  for (const auto& s : stops) {
+    if (s.empty()) throw_invalid("stop", "stop strings must not be empty");
+  }
+  return stops;
+}
+
+void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::SamplingParams& p) {
+  if (const json* v = field(body, "temperature")) {
+    p.temperature = static_cast<float>(number_of(*v, "temperature"));
+    check_range(p.temperature, 0.0, 100.0, "temperature");
+  } else {
+    p.temperature = 1.0f;  // OpenAI's default
+  }
+  if (const json* v = field(body, "top_p")) {
+    const double x = number_of(*v, "top_p");
+    if (!(x > 0.0 && x <= 1.0)) throw_invalid("top_p", fmt::format("'top_p' must be in (0, 1], got {}", x));
+    p.top_p = static_cast<float>(x);
+  }
+  if (const json* v = field(body, "top_k")) {
+    const int64_t k = integer_in(*v, -1, std::numeric_limits<int32_t>::max(), "top_k");
+    p.top_k = k <= 0 ? 0 : static_cast<int32_t>(k);  // -1 and 0 both mean "no limit" (vLLM)
+  }
+  if (const json* v = field(body, "min_p")) {
+    p.min_p = static_cast<float>(number_of(*v, "min_p"));
+    check_range(p.min_p, 0.0, 1.0, "min_p");
+  }
+  if (const json* v = field(body, "presence_penalty")) {
+    p.presence_penalty = static_cast<float>(number_of(*v, "presence_penalty"));
+    check_range(p.presence_penalty, -2.0, 2.0, "presence_penalty");
+  }
+  if (const json* v = field(body, "frequency_penalty")) {
+    p.frequency_penalty = static_cast<float>(number_of(*v, "frequency_penalty"));
+    check_range(p.frequency_penalty, -2.0, 2.0, "frequency_penalty");
+  }
+  if (const json* v = field(body, "repetition_penalty")) {
+    const double x = number_of(*v, "repetition_penalty");
+    if (!(x > 0.0 && x <= 100.0)) throw_invalid("repetition_penalty", fmt::format("'repetition_penalty' must be in (0, 100], got {}", x));
+    p.repetition_penalty = static_cast<float>(x);
+  }
+  if (const json* v = field(body, "logit_bias")) {
+    if (!v->is_object()) throw_invalid("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (const auto& [key, bias] : v->items()) {
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= static_cast<int64_t>(vocab_size)) {
+        throw_invalid("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id of this model (0..{})", key, vocab_size - 1));
+      }
+      const double b = number_of(bias, "logit_bias");
+      check_range(b, -100.0, 100.0, "logit_bias");
+      p.logit_bias[static_cast<TokenId>(id)] = static_cast<float>(b);
+    }
+  }
+  if (const json* v = field(body, "seed")) {
+    p.seed = static_cast<uint64_t>(integer_of(*v, "seed"));
+  } else {
+    p.seed = std::random_device{}();
+  }
+  if (const json* v = field(body, "n")) p.n = static_cast<int32_t>(integer_in(*v, 1, kMaxN, "n"));
+  if (const json* v = field(body, "best_of")) {
+    if (integer_of(*v, "best_of") != p.n) throw_invalid("best_of", "'best_of' other than n is not supported");
+  }
+  if (const json* v = field(body, "stop")) p.stop_strings = parse_stop(*v);
+  if (const json* v = field(body, "stop_token_ids")) {
+    if (!v->is_array()) throw_invalid("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    p.stop_token_ids = token_array(*v, "stop_token_ids", vocab_size);
+  }
+  if (const json* v = field(body, "ignore_eos")) p.ignore_eos = bool_of(*v, "ignore_eos");
+  if (const json* v = field(body, "include_stop_str_in_output")) {
+    p.include_stop_str_in_output = bool_of(*v, "include_stop_str_in_output");
+  }
+
+  // Length: max_completion_tokens (chat) wins over the older max_tokens.
+  std::optional<int64_t> max_tokens;
+  if (const json* v = field(body, "max_tokens")) max_tokens = integer_in(*v, 1, std::numeric_limits<int32_t>::max(), "max_tokens");
+  if (const json* v = field(body, "max_completion_tokens")) {
+    max_tokens = integer_in(*v, 1, std::numeric_limits<int32_t>::max(), "max_completion_tokens");
+  }
+  if (max_tokens) p.max_tokens = static_cast<int32_t>(*max_tokens);
+  if (const json* v = field(body, "min_tokens")) {
+    p.min_tokens = static_cast<int32_t>(integer_in(*v, 0, std::numeric_limits<int32_t>::max(), "min_tokens"));
+    if (p.max_tokens && p.min_tokens > *p.max_tokens) {
+      throw_invalid("min_tokens", fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", p.min_tokens, *p.max_tokens));
+    }
+  }
+
+  // Logprobs: completions take a count; chat takes a flag plus top_logprobs.
+  if (kind == ApiKind::kCompletion) {
+    if (const json* v = field(body, "logprobs")) {
+      p.logprobs = static_cast<int32_t>(integer_in(*v, 0, engine::kMaxTopLogprobs, "logprobs"));
+    }
+  } else {
+    const json* flag = field(body, "logprobs");
+    const bool want = flag && bool_of(*flag, "logprobs");
+    if (const json* v = field(body, "top_logprobs")) {
+      const int32_t top = static_cast<int32_t>(integer_in(*v, 0, engine::kMaxTopLogprobs, "top_logprobs"));
+      if (!want && top > 0) throw_invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
+      if (want) p.logprobs = top;
+    } else if (want) {
+      p.logprobs = 0;
+    }
+  }
+}
+
+// Fields of the OpenAI API that sieve does not implement: refuse them rather than silently
+// answering something else than what was asked.
+void reject_unsupported(ApiKind kind, const json& body) {
+  if (kind == ApiKind::kCompletion) {
+    if (const json* v = field(body, "echo"); v && bool_of(*v, "echo")) throw_invalid("echo", "'echo' is not supported");
+    if (const json* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty())) {
+      throw_invalid("suffix", "'suffix' is not supported");
+    }
+  }
+  if (const json* v = field(body, "response_format")) {
+    if (!v->is_object()) throw_invalid("response_format", "'response_format' must be an object");
+    const json* type = field(*v, "type");
+    if (type && string_of(*type, "response_format.type") != "text") {
+      throw_invalid("response_format", "only response_format type 'text' is supported");
+    }
+  }
+}
+
+void check_context(const std::vector<TokenId>& prompt, engine::SamplingParams& params, bool max_tokens_given,
+                   int64_t context, ApiKind kind) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  const char* where = kind == ApiKind::kChat ? "messages" : "prompt";
+  if (n >= context) {
+    throw ApiException(ApiError{
+        .status = 400,
+        .message = fmt::format("This model's maximum context length is {} tokens. However, your {} has {} "
+                               "tokens, which leaves no room for a completion. Please reduce the length of "
+                               "the {}.", context, kind == ApiKind::kChat ? "conversation" : "prompt", n, where),
+        .param = where,
+        .code = "context_length_exceeded"});
+  }
+  if (max_tokens_given && n + *params.max_tokens > context) {
+    throw ApiException(ApiError{
+        .status = 400,
+        .message = fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
+                               "tokens ({} in the {}, {} for the completion). Please reduce the length of the "
+                               "{} or the completion.", context, n + *params.max_tokens, n, where,
+                               *params.max_tokens, where),
+        .param = "max_tokens",
+        .code = "context_length_exceeded"});
+  }
+}
+
+std::string random_hex(size_t digits) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string out;
+  while (out.size() < digits) out += fmt::format("{:016x}", rng());
+  out.resize(digits);
+  return out;
+}
+
+}  // namespace
+
+json ApiError::to_json() const {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param ? json(*param) : json(nullptr)},
+            {"code", code ? json(*code) : json(nullptr)}}}};
+}
+
+void throw_invalid(std::string param, std::string message) {
+  throw ApiException(ApiError{.status = 400, .message = std::move(message), .param = std::move(param)});
+}
+
+json chat_template_context(const json& messages, bool add_generation_prompt, const tok::Tokenizer& tokenizer) {
+  json flat = json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) throw_invalid(where, fmt::format("'{}' must be an object", where));
+    const json* role = field(m, "role");
+    if (!role) throw_invalid(where + ".role", fmt::format("'{}.role' is required", where));
+    string_of(*role, where + ".role");
+    json message = m;
+    const json* content = field(m, "content");
+    if (!content) {
+      message["content"] = "";
+    } else if (content->is_array()) {
+      // Content parts: text parts are joined with newlines, as vLLM does.
+      std::string text;
+      for (size_t j = 0; j < content->size(); ++j) {
+        const json& part = (*content)[j];
+        const std::string part_where = fmt::format("{}.content[{}]", where, j);
+        if (!part.is_object()) throw_invalid(part_where, fmt::format("'{}' must be an object", part_where));
+        const json* type = field(part, "type");
+        if (!type || string_of(*type, part_where + ".type") != "text") {
+          throw_invalid(part_where, "only text content parts are supported");
+        }
+        const json* part_text = field(part, "text");
+        if (!part_text) throw_invalid(part_where + ".text", "a text content part needs 'text'");
+        if (!text.empty()) text += '\n';
+        text += string_of(*part_text, part_where + ".text");
+      }
+      message["content"] = text;
+    } else if (!content->is_string()) {
+      throw_invalid(where + ".content", fmt::format("'{}.content' must be a string or an array of content parts", where));
+    }
+    flat.push_back(std::move(message));
+  }
+  const auto& v = tokenizer.vocab();
+  return {{"messages", std::move(flat)},
+          {"add_generation_prompt", add_generation_prompt},
+          {"bos_token", v.bos ? tokenizer.token_to_piece(*v.bos, true) : ""},
+          {"eos_token", v.eos ? tokenizer.token_to_piece(*v.eos, true) : ""}};
+}
+
+GenerationRequest parse_generation_request(ApiKind kind, const json& body, const ModelInfo& model) {
+  if (!body.is_object()) throw_invalid("body", "the request body must be a JSON object");
+  if (const json* v = field(body, "model")) {
+    const std::string name = string_of(*v, "model");
+    if (name != model.served_name) {
+      throw ApiException(ApiError{.status = 404,
+                                  .message = fmt::format("The model `{}` does not exist.", name),
+                                  .type = "NotFoundError",
+                                  .param = "model",
+                                  .code = "model_not_found"});
+    }
+  }
+  reject_unsupported(kind, body);
+
+  GenerationRequest request;
+  request.kind = kind;
+  const size_t vocab = model.tokenizer->vocab().size();
+  parse_sampling(kind, body, vocab, request.params);
+  if (const json* v = field(body, "stream")) request.stream = bool_of(*v, "stream");
+  if (const json* v = field(body, "stream_options")) {
+    if (!request.stream) throw_invalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (!v->is_object()) throw_invalid("stream_options", "'stream_options' must be an object");
+    if (const json* u = field(*v, "include_usage")) request.include_usage = bool_of(*u, "stream_options.include_usage");
+    if (const json* u = field(*v, "continuous_usage_stats")) {
+      request.continuous_usage = bool_of(*u, "stream_options.continuous_usage_stats");
+    }
+  }
+  if (const json* v = field(body, "user")) request.user = string_of(*v, "user");
+
+  if (kind == ApiKind::kCompletion) {
+    request.prompts = parse_prompts(body, *model.tokenizer);
+  } else {
+    request.prompts.push_back(parse_chat_prompt(body, model));
+  }
+
+  const bool max_tokens_given = request.params.max_tokens.has_value();
+  for (const auto& prompt : request.prompts) {
+    engine::SamplingParams& p = request.params;
+    check_context(prompt, p, max_tokens_given, model.context_length, kind);
+  }
+  if (!max_tokens_given && kind == ApiKind::kCompletion) {
+    // The legacy default of 16, cut to what the shortest remaining context allows.
+    int64_t room = kCompletionsDefaultMaxTokens;
+    for (const auto& prompt : request.prompts) room = std::min<int64_t>(room, model.context_length - prompt.size());
+    request.params.max_tokens = static_cast<int32_t>(room);
+  }
+  if (request.params.max_tokens && request.params.min_tokens > *request.params.max_tokens) {
+    throw_invalid("min_tokens", fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})",
+                                            request.params.min_tokens, *request.params.max_tokens));
+  }
+  if (auto problem = engine::check_sampling_params(request.params, static_cast<int32_t>(vocab))) {
+    throw ApiException(ApiError{.status = 400, .message = *problem});
+  }
+  return request;
+}
+
+json UsageTotals::to_json() const {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+json finish_reason_json(const std::optional<engine::Finish>& finish) {
+  if (!finish) return nullptr;
+  return std::string(engine::finish_reason_name(finish->reason));
+}
+
+json stop_reason_json(const std::optional<engine::Finish>& finish) {
+  if (!finish) return nullptr;
+  if (const auto* id = std::get_if<TokenId>(&finish->matched)) return *id;
+  if (const auto* s = std::get_if<std::string>(&finish->matched)) return *s;
+  return nullptr;
+}
+
+ApiError rejection_error(const engine::Rejection& rejection) {
+  switch (rejection.error) {
+    case engine::SubmitError::kQueueFull:
+      return {.status = 503, .message = rejection.message, .type = "server_overloaded", .code = "queue_full"};
+    case engine::SubmitError::kTooLong:
+      return {.status = 400, .message = rejection.message, .code = "context_length_exceeded"};
+    case engine::SubmitError::kNeverFits:
+      return {.status = 400, .message = rejection.message, .code = "kv_cache_too_small"};
+    case engine::SubmitError::kEmptyPrompt:
+      return {.status = 400, .message = rejection.message, .param = "prompt"};
+    case engine::SubmitError::kInvalidParams:
+      break;
+  }
+  return {.status = 400, .message = rejection.message};
+}
+
+ResponseWriter::ResponseWriter(ApiKind kind, std::string model_name, const tok::Tokenizer& tokenizer, bool want_logprobs)
+    : kind_(kind),
+      model_(std::move(model_name)),
+      tokenizer_(tokenizer),
+      want_logprobs_(want_logprobs),
+      id_((kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + random_hex(24)),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                   .count()) {}
+
+json ResponseWriter::base(std::string_view object) const {
+  return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+}
+
+json ResponseWriter::logprobs_json(std::span<const engine::SampleResult> logprobs, size_t& offset) const {
+  if (!want_logprobs_) return nullptr;
+  auto bytes_of = [](const std::string& piece) {
+    json b = json::array();
+    for (unsigned char c : piece) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (kind_ == ApiKind::kChat) {
+    json content = json::array();
+    for (const engine::SampleResult& r : logprobs) {
+      const std::string piece = tokenizer_.token_to_piece(r.token, true);
+      json top = json::array();
+      for (const engine::TokenLogprob& t : r.top) {
+        const std::string p = tokenizer_.token_to_piece(t.id, true);
+        top.push_back({{"token", p}, {"logprob", t.logprob}, {"bytes", bytes_of(p)}});
+      }
+      content.push_back({{"token", piece}, {"logprob", r.logprob.value_or(0.0f)}, {"bytes", bytes_of(piece)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  for (const engine::SampleResult& r : logprobs) {
+    const std::string piece = tokenizer_.token_to_piece(r.token, true);
+    tokens.push_back(piece);
+    token_logprobs.push_back(r.logprob.value_or(0.0f));
+    // As vLLM: the sampled token is always among its top_logprobs.
+    json top = json::object();
+    for (const engine::TokenLogprob& t : r.top) top[tokenizer_.token_to_piece(t.id, true)] = t.logprob;
+    top[piece] = r.logprob.value_or(0.0f);
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += piece.size();
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json ResponseWriter::response(const std::vector<ChoiceState>& choices, const UsageTotals& usage) const {
+  json out = base(kind_ == ApiKind::kChat ? "chat.completion" : "text_completion");
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceState& c = choices[i];
+    size_t offset = 0;
+    json choice = {{"index", i}};
+    if (kind_ == ApiKind::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = logprobs_json(c.logprobs, offset);
+    choice["finish_reason"] = finish_reason_json(c.finish);
+    choice["stop_reason"] = stop_reason_json(c.finish);
+    list.push_back(std::move(choice));
+  }
+  out["choices"] = std::move(list);
+  out["usage"] = usage.to_json();
+  return out;
+}
+
+json ResponseWriter::role_chunk(int32_t index) const {
+  json out = base("chat.completion.chunk");
+  out["choices"] = json::array({{{"index", index},
+                                 {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                 {"logprobs", nullptr},
+                                 {"finish_reason", nullptr}}});
+  return out;
+}
+
+json ResponseWriter::delta_chunk(int32_t index, const std::string& text, std::span<const engine::SampleResult> logprobs,
+                                 const std::optional<engine::Finish>& finish, size_t& offset) const {
+  json choice = {{"index", index}};
+  if (kind_ == ApiKind::kChat) {
+    choice["delta"] = text.empty() && finish ? json::object() : json{{"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  choice["logprobs"] = logprobs.empty() ? json(nullptr) : logprobs_json(logprobs, offset);
+  choice["finish_reason"] = finish_reason_json(finish);
+  if (finish) choice["stop_reason"] = stop_reason_json(finish);
+  json out = base(kind_ == ApiKind::kChat ? "chat.completion.chunk" : "text_completion");
+  out["choices"] = json::array({std::move(choice)});
+  return out;
+}
+
+json ResponseWriter::usage_chunk(const UsageTotals& usage) const {
+  json out = base(kind_ == ApiKind::kChat ? "chat.completion.chunk" : "text_completion");
+  out["choices"] = json::array();
+  out["usage"] = usage.to_json();
+  return out;
+}
+
+}  // namespace sieve::server

@@ -1,0 +1,131 @@
+#pragma once
+// The OpenAI wire format, apart from HTTP: JSON bodies of /v1/completions and
+// /v1/chat/completions become validated engine requests, and engine events become OpenAI
+// response objects and stream chunks. Everything here is pure (no sockets, no engine), so
+// every rule is unit-tested.
+//
+//   body ──► parse_generation_request ──► GenerationRequest {prompts (token ids), SamplingParams,
+//            (ApiException names the bad parameter)      stream options, logprobs shape}
+//   engine events ──► ChoiceState (per choice) ──► ResponseWriter ──► response / chunks JSON
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace sieve::server {
+
+using nlohmann::json;
+using tok::TokenId;
+
+// An error as the client sees it: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::optional<std::string> param;
+  std::optional<std::string> code;
+  json to_json() const;
+};
+
+class ApiException : public std::runtime_error {
+ public:
+  explicit ApiException(ApiError error) : std::runtime_error(error.message), error_(std::move(error)) {}
+  const ApiError& error() const { return error_; }
+
+ private:
+  ApiError error_;
+};
+
+// 400 naming the parameter.
+[[noreturn]] void throw_invalid(std::string param, std::string message);
+
+enum class ApiKind { kCompletion, kChat };
+
+// What parsing needs to know about the served model.
+struct ModelInfo {
+  std::string served_name;
+  int64_t context_length = 0;
+  const tok::Tokenizer* tokenizer = nullptr;
+  // Renders a chat template context ({"messages", "add_generation_prompt", "bos_token", ...})
+  // to the prompt text; throws sieve::Error (e.g. raise_exception) which becomes a 400.
+  std::function<std::string(const json& context)> render_chat;
+};
+
+struct GenerationRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  std::vector<std::vector<TokenId>> prompts;  // one per prompt; each runs params.n samples
+  engine::SamplingParams params;
+  bool stream = false;
+  bool include_usage = false;    // stream_options.include_usage
+  bool continuous_usage = false; // stream_options.continuous_usage_stats (vLLM)
+  std::string user;
+};
+
+// Validates `body` and tokenizes its prompt(s) or messages. Unknown fields are ignored; a wrong
+// type or out-of-range value throws ApiException naming the parameter; a prompt that does not
+// fit the context throws ApiException with code "context_length_exceeded".
+GenerationRequest parse_generation_request(ApiKind kind, const json& body, const ModelInfo& model);
+
+// Chat messages → the template's context, with each message's content flattened to text.
+json chat_template_context(const json& messages, bool add_generation_prompt, const tok::Tokenizer& tokenizer);
+
+// What one choice (one sample of one prompt) has produced so far.
+struct ChoiceState {
+  std::string text;
+  std::vector<engine::SampleResult> logprobs;
+  std::optional<engine::Finish> finish;
+  int32_t completion_tokens = 0;
+  size_t text_offset = 0;  // completions logprobs: offset of the next token's text
+};
+
+struct UsageTotals {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+  json to_json() const;
+};
+
+// Builds the response objects of one request (one id, one creation time).
+class ResponseWriter {
+ public:
+  ResponseWriter(ApiKind kind, std::string model_name, const tok::Tokenizer& tokenizer, bool want_logprobs);
+  const std::string& id() const { return id_; }
+
+  // Non-streaming response with every choice.
+  json response(const std::vector<ChoiceState>& choices, const UsageTotals& usage) const;
+  // Chat only: the first chunk of a choice, carrying the role.
+  json role_chunk(int32_t index) const;
+  // A chunk with new text (and its tokens' logprobs) and, on the last one, the finish reason.
+  // `offset` is the completions text offset of the first new token (updated).
+  json delta_chunk(int32_t index, const std::string& text, std::span<const engine::SampleResult> logprobs,
+                   const std::optional<engine::Finish>& finish, size_t& offset) const;
+  // The final usage chunk (empty choices) of stream_options.include_usage.
+  json usage_chunk(const UsageTotals& usage) const;
+
+ private:
+  json logprobs_json(std::span<const engine::SampleResult> logprobs, size_t& offset) const;
+  json base(std::string_view object) const;
+
+  ApiKind kind_;
+  std::string model_;
+  const tok::Tokenizer& tokenizer_;
+  bool want_logprobs_;
+  std::string id_;
+  int64_t created_;
+};
+
+// "stop" / "length" as OpenAI spells them, and vLLM's stop_reason (matched id or string).
+json finish_reason_json(const std::optional<engine::Finish>& finish);
+json stop_reason_json(const std::optional<engine::Finish>& finish);
+
+// The error of an engine rejection, in OpenAI's terms.
+ApiError rejection_error(const engine::Rejection& rejection);
+
+}  // namespace sieve::server
