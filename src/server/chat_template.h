@@ -1,0 +1,67 @@
+#pragma once
+// Renders Hugging Face chat templates (GGUF key tokenizer.chat_template): the subset of Jinja2
+// that real templates use, with the environment transformers uses (trim_blocks, lstrip_blocks,
+// loopcontrols, a tojson that does not HTML-escape, raise_exception, strftime_now).
+//
+//   source ──parse──► ChatTemplate (immutable AST, shareable across threads)
+//   {"messages": [...], "add_generation_prompt": true, "bos_token": ..., ...} ──render──► prompt
+//
+// Semantics follow Jinja2/Python where templates can tell the difference: undefined names
+// render as "" and are falsy, but arithmetic or attribute access on them is an error; `str()`
+// of True is "True"; `x is iterable` holds for strings; dicts keep their keys in the order
+// nlohmann::json gives them (sorted), which is what `tojson` prints.
+//
+// A template is untrusted input (it comes from the model file): parsing bounds nesting depth, and
+// rendering bounds work, memory and output size (ChatTemplateLimits), so a hostile template
+// fails with an Error instead of hanging or exhausting the stack.
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "util/error.h"
+
+namespace sieve::server {
+
+struct ChatTemplateLimits {
+  std::size_t max_output_bytes = std::size_t{16} << 20;
+  // Expression evaluations + statements + loop iterations over one render.
+  std::size_t max_steps = 10'000'000;
+  // Bytes of strings and list/dict slots created over one render (bounds the time spent copying
+  // as well as memory: `{% set s = s + s %}` in a loop stops here).
+  std::size_t max_allocated_bytes = std::size_t{512} << 20;
+  // Nested macro calls.
+  int max_call_depth = 16;
+};
+
+// What raise_exception("...") in a template throws: the message is the template's own, meant for
+// the client (the request's conversation does not fit the model's format: HTTP 400).
+class ChatTemplateRaised : public Error {
+ public:
+  using Error::Error;
+};
+
+class ChatTemplate {
+ public:
+  // Parses once; throws Error naming line:column on a syntax error.
+  static ChatTemplate parse(std::string_view source);
+
+  // context: {"messages": [...], "add_generation_prompt": bool, "bos_token": "...",
+  // "eos_token": "...", ...any extra variables (tools, date_string, ...)}.
+  // Throws ChatTemplateRaised for raise_exception(), Error (with line:column) for any other
+  // runtime error or exceeded limit.
+  std::string render(const nlohmann::json& context, const ChatTemplateLimits& limits = {}) const;
+
+  struct Program;  // the parsed template; opaque
+
+ private:
+  explicit ChatTemplate(std::shared_ptr<const Program> program) : program_(std::move(program)) {}
+  std::shared_ptr<const Program> program_;
+};
+
+// The fallback when a model carries no template: ChatML, with the generation prompt when asked.
+std::string_view chatml_template();
+
+}  // namespace sieve::server
