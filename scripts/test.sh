@@ -17,6 +17,8 @@ if [ ! -d "$shared/models" ]; then
 fi
 
 scripts/install-deps.sh
+# The end-to-end server tests use the official openai client from npm (versions pinned by the lock file).
+npm ci --prefix tests/server/e2e --no-audit --no-fund --loglevel=error
 
 echo "== [1/3] Release build and full test suite"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIEVE_SHARED_DIR="$shared"

@@ -3,6 +3,7 @@
 // Start-up order: bind the port first (so /health can say 503 while loading), load the model
 // with a progress bar, build the engine, then turn ready. SIGINT/SIGTERM drain gracefully.
 #include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -67,6 +68,8 @@ std::string read_text_file(const std::string& path) {
 }
 
 void serve(ServeOptions options) {
+  // Logs go to stderr, like the progress bar; stdout stays free for the caller.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("sieve"));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
   std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
   std::signal(SIGINT, on_signal);

@@ -113,6 +113,7 @@ struct HttpServer::Exchange {
   std::unordered_map<engine::RequestId, size_t> prompt_of;
   std::vector<ChoiceState> choices;
   std::vector<size_t> stream_offsets;
+  std::vector<bool> observed;  // the choice's finish is in the metrics
   size_t num_finished = 0;
   UsageTotals usage;
   std::optional<ApiError> error;
@@ -367,12 +368,9 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   ChoiceState& choice = ex.choices.at(index);
   if (choice.finish) return;  // a late event of a choice that has ended (e.g. after a cancel)
   if (event.error) {
-    if (*event.error == "cancelled") {
+    if (*event.error == "cancelled") {  // counted as an abort by finish_exchange
       choice.finish = engine::Finish{engine::FinishReason::kStop};
       ++ex.num_finished;
-      SequenceRecord record{.finished_reason = "abort", .generation_tokens = choice.completion_tokens};
-      std::lock_guard lock(backend_mutex_);
-      metrics_->observe(record);
       return;
     }
     const bool overloaded = event.error->find("queue") != std::string::npos;
@@ -390,6 +388,7 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   if (!event.finish) return;
   choice.finish = event.finish;
   ++ex.num_finished;
+  ex.observed[index] = true;
   ex.usage.completion_tokens += event.usage.completion_tokens;
   if (event.sample_idx == 0) {  // the prompt is shared by the request's samples: count it once
     ex.usage.prompt_tokens += event.usage.prompt_tokens;
@@ -408,6 +407,16 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
 void HttpServer::finish_exchange(Exchange& ex, std::string_view status) {
   if (ex.logged) return;
   ex.logged = true;
+  if (ex.cancelled) {
+    // Sequences the client (or a shutdown) cut off count as vLLM's "abort".
+    for (size_t i = 0; i < ex.choices.size(); ++i) {
+      if (ex.observed[i]) continue;
+      SequenceRecord record{.finished_reason = "abort", .generation_tokens = ex.choices[i].completion_tokens,
+                            .n = ex.request.params.n};
+      std::lock_guard lock(backend_mutex_);
+      metrics_->observe(record);
+    }
+  }
   const double total = std::chrono::duration<double>(Clock::now() - ex.start).count();
   spdlog::info("request {} {} {} prompt_tokens={} output_tokens={} ttft={} total={:.3f}s{}", ex.log_id, ex.endpoint,
                status, ex.usage.prompt_tokens, [&] {
@@ -443,6 +452,7 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
   ex->writer = std::make_unique<ResponseWriter>(kind, b.model_name, *b.tokenizer, request.params.logprobs.has_value());
   ex->choices.resize(request.prompts.size() * request.params.n);
   ex->stream_offsets.assign(ex->choices.size(), 0);
+  ex->observed.assign(ex->choices.size(), false);
   ex->client_fd = find_client_socket(req);
   ++active_requests_;
 

@@ -96,11 +96,11 @@ std::vector<std::vector<TokenId>> parse_prompts(const json& body, const tok::Tok
     prompts.push_back(tokenizer.encode(prompt->get<std::string>(), encode));
   } else if (prompt->is_array()) {
     if (prompt->empty()) throw_invalid("prompt", "'prompt' must not be empty");
-    if (prompt->size() > kMaxPrompts) throw_invalid("prompt", fmt::format("at most {} prompts per request", kMaxPrompts));
     const json& first = prompt->front();
     if (first.is_number()) {
       prompts.push_back(token_array(*prompt, "prompt", vocab));
     } else {
+      if (prompt->size() > kMaxPrompts) throw_invalid("prompt", fmt::format("at most {} prompts per request", kMaxPrompts));
       for (const json& item : *prompt) {
         if (item.is_string()) {
           prompts.push_back(tokenizer.encode(item.get<std::string>(), encode));
@@ -412,6 +412,13 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
     int64_t room = kCompletionsDefaultMaxTokens;
     for (const auto& prompt : request.prompts) room = std::min<int64_t>(room, model.context_length - prompt.size());
     request.params.max_tokens = static_cast<int32_t>(room);
+  }
+  for (const auto& prompt : request.prompts) {
+    const int64_t room = model.context_length - static_cast<int64_t>(prompt.size());
+    if (request.params.min_tokens > room) {
+      throw_invalid("min_tokens", fmt::format("'min_tokens' ({}) is more than the {} tokens left in the context",
+                                              request.params.min_tokens, room));
+    }
   }
   if (request.params.max_tokens && request.params.min_tokens > *request.params.max_tokens) {
     throw_invalid("min_tokens", fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})",

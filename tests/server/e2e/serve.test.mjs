@@ -1,0 +1,499 @@
+// End-to-end tests of `sieve serve` with real clients: curl and the official openai package.
+// Run by ctest (test "serve_e2e"); needs SIEVE_BIN and SIEVE_SHARED_DIR, and `npm ci` in this
+// folder (scripts/test.sh does it). Every server runs on a free loopback port and is stopped
+// with SIGTERM at the end, which also checks the graceful exit code.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, execFile } from 'node:child_process';
+import { existsSync, writeFileSync, unlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import OpenAI from 'openai';
+
+const execFileP = promisify(execFile);
+const BIN = process.env.SIEVE_BIN;
+const SHARED = process.env.SIEVE_SHARED_DIR;
+const MODEL = `${SHARED}/models/stories260K.gguf`;
+const KEY = 'e2e-secret';
+
+for (const [what, path] of [['SIEVE_BIN', BIN], ['the stories260K model (SIEVE_SHARED_DIR)', MODEL]]) {
+  if (!path || !existsSync(path)) throw new Error(`missing ${what}: ${path}`);
+}
+
+// Deterministic pseudo-random numbers (mulberry32), so failures can be replayed.
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+async function startServer(extraArgs = []) {
+  const child = spawn(BIN, ['serve', '-m', MODEL, '--port', '0', '--api-key', KEY, '--shutdown-grace', '2',
+    '--kv-memory', '64', ...extraArgs], { stdio: ['ignore', 'ignore', 'pipe'] });
+  let log = '';
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start:\n${log}`)), 30000);
+    child.stderr.on('data', (d) => {
+      log += d.toString();
+      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+    });
+    child.on('exit', (code) => reject(new Error(`server exited with ${code}:\n${log}`)));
+  });
+  const base = `http://127.0.0.1:${port}`;
+  for (let i = 0; ; ++i) {
+    const r = await fetch(`${base}/health`).catch(() => null);
+    if (r && r.status === 200) break;
+    if (r) assert.equal(r.status, 503, '/health answers 503 while loading');
+    if (i > 600) throw new Error(`server not ready:\n${log}`);
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  const server = { child, base, port, get log() { return log; } };
+  server.stop = async () => {
+    const exited = new Promise((res) => child.once('exit', (code, signal) => res({ code, signal })));
+    child.kill('SIGTERM');
+    return exited;
+  };
+  return server;
+}
+
+async function curl(args) {
+  // -w appends the status code on its own line after the body.
+  const { stdout } = await execFileP('curl', ['-sS', '-w', '\n%{http_code}', ...args], { maxBuffer: 64 << 20 });
+  const cut = stdout.lastIndexOf('\n');
+  return { status: Number(stdout.slice(cut + 1)), body: stdout.slice(0, cut) };
+}
+
+const auth = ['-H', `Authorization: Bearer ${KEY}`];
+const jsonHeaders = [...auth, '-H', 'Content-Type: application/json'];
+
+async function metrics(base) {
+  const r = await fetch(`${base}/metrics`, { headers: { Authorization: `Bearer ${KEY}` } });
+  assert.equal(r.status, 200);
+  const values = {};
+  for (const line of (await r.text()).split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const cut = line.lastIndexOf(' ');
+    values[line.slice(0, cut)] = Number(line.slice(cut + 1));
+  }
+  return values;
+}
+
+// Waits until no request runs or waits and no KV page is referenced; fails with the metrics.
+async function expectPoolEmpty(base) {
+  let m;
+  for (let i = 0; i < 200; ++i) {
+    m = await metrics(base);
+    if (m['sieve:kv_pages_used{model_name="llama"}'] === 0 && m['vllm:num_requests_running{model_name="llama"}'] === 0 &&
+        m['vllm:num_requests_waiting{model_name="llama"}'] === 0) {
+      assert.equal(m['vllm:kv_cache_usage_perc{model_name="llama"}'], 0);
+      return m;
+    }
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  assert.fail(`KV pages still in use: ${JSON.stringify(m)}`);
+}
+
+function expectErrorShape(body, status, request = '') {
+  const parsed = JSON.parse(body);
+  assert.ok(parsed.error, `error object in ${body.slice(0, 300)} for ${String(request).slice(0, 300)}`);
+  for (const k of ['message', 'type', 'param', 'code']) assert.ok(k in parsed.error, `error.${k} in ${body}`);
+  assert.equal(typeof parsed.error.message, 'string');
+  assert.ok(status >= 400 && status < 500, `4xx status, got ${status}: ${body}`);
+  return parsed.error;
+}
+
+let server;
+let client;
+before(async () => {
+  server = await startServer(['--max-body', '1']);
+  client = new OpenAI({ apiKey: KEY, baseURL: `${server.base}/v1`, maxRetries: 0 });
+});
+after(async () => {
+  if (!server) return;
+  const { code } = await server.stop();
+  assert.equal(code, 0, `graceful exit:\n${server.log}`);
+});
+
+test('curl: every endpoint', async () => {
+  const base = server.base;
+  let r = await curl([`${base}/health`]);
+  assert.equal(r.status, 200);
+
+  r = await curl([...auth, `${base}/v1/models`]);
+  assert.equal(r.status, 200);
+  assert.equal(JSON.parse(r.body).data[0].id, 'llama');
+  assert.equal(JSON.parse(r.body).data[0].max_model_len, 512);
+
+  r = await curl([`${base}/v1/models`]);
+  assert.equal(r.status, 401);
+  assert.equal(expectErrorShape(r.body, r.status).code, 'invalid_api_key');
+  r = await curl(['-H', 'Authorization: Bearer wrong', `${base}/metrics`]);
+  assert.equal(r.status, 401);
+
+  r = await curl([...auth, `${base}/metrics`]);
+  assert.equal(r.status, 200);
+  for (const name of ['vllm:num_requests_running', 'vllm:num_requests_waiting', 'vllm:kv_cache_usage_perc',
+    'vllm:time_to_first_token_seconds_bucket', 'vllm:inter_token_latency_seconds_bucket',
+    'vllm:e2e_request_latency_seconds_bucket', 'vllm:request_queue_time_seconds_bucket', 'vllm:prompt_tokens_total',
+    'vllm:generation_tokens_total', 'vllm:prefix_cache_queries_total', 'vllm:prefix_cache_hits_total',
+    'vllm:num_preemptions_total']) {
+    assert.match(r.body, new RegExp(`^${name}\\{[^}]*model_name="llama"`, 'm'), name);
+  }
+  assert.match(r.body, /vllm:time_to_first_token_seconds_bucket\{(le="0.001",model_name="llama"|model_name="llama",le="0.001")\}/);
+
+  r = await curl([...jsonHeaders, '-d', '{"prompt":"Once upon a time"}', `${base}/tokenize`]);
+  assert.equal(r.status, 200);
+  const tokens = JSON.parse(r.body).tokens;
+  assert.equal(JSON.parse(r.body).count, tokens.length);
+  assert.equal(tokens[0], 1, 'BOS first');
+  r = await curl([...jsonHeaders, '-d', JSON.stringify({ tokens }), `${base}/detokenize`]);
+  assert.equal(r.status, 200);
+  assert.equal(JSON.parse(r.body).prompt, 'Once upon a time');
+
+  r = await curl([...jsonHeaders, '-d', '{"model":"llama","prompt":"Once upon a time","max_tokens":12,"temperature":0}',
+    `${base}/v1/completions`]);
+  assert.equal(r.status, 200);
+  const completion = JSON.parse(r.body);
+  assert.equal(completion.object, 'text_completion');
+  assert.equal(completion.choices[0].finish_reason, 'length');
+  assert.equal(completion.usage.completion_tokens, 12);
+  assert.equal(completion.usage.prompt_tokens, tokens.length);
+
+  r = await curl(['-N', ...jsonHeaders, '-d',
+    '{"prompt":"Once upon a time","max_tokens":12,"temperature":0,"stream":true}', `${base}/v1/completions`]);
+  assert.equal(r.status, 200);
+  const events = r.body.split('\n\n').filter(Boolean);
+  assert.equal(events.at(-1), 'data: [DONE]');
+  const streamed = events.slice(0, -1).map((e) => JSON.parse(e.replace(/^data: /, '')))
+    .map((c) => c.choices[0].text).join('');
+  assert.equal(streamed, completion.choices[0].text, 'stream and non-stream agree (greedy)');
+
+  r = await curl([...jsonHeaders, '-d', '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":5}',
+    `${base}/v1/chat/completions`]);
+  assert.equal(r.status, 200);
+  assert.equal(JSON.parse(r.body).choices[0].message.role, 'assistant');
+
+  r = await curl([...auth, `${base}/v1/nothing-here`]);
+  assert.equal(r.status, 404);
+  expectErrorShape(r.body, r.status);
+  r = await curl([...jsonHeaders, '-d', '{"model":"gpt-4","prompt":"x"}', `${base}/v1/completions`]);
+  assert.equal(r.status, 404);
+  assert.equal(expectErrorShape(r.body, r.status).code, 'model_not_found');
+
+  // 413: the server was started with --max-body 1 (MiB).
+  const bigBody = join(tmpdir(), `sieve-e2e-big-${process.pid}.json`);
+  writeFileSync(bigBody, `{"prompt":"${'a'.repeat(2 << 20)}"}`);
+  r = await curl([...jsonHeaders, '--data-binary', `@${bigBody}`, `${base}/v1/completions`]);
+  unlinkSync(bigBody);
+  assert.equal(r.status, 413);
+  expectErrorShape(r.body, r.status);
+
+  // 400 context_length_exceeded, with the sizes in the message.
+  r = await curl([...jsonHeaders, '-d', JSON.stringify({ prompt: Array(600).fill(100) }), `${base}/v1/completions`]);
+  assert.equal(r.status, 400);
+  let error = expectErrorShape(r.body, r.status);
+  assert.equal(error.code, 'context_length_exceeded');
+  assert.match(error.message, /512/);
+  assert.match(error.message, /600/);
+  r = await curl([...jsonHeaders, '-d', '{"prompt":"Once","max_tokens":600}', `${base}/v1/completions`]);
+  assert.equal(r.status, 400);
+  assert.equal(expectErrorShape(r.body, r.status).code, 'context_length_exceeded');
+  r = await curl([...jsonHeaders, '-d', '{"prompt":"Once","top_p":0}', `${base}/v1/completions`]);
+  assert.equal(r.status, 400);
+  assert.equal(expectErrorShape(r.body, r.status).param, 'top_p');
+});
+
+test('openai client: chat and completions, streaming and not, usage and errors', async () => {
+  const chat = await client.chat.completions.create({
+    model: 'llama', messages: [{ role: 'system', content: 'Tell a story.' }, { role: 'user', content: 'A cat' }],
+    max_tokens: 16, temperature: 0, logprobs: true, top_logprobs: 3,
+  });
+  assert.equal(chat.object, 'chat.completion');
+  assert.equal(chat.choices[0].message.role, 'assistant');
+  assert.equal(chat.usage.completion_tokens, 16);
+  assert.equal(chat.usage.total_tokens, chat.usage.prompt_tokens + 16);
+  assert.equal(chat.choices[0].logprobs.content.length, 16);
+  assert.equal(chat.choices[0].logprobs.content[0].top_logprobs.length, 3);
+
+  const stream = await client.chat.completions.create({
+    model: 'llama', messages: [{ role: 'system', content: 'Tell a story.' }, { role: 'user', content: 'A cat' }],
+    max_tokens: 16, temperature: 0, stream: true, stream_options: { include_usage: true },
+  });
+  let text = '';
+  let role = null;
+  let finish = null;
+  let usage = null;
+  let chunks = 0;
+  for await (const chunk of stream) {
+    ++chunks;
+    if (chunk.usage) usage = chunk.usage;
+    if (chunk.choices.length === 0) continue;
+    if (chunks === 1) role = chunk.choices[0].delta.role;
+    text += chunk.choices[0].delta.content ?? '';
+    finish = chunk.choices[0].finish_reason ?? finish;
+  }
+  assert.equal(role, 'assistant', 'the first chunk carries the role');
+  assert.equal(finish, 'length');
+  assert.equal(text, chat.choices[0].message.content, 'greedy stream equals non-stream');
+  assert.equal(usage.completion_tokens, 16);
+  assert.equal(usage.prompt_tokens, chat.usage.prompt_tokens);
+
+  const completion = await client.completions.create({
+    model: 'llama', prompt: ['Once upon a time', 'The dog'], max_tokens: 10, temperature: 0.8, seed: 7, n: 2,
+  });
+  assert.equal(completion.choices.length, 4);
+  assert.deepEqual(completion.choices.map((c) => c.index), [0, 1, 2, 3]);
+  const again = await client.completions.create({
+    model: 'llama', prompt: ['Once upon a time', 'The dog'], max_tokens: 10, temperature: 0.8, seed: 7, n: 2,
+  });
+  assert.deepEqual(again.choices.map((c) => c.text), completion.choices.map((c) => c.text), 'same seed, same text');
+
+  const cstream = await client.completions.create({
+    model: 'llama', prompt: 'Once upon a time', max_tokens: 10, temperature: 0, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let ctext = '';
+  let cusage = null;
+  for await (const chunk of cstream) {
+    if (chunk.usage) cusage = chunk.usage;
+    for (const c of chunk.choices) ctext += c.text;
+  }
+  assert.ok(ctext.length > 0);
+  assert.equal(cusage.completion_tokens, 10);
+
+  // Stop strings end the text before the match.
+  const stopped = await client.completions.create({
+    model: 'llama', prompt: 'Once upon a time', max_tokens: 40, temperature: 0, stop: ['Lily'],
+  });
+  assert.equal(stopped.choices[0].finish_reason, 'stop');
+  assert.ok(!stopped.choices[0].text.includes('Lily'));
+
+  await assert.rejects(client.completions.create({ model: 'llama', prompt: 'x', temperature: -1 }), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError);
+    assert.equal(e.status, 400);
+    assert.equal(e.error.param, 'temperature');
+    return true;
+  });
+  await assert.rejects(client.chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e instanceof OpenAI.NotFoundError);
+  const wrongKey = new OpenAI({ apiKey: 'wrong', baseURL: `${server.base}/v1`, maxRetries: 0 });
+  await assert.rejects(wrongKey.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+  const models = await client.models.list();
+  assert.equal(models.data[0].id, 'llama');
+});
+
+const WORDS = ['dog', 'cat', 'ball', 'park', 'tree', 'sun', 'girl', 'boy', 'bird', 'car', 'cake', 'fish', 'moon', 'box'];
+function prompts(count, seed) {
+  const next = rng(seed);
+  return Array.from({ length: count }, (_, i) => {
+    const words = Array.from({ length: 3 + (i % 5) }, () => WORDS[Math.floor(next() * WORDS.length)]);
+    return `Once upon a time, the ${words.join(' and the ')}`;
+  });
+}
+
+test('64 concurrent greedy streams equal the same requests served alone; the pool ends empty', async () => {
+  const list = prompts(64, 1);
+  const request = (prompt) => ({ model: 'llama', prompt, max_tokens: 48, temperature: 0, ignore_eos: true });
+  const alone = [];
+  for (const prompt of list) alone.push((await client.completions.create(request(prompt))).choices[0].text);
+  const before = await metrics(server.base);
+  const together = await Promise.all(list.map(async (prompt) => {
+    const stream = await client.completions.create({ ...request(prompt), stream: true });
+    let text = '';
+    let finish = null;
+    for await (const chunk of stream) {
+      text += chunk.choices[0].text;
+      finish = chunk.choices[0].finish_reason ?? finish;
+    }
+    assert.equal(finish, 'length');
+    return text;
+  }));
+  for (let i = 0; i < list.length; ++i) assert.equal(together[i], alone[i], `prompt ${i}: ${list[i]}`);
+  const m = await expectPoolEmpty(server.base);
+  const done = (x) => x['vllm:request_success_total{finished_reason="length",model_name="llama"}'];
+  assert.equal(done(m) - done(before), 64);
+});
+
+test('random disconnects while streaming leak nothing and the server stays healthy', async () => {
+  const next = rng(2);
+  const list = prompts(48, 3);
+  const before = await metrics(server.base);
+  let aborted = 0;
+  await Promise.all(list.map(async (prompt, i) => {
+    const controller = new AbortController();
+    const stopAfter = 1 + Math.floor(next() * 20);
+    const streaming = i % 4 !== 3;
+    try {
+      if (streaming) {
+        const stream = await client.completions.create(
+          { model: 'llama', prompt, max_tokens: 400, temperature: 0.7, ignore_eos: true, stream: true },
+          { signal: controller.signal });
+        let chunks = 0;
+        for await (const chunk of stream) {
+          assert.ok(chunk.choices);
+          if (++chunks === stopAfter) controller.abort();
+        }
+      } else {
+        setTimeout(() => controller.abort(), stopAfter);
+        await client.completions.create({ model: 'llama', prompt, max_tokens: 400, ignore_eos: true },
+          { signal: controller.signal });
+      }
+    } catch (e) {
+      assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === 'AbortError', String(e));
+      ++aborted;
+    }
+  }));
+  assert.ok(aborted > 0, 'some requests were cut off');
+  const m = await expectPoolEmpty(server.base);
+  const abortedCount = (x) => x['vllm:request_success_total{finished_reason="abort",model_name="llama"}'];
+  assert.ok(abortedCount(m) > abortedCount(before), 'the server counted aborted sequences');
+  const ok = await client.completions.create({ model: 'llama', prompt: 'Once', max_tokens: 4 });
+  assert.equal(ok.choices[0].text.length > 0, true);
+  assert.equal((await fetch(`${server.base}/health`)).status, 200);
+});
+
+// Bodies that must all be refused with a 4xx and the error shape.
+function malformedBodies(count, seed) {
+  const next = rng(seed);
+  const pick = (xs) => xs[Math.floor(next() * xs.length)];
+  const bad = [
+    '"hot"', 'true', '[]', '{}', '-1', '1e400', '-1e400', '1e30', '-1e30', '99999999999999999999999', '1.5', 'null',
+    '"' + 'x'.repeat(10000) + '"', '[1,2,"x"]', '{"a":1}',
+  ];
+  const numericParams = {
+    temperature: ['"hot"', '-0.5', '1e400', '101', 'true', '[]'],
+    top_p: ['0', '-1', '1.01', '"x"', '{}'],
+    top_k: ['-2', '1.5', '"x"', '1e30'],
+    min_p: ['-0.1', '2', '"x"'],
+    presence_penalty: ['3', '-3', '"x"'],
+    frequency_penalty: ['2.5', '-9', '[]'],
+    repetition_penalty: ['0', '-1', '1000', '"x"'],
+    n: ['0', '-1', '1000', '1.5', '"2"'],
+    max_tokens: ['0', '-5', '1e30', '"x"', '600', '99999999999999999999999'],
+    max_completion_tokens: ['0', '-1', '"x"'],
+    min_tokens: ['-1', '"x"', '100000'],
+    seed: ['"x"', '1.5', '[]'],
+    logprobs: ['-1', '21', '"x"', '1e30'],
+    stop: ['1', '[1]', '[""]', '""', '{}'],
+    stream: ['"yes"', '1', '[]'],
+    logit_bias: ['[]', '{"x":1}', '{"99999":1}', '{"5":1000}', '{"5":"x"}', '{"-1":1}'],
+    user: ['1', '[]'],
+    ignore_eos: ['"x"', '2'],
+  };
+  const bodies = [];
+  while (bodies.length < count) {
+    const kind = Math.floor(next() * 9);
+    const chat = next() < 0.5;
+    const path = chat ? '/v1/chat/completions' : '/v1/completions';
+    const base = chat ? '"messages":[{"role":"user","content":"hi"}]' : '"prompt":"Once"';
+    switch (kind) {
+      case 0: {  // broken JSON
+        const valid = `{${base},"max_tokens":3}`;
+        const cut = Math.floor(next() * (valid.length - 1));
+        bodies.push({ path, body: pick([valid.slice(0, cut), valid.replace(':', ''), `${valid}}`, `{${base},}`, '', 'nul', '{"prompt":"a"\u0000}']) });
+        break;
+      }
+      case 1: {  // a wrong type or out-of-range value for one parameter
+        const param = pick(Object.keys(numericParams));
+        bodies.push({ path, body: `{${base},"${param}":${pick(numericParams[param])}}`, param });
+        break;
+      }
+      case 2:  // the prompt / messages themselves of the wrong shape
+        bodies.push(chat
+          ? { path, body: `{"messages":${pick(['[]', '{}', '"hi"', '[1]', '[{"content":"x"}]', '[{"role":1,"content":"x"}]', '[{"role":"user","content":5}]', '[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]', 'null'])}}` }
+          : { path, body: `{"prompt":${pick(['[]', '{}', '1', 'true', '[[]]', '[-1]', '[1e30]', '[1.5]', '[99999]', '[[1,2],"x",3]', 'null', '""' /* BOS only is valid */].filter((p) => p !== '""'))}}` });
+        break;
+      case 3:  // not an object
+        bodies.push({ path, body: pick(bad) });
+        break;
+      case 4: {  // invalid UTF-8 inside a string
+        const bytes = Buffer.concat([Buffer.from(`{${chat ? '"messages":[{"role":"user","content":"' : '"prompt":"'}`),
+          // Never valid: a 0xff byte, a lone continuation byte, an overlong '/', a surrogate, a cut sequence.
+          Buffer.from(pick([[0xff], [0x80], [0xc0, 0xaf], [0xed, 0xa0, 0x80], [0xe2, 0x28, 0xa1], [0xf0, 0x9f]])),
+          Buffer.from(chat ? '"}]}' : '"}')]);
+        bodies.push({ path, body: bytes });
+        break;
+      }
+      case 5:  // enormous numbers and deep nesting
+        bodies.push({ path, body: pick([`{${base},"max_tokens":${'9'.repeat(400)}}`, `{${base},"n":${'['.repeat(5000)}${']'.repeat(5000)}}`,
+          `${'['.repeat(100000)}${']'.repeat(100000)}`, `{${base},"temperature":1e-400000}`.replace('1e-400000', '"nan"')]) });
+        break;
+      case 6:  // an enormous prompt (past the context)
+        bodies.push({ path, body: chat ? `{"messages":[{"role":"user","content":"${'dog '.repeat(2000)}"}]}` : `{"prompt":"${'dog '.repeat(2000)}"}` });
+        break;
+      case 7:  // unknown model, unsupported features
+        bodies.push({ path, body: `{${base},${pick(['"model":"gpt-9"', '"model":5', '"response_format":{"type":"json_object"}', '"stream_options":{"include_usage":true}', '"best_of":3', chat ? '"top_logprobs":3' : '"echo":true'])}}` });
+        break;
+      default:  // negative or huge counts for the chat extensions
+        bodies.push({ path, body: `{${base},${pick(['"min_tokens":-3', '"stop_token_ids":[-1]', '"stop_token_ids":"x"', '"stream_options":5',
+          ...(chat ? ['"top_logprobs":-1', '"top_logprobs":50', '"add_generation_prompt":"x"', '"logprobs":true,"top_logprobs":21'] : ['"logprobs":true'])])}}` });
+    }
+  }
+  return bodies;
+}
+
+test('1200 malformed bodies all get a 4xx with the error shape; the server still serves', async () => {
+  const bodies = malformedBodies(1200, 4);
+  const statuses = {};
+  for (let i = 0; i < bodies.length; i += 8) {
+    await Promise.all(bodies.slice(i, i + 8).map(async ({ path, body, param }) => {
+      const r = await fetch(`${server.base}${path}`, {
+        method: 'POST', body, headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+      });
+      const text = await r.text();
+      statuses[r.status] = (statuses[r.status] ?? 0) + 1;
+      const error = expectErrorShape(text, r.status, body);
+      if (param && r.status === 400) {
+        // Values JSON itself cannot hold (1e400) are refused as unparsable bodies.
+        assert.ok(error.param === param || error.param === 'body' || error.message.includes(param), `names ${param}: ${text}`);
+      }
+    }));
+  }
+  assert.equal(Object.values(statuses).reduce((a, b) => a + b, 0), 1200);
+  const ok = await client.chat.completions.create({ model: 'llama', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 });
+  assert.equal(ok.usage.completion_tokens, 3);
+  await expectPoolEmpty(server.base);
+});
+
+test('a full queue sheds load with 503; the server recovers', async () => {
+  const small = await startServer(['--max-num-seqs', '1', '--max-queued', '1']);
+  try {
+    const c = new OpenAI({ apiKey: KEY, baseURL: `${small.base}/v1`, maxRetries: 0 });
+    const results = await Promise.allSettled(Array.from({ length: 12 }, () =>
+      c.completions.create({ model: 'llama', prompt: 'Once', max_tokens: 300, ignore_eos: true })));
+    const shed = results.filter((r) => r.status === 'rejected');
+    assert.ok(shed.length > 0, 'some requests were shed');
+    for (const r of shed) {
+      assert.equal(r.reason.status, 503, String(r.reason));
+      assert.ok(r.reason.error.message.length > 0);
+    }
+    assert.ok(results.some((r) => r.status === 'fulfilled'), 'some requests were served');
+    await expectPoolEmpty(small.base);
+  } finally {
+    const { code } = await small.stop();
+    assert.equal(code, 0);
+  }
+});
+
+test('SIGTERM lets a running stream finish within the grace period and exits 0', async () => {
+  const s = await startServer([]);
+  const c = new OpenAI({ apiKey: KEY, baseURL: `${s.base}/v1`, maxRetries: 0 });
+  const stream = await c.completions.create({ model: 'llama', prompt: 'Once', max_tokens: 200, ignore_eos: true, stream: true });
+  const exited = new Promise((res) => s.child.once('exit', (code) => res(code)));
+  let chunks = 0;
+  let finish = null;
+  for await (const chunk of stream) {
+    if (++chunks === 2) s.child.kill('SIGTERM');
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(finish, 'length', 'the in-flight stream completed');
+  assert.equal(await exited, 0);
+  assert.match(s.log, /shutting down/);
+});

@@ -1,0 +1,239 @@
+// The OpenAI request/response mapping, on the real stories260K tokenizer.
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include "model/loader.h"
+#include "server/chat_template.h"
+#include "shared_data.h"
+
+namespace sieve::server {
+namespace {
+
+class OpenAiApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    holder_ = model::load_tokenizer({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
+    tokenizer_ = holder_.get();
+  }
+  ModelInfo info() const {
+    return {.served_name = "llama",
+            .context_length = 512,
+            .tokenizer = tokenizer_,
+            .render_chat = [](const json& context) {
+              static const ChatTemplate chatml = ChatTemplate::parse(chatml_template());
+              return chatml.render(context);
+            }};
+  }
+  GenerationRequest parse(ApiKind kind, const std::string& body) const {
+    return parse_generation_request(kind, json::parse(body), info());
+  }
+  // The error a body gets; fails the test when it is accepted.
+  ApiError error_of(ApiKind kind, const std::string& body) const {
+    try {
+      parse(kind, body);
+    } catch (const ApiException& e) {
+      return e.error();
+    }
+    ADD_FAILURE() << "accepted: " << body;
+    return {};
+  }
+  static inline std::shared_ptr<const tok::Tokenizer> holder_;
+  static inline const tok::Tokenizer* tokenizer_ = nullptr;
+};
+
+TEST_F(OpenAiApiTest, PromptFormsTokenizeLikeTheTokenizer) {
+  const auto once = tokenizer_->encode("Once upon a time", {.add_special = true, .parse_special = true});
+  EXPECT_EQ(parse(ApiKind::kCompletion, R"({"prompt":"Once upon a time"})").prompts,
+            std::vector<std::vector<TokenId>>{once});
+  EXPECT_EQ(parse(ApiKind::kCompletion, R"({"prompt":[1, 5, 9]})").prompts, (std::vector<std::vector<TokenId>>{{1, 5, 9}}));
+  const auto two = parse(ApiKind::kCompletion, R"({"prompt":["Once upon a time", [1, 2]]})").prompts;
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0], once);
+  EXPECT_EQ(two[1], (std::vector<TokenId>{1, 2}));
+}
+
+TEST_F(OpenAiApiTest, DefaultsFollowOpenAi) {
+  const GenerationRequest c = parse(ApiKind::kCompletion, R"({"prompt":"Once"})");
+  EXPECT_EQ(c.params.max_tokens, 16);  // legacy completions default
+  EXPECT_FLOAT_EQ(c.params.temperature, 1.0f);
+  EXPECT_FALSE(c.stream);
+  EXPECT_FALSE(c.params.logprobs.has_value());
+  const GenerationRequest chat = parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}]})");
+  EXPECT_FALSE(chat.params.max_tokens.has_value());  // chat: until the context is full
+}
+
+TEST_F(OpenAiApiTest, ParametersMapToSamplingParams) {
+  const GenerationRequest r = parse(ApiKind::kCompletion, R"({
+      "prompt": "Once", "max_tokens": 20, "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.1,
+      "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2, "seed": 42, "n": 3,
+      "stop": "cat", "logit_bias": {"7": -100}, "logprobs": 4, "ignore_eos": true, "min_tokens": 5,
+      "stream": true, "stream_options": {"include_usage": true}, "user": "u1", "unknown_field": [1, 2]})");
+  EXPECT_EQ(r.params.max_tokens, 20);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.top_p, 0.9f);
+  EXPECT_EQ(r.params.top_k, 0);
+  EXPECT_FLOAT_EQ(r.params.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(r.params.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.params.repetition_penalty, 1.2f);
+  EXPECT_EQ(r.params.seed, 42u);
+  EXPECT_EQ(r.params.n, 3);
+  EXPECT_EQ(r.params.stop_strings, std::vector<std::string>{"cat"});
+  EXPECT_FLOAT_EQ(r.params.logit_bias.at(7), -100.0f);
+  EXPECT_EQ(r.params.logprobs, 4);
+  EXPECT_TRUE(r.params.ignore_eos);
+  EXPECT_EQ(r.params.min_tokens, 5);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.user, "u1");
+
+  const GenerationRequest chat = parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}],
+      "max_tokens": 50, "max_completion_tokens": 30, "logprobs": true, "top_logprobs": 2})");
+  EXPECT_EQ(chat.params.max_tokens, 30);  // max_completion_tokens wins
+  EXPECT_EQ(chat.params.logprobs, 2);
+}
+
+TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
+  struct Case {
+    ApiKind kind;
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {ApiKind::kCompletion, R"({"prompt":"x","temperature":"hot"})", "temperature"},
+      {ApiKind::kCompletion, R"({"prompt":"x","temperature":-0.1})", "temperature"},
+      {ApiKind::kCompletion, R"({"prompt":"x","top_p":0})", "top_p"},
+      {ApiKind::kCompletion, R"({"prompt":"x","top_k":1.5})", "top_k"},
+      {ApiKind::kCompletion, R"({"prompt":"x","n":0})", "n"},
+      {ApiKind::kCompletion, R"({"prompt":"x","max_tokens":0})", "max_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"x","max_tokens":1e30})", "max_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"x","min_tokens":10,"max_tokens":5})", "min_tokens"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"min_tokens":100000})", "min_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {ApiKind::kCompletion, R"({"prompt":"x","stop":[""]})", "stop"},
+      {ApiKind::kCompletion, R"({"prompt":"x","stop":[1]})", "stop"},
+      {ApiKind::kCompletion, R"({"prompt":"x","logit_bias":{"abc":1}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"x","logit_bias":{"512":1}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"x","logit_bias":{"5":101}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
+      {ApiKind::kCompletion, R"({"prompt":[1, 512]})", "prompt"},
+      {ApiKind::kCompletion, R"({"prompt":[]})", "prompt"},
+      {ApiKind::kCompletion, R"({"prompt":5})", "prompt"},
+      {ApiKind::kCompletion, R"({"prompt":"x","echo":true})", "echo"},
+      {ApiKind::kCompletion, R"({})", "prompt"},
+      {ApiKind::kChat, R"({"messages":[]})", "messages"},
+      {ApiKind::kChat, R"({"messages":"hi"})", "messages"},
+      {ApiKind::kChat, R"({"messages":[{"content":"hi"}]})", "messages[0].role"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":7}]})", "messages[0].content"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages[0].content[0]"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       "response_format"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = error_of(c.kind, c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param.value_or(""), c.param) << c.body << ": " << e.message;
+    EXPECT_EQ(e.type, "invalid_request_error");
+  }
+}
+
+TEST_F(OpenAiApiTest, ContextLengthExceededSaysTheSizes) {
+  json long_prompt = {{"prompt", std::vector<int>(600, 100)}};
+  ApiError e = error_of(ApiKind::kCompletion, long_prompt.dump());
+  EXPECT_EQ(e.code.value_or(""), "context_length_exceeded");
+  EXPECT_NE(e.message.find("512"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("600"), std::string::npos) << e.message;
+  e = error_of(ApiKind::kCompletion, R"({"prompt":[1,2,3],"max_tokens":510})");
+  EXPECT_EQ(e.code.value_or(""), "context_length_exceeded");
+  EXPECT_EQ(e.param.value_or(""), "max_tokens");
+  EXPECT_NE(e.message.find("513"), std::string::npos) << e.message;
+  // The completions default of 16 shrinks to the room left instead of failing.
+  json near_full = {{"prompt", std::vector<int>(505, 100)}};
+  EXPECT_EQ(parse(ApiKind::kCompletion, near_full.dump()).params.max_tokens, 7);
+}
+
+TEST_F(OpenAiApiTest, UnknownModelIs404) {
+  const ApiError e = error_of(ApiKind::kCompletion, R"({"model":"gpt-4","prompt":"x"})");
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.code.value_or(""), "model_not_found");
+  EXPECT_NO_THROW(parse(ApiKind::kCompletion, R"({"model":"llama","prompt":"x"})"));
+}
+
+TEST_F(OpenAiApiTest, ChatRendersTheTemplateAndAddsBos) {
+  const GenerationRequest r = parse(ApiKind::kChat, R"({"messages":[
+      {"role":"system","content":"Be brief."},
+      {"role":"user","content":[{"type":"text","text":"Hello"},{"type":"text","text":"there"}]}]})");
+  const std::string expected_text =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello\nthere<|im_end|>\n<|im_start|>assistant\n";
+  std::vector<TokenId> expected = tokenizer_->encode(expected_text, {.add_special = false, .parse_special = true});
+  expected.insert(expected.begin(), *tokenizer_->vocab().bos);  // stories260K's vocabulary adds BOS
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0], expected);
+}
+
+TEST_F(OpenAiApiTest, TemplateErrorsAre400OnMessages) {
+  ModelInfo strict = info();
+  strict.render_chat = [](const json& context) {
+    static const ChatTemplate t = ChatTemplate::parse(
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}");
+    return t.render(context);
+  };
+  try {
+    parse_generation_request(ApiKind::kChat, json::parse(R"({"messages":[{"role":"system","content":"x"}]})"), strict);
+    FAIL() << "accepted";
+  } catch (const ApiException& e) {
+    EXPECT_EQ(e.error().status, 400);
+    EXPECT_EQ(e.error().param.value_or(""), "messages");
+    EXPECT_NE(e.error().message.find("no system role"), std::string::npos) << e.error().message;
+  }
+}
+
+TEST_F(OpenAiApiTest, ResponseShapes) {
+  ResponseWriter completion(ApiKind::kCompletion, "llama", *tokenizer_, /*want_logprobs=*/true);
+  std::vector<ChoiceState> choices(1);
+  choices[0].text = "Once";
+  choices[0].finish = engine::Finish{engine::FinishReason::kLength};
+  choices[0].logprobs.push_back({.token = 5, .logprob = -0.5f, .top = {{5, -0.5f}, {6, -1.5f}}});
+  const UsageTotals usage{.prompt_tokens = 3, .completion_tokens = 1, .cached_tokens = 2};
+  json r = completion.response(choices, usage);
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(r["choices"][0]["text"], "Once");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["choices"][0]["logprobs"]["token_logprobs"][0], -0.5f);
+  EXPECT_EQ(r["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
+  EXPECT_EQ(r["choices"][0]["logprobs"]["text_offset"][0], 0);
+  EXPECT_EQ(r["usage"]["total_tokens"], 4);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+
+  ResponseWriter chat(ApiKind::kChat, "llama", *tokenizer_, /*want_logprobs=*/false);
+  json role = chat.role_chunk(0);
+  EXPECT_EQ(role["object"], "chat.completion.chunk");
+  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
+  size_t offset = 0;
+  json last = chat.delta_chunk(0, "", {}, engine::Finish{engine::FinishReason::kStop}, offset);
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  json usage_chunk = chat.usage_chunk(usage);
+  EXPECT_TRUE(usage_chunk["choices"].empty());
+  EXPECT_EQ(usage_chunk["usage"]["completion_tokens"], 1);
+  json full = chat.response(choices, usage);
+  EXPECT_EQ(full["choices"][0]["message"]["content"], "Once");
+  EXPECT_TRUE(full["choices"][0]["logprobs"].is_null());
+}
+
+TEST_F(OpenAiApiTest, ErrorShape) {
+  const ApiError e{.status = 400, .message = "m", .param = "p"};
+  const json j = e.to_json();
+  EXPECT_EQ(j["error"]["message"], "m");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "p");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+}
+
+}  // namespace
+}  // namespace sieve::server
