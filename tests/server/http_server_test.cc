@@ -50,6 +50,10 @@ TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedThenServes) {
   const json body = json::parse(reply->body);
   EXPECT_EQ(body["model"], "stories");
   EXPECT_EQ(body["usage"]["completion_tokens"], 8);
+  // The engine publishes its stats at the end of the step that finished the request.
+  for (int i = 0; i < 200 && engine->stats().kv.num_free_pages != 64; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ(engine->stats().kv.num_free_pages, 64);
 
   server.shutdown();
