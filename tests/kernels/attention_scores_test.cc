@@ -10,9 +10,11 @@
 #include "kernels/attention_scores.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -268,6 +270,73 @@ TEST_P(AttentionScores, PageUpperBoundsMatchTheReferenceAndBoundEveryKey) {
       }
     }
   }
+}
+
+// A sparse anonymous mapping of `bytes`, unmapped at scope exit.
+struct SparseMapping {
+  void* data = MAP_FAILED;
+  size_t bytes = 0;
+  explicit SparseMapping(size_t size) : bytes(size) {
+    data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                -1, 0);
+  }
+  ~SparseMapping() {
+    if (data != MAP_FAILED) munmap(data, bytes);
+  }
+  float* floats() const { return static_cast<float*>(data); }
+};
+
+// Pages (and their summaries) past 4 GiB of the pool base: offsets must be 64-bit. Results must
+// equal those on the same keys laid out compactly, bit for bit.
+TEST_P(AttentionScores, PageOffsetsBeyond4GiB) {
+  const CacheShape shape{.num_keys = 70, .num_kv_heads = 2, .head_dim = 64};
+  const TestCache compact(shape, 1000);
+  const PagedKv small = compact.view();
+  const int64_t page_stride = shape.num_kv_heads * shape.page_size * shape.head_dim;
+  const int64_t first_page = ((int64_t{1} << 32) / 4) / page_stride + 1000;  // past 4 GiB
+  const auto num_blocks = static_cast<int64_t>(small.block_table.size());
+  const size_t bytes = static_cast<size_t>((first_page + 2 * num_blocks) * page_stride) * 4;
+  const SparseMapping k_mem(bytes), summary_mem(bytes);
+  if (k_mem.data == MAP_FAILED || summary_mem.data == MAP_FAILED) {
+    GTEST_SKIP() << "cannot map " << bytes << " bytes";
+  }
+  std::vector<int32_t> table;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    table.push_back(static_cast<int32_t>(first_page + 2 * (num_blocks - 1 - b)));  // descending
+  }
+  const PagedKv big{
+      k_mem.floats(),  k_mem.floats(), page_stride,        shape.page_size * shape.head_dim,
+      shape.page_size, shape.head_dim, shape.num_kv_heads, table};
+  for (int64_t t = 0; t < shape.num_keys; ++t) {
+    for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+      std::memcpy(k_mem.floats() + kv_offset(big, t, h), small.k + kv_offset(small, t, h),
+                  shape.head_dim * sizeof(float));
+    }
+  }
+  ThreadPool pool(3);
+  const int64_t num_heads = 8;
+  const std::vector<int32_t> positions = position_range(40, 70);
+  const std::vector<float> q = random_floats(30 * num_heads * shape.head_dim, 1001);
+  const AttentionQuery window{q.data(), positions, num_heads, 0.125f};
+  std::vector<float> out(30 * num_heads * shape.head_dim), lse(30 * num_heads);
+  paged_attention(small, window, {out.data(), nullptr, lse.data()}, pool);
+  std::vector<float> got(2 * 70), want(2 * 70);
+  observation_scores(big, window, lse.data(), 70, got.data(), pool);
+  observation_scores(small, window, lse.data(), 70, want.data(), pool);
+  EXPECT_EQ(got, want);
+
+  const KeySummaries big_summaries{summary_mem.floats(), page_stride};
+  std::vector<float> small_data(static_cast<size_t>(2 * num_blocks + 3) * 2 * 2 * 64);
+  const KeySummaries small_summaries{small_data.data(), 2 * 2 * 64};
+  for (int64_t t = 0; t < shape.num_keys; ++t) {
+    extend_page_key_summary(big, t, big_summaries);
+    extend_page_key_summary(small, t, small_summaries);
+  }
+  const std::vector<float> q1 = random_floats(num_heads * shape.head_dim, 1002);
+  std::vector<float> got_bounds(2 * 5), want_bounds(2 * 5);
+  page_upper_bounds(big, big_summaries, q1.data(), num_heads, 5, got_bounds.data());
+  page_upper_bounds(small, small_summaries, q1.data(), num_heads, 5, want_bounds.data());
+  EXPECT_EQ(got_bounds, want_bounds);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTargets, AttentionScores, ::testing::ValuesIn(available_targets()),
