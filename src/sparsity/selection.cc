@@ -207,6 +207,72 @@ FastGenDecision select_fastgen(std::span<const float> scores, std::span<const To
   return *decision(FastGenChoice::kFull);
 }
 
+FastGenState::FastGenState(const FastGenPendingHead& head, const FastGenDecision& decision,
+                           std::span<const int32_t> positions, std::span<const TokenClass> classes,
+                           std::span<const float> scores)
+    : choice_(decision.choice),
+      local_window_(decision.choice >= FastGenChoice::kSpecialPunctLocal ? head.local_window : 0),
+      frequent_budget_(decision.choice >= FastGenChoice::kSpecialPunctLocalFrequent
+                           ? static_cast<int64_t>(std::ceil(head.frequent_fraction *
+                                                            static_cast<double>(positions.size())))
+                           : 0) {
+  assert(positions.size() == classes.size() && positions.size() == scores.size());
+  for (int32_t i : decision.keep) {
+    positions_.push_back(positions[static_cast<size_t>(i)]);
+    classes_.push_back(classes[static_cast<size_t>(i)]);
+    scores_.push_back(rank_value(scores[static_cast<size_t>(i)]));
+  }
+}
+
+bool FastGenState::kept_for_class(TokenClass token_class) const {
+  if (token_class == TokenClass::kSpecial) return true;
+  return token_class == TokenClass::kPunctuation && choice_ >= FastGenChoice::kSpecialPunct;
+}
+
+std::vector<int32_t> FastGenState::step(int32_t new_position, TokenClass token_class,
+                                        std::span<const float> attention) {
+  assert(attention.size() == positions_.size() + 1);
+  assert(positions_.empty() || new_position > positions_.back());
+  for (size_t i = 0; i < positions_.size(); ++i) scores_[i] += rank_value(attention[i]);
+  positions_.push_back(new_position);
+  classes_.push_back(token_class);
+  scores_.push_back(rank_value(attention.back()));
+  if (choice_ == FastGenChoice::kFull) return {};
+
+  // Tokens kept neither by class nor by the local window: frequent candidates, or dropped.
+  std::vector<size_t> others;
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    const bool local = int64_t{positions_[i]} > int64_t{new_position} - local_window_;
+    if (!local && !kept_for_class(classes_[i])) others.push_back(i);
+  }
+  std::vector<bool> drop(positions_.size(), false);
+  if (std::ssize(others) > frequent_budget_) {
+    // Keep the best frequent_budget_ of them (ranking rule), drop the rest.
+    std::stable_sort(others.begin(), others.end(), [&](size_t a, size_t b) {
+      return ranks_before(scores_[a], static_cast<int64_t>(a), scores_[b], static_cast<int64_t>(b));
+    });
+    for (size_t j = static_cast<size_t>(frequent_budget_); j < others.size(); ++j) {
+      drop[others[j]] = true;
+    }
+  }
+  std::vector<int32_t> dropped;
+  size_t out = 0;
+  for (size_t i = 0; i < positions_.size(); ++i) {
+    if (drop[i]) {
+      dropped.push_back(positions_[i]);
+      continue;
+    }
+    positions_[out] = positions_[i];
+    classes_[out] = classes_[i];
+    scores_[out] = scores_[i];
+    ++out;
+  }
+  positions_.resize(out);
+  classes_.resize(out);
+  scores_.resize(out);
+  return dropped;
+}
+
 // ------------------------------------------------------------------------------ pages
 
 std::vector<int32_t> select_pages(std::span<const float> page_bounds, int64_t num_tokens,

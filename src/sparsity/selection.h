@@ -87,12 +87,44 @@ struct FastGenDecision {
 
 // scores: [n] the head's attention mass from the profiling rows (the last local_window prompt
 // rows) over the prompt; classes: [n]. Picks the cheapest candidate whose recovery ratio is
-// >= 1 - threshold. During generation the chosen policy continues: a new token is kept if it
-// is special / punctuation (for choices that keep those), the local window slides, and the
-// frequent set is maintained like H2O's heavy hitters (HeavyHitterState over the non-special,
-// non-punctuation, non-local tokens with budget ceil(F * n)).
+// >= 1 - threshold; FastGenState carries the choice on through generation.
 FastGenDecision select_fastgen(std::span<const float> scores, std::span<const TokenClass> classes,
                                const FastGenPendingHead& head);
+
+// FastGen during generation for one KV head, after select_fastgen(). A kept token stays while
+// its class is one the choice keeps (special; punctuation from kSpecialPunct on), while it is in
+// the local window (the local_window most recent positions, from kSpecialPunctLocal on), or
+// while it is in the frequent set (kSpecialPunctLocalFrequent: the other tokens, at most
+// ceil(F * n) for a prompt of n, ranked by attention accumulated from the prompt's scores
+// through every decode step; when over, the lowest goes, ties: the higher position). kFull
+// keeps everything. A new token is always attended (it is in the cache when its query runs),
+// then dropped at once if nothing keeps it.
+class FastGenState {
+ public:
+  // positions / classes / scores: the prompt in candidate order, as given to select_fastgen().
+  FastGenState(const FastGenPendingHead& head, const FastGenDecision& decision,
+               std::span<const int32_t> positions, std::span<const TokenClass> classes,
+               std::span<const float> scores);
+
+  // One decode step. attention: the new token's weights (summed over the group) over
+  // kept_positions() in order, then itself. Returns the positions dropped now (ascending).
+  std::vector<int32_t> step(int32_t new_position, TokenClass token_class,
+                            std::span<const float> attention);
+
+  FastGenChoice choice() const { return choice_; }
+  std::span<const int32_t> kept_positions() const { return positions_; }  // ascending
+  int64_t frequent_budget() const { return frequent_budget_; }
+
+ private:
+  bool kept_for_class(TokenClass token_class) const;
+
+  FastGenChoice choice_;
+  int64_t local_window_;
+  int64_t frequent_budget_;
+  std::vector<int32_t> positions_;
+  std::vector<TokenClass> classes_;
+  std::vector<double> scores_;  // accumulated attention, parallel to positions_
+};
 
 // Quest / LServe dynamic heads. page_bounds: [num_pages] an upper bound of the group's q·k over
 // each page's keys (kernels::page_upper_bounds), num_pages = ceil(num_tokens / page_size). The

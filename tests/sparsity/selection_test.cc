@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <set>
@@ -260,6 +261,120 @@ TEST(FastGen, MatchesBruteForceOnRandomHeads) {
     EXPECT_EQ(static_cast<size_t>(d.choice), want) << seed;
     EXPECT_EQ(d.keep, std::vector<int32_t>(sets[want].begin(), sets[want].end())) << seed;
     EXPECT_GE(d.recovery, 1.0 - head.threshold - 1e-12);
+  }
+}
+
+std::vector<int32_t> kept_of(const FastGenState& state) {
+  return {state.kept_positions().begin(), state.kept_positions().end()};
+}
+
+TEST(FastGenState, LocalWindowSlidesAndKeptClassesStay) {
+  // Prompt 0..9: 0 special, 4 punctuation; choice special+punct+local with W = 3.
+  std::vector<TokenClass> classes(10, TokenClass::kOther);
+  classes[0] = TokenClass::kSpecial;
+  classes[4] = TokenClass::kPunctuation;
+  const std::vector<int32_t> positions = range(0, 10);
+  const std::vector<float> scores(10, 0.1f);
+  const FastGenPendingHead head{0.05, 3, 0.2};
+  const FastGenDecision decision{FastGenChoice::kSpecialPunctLocal, {0, 4, 7, 8, 9}, 0.97};
+  FastGenState state(head, decision, positions, classes, scores);
+  EXPECT_EQ(state.frequent_budget(), 0);
+  EXPECT_EQ(kept_of(state), (std::vector<int32_t>{0, 4, 7, 8, 9}));
+  EXPECT_EQ(state.step(10, TokenClass::kOther, std::vector<float>(6, 0.1f)),
+            (std::vector<int32_t>{7}));
+  EXPECT_EQ(state.step(11, TokenClass::kPunctuation, std::vector<float>(6, 0.1f)),
+            (std::vector<int32_t>{8}));
+  EXPECT_EQ(state.step(12, TokenClass::kOther, std::vector<float>(6, 0.1f)),
+            (std::vector<int32_t>{9}));
+  EXPECT_EQ(state.step(13, TokenClass::kOther, std::vector<float>(6, 0.1f)),
+            (std::vector<int32_t>{10}));
+  EXPECT_EQ(state.step(14, TokenClass::kSpecial, std::vector<float>(6, 0.1f)),
+            (std::vector<int32_t>{}));  // 11 (punctuation) stays after leaving the window
+  EXPECT_EQ(state.step(15, TokenClass::kOther, std::vector<float>(6, 0.1f)),
+            (std::vector<int32_t>{12}));
+  EXPECT_EQ(kept_of(state), (std::vector<int32_t>{0, 4, 11, 13, 14, 15}));
+}
+
+TEST(FastGenState, SpecialOnlyDropsEachNewTokenAfterItsStepAndFullKeepsAll) {
+  const std::vector<TokenClass> classes = {TokenClass::kSpecial, TokenClass::kOther,
+                                           TokenClass::kPunctuation};
+  const std::vector<float> scores = {0.9f, 0.05f, 0.05f};
+  const FastGenPendingHead head{0.2, 1, 0.0};
+  FastGenState special(head, {FastGenChoice::kSpecial, {0}, 0.9}, range(0, 3), classes, scores);
+  EXPECT_EQ(special.step(3, TokenClass::kOther, std::vector<float>{0.5f, 0.5f}),
+            (std::vector<int32_t>{3}));
+  EXPECT_EQ(special.step(4, TokenClass::kPunctuation, std::vector<float>{0.5f, 0.5f}),
+            (std::vector<int32_t>{4}));  // punctuation is not kept by this choice
+  EXPECT_EQ(special.step(5, TokenClass::kSpecial, std::vector<float>{0.5f, 0.5f}),
+            (std::vector<int32_t>{}));
+  EXPECT_EQ(kept_of(special), (std::vector<int32_t>{0, 5}));
+  FastGenState full(head, {FastGenChoice::kFull, {0, 1, 2}, 1.0}, range(0, 3), classes, scores);
+  for (int32_t p = 3; p < 10; ++p) {
+    EXPECT_TRUE(full.step(p, TokenClass::kOther, std::vector<float>(p + 1, 0.1f)).empty());
+  }
+  EXPECT_EQ(kept_of(full), range(0, 10));
+}
+
+// The frequent choice against a brute-force restatement: after every step the kept set is the
+// class-kept tokens, the local window, and the ceil(F * n) best others by accumulated attention.
+TEST(FastGenState, FrequentSetMatchesBruteForce) {
+  for (uint32_t seed = 0; seed < 10; ++seed) {
+    const int32_t n = 40;
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> coarse(0, 3);
+    std::vector<TokenClass> classes(n);
+    for (auto& c : classes) {
+      const int r = static_cast<int>(rng() % 8);
+      c = r == 0 ? TokenClass::kSpecial : r == 1 ? TokenClass::kPunctuation : TokenClass::kOther;
+    }
+    std::vector<float> scores(n);
+    for (float& x : scores) x = static_cast<float>(coarse(rng));
+    const FastGenPendingHead head{0.0, static_cast<int64_t>(seed % 4 + 1), 0.1};  // 4 frequent
+    // Force the frequent choice: the decision's keep set from select_fastgen's own rule.
+    FastGenDecision decision =
+        select_fastgen(scores, classes, {1.0 - 1e-9, head.local_window, head.frequent_fraction});
+    ASSERT_EQ(decision.choice, FastGenChoice::kSpecial);  // T ~ 1: the cheapest
+    // Rebuild the frequent-choice keep set by hand.
+    std::vector<int32_t> keep;
+    std::vector<float> rest = scores;
+    for (int32_t i = 0; i < n; ++i) {
+      if (classes[i] != TokenClass::kOther || i >= n - head.local_window) {
+        keep.push_back(i);
+        rest[i] = -1.0f;
+      }
+    }
+    for (int32_t i : sorted_top_k(rest, 4)) keep.push_back(i);
+    std::sort(keep.begin(), keep.end());
+    decision = {FastGenChoice::kSpecialPunctLocalFrequent, keep, 0.0};
+    FastGenState state(head, decision, range(0, n), classes, scores);
+    ASSERT_EQ(state.frequent_budget(), 4);
+
+    std::map<int32_t, std::pair<TokenClass, double>> model;  // kept position -> (class, total)
+    for (int32_t i : keep) model[i] = {classes[i], scores[i]};
+    for (int32_t pos = n; pos < n + 60; ++pos) {
+      const auto cls = static_cast<TokenClass>(rng() % 3);
+      std::vector<float> row(model.size() + 1);
+      for (float& r : row) r = static_cast<float>(coarse(rng)) / 2.0f;
+      const std::vector<int32_t> dropped = state.step(pos, cls, row);
+      size_t j = 0;
+      for (auto& [p, entry] : model) entry.second += row[j++];
+      model[pos] = {cls, row.back()};
+      std::vector<std::pair<double, int32_t>> others;  // (-total, position): best first
+      for (const auto& [p, entry] : model) {
+        if (entry.first == TokenClass::kOther && p <= pos - head.local_window) {
+          others.emplace_back(-entry.second, p);
+        }
+      }
+      std::sort(others.begin(), others.end());
+      std::vector<int32_t> want_dropped;
+      for (size_t k = 4; k < others.size(); ++k) want_dropped.push_back(others[k].second);
+      std::sort(want_dropped.begin(), want_dropped.end());
+      for (int32_t p : want_dropped) model.erase(p);
+      ASSERT_EQ(dropped, want_dropped) << "seed " << seed << " pos " << pos;
+      std::vector<int32_t> want_kept;
+      for (const auto& [p, entry] : model) want_kept.push_back(p);
+      ASSERT_EQ(kept_of(state), want_kept);
+    }
   }
 }
 
