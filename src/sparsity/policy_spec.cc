@@ -214,8 +214,12 @@ std::vector<Group> parse_groups(std::string_view name, const std::vector<Item>& 
       has_rest = true;
       continue;
     }
-    if (!item.key.empty())
+    if (item.key.find(':') != std::string_view::npos) {
+      fail("{}: a group's policy with parameters goes in parentheses: (POLICY:...)@SELECTOR", name);
+    }
+    if (!item.key.empty()) {
       fail("{}: unknown parameter \"{}\" (expected groups and rest)", name, item.key);
+    }
     if (has_rest) fail("{}: rest must come last", name);
     const size_t close = item.value.front() == '(' ? matching_paren(item.value, 0, name) : 0;
     const size_t at = item.value.find('@', close);

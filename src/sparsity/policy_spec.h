@@ -206,7 +206,7 @@ struct SinkWindowHead {
 };
 // At the end of (each chunk of) prefill: the last `window` tokens are the observation window;
 // keep the top `budget` others by pooled window score (select_snapkv) plus the window. Decode
-// tokens are appended (the lead's choice whether to re-compress when over budget + window).
+// tokens are appended; whether to re-compress when over budget + window is the caller's call.
 struct ObservationTopHead {
   int64_t budget = 0;
   int64_t window = 0;
@@ -214,7 +214,8 @@ struct ObservationTopHead {
   Pooling pooling = Pooling::kMax;
   friend bool operator==(const ObservationTopHead&, const ObservationTopHead&) = default;
 };
-// Heavy hitters by attention accumulated over the decode steps (HeavyHitterState).
+// Heavy hitters by attention accumulated over the decode steps (HeavyHitterState), seeded at
+// the end of prefill with the observation scores of the last max(window, 1) prompt rows.
 struct HeavyHitterHead {
   int64_t heavy_budget = 0;
   int64_t window = 0;

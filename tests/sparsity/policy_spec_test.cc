@@ -177,6 +177,8 @@ TEST(PolicySpec, ErrorsNameTheProblem) {
       {"heads:full@kv=1+1", "lists an index twice"},
       {"heads:full@profile=1.5", "profile must be in [0, 1]"},
       {"heads:(full)", "needs '@'"},
+      {"heads:snapkv:B=5@kv=1", "goes in parentheses: (POLICY:...)@SELECTOR"},
+      {"heads:full@kv=1,X=2", "unknown parameter \"X\" (expected groups and rest)"},
       // rest= takes the rest of the string, so this names a policy "full,full@kv=0".
       {"heads:rest=full,full@kv=0", "unknown policy \"full,full@kv=0\""},
       {"full:X=1", "unknown parameter \"X\""},
