@@ -13,6 +13,12 @@
 //   Prefill/<target>/n:N/threads:T           causal prompt of N tokens: GFLOP/s (4 * head_dim
 //                                            * heads * N(N+1)/2 per call)
 //   RefDecode/ctx:2048                       the double-precision reference, for scale
+//   Observation/<target>/n:N/threads:T       observation_scores() of the last 32 rows of an
+//                                            N-token prompt (SnapKV's window): GFLOP/s of q·k
+//                                            (2 * head_dim * heads * 32 * N per call); compare
+//                                            its time with Prefill/n:N
+//   PageBounds/<target>/ctx:C                page_upper_bounds() of one decode row over C / 16
+//                                            pages (Quest)
 //
 //   attention_bench --benchmark_filter='Decode/AVX3'
 #include <benchmark/benchmark.h>
@@ -27,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/attention_scores.h"
 #include "kernels/ops.h"
 #include "kernels/paged_attention.h"
 #include "util/thread_pool.h"
@@ -157,6 +164,53 @@ void run_prefill(benchmark::State& state, const std::string& target, int64_t n, 
   force_target_for_testing("");
 }
 
+void run_observation(benchmark::State& state, const std::string& target, int64_t n, int threads) {
+  if (!force_target_for_testing(target)) {
+    state.SkipWithError("target not available");
+    return;
+  }
+  constexpr int64_t kWindow = 32;
+  const Cache& cache = cache_of(n, /*cold=*/false);
+  const std::vector<float> q = random_floats(kWindow * kHeads * kHeadDim, 9);
+  std::vector<int32_t> positions(static_cast<size_t>(kWindow));
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(n - kWindow));
+  const AttentionQuery window{q.data(), positions, kHeads, 0.088f};
+  std::vector<float> out(kWindow * kHeads * kHeadDim), row_lse(kWindow * kHeads);
+  ThreadPool& pool = pool_of(threads);
+  paged_attention(cache.layer(0), window, {out.data(), nullptr, row_lse.data()}, pool);
+  std::vector<float> scores(static_cast<size_t>(kKvHeads * n));
+  for (auto _ : state) {
+    observation_scores(cache.layer(0), window, row_lse.data(), n, scores.data(), pool);
+    benchmark::DoNotOptimize(scores.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * kHeadDim * kHeads * kWindow * static_cast<double>(n);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  force_target_for_testing("");
+}
+
+void run_page_bounds(benchmark::State& state, const std::string& target, int64_t ctx) {
+  if (!force_target_for_testing(target)) {
+    state.SkipWithError("target not available");
+    return;
+  }
+  const Cache& cache = cache_of(ctx, /*cold=*/false);
+  const PagedKv kv = cache.layer(0);
+  const int64_t num_blocks = static_cast<int64_t>(kv.block_table.size());
+  std::vector<float> summary_data(static_cast<size_t>(num_blocks * kKvHeads * 2 * kHeadDim));
+  const KeySummaries summaries{summary_data.data(), kKvHeads * 2 * kHeadDim};
+  for (int64_t b = 0; b < num_blocks; ++b) summarize_page_keys(kv, b, kPageSize, summaries);
+  const std::vector<float> q = random_floats(kHeads * kHeadDim, 10);
+  std::vector<float> bounds(static_cast<size_t>(kKvHeads * num_blocks));
+  for (auto _ : state) {
+    page_upper_bounds(kv, summaries, q.data(), kHeads, num_blocks, bounds.data());
+    benchmark::DoNotOptimize(bounds.data());
+    benchmark::ClobberMemory();
+  }
+  force_target_for_testing("");
+}
+
 // Sums a 1 GiB buffer with all threads: the read bandwidth decode can hope for.
 void run_mem_bandwidth(benchmark::State& state, int threads) {
   constexpr size_t kBytes = size_t{1} << 30;
@@ -230,6 +284,19 @@ void register_all() {
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
+  }
+  for (const std::string& target : available_targets()) {
+    for (int64_t n : {2048, 16384}) {
+      const std::string name = "Observation/" + target + "/n:" + std::to_string(n) +
+                               "/threads:" + std::to_string(max_threads);
+      benchmark::RegisterBenchmark(name.c_str(), run_observation, target, n, max_threads)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+    const std::string bounds = "PageBounds/" + target + "/ctx:16384";
+    benchmark::RegisterBenchmark(bounds.c_str(), run_page_bounds, target, int64_t{16384})
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
   benchmark::RegisterBenchmark("RefDecode/ctx:2048", run_decode, std::string(), int64_t{2048}, 1,
                                false)

@@ -82,6 +82,15 @@ bool Tokenizer::is_control(TokenId id) const {
          vocab_.types[id] == TokenType::kControl;
 }
 
+bool Tokenizer::is_special(TokenId id) const {
+  if (id < 0 || static_cast<size_t>(id) >= vocab_.size()) return false;
+  return vocab_.types[id] == TokenType::kControl || vocab_.types[id] == TokenType::kUserDefined;
+}
+
+bool Tokenizer::is_punctuation(TokenId id) const {
+  return id >= 0 && static_cast<size_t>(id) < punctuation_.size() && punctuation_[id];
+}
+
 bool Tokenizer::is_eog(TokenId id) const {
   return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id);
 }
@@ -120,6 +129,10 @@ void TokenizerBase::build_piece_cache() {
       case TokenType::kUndefined:
         break;  // stand for nothing, like llama.cpp
     }
+  }
+  punctuation_ = find_punctuation(pieces_);
+  for (size_t id = 0; id < vocab_.size(); ++id) {
+    if (is_special(static_cast<TokenId>(id))) punctuation_[id] = false;  // "</s>" and the like
   }
 }
 

@@ -99,10 +99,17 @@ class Tokenizer {
   // ("<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<end_of_turn>", ...), as llama.cpp does.
   bool is_eog(TokenId id) const;
   std::span<const TokenId> eog_ids() const { return eog_ids_; }  // sorted
+  // Token classes for KV sparsity (FastGen keeps special and punctuation tokens). Special: a
+  // control or user-defined token (BOS, EOS, chat markers). Punctuation: the token's piece
+  // holds at least one Unicode punctuation character (\p{P}) and otherwise only white space
+  // ("." "," " ?" "!\n"; not "$" or "a."). From a table built once; false for ids out of range.
+  bool is_special(TokenId id) const;
+  bool is_punctuation(TokenId id) const;
 
  protected:
   explicit Tokenizer(Vocab vocab);
   Vocab vocab_;
+  std::vector<bool> punctuation_;  // per id; filled by the subclass once pieces are known
 
  private:
   std::vector<TokenId> eog_ids_;

@@ -23,6 +23,9 @@ struct StringHash {
 template <typename Value>
 using StringMap = std::unordered_map<std::string, Value, StringHash, std::equal_to<>>;
 
+// Per piece: whether it is punctuation as Tokenizer::is_punctuation() defines it.
+std::vector<bool> find_punctuation(const std::vector<std::string>& pieces);
+
 // The byte of a "<0xXX>" token text (two hex digits), std::nullopt for any other text.
 std::optional<uint8_t> parse_byte_token(std::string_view text);
 

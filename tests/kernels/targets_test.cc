@@ -28,10 +28,12 @@ TEST(Targets, ForcingSwitchesEveryDispatchTable) {
     EXPECT_EQ(active_target(), name);
     EXPECT_EQ(matmul_target_name(), name);
     EXPECT_EQ(vec_ops_target_name(), name);
+    EXPECT_EQ(attention_scores_target_name(), name);
   }
   ASSERT_TRUE(force_target_for_testing(""));
   EXPECT_EQ(active_target(), available_targets().front());
   EXPECT_EQ(vec_ops_target_name(), available_targets().front());
+  EXPECT_EQ(attention_scores_target_name(), available_targets().front());
 }
 
 TEST(Targets, UnknownTargetIsRefusedAndChangesNothing) {

@@ -2,7 +2,9 @@
 // stories260K: golden ids, round trips, special tokens, BOS/EOS, long inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "test_util.h"
 
@@ -210,6 +212,53 @@ TEST(Stories260K, OnceUponATime) {
   const auto emoji = tokenizer->encode("😀", kPlain);  // "▁😀": "▁" (410), F0 9F 98 80
   EXPECT_EQ(emoji, (std::vector<TokenId>{410, 3 + 0xF0, 3 + 0x9F, 3 + 0x98, 3 + 0x80}));
   EXPECT_EQ(tokenizer->decode(emoji), "😀");
+}
+
+// FastGen's token classes on the real vocabulary. Punctuation is Unicode's P category: the
+// ASCII ones below, curly quotes, dashes and the ellipsis; not symbols ($ + < > | ~ ` € ™), not
+// white space (the no-break and hair spaces), not letters.
+TEST(Stories260K, SpecialAndPunctuationTokens) {
+  auto tokenizer = Tokenizer::create(
+      testing::load_gguf_vocab(sieve::testing::shared_path("models/stories260K.gguf")));
+  const std::string ascii_punctuation = "!\"#%&'()*,-./:;?@[\\]_{}";
+  const std::set<std::string> punctuation_pieces = {
+      " \"", ".", ",", "\"", "'", "!", "?", "-", "\u201C", "\u201D", ":", "\u2019", ";",
+      "\u2013", "\u2014", "\u2018", "\u2026", ")", "(", "/", "*", "&", "\\", "%", "[", "]"};
+  const Vocab& vocab = tokenizer->vocab();
+  size_t num_punctuation = 0, num_special = 0;
+  for (TokenId id = 0; id < static_cast<TokenId>(vocab.size()); ++id) {
+    const std::string piece = tokenizer->token_to_piece(id);
+    bool want;
+    if (vocab.types[id] == TokenType::kByte) {
+      want = piece.size() == 1 && ascii_punctuation.find(piece[0]) != std::string::npos;
+    } else {
+      want = vocab.types[id] == TokenType::kNormal && punctuation_pieces.count(piece) > 0;
+    }
+    EXPECT_EQ(tokenizer->is_punctuation(id), want) << id << " \"" << escaped(piece) << "\"";
+    num_punctuation += tokenizer->is_punctuation(id);
+    EXPECT_EQ(tokenizer->is_special(id), id == 1 || id == 2) << id;  // <s>, </s>; <unk> is not
+    num_special += tokenizer->is_special(id);
+  }
+  EXPECT_EQ(num_punctuation, punctuation_pieces.size() + ascii_punctuation.size());
+  EXPECT_EQ(num_special, 2u);
+  EXPECT_FALSE(tokenizer->is_punctuation(-1));
+  EXPECT_FALSE(tokenizer->is_special(512));
+
+  // In a prompt: BOS special, then the tokens of ", : \" ! \"" punctuation and nothing else.
+  const auto ids = tokenizer->encode("Once upon a time, Lily said: \"Hi!\"");
+  std::string classes;
+  for (TokenId id : ids) {
+    classes += tokenizer->is_special(id) ? 'S' : tokenizer->is_punctuation(id) ? 'P' : '-';
+  }
+  std::string want_classes;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string piece = tokenizer->token_to_piece(ids[i]);
+    want_classes += i == 0 ? 'S'
+                    : piece.find_first_not_of(" ,:\"!") == std::string::npos ? 'P'
+                                                                              : '-';
+  }
+  EXPECT_EQ(classes, want_classes);
+  EXPECT_EQ(std::count(classes.begin(), classes.end(), 'P'), 5);  // , : " ! "
 }
 
 }  // namespace

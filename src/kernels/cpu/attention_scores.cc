@@ -1,0 +1,351 @@
+// Sparsity scores (attention_scores.h): per-target kernels (compiled once per Highway target)
+// and dispatchers. The scalar references are ref/attention_scores_ref.cc.
+//
+// observation_scores: a task is (kv head, chunk of kKeysPerTask keys). It stages the window's
+// query vectors of that kv head once (vector m = row m / group, head kv_head * group + m %
+// group; pre-scaled, zero padded to dp), then walks its keys in tiles of kTileKeys: gather the
+// tile's K rows into a contiguous buffer, and per query vector m that sees any of them
+//   s[j] = q_m · k_j              4 keys at a time, lanes along head_dim
+//   p[j] = exp(s[j] - lse_m)      vector Exp over the tile; keys past row m's position -> 0
+//   acc[j] += p[j]
+// Each key's sum is formed in query-vector order inside one task: deterministic for any pool.
+// Cost per key and query vector: head_dim FMAs + one Exp lane; K read once per key (+ a copy
+// into the tile buffer, a fraction of the α * group dot products that reuse it).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/attention_scores.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "hwy/aligned_allocator.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "kernels/attention_scores.h"
+#include "kernels/cpu/ops-inl.h"
+#include "util/thread_pool.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sieve::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace scores {
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+inline constexpr int64_t kTileKeys = 32;      // K rows per gathered tile (16 KiB at head_dim 128)
+inline constexpr int64_t kKeysPerTask = 512;  // keys per observation task
+// Below this many multiply-adds the calling thread does everything.
+inline constexpr int64_t kMinParallelMacs = 1 << 16;
+
+inline int64_t RoundUpToVectors(int64_t n) {
+  const auto N = static_cast<int64_t>(hn::Lanes(DF()));
+  return (n + N - 1) / N * N;
+}
+
+// The one place the kernels read K: rows [key0, key0 + count) of kv_head into dst, row j at
+// dst + j * dp, zero padded from head_dim to dp.
+HWY_INLINE void GatherKeys(const PagedKv& kv, int64_t kv_head, int64_t key0, int64_t count,
+                           int64_t dp, float* HWY_RESTRICT dst) {
+  for (int64_t j = 0; j < count; ++j) {
+    const float* src = kv.k + kv_offset(kv, key0 + j, kv_head);
+    std::memcpy(dst + j * dp, src, static_cast<size_t>(kv.head_dim) * sizeof(float));
+    std::fill(dst + j * dp + kv.head_dim, dst + (j + 1) * dp, 0.0f);
+  }
+}
+
+// s[j] = <q, k_j> for j < count; q and the k rows are dp floats (aligned, zero padded).
+HWY_INLINE void DotsWithTile(const float* HWY_RESTRICT q, const float* HWY_RESTRICT keys,
+                             int64_t count, int64_t dp, float* HWY_RESTRICT s) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + 4 <= count; j += 4) {
+    const float* k = keys + j * dp;
+    VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    for (int64_t c = 0; c < dp; c += N) {
+      const VF qv = hn::Load(d, q + c);
+      a0 = hn::MulAdd(qv, hn::Load(d, k + c), a0);
+      a1 = hn::MulAdd(qv, hn::Load(d, k + dp + c), a1);
+      a2 = hn::MulAdd(qv, hn::Load(d, k + 2 * dp + c), a2);
+      a3 = hn::MulAdd(qv, hn::Load(d, k + 3 * dp + c), a3);
+    }
+    s[j] = ReduceSum(d, a0);
+    s[j + 1] = ReduceSum(d, a1);
+    s[j + 2] = ReduceSum(d, a2);
+    s[j + 3] = ReduceSum(d, a3);
+  }
+  for (; j < count; ++j) {
+    VF a = hn::Zero(d);
+    for (int64_t c = 0; c < dp; c += N) {
+      a = hn::MulAdd(hn::Load(d, q + c), hn::Load(d, keys + j * dp + c), a);
+    }
+    s[j] = ReduceSum(d, a);
+  }
+}
+
+struct ObservationProblem {
+  const PagedKv& kv;
+  const AttentionQuery& window;
+  const float* row_lse;
+  int64_t num_keys;
+  float* scores;
+  int64_t group;
+  int64_t num_vectors;  // rows x group
+  int64_t dp;           // head_dim rounded up to whole vectors
+  int64_t tp;           // kTileKeys rounded up to whole vectors
+};
+
+// Per-thread buffers (aligned).
+struct ObservationScratch {
+  hwy::AlignedFreeUniquePtr<float[]> buffer;
+  float* q;                    // [num_vectors][dp] staged, scaled queries
+  float* keys;                 // [kTileKeys][dp] gathered K rows
+  float* s;                    // [tp] one query vector's scores, then probabilities
+  float* acc;                  // [tp] per-key sums of the tile
+  std::vector<float> lse;      // [num_vectors]
+  std::vector<int64_t> limit;  // [num_vectors] keys < limit are visible
+
+  explicit ObservationScratch(const ObservationProblem& p)
+      : lse(static_cast<size_t>(p.num_vectors)), limit(static_cast<size_t>(p.num_vectors)) {
+    buffer = hwy::AllocateAligned<float>(
+        static_cast<size_t>((p.num_vectors + kTileKeys) * p.dp + 2 * p.tp));
+    q = buffer.get();
+    keys = q + p.num_vectors * p.dp;
+    s = keys + kTileKeys * p.dp;
+    acc = s + p.tp;
+  }
+};
+
+HWY_NOINLINE void ObservationTask(const ObservationProblem& p, int64_t kv_head, int64_t key_begin,
+                                  int64_t key_end, ObservationScratch& sc) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t head_dim = p.kv.head_dim;
+  const AttentionQuery& w = p.window;
+  float* out = p.scores + kv_head * p.num_keys;
+  std::fill(out + key_begin, out + key_end, 0.0f);
+
+  // Stage this kv head's query vectors.
+  int64_t max_limit = 0;
+  const VF scale = hn::Set(d, w.scale);
+  for (int64_t m = 0; m < p.num_vectors; ++m) {
+    const int64_t row = m / p.group;
+    const int64_t head = kv_head * p.group + m % p.group;
+    const float* src = w.q + (row * w.num_heads + head) * head_dim;
+    float* dst = sc.q + m * p.dp;
+    int64_t c = 0;
+    for (; c + N <= head_dim; c += N) hn::Store(hn::Mul(hn::LoadU(d, src + c), scale), d, dst + c);
+    if (c < head_dim) {
+      hn::Store(hn::Mul(LoadTail(d, src + c, static_cast<size_t>(head_dim - c), 0.0f), scale), d,
+                dst + c);
+    }
+    sc.lse[static_cast<size_t>(m)] = p.row_lse[row * w.num_heads + head];
+    sc.limit[static_cast<size_t>(m)] = int64_t{w.positions[static_cast<size_t>(row)]} + 1;
+    max_limit = std::max(max_limit, sc.limit[static_cast<size_t>(m)]);
+  }
+
+  for (int64_t key0 = key_begin; key0 < std::min(key_end, max_limit); key0 += kTileKeys) {
+    const int64_t count = std::min({kTileKeys, key_end - key0, max_limit - key0});
+    GatherKeys(p.kv, kv_head, key0, count, p.dp, sc.keys);
+    for (int64_t i = 0; i < p.tp; i += N) hn::Store(hn::Zero(d), d, sc.acc + i);
+    for (int64_t m = 0; m < p.num_vectors; ++m) {
+      const int64_t num_valid =
+          std::clamp<int64_t>(sc.limit[static_cast<size_t>(m)] - key0, 0, count);
+      if (num_valid == 0) continue;
+      DotsWithTile(sc.q + m * p.dp, sc.keys, num_valid, p.dp, sc.s);
+      std::fill(sc.s + num_valid, sc.s + p.tp, -std::numeric_limits<float>::infinity());
+      const VF shift = hn::Set(d, sc.lse[static_cast<size_t>(m)]);
+      for (int64_t i = 0; i < p.tp; i += N) {
+        const VF prob = hn::Exp(d, hn::Sub(hn::Load(d, sc.s + i), shift));  // exp(-inf) = 0
+        hn::Store(hn::Add(hn::Load(d, sc.acc + i), prob), d, sc.acc + i);
+      }
+    }
+    std::copy(sc.acc, sc.acc + count, out + key0);
+  }
+}
+
+inline void ObservationScores(const PagedKv& kv, const AttentionQuery& window, const float* row_lse,
+                              int64_t num_keys, float* out, ThreadPool& pool) {
+  if (num_keys <= 0) return;
+  const int64_t group = window.num_heads / kv.num_kv_heads;
+  const auto num_rows = static_cast<int64_t>(window.positions.size());
+  if (num_rows == 0) {
+    std::fill(out, out + kv.num_kv_heads * num_keys, 0.0f);
+    return;
+  }
+  const ObservationProblem problem{kv,
+                                   window,
+                                   row_lse,
+                                   num_keys,
+                                   out,
+                                   group,
+                                   num_rows * group,
+                                   RoundUpToVectors(kv.head_dim),
+                                   RoundUpToVectors(kTileKeys)};
+  const int64_t chunks_per_head = (num_keys + kKeysPerTask - 1) / kKeysPerTask;
+  const int64_t num_tasks = kv.num_kv_heads * chunks_per_head;
+  const auto run = [&](int64_t begin, int64_t end) HWY_ATTR {
+    ObservationScratch scratch(problem);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t key_begin = t % chunks_per_head * kKeysPerTask;
+      ObservationTask(problem, t / chunks_per_head, key_begin,
+                      std::min(num_keys, key_begin + kKeysPerTask), scratch);
+    }
+  };
+  const int64_t macs = num_rows * window.num_heads * num_keys * kv.head_dim;
+  if (pool.num_threads() > 1 && num_tasks > 1 && macs >= kMinParallelMacs) {
+    pool.parallel_for(num_tasks, run, /*grain=*/1);
+  } else {
+    run(0, num_tasks);
+  }
+}
+
+// ----------------------------------------------------------------------------- summaries
+
+inline float* SummaryMin(const KeySummaries& s, int64_t page, int64_t kv_head, int64_t head_dim) {
+  return s.data + page * s.page_stride + kv_head * 2 * head_dim;
+}
+
+// min/max of `count` gathered rows (dp apart) into min[0..head_dim) / max[0..head_dim);
+// `extend`: fold into the values already there.
+HWY_INLINE void MinMaxRows(const float* HWY_RESTRICT rows, int64_t count, int64_t dp,
+                           int64_t head_dim, bool extend, float* HWY_RESTRICT min,
+                           float* HWY_RESTRICT max) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t c = 0; c < head_dim; c += N) {
+    const auto rest = static_cast<size_t>(std::min(N, head_dim - c));
+    const bool full = rest == static_cast<size_t>(N);
+    VF lo = hn::Load(d, rows + c), hi = lo;
+    for (int64_t j = 1; j < count; ++j) {
+      const VF k = hn::Load(d, rows + j * dp + c);
+      lo = hn::Min(lo, k);
+      hi = hn::Max(hi, k);
+    }
+    if (extend) {
+      lo = hn::Min(lo, full ? hn::LoadU(d, min + c) : LoadTail(d, min + c, rest, 0.0f));
+      hi = hn::Max(hi, full ? hn::LoadU(d, max + c) : LoadTail(d, max + c, rest, 0.0f));
+    }
+    if (full) {
+      hn::StoreU(lo, d, min + c);
+      hn::StoreU(hi, d, max + c);
+    } else {
+      StoreTail(d, lo, min + c, rest);
+      StoreTail(d, hi, max + c, rest);
+    }
+  }
+}
+
+inline void SummarizePage(const PagedKv& kv, int64_t block, int64_t first_slot, int64_t count,
+                          const KeySummaries& summaries) {
+  const int64_t dp = RoundUpToVectors(kv.head_dim);
+  auto rows = hwy::AllocateAligned<float>(static_cast<size_t>(count * dp));
+  const int64_t page = kv.block_table[static_cast<size_t>(block)];
+  for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
+    GatherKeys(kv, h, block * kv.page_size + first_slot, count, dp, rows.get());
+    float* min = SummaryMin(summaries, page, h, kv.head_dim);
+    MinMaxRows(rows.get(), count, dp, kv.head_dim, /*extend=*/first_slot > 0, min,
+               min + kv.head_dim);
+  }
+}
+
+// ----------------------------------------------------------------------------- bounds
+
+inline void PageUpperBounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
+                            int64_t num_heads, int64_t num_blocks, float* bounds) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t head_dim = kv.head_dim;
+  const int64_t group = num_heads / kv.num_kv_heads;
+  for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t page = kv.block_table[static_cast<size_t>(b)];
+      const float* min = SummaryMin(summaries, page, kv_head, head_dim);
+      const float* max = min + head_dim;
+      VF acc = hn::Zero(d);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qh = q + (kv_head * group + g) * head_dim;
+        int64_t c = 0;
+        for (; c + N <= head_dim; c += N) {
+          const VF qv = hn::LoadU(d, qh + c);
+          acc = hn::Add(
+              acc, hn::Max(hn::Mul(qv, hn::LoadU(d, min + c)), hn::Mul(qv, hn::LoadU(d, max + c))));
+        }
+        if (c < head_dim) {  // zero padding adds max(0, 0) = 0
+          const auto rest = static_cast<size_t>(head_dim - c);
+          const VF qv = LoadTail(d, qh + c, rest, 0.0f);
+          acc = hn::Add(acc, hn::Max(hn::Mul(qv, LoadTail(d, min + c, rest, 0.0f)),
+                                     hn::Mul(qv, LoadTail(d, max + c, rest, 0.0f))));
+        }
+      }
+      bounds[kv_head * num_blocks + b] = ReduceSum(d, acc);
+    }
+  }
+}
+
+}  // namespace scores
+
+void ObservationScoresImpl(const PagedKv& kv, const AttentionQuery& window, const float* row_lse,
+                           int64_t num_keys, float* out, ThreadPool& pool) {
+  scores::ObservationScores(kv, window, row_lse, num_keys, out, pool);
+}
+void SummarizePageImpl(const PagedKv& kv, int64_t block, int64_t first_slot, int64_t count,
+                       const KeySummaries& summaries) {
+  scores::SummarizePage(kv, block, first_slot, count, summaries);
+}
+void PageUpperBoundsImpl(const PagedKv& kv, const KeySummaries& summaries, const float* q,
+                         int64_t num_heads, int64_t num_blocks, float* bounds) {
+  scores::PageUpperBounds(kv, summaries, q, num_heads, num_blocks, bounds);
+}
+const char* AttentionScoresTargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace sieve::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <cassert>
+
+#include "kernels/cpu/targets.h"
+
+namespace sieve::kernels {
+
+HWY_EXPORT(ObservationScoresImpl);
+HWY_EXPORT(SummarizePageImpl);
+HWY_EXPORT(PageUpperBoundsImpl);
+HWY_EXPORT(AttentionScoresTargetName);
+
+void observation_scores(const PagedKv& kv, const AttentionQuery& window, const float* row_lse,
+                        int64_t num_keys, float* scores, ThreadPool& pool) {
+  assert(kv.num_kv_heads > 0 && window.num_heads % kv.num_kv_heads == 0);
+  assert(num_keys <= static_cast<int64_t>(kv.block_table.size()) * kv.page_size);
+  HWY_DYNAMIC_DISPATCH(ObservationScoresImpl)(kv, window, row_lse, num_keys, scores, pool);
+}
+
+void summarize_page_keys(const PagedKv& kv, int64_t block, int64_t num_filled,
+                         const KeySummaries& summaries) {
+  assert(num_filled >= 1 && num_filled <= kv.page_size);
+  HWY_DYNAMIC_DISPATCH(SummarizePageImpl)(kv, block, 0, num_filled, summaries);
+}
+
+void extend_page_key_summary(const PagedKv& kv, int64_t position, const KeySummaries& summaries) {
+  HWY_DYNAMIC_DISPATCH(SummarizePageImpl)
+  (kv, position / kv.page_size, position % kv.page_size, 1, summaries);
+}
+
+void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
+                       int64_t num_heads, int64_t num_blocks, float* bounds) {
+  assert(kv.num_kv_heads > 0 && num_heads % kv.num_kv_heads == 0);
+  assert(num_blocks <= static_cast<int64_t>(kv.block_table.size()));
+  HWY_DYNAMIC_DISPATCH(PageUpperBoundsImpl)(kv, summaries, q, num_heads, num_blocks, bounds);
+}
+
+std::string_view attention_scores_target_name() {
+  return HWY_DYNAMIC_DISPATCH(AttentionScoresTargetName)();
+}
+
+}  // namespace sieve::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,88 @@
+// Scalar references of the sparsity scores (attention_scores.h), in double.
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+
+#include "kernels/attention_scores.h"
+
+namespace sieve::kernels::ref {
+
+namespace {
+
+// The one place the references read K.
+double key_at(const PagedKv& kv, int64_t position, int64_t kv_head, int64_t c) {
+  return kv.k[kv_offset(kv, position, kv_head) + c];
+}
+
+float* summary_min(const KeySummaries& s, int64_t page, int64_t kv_head, int64_t head_dim) {
+  return s.data + page * s.page_stride + kv_head * 2 * head_dim;
+}
+
+}  // namespace
+
+void observation_scores(const PagedKv& kv, const AttentionQuery& window, const float* row_lse,
+                        int64_t num_keys, float* scores) {
+  assert(window.num_heads % kv.num_kv_heads == 0);
+  const int64_t group = window.num_heads / kv.num_kv_heads;
+  const auto num_rows = static_cast<int64_t>(window.positions.size());
+  for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
+    for (int64_t t = 0; t < num_keys; ++t) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < num_rows; ++i) {
+        if (window.positions[i] < t) continue;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kv_head * group + g;
+          const float* q = window.q + (i * window.num_heads + h) * kv.head_dim;
+          double dot = 0.0;
+          for (int64_t c = 0; c < kv.head_dim; ++c) dot += q[c] * key_at(kv, t, kv_head, c);
+          sum += std::exp(window.scale * dot - row_lse[i * window.num_heads + h]);
+        }
+      }
+      scores[kv_head * num_keys + t] = static_cast<float>(sum);
+    }
+  }
+}
+
+void summarize_page_keys(const PagedKv& kv, int64_t block, int64_t num_filled,
+                         const KeySummaries& summaries) {
+  assert(num_filled >= 1 && num_filled <= kv.page_size);
+  const int64_t page = kv.block_table[static_cast<size_t>(block)];
+  for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
+    float* min = summary_min(summaries, page, h, kv.head_dim);
+    float* max = min + kv.head_dim;
+    for (int64_t c = 0; c < kv.head_dim; ++c) {
+      double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+      for (int64_t slot = 0; slot < num_filled; ++slot) {
+        const double k = key_at(kv, block * kv.page_size + slot, h, c);
+        lo = std::min(lo, k);
+        hi = std::max(hi, k);
+      }
+      min[c] = static_cast<float>(lo);
+      max[c] = static_cast<float>(hi);
+    }
+  }
+}
+
+void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
+                       int64_t num_heads, int64_t num_blocks, float* bounds) {
+  assert(num_heads % kv.num_kv_heads == 0);
+  const int64_t group = num_heads / kv.num_kv_heads;
+  for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t page = kv.block_table[static_cast<size_t>(b)];
+      const float* min = summary_min(summaries, page, kv_head, kv.head_dim);
+      const float* max = min + kv.head_dim;
+      double bound = 0.0;
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qh = q + (kv_head * group + g) * kv.head_dim;
+        for (int64_t c = 0; c < kv.head_dim; ++c) {
+          bound += std::max(double{qh[c]} * min[c], double{qh[c]} * max[c]);
+        }
+      }
+      bounds[kv_head * num_blocks + b] = static_cast<float>(bound);
+    }
+  }
+}
+
+}  // namespace sieve::kernels::ref
