@@ -56,6 +56,7 @@ struct Value {
   std::shared_ptr<const Dict> dict;
   std::shared_ptr<Dict> ns;  // namespace(): the one mutable kind
   std::shared_ptr<const Callable> fn;
+  bool tuple = false;  // kList made as a Python tuple: prints as (a, b), never equals a list
 
   bool is_undefined() const { return kind == Kind::kUndefined; }
   bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
@@ -131,6 +132,11 @@ Value list(List items) {
   Value v;
   v.kind = Kind::kList;
   v.list = std::make_shared<const List>(std::move(items));
+  return v;
+}
+Value tuple(List items) {
+  Value v = list(std::move(items));
+  v.tuple = true;
   return v;
 }
 Value dict(Dict d) {
@@ -240,12 +246,13 @@ std::string to_str(const Value& v) {
     case Kind::kFloat: return float_repr(v.number);
     case Kind::kString: return *v.str;
     case Kind::kList: {
-      std::string out = "[";
+      std::string out = v.tuple ? "(" : "[";
       for (size_t i = 0; i < v.list->size(); ++i) {
         if (i > 0) out += ", ";
         out += repr((*v.list)[i]);
       }
-      return out + "]";
+      if (v.tuple && v.list->size() == 1) out += ",";
+      return out + (v.tuple ? ")" : "]");
     }
     case Kind::kDict:
     case Kind::kNamespace: {
@@ -273,7 +280,7 @@ bool equal(const Value& a, const Value& b) {
     case Kind::kNone: return true;
     case Kind::kString: return *a.str == *b.str;
     case Kind::kList: {
-      if (a.list->size() != b.list->size()) return false;
+      if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
       for (size_t i = 0; i < a.list->size(); ++i) {
         if (!equal((*a.list)[i], (*b.list)[i])) return false;
       }
@@ -728,11 +735,11 @@ class Lexer {
     open.type = is_block ? Tok::kBlockBegin : Tok::kVarBegin;
     const size_t first_token = tokens_.size();
     tokens_.push_back(open);
-    int depth = 0;
+    std::string brackets;  // open ( [ { : an end delimiter inside them is not one
     while (true) {
       while (at < src_.size() && is_space(src_[at])) ++at;
       if (at >= src_.size()) fail_at(open.pos, is_block ? "unclosed '{%'" : "unclosed '{{'");
-      if (depth == 0) {
+      if (brackets.empty()) {
         char mod = modifier_at(at);
         const size_t end_at = at + (mod ? 1 : 0);
         if (end_at + 1 < src_.size() && src_[end_at] == closer && src_[end_at + 1] == '}') {
@@ -745,7 +752,7 @@ class Lexer {
           break;
         }
       }
-      at = lex_expression_token(at, depth);
+      at = lex_expression_token(at, brackets);
     }
     // {% raw %}...{% endraw %}: the body is text, taken verbatim.
     if (is_block && tokens_.size() == first_token + 3 && tokens_[first_token + 1].type == Tok::kName &&
@@ -788,7 +795,7 @@ class Lexer {
     fail_at(open_pos, "'raw' block without 'endraw'");
   }
 
-  size_t lex_expression_token(size_t at, int& depth) {
+  size_t lex_expression_token(size_t at, std::string& brackets) {
     Token t;
     t.pos = pos_of(at);
     const char c = src_[at];
@@ -814,8 +821,14 @@ class Lexer {
     if (std::string_view("+-*/%~<>=()[]{},.:|").find(c) == std::string_view::npos) {
       fail_at(t.pos, fmt::format("unexpected character '{}'", c));
     }
-    if (c == '(' || c == '[' || c == '{') ++depth;
-    if ((c == ')' || c == ']' || c == '}') && depth > 0) --depth;
+    if (c == '(' || c == '[' || c == '{') brackets += c;
+    if (c == ')' || c == ']' || c == '}') {
+      const char opener = c == ')' ? '(' : c == ']' ? '[' : '{';
+      if (brackets.empty() || brackets.back() != opener) {
+        fail_at(t.pos, fmt::format("unexpected '{}'", c));
+      }
+      brackets.pop_back();
+    }
     t.type = Tok::kOp;
     t.text = std::string(1, c);
     tokens_.push_back(std::move(t));
@@ -1005,6 +1018,7 @@ struct Name : Expr {
 
 struct ListLiteral : Expr {
   std::vector<ExprPtr> items;
+  bool tuple = false;
   Value eval(Interp& in) const override;
 };
 
@@ -1235,7 +1249,8 @@ class Parser {
       const Token& t = cur();
       if (t.type == Tok::kEof) {
         if (end_tags.size() == 0) break;
-        fail_at(t.pos, fmt::format("unexpected end of template, expected '{}'", *end_tags.begin()));
+        fail_at(t.pos, fmt::format("unexpected end of template, expected '{}'",
+                                   *(end_tags.end() - 1)));
       }
       if (t.type == Tok::kText) {
         auto node = make<TextNode>(t.pos);
@@ -1275,7 +1290,7 @@ class Parser {
     if (name == "macro") return parse_macro(pos);
     if (name == "filter") return parse_filter_block(pos);
     if (name == "break" || name == "continue") {
-      if (loop_depth_ == 0) fail_at(pos, fmt::format("'{}' outside a loop", name));
+      if (loop_depth_ == 0) fail_at(name_token.pos, fmt::format("'{}' outside a loop", name));
       auto node = make<LoopControlNode>(pos);
       node->flow = name == "break" ? Flow::kBreak : Flow::kContinue;
       expect_block_end();
@@ -1325,6 +1340,7 @@ class Parser {
     node->iterable = parse_or();
     if (is_op(",")) {  // for x in a, b
       auto items = make<ListLiteral>(cur().pos);
+      items->tuple = true;
       items->items.push_back(std::move(node->iterable));
       while (skip_op(",")) {
         if (is_name("if") || cur().type == Tok::kBlockEnd) break;
@@ -1403,11 +1419,12 @@ class Parser {
 
   // ---- expressions ----
 
-  // `a, b` without brackets (in {% set %}) is a tuple; we model tuples as lists.
+  // `a, b` without brackets (in {% set %}) is a tuple.
   ExprPtr parse_tuple() {
     ExprPtr first = parse_expression();
     if (!is_op(",")) return first;
     auto items = make<ListLiteral>(first->pos);
+    items->tuple = true;
     items->items.push_back(std::move(first));
     while (skip_op(",")) {
       if (cur().type == Tok::kBlockEnd) break;
@@ -1593,10 +1610,11 @@ class Parser {
     }
     const Pos pos = t.pos;
     if (skip_op("(")) {
-      if (skip_op(")")) return literal(list({}), pos);  // ()
+      if (skip_op(")")) return literal(tuple({}), pos);  // ()
       ExprPtr first = parse_expression();
       if (skip_op(")")) return first;
-      auto items = make<ListLiteral>(pos);  // a tuple
+      auto items = make<ListLiteral>(pos);
+      items->tuple = true;
       items->items.push_back(std::move(first));
       while (skip_op(",")) {
         if (is_op(")")) break;
@@ -2112,7 +2130,9 @@ Value ListLiteral::eval(Interp& in) const {
   List values;
   values.reserve(items.size());
   for (const auto& e : items) values.push_back(e->eval(in));
-  return in.make_list(std::move(values), pos);
+  Value v = in.make_list(std::move(values), pos);
+  v.tuple = tuple;
+  return v;
 }
 
 Value DictLiteral::eval(Interp& in) const {
@@ -2440,7 +2460,7 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
       } else if (name == "values") {
         out.push_back(v);
       } else {
-        out.push_back(list({string(k), v}));
+        out.push_back(tuple({string(k), v}));
       }
     }
     return in.make_list(std::move(out), pos);
@@ -2708,7 +2728,7 @@ Value filter_items(Interp& in, const Value& v, CallArgs&, Pos pos) {
   if (v.is_undefined()) return list({});
   if (v.kind != Kind::kDict) fail_at(pos, "items: can only get item pairs from a mapping");
   List out;
-  for (const auto& [k, value] : v.dict->items) out.push_back(list({string(k), value}));
+  for (const auto& [k, value] : v.dict->items) out.push_back(tuple({string(k), value}));
   return in.make_list(std::move(out), pos);
 }
 
