@@ -1,13 +1,12 @@
 #include "server/chat_template.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <ctime>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -43,7 +42,18 @@ struct Callable;
 struct Interp;
 using List = std::vector<Value>;
 
-enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
+enum class Kind {
+  kUndefined,
+  kNone,
+  kBool,
+  kInt,
+  kFloat,
+  kString,
+  kList,
+  kDict,
+  kNamespace,
+  kCallable
+};
 
 struct Value {
   Kind kind = Kind::kUndefined;
@@ -59,7 +69,9 @@ struct Value {
   bool tuple = false;  // kList made as a Python tuple: prints as (a, b), never equals a list
 
   bool is_undefined() const { return kind == Kind::kUndefined; }
-  bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
+  bool is_number() const {
+    return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
+  }
   const std::string& s() const { return *str; }
 };
 
@@ -154,16 +166,26 @@ Value callable(std::string name, std::function<Value(Interp&, CallArgs&, Pos)> c
 
 const char* type_name(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "Namespace";
-    case Kind::kCallable: return "function";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
+    case Kind::kCallable:
+      return "function";
   }
   return "?";
 }
@@ -175,15 +197,23 @@ const char* type_name(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return v.boolean;
-    case Kind::kInt: return v.integer != 0;
-    case Kind::kFloat: return v.number != 0;
-    case Kind::kString: return !v.str->empty();
-    case Kind::kList: return !v.list->empty();
-    case Kind::kDict: return !v.dict->items.empty();
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return v.boolean;
+    case Kind::kInt:
+      return v.integer != 0;
+    case Kind::kFloat:
+      return v.number != 0;
+    case Kind::kString:
+      return !v.str->empty();
+    case Kind::kList:
+      return !v.list->empty();
+    case Kind::kDict:
+      return !v.dict->items.empty();
     case Kind::kNamespace:
-    case Kind::kCallable: return true;
+    case Kind::kCallable:
+      return true;
   }
   return false;
 }
@@ -239,12 +269,18 @@ std::string repr(const Value& v) {
 // Python's str(); what {{ }} prints.
 std::string to_str(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return v.boolean ? "True" : "False";
-    case Kind::kInt: return std::to_string(v.integer);
-    case Kind::kFloat: return float_repr(v.number);
-    case Kind::kString: return *v.str;
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return v.boolean ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(v.integer);
+    case Kind::kFloat:
+      return float_repr(v.number);
+    case Kind::kString:
+      return *v.str;
     case Kind::kList: {
       std::string out = v.tuple ? "(" : "[";
       for (size_t i = 0; i < v.list->size(); ++i) {
@@ -264,7 +300,8 @@ std::string to_str(const Value& v) {
       }
       return out + (v.kind == Kind::kDict ? "}" : "}>");
     }
-    case Kind::kCallable: return "<function " + v.fn->name + ">";
+    case Kind::kCallable:
+      return "<function " + v.fn->name + ">";
   }
   return "";
 }
@@ -277,8 +314,10 @@ bool equal(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kString: return *a.str == *b.str;
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return *a.str == *b.str;
     case Kind::kList: {
       if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
       for (size_t i = 0; i < a.list->size(); ++i) {
@@ -294,9 +333,12 @@ bool equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Kind::kNamespace: return a.ns == b.ns;
-    case Kind::kCallable: return a.fn == b.fn;
-    default: return false;
+    case Kind::kNamespace:
+      return a.ns == b.ns;
+    case Kind::kCallable:
+      return a.fn == b.fn;
+    default:
+      return false;
   }
 }
 
@@ -335,13 +377,27 @@ void dump_json_string(const std::string& s, std::string& out) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           out += fmt::format("\\u{:04x}", c);
@@ -361,9 +417,15 @@ void dump_json(const Value& v, const JsonStyle& style, int level, Pos pos, std::
     }
   };
   switch (v.kind) {
-    case Kind::kNone: out += "null"; return;
-    case Kind::kBool: out += v.boolean ? "true" : "false"; return;
-    case Kind::kInt: out += std::to_string(v.integer); return;
+    case Kind::kNone:
+      out += "null";
+      return;
+    case Kind::kBool:
+      out += v.boolean ? "true" : "false";
+      return;
+    case Kind::kInt:
+      out += std::to_string(v.integer);
+      return;
     case Kind::kFloat:
       if (std::isnan(v.number)) {
         out += "NaN";
@@ -373,7 +435,9 @@ void dump_json(const Value& v, const JsonStyle& style, int level, Pos pos, std::
         out += float_repr(v.number);
       }
       return;
-    case Kind::kString: dump_json_string(*v.str, out); return;
+    case Kind::kString:
+      dump_json_string(*v.str, out);
+      return;
     case Kind::kList: {
       if (v.list->empty()) {
         out += "[]";
@@ -414,16 +478,21 @@ void dump_json(const Value& v, const JsonStyle& style, int level, Pos pos, std::
       out += '}';
       return;
     }
-    case Kind::kUndefined: fail_undefined(v, pos);
-    case Kind::kCallable: fail_at(pos, "Object of type function is not JSON serializable");
+    case Kind::kUndefined:
+      fail_undefined(v, pos);
+    case Kind::kCallable:
+      fail_at(pos, "Object of type function is not JSON serializable");
   }
 }
 
 Value from_json(const nlohmann::json& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return none();
-    case nlohmann::json::value_t::boolean: return boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return integer(j.get<int64_t>());
+    case nlohmann::json::value_t::null:
+      return none();
+    case nlohmann::json::value_t::boolean:
+      return boolean(j.get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return integer(j.get<int64_t>());
     case nlohmann::json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
       if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -431,8 +500,10 @@ Value from_json(const nlohmann::json& j) {
       }
       return integer(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float: return floating(j.get<double>());
-    case nlohmann::json::value_t::string: return string(j.get<std::string>());
+    case nlohmann::json::value_t::number_float:
+      return floating(j.get<double>());
+    case nlohmann::json::value_t::string:
+      return string(j.get<std::string>());
     case nlohmann::json::value_t::array: {
       List items;
       items.reserve(j.size());
@@ -445,7 +516,8 @@ Value from_json(const nlohmann::json& j) {
       for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json(e));
       return dict(std::move(d));
     }
-    default: return none();  // binary / discarded: not produced by JSON text
+    default:
+      return none();  // binary / discarded: not produced by JSON text
   }
 }
 
@@ -475,9 +547,7 @@ bool is_space(char c) {
 
 std::string strip(const std::string& s, bool left, bool right,
                   const std::optional<std::string>& chars) {
-  auto drop = [&](char c) {
-    return chars ? chars->find(c) != std::string::npos : is_space(c);
-  };
+  auto drop = [&](char c) { return chars ? chars->find(c) != std::string::npos : is_space(c); };
   size_t begin = 0, end = s.size();
   if (left) {
     while (begin < end && drop(s[begin])) ++begin;
@@ -583,7 +653,6 @@ std::vector<std::string> split(const std::string& s, const std::optional<std::st
   out.push_back(s.substr(at));
   return out;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Lexer: source -> tokens. Whitespace control is applied to the text tokens afterwards, from the
@@ -755,8 +824,8 @@ class Lexer {
       at = lex_expression_token(at, brackets);
     }
     // {% raw %}...{% endraw %}: the body is text, taken verbatim.
-    if (is_block && tokens_.size() == first_token + 3 && tokens_[first_token + 1].type == Tok::kName &&
-        tokens_[first_token + 1].text == "raw") {
+    if (is_block && tokens_.size() == first_token + 3 &&
+        tokens_[first_token + 1].type == Tok::kName && tokens_[first_token + 1].text == "raw") {
       const char left = tokens_[first_token].left_mod, right = tokens_.back().right_mod;
       tokens_.resize(first_token);
       Token raw_open;
@@ -911,19 +980,44 @@ class Lexer {
       const char e = src_[i + 1];
       i += 2;
       switch (e) {
-        case 'n': value += '\n'; break;
-        case 't': value += '\t'; break;
-        case 'r': value += '\r'; break;
-        case '\\': value += '\\'; break;
-        case '\'': value += '\''; break;
-        case '"': value += '"'; break;
-        case 'a': value += '\a'; break;
-        case 'b': value += '\b'; break;
-        case 'f': value += '\f'; break;
-        case 'v': value += '\v'; break;
-        case '\n': break;  // line continuation
-        case 'x': append_utf8(hex(2), value); break;
-        case 'u': append_utf8(hex(4), value); break;
+        case 'n':
+          value += '\n';
+          break;
+        case 't':
+          value += '\t';
+          break;
+        case 'r':
+          value += '\r';
+          break;
+        case '\\':
+          value += '\\';
+          break;
+        case '\'':
+          value += '\'';
+          break;
+        case '"':
+          value += '"';
+          break;
+        case 'a':
+          value += '\a';
+          break;
+        case 'b':
+          value += '\b';
+          break;
+        case 'f':
+          value += '\f';
+          break;
+        case 'v':
+          value += '\v';
+          break;
+        case '\n':
+          break;  // line continuation
+        case 'x':
+          append_utf8(hex(2), value);
+          break;
+        case 'u':
+          append_utf8(hex(4), value);
+          break;
         case 'U': {
           const uint32_t cp = hex(8);
           if (cp > 0x10FFFF) fail_at(t.pos, "escape out of the Unicode range");
@@ -1038,7 +1132,7 @@ struct Subscript : Expr {  // obj[index]
   Value eval(Interp& in) const override;
 };
 
-struct Slice : Expr {  // obj[start:stop:step]
+struct Slice : Expr {                 // obj[start:stop:step]
   ExprPtr object, start, stop, step;  // each may be null
   Value eval(Interp& in) const override;
 };
@@ -1088,7 +1182,7 @@ struct Compare : Expr {  // a op1 b op2 c ...
   Value eval(Interp& in) const override;
 };
 
-struct Conditional : Expr {  // then if cond else otherwise
+struct Conditional : Expr {       // then if cond else otherwise
   ExprPtr then, cond, otherwise;  // otherwise may be null (undefined)
   Value eval(Interp& in) const override;
 };
@@ -1119,7 +1213,7 @@ struct ForNode : Node {
 
 struct SetNode : Node {
   std::vector<std::string> targets;  // one name, or several to unpack into
-  std::string attribute;            // set targets[0].attribute = ... (namespace)
+  std::string attribute;             // set targets[0].attribute = ... (namespace)
   ExprPtr value;                     // null for a block set
   Body body;                         // {% set x %}body{% endset %}
   Flow render(Interp& in, std::string& out) const override;
@@ -1132,7 +1226,7 @@ struct MacroNode : Node {
   Flow render(Interp& in, std::string& out) const override;
 };
 
-struct FilterBlockNode : Node {  // {% filter name(args) %}body{% endfilter %}
+struct FilterBlockNode : Node {    // {% filter name(args) %}body{% endfilter %}
   std::unique_ptr<Filter> filter;  // operand unset: the rendered body
   Body body;
   Flow render(Interp& in, std::string& out) const override;
@@ -1192,16 +1286,25 @@ class Parser {
   }
   static std::string describe(const Token& t) {
     switch (t.type) {
-      case Tok::kEof: return "end of template";
-      case Tok::kText: return "template text";
-      case Tok::kVarBegin: return "'{{'";
-      case Tok::kVarEnd: return "'}}'";
-      case Tok::kBlockBegin: return "'{%'";
-      case Tok::kBlockEnd: return "'%}'";
-      case Tok::kString: return "string literal";
+      case Tok::kEof:
+        return "end of template";
+      case Tok::kText:
+        return "template text";
+      case Tok::kVarBegin:
+        return "'{{'";
+      case Tok::kVarEnd:
+        return "'}}'";
+      case Tok::kBlockBegin:
+        return "'{%'";
+      case Tok::kBlockEnd:
+        return "'%}'";
+      case Tok::kString:
+        return "string literal";
       case Tok::kInt:
-      case Tok::kFloat: return "number";
-      default: return "'" + t.text + "'";
+      case Tok::kFloat:
+        return "number";
+      default:
+        return "'" + t.text + "'";
     }
   }
   [[noreturn]] void unexpected(std::string_view expected) const {
@@ -1249,8 +1352,8 @@ class Parser {
       const Token& t = cur();
       if (t.type == Tok::kEof) {
         if (end_tags.size() == 0) break;
-        fail_at(t.pos, fmt::format("unexpected end of template, expected '{}'",
-                                   *(end_tags.end() - 1)));
+        fail_at(t.pos,
+                fmt::format("unexpected end of template, expected '{}'", *(end_tags.end() - 1)));
       }
       if (t.type == Tok::kText) {
         auto node = make<TextNode>(t.pos);
@@ -1603,10 +1706,14 @@ class Parser {
         while (cur().type == Tok::kString) text += take().text;  // 'a' 'b' is 'ab'
         return literal(string(std::move(text)), pos);
       }
-      case Tok::kInt: return literal(integer(t.integer), take().pos);
-      case Tok::kFloat: return literal(floating(t.number), take().pos);
-      case Tok::kOp: break;
-      default: unexpected("an expression");
+      case Tok::kInt:
+        return literal(integer(t.integer), take().pos);
+      case Tok::kFloat:
+        return literal(floating(t.number), take().pos);
+      case Tok::kOp:
+        break;
+      default:
+        unexpected("an expression");
     }
     const Pos pos = t.pos;
     if (skip_op("(")) {
@@ -1754,7 +1861,8 @@ class Parser {
     auto filter = make<Filter>(cur().pos);
     filter->name = expect_name();
     filter->fn = find_filter(filter->name);
-    if (filter->fn == nullptr) fail_at(filter->pos, fmt::format("unknown filter '{}'", filter->name));
+    if (filter->fn == nullptr)
+      fail_at(filter->pos, fmt::format("unknown filter '{}'", filter->name));
     int depth = operand ? operand->depth : 0;
     if (is_op("(")) depth = std::max(depth, parse_arguments(filter->args, filter->kwargs));
     filter->operand = std::move(operand);
@@ -1910,7 +2018,8 @@ std::optional<std::string> optional_string(const CallArgs& args, size_t index,
 // What `for x in v` visits.
 List iterate(const Value& v, Pos pos) {
   switch (v.kind) {
-    case Kind::kList: return *v.list;
+    case Kind::kList:
+      return *v.list;
     case Kind::kDict: {
       List keys;
       for (const auto& [k, unused] : v.dict->items) keys.push_back(string(k));
@@ -1921,8 +2030,10 @@ List iterate(const Value& v, Pos pos) {
       for (auto& cp : code_points(*v.str)) chars.push_back(string(std::move(cp)));
       return chars;
     }
-    case Kind::kUndefined: return {};
-    default: fail_at(pos, fmt::format("'{}' object is not iterable", type_name(v)));
+    case Kind::kUndefined:
+      return {};
+    default:
+      fail_at(pos, fmt::format("'{}' object is not iterable", type_name(v)));
   }
 }
 
@@ -1930,8 +2041,8 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
 
 bool is_string_method(std::string_view name) {
   static constexpr std::string_view kNames[] = {
-      "strip", "lstrip", "rstrip", "upper", "lower", "title", "capitalize", "startswith",
-      "endswith", "split", "replace", "find", "join", "splitlines", "count"};
+      "strip",    "lstrip", "rstrip",  "upper", "lower", "title",      "capitalize", "startswith",
+      "endswith", "split",  "replace", "find",  "join",  "splitlines", "count"};
   return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 bool is_dict_method(std::string_view name) {
@@ -1947,7 +2058,8 @@ Value bound_method(const Value& self, const std::string& name) {
 // obj.name: Jinja tries the Python attribute first (methods), then the item.
 Value get_attr(const Value& obj, const std::string& name, Pos pos) {
   switch (obj.kind) {
-    case Kind::kUndefined: fail_undefined(obj, pos);
+    case Kind::kUndefined:
+      fail_undefined(obj, pos);
     case Kind::kDict: {
       if (is_dict_method(name)) return bound_method(obj, name);
       if (const Value* v = obj.dict->find(name)) return *v;
@@ -1959,7 +2071,8 @@ Value get_attr(const Value& obj, const std::string& name, Pos pos) {
     case Kind::kString:
       if (is_string_method(name)) return bound_method(obj, name);
       break;
-    default: break;
+    default:
+      break;
   }
   return undefined(fmt::format("'{}' object has no attribute '{}'", type_name(obj), name));
 }
@@ -1967,7 +2080,7 @@ Value get_attr(const Value& obj, const std::string& name, Pos pos) {
 // obj[key]: the item first, then the attribute; a missing one is undefined, not an error.
 Value get_item(const Value& obj, const Value& key, Pos pos) {
   if (obj.kind == Kind::kUndefined) fail_undefined(obj, pos);
-  if (key.kind == Kind::kUndefined) fail_undefined(key, pos);
+  if (key.kind == Kind::kUndefined) return key;  // d[undefined] is just a missing item
   if ((obj.kind == Kind::kList || obj.kind == Kind::kString) && is_integral(key)) {
     int64_t index = as_int(key);
     if (obj.kind == Kind::kList) {
@@ -2026,9 +2139,12 @@ bool contains(const Value& container, const Value& item, Pos pos) {
     case Kind::kList:
       return std::any_of(container.list->begin(), container.list->end(),
                          [&](const Value& v) { return equal(v, item); });
-    case Kind::kDict: return item.kind == Kind::kString && container.dict->find(*item.str);
-    case Kind::kNamespace: return item.kind == Kind::kString && container.ns->find(*item.str);
-    case Kind::kUndefined: return false;
+    case Kind::kDict:
+      return item.kind == Kind::kString && container.dict->find(*item.str);
+    case Kind::kNamespace:
+      return item.kind == Kind::kString && container.ns->find(*item.str);
+    case Kind::kUndefined:
+      return false;
     default:
       fail_at(pos, fmt::format("argument of type '{}' is not iterable", type_name(container)));
   }
@@ -2394,10 +2510,10 @@ Flow MacroNode::render(Interp& in, std::string&) const {
                 fail_at(pos, fmt::format("macro '{}' takes at most {} arguments", macro->name,
                                          macro->params.size()));
               }
-              for (const auto& [k, unused] : args.named) {
-                const bool known =
-                    std::any_of(macro->params.begin(), macro->params.end(),
-                                [&](const auto& param) { return param.first == k; });
+              for (const auto& named : args.named) {
+                const std::string& k = named.first;
+                const bool known = std::any_of(macro->params.begin(), macro->params.end(),
+                                               [&](const auto& param) { return param.first == k; });
                 if (!known) {
                   fail_at(pos, fmt::format("macro '{}' has no parameter '{}'", macro->name, k));
                 }
@@ -2412,9 +2528,10 @@ Flow MacroNode::render(Interp& in, std::string&) const {
               for (size_t i = 0; i < macro->params.size(); ++i) {
                 const auto& [param, default_value] = macro->params[i];
                 const Value* given = arg(args, i, param);
-                interp.assign(param, given             ? *given
-                                 : default_value ? default_value->eval(interp)
-                                                 : undefined(fmt::format("'{}' is undefined", param)));
+                interp.assign(param, given ? *given
+                                     : default_value
+                                         ? default_value->eval(interp)
+                                         : undefined(fmt::format("'{}' is undefined", param)));
               }
               std::string result;
               render_body(macro->body, interp, result);
@@ -2440,8 +2557,7 @@ Flow BodyNode::render(Interp& in, std::string& out) const { return render_body(b
 // ---------------------------------------------------------------------------------------------
 // Methods, filters, tests and global functions.
 
-Value call_method(Interp& in, const Value& self, const std::string& name, CallArgs& args,
-                  Pos pos) {
+Value call_method(Interp& in, const Value& self, const std::string& name, CallArgs& args, Pos pos) {
   if (self.kind == Kind::kDict) {
     const Dict& d = *self.dict;
     if (name == "get") {
@@ -2467,9 +2583,8 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
   }
   const std::string& s = *self.str;
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    return in.make_string(strip(s, name != "rstrip", name != "lstrip",
-                                optional_string(args, 0, "chars", pos)),
-                          pos);
+    return in.make_string(
+        strip(s, name != "rstrip", name != "lstrip", optional_string(args, 0, "chars", pos)), pos);
   }
   if (name == "upper") return in.make_string(ascii_upper(s), pos);
   if (name == "lower") return in.make_string(ascii_lower(s), pos);
@@ -2481,9 +2596,9 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
     const List options = affix->kind == Kind::kList ? *affix->list : List{*affix};
     for (const Value& option : options) {
       const std::string& a = expect_string(option, name + "() argument", pos);
-      const bool hit = name == "startswith"
-                           ? s.compare(0, a.size(), a) == 0
-                           : s.size() >= a.size() && s.compare(s.size() - a.size(), a.size(), a) == 0;
+      const bool hit = name == "startswith" ? s.compare(0, a.size(), a) == 0
+                                            : s.size() >= a.size() &&
+                                                  s.compare(s.size() - a.size(), a.size(), a) == 0;
       if (hit) return boolean(true);
     }
     return boolean(false);
@@ -2525,7 +2640,8 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
     }
     if (needle.empty()) return integer(static_cast<int64_t>(code_point_starts(s).size()) + 1);
     int64_t n = 0;
-    for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + needle.size())) {
+    for (size_t at = s.find(needle); at != std::string::npos;
+         at = s.find(needle, at + needle.size())) {
       ++n;
     }
     return integer(n);
@@ -2591,12 +2707,23 @@ Value filter_escape(Interp& in, const Value& v, CallArgs&, Pos pos) {
   std::string out;
   for (char c : to_str(v)) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return in.make_string(std::move(out), pos);
@@ -2604,11 +2731,16 @@ Value filter_escape(Interp& in, const Value& v, CallArgs&, Pos pos) {
 
 Value filter_length(Interp&, const Value& v, CallArgs&, Pos pos) {
   switch (v.kind) {
-    case Kind::kString: return integer(static_cast<int64_t>(code_point_starts(*v.str).size()));
-    case Kind::kList: return integer(static_cast<int64_t>(v.list->size()));
-    case Kind::kDict: return integer(static_cast<int64_t>(v.dict->items.size()));
-    case Kind::kUndefined: return integer(0);
-    default: fail_at(pos, fmt::format("object of type '{}' has no len()", type_name(v)));
+    case Kind::kString:
+      return integer(static_cast<int64_t>(code_point_starts(*v.str).size()));
+    case Kind::kList:
+      return integer(static_cast<int64_t>(v.list->size()));
+    case Kind::kDict:
+      return integer(static_cast<int64_t>(v.dict->items.size()));
+    case Kind::kUndefined:
+      return integer(0);
+    default:
+      fail_at(pos, fmt::format("object of type '{}' has no len()", type_name(v)));
   }
 }
 
@@ -2686,7 +2818,8 @@ Value filter_int(Interp&, const Value& v, CallArgs& args, Pos pos) {
   const Value def = fallback ? *fallback : integer(0);
   switch (v.kind) {
     case Kind::kBool:
-    case Kind::kInt: return integer(as_int(v));
+    case Kind::kInt:
+      return integer(as_int(v));
     case Kind::kFloat:
       if (!std::isfinite(v.number) || std::fabs(v.number) >= 9.2e18) return def;
       return integer(static_cast<int64_t>(v.number));
@@ -2703,7 +2836,9 @@ Value filter_int(Interp&, const Value& v, CallArgs& args, Pos pos) {
       }
       return def;
     }
-    default: (void)pos; return def;
+    default:
+      (void)pos;
+      return def;
   }
 }
 
@@ -2794,7 +2929,8 @@ Value select_items(Interp& in, const Value& v, CallArgs& args, Pos pos, bool by_
     if (test == nullptr) fail_at(pos, fmt::format("unknown test '{}'", *name));
   }
   CallArgs test_args;
-  for (size_t i = next; i < args.positional.size(); ++i) test_args.positional.push_back(args.positional[i]);
+  for (size_t i = next; i < args.positional.size(); ++i)
+    test_args.positional.push_back(args.positional[i]);
   List out;
   for (const Value& item : iterate(v, pos)) {
     in.step(pos);
@@ -2844,26 +2980,165 @@ Value filter_map(Interp& in, const Value& v, CallArgs& args, Pos pos) {
   return in.make_list(std::move(out), pos);
 }
 
+// The key sort/unique/min/max compare by: the attribute if named, lower-cased strings unless
+// case_sensitive (Jinja's default is case-insensitive).
+Value sort_key(const Value& item, const std::optional<std::string>& attribute, bool case_sensitive,
+               Pos pos) {
+  Value key = attribute ? attribute_path(item, *attribute, pos) : item;
+  if (!case_sensitive && key.kind == Kind::kString) key = string(ascii_lower(*key.str));
+  return key;
+}
+
+void sort_items(List& items, const std::optional<std::string>& attribute, bool case_sensitive,
+                bool reverse, Pos pos) {
+  std::vector<std::pair<Value, Value>> keyed;
+  for (auto& item : items) keyed.emplace_back(sort_key(item, attribute, case_sensitive, pos), item);
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+    return reverse ? compare(b.first, a.first, pos, "<") < 0
+                   : compare(a.first, b.first, pos, "<") < 0;
+  });
+  for (size_t i = 0; i < items.size(); ++i) items[i] = std::move(keyed[i].second);
+}
+
+Value filter_sort(Interp& in, const Value& v, CallArgs& args, Pos pos) {
+  const Value* reverse = arg(args, 0, "reverse");
+  const Value* case_sensitive = arg(args, 1, "case_sensitive");
+  List items = iterate(v, pos);
+  sort_items(items, optional_string(args, 2, "attribute", pos),
+             case_sensitive && truthy(*case_sensitive), reverse && truthy(*reverse), pos);
+  return in.make_list(std::move(items), pos);
+}
+
+Value filter_dictsort(Interp& in, const Value& v, CallArgs& args, Pos pos) {
+  if (v.kind != Kind::kDict) fail_at(pos, "dictsort: can only sort a mapping");
+  const Value* case_sensitive = arg(args, 0, "case_sensitive");
+  const auto by = optional_string(args, 1, "by", pos).value_or("key");
+  const Value* reverse = arg(args, 2, "reverse");
+  List items;
+  for (const auto& [k, value] : v.dict->items) items.push_back(tuple({string(k), value}));
+  sort_items(items, by == "value" ? "1" : "0", case_sensitive && truthy(*case_sensitive),
+             reverse && truthy(*reverse), pos);
+  return in.make_list(std::move(items), pos);
+}
+
+Value filter_unique(Interp& in, const Value& v, CallArgs& args, Pos pos) {
+  const Value* case_sensitive = arg(args, 0, "case_sensitive");
+  const auto attribute = optional_string(args, 1, "attribute", pos);
+  List out, seen;
+  for (const Value& item : iterate(v, pos)) {
+    in.step(pos);
+    Value key = sort_key(item, attribute, case_sensitive && truthy(*case_sensitive), pos);
+    const bool dup =
+        std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equal(s, key); });
+    if (!dup) {
+      seen.push_back(std::move(key));
+      out.push_back(item);
+    }
+  }
+  return in.make_list(std::move(out), pos);
+}
+
+Value extreme(Interp&, const Value& v, CallArgs& args, Pos pos, bool want_max) {
+  const Value* case_sensitive = arg(args, 0, "case_sensitive");
+  const auto attribute = optional_string(args, 1, "attribute", pos);
+  const List items = iterate(v, pos);
+  if (items.empty()) return undefined("no aggregated item, sequence was empty");
+  const bool cs = case_sensitive && truthy(*case_sensitive);
+  size_t best = 0;
+  for (size_t i = 1; i < items.size(); ++i) {
+    const int c = compare(sort_key(items[i], attribute, cs, pos),
+                          sort_key(items[best], attribute, cs, pos), pos, want_max ? ">" : "<");
+    if (want_max ? c > 0 : c < 0) best = i;
+  }
+  return items[best];
+}
+Value filter_min(Interp& in, const Value& v, CallArgs& args, Pos pos) {
+  return extreme(in, v, args, pos, false);
+}
+Value filter_max(Interp& in, const Value& v, CallArgs& args, Pos pos) {
+  return extreme(in, v, args, pos, true);
+}
+
+Value filter_sum(Interp& in, const Value& v, CallArgs& args, Pos pos) {
+  const auto attribute = optional_string(args, 0, "attribute", pos);
+  const Value* start = arg(args, 1, "start");
+  Value total = start ? *start : integer(0);
+  for (const Value& item : iterate(v, pos)) {
+    total =
+        arithmetic(in, "+", total, attribute ? attribute_path(item, *attribute, pos) : item, pos);
+  }
+  return total;
+}
+
 FilterFn find_filter(std::string_view name) {
   static const std::unordered_map<std::string_view, FilterFn> kFilters = {
-      {"trim", filter_trim},         {"upper", filter_upper},
-      {"lower", filter_lower},       {"capitalize", filter_capitalize},
-      {"title", filter_title},       {"string", filter_string},
-      {"safe", filter_safe},         {"escape", filter_escape},
-      {"e", filter_escape},          {"length", filter_length},
-      {"count", filter_length},      {"first", filter_first},
-      {"last", filter_last},         {"default", filter_default},
-      {"d", filter_default},         {"join", filter_join},
-      {"replace", filter_replace},   {"tojson", filter_tojson},
-      {"int", filter_int},           {"float", filter_float},
-      {"list", filter_list},         {"items", filter_items},
-      {"reverse", filter_reverse},   {"abs", filter_abs},
-      {"indent", filter_indent},     {"select", filter_select},
-      {"reject", filter_reject},     {"selectattr", filter_selectattr},
-      {"rejectattr", filter_rejectattr}, {"map", filter_map},
+      {"trim", filter_trim},
+      {"upper", filter_upper},
+      {"lower", filter_lower},
+      {"capitalize", filter_capitalize},
+      {"title", filter_title},
+      {"string", filter_string},
+      {"safe", filter_safe},
+      {"escape", filter_escape},
+      {"e", filter_escape},
+      {"length", filter_length},
+      {"count", filter_length},
+      {"first", filter_first},
+      {"last", filter_last},
+      {"default", filter_default},
+      {"d", filter_default},
+      {"join", filter_join},
+      {"replace", filter_replace},
+      {"tojson", filter_tojson},
+      {"int", filter_int},
+      {"float", filter_float},
+      {"list", filter_list},
+      {"items", filter_items},
+      {"reverse", filter_reverse},
+      {"abs", filter_abs},
+      {"indent", filter_indent},
+      {"select", filter_select},
+      {"reject", filter_reject},
+      {"selectattr", filter_selectattr},
+      {"rejectattr", filter_rejectattr},
+      {"map", filter_map},
+      {"sort", filter_sort},
+      {"dictsort", filter_dictsort},
+      {"unique", filter_unique},
+      {"min", filter_min},
+      {"max", filter_max},
+      {"sum", filter_sum},
   };
   const auto it = kFilters.find(name);
   return it == kFilters.end() ? nullptr : it->second;
+}
+
+bool test_defined(Interp&, const Value& v, CallArgs&, Pos) { return !v.is_undefined(); }
+bool test_undefined(Interp&, const Value& v, CallArgs&, Pos) { return v.is_undefined(); }
+bool test_none(Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kNone; }
+bool test_string(Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kString; }
+bool test_number(Interp&, const Value& v, CallArgs&, Pos) { return v.is_number(); }
+bool test_integer(Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kInt; }
+bool test_float(Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kFloat; }
+bool test_boolean(Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kBool; }
+bool test_true(Interp&, const Value& v, CallArgs&, Pos) {
+  return v.kind == Kind::kBool && v.boolean;
+}
+bool test_false(Interp&, const Value& v, CallArgs&, Pos) {
+  return v.kind == Kind::kBool && !v.boolean;
+}
+bool test_mapping(Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kDict; }
+bool test_callable(Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kCallable; }
+// Python's iter()/len() work on strings, lists and dicts; Jinja's undefined iterates as empty.
+bool test_iterable(Interp&, const Value& v, CallArgs&, Pos) {
+  return v.kind == Kind::kString || v.kind == Kind::kList || v.kind == Kind::kDict ||
+         v.kind == Kind::kUndefined;
+}
+bool test_odd(Interp&, const Value& v, CallArgs&, Pos pos) {
+  return expect_int(v, "odd operand", pos) % 2 != 0;
+}
+bool test_even(Interp&, const Value& v, CallArgs&, Pos pos) {
+  return expect_int(v, "even operand", pos) % 2 == 0;
 }
 
 const Value& test_arg(const CallArgs& args, std::string_view test, Pos pos) {
@@ -2871,109 +3146,105 @@ const Value& test_arg(const CallArgs& args, std::string_view test, Pos pos) {
   return args.positional[0];
 }
 
+bool test_divisibleby(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  const int64_t d = expect_int(test_arg(args, "divisibleby", pos), "divisor", pos);
+  if (d == 0) fail_at(pos, "divisibleby 0");
+  return expect_int(v, "divisibleby operand", pos) % d == 0;
+}
+bool test_eq(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  return equal(v, test_arg(args, "eq", pos));
+}
+bool test_ne(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  return !equal(v, test_arg(args, "ne", pos));
+}
+bool test_lt(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  return compare(v, test_arg(args, "lt", pos), pos, "<") < 0;
+}
+bool test_le(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  return compare(v, test_arg(args, "le", pos), pos, "<=") <= 0;
+}
+bool test_gt(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  return compare(v, test_arg(args, "gt", pos), pos, ">") > 0;
+}
+bool test_ge(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  return compare(v, test_arg(args, "ge", pos), pos, ">=") >= 0;
+}
+bool test_in(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  return contains(test_arg(args, "in", pos), v, pos);
+}
+// Python's `is`: identity, which for None/True/False/small values is equality of value.
+bool test_sameas(Interp&, const Value& v, CallArgs& args, Pos pos) {
+  const Value& other = test_arg(args, "sameas", pos);
+  if (v.kind != other.kind) return false;
+  switch (v.kind) {
+    case Kind::kNone:
+    case Kind::kUndefined:
+      return true;
+    case Kind::kBool:
+      return v.boolean == other.boolean;
+    case Kind::kInt:
+      return v.integer == other.integer;
+    case Kind::kString:
+      return v.str == other.str;
+    case Kind::kList:
+      return v.list == other.list;
+    case Kind::kDict:
+      return v.dict == other.dict;
+    case Kind::kNamespace:
+      return v.ns == other.ns;
+    case Kind::kCallable:
+      return v.fn == other.fn;
+    default:
+      return false;
+  }
+}
+bool test_lower(Interp&, const Value& v, CallArgs&, Pos) {
+  return v.kind == Kind::kString && ascii_lower(*v.str) == *v.str;
+}
+bool test_upper(Interp&, const Value& v, CallArgs&, Pos) {
+  return v.kind == Kind::kString && ascii_upper(*v.str) == *v.str;
+}
+
 TestFn find_test(std::string_view name) {
-  using Entry = std::pair<std::string_view, TestFn>;
   static const std::unordered_map<std::string_view, TestFn> kTests = {
-      Entry{"defined", [](Interp&, const Value& v, CallArgs&, Pos) { return !v.is_undefined(); }},
-      Entry{"undefined", [](Interp&, const Value& v, CallArgs&, Pos) { return v.is_undefined(); }},
-      Entry{"none", [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kNone; }},
-      Entry{"string",
-            [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kString; }},
-      Entry{"number", [](Interp&, const Value& v, CallArgs&, Pos) { return v.is_number(); }},
-      Entry{"integer", [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kInt; }},
-      Entry{"float", [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kFloat; }},
-      Entry{"boolean", [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kBool; }},
-      Entry{"true",
-            [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kBool && v.boolean; }},
-      Entry{"false",
-            [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kBool && !v.boolean; }},
-      Entry{"mapping", [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kDict; }},
-      Entry{"iterable",
-            [](Interp&, const Value& v, CallArgs&, Pos) {
-              return v.kind == Kind::kString || v.kind == Kind::kList || v.kind == Kind::kDict ||
-                     v.kind == Kind::kUndefined;
-            }},
-      Entry{"sequence",
-            [](Interp&, const Value& v, CallArgs&, Pos) {
-              return v.kind == Kind::kString || v.kind == Kind::kList || v.kind == Kind::kDict ||
-                     v.kind == Kind::kUndefined;
-            }},
-      Entry{"callable",
-            [](Interp&, const Value& v, CallArgs&, Pos) { return v.kind == Kind::kCallable; }},
-      Entry{"odd",
-            [](Interp&, const Value& v, CallArgs&, Pos pos) {
-              return expect_int(v, "odd operand", pos) % 2 != 0;
-            }},
-      Entry{"even",
-            [](Interp&, const Value& v, CallArgs&, Pos pos) {
-              return expect_int(v, "even operand", pos) % 2 == 0;
-            }},
-      Entry{"divisibleby",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              const int64_t d = expect_int(test_arg(args, "divisibleby", pos), "divisor", pos);
-              if (d == 0) fail_at(pos, "divisibleby 0");
-              return expect_int(v, "divisibleby operand", pos) % d == 0;
-            }},
-      Entry{"eq",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              return equal(v, test_arg(args, "eq", pos));
-            }},
-      Entry{"ne",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              return !equal(v, test_arg(args, "ne", pos));
-            }},
-      Entry{"lt",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              return compare(v, test_arg(args, "lt", pos), pos, "<") < 0;
-            }},
-      Entry{"le",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              return compare(v, test_arg(args, "le", pos), pos, "<=") <= 0;
-            }},
-      Entry{"gt",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              return compare(v, test_arg(args, "gt", pos), pos, ">") > 0;
-            }},
-      Entry{"ge",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              return compare(v, test_arg(args, "ge", pos), pos, ">=") >= 0;
-            }},
-      Entry{"in",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              return contains(test_arg(args, "in", pos), v, pos);
-            }},
-      Entry{"sameas",
-            [](Interp&, const Value& v, CallArgs& args, Pos pos) {
-              const Value& other = test_arg(args, "sameas", pos);
-              if (v.kind != other.kind) return false;
-              switch (v.kind) {
-                case Kind::kNone:
-                case Kind::kUndefined: return true;
-                case Kind::kBool: return v.boolean == other.boolean;
-                case Kind::kInt: return v.integer == other.integer;
-                case Kind::kString: return v.str == other.str;
-                case Kind::kList: return v.list == other.list;
-                case Kind::kDict: return v.dict == other.dict;
-                case Kind::kNamespace: return v.ns == other.ns;
-                case Kind::kCallable: return v.fn == other.fn;
-                default: return false;
-              }
-            }},
-      Entry{"lower",
-            [](Interp&, const Value& v, CallArgs&, Pos) {
-              return v.kind == Kind::kString && ascii_lower(*v.str) == *v.str;
-            }},
-      Entry{"upper",
-            [](Interp&, const Value& v, CallArgs&, Pos) {
-              return v.kind == Kind::kString && ascii_upper(*v.str) == *v.str;
-            }},
+      {"defined", test_defined},
+      {"undefined", test_undefined},
+      {"none", test_none},
+      {"string", test_string},
+      {"number", test_number},
+      {"integer", test_integer},
+      {"float", test_float},
+      {"boolean", test_boolean},
+      {"true", test_true},
+      {"false", test_false},
+      {"mapping", test_mapping},
+      {"iterable", test_iterable},
+      {"sequence", test_iterable},
+      {"callable", test_callable},
+      {"odd", test_odd},
+      {"even", test_even},
+      {"divisibleby", test_divisibleby},
+      {"eq", test_eq},
+      {"equalto", test_eq},
+      {"==", test_eq},
+      {"ne", test_ne},
+      {"!=", test_ne},
+      {"lt", test_lt},
+      {"lessthan", test_lt},
+      {"<", test_lt},
+      {"le", test_le},
+      {"<=", test_le},
+      {"gt", test_gt},
+      {"greaterthan", test_gt},
+      {">", test_gt},
+      {"ge", test_ge},
+      {">=", test_ge},
+      {"in", test_in},
+      {"sameas", test_sameas},
+      {"lower", test_lower},
+      {"upper", test_upper},
   };
-  static const std::unordered_map<std::string_view, std::string_view> kAliases = {
-      {"equalto", "eq"}, {"==", "eq"},         {"!=", "ne"},         {"<", "lt"},
-      {"lessthan", "lt"}, {"<=", "le"},        {">", "gt"},          {"greaterthan", "gt"},
-      {">=", "ge"}};
-  const auto alias = kAliases.find(name);
-  const auto it = kTests.find(alias == kAliases.end() ? name : alias->second);
+  const auto it = kTests.find(name);
   return it == kTests.end() ? nullptr : it->second;
 }
 
@@ -2996,13 +3267,15 @@ const Scope& builtins() {
         if (n == 3) step = expect_int(args.positional[2], "range() argument", pos);
       }
       if (step == 0) fail_at(pos, "range() step must not be zero");
-      const double count = std::max(0.0, std::ceil((static_cast<double>(stop) - static_cast<double>(start)) /
-                                                   static_cast<double>(step)));
+      const double count =
+          std::max(0.0, std::ceil((static_cast<double>(stop) - static_cast<double>(start)) /
+                                  static_cast<double>(step)));
       if (count > static_cast<double>(kMaxRange)) {
         fail_at(pos, fmt::format("range() of {} items is over the limit of {}", count, kMaxRange));
       }
       List items;
-      for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) items.push_back(integer(start + i * step));
+      for (int64_t i = 0; i < static_cast<int64_t>(count); ++i)
+        items.push_back(integer(start + i * step));
       return in.make_list(std::move(items), pos);
     });
     s["namespace"] = callable("namespace", [](Interp&, CallArgs& args, Pos pos) {

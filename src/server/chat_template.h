@@ -14,10 +14,9 @@
 // A template is untrusted input (it comes from the model file): parsing bounds nesting depth, and
 // rendering bounds work, memory and output size (ChatTemplateLimits), so a hostile template
 // fails with an Error instead of hanging or exhausting the stack.
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstddef>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 

@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
@@ -166,7 +165,9 @@ const char* const k_zephyr =
     R"tpl( loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endf)tpl"
     R"tpl(or %}")tpl";
 
-std::string template_text(const char* json_string) { return json::parse(json_string).get<std::string>(); }
+std::string template_text(const char* json_string) {
+  return json::parse(json_string).get<std::string>();
+}
 
 std::string render(std::string_view source, const json& context,
                    const ChatTemplateLimits& limits = {}) {
@@ -273,8 +274,9 @@ class FamilyTest : public ::testing::TestWithParam<FamilyCase> {};
 TEST_P(FamilyTest, RendersConversation) {
   const FamilyCase& c = GetParam();
   const auto tmpl = ChatTemplate::parse(template_text(c.template_json));
-  EXPECT_EQ(tmpl.render(context(conversation(c.with_system), c.bos, c.eos, c.add_generation_prompt)),
-            c.expected);
+  EXPECT_EQ(
+      tmpl.render(context(conversation(c.with_system), c.bos, c.eos, c.add_generation_prompt)),
+      c.expected);
 }
 
 INSTANTIATE_TEST_SUITE_P(RealTemplates, FamilyTest, ::testing::ValuesIn(family_cases()),
@@ -381,8 +383,7 @@ TEST(ChatTemplate, RaiseException) {
            {"role": "user", "content": "u"}])",
        "After the optional system message, conversation roles must alternate "
        "user/assistant/user/assistant/..."},
-      {"llama 2: assistant first", k_llama2,
-       R"([{"role": "assistant", "content": "a"}])",
+      {"llama 2: assistant first", k_llama2, R"([{"role": "assistant", "content": "a"}])",
        "Conversation roles must alternate user/assistant/user/assistant/..."},
       {"gemma: two user turns", k_gemma,
        R"([{"role": "user", "content": "u"}, {"role": "user", "content": "u"}])",
@@ -458,7 +459,8 @@ TEST(ChatTemplate, Expressions) {
        "1 1.0 0.30000000000000004 2500.0 -3"},
       {"{{ true }} {{ False }} {{ none }} {{ None }} [{{ nothing }}]", "{}",
        "True False None None []"},
-      {"{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 2 * 3 + 1 }}",
+      {"{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }} {{ 2 * 3 + 1 "
+       "}}",
        "{}", "3 -4 1 2 3.5 1024 7"},
       {"{{ 'ab' * 3 }} {{ [1] * 2 }} {{ [1, 2] + [3] }} {{ 'a' + 'b' }}", "{}",
        "ababab [1, 1] [1, 2, 3] ab"},
@@ -478,9 +480,10 @@ TEST(ChatTemplate, Expressions) {
       // Attribute and item access are interchangeable; missing keys are undefined.
       {"{{ m.role }}{{ m['role'] }}{{ m.missing }}{{ m['missing'] is defined }}",
        R"({"m": {"role": "user"}})", "useruserFalse"},
-      {"{{ xs[0] }}{{ xs[-1] }}{{ xs.1 }}{{ xs[5] is undefined }}", R"({"xs": [1, 2, 3]})",
-       "132True"},
-      {"{{ xs[1:] }} {{ xs[:-1] }} {{ xs[::-1] }} {{ xs[::2] }} {{ 'abc'[1:] }} {{ 'héllo'[::-1] }}",
+      {"{{ xs[0] }}{{ xs[-1] }}{{ xs.1 }}{{ xs[5] is undefined }}{{ xs[nothing] is defined }}",
+       R"({"xs": [1, 2, 3]})", "132TrueFalse"},
+      {"{{ xs[1:] }} {{ xs[:-1] }} {{ xs[::-1] }} {{ xs[::2] }} {{ 'abc'[1:] }} {{ 'héllo'[::-1] "
+       "}}",
        R"({"xs": [1, 2, 3]})", "[2, 3] [1, 2] [3, 2, 1] [1, 3] bc olléh"},
       {"{{ x is defined }} {{ x is undefined }} {{ none is none }} {{ 1 is not none }} "
        "{{ 'a' is string }} {{ 1 is number }} {{ 1.5 is float }} {{ 1 is integer }} "
@@ -512,7 +515,8 @@ TEST(ChatTemplate, Filters) {
        "(1, 'a') (1,) () False True"},
       {"{{ [1, 2, 3] | reverse | list }} {{ -3 | abs }} {{ 'a<b' | e }}", "{}",
        "[3, 2, 1] 3 a&lt;b"},
-      {"{{ 'a\nb\n\nc' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}", "{}", "a\n  b\n\n  c|  a\n  b"},
+      {"{{ 'a\nb\n\nc' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}", "{}",
+       "a\n  b\n\n  c|  a\n  b"},
       {"{{ {'a': [1, 2.5, none, true], 'b': 'x\"y\\n'} | tojson }}", "{}",
        "{\"a\": [1, 2.5, null, true], \"b\": \"x\\\"y\\n\"}"},
       {"{{ [1, {'k': 'v'}, []] | tojson(indent=2) }}", "{}",
@@ -528,6 +532,12 @@ TEST(ChatTemplate, Filters) {
        "{{ ['a', 'b'] | map('upper') | join }}",
        R"({"ms": [{"role": "a", "tool": true}, {"role": "b"}]})", "['b'] [1, 3] [2] AB"},
       {"{% filter upper %}shout {{ 'this' }}{% endfilter %}", "{}", "SHOUT THIS"},
+      {"{{ ['b', 'A', 'a', 'B'] | unique | list }} {{ ['b', 'A', 'c'] | sort }} "
+       "{{ [3, 1, 2] | sort(reverse=true) }} {{ {'b': 1, 'a': 2} | dictsort }} "
+       "{{ [2, 3, 1] | max }} {{ ['b', 'A'] | min }} {{ [1, 2, 3] | sum }}",
+       "{}", "['b', 'A'] ['A', 'b', 'c'] [3, 2, 1] [('a', 2), ('b', 1)] 3 A 6"},
+      {"{{ ms | sort(attribute='n') | map(attribute='n') | list }} {{ ms | sum(attribute='n') }}",
+       R"({"ms": [{"n": 2}, {"n": 1}]})", "[1, 2] 3"},
   });
 }
 
