@@ -692,6 +692,27 @@ TEST(ChatTemplate, Limits) {
           {"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "nest deeper than 8"},
       },
       small);
+  // Values nest boundedly (printing and freeing them recurses), and namespaces stay out of
+  // containers, so no value can contain itself.
+  expect_errors({
+      {"{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+       "{% endfor %}",
+       "values nest deeper than 512"},
+      {"{% set ns = namespace() %}{% set ns.me = [ns] %}", "a namespace cannot be put in a list"},
+      {"{% set ns = namespace() %}{% set ns.me = ns %}",
+       "a namespace cannot be put in a namespace"},
+      {"{% set ns = namespace() %}{{ namespace(x=ns) }}",
+       "a namespace cannot be put in a namespace"},
+      {"{% set ns = namespace() %}{{ {'k': ns} }}", "a namespace cannot be put in a list or dict"},
+  });
+  json deep = "leaf";
+  for (int i = 0; i < 1000; ++i) deep = json::array({std::move(deep)});
+  try {
+    render("{{ messages }}", {{"messages", deep}});
+    ADD_FAILURE() << "rendered";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("context nests deeper than 128 levels"));
+  }
   ChatTemplateLimits few_steps;
   few_steps.max_steps = 10'000;
   expect_errors({{"{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",

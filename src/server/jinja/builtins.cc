@@ -754,7 +754,10 @@ const Scope& builtins() {
         if (initial.kind != Kind::kDict) fail_at(pos, "namespace() takes a dict or keywords");
         for (const auto& [k, x] : initial.dict->items) v.ns->set(k, x);
       }
-      for (const auto& [k, x] : args.named) v.ns->set(k, x);
+      for (const auto& [k, x] : args.named) {
+        if (x.kind == Kind::kNamespace) fail_at(pos, "a namespace cannot be put in a namespace");
+        v.ns->set(k, x);
+      }
       return v;
     });
     s["dict"] = callable("dict", [](Interp&, CallArgs& args, Pos pos) {

@@ -95,9 +95,11 @@ bool is_dict_method(std::string_view name) {
 }
 
 Value bound_method(const Value& self, const std::string& name) {
-  return callable(name, [self, name](Interp& in, CallArgs& args, Pos pos) {
+  Value method = callable(name, [self, name](Interp& in, CallArgs& args, Pos pos) {
     return call_method(in, self, name, args, pos);
   });
+  method.depth = self.depth + 1;  // it holds `self`
+  return method;
 }
 
 }  // namespace
@@ -555,6 +557,7 @@ Flow SetNode::render(Interp& in, std::string& out) const {
       fail_at(pos, fmt::format("cannot assign attribute '{}' on '{}', which is not a namespace",
                                attribute, targets[0]));
     }
+    if (v.kind == Kind::kNamespace) fail_at(pos, "a namespace cannot be put in a namespace");
     target.ns->set(attribute, std::move(v));
     return Flow::kNormal;
   }

@@ -45,9 +45,24 @@ Value string(std::string s) {
   v.str = std::make_shared<const std::string>(std::move(s));
   return v;
 }
+namespace {
+
+// 1 + the deepest item; fails on a namespace item or beyond kMaxValueDepth.
+int container_depth(const Value& item, int depth) {
+  if (item.kind == Kind::kNamespace)
+    fail("chat template: a namespace cannot be put in a list or dict");
+  depth = std::max(depth, item.depth + 1);
+  if (depth > kMaxValueDepth) fail("chat template: values nest deeper than {}", kMaxValueDepth);
+  return depth;
+}
+
+}  // namespace
+
 Value list(List items) {
   Value v;
   v.kind = Kind::kList;
+  v.depth = 1;
+  for (const Value& item : items) v.depth = container_depth(item, v.depth);
   v.list = std::make_shared<const List>(std::move(items));
   return v;
 }
@@ -59,6 +74,8 @@ Value tuple(List items) {
 Value dict(Dict d) {
   Value v;
   v.kind = Kind::kDict;
+  v.depth = 1;
+  for (const auto& [k, item] : d.items) v.depth = container_depth(item, v.depth);
   v.dict = std::make_shared<const Dict>(std::move(d));
   return v;
 }
@@ -388,7 +405,12 @@ void dump_json(const Value& v, const JsonStyle& style, int level, Pos pos, std::
   }
 }
 
-Value from_json(const nlohmann::json& j) {
+namespace {
+
+Value from_json_at(const nlohmann::json& j, int depth) {
+  if (depth > kMaxContextDepth) {
+    fail("chat template context nests deeper than {} levels", kMaxContextDepth);
+  }
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return none();
@@ -410,19 +432,23 @@ Value from_json(const nlohmann::json& j) {
     case nlohmann::json::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
       return list(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json(e));
+      for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json_at(e, depth + 1));
       return dict(std::move(d));
     }
     default:
       return none();  // binary / discarded: not produced by JSON text
   }
 }
+
+}  // namespace
+
+Value from_json(const nlohmann::json& j) { return from_json_at(j, 0); }
 
 // UTF-8 code point boundaries: Python indexes and measures strings by code point.
 std::vector<size_t> code_point_starts(const std::string& s) {

@@ -56,6 +56,9 @@ struct Value {
   std::shared_ptr<Dict> ns;  // namespace(): the one mutable kind
   std::shared_ptr<const Callable> fn;
   bool tuple = false;  // kList made as a Python tuple: prints as (a, b), never equals a list
+  // Nesting of lists/dicts/bound methods inside this value (0 for scalars). Bounded by
+  // kMaxValueDepth, so that printing, comparing and destroying a value recurse only so deep.
+  int depth = 0;
 
   bool is_undefined() const { return kind == Kind::kUndefined; }
   bool is_number() const {
@@ -63,7 +66,14 @@ struct Value {
   }
 };
 
+// Values nest at most this deep; the context may nest kMaxContextDepth deep, which leaves room
+// for the template to wrap context values (loop.previtem, [x], {'k': x}).
+constexpr int kMaxValueDepth = 512;
+constexpr int kMaxContextDepth = 128;
+
 // Insertion-ordered like a Python dict; string keys only (all that JSON and templates produce).
+// A namespace() is a Dict too, the one that can change; it may hold any value except a namespace,
+// and no list or dict may hold one, so values form trees whose depth is known when they are made.
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;
 
@@ -100,6 +110,7 @@ Value boolean(bool b);
 Value integer(int64_t i);
 Value floating(double f);
 Value string(std::string s);
+// These fail if an item is a namespace or the result would nest deeper than kMaxValueDepth.
 Value list(List items);
 Value tuple(List items);
 Value dict(Dict d);
@@ -127,6 +138,7 @@ struct JsonStyle {
 };
 void dump_json(const Value& v, const JsonStyle& style, int level, Pos pos, std::string& out);
 
+// Fails if `j` nests deeper than kMaxContextDepth.
 Value from_json(const nlohmann::json& j);
 
 // Strings are UTF-8; Python indexes and measures them by code point.
