@@ -19,15 +19,30 @@ ChatTemplate ChatTemplate::parse(std::string_view source) {
   return ChatTemplate(std::move(program));
 }
 
-std::string ChatTemplate::render(const nlohmann::json& context,
-                                 const ChatTemplateLimits& limits) const {
+namespace {
+
+template <typename Json>
+std::string render_program(const jinja::Body& body, const Json& context,
+                           const ChatTemplateLimits& limits) {
   if (!context.is_object()) fail("chat template context must be a JSON object");
   jinja::Interp in{limits, {}, 1, 0, 0, 0};
   in.scopes.emplace_back();
   for (const auto& [name, value] : context.items()) in.scopes[0][name] = jinja::from_json(value);
   std::string out;
-  jinja::render_body(program_->body, in, out);
+  jinja::render_body(body, in, out);
   return out;
+}
+
+}  // namespace
+
+std::string ChatTemplate::render(const nlohmann::json& context,
+                                 const ChatTemplateLimits& limits) const {
+  return render_program(program_->body, context, limits);
+}
+
+std::string ChatTemplate::render(const nlohmann::ordered_json& context,
+                                 const ChatTemplateLimits& limits) const {
+  return render_program(program_->body, context, limits);
 }
 
 std::string_view chatml_template() {

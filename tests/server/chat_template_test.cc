@@ -335,6 +335,16 @@ TEST(ChatTemplate, Llama31ToolCalling) {
   EXPECT_EQ(render(template_text(k_llama31), ctx), expected);
 }
 
+// With nlohmann::ordered_json the context's key order survives into tojson, as in transformers;
+// nlohmann::json sorts keys.
+TEST(ChatTemplate, TojsonKeyOrder) {
+  const auto tmpl = ChatTemplate::parse("{{ tools[0] | tojson }}");
+  const char* tools = R"({"tools": [{"type": "function", "function": {"name": "f"}}]})";
+  EXPECT_EQ(tmpl.render(nlohmann::ordered_json::parse(tools)),
+            R"({"type": "function", "function": {"name": "f"}})");
+  EXPECT_EQ(tmpl.render(json::parse(tools)), R"({"function": {"name": "f"}, "type": "function"})");
+}
+
 // date_string given by the caller replaces the default.
 TEST(ChatTemplate, Llama31DateString) {
   json ctx = context(conversation(false), "<|begin_of_text|>", "<|eot_id|>");

@@ -407,35 +407,36 @@ void dump_json(const Value& v, const JsonStyle& style, int level, Pos pos, std::
 
 namespace {
 
-Value from_json_at(const nlohmann::json& j, int depth) {
+template <typename Json>
+Value from_json_at(const Json& j, int depth) {
   if (depth > kMaxContextDepth) {
     fail("chat template context nests deeper than {} levels", kMaxContextDepth);
   }
   switch (j.type()) {
-    case nlohmann::json::value_t::null:
+    case Json::value_t::null:
       return none();
-    case nlohmann::json::value_t::boolean:
-      return boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer:
-      return integer(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: {
-      const uint64_t u = j.get<uint64_t>();
+    case Json::value_t::boolean:
+      return boolean(j.template get<bool>());
+    case Json::value_t::number_integer:
+      return integer(j.template get<int64_t>());
+    case Json::value_t::number_unsigned: {
+      const uint64_t u = j.template get<uint64_t>();
       if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
         return floating(static_cast<double>(u));
       }
       return integer(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float:
-      return floating(j.get<double>());
-    case nlohmann::json::value_t::string:
-      return string(j.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case Json::value_t::number_float:
+      return floating(j.template get<double>());
+    case Json::value_t::string:
+      return string(j.template get<std::string>());
+    case Json::value_t::array: {
       List items;
       items.reserve(j.size());
       for (const auto& e : j) items.push_back(from_json_at(e, depth + 1));
       return list(std::move(items));
     }
-    case nlohmann::json::value_t::object: {
+    case Json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
       for (const auto& [k, e] : j.items()) d.items.emplace_back(k, from_json_at(e, depth + 1));
@@ -449,6 +450,7 @@ Value from_json_at(const nlohmann::json& j, int depth) {
 }  // namespace
 
 Value from_json(const nlohmann::json& j) { return from_json_at(j, 0); }
+Value from_json(const nlohmann::ordered_json& j) { return from_json_at(j, 0); }
 
 // UTF-8 code point boundaries: Python indexes and measures strings by code point.
 std::vector<size_t> code_point_starts(const std::string& s) {

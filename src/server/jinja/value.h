@@ -138,8 +138,9 @@ struct JsonStyle {
 };
 void dump_json(const Value& v, const JsonStyle& style, int level, Pos pos, std::string& out);
 
-// Fails if `j` nests deeper than kMaxContextDepth.
+// Fails if `j` nests deeper than kMaxContextDepth. Dicts keep the key order of `j`.
 Value from_json(const nlohmann::json& j);
+Value from_json(const nlohmann::ordered_json& j);
 
 // Strings are UTF-8; Python indexes and measures them by code point.
 std::vector<size_t> code_point_starts(const std::string& s);
