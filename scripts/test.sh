@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
-fuzz_seconds=${FUZZ_SECONDS:-60}
+fuzz_seconds=${FUZZ_SECONDS:-40}
 shared=${SIEVE_SHARED_DIR:-$root/../shared}
 if [ ! -d "$shared/models" ]; then
   echo "test.sh: shared test data not found at $shared (set SIEVE_SHARED_DIR)" >&2
@@ -25,25 +25,29 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIEVE_SHARED_DIR="$sha
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
-echo "== [2/3] ASan + UBSan: GGUF reader and tokenizer tests"
+echo "== [2/3] ASan + UBSan: GGUF reader, tokenizer and chat-template tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSIEVE_SANITIZE=ON -DSIEVE_SHARED_DIR="$shared"
-cmake --build build-asan -j"$jobs" --target gguf_test tokenizer_test
+cmake --build build-asan -j"$jobs" --target gguf_test tokenizer_test chat_template_test
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -L input
 
 echo "== [3/3] libFuzzer: ${fuzz_seconds}s per target"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSIEVE_FUZZ=ON -DSIEVE_BUILD_TESTS=OFF
-cmake --build build-fuzz -j"$jobs" --target gguf_fuzz tokenizer_fuzz
-for target in gguf tokenizer; do
+cmake --build build-fuzz -j"$jobs" --target gguf_fuzz tokenizer_fuzz chat_template_fuzz
+for target in gguf tokenizer chat_template; do
   corpus="build-fuzz/corpus/$target"
   rm -rf "$corpus" && mkdir -p "$corpus"
+  extra=()
   if [ "$target" = gguf ]; then
     fuzz/make_corpus.sh "$corpus" "$shared"
+  elif [ "$target" = chat_template ]; then
+    fuzz/make_chat_template_corpus.sh "$corpus"
+    extra=(-dict=fuzz/chat_template.dict -max_len=4096)
   else
     cp "$shared"/golden/tokenizer/*.inp "$corpus"/
   fi
   SIEVE_SHARED_DIR="$shared" "build-fuzz/fuzz/${target}_fuzz" -max_total_time="$fuzz_seconds" \
-    -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -n 15
+    -rss_limit_mb=2048 -print_final_stats=1 "${extra[@]}" "$corpus" 2>&1 | tail -n 15
 done
 echo "== all tests passed"

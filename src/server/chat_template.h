@@ -9,15 +9,18 @@
 // Semantics follow Jinja2/Python where templates can tell the difference: undefined names
 // render as "" and are falsy, but arithmetic or attribute access on them is an error; `str()`
 // of True is "True"; `x is iterable` holds for strings; dicts keep their keys in the order
-// nlohmann::json gives them (sorted), which is what `tojson` prints.
+// the context gives them, which is what `tojson` prints: pass nlohmann::ordered_json to keep a
+// request's order (as transformers does), nlohmann::json sorts them.
+//
+// Not supported (unused by known chat templates; each is a clear parse error): {% call %},
+// recursive loops, {% include/import/extends %}, and Python's % / .format() string formatting.
 //
 // A template is untrusted input (it comes from the model file): parsing bounds nesting depth, and
 // rendering bounds work, memory and output size (ChatTemplateLimits), so a hostile template
 // fails with an Error instead of hanging or exhausting the stack.
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstddef>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 
@@ -53,6 +56,8 @@ class ChatTemplate {
   // Throws ChatTemplateRaised for raise_exception(), Error (with line:column) for any other
   // runtime error or exceeded limit.
   std::string render(const nlohmann::json& context, const ChatTemplateLimits& limits = {}) const;
+  std::string render(const nlohmann::ordered_json& context,
+                     const ChatTemplateLimits& limits = {}) const;
 
   struct Program;  // the parsed template; opaque
 
