@@ -1,0 +1,52 @@
+#pragma once
+// What a run leaves behind: a JSON document with every request (kSchemaVersion), tables for the
+// terminal, a progress display on stderr, and a side-by-side comparison of two JSON files.
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "loadgen/runner.h"
+
+namespace sieve::loadgen {
+
+// Bumped when a key is renamed or removed (adding keys keeps the version).
+inline constexpr int kSchemaVersion = 1;
+
+nlohmann::json to_json(const RequestRecord& record, size_t index);
+nlohmann::json to_json(const RunSummary& summary);
+nlohmann::json to_json(const RunResult& run);
+// {"schema_version", "tool", "created_at", "config", "runs": [...]}; config is the caller's.
+nlohmann::json make_report(const nlohmann::json& config, const std::vector<RunResult>& runs);
+
+// Reads a report written by make_report. Throws sieve::Error on a missing file, bad JSON or an
+// unknown schema version.
+nlohmann::json read_report(const std::string& path);
+
+// The terminal tables, from report JSON so that --compare can reuse them.
+std::string format_run_details(const nlohmann::json& run);
+std::string format_sweep_table(const nlohmann::json& report);
+// Runs are paired by label (else by position); ratios are b / a.
+std::string format_comparison(const nlohmann::json& a, const std::string& a_name, const nlohmann::json& b,
+                              const std::string& b_name);
+
+// A bar redrawn in place on a terminal; on a pipe or file, a plain line every 10%.
+class ProgressDisplay {
+ public:
+  ProgressDisplay(std::FILE* out, std::string label, int64_t total);
+  void update(int64_t done, int64_t failed);
+  void finish();
+
+ private:
+  std::FILE* out_;
+  std::string label_;
+  int64_t total_;
+  bool tty_;
+  int64_t last_decile_ = -1;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace sieve::loadgen

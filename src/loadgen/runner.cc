@@ -1,0 +1,122 @@
+#include "loadgen/runner.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "util/error.h"
+
+namespace sieve::loadgen {
+
+namespace {
+
+// Workers take prompt indices from a queue the dispatcher fills at each arrival time; the
+// number of workers is the concurrency limit.
+class Dispatch {
+ public:
+  void push(size_t index) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(index);
+    }
+    ready_.notify_one();
+  }
+  void close() {
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+    }
+    ready_.notify_all();
+  }
+  std::optional<size_t> pop() {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return closed_ || !queue_.empty(); });
+    if (queue_.empty()) return std::nullopt;
+    const size_t index = queue_.front();
+    queue_.pop_front();
+    return index;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<size_t> queue_;
+  bool closed_ = false;
+};
+
+struct Batch {
+  std::vector<RequestRecord> records;
+  double duration_s = 0;
+  int max_in_flight = 0;
+};
+
+Batch send_all(const ServerUrl& url, const ClientConfig& config, const std::vector<Prompt>& prompts,
+               const std::vector<double>& arrivals, int num_workers, const ProgressCallback& progress) {
+  Batch batch;
+  batch.records.resize(prompts.size());
+  Dispatch dispatch;
+  std::mutex progress_mutex;
+  int64_t done = 0, failed = 0;
+  int in_flight = 0;
+  const Clock::time_point run_start = Clock::now();
+  std::vector<std::thread> workers;
+  workers.reserve(static_cast<size_t>(num_workers));
+  for (int w = 0; w < num_workers; ++w) {
+    workers.emplace_back([&] {
+      while (std::optional<size_t> index = dispatch.pop()) {
+        {
+          std::lock_guard lock(progress_mutex);
+          batch.max_in_flight = std::max(batch.max_in_flight, ++in_flight);
+        }
+        RequestRecord record = send_request(url, config, prompts[*index], run_start);
+        std::lock_guard lock(progress_mutex);
+        --in_flight;
+        ++done;
+        if (!record.ok) ++failed;
+        batch.records[*index] = std::move(record);
+        if (progress) progress(done, static_cast<int64_t>(prompts.size()), failed);
+      }
+    });
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::this_thread::sleep_until(run_start + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(arrivals[i])));
+    dispatch.push(i);
+  }
+  dispatch.close();
+  for (std::thread& worker : workers) worker.join();
+  for (const RequestRecord& r : batch.records) batch.duration_s = std::max(batch.duration_s, r.start_s + r.e2el_s);
+  return batch;
+}
+
+}  // namespace
+
+RunResult run_point(const ServerUrl& url, const ClientConfig& base_config, const std::vector<Prompt>& prompts,
+                    const std::vector<Prompt>& warmup, const RunPoint& point, const RunOptions& options,
+                    const ProgressCallback& progress) {
+  if (point.max_concurrency && *point.max_concurrency <= 0) {
+    fail("the concurrency must be positive (got {})", *point.max_concurrency);
+  }
+  ClientConfig config = base_config;
+  if (!point.extra_body.empty()) config.extra_body.merge_patch(point.extra_body);
+  const auto limit = [&](size_t num_requests) {
+    const int cap = point.max_concurrency.value_or(options.max_threads);
+    return static_cast<int>(std::clamp<size_t>(num_requests, 1, static_cast<size_t>(cap)));
+  };
+  if (!warmup.empty()) {
+    send_all(url, config, warmup, std::vector<double>(warmup.size(), 0.0), limit(warmup.size()), {});
+  }
+  const std::vector<double> arrivals =
+      arrival_times({point.request_rate, point.burstiness, options.seed}, static_cast<int64_t>(prompts.size()));
+  Batch batch = send_all(url, config, prompts, arrivals, limit(prompts.size()), progress);
+  RunResult result;
+  result.point = point;
+  result.summary = summarize(batch.records, batch.duration_s, options.slo);
+  result.summary.max_in_flight = batch.max_in_flight;
+  result.records = std::move(batch.records);
+  return result;
+}
+
+}  // namespace sieve::loadgen
