@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   sieve::cli::add_bench_command(app);
   sieve::cli::add_bench_engine_command(app);
   sieve::cli::add_serve_command(app);
+  sieve::cli::add_bench_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -18,7 +18,12 @@ nlohmann::json optional_json(const std::optional<double>& value) {
   return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
 }
 
+// Statistics of no values are null, not 0 (e.g. TPOT when every output was one token).
 nlohmann::json to_json(const Distribution& d) {
+  if (d.count == 0) {
+    return {{"count", 0},        {"mean", nullptr}, {"median", nullptr}, {"p90", nullptr},
+            {"p99", nullptr},    {"min", nullptr},  {"max", nullptr}};
+  }
   return {{"count", d.count}, {"mean", d.mean}, {"median", d.median}, {"p90", d.p90},
           {"p99", d.p99},     {"min", d.min},   {"max", d.max}};
 }
