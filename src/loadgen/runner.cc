@@ -91,6 +91,17 @@ Batch send_all(const ServerUrl& url, const ClientConfig& config, const std::vect
   return batch;
 }
 
+// One JSON merge patch equal to applying a, then b. Unlike merge_patch, nulls are kept: they
+// still have to delete the field from the request body.
+nlohmann::json compose_patches(const nlohmann::json& a, const nlohmann::json& b) {
+  if (!a.is_object() || !b.is_object()) return b;
+  nlohmann::json out = a;
+  for (const auto& [key, value] : b.items()) {
+    out[key] = out.contains(key) ? compose_patches(out[key], value) : value;
+  }
+  return out;
+}
+
 }  // namespace
 
 RunResult run_point(const ServerUrl& url, const ClientConfig& base_config, const std::vector<Prompt>& prompts,
@@ -100,7 +111,7 @@ RunResult run_point(const ServerUrl& url, const ClientConfig& base_config, const
     fail("the concurrency must be positive (got {})", *point.max_concurrency);
   }
   ClientConfig config = base_config;
-  if (!point.extra_body.empty()) config.extra_body.merge_patch(point.extra_body);
+  if (!point.extra_body.empty()) config.extra_body = compose_patches(config.extra_body, point.extra_body);
   const auto limit = [&](size_t num_requests) {
     const int cap = point.max_concurrency.value_or(options.max_threads);
     return static_cast<int>(std::clamp<size_t>(num_requests, 1, static_cast<size_t>(cap)));

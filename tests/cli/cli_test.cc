@@ -38,7 +38,7 @@ std::string model() { return testing::shared_path("models/stories260K.gguf"); }
 TEST(Cli, HelpForEveryCommand) {
   Result top = run("--help");
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* command : {"run", "batch", "tokenize", "perplexity", "quantize", "gen-model", "bench", "bench-engine"}) {
+  for (const char* command : {"run", "batch", "tokenize", "perplexity", "quantize", "gen-model", "bench", "bench-engine", "bench-serve"}) {
     EXPECT_NE(top.out.find(command), std::string::npos) << command;
     Result help = run(std::string(command) + " --help");
     EXPECT_EQ(help.exit_code, 0) << command;

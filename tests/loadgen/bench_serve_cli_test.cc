@@ -1,0 +1,136 @@
+// `sieve bench-serve` as a user runs it, against the fake streaming server in this process.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "fake_server.h"
+#include "shared_data.h"
+
+namespace sieve {
+namespace {
+
+using std::chrono::milliseconds;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string command = std::string(SIEVE_BINARY_DIR) + "/sieve bench-serve " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  Result result;
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer{};
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::filesystem::path temp_path(const std::string& name) { return std::filesystem::temp_directory_path() / name; }
+
+TEST(BenchServeCli, SweepOfTwoVariantsWritesJsonPlotAndCompares) {
+  testing::FakeOpenAiServer server({.first_chunk_delay = milliseconds(5), .chunk_delay = milliseconds(2)});
+  const std::string out = temp_path("sieve_bench_serve.json").string();
+  const std::string plot = temp_path("sieve_bench_serve.svg").string();
+  const Result r = run("--base-url " + server.url() + " --model stories --tokenizer " +
+                       testing::shared_path("models/stories260K.gguf") +
+                       " --input-len 32 --output-len 6 --num-prompts 6 --sweep-concurrency 1,3 --warmup 1"
+                       " --goodput ttft:5000 tpot:5000 --extra-body '{\"kv_policy\":\"dense\"}'"
+                       " --extra-body '{\"kv_policy\":\"snapkv\"}' --seed 1 --out " + out + " --plot " + plot);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("v1 c=3"), std::string::npos) << r.out;
+  EXPECT_EQ(server.num_requests(), 4 * (6 + 1));
+  EXPECT_EQ(server.last_body()["kv_policy"], "snapkv");
+  EXPECT_EQ(server.last_body()["model"], "stories");
+
+  std::ifstream in(out);
+  const nlohmann::json report = nlohmann::json::parse(in);
+  EXPECT_EQ(report["schema_version"], 1);
+  EXPECT_EQ(report["config"]["input_len"], 32);
+  ASSERT_EQ(report["runs"].size(), 4u);
+  for (const nlohmann::json& run : report["runs"]) {
+    EXPECT_EQ(run["summary"]["completed"], 6);
+    EXPECT_EQ(run["summary"]["output_tokens"], 36);
+    EXPECT_EQ(run["summary"]["good_requests"], 6);
+    ASSERT_EQ(run["requests"].size(), 6u);
+    for (const nlohmann::json& request : run["requests"]) {
+      EXPECT_EQ(request["output_tokens_source"], "usage");
+      EXPECT_EQ(request["output_tokens"], request["num_chunks"]);
+      EXPECT_EQ(request["input_tokens"], 32);
+      // The fake server's prompt_tokens is the prompt's length in bytes.
+      EXPECT_GT(request["prompt_tokens"].get<int>(), 0);
+      EXPECT_EQ(request["itl_ms"].size(), 5u);
+    }
+  }
+  EXPECT_EQ(report["runs"][3]["label"], "v1 c=3");
+  EXPECT_EQ(report["runs"][3]["extra_body"]["kv_policy"], "snapkv");
+  EXPECT_LE(report["runs"][1]["summary"]["max_in_flight"].get<int>(), 3);
+
+  std::ifstream svg_in(plot);
+  const std::string svg((std::istreambuf_iterator<char>(svg_in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(svg.starts_with("<svg"));
+  EXPECT_NE(svg.find("snapkv"), std::string::npos);
+
+  const Result compared = run("--compare " + out + " " + out);
+  ASSERT_EQ(compared.exit_code, 0) << compared.out;
+  EXPECT_NE(compared.out.find("[v0 c=1]"), std::string::npos) << compared.out;
+  EXPECT_NE(compared.out.find("1.00x"), std::string::npos) << compared.out;
+  std::filesystem::remove(out);
+  std::filesystem::remove(plot);
+}
+
+TEST(BenchServeCli, ClearErrors) {
+  Result r = run("--base-url localhost:8080 --num-prompts 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("bad --base-url 'localhost:8080'"), std::string::npos) << r.out;
+
+  const std::string refused = "http://127.0.0.1:" + std::to_string(testing::unused_port());
+  r = run("--base-url " + refused + " --num-prompts 2 --input-len 8 --output-len 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("cannot connect to " + refused), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("every request failed"), std::string::npos) << r.out;
+
+  r = run("--base-url http://127.0.0.1:1 --sweep-concurrency 1,2 --max-concurrency 4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("--sweep-concurrency"), std::string::npos) << r.out;
+
+  r = run("--base-url http://127.0.0.1:1 --goodput ttft:fast");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("bad --goodput item 'ttft:fast'"), std::string::npos) << r.out;
+
+  r = run("--base-url http://127.0.0.1:1 --extra-body '[1]'");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("must be a JSON object"), std::string::npos) << r.out;
+
+  r = run("--compare /nonexistent/a.json /nonexistent/b.json");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("cannot open '/nonexistent/a.json'"), std::string::npos) << r.out;
+}
+
+TEST(BenchServeCli, ServerWithoutExactLengthSupportIsReported) {
+  // A server that ignores max_tokens and always streams 3 tokens.
+  testing::FakeOpenAiServer server({.default_tokens = 3});
+  const std::string dataset = temp_path("sieve_bench_serve.jsonl").string();
+  {
+    std::ofstream out(dataset);
+    out << R"({"prompt": "Once upon a time"})" << "\n";
+  }
+  const Result r = run("--base-url " + server.url() + "/v1 --dataset " + dataset +
+                       " --output-len 5 --num-prompts 2 --extra-body '{\"max_tokens\": null}'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("2 requests produced fewer"), std::string::npos) << r.out;
+  EXPECT_FALSE(server.last_body().contains("max_tokens"));
+  std::filesystem::remove(dataset);
+}
+
+}  // namespace
+}  // namespace sieve
