@@ -8,7 +8,7 @@
 namespace sieve::loadgen {
 
 struct ArrivalProcess {
-  std::optional<double> request_rate;  // requests per second; none: send as fast as allowed
+  std::optional<double> request_rate;  // requests per second; none or inf: all at once
   // Shape of the gamma distribution of gaps: 1 is Poisson, < 1 burstier, > 1 more regular.
   double burstiness = 1.0;
   uint64_t seed = 0;

@@ -147,7 +147,7 @@ class StreamReader {
 };
 
 std::string transport_error(httplib::Error error, const ServerUrl& url, const ClientConfig& config,
-                            double elapsed_s) {
+                            double elapsed_s, bool got_response) {
   switch (error) {
     case httplib::Error::Connection:
       return fmt::format("cannot connect to {} (connection refused or host unreachable)", url.origin());
@@ -157,7 +157,10 @@ std::string transport_error(httplib::Error error, const ServerUrl& url, const Cl
       if (elapsed_s >= 0.99 * config.timeout_s) {
         return fmt::format("timed out after {:.0f} s without data from the server (--timeout)", config.timeout_s);
       }
-      return "the server closed the connection before the response was complete";
+      // Also what a burst of connects beyond a server's listen backlog looks like (cpp-httplib
+      // servers listen with a backlog of 5): dropped, retried by TCP a second later, then reset.
+      return got_response ? "the server closed the connection before the response was complete"
+                          : "the server closed the connection without responding";
     case httplib::Error::Write:
       return "the connection failed while sending the request";
     case httplib::Error::SSLConnection:
@@ -286,7 +289,7 @@ RequestRecord send_request(const ServerUrl& url, const ClientConfig& config, con
   if (!reader.stream_error().empty()) {
     record.error = reader.stream_error();
   } else if (!sent_ok) {
-    record.error = transport_error(error, url, config, record.e2el_s);
+    record.error = transport_error(error, url, config, record.e2el_s, record.http_status != 0);
   } else if (record.http_status != 200) {
     record.error = fmt::format("HTTP {}: {}", record.http_status, error_message(reader.error_body()));
   } else if (record.num_chunks == 0) {

@@ -34,7 +34,7 @@ std::string escape(const std::string& text) {
   return out;
 }
 
-// Round tick values covering [lo, hi], about five of them.
+// Round tick values from at or below lo to at or above hi, about five of them.
 std::vector<double> nice_ticks(double lo, double hi) {
   if (!(hi > lo)) hi = lo + 1;
   const double raw = (hi - lo) / 5;
@@ -45,7 +45,9 @@ std::vector<double> nice_ticks(double lo, double hi) {
     if (step >= raw) break;
   }
   std::vector<double> ticks;
-  for (double t = std::floor(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(t);
+  const auto first = static_cast<int64_t>(std::floor(lo / step));
+  const auto last = static_cast<int64_t>(std::ceil(hi / step - 1e-9));
+  for (int64_t i = first; i <= last; ++i) ticks.push_back(static_cast<double>(i) * step);
   return ticks;
 }
 

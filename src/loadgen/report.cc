@@ -226,21 +226,26 @@ std::string format_comparison(const nlohmann::json& a, const std::string& a_name
     for (const nlohmann::json& rb : runs_b) found = found || rb.value("label", "") == ra.value("label", "");
     by_label = by_label && found;
   }
-  static const std::vector<std::pair<const char*, const char*>> kMetrics = {
-      {"request_throughput", "request throughput (req/s)"},
-      {"output_throughput", "output throughput (tok/s)"},
-      {"goodput", "goodput (req/s)"},
-      {"ttft_ms/mean", "TTFT mean (ms)"},
-      {"ttft_ms/median", "TTFT p50 (ms)"},
-      {"ttft_ms/p99", "TTFT p99 (ms)"},
-      {"tpot_ms/mean", "TPOT mean (ms)"},
-      {"tpot_ms/median", "TPOT p50 (ms)"},
-      {"tpot_ms/p99", "TPOT p99 (ms)"},
-      {"itl_ms/median", "ITL p50 (ms)"},
-      {"itl_ms/p99", "ITL p99 (ms)"},
-      {"e2el_ms/median", "E2EL p50 (ms)"},
-      {"e2el_ms/p99", "E2EL p99 (ms)"},
-      {"failed", "failed requests"}};
+  struct Metric {
+    const char* key;
+    const char* name;
+    int decimals;
+  };
+  static constexpr Metric kMetrics[] = {{"request_throughput", "request throughput (req/s)", 2},
+                                        {"output_throughput", "output throughput (tok/s)", 1},
+                                        {"goodput", "goodput (req/s)", 2},
+                                        {"ttft_ms/mean", "TTFT mean (ms)", 1},
+                                        {"ttft_ms/median", "TTFT p50 (ms)", 1},
+                                        {"ttft_ms/p99", "TTFT p99 (ms)", 1},
+                                        {"tpot_ms/mean", "TPOT mean (ms)", 2},
+                                        {"tpot_ms/median", "TPOT p50 (ms)", 2},
+                                        {"tpot_ms/p99", "TPOT p99 (ms)", 2},
+                                        {"itl_ms/median", "ITL p50 (ms)", 2},
+                                        {"itl_ms/p99", "ITL p99 (ms)", 2},
+                                        {"e2el_ms/median", "E2EL p50 (ms)", 1},
+                                        {"e2el_ms/p99", "E2EL p99 (ms)", 1},
+                                        {"completed", "completed requests", 0},
+                                        {"failed", "failed requests", 0}};
   std::string out = fmt::format("A: {}\nB: {}\n", a_name, b_name);
   for (size_t i = 0; i < runs_a.size(); ++i) {
     const nlohmann::json& ra = runs_a[i];
@@ -251,11 +256,11 @@ std::string format_comparison(const nlohmann::json& a, const std::string& a_name
     if (rb == nullptr) continue;
     out += fmt::format("\n{:<30} {:>12} {:>12} {:>8}\n", fmt::format("[{}]", ra.value("label", std::string())),
                        "A", "B", "B/A");
-    for (const auto& [key, name] : kMetrics) {
-      const P pointer("/summary/" + std::string(key));
+    for (const Metric& metric : kMetrics) {
+      const P pointer("/summary/" + std::string(metric.key));
       const double va = number_at(ra, pointer), vb = number_at(*rb, pointer);
-      out += fmt::format("{:<30} {:>12} {:>12} {:>8}\n", name, format_number(va), format_number(vb),
-                         format_ratio(va, vb));
+      out += fmt::format("{:<30} {:>12} {:>12} {:>8}\n", metric.name, format_number(va, metric.decimals),
+                         format_number(vb, metric.decimals), format_ratio(va, vb));
     }
   }
   if (runs_b.size() != runs_a.size()) out += fmt::format("\n(A has {} runs, B has {})\n", runs_a.size(), runs_b.size());

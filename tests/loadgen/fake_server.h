@@ -30,13 +30,14 @@ struct FakeServerOptions {
 class FakeOpenAiServer {
  public:
   explicit FakeOpenAiServer(FakeServerOptions options) : options_(std::move(options)) {
-    server_.new_task_queue = [] { return new httplib::ThreadPool(64); };
+    server_.new_task_queue = [] { return new httplib::ThreadPool(128); };
     const auto handler = [this](const httplib::Request& request, httplib::Response& response) {
       handle(request, response);
     };
     server_.Post("/v1/completions", handler);
     server_.Post("/v1/chat/completions", handler);
     port_ = server_.bind_to_any_port("127.0.0.1");
+    raise_listen_backlog(port_);
     // The socket listens from bind on, so clients connecting before the thread runs just wait.
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
@@ -54,6 +55,21 @@ class FakeOpenAiServer {
   }
 
  private:
+  // cpp-httplib 0.11 listens with a backlog of 5; a burst of connections beyond that is
+  // dropped and retried by TCP a second later. Listening again on the bound socket raises it.
+  static void raise_listen_backlog(int port) {
+    for (int fd = 3; fd < 1024; ++fd) {
+      sockaddr_in address{};
+      socklen_t length = sizeof(address);
+      int listening = 0;
+      socklen_t flag_length = sizeof(listening);
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
+      if (address.sin_family != AF_INET || ntohs(address.sin_port) != port) continue;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_length) != 0 || !listening) continue;
+      ::listen(fd, 1024);
+    }
+  }
+
   void handle(const httplib::Request& request, httplib::Response& response) {
     ++num_requests_;
     nlohmann::json body = nlohmann::json::parse(request.body, nullptr, false);

@@ -175,6 +175,7 @@ TEST(Arrivals, SeededAndAllAtOnceWithoutARate) {
   EXPECT_EQ(arrival_times({2.0, 1.0, 7}, 50), arrival_times({2.0, 1.0, 7}, 50));
   EXPECT_NE(arrival_times({2.0, 1.0, 7}, 50), arrival_times({2.0, 1.0, 8}, 50));
   EXPECT_EQ(arrival_times({std::nullopt, 1.0, 7}, 5), std::vector<double>(5, 0.0));
+  EXPECT_EQ(arrival_times({INFINITY, 1.0, 7}, 5), std::vector<double>(5, 0.0));
   EXPECT_THROW(arrival_times({0.0, 1.0, 7}, 5), Error);
   EXPECT_THROW(arrival_times({1.0, 0.0, 7}, 5), Error);
 }
@@ -339,6 +340,18 @@ TEST(Runner, ConcurrencyLimitHoldsAndEveryRequestIsRecorded) {
     EXPECT_TRUE(r.ok);
     EXPECT_LE(r.start_s + r.e2el_s, run.summary.duration_s + 1e-9);
   }
+}
+
+TEST(Runner, SixtyFourRequestsInFlight) {
+  FakeOpenAiServer server({.first_chunk_delay = milliseconds(100), .chunk_delay = milliseconds(5)});
+  RunPoint point;
+  point.max_concurrency = 64;
+  const RunResult run =
+      run_point(parse_base_url(server.url()), {}, std::vector<Prompt>(64, prompt_of(4)), {}, point, {});
+  EXPECT_EQ(run.summary.completed, 64);
+  EXPECT_EQ(run.summary.output_tokens, 64 * 4);
+  // Every request waits 100 ms for its first chunk, so they overlap unless sent one by one.
+  EXPECT_GE(server.max_in_flight(), 16);
 }
 
 TEST(Runner, RequestRateSpacesTheSends) {
