@@ -403,6 +403,15 @@ TEST(Workload, LongExactPrompt) {
   EXPECT_EQ(stories_tokenizer()->encode(text, {false, false}).size(), 2000u);
 }
 
+TEST(Workload, ExactLengthsWithByteLevelBpe) {
+  gguf::File file = gguf::File::open(testing::shared_path("golden/tokenizer/ggml-vocab-gpt-2.gguf"));
+  const std::unique_ptr<tok::Tokenizer> tokenizer = tok::Tokenizer::create(tok::load_vocab(file));
+  const std::vector<Prompt> prompts =
+      random_prompts(tokenizer.get(), {.input_len = 300, .output_len = 8, .shared_prefix_len = 50, .num_prompts = 3,
+                                       .seed = 2});
+  for (const Prompt& p : prompts) EXPECT_EQ(tokenizer->encode(p.text, {false, false}).size(), 300u);
+}
+
 TEST(Workload, RejectsInconsistentLengths) {
   EXPECT_THROW(random_prompts(nullptr, {.input_len = 0, .num_prompts = 1}), Error);
   EXPECT_THROW(random_prompts(nullptr, {.input_len = 10, .range_ratio = 1.0, .num_prompts = 1}), Error);
