@@ -12,6 +12,9 @@ namespace sieve::loadgen {
 
 namespace {
 
+// Long enough for SYN retries (1 + 2 + 4 + 8 s) when a server's listen backlog overflows.
+constexpr int64_t kMaxConnectTimeoutUs = 30'000'000;
+
 double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -152,7 +155,7 @@ std::string transport_error(httplib::Error error, const ServerUrl& url, const Cl
     case httplib::Error::Connection:
       return fmt::format("cannot connect to {} (connection refused or host unreachable)", url.origin());
     case httplib::Error::ConnectionTimeout:
-      return fmt::format("timed out connecting to {} after {:.0f} s", url.origin(), config.timeout_s);
+      return fmt::format("timed out connecting to {}", url.origin());
     case httplib::Error::Read:
       if (elapsed_s >= 0.99 * config.timeout_s) {
         return fmt::format("timed out after {:.0f} s without data from the server (--timeout)", config.timeout_s);
@@ -245,11 +248,12 @@ RequestRecord send_request(const ServerUrl& url, const ClientConfig& config, con
   record.requested_output_tokens = prompt.output_tokens;
 
   httplib::Client client(url.origin());
-  const auto timeout = std::chrono::duration<double>(config.timeout_s);
-  client.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout).count() / 1000000,
-                                std::chrono::duration_cast<std::chrono::microseconds>(timeout).count() % 1000000);
-  client.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
-  client.set_write_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
+  const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::duration<double>(config.timeout_s));
+  const auto connect_timeout = std::min(timeout, std::chrono::microseconds(kMaxConnectTimeoutUs));
+  client.set_connection_timeout(connect_timeout.count() / 1000000, connect_timeout.count() % 1000000);
+  client.set_read_timeout(timeout);
+  client.set_write_timeout(timeout);
 
   httplib::Request request;
   request.method = "POST";
@@ -257,6 +261,8 @@ RequestRecord send_request(const ServerUrl& url, const ClientConfig& config, con
   request.body = request_body(config, prompt).dump();
   request.set_header("Content-Type", "application/json");
   request.set_header("Accept", "text/event-stream");
+  // A compressed stream would reach us in the decompressor's blocks, not as the server sent it.
+  request.set_header("Accept-Encoding", "identity");
   if (!config.api_key.empty()) request.set_header("Authorization", "Bearer " + config.api_key);
 
   const Clock::time_point sent = Clock::now();

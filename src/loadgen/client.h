@@ -41,7 +41,7 @@ struct ClientConfig {
   nlohmann::json extra_body = nlohmann::json::object();  // merged into every request body last
   // Ask for exactly max_tokens with ignore_eos and min_tokens (vLLM, llama.cpp, sieve know them).
   bool force_output_len = true;
-  double timeout_s = 600;      // per read and per connect
+  double timeout_s = 600;  // waiting for data; connecting waits at most 30 s
   const tok::Tokenizer* tokenizer = nullptr;  // counts output tokens when the server gives no usage
 };
 
