@@ -203,10 +203,7 @@ void bench_serve(const BenchServeOptions& options) {
   } else {
     fmt::print("{}", loadgen::format_sweep_table(report));
     for (const nlohmann::json& run : report["runs"]) {
-      for (const nlohmann::json& e : run["summary"]["errors"]) {
-        fmt::print("{}: failed x{}: {}\n", run["label"].get<std::string>(), e["count"].get<int64_t>(),
-                   e["reason"].get<std::string>());
-      }
+      fmt::print("{}", loadgen::format_errors(run["summary"]["errors"], run["label"].get<std::string>() + ": "));
     }
   }
   int64_t counted_by_chunks = 0, short_outputs = 0;

@@ -69,8 +69,10 @@ nlohmann::json to_json(const RequestRecord& r, size_t index) {
 }
 
 nlohmann::json to_json(const RunSummary& s) {
-  nlohmann::json errors = nlohmann::json::array();
-  for (const auto& [reason, count] : s.errors) errors.push_back({{"reason", reason}, {"count", count}});
+  std::vector<std::pair<std::string, int64_t>> reasons(s.errors.begin(), s.errors.end());
+  std::stable_sort(reasons.begin(), reasons.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  nlohmann::json errors = nlohmann::json::array();  // most frequent first
+  for (const auto& [reason, count] : reasons) errors.push_back({{"reason", reason}, {"count", count}});
   return {{"completed", s.completed},
           {"failed", s.failed},
           {"duration_s", s.duration_s},
@@ -135,6 +137,19 @@ nlohmann::json read_report(const std::string& path) {
   return report;
 }
 
+std::string format_errors(const nlohmann::json& errors, const std::string& prefix) {
+  constexpr size_t kMaxReasons = 5;
+  std::string out;
+  for (size_t i = 0; i < errors.size() && i < kMaxReasons; ++i) {
+    out += fmt::format("{}failed x{}: {}\n", prefix, errors[i].value("count", 0),
+                       errors[i].value("reason", std::string()));
+  }
+  if (errors.size() > kMaxReasons) {
+    out += fmt::format("{}... and {} other reasons (all in the JSON output)\n", prefix, errors.size() - kMaxReasons);
+  }
+  return out;
+}
+
 std::string format_run_details(const nlohmann::json& run) {
   const nlohmann::json& s = run.at("summary");
   using P = nlohmann::json::json_pointer;
@@ -180,11 +195,7 @@ std::string format_run_details(const nlohmann::json& run) {
         "support ignore_eos/min_tokens, so output lengths (and TPOT) are not what was asked for\n",
         shorter, longer);
   }
-  if (s.contains("errors")) {
-    for (const nlohmann::json& e : s["errors"]) {
-      out += fmt::format("failed x{}: {}\n", e.value("count", 0), e.value("reason", std::string()));
-    }
-  }
+  if (s.contains("errors")) out += format_errors(s["errors"], "");
   out += fmt::format("{:=^60}\n", "");
   return out;
 }

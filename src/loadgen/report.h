@@ -27,6 +27,8 @@ nlohmann::json read_report(const std::string& path);
 
 // The terminal tables, from report JSON so that --compare can reuse them.
 std::string format_run_details(const nlohmann::json& run);
+// "failed xN: reason" lines of a summary's errors, the five most frequent.
+std::string format_errors(const nlohmann::json& errors, const std::string& prefix);
 std::string format_sweep_table(const nlohmann::json& report);
 // Runs are paired by label (else by position); ratios are b / a.
 std::string format_comparison(const nlohmann::json& a, const std::string& a_name, const nlohmann::json& b,

@@ -505,6 +505,11 @@ TEST(Report, JsonSchemaIsStable) {
   EXPECT_NEAR(run["requests"][0]["tpot_ms"].get<double>(), 400.0 / 3, 1e-9);
   EXPECT_EQ(run["requests"][2]["error"], "cannot connect");
   EXPECT_EQ(run["summary"]["errors"][0]["count"], 1);
+  RunSummary many;
+  many.errors = {{"a", 1}, {"b", 3}, {"c", 2}};
+  const nlohmann::json ordered = to_json(many)["errors"];
+  EXPECT_EQ(ordered[0]["reason"], "b");
+  EXPECT_EQ(ordered[2]["reason"], "a");
 }
 
 TEST(Report, ReadBackCompareAndPlot) {
@@ -530,6 +535,11 @@ TEST(Report, ReadBackCompareAndPlot) {
   EXPECT_NE(comparison.find("3.00x"), std::string::npos) << comparison;  // c=4 tripled
   EXPECT_NE(format_sweep_table(a).find("c=4"), std::string::npos);
   EXPECT_NE(format_run_details(a["runs"][0]).find("failed x1: cannot connect"), std::string::npos);
+  nlohmann::json errors = nlohmann::json::array();
+  for (int i = 1; i <= 7; ++i) errors.push_back({{"reason", fmt::format("reason {}", i)}, {"count", 8 - i}});
+  EXPECT_EQ(format_errors(errors, "c=1: "),
+            "c=1: failed x7: reason 1\nc=1: failed x6: reason 2\nc=1: failed x5: reason 3\nc=1: failed x4: reason 4\n"
+            "c=1: failed x3: reason 5\nc=1: ... and 2 other reasons (all in the JSON output)\n");
 
   std::vector<PlotSeries> series = plot_series(a, "A ");
   ASSERT_EQ(series.size(), 1u);
