@@ -138,6 +138,16 @@ nlohmann::json config_json(const BenchServeOptions& o, const loadgen::GoodputSlo
           {"timeout_s", o.timeout_s}};
 }
 
+std::string plot_title(const BenchServeOptions& options) {
+  std::string title = options.model.empty() ? options.base_url : options.model + " at " + options.base_url;
+  if (options.dataset == "random") {
+    title += fmt::format(", {} in / {} out tokens", options.input_len, options.output_len);
+  } else {
+    title += ", " + options.dataset;
+  }
+  return title;
+}
+
 void bench_serve(const BenchServeOptions& options) {
   if (!options.compare.empty()) {
     compare(options);
@@ -227,9 +237,7 @@ void bench_serve(const BenchServeOptions& options) {
   }
   if (!options.plot_path.empty()) {
     write_file(options.plot_path,
-               loadgen::render_svg(loadgen::plot_series(report), fmt::format("{} {} in / {} out, {}", options.model,
-                                                                              options.input_len, options.output_len,
-                                                                              options.base_url)));
+               loadgen::render_svg(loadgen::plot_series(report), plot_title(options)));
     fmt::print(stderr, "plot written to {}\n", options.plot_path);
   }
   int64_t failed = 0;
