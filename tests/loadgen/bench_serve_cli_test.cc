@@ -2,14 +2,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
-#include "fake_server.h"
+#include "fake_server.h"  // also unused_port()
 #include "shared_data.h"
 
 namespace sieve {
@@ -130,6 +132,76 @@ TEST(BenchServeCli, ServerWithoutExactLengthSupportIsReported) {
   EXPECT_NE(r.out.find("2 requests produced fewer"), std::string::npos) << r.out;
   EXPECT_FALSE(server.last_body().contains("max_tokens"));
   std::filesystem::remove(dataset);
+}
+
+// A real `sieve serve` on a loopback port for the length of a test.
+class SieveServe {
+ public:
+  explicit SieveServe(const std::string& model) : port_(testing::unused_port()) {
+    const std::string binary = std::string(SIEVE_BINARY_DIR) + "/sieve";
+    const std::string port = std::to_string(port_);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::freopen("/dev/null", "w", stdout);
+      std::freopen("/dev/null", "w", stderr);
+      ::execl(binary.c_str(), binary.c_str(), "serve", "-m", model.c_str(), "--port", port.c_str(), "-t", "1",
+              "--kv-memory", "16", static_cast<char*>(nullptr));
+      std::_Exit(127);
+    }
+    // Wait for the model to load (/health answers 503 until then), or for the server to exit.
+    httplib::Client client(url());
+    for (int attempt = 0; attempt < 600; ++attempt) {
+      if (auto response = client.Get("/health"); response && response->status == 200) return;
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    ADD_FAILURE() << "sieve serve did not become ready at " << url();
+  }
+  ~SieveServe() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+};
+
+TEST(BenchServeCli, TokenCountsEqualSieveServeUsage) {
+  const std::string model = testing::shared_path("models/stories260K.gguf");
+  SieveServe server(model);
+  const std::string out = temp_path("sieve_bench_serve_real.json").string();
+  for (const char* endpoint : {"completions", "chat"}) {
+    const Result r = run("--base-url " + server.url() + " --endpoint " + endpoint + " --tokenizer " + model +
+                         " --input-len 48 --output-len 12 --range-ratio 0.5 --num-prompts 6 --sweep-concurrency 1,3"
+                         " --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    std::ifstream in(out);
+    const nlohmann::json report = nlohmann::json::parse(in);
+    for (const nlohmann::json& run : report["runs"]) {
+      EXPECT_EQ(run["summary"]["completed"], 6) << endpoint;
+      EXPECT_EQ(run["summary"]["output_shorter"], 0) << endpoint;
+      for (const nlohmann::json& request : run["requests"]) {
+        // ignore_eos + min_tokens give exactly the requested length, counted by the server.
+        EXPECT_EQ(request["output_tokens_source"], "usage");
+        EXPECT_EQ(request["output_tokens"], request["requested_output_tokens"]) << endpoint;
+        // The streamed text re-encodes to as many tokens as the server says it produced, give
+        // or take merges across token boundaries.
+        EXPECT_GE(request["num_chunks"].get<int>(), 1);
+        EXPECT_LE(request["num_chunks"].get<int>(), request["output_tokens"].get<int>());
+        if (std::string(endpoint) == "completions") {
+          EXPECT_EQ(request["prompt_tokens"].get<int>(), request["input_tokens"].get<int>() + 1);  // + BOS
+        }
+      }
+    }
+  }
+  std::filesystem::remove(out);
 }
 
 }  // namespace
