@@ -241,19 +241,37 @@ nlohmann::json request_body(const ClientConfig& config, const Prompt& prompt) {
   return body;
 }
 
+struct Connection::Impl {
+  Impl(const ServerUrl& url, const ClientConfig& config) : url(url), config(config), client(url.origin()) {
+    const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::duration<double>(config.timeout_s));
+    const auto connect_timeout = std::min(timeout, std::chrono::microseconds(kMaxConnectTimeoutUs));
+    client.set_connection_timeout(connect_timeout.count() / 1000000, connect_timeout.count() % 1000000);
+    client.set_read_timeout(timeout);
+    client.set_write_timeout(timeout);
+    client.set_keep_alive(true);
+  }
+  ServerUrl url;
+  ClientConfig config;
+  httplib::Client client;
+};
+
+Connection::Connection(const ServerUrl& url, const ClientConfig& config)
+    : impl_(std::make_unique<Impl>(url, config)) {}
+Connection::~Connection() = default;
+
 RequestRecord send_request(const ServerUrl& url, const ClientConfig& config, const Prompt& prompt,
                            Clock::time_point run_start) {
+  return Connection(url, config).send(prompt, run_start);
+}
+
+RequestRecord Connection::send(const Prompt& prompt, Clock::time_point run_start) {
+  const ServerUrl& url = impl_->url;
+  const ClientConfig& config = impl_->config;
+  httplib::Client& client = impl_->client;
   RequestRecord record;
   record.input_tokens = prompt.input_tokens;
   record.requested_output_tokens = prompt.output_tokens;
-
-  httplib::Client client(url.origin());
-  const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::duration<double>(config.timeout_s));
-  const auto connect_timeout = std::min(timeout, std::chrono::microseconds(kMaxConnectTimeoutUs));
-  client.set_connection_timeout(connect_timeout.count() / 1000000, connect_timeout.count() % 1000000);
-  client.set_read_timeout(timeout);
-  client.set_write_timeout(timeout);
 
   httplib::Request request;
   request.method = "POST";

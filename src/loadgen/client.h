@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,7 +72,26 @@ struct RequestRecord {
 
 nlohmann::json request_body(const ClientConfig& config, const Prompt& prompt);
 
-// Sends one request and waits for the end of its stream; run_start anchors start_s.
+// A connection to the server kept open between requests (HTTP keep-alive, as vLLM's benchmark
+// client does), so that a worker pays for connecting once rather than per request, and a burst
+// of requests is not a burst of connects. Reconnects when the server has closed it. One request
+// at a time.
+class Connection {
+ public:
+  Connection(const ServerUrl& url, const ClientConfig& config);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Sends one request and waits for the end of its stream; run_start anchors start_s.
+  RequestRecord send(const Prompt& prompt, Clock::time_point run_start);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One request on a fresh connection.
 RequestRecord send_request(const ServerUrl& url, const ClientConfig& config, const Prompt& prompt,
                            Clock::time_point run_start);
 

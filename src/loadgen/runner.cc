@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "util/error.h"
@@ -52,8 +53,10 @@ struct Batch {
   int max_in_flight = 0;
 };
 
-Batch send_all(const ServerUrl& url, const ClientConfig& config, const std::vector<Prompt>& prompts,
-               const std::vector<double>& arrivals, int num_workers, const ProgressCallback& progress) {
+// Worker w sends on connections[w]; there are as many workers as connections.
+Batch send_all(std::span<const std::unique_ptr<Connection>> connections, const std::vector<Prompt>& prompts,
+               const std::vector<double>& arrivals, const ProgressCallback& progress) {
+  const auto num_workers = static_cast<int>(connections.size());
   Batch batch;
   batch.records.resize(prompts.size());
   Dispatch dispatch;
@@ -64,13 +67,13 @@ Batch send_all(const ServerUrl& url, const ClientConfig& config, const std::vect
   std::vector<std::thread> workers;
   workers.reserve(static_cast<size_t>(num_workers));
   for (int w = 0; w < num_workers; ++w) {
-    workers.emplace_back([&] {
+    workers.emplace_back([&, w] {
       while (std::optional<size_t> index = dispatch.pop()) {
         {
           std::lock_guard lock(progress_mutex);
           batch.max_in_flight = std::max(batch.max_in_flight, ++in_flight);
         }
-        RequestRecord record = send_request(url, config, prompts[*index], run_start);
+        RequestRecord record = connections[static_cast<size_t>(w)]->send(prompts[*index], run_start);
         std::lock_guard lock(progress_mutex);
         --in_flight;
         ++done;
@@ -112,16 +115,18 @@ RunResult run_point(const ServerUrl& url, const ClientConfig& base_config, const
   }
   ClientConfig config = base_config;
   if (!point.extra_body.empty()) config.extra_body = compose_patches(config.extra_body, point.extra_body);
-  const auto limit = [&](size_t num_requests) {
-    const int cap = point.max_concurrency.value_or(options.max_threads);
-    return static_cast<int>(std::clamp<size_t>(num_requests, 1, static_cast<size_t>(cap)));
-  };
+  const int cap = point.max_concurrency.value_or(options.max_threads);
+  const auto num_workers = static_cast<size_t>(std::clamp<size_t>(prompts.size(), 1, static_cast<size_t>(cap)));
+  std::vector<std::unique_ptr<Connection>> connections;
+  for (size_t w = 0; w < num_workers; ++w) connections.push_back(std::make_unique<Connection>(url, config));
+  // Warmup requests also open the first connections of the measured run.
   if (!warmup.empty()) {
-    send_all(url, config, warmup, std::vector<double>(warmup.size(), 0.0), limit(warmup.size()), {});
+    send_all(std::span(connections).first(std::min(warmup.size(), connections.size())), warmup,
+             std::vector<double>(warmup.size(), 0.0), {});
   }
   const std::vector<double> arrivals =
       arrival_times({point.request_rate, point.burstiness, options.seed}, static_cast<int64_t>(prompts.size()));
-  Batch batch = send_all(url, config, prompts, arrivals, limit(prompts.size()), progress);
+  Batch batch = send_all(connections, prompts, arrivals, progress);
   RunResult result;
   result.point = point;
   result.summary = summarize(batch.records, batch.duration_s, options.slo);

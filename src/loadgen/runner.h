@@ -1,6 +1,7 @@
 #pragma once
 // Runs one benchmark point: sends every prompt at its arrival time, at most max_concurrency at
-// once, one thread per in-flight request, and collects the records in prompt order.
+// once, and collects the records in prompt order. Each of the max_concurrency workers is a
+// thread with its own kept-alive connection; a request waits in a queue for a free worker.
 #include <nlohmann/json.hpp>
 
 #include <functional>

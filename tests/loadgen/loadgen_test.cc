@@ -342,6 +342,18 @@ TEST(Runner, ConcurrencyLimitHoldsAndEveryRequestIsRecorded) {
   }
 }
 
+TEST(Runner, KeptAliveConnectionsReconnectWhenTheServerClosesThem) {
+  // cpp-httplib servers close a connection after 5 requests; 40 requests on 2 connections
+  // need several reconnects.
+  FakeOpenAiServer server({});
+  RunPoint point;
+  point.max_concurrency = 2;
+  const RunResult run =
+      run_point(parse_base_url(server.url()), {}, std::vector<Prompt>(40, prompt_of(2)), {}, point, {});
+  EXPECT_EQ(run.summary.completed, 40);
+  for (const auto& [reason, count] : run.summary.errors) ADD_FAILURE() << count << " x " << reason;
+}
+
 TEST(Runner, SixtyFourRequestsInFlight) {
   FakeOpenAiServer server({.first_chunk_delay = milliseconds(100), .chunk_delay = milliseconds(5)});
   RunPoint point;
