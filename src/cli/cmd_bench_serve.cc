@@ -178,28 +178,42 @@ void bench_serve(const BenchServeOptions& options) {
   client.timeout_s = options.timeout_s;
   client.tokenizer = tokenizer.get();
 
-  // Warmup prompts come from the same workload, after the measured ones.
-  const int64_t total_prompts = options.num_prompts + options.warmup;
-  std::vector<loadgen::Prompt> prompts;
+  // Every point gets prompts of its own: a point sending the prompts of an earlier one would
+  // measure the server's prefix cache. Warmup prompts come after the measured ones.
+  const int64_t prompts_per_point = options.num_prompts + options.warmup;
+  std::vector<loadgen::Prompt> dataset;
   if (options.dataset == "random") {
     if (!tokenizer) {
       fmt::print(stderr, "note: without --tokenizer the random prompts are words of unknown token length\n");
     }
-    prompts = loadgen::random_prompts(tokenizer.get(), {options.input_len, options.output_len, options.range_ratio,
-                                                        options.shared_prefix_len, total_prompts, options.seed});
   } else {
-    prompts = loadgen::load_jsonl_prompts(options.dataset, {total_prompts, options.output_len, client.endpoint},
-                                          tokenizer.get());
+    dataset = loadgen::load_jsonl_prompts(options.dataset, {options.output_len, client.endpoint}, tokenizer.get());
+    const int64_t needed = prompts_per_point * static_cast<int64_t>(points.size());
+    if (needed > static_cast<int64_t>(dataset.size())) {
+      fmt::print(stderr, "note: the dataset has {} prompts and the run sends {}; repeated prompts can hit the "
+                         "server's prefix cache\n", dataset.size(), needed);
+    }
   }
-  const std::vector<loadgen::Prompt> warmup(prompts.begin() + options.num_prompts, prompts.end());
-  prompts.resize(static_cast<size_t>(options.num_prompts));
+  const auto point_prompts = [&](size_t point_idx) {
+    if (options.dataset != "random") {
+      return loadgen::cycle_prompts(dataset, static_cast<int64_t>(point_idx) * prompts_per_point, prompts_per_point);
+    }
+    return loadgen::random_prompts(tokenizer.get(), {options.input_len, options.output_len, options.range_ratio,
+                                                     options.shared_prefix_len, prompts_per_point,
+                                                     options.seed + point_idx});
+  };
 
-  fmt::print(stderr, "{} {} at {} ({} point{}, {} prompts each)\n", "POST", loadgen::endpoint_path(client.endpoint),
-             url.origin() + url.path_prefix, points.size(), points.size() == 1 ? "" : "s", prompts.size());
+  fmt::print(stderr, "POST {} at {} ({} point{}, {} prompts each)\n", loadgen::endpoint_path(client.endpoint),
+             url.origin() + url.path_prefix, points.size(), points.size() == 1 ? "" : "s", options.num_prompts);
   std::vector<loadgen::RunResult> runs;
-  for (const loadgen::RunPoint& point : points) {
+  for (size_t point_idx = 0; point_idx < points.size(); ++point_idx) {
+    const loadgen::RunPoint& point = points[point_idx];
+    std::vector<loadgen::Prompt> prompts = point_prompts(point_idx);
+    const std::vector<loadgen::Prompt> warmup(prompts.begin() + options.num_prompts, prompts.end());
+    prompts.resize(static_cast<size_t>(options.num_prompts));
     loadgen::ProgressDisplay display(stderr, point.label, options.num_prompts);
-    loadgen::RunResult run = loadgen::run_point(url, client, prompts, warmup, point, {options.seed, slo, 1024},
+    loadgen::RunResult run = loadgen::run_point(url, client, prompts, warmup, point,
+                                                {options.seed + point_idx, slo, 1024},
                                                 [&](int64_t done, int64_t, int64_t failed) {
                                                   display.update(done, failed);
                                                 });
@@ -242,7 +256,9 @@ void bench_serve(const BenchServeOptions& options) {
   }
   int64_t failed = 0;
   for (const loadgen::RunResult& run : runs) failed += run.summary.failed;
-  if (failed == static_cast<int64_t>(runs.size() * prompts.size())) fail("every request failed (see the reasons above)");
+  if (failed == static_cast<int64_t>(runs.size()) * options.num_prompts) {
+    fail("every request failed (see the reasons above)");
+  }
 }
 
 }  // namespace
@@ -280,7 +296,8 @@ void add_bench_serve_command(CLI::App& app) {
       ->delimiter(',');
   command->add_option("--goodput", options->goodput, "SLOs for goodput, e.g. ttft:500 tpot:50 (also e2el:MS)");
   command->add_option("--warmup", options->warmup, "Unmeasured requests before each point")->capture_default_str();
-  command->add_option("--seed", options->seed, "Seed of prompts and arrivals")->capture_default_str();
+  command->add_option("--seed", options->seed, "Seed of prompts and arrivals (point k uses seed + k)")
+      ->capture_default_str();
   command->add_option("--extra-body", options->extra_bodies,
                       "JSON merged into each request body (repeat to compare variants in one sweep)")
       ->take_all()

@@ -169,9 +169,15 @@ std::vector<Prompt> load_jsonl_prompts(const std::string& path, const DatasetOpt
     lines.push_back(std::move(prompt));
   }
   if (lines.empty()) fail("dataset '{}' has no prompts", path);
-  std::vector<Prompt> prompts;
-  for (int64_t i = 0; i < options.num_prompts; ++i) prompts.push_back(lines[static_cast<size_t>(i) % lines.size()]);
-  return prompts;
+  return lines;
+}
+
+std::vector<Prompt> cycle_prompts(const std::vector<Prompt>& prompts, int64_t first, int64_t count) {
+  std::vector<Prompt> out;
+  if (prompts.empty()) return out;
+  out.reserve(static_cast<size_t>(std::max<int64_t>(count, 0)));
+  for (int64_t i = 0; i < count; ++i) out.push_back(prompts[static_cast<size_t>(first + i) % prompts.size()]);
+  return out;
 }
 
 }  // namespace sieve::loadgen

@@ -44,16 +44,18 @@ std::string exact_length_text(const tok::Tokenizer& tokenizer, int64_t num_token
                               const std::string& prefix_text = "");
 
 struct DatasetOptions {
-  int64_t num_prompts = 0;
   int64_t default_output_len = 128;  // for lines without an output length
   ApiEndpoint endpoint = ApiEndpoint::kCompletions;
 };
 
 // One JSON object per line: {"prompt": "..."} or {"messages": [...]}, optionally with
-// "output_len" (or "output_tokens", "max_tokens"). Lines are reused in order when num_prompts
-// exceeds them; blank lines are skipped. Chat messages cannot be sent to /v1/completions.
-// Throws sieve::Error naming the file and line on bad input.
+// "output_len" (or "output_tokens", "max_tokens"); blank lines are skipped. Chat messages cannot
+// be sent to /v1/completions. Returns every line's prompt, in order. Throws sieve::Error naming
+// the file and line on bad input, or when there is no prompt.
 std::vector<Prompt> load_jsonl_prompts(const std::string& path, const DatasetOptions& options,
                                        const tok::Tokenizer* tokenizer);
+
+// count prompts from position first on, going round when the end is reached.
+std::vector<Prompt> cycle_prompts(const std::vector<Prompt>& prompts, int64_t first, int64_t count);
 
 }  // namespace sieve::loadgen

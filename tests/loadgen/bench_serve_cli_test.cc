@@ -51,6 +51,8 @@ TEST(BenchServeCli, SweepOfTwoVariantsWritesJsonPlotAndCompares) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("v1 c=3"), std::string::npos) << r.out;
   EXPECT_EQ(server.num_requests(), 4 * (6 + 1));
+  // Each point has prompts of its own, so that no point measures the prefix cache of another.
+  EXPECT_EQ(server.num_distinct_prompts(), 4u * (6 + 1));
   EXPECT_EQ(server.last_body()["kv_policy"], "snapkv");
   EXPECT_EQ(server.last_body()["model"], "stories");
 

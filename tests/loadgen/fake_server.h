@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -53,6 +54,10 @@ class FakeOpenAiServer {
     std::lock_guard lock(mutex_);
     return last_body_;
   }
+  size_t num_distinct_prompts() const {
+    std::lock_guard lock(mutex_);
+    return prompts_.size();
+  }
 
  private:
   // cpp-httplib 0.11 listens with a backlog of 5; a burst of connections beyond that is
@@ -76,6 +81,7 @@ class FakeOpenAiServer {
     {
       std::lock_guard lock(mutex_);
       last_body_ = body;
+      prompts_.insert(body.contains("prompt") ? body["prompt"].dump() : body.value("messages", nlohmann::json()).dump());
     }
     if (options_.status != 200) {
       response.status = options_.status;
@@ -131,6 +137,7 @@ class FakeOpenAiServer {
   std::atomic<int> max_in_flight_{0};
   mutable std::mutex mutex_;
   nlohmann::json last_body_;
+  std::set<std::string> prompts_;
 };
 
 // A loopback port nobody listens on (bound, then released).

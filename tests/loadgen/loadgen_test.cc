@@ -440,9 +440,11 @@ TEST(Workload, JsonlDataset) {
     out << R"({"prompt": "Once upon a time", "output_len": 7})" << "\n\n"
         << R"({"messages": [{"role": "user", "content": "hi"}]})" << "\n";
   }
-  const std::vector<Prompt> prompts =
-      load_jsonl_prompts(path.string(), {.num_prompts = 3, .default_output_len = 9, .endpoint = ApiEndpoint::kChat},
+  const std::vector<Prompt> lines =
+      load_jsonl_prompts(path.string(), {.default_output_len = 9, .endpoint = ApiEndpoint::kChat},
                          stories_tokenizer().get());
+  ASSERT_EQ(lines.size(), 2u);
+  const std::vector<Prompt> prompts = cycle_prompts(lines, 0, 3);
   ASSERT_EQ(prompts.size(), 3u);
   EXPECT_EQ(prompts[0].output_tokens, 7);
   EXPECT_EQ(prompts[0].input_tokens,
@@ -450,8 +452,9 @@ TEST(Workload, JsonlDataset) {
   EXPECT_EQ(prompts[1].output_tokens, 9);
   EXPECT_TRUE(prompts[1].messages);
   EXPECT_EQ(prompts[2].text, prompts[0].text);  // reused in order
+  EXPECT_EQ(cycle_prompts(lines, 1, 2)[1].text, prompts[0].text);
   try {
-    load_jsonl_prompts(path.string(), {.num_prompts = 2, .endpoint = ApiEndpoint::kCompletions}, nullptr);
+    load_jsonl_prompts(path.string(), {.endpoint = ApiEndpoint::kCompletions}, nullptr);
     ADD_FAILURE() << "messages accepted for /v1/completions";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(":3: chat"), std::string::npos) << e.what();
@@ -460,9 +463,9 @@ TEST(Workload, JsonlDataset) {
     std::ofstream out(path);
     out << "{\"prompt\": 3}\n";
   }
-  EXPECT_THROW(load_jsonl_prompts(path.string(), {.num_prompts = 1}, nullptr), Error);
+  EXPECT_THROW(load_jsonl_prompts(path.string(), {}, nullptr), Error);
   std::filesystem::remove(path);
-  EXPECT_THROW(load_jsonl_prompts(path.string(), {.num_prompts = 1}, nullptr), Error);
+  EXPECT_THROW(load_jsonl_prompts(path.string(), {}, nullptr), Error);
 }
 
 // --- reports -----------------------------------------------------------------------------------
