@@ -13,6 +13,19 @@
 namespace sieve::loadgen {
 
 // Bumped when a key is renamed or removed (adding keys keeps the version).
+//   {"schema_version": 1, "tool", "created_at", "config": {the command's options},
+//    "runs": [{"label", "request_rate", "burstiness", "max_concurrency", "variant", "extra_body",
+//              "summary": {"completed", "failed", "duration_s", "input_tokens", "output_tokens",
+//                          "request_throughput", "output_throughput", "total_token_throughput",
+//                          "goodput", "good_requests", "output_shorter", "output_longer",
+//                          "max_in_flight", "errors": [{"reason", "count"}],
+//                          "ttft_ms" | "tpot_ms" | "itl_ms" | "e2el_ms":
+//                              {"count", "mean", "median", "p90", "p99", "min", "max"}},
+//              "requests": [{"index", "ok", "error", "http_status", "start_ms", "ttft_ms",
+//                            "tpot_ms", "e2el_ms", "itl_ms": [...], "num_chunks", "output_tokens",
+//                            "output_tokens_source", "requested_output_tokens", "prompt_tokens",
+//                            "input_tokens", "finish_reason"}]}]}
+// Missing values are null (e.g. TPOT of a one-token output, statistics of no values).
 inline constexpr int kSchemaVersion = 1;
 
 nlohmann::json to_json(const RequestRecord& record, size_t index);
