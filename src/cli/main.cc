@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "util/error.h"
@@ -24,8 +26,16 @@ int main(int argc, char** argv) {
   sieve::cli::add_bench_engine_command(app);
   sieve::cli::add_serve_command(app);
   sieve::cli::add_bench_serve_command(app);
+  // `sieve bench serve ...` (the spelling vLLM users know) is `sieve bench-serve ...`.
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.size() > 2 && args[1] == "bench" && args[2] == "serve") {
+    args.erase(args.begin() + 2);
+    args[1] = "bench-serve";
+  }
+  std::vector<char*> arg_pointers;
+  for (std::string& a : args) arg_pointers.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {

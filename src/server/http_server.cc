@@ -75,6 +75,28 @@ int find_client_socket(const httplib::Request& req) {
   return found;
 }
 
+// cpp-httplib 0.11 listens with a backlog of 5: a burst of new connections beyond that is
+// dropped, and TCP retries it a second later (a 1 s TTFT outlier). Listening again on the bound
+// socket raises the backlog.
+void raise_listen_backlog(int port) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    int listening = 0;
+    socklen_t flag_len = sizeof(listening);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    if (port_of(local) != port) continue;
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_len) != 0 || !listening) continue;
+    ::listen(static_cast<int>(fd), SOMAXCONN);
+  }
+  closedir(dir);
+}
+
 // True when the client closed its side (or the connection broke). Does not consume data.
 bool peer_closed(int fd) {
   if (fd < 0) return false;
@@ -188,6 +210,7 @@ void HttpServer::bind() {
     }
     bound_port_ = config_.port;
   }
+  raise_listen_backlog(bound_port_);
 }
 
 void HttpServer::listen() { http_->listen_after_bind(); }

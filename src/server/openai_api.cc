@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "sparsity/policy_spec.h"
 #include "util/error.h"
 
 namespace sieve::server {
@@ -395,6 +396,21 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
     }
   }
   if (const json* v = field(body, "user")) request.user = string_of(*v, "user");
+  if (const json* v = field(body, "kv_policy")) {
+    // Validated here so a typo is a 400; the engine does not run sparse policies yet, so
+    // anything but the dense cache is refused rather than silently served dense.
+    try {
+      const sparsity::PolicySpec spec = v->is_string() ? sparsity::parse_policy(v->get<std::string>())
+                                        : v->is_object() ? sparsity::parse_policy_json(v->dump())
+                                                         : throw Error("'kv_policy' must be a string or an object");
+      if (!std::holds_alternative<sparsity::FullSpec>(spec.policy)) {
+        throw_invalid("kv_policy", fmt::format("kv_policy '{}' is valid but this server runs only 'full' so far",
+                                               sparsity::to_string(spec)));
+      }
+    } catch (const Error& e) {
+      throw_invalid("kv_policy", e.what());
+    }
+  }
 
   if (kind == ApiKind::kCompletion) {
     request.prompts = parse_prompts(body, *model.tokenizer);

@@ -131,6 +131,9 @@ TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
       {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},
       {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
        "response_format"},
+      {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"snapkv:B=oops"})", "kv_policy"},
+      {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"nonsense"})", "kv_policy"},
+      {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":5})", "kv_policy"},
   };
   for (const Case& c : cases) {
     const ApiError e = error_of(c.kind, c.body);
@@ -153,6 +156,11 @@ TEST_F(OpenAiApiTest, ContextLengthExceededSaysTheSizes) {
   // The completions default of 16 shrinks to the room left instead of failing.
   json near_full = {{"prompt", std::vector<int>(505, 100)}};
   EXPECT_EQ(parse(ApiKind::kCompletion, near_full.dump()).params.max_tokens, 7);
+}
+
+TEST_F(OpenAiApiTest, KvPolicyFullIsAccepted) {
+  EXPECT_NO_THROW(parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"full"})"));
+  EXPECT_NO_THROW(parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":{"name":"full"}})"));
 }
 
 TEST_F(OpenAiApiTest, UnknownModelIs404) {
