@@ -250,6 +250,7 @@ struct Connection::Impl {
     client.set_read_timeout(timeout);
     client.set_write_timeout(timeout);
     client.set_keep_alive(true);
+    client.set_tcp_nodelay(true);  // headers and body go out as two writes: no 40 ms Nagle + delayed-ACK stall
   }
   ServerUrl url;
   ClientConfig config;

@@ -198,6 +198,7 @@ void HttpServer::bind() {
   const int threads = config_.http_threads > 0 ? config_.http_threads : 256;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(config_.max_body_bytes);
+  http_->set_tcp_nodelay(true);  // stream chunks are small: send each at once (no Nagle delay)
   http_->set_keep_alive_timeout(5);
   http_->set_read_timeout(30);
   http_->set_write_timeout(30);
