@@ -5,10 +5,16 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev            # libFuzzer + sanitizer runtimes for the fuzz targets
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev prometheus-cpp-dev
-  curl nodejs npm                     # end-to-end server tests (curl, the openai npm package)
+  curl                                # end-to-end server tests
   libhwy-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
+# Node.js and npm run the end-to-end server tests (the openai npm package). Machines that already
+# have them (e.g. from NodeSource, whose nodejs bundles npm) keep theirs: Debian's npm package would
+# replace that nodejs.
+if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
+  packages+=(nodejs npm)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
