@@ -49,36 +49,9 @@ int port_of(const sockaddr_storage& addr) {
   return -1;
 }
 
-// cpp-httplib 0.11 does not hand the connection's socket to handlers, and a write to a socket
-// whose peer has gone only fails on the second try. To cancel a request as soon as its client
-// disconnects (also while it waits in the queue, writing nothing), find the accepted socket by
-// its two endpoints and watch it for hang-up. -1 when not found (then write failures still end
-// the request).
-int find_client_socket(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0') continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
-    if (port_of(local) != req.local_port) continue;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
-    if (port_of(peer) != req.remote_port || numeric_host(peer, peer_len) != req.remote_addr) continue;
-    found = static_cast<int>(fd);
-    break;
-  }
-  closedir(dir);
-  return found;
-}
-
-// cpp-httplib 0.11 listens with a backlog of 5: a burst of new connections beyond that is
-// dropped, and TCP retries it a second later (a 1 s TTFT outlier). Listening again on the bound
-// socket raises the backlog.
-void raise_listen_backlog(int port) {
+// Calls fn(fd, local address) for each socket of this process until fn returns true.
+template <typename Fn>
+void for_each_socket(Fn fn) {
   DIR* dir = opendir("/proc/self/fd");
   if (!dir) return;
   while (dirent* entry = readdir(dir)) {
@@ -87,14 +60,43 @@ void raise_listen_backlog(int port) {
     if (end == entry->d_name || *end != '\0') continue;
     sockaddr_storage local{};
     socklen_t len = sizeof(local);
-    int listening = 0;
-    socklen_t flag_len = sizeof(listening);
     if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
-    if (port_of(local) != port) continue;
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_len) != 0 || !listening) continue;
-    ::listen(static_cast<int>(fd), SOMAXCONN);
+    if (fn(static_cast<int>(fd), local)) break;
   }
   closedir(dir);
+}
+
+// cpp-httplib 0.11 does not hand the connection's socket to handlers, and a write to a socket
+// whose peer has gone only fails on the second try. To cancel a request as soon as its client
+// disconnects (also while it waits in the queue, writing nothing), find the accepted socket by
+// its two endpoints and watch it for hang-up. -1 when not found (then write failures still end
+// the request).
+int find_client_socket(const httplib::Request& req) {
+  int found = -1;
+  for_each_socket([&](int fd, const sockaddr_storage& local) {
+    if (port_of(local) != req.local_port) return false;
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
+    if (port_of(peer) != req.remote_port || numeric_host(peer, peer_len) != req.remote_addr) return false;
+    found = fd;
+    return true;
+  });
+  return found;
+}
+
+// cpp-httplib 0.11 listens with a backlog of 5: a burst of new connections beyond that is
+// dropped, and TCP retries it a second later (a 1 s TTFT outlier). Listening again on the bound
+// socket raises the backlog.
+void raise_listen_backlog(int port) {
+  for_each_socket([&](int fd, const sockaddr_storage& local) {
+    int listening = 0;
+    socklen_t flag_len = sizeof(listening);
+    if (port_of(local) == port && getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_len) == 0 && listening) {
+      ::listen(fd, SOMAXCONN);
+    }
+    return false;
+  });
 }
 
 // True when the client closed its side (or the connection broke). Does not consume data.
