@@ -35,6 +35,7 @@ struct CacheShape {
   int64_t num_kv_heads = 2;
   int64_t head_dim = 64;
   int32_t page_size = 16;
+  DType dtype = DType::kF32;  // kF16: the pool holds halves (the values are rounded to f16)
 };
 
 // value(position, kv_head, dim) for K or V.
@@ -70,9 +71,24 @@ class TestCache {
         }
       }
     }
+    if (shape.dtype == DType::kF16) {  // NaN stays NaN (0x7E00)
+      for (float f : k_) k16_.push_back(f32_to_f16(f));
+      for (float f : v_) v16_.push_back(f32_to_f16(f));
+    }
   }
 
   PagedKv view() const {
+    if (shape_.dtype == DType::kF16) {
+      return PagedKv{.page_stride = page_stride_,
+                     .head_stride = head_stride_,
+                     .page_size = shape_.page_size,
+                     .head_dim = shape_.head_dim,
+                     .num_kv_heads = shape_.num_kv_heads,
+                     .block_table = block_table_,
+                     .dtype = DType::kF16,
+                     .k_f16 = k16_.data(),
+                     .v_f16 = v16_.data()};
+    }
     return PagedKv{k_.data(),        v_.data(),       page_stride_,        head_stride_,
                    shape_.page_size, shape_.head_dim, shape_.num_kv_heads, block_table_};
   }
@@ -82,6 +98,7 @@ class TestCache {
   CacheShape shape_;
   int64_t head_stride_ = 0, page_stride_ = 0;
   std::vector<float> k_, v_;
+  std::vector<uint16_t> k16_, v16_;  // F16 pools only
   std::vector<int32_t> block_table_;
 };
 
@@ -106,7 +123,7 @@ std::string describe(const CacheShape& shape, const std::vector<int32_t>& positi
   s << "keys=" << shape.num_keys << " page_size=" << shape.page_size
     << " kv_heads=" << shape.num_kv_heads << " group=" << group << " head_dim=" << shape.head_dim
     << " num_q=" << positions.size() << " first_pos=" << (positions.empty() ? -1 : positions[0])
-    << " threads=" << num_threads;
+    << " dtype=" << to_string(shape.dtype) << " threads=" << num_threads;
   return s.str();
 }
 
@@ -230,6 +247,33 @@ TEST_P(PagedAttention, OtherHeadSizesAndGroups) {
   for (ThreadPool* pool : {&pool1, &pool3}) {
     expect_matches_ref(cache, {299}, 48, *pool, ++seed);
     expect_matches_ref(cache, position_range(290, 300), 48, *pool, ++seed);
+  }
+}
+
+// F16 pools: prefill, chunks and decode (split across threads from 512 keys), head sizes with
+// a partial vector, page sizes that cut tiles. The reference reads the same halves.
+TEST_P(PagedAttention, F16Pool) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 1500;
+  for (int64_t len : {1, 17, 100, 1000}) {
+    for (int64_t head_dim : {8, 24, 64, 128}) {
+      const TestCache cache(
+          {.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim, .dtype = DType::kF16}, ++seed);
+      for (int64_t group : {1, 4}) {
+        for (ThreadPool* pool : {&pool1, &pool3}) {
+          expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, group, *pool, ++seed);
+          expect_matches_ref(cache, position_range(len / 2, len), group, *pool, ++seed);
+          expect_matches_ref(cache, position_range(0, std::min<int64_t>(len, 70)), group, *pool, ++seed);
+        }
+      }
+    }
+  }
+  for (int32_t page_size : {1, 5, 64}) {
+    const TestCache cache({.num_keys = 300, .num_kv_heads = 2, .head_dim = 64, .page_size = page_size,
+                           .dtype = DType::kF16},
+                          ++seed);
+    expect_matches_ref(cache, {299}, 4, pool3, ++seed);
+    expect_matches_ref(cache, position_range(250, 300), 2, pool3, ++seed);
   }
 }
 
