@@ -416,6 +416,16 @@ struct Q8_0VnniKernel {
     vnni::q8_0_rows(problem, r_begin, r_end, num_x);
   }
 };
+// Q8_0 packed by pack_q8_0_for_matmul(), same CPUs: tasks of whole 16-row groups.
+struct PackedQ8_0VnniKernel {
+  static constexpr int64_t kRowAlign = 16;
+  vnni::PackedQ8_0Problem problem;
+  size_t row_bytes;
+  int64_t rows, cols;
+  void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
+    vnni::packed_q8_0_groups(problem, r_begin / kRowAlign, (r_end + kRowAlign - 1) / kRowAlign, num_x);
+  }
+};
 #endif
 
 // ----------------------------------------------------------------------------- driver
@@ -473,7 +483,8 @@ template <class Kernel>
 void Run(const Kernel& kernel, int64_t num_x, ThreadPool& pool) {
   const int64_t rows = kernel.rows;
   if (rows <= 0 || num_x <= 0) return;
-  const int64_t rows_w = num_x == 1 ? kDecodeRowsW : kPrefillRowsW;
+  int64_t rows_w = num_x == 1 ? kDecodeRowsW : kPrefillRowsW;
+  if constexpr (requires { Kernel::kRowAlign; }) rows_w = Kernel::kRowAlign;
   const int64_t pass_cols = num_x == 1 ? kernel.cols : std::min(kernel.cols, kPrefillCols);
   const int64_t pass_bytes = std::max<int64_t>(
       1, static_cast<int64_t>(kernel.row_bytes) * pass_cols / std::max<int64_t>(1, kernel.cols));
@@ -529,6 +540,19 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
   }
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
   if constexpr (std::is_same_v<Row, Q8_0Row>) {
+    if (w.packed != nullptr && vnni::supported()) {
+      // The weights' +128 bias times each activation block's sum, subtracted up front.
+      std::vector<int32_t> xsum(static_cast<size_t>(num_x * num_blocks));
+      for (size_t k = 0; k < xsum.size(); ++k) {
+        int32_t sum = 0;
+        for (int64_t j = 0; j < kQBlock; ++j) sum += q[k * kQBlock + j];
+        xsum[k] = -128 * sum;
+      }
+      const PackedQ8_0VnniKernel kernel{
+          {static_cast<const uint8_t*>(w.packed), w.rows, w.cols, q.data(), d.data(), xsum.data(), y},
+          row_bytes(w.dtype, w.cols), w.rows, w.cols};
+      return Run(kernel, num_x, pool);
+    }
     if (num_x >= 2 && vnni::supported()) {
       const size_t bytes = row_bytes(w.dtype, w.cols);
       const Q8_0VnniKernel kernel{

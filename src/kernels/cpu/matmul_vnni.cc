@@ -46,6 +46,7 @@ bool supported() {
 
 namespace {
 
+inline constexpr int64_t kPackedBlockBytes = 32 + 16 * kQBlock;  // 16 f16 scales, 16 x 32 bytes
 inline constexpr int kRowsW = 4;  // 4 x 4 accumulators + 4 activation vectors + 4 scales
 inline constexpr int kRowsX = 4;
 inline constexpr int64_t kSliceBlocks = 32;  // 1024 columns: 4 activation rows = 4 KiB in L1
@@ -155,7 +156,51 @@ SIEVE_VNNI_ATTR inline void PrefetchRows(const Q8_0Problem& p, int64_t r0, int64
   }
 }
 
+// 16 weight rows (group g) x kX activation rows [x0, x0 + kX), all blocks.
+template <int kX>
+SIEVE_VNNI_ATTR inline void PackedTile(const PackedQ8_0Problem& p, int64_t g, int64_t x0) {
+  const int64_t num_blocks = p.cols / kQBlock;
+  const uint8_t* group = p.packed + g * num_blocks * kPackedBlockBytes;
+  __m512 acc[kX];
+  for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* block = group + b * kPackedBlockBytes;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    __m512i w[8];
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_loadu_si512(block + 32 + 64 * k);
+    for (int i = 0; i < kX; ++i) {
+      const int64_t xb = (x0 + i) * num_blocks + b;
+      const int32_t* x4 = reinterpret_cast<const int32_t*>(p.xq + xb * kQBlock);
+      __m512i dot = _mm512_set1_epi32(p.xsum[xb]);
+      for (int k = 0; k < 8; ++k) dot = _mm512_dpbusd_epi32(dot, w[k], _mm512_set1_epi32(x4[k]));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(p.xd[xb])), acc[i]);
+    }
+  }
+  const int64_t r0 = g * 16;
+  const __mmask16 rows = p.rows - r0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (p.rows - r0)) - 1);
+  for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(p.y + (x0 + i) * p.rows + r0, rows, acc[i]);
+}
+
 }  // namespace
+
+SIEVE_VNNI_ATTR void packed_q8_0_groups(const PackedQ8_0Problem& p, int64_t g_begin, int64_t g_end,
+                                        int64_t num_x) {
+  constexpr int kX = 8;  // 8 weight + 8 accumulator registers, 8 independent vpdpbusd chains
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    int64_t x0 = 0;
+    for (; x0 + kX <= num_x; x0 += kX) PackedTile<kX>(p, g, x0);
+    switch (num_x - x0) {
+      case 7: PackedTile<7>(p, g, x0); break;
+      case 6: PackedTile<6>(p, g, x0); break;
+      case 5: PackedTile<5>(p, g, x0); break;
+      case 4: PackedTile<4>(p, g, x0); break;
+      case 3: PackedTile<3>(p, g, x0); break;
+      case 2: PackedTile<2>(p, g, x0); break;
+      case 1: PackedTile<1>(p, g, x0); break;
+      default: break;
+    }
+  }
+}
 
 SIEVE_VNNI_ATTR void q8_0_rows(const Q8_0Problem& p, int64_t r_begin, int64_t r_end, int64_t num_x) {
   const int64_t num_blocks = p.cols / kQBlock;
@@ -174,6 +219,7 @@ SIEVE_VNNI_ATTR void q8_0_rows(const Q8_0Problem& p, int64_t r_begin, int64_t r_
 
 bool supported() { return false; }
 void q8_0_rows(const Q8_0Problem&, int64_t, int64_t, int64_t) {}
+void packed_q8_0_groups(const PackedQ8_0Problem&, int64_t, int64_t, int64_t) {}
 
 #endif
 

@@ -23,4 +23,18 @@ struct Q8_0Problem {
 };
 void q8_0_rows(const Q8_0Problem& p, int64_t r_begin, int64_t r_end, int64_t num_x);
 
+// The same product from weights packed by pack_q8_0_for_matmul() (layout in ops.h): per group
+// of 16 rows and block, 8 vpdpbusd of all 16 rows' weights against a broadcast 4 bytes of x,
+// then one conversion and one FMA for the 16 rows. xsum[i][b] = -128 * sum_j xq[i][b][j]
+// corrects for the weights' +128 bias. Rows [g_begin * 16, min(rows, g_end * 16)).
+struct PackedQ8_0Problem {
+  const uint8_t* packed;
+  int64_t rows, cols;
+  const int8_t* xq;
+  const float* xd;
+  const int32_t* xsum;  // [num_x][cols / 32]
+  float* y;
+};
+void packed_q8_0_groups(const PackedQ8_0Problem& p, int64_t g_begin, int64_t g_end, int64_t num_x);
+
 }  // namespace sieve::kernels::vnni
