@@ -19,6 +19,14 @@
 //                                            its time with Prefill/n:N
 //   PageBounds/<target>/ctx:C                page_upper_bounds() of one decode row over C / 16
 //                                            pages (Quest)
+//   EngineDecode/<target>/<f32|f16>/<layout>/ctx:{16384,1024}/threads:T
+//                                            bench-engine's model at depth 16k: 8 layers, 8 heads,
+//                                            2 kv heads, head_dim 64, one sequence on pages
+//                                            0, 1, 2, ... of a pool laid out layer-major (as
+//                                            model::KvCache) or page-major (every layer of a page
+//                                            together); each call runs the next layer. GB/s of K+V
+//                                            per CPU second of the calling thread (threads:1 is
+//                                            then little disturbed by other load)
 //
 //   attention_bench --benchmark_filter='Decode/AVX3'
 #include <benchmark/benchmark.h>
@@ -165,6 +173,54 @@ void run_prefill(benchmark::State& state, const std::string& target, int64_t n, 
 }
 
 void run_observation(benchmark::State& state, const std::string& target, int64_t n, int threads) {
+// The bench-engine model's KV pool for one sequence of `num_keys` tokens.
+struct EngineCache {
+  static constexpr int64_t kLayers = 8, kKv = 2, kHeadsQ = 8, kDim = 64;
+  std::vector<float> k, v;
+  std::vector<uint16_t> k16, v16;
+  std::vector<int32_t> table;
+  int64_t num_keys, page_stride, layer_stride;
+  bool f16;
+
+  EngineCache(int64_t keys, bool half, bool layer_major) : num_keys(keys), f16(half) {
+    const int64_t num_pages = (keys + kPageSize - 1) / kPageSize;
+    const int64_t page_block = kKv * kPageSize * kDim;  // one layer of one page
+    page_stride = layer_major ? page_block : kLayers * page_block;
+    layer_stride = layer_major ? num_pages * page_block : page_block;
+    const int64_t total = kLayers * num_pages * page_block;
+    if (half) {
+      const std::vector<float> values = random_floats(total, 3);
+      for (float f : values) k16.push_back(f32_to_f16(f));
+      v16 = k16;
+    } else {
+      k = random_floats(total, 3);
+      v = random_floats(total, 4);
+    }
+    table.resize(static_cast<size_t>(num_pages));
+    std::iota(table.begin(), table.end(), 0);
+  }
+  PagedKv layer(int64_t l) const {
+    PagedKv kv{.page_stride = page_stride,
+               .head_stride = kPageSize * kDim,
+               .page_size = kPageSize,
+               .head_dim = kDim,
+               .num_kv_heads = kKv,
+               .block_table = table,
+               .dtype = f16 ? DType::kF16 : DType::kF32};
+    if (f16) {
+      kv.k_f16 = k16.data() + l * layer_stride;
+      kv.v_f16 = v16.data() + l * layer_stride;
+    } else {
+      kv.k = k.data() + l * layer_stride;
+      kv.v = v.data() + l * layer_stride;
+    }
+    return kv;
+  }
+  double bytes_per_layer() const { return 2.0 * num_keys * kKv * kDim * (f16 ? 2 : 4); }
+};
+
+void run_engine_decode(benchmark::State& state, const std::string& target, bool f16, bool layer_major,
+                       int64_t ctx, int threads) {
   if (!force_target_for_testing(target)) {
     state.SkipWithError("target not available");
     return;
@@ -208,6 +264,21 @@ void run_page_bounds(benchmark::State& state, const std::string& target, int64_t
     benchmark::DoNotOptimize(bounds.data());
     benchmark::ClobberMemory();
   }
+  const EngineCache cache(ctx, f16, layer_major);
+  const std::vector<float> q = random_floats(EngineCache::kHeadsQ * EngineCache::kDim, 7);
+  const std::vector<int32_t> positions = {static_cast<int32_t>(ctx - 1)};
+  const AttentionQuery query{q.data(), positions, EngineCache::kHeadsQ, 0.125f};
+  std::vector<float> out(EngineCache::kHeadsQ * EngineCache::kDim);
+  ThreadPool& pool = pool_of(threads);
+  int64_t layer = 0;
+  for (auto _ : state) {
+    paged_attention(cache.layer(layer), query, {out.data(), nullptr, nullptr}, pool);
+    layer = (layer + 1) % EngineCache::kLayers;
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(cache.bytes_per_layer() * state.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
   force_target_for_testing("");
 }
 
@@ -250,6 +321,22 @@ void register_all() {
   const int max_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<int> thread_counts = {1};
   if (max_threads > 1) thread_counts.push_back(max_threads);
+  for (const std::string& target : available_targets()) {
+    for (bool f16 : {false, true}) {
+      for (bool layer_major : {true, false}) {
+        for (int threads : thread_counts) {
+          for (int64_t ctx : {16384, 1024}) {  // 1024: 2 MiB f32 in all, from L2/L3
+            const std::string name = "EngineDecode/" + target + (f16 ? "/f16" : "/f32") +
+                                     (layer_major ? "/layer-major" : "/page-major") + "/ctx:" +
+                                     std::to_string(ctx) + "/threads:" + std::to_string(threads);
+            benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, f16, layer_major,
+                                         ctx, threads)
+                ->Unit(benchmark::kMillisecond);
+          }
+        }
+      }
+    }
+  }
   for (int threads : thread_counts) {
     benchmark::RegisterBenchmark(("MemBandwidth/threads:" + std::to_string(threads)).c_str(),
                                  run_mem_bandwidth, threads)

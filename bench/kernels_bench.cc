@@ -5,6 +5,9 @@
 //                                           (4096x4096 Q8_0/Q4_0 fit the 32 MiB L3 here)
 //   Prefill/<target>/<dtype>/RxC/x64        64 x rows: GFLOP/s (2 * rows * cols * 64 per call)
 //   Ref{Decode,Prefill}/<dtype>/...         the scalar reference, for scale
+//   Small/<target>/Q8_0/RxC[/packed]/xN              the bench-engine model's shapes (512-dim, ffn 1536,
+//                                           32000 vocab) for N = 1..512 rows, one thread, CPU
+//                                           time (less disturbed by other load on the machine)
 //
 // Weights are random values quantized to each dtype. Filter with --benchmark_filter, e.g.
 //   kernels_bench --benchmark_filter='Decode/AVX3'
@@ -83,6 +86,7 @@ struct MatmulCase {
   DType dtype;
   int64_t rows, cols, num_x;
   int threads;
+  bool packed = false;  // Q8_0: attach pack_q8_0_for_matmul()
 };
 
 void run_matmul(benchmark::State& state, const MatmulCase& c) {
@@ -91,7 +95,13 @@ void run_matmul(benchmark::State& state, const MatmulCase& c) {
     state.SkipWithError("target not available");
     return;
   }
-  const Weights& w = weights(c.dtype, c.rows, c.cols);
+  const Weights& weights_of_case = weights(c.dtype, c.rows, c.cols);
+  Weights w{{}, weights_of_case.view};
+  std::vector<uint8_t> packed;
+  if (c.packed) {
+    packed = pack_q8_0_for_matmul(w.view);
+    w.view.packed = packed.data();
+  }
   const std::vector<float> x = random_floats(c.num_x * c.cols, 99);
   std::vector<float> y(static_cast<size_t>(c.num_x * c.rows));
   ThreadPool& pool = pool_of(c.threads);
@@ -180,6 +190,21 @@ void register_all() {
       }
       const MatmulCase c{target, dtype, 4096, 4096, 64, max_threads};
       add("Prefill/" + target + "/" + shape_name(c) + "/x64", c);
+    }
+  }
+  for (const std::string& target : available_targets()) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{512, 512}, {1536, 512}, {512, 1536}, {32000, 512}}) {
+      for (int64_t num_x : {1, 4, 16, 64, 512}) {
+        if (rows == 32000 && num_x > 64) continue;
+        for (bool packed : {false, true}) {
+          const MatmulCase c{target, DType::kQ8_0, rows, cols, num_x, 1, packed};
+          benchmark::RegisterBenchmark(("Small/" + target + "/" + shape_name(c) + (packed ? "/packed" : "") +
+                                        "/x" + std::to_string(num_x))
+                                           .c_str(),
+                                       run_matmul, c)
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
     }
   }
   for (DType dtype : kDTypes) {

@@ -34,6 +34,9 @@ struct MatrixView {
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
+  // Optional, Q8_0 only: the same matrix repacked by pack_q8_0_for_matmul(), which matmul()
+  // uses instead of `data` where packed_q8_0_matmul_supported(). The owner keeps it alive.
+  const void* packed = nullptr;
 };
 
 // --- conversions (scalar, exact ggml rounding) ---
@@ -52,6 +55,15 @@ void dequantize_row(DType dtype, const void* src, float* dst, int64_t n);
 // For Q8_0 / Q4_0 weights, x is first quantized to Q8_0 blocks (as ggml does) and the dot
 // products run in integers with one f32 scale per block.
 void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool);
+
+// Q8_0 weights repacked for matmul on x86 CPUs with AVX-512 VNNI: groups of 16 rows (the
+// last one padded with zero rows), and per group and 32-column block 544 bytes:
+//   16 f16 scales (row order), then for k = 0..7, for row r = 0..15: the 4 bytes of columns
+//   4k..4k+3 of row r, each as w + 128 (u8)
+// so one 64-byte load holds 4 columns of all 16 rows (one int32 lane per row), the operand
+// of vpdpbusd against 4 broadcast activation bytes. Same size as Q8_0, rounded up to 16 rows.
+bool packed_q8_0_matmul_supported();
+std::vector<uint8_t> pack_q8_0_for_matmul(const MatrixView& w);  // w.dtype must be kQ8_0
 
 // --- vector ops (single-threaded; callers parallelise over rows/heads) ---
 float dot(const float* a, const float* b, int64_t n);

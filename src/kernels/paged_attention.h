@@ -29,25 +29,36 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/ops.h"
+
 namespace sieve {
 class ThreadPool;
 }
 
 namespace sieve::kernels {
 
-// Where one layer's K/V of one sequence lives (layout above). Strides are in floats.
+// Where one layer's K/V of one sequence lives (layout above). Strides are in elements: floats,
+// or halves for an F16 pool.
 struct PagedKv {
-  const float* k = nullptr;  // the page pool's K base (page id 0)
-  const float* v = nullptr;  // the page pool's V base, same strides as k
-  int64_t page_stride = 0;   // floats between pages, >= num_kv_heads * head_stride
-  int64_t head_stride = 0;   // floats between kv heads of a page, >= page_size * head_dim
+  const float* k = nullptr;  // F32 pool: the K base (page id 0); null for an F16 pool
+  const float* v = nullptr;  // F32 pool: the V base, same strides as k
+  int64_t page_stride = 0;   // elements between pages, >= num_kv_heads * head_stride
+  int64_t head_stride = 0;   // elements between kv heads of a page, >= page_size * head_dim
   int32_t page_size = 16;    // token slots per page
   int64_t head_dim = 0;
   int64_t num_kv_heads = 0;
   std::span<const int32_t> block_table;  // page ids of logical blocks 0, 1, ... (position order)
+  // The element type: kF32 (k, v) or kF16 (k_f16, v_f16: IEEE halves, same layout; half the
+  // bytes to read per attended key).
+  DType dtype = DType::kF32;
+  const uint16_t* k_f16 = nullptr;
+  const uint16_t* v_f16 = nullptr;
 };
 
-// Offset in floats of position `position`, kv head `kv_head` from kv.k (and kv.v).
+// The K (or V) row of position `position`, kv head `kv_head`, as f32 (any dtype).
+void load_kv_row(const PagedKv& kv, bool value, int64_t position, int64_t kv_head, float* out);
+
+// Offset in elements of position `position`, kv head `kv_head` from the K (and V) base.
 inline int64_t kv_offset(const PagedKv& kv, int64_t position, int64_t kv_head) {
   const int64_t page = kv.block_table[static_cast<size_t>(position / kv.page_size)];
   return page * kv.page_stride + kv_head * kv.head_stride + (position % kv.page_size) * kv.head_dim;
@@ -69,7 +80,7 @@ struct AttentionOutput {
                              // so p_t = exp(score_t - lse) is the attention weight of key t
 };
 
-// Requirements: the K/V of every attended position (positions[i] included) are in the pages;
+// Requirements: kv.dtype is kF32 or kF16; the K/V of every attended position (positions[i] included) are in the pages;
 // positions[i] < block_table.size() * page_size; num_heads % num_kv_heads == 0. Parallel on
 // `pool` over (query-row tiles x kv heads x key splits).
 void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,

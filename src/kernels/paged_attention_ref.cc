@@ -7,7 +7,20 @@
 
 #include "kernels/paged_attention.h"
 
-namespace sieve::kernels::ref {
+namespace sieve::kernels {
+
+void load_kv_row(const PagedKv& kv, bool value, int64_t position, int64_t kv_head, float* out) {
+  const int64_t offset = kv_offset(kv, position, kv_head);
+  if (kv.dtype == DType::kF16) {
+    const uint16_t* row = (value ? kv.v_f16 : kv.k_f16) + offset;
+    for (int64_t d = 0; d < kv.head_dim; ++d) out[d] = f16_to_f32(row[d]);
+  } else {
+    const float* row = (value ? kv.v : kv.k) + offset;
+    std::copy(row, row + kv.head_dim, out);
+  }
+}
+
+namespace ref {
 
 void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out) {
   assert(kv.num_kv_heads > 0 && q.num_heads % kv.num_kv_heads == 0);
@@ -15,6 +28,7 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
   const int64_t head_dim = kv.head_dim;
   const int64_t num_q = static_cast<int64_t>(q.positions.size());
   std::vector<double> scores, acc(static_cast<size_t>(head_dim));
+  std::vector<float> k_row(static_cast<size_t>(head_dim)), v_row(static_cast<size_t>(head_dim));
   for (int64_t i = 0; i < num_q; ++i) {
     const int64_t num_keys = int64_t{q.positions[i]} + 1;
     assert(num_keys <= static_cast<int64_t>(kv.block_table.size()) * kv.page_size);
@@ -24,7 +38,7 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
       const float* q_row = q.q + (i * q.num_heads + h) * head_dim;
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t t = 0; t < num_keys; ++t) {
-        const float* k_row = kv.k + kv_offset(kv, t, kv_head);
+        load_kv_row(kv, false, t, kv_head, k_row.data());
         double dot = 0.0;
         for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
         scores[t] = static_cast<double>(q.scale) * dot;
@@ -35,7 +49,7 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
       for (int64_t t = 0; t < num_keys; ++t) {
         const double p = std::exp(scores[t] - max);
         sum += p;
-        const float* v_row = kv.v + kv_offset(kv, t, kv_head);
+        load_kv_row(kv, true, t, kv_head, v_row.data());
         for (int64_t d = 0; d < head_dim; ++d) acc[d] += p * v_row[d];
       }
       float* out_row = out.out + (i * q.num_heads + h) * head_dim;
@@ -48,4 +62,5 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
   }
 }
 
-}  // namespace sieve::kernels::ref
+}  // namespace ref
+}  // namespace sieve::kernels

@@ -1,11 +1,15 @@
 #pragma once
-// The K/V floats of the whole page pool. Which pages a sequence uses is decided by kv::KvManager
+// The K/V values of the whole page pool, in f32 or f16 (kKvDefaultDType). Which pages a sequence uses is decided by kv::KvManager
 // (integers only); this class only stores them. Layout (floats; V identical):
 //
-//   k[page][layer][kv_head][slot][head_dim]      slot in [0, page_size)
+//   k[layer][page][kv_head][slot][head_dim]      slot in [0, page_size)
 //
-// so one page id covers every layer of page_size consecutive positions, and for a fixed
-// (layer, kv head) the slots of a page are contiguous rows for the attention kernel.
+// so one page id covers page_size consecutive positions in every layer, for a fixed
+// (layer, kv head) the slots of a page are contiguous rows for the attention kernel, and a
+// layer's pages are contiguous: a sequence whose pages have consecutive ids is read by one
+// layer's attention as one linear stream (with pages interleaved across layers, each page
+// was a separate 8 KiB stream that the hardware prefetchers restart on: decode at 8k depth ran
+// at ~1/3 of the plain read bandwidth).
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -15,19 +19,30 @@
 
 namespace sieve::model {
 
+// The element type K and V are stored in unless a caller asks otherwise. kF16 halves the bytes
+// every decode step reads per attended key (decode at long contexts is bound by them), but its
+// rounding is not within the golden tests' logprob tolerance (1e-3; f16 K/V moved
+// stories260K's top logprobs by up to 2e-3), so f32 stays the default.
+inline constexpr kernels::DType kKvDefaultDType = kernels::DType::kF32;
+
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size);
+  // dtype: kF32 or kF16.
+  KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size,
+          kernels::DType dtype = kKvDefaultDType);
 
   // Bytes of K and V one page takes (the unit of --kv-memory accounting).
-  static size_t bytes_per_page(const ModelConfig& config, int32_t page_size);
+  static size_t bytes_per_page(const ModelConfig& config, int32_t page_size,
+                               kernels::DType dtype = kKvDefaultDType);
 
   // A cache for one sequence of up to `num_tokens` tokens, and its block table (pages 0, 1, ...).
   struct Single;
-  static Single for_one_sequence(const ModelConfig& config, int32_t num_tokens, int32_t page_size = 16);
+  static Single for_one_sequence(const ModelConfig& config, int32_t num_tokens, int32_t page_size = 16,
+                                 kernels::DType dtype = kKvDefaultDType);
 
   int32_t num_pages() const { return num_pages_; }
   int32_t page_size() const { return page_size_; }
+  kernels::DType dtype() const { return dtype_; }
 
   // Writes one token's K and V ([num_kv_heads][head_dim] each) for `layer` at `position`.
   void write(int64_t layer, std::span<const int32_t> block_table, int32_t position, const float* k,
@@ -40,9 +55,11 @@ class KvCache {
  private:
   int64_t num_layers_, num_kv_heads_, head_dim_;
   int32_t num_pages_, page_size_;
-  int64_t head_stride_, layer_stride_, page_stride_;
-  std::vector<float> keys_;
-  std::vector<float> values_;
+  kernels::DType dtype_;
+  int64_t head_stride_, page_stride_, layer_stride_;  // in elements
+  std::vector<float> keys_, values_;            // kF32
+  std::vector<uint16_t> keys16_, values16_;     // kF16
+
 };
 
 struct KvCache::Single {

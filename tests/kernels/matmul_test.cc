@@ -93,6 +93,44 @@ TEST_P(Matmul, QuantizedWeightsAnyShape) {
   }
 }
 
+// Q8_0 with the packed copy (pack_q8_0_for_matmul) attached: used on AVX3 where the CPU has
+// VNNI, ignored elsewhere; either way the result is the reference's. Rows around the 16-row
+// groups, num_x around the 8-row activation tiles; arbitrary bytes (w = -128, both signs of
+// scale); a shape of 2 column slices.
+TEST_P(Matmul, PackedQ8_0) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 3000;
+  for (int64_t cols : {32, 64, 96, 320}) {
+    for (int64_t rows : {1, 3, 16, 17, 64, 67, 100}) {
+      const TestMatrix w(DType::kQ8_0, rows, cols, ++seed);
+      const std::vector<uint8_t> packed = pack_q8_0_for_matmul(w.view);
+      EXPECT_EQ(packed.size(), (rows + 15) / 16 * row_bytes(DType::kQ8_0, cols) * 16);
+      MatrixView view = w.view;
+      view.packed = packed.data();
+      for (int64_t num_x : {1, 2, 3, 5, 8, 9, 17}) {
+        for (ThreadPool* pool : {&pool1, &pool3}) expect_matches_ref(view, num_x, *pool, ++seed);
+      }
+    }
+  }
+  std::mt19937 rng(6);
+  const int64_t rows = 37, cols = 256;
+  std::vector<uint8_t> bytes(row_bytes(DType::kQ8_0, cols) * rows);
+  for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
+  for (size_t offset = 0; offset < bytes.size(); offset += block_bytes(DType::kQ8_0)) {
+    const uint16_t d = f32_to_f16(std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng));
+    std::memcpy(&bytes[offset], &d, 2);
+  }
+  MatrixView raw{DType::kQ8_0, bytes.data(), rows, cols};
+  const std::vector<uint8_t> raw_packed = pack_q8_0_for_matmul(raw);
+  raw.packed = raw_packed.data();
+  for (int64_t num_x : {1, 4, 11}) expect_matches_ref(raw, num_x, pool3, 40 + num_x);
+  const TestMatrix big(DType::kQ8_0, 131, 2080, ++seed);
+  const std::vector<uint8_t> big_packed = pack_q8_0_for_matmul(big.view);
+  MatrixView big_view = big.view;
+  big_view.packed = big_packed.data();
+  for (int64_t num_x : {1, 19}) expect_matches_ref(big_view, num_x, pool3, ++seed);
+}
+
 // Blocks of arbitrary bytes, not only what ggml's quantizer produces: Q8_0 values down to
 // -128 (the int8 kernels take |w| as unsigned), every Q4_0 nibble, scales of both signs.
 TEST_P(Matmul, QuantizedWeightsRawRandomBlocks) {

@@ -29,6 +29,86 @@
 namespace sieve::kernels {
 namespace {
 
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct CacheShape {
+  int64_t num_keys = 0;  // positions [0, num_keys) hold K/V
+  int64_t num_kv_heads = 2;
+  int64_t head_dim = 64;
+  int32_t page_size = 16;
+  DType dtype = DType::kF32;  // kF16: the pool holds halves (the values are rounded to f16)
+};
+
+// value(position, kv_head, dim) for K or V.
+using KvFill = std::function<float(int64_t, int64_t, int64_t)>;
+
+// One sequence's K/V in a pool of 2 * num_blocks + 3 pages. The block table has one entry
+// more than the sequence needs (room to grow), pointing at a NaN page. Strides leave NaN gaps
+// between heads (3 floats) and pages (5 floats).
+class TestCache {
+ public:
+  TestCache(const CacheShape& shape, uint32_t seed, const KvFill& k_fill = {},
+            const KvFill& v_fill = {})
+      : shape_(shape) {
+    const int64_t num_blocks = (shape.num_keys + shape.page_size - 1) / shape.page_size;
+    const int64_t num_pages = 2 * num_blocks + 3;
+    head_stride_ = shape.page_size * shape.head_dim + 3;
+    page_stride_ = shape.num_kv_heads * head_stride_ + 5;
+    k_.assign(static_cast<size_t>(num_pages * page_stride_), kNaN);
+    v_ = k_;
+    std::vector<int32_t> pages(static_cast<size_t>(num_pages));
+    std::iota(pages.begin(), pages.end(), 0);
+    std::mt19937 rng(seed);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    block_table_.assign(pages.begin(), pages.begin() + num_blocks + 1);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const PagedKv kv = view();
+    for (int64_t t = 0; t < shape.num_keys; ++t) {
+      for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+        const int64_t offset = kv_offset(kv, t, h);
+        for (int64_t d = 0; d < shape.head_dim; ++d) {
+          k_[offset + d] = k_fill ? k_fill(t, h, d) : dist(rng);
+          v_[offset + d] = v_fill ? v_fill(t, h, d) : dist(rng);
+        }
+      }
+    }
+    if (shape.dtype == DType::kF16) {  // NaN stays NaN (0x7E00)
+      for (float f : k_) k16_.push_back(f32_to_f16(f));
+      for (float f : v_) v16_.push_back(f32_to_f16(f));
+    }
+  }
+
+  PagedKv view() const {
+    if (shape_.dtype == DType::kF16) {
+      return PagedKv{.page_stride = page_stride_,
+                     .head_stride = head_stride_,
+                     .page_size = shape_.page_size,
+                     .head_dim = shape_.head_dim,
+                     .num_kv_heads = shape_.num_kv_heads,
+                     .block_table = block_table_,
+                     .dtype = DType::kF16,
+                     .k_f16 = k16_.data(),
+                     .v_f16 = v16_.data()};
+    }
+    return PagedKv{k_.data(),        v_.data(),       page_stride_,        head_stride_,
+                   shape_.page_size, shape_.head_dim, shape_.num_kv_heads, block_table_};
+  }
+  const CacheShape& shape() const { return shape_; }
+
+ private:
+  CacheShape shape_;
+  int64_t head_stride_ = 0, page_stride_ = 0;
+  std::vector<float> k_, v_;
+  std::vector<uint16_t> k16_, v16_;  // F16 pools only
+  std::vector<int32_t> block_table_;
+};
+
+std::vector<int32_t> position_range(int64_t begin, int64_t end) {
+  std::vector<int32_t> positions(static_cast<size_t>(end - begin));
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(begin));
+  return positions;
+}
+
 struct Outputs {
   std::vector<float> out, row_max, row_lse;
   Outputs(int64_t num_q, int64_t num_heads, int64_t head_dim, float fill)
@@ -44,7 +124,7 @@ std::string describe(const CacheShape& shape, const std::vector<int32_t>& positi
   s << "keys=" << shape.num_keys << " page_size=" << shape.page_size
     << " kv_heads=" << shape.num_kv_heads << " group=" << group << " head_dim=" << shape.head_dim
     << " num_q=" << positions.size() << " first_pos=" << (positions.empty() ? -1 : positions[0])
-    << " threads=" << num_threads;
+    << " dtype=" << to_string(shape.dtype) << " threads=" << num_threads;
   return s.str();
 }
 
@@ -168,6 +248,33 @@ TEST_P(PagedAttention, OtherHeadSizesAndGroups) {
   for (ThreadPool* pool : {&pool1, &pool3}) {
     expect_matches_ref(cache, {299}, 48, *pool, ++seed);
     expect_matches_ref(cache, position_range(290, 300), 48, *pool, ++seed);
+  }
+}
+
+// F16 pools: prefill, chunks and decode (split across threads from 512 keys), head sizes with
+// a partial vector, page sizes that cut tiles. The reference reads the same halves.
+TEST_P(PagedAttention, F16Pool) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 1500;
+  for (int64_t len : {1, 17, 100, 1000}) {
+    for (int64_t head_dim : {8, 24, 64, 128}) {
+      const TestCache cache(
+          {.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim, .dtype = DType::kF16}, ++seed);
+      for (int64_t group : {1, 4}) {
+        for (ThreadPool* pool : {&pool1, &pool3}) {
+          expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, group, *pool, ++seed);
+          expect_matches_ref(cache, position_range(len / 2, len), group, *pool, ++seed);
+          expect_matches_ref(cache, position_range(0, std::min<int64_t>(len, 70)), group, *pool, ++seed);
+        }
+      }
+    }
+  }
+  for (int32_t page_size : {1, 5, 64}) {
+    const TestCache cache({.num_keys = 300, .num_kv_heads = 2, .head_dim = 64, .page_size = page_size,
+                           .dtype = DType::kF16},
+                          ++seed);
+    expect_matches_ref(cache, {299}, 4, pool3, ++seed);
+    expect_matches_ref(cache, position_range(250, 300), 2, pool3, ++seed);
   }
 }
 

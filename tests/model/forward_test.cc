@@ -2,9 +2,12 @@
 // sequences, prefill vs token-by-token, and the two RoPE orderings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
+#include "kernels/paged_attention.h"
+#include "model/kv_cache.h"
 #include "model/llama.h"
 #include "model/loader.h"
 #include "shared_data.h"
@@ -79,6 +82,77 @@ TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
     std::vector<float> mine(batched.begin() + row * vocab, batched.begin() + (row + encoded[s].size()) * vocab);
     EXPECT_LT(max_abs_diff(mine, alone), 1e-4f) << prompts[s];
     row += encoded[s].size();
+  }
+}
+
+// An f16 KV cache (pages interleaved between sequences, as above) gives the f32 cache's logits
+// up to f16 rounding of K and V, and the same greedy token at every position.
+TEST(Forward, F16KvCacheMatchesF32WithinF16Rounding) {
+  model::LoadedModel loaded = load();
+  ThreadPool pool(2);
+  const std::vector<std::string> prompts = {"Once upon a time there was a little girl named Lily.", "Sara"};
+  const std::vector<std::vector<int32_t>> tables = {{9, 2, 14, 1, 6}, {5}};
+  std::vector<float> logits[2];
+  for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kF16}) {
+    model::KvCache cache(loaded.model->config(), 16, 4, dtype);
+    EXPECT_EQ(cache.dtype(), dtype);
+    model::ForwardScratch scratch;
+    model::Batch batch;
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      const std::vector<int32_t> tokens = loaded.tokenizer->encode(prompts[s]);
+      ASSERT_LE(tokens.size(), tables[s].size() * 4);
+      batch.begin_sequence(tables[s]);
+      for (size_t i = 0; i < tokens.size(); ++i) batch.add(tokens[i], static_cast<int32_t>(i), true);
+    }
+    loaded.model->forward(batch, cache, pool, scratch, logits[dtype == kernels::DType::kF16]);
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  const float diff = max_abs_diff(logits[0], logits[1]);
+  EXPECT_GT(diff, 0.0f);   // the f16 cache is really used
+  EXPECT_LT(diff, 2e-2f);  // logits of order 10; f16 keeps 11 bits
+  const int64_t vocab = loaded.model->config().vocab_size;
+  for (size_t row = 0; row < logits[0].size() / vocab; ++row) {
+    const auto argmax = [&](const std::vector<float>& l) {
+      return std::max_element(l.begin() + row * vocab, l.begin() + (row + 1) * vocab) - l.begin();
+    };
+    EXPECT_EQ(argmax(logits[0]), argmax(logits[1])) << "row " << row;
+  }
+  EXPECT_EQ(model::KvCache::bytes_per_page(loaded.model->config(), 16, kernels::DType::kF16) * 2,
+            model::KvCache::bytes_per_page(loaded.model->config(), 16, kernels::DType::kF32));
+}
+
+// copy_page duplicates a page in every layer, for both element types.
+TEST(KvCache, CopyPageCopiesEveryLayer) {
+  model::LoadedModel loaded = load();
+  const model::ModelConfig& config = loaded.model->config();
+  for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kF16}) {
+    model::KvCache cache(config, 4, 2, dtype);
+    const std::vector<int32_t> src_table = {1}, dst_table = {3};
+    std::vector<float> k(config.kv_dim()), v(config.kv_dim());
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+      for (int32_t pos = 0; pos < 2; ++pos) {
+        for (size_t i = 0; i < k.size(); ++i) {
+          k[i] = static_cast<float>(layer * 100 + pos * 10) + static_cast<float>(i) * 0.25f;
+          v[i] = -k[i];
+        }
+        cache.write(layer, src_table, pos, k.data(), v.data());
+      }
+    }
+    cache.copy_page(1, 3);
+    std::vector<float> want(config.head_dim), got(config.head_dim);
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+      for (int32_t pos = 0; pos < 2; ++pos) {
+        for (int64_t h = 0; h < config.num_kv_heads; ++h) {
+          for (bool value : {false, true}) {
+            kernels::load_kv_row(cache.layer_view(layer, src_table), value, pos, h, want.data());
+            kernels::load_kv_row(cache.layer_view(layer, dst_table), value, pos, h, got.data());
+            EXPECT_EQ(want, got) << "layer " << layer << " pos " << pos << " head " << h;
+            const float first = static_cast<float>(layer * 100 + pos * 10) + h * config.head_dim * 0.25f;
+            EXPECT_EQ(got[0], value ? -first : first);
+          }
+        }
+      }
+    }
   }
 }
 

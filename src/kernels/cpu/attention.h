@@ -8,7 +8,8 @@
 // tiles take one kv head each; decode (one row) takes several kv heads per task, so that it
 // walks each page through all of their heads (a page holds the heads one after another; on
 // Zen 4, reading one head's 8 KiB slice of every page in turn streams at half the rate of
-// page-by-page order in a plain read loop, and decode ran ~12% faster this way). A tile's
+// page-by-page order in a plain read loop, and decode ran ~12% faster this way; the kernel's
+// tiles are then one page long, see TileKeys in attention-inl.h). A tile's
 // key range is [0, max position + 1); when there are too few tasks to occupy the threads
 // (decode, short chunks over long contexts) it is split into page-aligned pieces whose partial
 // (max, sum, acc) states a merge step combines.

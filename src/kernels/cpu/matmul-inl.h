@@ -24,11 +24,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/blocks.h"
+#include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/ops-inl.h"
 #include "kernels/ops.h"
 #include "util/thread_pool.h"
@@ -139,9 +141,9 @@ struct BF16Row {
 //     per-block scale work dominates). A signed w goes through |w| and sign(x, w).
 //     Measured 1.6x faster than widening to int16 (Highway's portable path below).
 //   other targets: widen both to int16, ReorderWidenMulAccumulate.
-// No VNNI (vpdpbusd) path: it needs Highway's AVX3_DL target, whose 1.0.3 flags enable the VEX
-// "avxvnni" that Zen 4 and Ice Lake lack (GCC then emits {vex} vpdpbusd: SIGILL), and it
-// measured only 5-10% faster for decode here.
+// VNNI (vpdpbusd) is not used here: Highway's AVX3_DL target, whose 1.0.3 flags enable the VEX
+// "avxvnni" that Zen 4 and Ice Lake lack (GCC then emits {vex} vpdpbusd: SIGILL). Q8_0 with
+// num_x >= 2 on AVX3 CPUs with VNNI runs Q8_0VnniKernel instead (cpu/matmul_vnni.cc).
 // Range: |x| <= 127 (our Q8_0 activations), w in [-128, 127] or nibbles in [0, 15], so the
 // i16 pair sums stay below 2^15 and never saturate.
 struct BlockDot {
@@ -404,6 +406,28 @@ struct QuantKernel {
   }
 };
 
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
+// Q8_0 on AVX-512 CPUs with VNNI (vnni::supported()): whole tasks run in cpu/matmul_vnni.cc.
+struct Q8_0VnniKernel {
+  vnni::Q8_0Problem problem;
+  size_t row_bytes;
+  int64_t rows, cols;
+  void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
+    vnni::q8_0_rows(problem, r_begin, r_end, num_x);
+  }
+};
+// Q8_0 packed by pack_q8_0_for_matmul(), same CPUs: tasks of whole 16-row groups.
+struct PackedQ8_0VnniKernel {
+  static constexpr int64_t kRowAlign = 16;
+  vnni::PackedQ8_0Problem problem;
+  size_t row_bytes;
+  int64_t rows, cols;
+  void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
+    vnni::packed_q8_0_groups(problem, r_begin / kRowAlign, (r_end + kRowAlign - 1) / kRowAlign, num_x);
+  }
+};
+#endif
+
 // ----------------------------------------------------------------------------- driver
 
 // Weight rows [r_begin, r_end) x activation rows [x0, x0 + kX): full kW tiles, then single rows.
@@ -434,18 +458,20 @@ HWY_INLINE void TileRowsRemainder(const Kernel& kernel, int64_t r_begin, int64_t
 // slice stays in L1.
 template <class Kernel>
 HWY_NOINLINE void RunRows(const Kernel& kernel, int64_t r_begin, int64_t r_end, int64_t num_x) {
-  if (num_x == 1) {
+  if constexpr (requires { kernel.Rows(r_begin, r_end, num_x); }) {
+    kernel.Rows(r_begin, r_end, num_x);  // a kernel with its own tiling
+  } else if (num_x == 1) {
     TileRows<kDecodeRowsW, 1>(kernel, r_begin, r_end, 0, ColumnSlice{0, kernel.cols, false});
-    return;
-  }
-  for (int64_t c0 = 0; c0 < kernel.cols; c0 += kPrefillCols) {
-    const ColumnSlice slice{c0, std::min(kernel.cols, c0 + kPrefillCols), c0 != 0};
-    int64_t x0 = 0;
-    for (; x0 + kPrefillRowsX <= num_x; x0 += kPrefillRowsX) {
-      TileRows<kPrefillRowsW, kPrefillRowsX>(kernel, r_begin, r_end, x0, slice);
+  } else {
+    for (int64_t c0 = 0; c0 < kernel.cols; c0 += kPrefillCols) {
+      const ColumnSlice slice{c0, std::min(kernel.cols, c0 + kPrefillCols), c0 != 0};
+      int64_t x0 = 0;
+      for (; x0 + kPrefillRowsX <= num_x; x0 += kPrefillRowsX) {
+        TileRows<kPrefillRowsW, kPrefillRowsX>(kernel, r_begin, r_end, x0, slice);
+      }
+      if (x0 < num_x)
+        TileRowsRemainder<kPrefillRowsX - 1>(kernel, r_begin, r_end, x0, num_x - x0, slice);
     }
-    if (x0 < num_x)
-      TileRowsRemainder<kPrefillRowsX - 1>(kernel, r_begin, r_end, x0, num_x - x0, slice);
   }
 }
 
@@ -457,7 +483,8 @@ template <class Kernel>
 void Run(const Kernel& kernel, int64_t num_x, ThreadPool& pool) {
   const int64_t rows = kernel.rows;
   if (rows <= 0 || num_x <= 0) return;
-  const int64_t rows_w = num_x == 1 ? kDecodeRowsW : kPrefillRowsW;
+  int64_t rows_w = num_x == 1 ? kDecodeRowsW : kPrefillRowsW;
+  if constexpr (requires { Kernel::kRowAlign; }) rows_w = Kernel::kRowAlign;
   const int64_t pass_cols = num_x == 1 ? kernel.cols : std::min(kernel.cols, kPrefillCols);
   const int64_t pass_bytes = std::max<int64_t>(
       1, static_cast<int64_t>(kernel.row_bytes) * pass_cols / std::max<int64_t>(1, kernel.cols));
@@ -511,6 +538,30 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
   } else {
     quantize_rows(0, num_x);
   }
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
+  if constexpr (std::is_same_v<Row, Q8_0Row>) {
+    if (w.packed != nullptr && vnni::supported()) {
+      // The weights' +128 bias times each activation block's sum, subtracted up front.
+      std::vector<int32_t> xsum(static_cast<size_t>(num_x * num_blocks));
+      for (size_t k = 0; k < xsum.size(); ++k) {
+        int32_t sum = 0;
+        for (int64_t j = 0; j < kQBlock; ++j) sum += q[k * kQBlock + j];
+        xsum[k] = -128 * sum;
+      }
+      const PackedQ8_0VnniKernel kernel{
+          {static_cast<const uint8_t*>(w.packed), w.rows, w.cols, q.data(), d.data(), xsum.data(), y},
+          row_bytes(w.dtype, w.cols), w.rows, w.cols};
+      return Run(kernel, num_x, pool);
+    }
+    if (num_x >= 2 && vnni::supported()) {
+      const size_t bytes = row_bytes(w.dtype, w.cols);
+      const Q8_0VnniKernel kernel{
+          {static_cast<const uint8_t*>(w.data), bytes, w.rows, w.cols, q.data(), d.data(), y},
+          bytes, w.rows, w.cols};
+      return Run(kernel, num_x, pool);
+    }
+  }
+#endif
   const QuantKernel<Row> kernel{static_cast<const uint8_t*>(w.data),
                                 row_bytes(w.dtype, w.cols),
                                 w.rows,
