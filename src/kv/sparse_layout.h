@@ -98,12 +98,13 @@ struct SliceMove {
 // What the model runner must do after a compress() or drop_tokens(), before any later K/V write
 // or copy the manager directs (pages in freed_pages are back in the pool and may be handed to
 // anyone, and slice moves read from them):
-//   1. token_moves, in the order given. Each reads a row no earlier move wrote and no later move
-//      reads a row an earlier one wrote over, so no scratch space is needed (within a stream,
-//      moves towards the front run front to back, moves towards the back run back to front;
-//      when leaving shared pages every source is in an old page and every destination new).
+//   1. token_moves, in the order given. No move overwrites a row a later move reads, so no
+//      scratch space is needed (within a stream, moves towards the front run front to back,
+//      moves towards the back run back to front; when leaving shared pages every source is in
+//      an old page and every destination in a new one). A destination may lie in a page of
+//      freed_pages (step 2 carries that slice out), and so may a source.
 //   2. slice_moves, in any order: sources and destinations are all distinct slices, every
-//      source in a freed page, every destination in a kept one.
+//      source in a page of freed_pages, every destination in a page the sequence keeps.
 struct CompactionPlan {
   std::vector<TokenMove> token_moves;
   std::vector<SliceMove> slice_moves;
