@@ -171,7 +171,8 @@ class KvManager {
 
   // --- sparse sequences (see the top of this file and sparse_layout.h) ---
   SliceShape slice_shape() const {
-    return {.num_layers = config_.num_layers, .num_kv_heads = config_.num_kv_heads,
+    return {.num_layers = config_.num_layers,
+            .num_kv_heads = config_.num_kv_heads,
             .page_size = config_.page_size};
   }
   // Starts a sequence (new SeqId) that is sparse from its first token: no pages, no prefix

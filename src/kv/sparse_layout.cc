@@ -42,9 +42,8 @@ int64_t sparse_peak_pages(const SparsePeakQuery& query) {
     sparse_slices += ceil_div(held, page_size) + 1;
   }
   const int64_t slices_per_page = shape.slices_per_page();
-  const int64_t leave_dense = dense == 0 ? 0
-                                         : ceil_div(dense, page_size) +
-                                               ceil_div(copy_slices, slices_per_page);
+  const int64_t leave_dense =
+      dense == 0 ? 0 : ceil_div(dense, page_size) + ceil_div(copy_slices, slices_per_page);
   return std::max(leave_dense, ceil_div(sparse_slices, slices_per_page) + 1);
 }
 

@@ -8,6 +8,10 @@
 //
 //   SliceId v = page * S + layer * num_kv_heads + kv_head     rows k[v * page_size + slot]
 //
+// (v * page_size * head_dim is exactly page * page_stride + layer * layer_stride + head *
+// head_stride of model::KvCache, so an attention kernel reads a stream through a per-stream
+// table of slice ids where a dense head reads a block table of pages.)
+//
 // A dense sequence uses slice (layer, kv_head) of each page of its block table for that head.
 // A sparse sequence instead has one *stream* per (layer, KV head): the head's kept tokens, in
 // position order, in an ordered list of slices that may be *any* slice of any page the sequence
@@ -41,7 +45,9 @@ struct SliceShape {
   int32_t page_size = 0;  // slots per slice = tokens per page
   int32_t slices_per_page() const { return num_layers * num_kv_heads; }
   int32_t num_streams() const { return num_layers * num_kv_heads; }
-  int32_t stream_index(int32_t layer, int32_t kv_head) const { return layer * num_kv_heads + kv_head; }
+  int32_t stream_index(int32_t layer, int32_t kv_head) const {
+    return layer * num_kv_heads + kv_head;
+  }
   PageId page_of(SliceId slice) const {
     return PageId{static_cast<int32_t>(slice.value / slices_per_page())};
   }
@@ -69,7 +75,7 @@ struct SparseStream {
 
 struct SparseLayout {
   SliceShape shape;
-  int32_t num_positions = 0;         // tokens the sequence has (kept or dropped), every stream
+  int32_t num_positions = 0;          // tokens the sequence has (kept or dropped), every stream
   std::vector<SparseStream> streams;  // [layer * num_kv_heads + kv_head]
 
   const SparseStream& stream(int32_t layer, int32_t kv_head) const {

@@ -60,8 +60,8 @@ std::optional<SparseSequence> SparseSequence::copy_from_dense(const SliceShape& 
                                                               const KeepSets& keep, PagePool& pool,
                                                               CompactionPlan& plan) {
   assert(keep.size() == static_cast<size_t>(shape.num_streams()));
-  assert(num_tokens >= 0 && ceil_div(num_tokens, shape.page_size) <=
-                                static_cast<int64_t>(block_table.size()));
+  assert(num_tokens >= 0 &&
+         ceil_div(num_tokens, shape.page_size) <= static_cast<int64_t>(block_table.size()));
   int64_t num_slices = 0;
   for (const auto& kept : keep) {
     assert(!kept || strictly_ascending(*kept, num_tokens));
@@ -97,9 +97,11 @@ std::optional<SparseSequence> SparseSequence::copy_from_dense(const SliceShape& 
     for (int32_t i = 0; i < num_kept; ++i) {
       const int32_t position = kept ? (*kept)[static_cast<size_t>(i)] : i;
       plan.token_moves.push_back(TokenMove{
-          .src = {.slice = shape.dense_slice(block_table[static_cast<size_t>(position / page_size)], s),
+          .src = {.slice =
+                      shape.dense_slice(block_table[static_cast<size_t>(position / page_size)], s),
                   .slot = position % page_size},
-          .dst = {.slice = stream.slices[static_cast<size_t>(i / page_size)], .slot = i % page_size}});
+          .dst = {.slice = stream.slices[static_cast<size_t>(i / page_size)],
+                  .slot = i % page_size}});
     }
   }
   seq.free_slices_.assign(fresh.begin() + static_cast<ptrdiff_t>(next_fresh), fresh.end());
@@ -181,7 +183,8 @@ int32_t SparseSequence::num_pages_needed(int32_t num_tokens,
                   static_cast<int64_t>(stream.slices.size());
   }
   const int64_t missing = num_slices - static_cast<int64_t>(free_slices_.size());
-  return missing <= 0 ? 0 : static_cast<int32_t>(ceil_div(missing, layout_.shape.slices_per_page()));
+  return missing <= 0 ? 0
+                      : static_cast<int32_t>(ceil_div(missing, layout_.shape.slices_per_page()));
 }
 
 std::optional<SparseAppend> SparseSequence::append(int32_t num_tokens,
@@ -358,7 +361,8 @@ std::optional<SparseSequence> SparseSequence::copy_to_fresh_pages(
     std::optional<PageId> page = pool.allocate();
     assert(page);
     copy.pages_.push_back(*page);
-    for (int32_t s = 0; s < shape.slices_per_page(); ++s) fresh.push_back(shape.dense_slice(*page, s));
+    for (int32_t s = 0; s < shape.slices_per_page(); ++s)
+      fresh.push_back(shape.dense_slice(*page, s));
   }
   std::sort(fresh.begin(), fresh.end());
   size_t next = 0;
@@ -423,8 +427,8 @@ std::optional<std::string> SparseSequence::invariant_violation(
     }
     const int64_t num_needed = ceil_div(int64_t{stream.first_slot} + stream.num_tokens, page_size);
     if (static_cast<int64_t>(stream.slices.size()) != num_needed) {
-      return fmt::format("stream {}: {} slices for {} tokens from slot {}", s,
-                         stream.slices.size(), stream.num_tokens, stream.first_slot);
+      return fmt::format("stream {}: {} slices for {} tokens from slot {}", s, stream.slices.size(),
+                         stream.num_tokens, stream.first_slot);
     }
     for (SliceId slice : stream.slices) {
       if (auto violation = claim(slice)) return fmt::format("stream {} {}", s, *violation);
@@ -434,7 +438,8 @@ std::optional<std::string> SparseSequence::invariant_violation(
     if (i > 0 && free_slices_[i] <= free_slices_[i - 1]) return "free slices not ascending";
     if (auto violation = claim(free_slices_[i])) return fmt::format("free list {}", *violation);
   }
-  if (static_cast<int64_t>(seen.size()) != int64_t{shape.slices_per_page()} * static_cast<int64_t>(pages_.size())) {
+  if (static_cast<int64_t>(seen.size()) !=
+      int64_t{shape.slices_per_page()} * static_cast<int64_t>(pages_.size())) {
     return fmt::format("{} slices used or free, but {} pages of {} slices owned", seen.size(),
                        pages_.size(), shape.slices_per_page());
   }

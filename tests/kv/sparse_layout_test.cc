@@ -29,8 +29,11 @@ std::vector<PageId> Owned(const KvManager& kv, SeqId seq) {
 }
 
 KvConfig TinyConfig(int32_t num_pages, bool prefix_caching = true) {
-  return KvConfig{.num_pages = num_pages, .page_size = 4, .enable_prefix_caching = prefix_caching,
-                  .num_layers = 2, .num_kv_heads = 2};
+  return KvConfig{.num_pages = num_pages,
+                  .page_size = 4,
+                  .enable_prefix_caching = prefix_caching,
+                  .num_layers = 2,
+                  .num_kv_heads = 2};
 }
 
 // The tag of position `position` of stream `stream` of a sequence.
@@ -98,11 +101,11 @@ TEST(SparseLayoutTest, AppendFillsSlicesLowestFirstAndCompactionPacksPages) {
 
   const SparseLayout& layout = kv.sparse_layout(seq);
   EXPECT_EQ(layout.num_positions, 6);
-  EXPECT_EQ(layout.streams[0], (SparseStream{.slices = Slices({0}), .num_tokens = 3,
-                                             .num_dropped = 3}));
+  EXPECT_EQ(layout.streams[0],
+            (SparseStream{.slices = Slices({0}), .num_tokens = 3, .num_dropped = 3}));
   EXPECT_EQ(layout.streams[1], (SparseStream{.slices = Slices({2, 3}), .num_tokens = 6}));
-  EXPECT_EQ(layout.streams[2], (SparseStream{.slices = Slices({1}), .num_tokens = 1,
-                                             .num_dropped = 5}));
+  EXPECT_EQ(layout.streams[2],
+            (SparseStream{.slices = Slices({1}), .num_tokens = 1, .num_dropped = 5}));
   EXPECT_EQ(layout.streams[3], (SparseStream{.num_dropped = 6}));
   EXPECT_EQ(runner.read_stream(layout, 0), Tags(0, {0, 2, 5}));
   EXPECT_EQ(runner.read_stream(layout, 1), Tags(1, Iota(0, 6)));
@@ -128,11 +131,11 @@ TEST(SparseLayoutTest, PrivateDensePagesTurnSparseInPlace) {
   std::optional<CompactionPlan> plan = kv.compress(seq, 10, keep);
   ASSERT_TRUE(plan);
   // Stream s starts in slices s, 4 + s, 8 + s (pages 0, 1, 2).
-  EXPECT_EQ(plan->token_moves, (std::vector<TokenMove>{
-                                   M(8, 1, 0, 1),                                // stream 0
-                                   M(9, 0, 1, 0), M(9, 1, 1, 1),                 // stream 1
-                                   M(3, 1, 3, 0), M(3, 2, 3, 1), M(3, 3, 3, 2),  // stream 3
-                                   M(7, 0, 3, 3)}));
+  EXPECT_EQ(plan->token_moves,
+            (std::vector<TokenMove>{M(8, 1, 0, 1),                                // stream 0
+                                    M(9, 0, 1, 0), M(9, 1, 1, 1),                 // stream 1
+                                    M(3, 1, 3, 0), M(3, 2, 3, 1), M(3, 3, 3, 2),  // stream 3
+                                    M(7, 0, 3, 3)}));
   // Used: 0, 1, 2, 3 (page 0), 6 (page 1), 10 (page 2): page 2 goes, stream 2's slice 10
   // moves to page 1's lowest free slice.
   EXPECT_EQ(plan->slice_moves, (std::vector<SliceMove>{{V(10), V(4)}}));
@@ -187,8 +190,8 @@ TEST(SparseLayoutTest, SharedPrefixIsCopiedNeverWritten) {
   }
   EXPECT_EQ(plan->token_moves.front(), M(0, 0, 16, 0));  // stream 0, position 0, page 0 slot 0
   EXPECT_EQ(plan->token_moves[2], M(12, 1, 16, 2));      // stream 0, position 9, page 3 slot 1
-  runner.run(*plan);  // checks every destination page is private
-  EXPECT_EQ(kv.num_free_pages(), free_before);  // +1 new, -1 private dense page
+  runner.run(*plan);                                     // checks every destination page is private
+  EXPECT_EQ(kv.num_free_pages(), free_before);           // +1 new, -1 private dense page
   EXPECT_EQ(kv.pool().ref_count(PageId{0}), 1);
   EXPECT_TRUE(kv.pool().block_hash(PageId{0}));
   const SparseLayout& layout = kv.sparse_layout(second);
@@ -244,8 +247,8 @@ TEST(SparseLayoutTest, DecodeGrowthCrossesSliceAndPageBoundaries) {
     std::optional<SparseAppend> append = kv.append_sparse(seq, 1);
     ASSERT_TRUE(append);
     EXPECT_EQ(append->new_pages, t == 0 ? Pages({0}) : Pages({}));
-    EXPECT_EQ(append->first_slot, (std::vector<std::optional<SlotAddress>>{
-                                      A(0, t), A(1, t), A(2, t), A(3, t)}));
+    EXPECT_EQ(append->first_slot,
+              (std::vector<std::optional<SlotAddress>>{A(0, t), A(1, t), A(2, t), A(3, t)}));
     WriteAppended(runner, kv, seq, *append, t, 1);
   }
   // Token 4 needs a new slice in every stream: a new page.
@@ -259,8 +262,8 @@ TEST(SparseLayoutTest, DecodeGrowthCrossesSliceAndPageBoundaries) {
   const std::vector<uint8_t> stores = {1, 0, 1, 0};
   append = kv.append_sparse(seq, 1, stores);
   ASSERT_TRUE(append);
-  EXPECT_EQ(append->first_slot, (std::vector<std::optional<SlotAddress>>{
-                                    A(4, 1), std::nullopt, A(6, 1), std::nullopt}));
+  EXPECT_EQ(append->first_slot, (std::vector<std::optional<SlotAddress>>{A(4, 1), std::nullopt,
+                                                                         A(6, 1), std::nullopt}));
   WriteAppended(runner, kv, seq, *append, 5, 1);
   EXPECT_EQ(kv.sparse_layout(seq).streams[1].num_dropped, 1);
   // Stream 0 alone grows for 3 more tokens: the third needs a slice, so page 2 comes in and
@@ -312,15 +315,16 @@ TEST(SparseLayoutTest, DropShiftsTheCheaperSide) {
   // before: 5 either way, so front; its third slice empties.
   DropSets drops = {{1}, {8}, {0, 1, 2, 3, 4}, {3, 6}};
   CompactionPlan plan = kv.drop_tokens(seq, drops);
-  EXPECT_EQ(plan.token_moves, (std::vector<TokenMove>{
-                                  M(0, 0, 0, 1),                                    // stream 0
-                                  M(5, 1, 5, 0),                                    // stream 1
-                                  M(10, 0, 9, 3), M(10, 1, 10, 0), M(10, 3, 10, 1),  // stream 3
-                                  M(11, 0, 10, 2), M(11, 1, 10, 3)}));
+  EXPECT_EQ(plan.token_moves,
+            (std::vector<TokenMove>{M(0, 0, 0, 1),                                     // stream 0
+                                    M(5, 1, 5, 0),                                     // stream 1
+                                    M(10, 0, 9, 3), M(10, 1, 10, 0), M(10, 3, 10, 1),  // stream 3
+                                    M(11, 0, 10, 2), M(11, 1, 10, 3)}));
   runner.run(plan);
   const SparseLayout& layout = kv.sparse_layout(seq);
-  EXPECT_EQ(layout.streams[0], (SparseStream{.slices = Slices({0, 1, 2}), .first_slot = 1,
-                                             .num_tokens = 9, .num_dropped = 1}));
+  EXPECT_EQ(layout.streams[0],
+            (SparseStream{
+                .slices = Slices({0, 1, 2}), .first_slot = 1, .num_tokens = 9, .num_dropped = 1}));
   EXPECT_EQ(layout.streams[2].first_slot, 1);
   EXPECT_EQ(layout.streams[2].slices, Slices({7, 8}));
   EXPECT_EQ(runner.read_stream(layout, 0), Tags(0, {0, 2, 3, 4, 5, 6, 7, 8, 9}));
@@ -348,9 +352,10 @@ TEST(SparseLayoutTest, StreamingWindowsKeepPagesBoundedOver10kSteps) {
   kv.start_sparse(seq);
   std::vector<std::optional<int64_t>> bounds;
   for (const Head& h : heads) bounds.push_back(h.num_sinks + h.window);
-  const int64_t bound = sparse_peak_pages(SparsePeakQuery{
-      .shape = kv.slice_shape(), .max_kept_tokens = bounds, .chunk_size = 1,
-      .max_total_tokens = 100000});
+  const int64_t bound = sparse_peak_pages(SparsePeakQuery{.shape = kv.slice_shape(),
+                                                          .max_kept_tokens = bounds,
+                                                          .chunk_size = 1,
+                                                          .max_total_tokens = 100000});
   int64_t num_token_moves = 0, expected_token_moves = 0, num_slice_moves = 0;
   size_t max_pages = 0;
   constexpr int32_t kSteps = 10000;
@@ -400,8 +405,9 @@ TEST(SparseLayoutTest, ForkCopiesEverySliceIntoFreshPages) {
   std::optional<SparseAppend> append = kv.append_sparse(SeqId{1}, 5);  // slices 0..7
   ASSERT_TRUE(append);
   WriteAppended(runner, kv, SeqId{1}, *append, 0, 5);
-  runner.run(*kv.compress(SeqId{1}, 5, {std::vector<int32_t>{4}, std::nullopt,
-                                        std::vector<int32_t>{}, std::vector<int32_t>{0}}));
+  runner.run(*kv.compress(
+      SeqId{1}, 5,
+      {std::vector<int32_t>{4}, std::nullopt, std::vector<int32_t>{}, std::vector<int32_t>{0}}));
   // Stream 0 in slice 0, stream 1 in 2 and 3, stream 3 moved from 6 to 1: one page.
   EXPECT_EQ(kv.owned_pages(SeqId{1}).size(), 1u);
   std::optional<std::vector<SliceMove>> copies = kv.fork_sparse(SeqId{1}, SeqId{2});
@@ -424,29 +430,38 @@ TEST(SparseLayoutTest, AdmissionFigures) {
   const SliceShape shape{.num_layers = 2, .num_kv_heads = 2, .page_size = 4};
   const std::vector<std::optional<int64_t>> bounds = {8, 8, std::nullopt, 3};
   // Held per stream: 12, 12, 40, 7 tokens -> 3+1, 3+1, 10+1, 2+1 = 22 slices -> 6 pages + 1.
-  EXPECT_EQ(sparse_peak_pages({.shape = shape, .max_kept_tokens = bounds, .chunk_size = 4,
-                               .max_total_tokens = 40}),
-            7);
+  EXPECT_EQ(
+      sparse_peak_pages(
+          {.shape = shape, .max_kept_tokens = bounds, .chunk_size = 4, .max_total_tokens = 40}),
+      7);
   // Leaving 12 dense tokens: 3 dense pages + kept 8, 8, 12, 3 -> 2+2+3+1 = 8 slices = 2 pages.
-  EXPECT_EQ(sparse_peak_pages({.shape = shape, .max_kept_tokens = bounds, .chunk_size = 4,
-                               .max_total_tokens = 40, .dense_tokens_at_first_compression = 12}),
+  EXPECT_EQ(sparse_peak_pages({.shape = shape,
+                               .max_kept_tokens = bounds,
+                               .chunk_size = 4,
+                               .max_total_tokens = 40,
+                               .dense_tokens_at_first_compression = 12}),
             7);
   // Leaving 36: 9 + ceil((2+2+9+1) / 4) = 13 pages.
-  EXPECT_EQ(sparse_peak_pages({.shape = shape, .max_kept_tokens = bounds, .chunk_size = 4,
-                               .max_total_tokens = 40, .dense_tokens_at_first_compression = 36}),
+  EXPECT_EQ(sparse_peak_pages({.shape = shape,
+                               .max_kept_tokens = bounds,
+                               .chunk_size = 4,
+                               .max_total_tokens = 40,
+                               .dense_tokens_at_first_compression = 36}),
             13);
   // Short requests: no stream holds more than the total.
-  EXPECT_EQ(sparse_peak_pages({.shape = shape, .max_kept_tokens = bounds, .chunk_size = 16,
-                               .max_total_tokens = 5}),
-            // 5, 5, 5, 5 tokens -> (2+1) * 4 = 12 slices -> 3 pages + 1
-            4);
+  EXPECT_EQ(
+      sparse_peak_pages(
+          {.shape = shape, .max_kept_tokens = bounds, .chunk_size = 16, .max_total_tokens = 5}),
+      // 5, 5, 5, 5 tokens -> (2+1) * 4 = 12 slices -> 3 pages + 1
+      4);
   // 32 streams (8 layers x 4 heads), page size 16, budget 1024 + chunk 512 at 32k tokens:
   // 96 + 1 slices per stream -> ceil(3104 / 32) + 1 = 98 pages, vs 2048 dense.
   const SliceShape big{.num_layers = 8, .num_kv_heads = 4, .page_size = 16};
   const std::vector<std::optional<int64_t>> budget(32, 1024);
-  EXPECT_EQ(sparse_peak_pages({.shape = big, .max_kept_tokens = budget, .chunk_size = 512,
-                               .max_total_tokens = 32768}),
-            98);
+  EXPECT_EQ(
+      sparse_peak_pages(
+          {.shape = big, .max_kept_tokens = budget, .chunk_size = 512, .max_total_tokens = 32768}),
+      98);
 }
 
 }  // namespace

@@ -51,16 +51,19 @@ struct SimSeq {
 struct Counters {
   int admitted = 0, started_sparse = 0, dense_steps = 0, sparse_steps = 0, skipping_appends = 0;
   int append_failed = 0, compress_in_place = 0, compress_copy = 0, compress_failed = 0;
-  int compress_sparse = 0, drops = 0, slice_moves = 0, pages_freed = 0, forks = 0,
-      sparse_forks = 0, frees = 0;
+  int compress_sparse = 0, drops = 0, slice_moves = 0, pages_freed = 0, forks = 0, sparse_forks = 0,
+      frees = 0;
 };
 
 class SparseSimulation {
  public:
   explicit SparseSimulation(uint32_t seed)
       : rng_(seed),
-        kv_(KvConfig{.num_pages = kNumPages, .page_size = kPageSize, .hash_seed = seed,
-                     .num_layers = 2, .num_kv_heads = 2}),
+        kv_(KvConfig{.num_pages = kNumPages,
+                     .page_size = kPageSize,
+                     .hash_seed = seed,
+                     .num_layers = 2,
+                     .num_kv_heads = 2}),
         runner_(kv_) {
     for (int i = 0; i < 3; ++i) {
       std::vector<int32_t> head;
@@ -156,7 +159,8 @@ class SparseSimulation {
         if (p != seq.num_computed && p % kPageSize != 0) continue;
         WritePlan plan = kv_.prepare_write(id, p);
         if (std::holds_alternative<NoFreePage>(plan)) return;
-        if (const auto* copy = std::get_if<PageCopy>(&plan)) runner_.copy_page(copy->src, copy->dst);
+        if (const auto* copy = std::get_if<PageCopy>(&plan))
+          runner_.copy_page(copy->src, copy->dst);
       }
       ++counters_.dense_steps;
       WriteDense(id, seq, n);
@@ -296,8 +300,7 @@ class SparseSimulation {
       if (!seq.sparse) {
         for (int32_t s = 0; s < kStreams; ++s) {
           for (int32_t p = 0; p < seq.num_computed; ++p) {
-            ASSERT_EQ(runner_.row(runner_.dense_address(kv_.block_table(id), s, p)),
-                      seq.tag(s, p))
+            ASSERT_EQ(runner_.row(runner_.dense_address(kv_.block_table(id), s, p)), seq.tag(s, p))
                 << "dense seq " << id.value << " stream " << s << " position " << p;
           }
         }
@@ -341,13 +344,13 @@ TEST_P(SparseStressTest, DenseAndSparseSequencesShareThePool) {
   EXPECT_GT(c.pages_freed, 20);
   EXPECT_GT(c.forks, 5);
   EXPECT_GT(c.sparse_forks, 5);
-  std::printf("counters: admitted %d, sparse starts %d, dense steps %d, sparse steps %d "
-              "(%d skipping, %d refused), compress in place %d / copy %d / failed %d / sparse %d, "
-              "drops %d, slice moves %d, pages freed %d, forks %d + %d sparse, frees %d\n",
-              c.admitted, c.started_sparse, c.dense_steps, c.sparse_steps, c.skipping_appends,
-              c.append_failed, c.compress_in_place, c.compress_copy, c.compress_failed,
-              c.compress_sparse, c.drops, c.slice_moves, c.pages_freed, c.forks, c.sparse_forks,
-              c.frees);
+  std::printf(
+      "counters: admitted %d, sparse starts %d, dense steps %d, sparse steps %d "
+      "(%d skipping, %d refused), compress in place %d / copy %d / failed %d / sparse %d, "
+      "drops %d, slice moves %d, pages freed %d, forks %d + %d sparse, frees %d\n",
+      c.admitted, c.started_sparse, c.dense_steps, c.sparse_steps, c.skipping_appends,
+      c.append_failed, c.compress_in_place, c.compress_copy, c.compress_failed, c.compress_sparse,
+      c.drops, c.slice_moves, c.pages_freed, c.forks, c.sparse_forks, c.frees);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, SparseStressTest, ::testing::Values(1u, 2u, 3u, 4u));

@@ -70,9 +70,9 @@ class FakeRunner {
   }
   // Dense position of stream s: slice s of block_table[position / page_size].
   SlotAddress dense_address(std::span<const PageId> table, int32_t stream, int32_t position) const {
-    return SlotAddress{shape_.dense_slice(table[static_cast<size_t>(position / shape_.page_size)],
-                                          stream),
-                       position % shape_.page_size};
+    return SlotAddress{
+        shape_.dense_slice(table[static_cast<size_t>(position / shape_.page_size)], stream),
+        position % shape_.page_size};
   }
   // Token moves may write into a page the plan returns (its slice moves then carry the rows
   // out); nothing else may.
@@ -81,8 +81,8 @@ class FakeRunner {
     for (const TokenMove& m : plan.token_moves) write(m.dst, row(m.src));
     returning_.clear();
     for (const SliceMove& m : plan.slice_moves) {
-      EXPECT_EQ(std::count(plan.freed_pages.begin(), plan.freed_pages.end(),
-                           shape_.page_of(m.dst)), 0);
+      EXPECT_EQ(std::count(plan.freed_pages.begin(), plan.freed_pages.end(), shape_.page_of(m.dst)),
+                0);
     }
     run_slices(plan.slice_moves);
   }
