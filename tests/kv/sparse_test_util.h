@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <ostream>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "kv/kv_manager.h"
@@ -75,14 +77,28 @@ class FakeRunner {
         position % shape_.page_size};
   }
   // Token moves may write into a page the plan returns (its slice moves then carry the rows
-  // out); nothing else may.
+  // out); nothing else may. Checks the order contract: no token move reads a row an earlier one
+  // wrote, and no slice move reads or writes a slice another one writes.
   void run(const CompactionPlan& plan) {
     returning_ = plan.freed_pages;
-    for (const TokenMove& m : plan.token_moves) write(m.dst, row(m.src));
+    std::set<std::pair<int64_t, int32_t>> written;
+    for (const TokenMove& m : plan.token_moves) {
+      EXPECT_FALSE(written.contains({m.src.slice.value, m.src.slot}))
+          << "a token move reads a row an earlier move wrote";
+      written.insert({m.dst.slice.value, m.dst.slot});
+      write(m.dst, row(m.src));
+    }
     returning_.clear();
+    std::set<int64_t> slice_destinations;
     for (const SliceMove& m : plan.slice_moves) {
+      EXPECT_TRUE(slice_destinations.insert(m.dst.value).second) << "two slice moves to one slice";
       EXPECT_EQ(std::count(plan.freed_pages.begin(), plan.freed_pages.end(), shape_.page_of(m.dst)),
                 0);
+      EXPECT_EQ(std::count(plan.freed_pages.begin(), plan.freed_pages.end(), shape_.page_of(m.src)),
+                1);
+    }
+    for (const SliceMove& m : plan.slice_moves) {
+      EXPECT_FALSE(slice_destinations.contains(m.src.value)) << "a slice move reads a destination";
     }
     run_slices(plan.slice_moves);
   }
