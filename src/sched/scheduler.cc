@@ -24,13 +24,24 @@ AddResult Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new
   return AddResult::kQueued;
 }
 
-void Scheduler::fork(SeqId parent, SeqId child) {
+std::vector<kv::SliceMove> Scheduler::fork(SeqId parent, SeqId child) {
   const Sequence& p = seqs_.at(parent);
   assert(p.running && !seqs_.contains(child));
-  Sequence copy = p;
-  seqs_.emplace(child, std::move(copy));
-  kv_.fork(parent, child);
-  running_.push_back(child);
+  Sequence& c = seqs_.emplace(child, p).first->second;
+  if (!kv_.is_sparse(parent)) {
+    kv_.fork(parent, child);
+    running_.push_back(child);
+    return {};
+  }
+  std::optional<std::vector<kv::SliceMove>> copies = kv_.fork_sparse(parent, child);
+  if (copies) {
+    running_.push_back(child);
+    return std::move(*copies);
+  }
+  c.num_computed = 0;
+  c.running = false;
+  waiting_.push_front(child);
+  return {};
 }
 
 std::span<const int32_t> Scheduler::tokens(SeqId seq) const { return seqs_.at(seq).tokens; }

@@ -238,7 +238,12 @@ class StreamingEngine {
         for (int32_t i = n - kWindow; i < n; ++i) kept.push_back(i);
         keep[stream] = kept;
       }
-      EXPECT_TRUE(kv_.compress(s.seq_id, num_computed, keep));  // the plan would run here
+      // The plan would run here. Leaving shared dense pages needs the new ones first; without
+      // them the sequence stays dense this step.
+      if (!kv_.compress(s.seq_id, num_computed, keep)) {
+        ++num_compress_failed_;
+        continue;
+      }
       max_owned_ = std::max(max_owned_, kv_.owned_pages(s.seq_id).size());
     }
     for (const ScheduledSequence& s : out.scheduled) {
@@ -252,15 +257,22 @@ class StreamingEngine {
     return text;
   }
 
+  std::vector<kv::SliceMove> fork(char parent, char child) {
+    max_new_[child] = max_new_[parent];
+    return scheduler_.fork(SeqId{static_cast<uint64_t>(parent)}, SeqId{static_cast<uint64_t>(child)});
+  }
+
   Scheduler& scheduler() { return scheduler_; }
   kv::KvManager& kv() { return kv_; }
   size_t max_owned() const { return max_owned_; }
+  int num_compress_failed() const { return num_compress_failed_; }
 
  private:
   kv::KvManager kv_;
   Scheduler scheduler_;
   std::map<char, int32_t> max_new_;
   size_t max_owned_ = 0;
+  int num_compress_failed_ = 0;
 };
 
 TEST(Scheduler, CompressedRequestsAppendToStreamsAndFitTheirPeak) {
@@ -278,6 +290,7 @@ TEST(Scheduler, CompressedRequestsAppendToStreamsAndFitTheirPeak) {
   EXPECT_EQ(steps[31], "A48+1*s");
   EXPECT_LE(static_cast<int64_t>(engine.max_owned()), engine.peak_pages(50));
   EXPECT_EQ(engine.scheduler().stats().num_preemptions, 0);
+  EXPECT_EQ(engine.num_compress_failed(), 0);
   EXPECT_EQ(engine.kv().num_free_pages(), 6);
 }
 
@@ -294,6 +307,44 @@ TEST(Scheduler, CompressedRequestsArePreemptedAndRecomputed) {
   EXPECT_LT(steps, 500);
   EXPECT_GT(engine.scheduler().stats().num_preemptions, 0);
   EXPECT_EQ(engine.kv().num_free_pages(), 7);
+  EXPECT_EQ(engine.kv().num_seqs(), 0);
+}
+
+TEST(Scheduler, ForkOfACompressedSequenceCopiesItsSlicesOrWaits) {
+  StreamingEngine engine(6);
+  ASSERT_EQ(engine.add('A', 10, 3, /*with_peak=*/false), AddResult::kQueued);  // 4 pages dense
+  EXPECT_EQ(engine.step(), "A0+8");
+  // The parent samples; the step's compression keeps 8 of 10 keys per stream: 2 pages.
+  ScheduleOutput out = engine.scheduler().schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  ASSERT_TRUE(out.scheduled[0].samples);
+  engine.scheduler().on_step_done(out);
+  const SeqId a{'A'};
+  kv::KeepSets keep(4, std::vector<int32_t>{0, 1, 4, 5, 6, 7, 8, 9});
+  ASSERT_TRUE(engine.kv().compress(a, 10, keep));
+  ASSERT_EQ(engine.kv().owned_pages(a).size(), 2u);
+
+  std::vector<kv::SliceMove> copies = engine.fork('A', 'F');
+  EXPECT_EQ(copies.size(), 8u);  // every used slice
+  EXPECT_TRUE(engine.kv().is_sparse(SeqId{'F'}));
+  // Someone else holds the last two pages: a second child waits, to be recomputed.
+  const SeqId other{'Z'};
+  ASSERT_TRUE(engine.kv().admit(other, engine.kv().lookup_prefix(std::vector<int32_t>{1}), 8));
+  EXPECT_EQ(engine.fork('A', 'G'), std::vector<kv::SliceMove>{});
+  EXPECT_FALSE(engine.kv().contains(SeqId{'G'}));
+  EXPECT_EQ(engine.scheduler().stats().num_waiting, 1);
+  engine.kv().free(other);
+  for (SeqId seq : {a, SeqId{'F'}, SeqId{'G'}}) engine.scheduler().append_token(seq, 7);
+  std::vector<std::string> steps;
+  while (!engine.scheduler().idle() && steps.size() < 50) steps.push_back(engine.step());
+  EXPECT_EQ(steps, (std::vector<std::string>{
+                       "A10+1*s F10+1*s",  // both decode from their own streams, a page each
+                       "A11+1*s F11+1*s",  // and finish
+                       "G0+8",             // the waiting child: recomputed, dense at first
+                       "G8+3*s",
+                       "G11+1*s",
+                   }));
+  EXPECT_EQ(engine.kv().num_free_pages(), 6);
   EXPECT_EQ(engine.kv().num_seqs(), 0);
 }
 
