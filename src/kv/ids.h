@@ -1,7 +1,8 @@
 #pragma once
 // Strong ids for the KV layer. A PageId names one page of the pool (an index into the model
 // runner's K/V storage); a SeqId names one sequence (one sample of one request). Neither has a
-// "none" value: absence is std::optional.
+// "none" value: absence is std::optional. A SliceId names one (layer, KV head) slice of one page
+// (see sparse_layout.h).
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +18,13 @@ struct PageId {
 struct SeqId {
   uint64_t value = 0;
   auto operator<=>(const SeqId&) const = default;
+};
+
+// page * (num_layers * num_kv_heads) + layer * num_kv_heads + kv_head, in
+// [0, num_pages * num_layers * num_kv_heads). int64: the product can pass 2^31.
+struct SliceId {
+  int64_t value = 0;
+  auto operator<=>(const SliceId&) const = default;
 };
 
 }  // namespace sieve::kv

@@ -13,12 +13,14 @@ KvManager::KvManager(const KvConfig& config) : config_(config), pool_(config.num
 
 KvManager::SeqState& KvManager::state(SeqId seq) {
   auto it = seqs_.find(seq);
+  assert(!sparse_.contains(seq) && "a dense-only call on a sparse sequence");
   assert(it != seqs_.end() && "unknown SeqId");
   return it->second;
 }
 
 const KvManager::SeqState& KvManager::state(SeqId seq) const {
   auto it = seqs_.find(seq);
+  assert(!sparse_.contains(seq) && "a dense-only call on a sparse sequence");
   assert(it != seqs_.end() && "unknown SeqId");
   return it->second;
 }
@@ -121,6 +123,7 @@ std::optional<Allocation> KvManager::allocate(SeqId seq, int32_t num_tokens) {
 
 void KvManager::commit_full_blocks(SeqId seq, std::span<const int32_t> tokens,
                                    int32_t num_computed_tokens) {
+  if (is_sparse(seq)) return;  // a sparse sequence's pages are never published
   SeqState& s = state(seq);
   assert(num_computed_tokens >= 0 && static_cast<size_t>(num_computed_tokens) <= tokens.size());
   assert(num_computed_tokens <= static_cast<int64_t>(s.pages.size()) * config_.page_size);
@@ -170,6 +173,11 @@ void KvManager::fork(SeqId parent, SeqId child) {
 }
 
 void KvManager::free(SeqId seq) {
+  if (auto sparse = sparse_.find(seq); sparse != sparse_.end()) {
+    sparse->second.release(pool_);
+    sparse_.erase(sparse);
+    return;
+  }
   auto it = seqs_.find(seq);
   assert(it != seqs_.end() && "unknown SeqId");
   const std::vector<PageId>& pages = it->second.pages;
@@ -188,6 +196,12 @@ std::span<const PageId> KvManager::block_table(SeqId seq) const { return state(s
 std::optional<std::string> KvManager::invariant_violation() const {
   if (std::optional<std::string> violation = pool_.invariant_violation()) return violation;
   std::vector<int32_t> num_uses(pool_.num_pages(), 0);
+  for (const auto& [seq, sparse] : sparse_) {
+    if (seqs_.contains(seq)) return fmt::format("seq {} is both dense and sparse", seq.value);
+    if (std::optional<std::string> violation = sparse.invariant_violation(pool_, num_uses)) {
+      return fmt::format("sparse seq {} {}", seq.value, *violation);
+    }
+  }
   for (const auto& [seq, s] : seqs_) {
     if (s.block_hashes.size() > s.pages.size()) {
       return fmt::format("seq {} has {} block hashes but {} pages", seq.value,
@@ -208,11 +222,94 @@ std::optional<std::string> KvManager::invariant_violation() const {
   }
   for (int32_t page = 0; page < pool_.num_pages(); ++page) {
     if (num_uses[page] != pool_.ref_count(PageId{page})) {
-      return fmt::format("page {} has ref count {} but {} block table entries", page,
+      return fmt::format("page {} has ref count {} but {} block table entries and owners", page,
                          pool_.ref_count(PageId{page}), num_uses[page]);
     }
   }
   return std::nullopt;
+}
+
+void KvManager::start_sparse(SeqId seq) {
+  assert(!contains(seq) && "SeqId already in use");
+  sparse_.emplace(seq, SparseSequence(slice_shape()));
+}
+
+std::optional<CompactionPlan> KvManager::compress(SeqId seq, int32_t num_tokens,
+                                                  const KeepSets& keep) {
+  assert(keep.size() == static_cast<size_t>(slice_shape().num_streams()));
+  CompactionPlan plan;
+  if (auto sparse = sparse_.find(seq); sparse != sparse_.end()) {
+    assert(num_tokens == sparse->second.layout().num_positions);
+    sparse->second.compact(keep, pool_, plan);
+    return plan;
+  }
+  SeqState& dense = state(seq);
+  const bool all_private = std::all_of(dense.pages.begin(), dense.pages.end(), [&](PageId page) {
+    return pool_.ref_count(page) == 1 && !pool_.block_hash(page);
+  });
+  if (all_private) {
+    SparseSequence sparse = SparseSequence::adopt_dense(slice_shape(), dense.pages, num_tokens);
+    sparse.compact(keep, pool_, plan);
+    seqs_.erase(seq);
+    sparse_.emplace(seq, std::move(sparse));
+    return plan;
+  }
+  std::optional<SparseSequence> sparse =
+      SparseSequence::copy_from_dense(slice_shape(), dense.pages, num_tokens, keep, pool_, plan);
+  if (!sparse) return std::nullopt;
+  // As free(): last block first, so a cached prefix's tail is evicted before its head.
+  for (auto page = dense.pages.rbegin(); page != dense.pages.rend(); ++page) {
+    pool_.release(*page);
+    if (pool_.ref_count(*page) == 0) plan.freed_pages.push_back(*page);
+  }
+  seqs_.erase(seq);
+  sparse_.emplace(seq, std::move(*sparse));
+  return plan;
+}
+
+std::optional<SparseAppend> KvManager::append_sparse(SeqId seq, int32_t num_tokens,
+                                                     std::span<const uint8_t> stores) {
+  auto it = sparse_.find(seq);
+  assert(it != sparse_.end() && "append_sparse on a sequence that is not sparse");
+  return it->second.append(num_tokens, stores, pool_);
+}
+
+int32_t KvManager::num_pages_needed_sparse(SeqId seq, int32_t num_tokens,
+                                           std::span<const uint8_t> stores) const {
+  auto it = sparse_.find(seq);
+  assert(it != sparse_.end() && "not a sparse sequence");
+  return it->second.num_pages_needed(num_tokens, stores);
+}
+
+CompactionPlan KvManager::drop_tokens(SeqId seq, const DropSets& drop) {
+  auto it = sparse_.find(seq);
+  assert(it != sparse_.end() && "drop_tokens on a sequence that is not sparse");
+  CompactionPlan plan;
+  it->second.drop(drop, pool_, plan);
+  return plan;
+}
+
+std::optional<std::vector<SliceMove>> KvManager::fork_sparse(SeqId parent, SeqId child) {
+  assert(!contains(child) && "SeqId already in use");
+  auto it = sparse_.find(parent);
+  assert(it != sparse_.end() && "fork_sparse from a sequence that is not sparse");
+  std::vector<SliceMove> copies;
+  std::optional<SparseSequence> copy = it->second.copy_to_fresh_pages(pool_, copies);
+  if (!copy) return std::nullopt;
+  sparse_.emplace(child, std::move(*copy));
+  return copies;
+}
+
+const SparseLayout& KvManager::sparse_layout(SeqId seq) const {
+  auto it = sparse_.find(seq);
+  assert(it != sparse_.end() && "not a sparse sequence");
+  return it->second.layout();
+}
+
+std::span<const PageId> KvManager::owned_pages(SeqId seq) const {
+  auto it = sparse_.find(seq);
+  assert(it != sparse_.end() && "not a sparse sequence");
+  return it->second.pages();
 }
 
 }  // namespace sieve::kv

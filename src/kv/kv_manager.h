@@ -23,6 +23,18 @@
 //             commit_full_blocks(seq, tokens, num_computed + n)   // publish for reuse
 //   finished, preempted or cancelled: free(seq)
 //
+// Sparse sequences (sparse_layout.h): a sequence whose sparsity policy dropped tokens keeps one
+// stream per (layer, KV head) in whole pages it owns alone. It gets there from a dense sequence
+// through compress(), or starts sparse with start_sparse(); it then grows with append_sparse(),
+// loses tokens with compress() (a policy's keep-set) and drop_tokens() (evictions during decode),
+// and ends with free(). One step of a sparse sequence:
+//   allocate:  append_sparse(seq, n)                     // nullopt: preempt someone, retry
+//   forward pass, writing token i of stream s at layout.address(s, first_index[s] + i)
+//   compress(seq, num_positions, keep)  or  drop_tokens(seq, drops)
+//              -> CompactionPlan: the runner performs it before any later K/V write
+// block_table(), allocate(), prepare_write() and fork() are for dense sequences only;
+// commit_full_blocks() does nothing for a sparse one (it is never published).
+//
 // Expected failures (no free page) are return values and leave the state unchanged; misuse
 // (unknown or duplicate SeqId, out-of-range positions, stale match) is an assert.
 // Costs: every call is O(blocks touched) plus hashing O(tokens hashed); nothing is O(num_pages)
@@ -38,6 +50,8 @@
 #include "kv/block_hash.h"
 #include "kv/ids.h"
 #include "kv/page_pool.h"
+#include "kv/sparse_layout.h"
+#include "kv/sparse_sequence.h"
 
 namespace sieve::kv {
 
@@ -46,6 +60,9 @@ struct KvConfig {
   int32_t page_size = 16;  // tokens per page
   bool enable_prefix_caching = true;
   uint64_t hash_seed = 0;  // see block_hash.h
+  // The page layout's slices (sparse_layout.h); needed by sparse sequences only.
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
 };
 
 // The longest cached prefix of a prompt, from lookup_prefix(); valid until the next call that
@@ -152,14 +169,66 @@ class KvManager {
   // Forgets all cached blocks. Only while no page is in use; false (nothing changed) otherwise.
   bool reset_prefix_cache();
 
-  bool contains(SeqId seq) const { return seqs_.contains(seq); }
-  int32_t num_seqs() const { return static_cast<int32_t>(seqs_.size()); }
+  // --- sparse sequences (see the top of this file and sparse_layout.h) ---
+  SliceShape slice_shape() const {
+    return {.num_layers = config_.num_layers,
+            .num_kv_heads = config_.num_kv_heads,
+            .page_size = config_.page_size};
+  }
+  // Starts a sequence (new SeqId) that is sparse from its first token: no pages, no prefix
+  // cache, every stream empty. Costs no page; append_sparse() allocates.
+  void start_sparse(SeqId seq);
+  // Applies a policy's keep-sets (keep[s]: key indices of stream s to keep, ascending; nullopt
+  // keeps the stream). `num_tokens` is the sequence's computed tokens: for a dense sequence
+  // the keys of every stream are positions [0, num_tokens); for a sparse one it must equal
+  // sparse_layout(seq).num_positions.
+  //   sparse sequence: compacts in place and packs the pages; frees the emptied ones.
+  //   dense sequence, every page ref 1 and unpublished: turns sparse in place, the same way.
+  //   dense sequence sharing or publishing any page: copies the kept tokens into fresh pages
+  //     (ceil(sum_s ceil(kept_s / page_size) / S) of them) and then drops its references to
+  //     the old pages; a shared page is only read. This needs the old and new pages at once
+  //     for this one step; nullopt, nothing changed, if the pool lacks the new ones.
+  // The runner performs the returned plan before any later K/V write (see CompactionPlan).
+  std::optional<CompactionPlan> compress(SeqId seq, int32_t num_tokens, const KeepSets& keep);
+  // Adds num_tokens positions to a sparse sequence. stores[s] == 0: stream s does not store
+  // them (num_dropped grows; only for num_tokens == 1, e.g. a head whose policy keeps no decode
+  // token: the runner attends the new token's own K/V from the step's activations). Empty:
+  // every stream stores. Takes a page when the sequence's free slices run out; nullopt, nothing
+  // changed, if the pool has too few free pages.
+  std::optional<SparseAppend> append_sparse(SeqId seq, int32_t num_tokens,
+                                            std::span<const uint8_t> stores = {});
+  // Free pages append_sparse(seq, num_tokens, stores) would take.
+  int32_t num_pages_needed_sparse(SeqId seq, int32_t num_tokens,
+                                  std::span<const uint8_t> stores = {}) const;
+  // Evictions during decode (streaming window, H2O, FastGen): drops drop[s] (key indices,
+  // ascending) from stream s. Per stream it moves the cheaper side of the dropped keys: the keys
+  // after the first dropped one move towards the front, or the keys before the last dropped
+  // one towards the back (the stream then starts later in its first slice, and a slice that
+  // empties is freed). So a streaming head dropping its oldest non-sink key costs num_sinks
+  // token moves and an H2O eviction min(keys before, keys after). Pages that empty go back to
+  // the pool; when 2S - 1 slices are free the pages are packed (S = num_layers * num_kv_heads).
+  // Never needs a page.
+  CompactionPlan drop_tokens(SeqId seq, const DropSets& drop);
+  // Parallel sampling from a sparse parent: `child` (new SeqId) gets fresh pages holding a copy
+  // of every used slice (`slice_copies`, to perform before either writes); the layouts are
+  // equal but for slice ids. nullopt, nothing changed, if the pool lacks the pages.
+  std::optional<std::vector<SliceMove>> fork_sparse(SeqId parent, SeqId child);
+  bool is_sparse(SeqId seq) const { return sparse_.contains(seq); }
   // Valid until the next call that changes this sequence.
+  const SparseLayout& sparse_layout(SeqId seq) const;
+  std::span<const PageId> owned_pages(SeqId seq) const;  // a sparse sequence's pages
+
+  bool contains(SeqId seq) const { return seqs_.contains(seq) || sparse_.contains(seq); }
+  int32_t num_seqs() const { return static_cast<int32_t>(seqs_.size() + sparse_.size()); }
+  // A dense sequence's block table. Valid until the next call that changes this sequence.
   std::span<const PageId> block_table(SeqId seq) const;
 
   // Describes the first broken invariant of the pool or the tables, nullopt if all hold:
-  // ref count of every page == its number of occurrences in all block tables, and the pool's
-  // own invariants. O(num_pages + total table length); for tests and debugging.
+  // ref count of every page == its number of occurrences in all block tables plus the sparse
+  // sequences owning it; a sparse sequence's pages have ref count 1 and are unpublished, its
+  // slices are used once (by a stream or its free list) and each stream's slices fit its
+  // length exactly; and the pool's own invariants. O(num_pages + total table length + total
+  // slices); for tests and debugging.
   std::optional<std::string> invariant_violation() const;
 
  private:
@@ -174,7 +243,8 @@ class KvManager {
 
   KvConfig config_;
   PagePool pool_;
-  std::unordered_map<SeqId, SeqState> seqs_;
+  std::unordered_map<SeqId, SeqState> seqs_;  // dense
+  std::unordered_map<SeqId, SparseSequence> sparse_;
   int64_t num_prefix_query_tokens_ = 0;
   int64_t num_prefix_hit_tokens_ = 0;
   int64_t num_prefix_query_requests_ = 0;

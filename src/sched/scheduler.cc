@@ -8,11 +8,12 @@ namespace sieve::sched {
 Scheduler::Scheduler(const SchedulerConfig& config, kv::KvManager& kv) : config_(config), kv_(kv) {}
 
 AddResult Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens,
-                         uint64_t extra_key) {
+                         uint64_t extra_key, std::optional<int64_t> max_pages) {
   assert(!seqs_.contains(seq) && !prompt.empty());
   const int64_t max_total = static_cast<int64_t>(prompt.size()) + std::max(0, max_new_tokens);
   if (config_.max_model_len > 0 && max_total > config_.max_model_len) return AddResult::kTooLong;
-  if (kv_.num_pages_for(static_cast<int32_t>(max_total)) > kv_.num_pages()) return AddResult::kNeverFits;
+  const int64_t peak_pages = max_pages ? *max_pages : kv_.num_pages_for(static_cast<int32_t>(max_total));
+  if (peak_pages > kv_.num_pages()) return AddResult::kNeverFits;
   if (static_cast<int32_t>(waiting_.size()) >= config_.max_queued) return AddResult::kQueueFull;
   Sequence& s = seqs_[seq];
   s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
@@ -23,13 +24,24 @@ AddResult Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new
   return AddResult::kQueued;
 }
 
-void Scheduler::fork(SeqId parent, SeqId child) {
+std::vector<kv::SliceMove> Scheduler::fork(SeqId parent, SeqId child) {
   const Sequence& p = seqs_.at(parent);
   assert(p.running && !seqs_.contains(child));
-  Sequence copy = p;
-  seqs_.emplace(child, std::move(copy));
-  kv_.fork(parent, child);
-  running_.push_back(child);
+  Sequence& c = seqs_.emplace(child, p).first->second;
+  if (!kv_.is_sparse(parent)) {
+    kv_.fork(parent, child);
+    running_.push_back(child);
+    return {};
+  }
+  std::optional<std::vector<kv::SliceMove>> copies = kv_.fork_sparse(parent, child);
+  if (copies) {
+    running_.push_back(child);
+    return std::move(*copies);
+  }
+  c.num_computed = 0;
+  c.running = false;
+  waiting_.push_front(child);
+  return {};
 }
 
 std::span<const int32_t> Scheduler::tokens(SeqId seq) const { return seqs_.at(seq).tokens; }
@@ -62,10 +74,14 @@ void Scheduler::preempt(SeqId seq, ScheduleOutput& out) {
   ++num_preemptions_;
 }
 
-bool Scheduler::reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out) {
+bool Scheduler::reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out,
+                                std::optional<kv::SparseAppend>& sparse_append) {
   const int32_t write_position = seqs_.at(seq).num_computed;
   for (;;) {
-    if (kv_.allocate(seq, num_tokens)) {
+    if (kv_.is_sparse(seq)) {
+      sparse_append = kv_.append_sparse(seq, num_tokens - write_position);
+      if (sparse_append) return true;
+    } else if (kv_.allocate(seq, num_tokens)) {
       kv::WritePlan plan = kv_.prepare_write(seq, write_position);
       if (const auto* copy = std::get_if<kv::PageCopy>(&plan)) out.page_copies.push_back({seq, *copy});
       if (!std::holds_alternative<kv::NoFreePage>(plan)) return true;
@@ -77,14 +93,17 @@ bool Scheduler::reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& o
   }
 }
 
-void Scheduler::add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out) {
+void Scheduler::add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out,
+                              std::optional<kv::SparseAppend> sparse_append) {
   const Sequence& s = seqs_.at(seq);
-  std::span<const kv::PageId> table = kv_.block_table(seq);
+  std::span<const kv::PageId> table;
+  if (!kv_.is_sparse(seq)) table = kv_.block_table(seq);
   out.scheduled.push_back({.seq_id = seq,
                            .num_computed_before = s.num_computed,
                            .num_new_tokens = num_new,
                            .samples = s.num_computed + num_new == static_cast<int32_t>(s.tokens.size()),
-                           .block_table = {table.begin(), table.end()}});
+                           .block_table = {table.begin(), table.end()},
+                           .sparse_append = std::move(sparse_append)});
   out.num_batched_tokens += num_new;
 }
 
@@ -103,8 +122,9 @@ void Scheduler::schedule_running(bool decodes, ScheduleOutput& out) {
       continue;
     }
     const int32_t num_new = std::min(remaining, budget);
-    if (!reserve_running(seq, it->second.num_computed + num_new, out)) continue;
-    add_scheduled(seq, num_new, out);
+    std::optional<kv::SparseAppend> sparse_append;
+    if (!reserve_running(seq, it->second.num_computed + num_new, out, sparse_append)) continue;
+    add_scheduled(seq, num_new, out, std::move(sparse_append));
   }
 }
 
@@ -121,7 +141,7 @@ void Scheduler::schedule_waiting(ScheduleOutput& out) {
     s.num_computed = match.num_cached_tokens;
     s.running = true;
     running_.push_back(seq);
-    add_scheduled(seq, num_new, out);
+    add_scheduled(seq, num_new, out, std::nullopt);
   }
 }
 

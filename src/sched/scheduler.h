@@ -13,6 +13,11 @@
 // freed and it goes back to the front of the queue to be recomputed later. A sequence that
 // could not fit even in an empty pool is rejected instead of waiting forever.
 //
+// Sparse sequences (kv/sparse_layout.h): once the engine has compressed a running sequence
+// (KvManager::compress), its steps take slots with KvManager::append_sparse instead of
+// allocate/prepare_write, and its ScheduledSequence carries the append instead of a block
+// table. Preemption frees it like any other; it is recomputed from its tokens, dense at first.
+//
 // The scheduler deals in ids and counts only; it emits one plain ScheduleOutput that the model
 // runner turns into batch inputs (block tables, positions).
 #include <cstdint>
@@ -48,7 +53,11 @@ struct ScheduledSequence {
   int32_t num_new_tokens = 0;
   // The step computes the sequence's last known token, so its logits give the next token.
   bool samples = false;
-  std::vector<kv::PageId> block_table;  // after this step's allocation
+  std::vector<kv::PageId> block_table;  // after this step's allocation; empty when sparse
+  // A sparse sequence: where each stream's new tokens go (kv::SparseLayout::address with
+  // first_index[s] + i), read with KvManager::sparse_layout() before the next call that changes
+  // the sequence.
+  std::optional<kv::SparseAppend> sparse_append;
 };
 
 // Copy-on-write for a sequence that shares the page it is about to write.
@@ -76,11 +85,18 @@ class Scheduler {
   Scheduler(const SchedulerConfig& config, kv::KvManager& kv);
 
   // Queues a new sequence. `extra_key` separates prefix-cache namespaces (see kv::BlockHash).
-  AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens, uint64_t extra_key = 0);
+  // `max_pages`: the most pages the sequence can ever hold, for a request that will be
+  // compressed (kv::sparse_peak_pages); nullopt: its dense size. Used to reject what can never
+  // fit (kNeverFits).
+  AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens, uint64_t extra_key = 0,
+                std::optional<int64_t> max_pages = std::nullopt);
   // Starts `child` as a running copy of running sequence `parent` (parallel sampling, n > 1):
-  // it shares every page; its own writes go through copy-on-write. Call right after the step
-  // in which the parent sampled its first token, before appending that token to either.
-  void fork(SeqId parent, SeqId child);
+  // a dense child shares every page, its own writes go through copy-on-write. Call right after
+  // the step in which the parent sampled its first token, before appending that token to either.
+  // A sparse parent's child gets fresh pages: the returned slice copies must be performed
+  // before anything changes the parent's K/V (a compress or drop of the parent included); if the
+  // pool lacks the pages the child waits and is recomputed from its tokens (nothing returned).
+  std::vector<kv::SliceMove> fork(SeqId parent, SeqId child);
 
   ScheduleOutput schedule();
   // After the model ran `out`: the scheduled tokens are computed; full blocks are published to
@@ -110,12 +126,15 @@ class Scheduler {
   // Makes room for `seq` to hold `num_tokens` tokens and have its next write page private,
   // preempting the most recently admitted other sequences as needed. False if `seq` itself
   // had to be preempted.
-  bool reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out);
+  // A sparse sequence appends its new tokens instead (`sparse_append`).
+  bool reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out,
+                       std::optional<kv::SparseAppend>& sparse_append);
   void preempt(SeqId seq, ScheduleOutput& out);
   // The step's remaining budget is max_batch_tokens - out.num_batched_tokens.
   void schedule_running(bool decodes, ScheduleOutput& out);
   void schedule_waiting(ScheduleOutput& out);
-  void add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out);
+  void add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out,
+                     std::optional<kv::SparseAppend> sparse_append);
 
   SchedulerConfig config_;
   kv::KvManager& kv_;

@@ -178,5 +178,175 @@ TEST(Scheduler, FinishWhileWaitingOrRunningFreesEverything) {
   EXPECT_EQ(sim.kv().num_free_pages(), 8);
 }
 
+// Streaming requests (sinks 2 + window 6 in each of 2 layers x 2 KV heads) that an engine
+// compresses after every step: the scheduler then appends to their streams instead of growing
+// block tables. Dense, each would need 13 pages of a 6-page pool; compressed, it fits.
+class StreamingEngine {
+ public:
+  static constexpr int32_t kSinks = 2, kWindow = 6, kStreams = 4;
+
+  StreamingEngine(int32_t num_pages)
+      : kv_(kv::KvConfig{.num_pages = num_pages, .page_size = 4, .enable_prefix_caching = true,
+                         .num_layers = 2, .num_kv_heads = 2}),
+        scheduler_(config(8), kv_) {}
+
+  int64_t peak_pages(int32_t total_tokens) const {
+    const std::vector<std::optional<int64_t>> bounds(kStreams, kSinks + kWindow);
+    return kv::sparse_peak_pages({.shape = kv_.slice_shape(), .max_kept_tokens = bounds,
+                                  .chunk_size = 8, .max_total_tokens = total_tokens,
+                                  .dense_tokens_at_first_compression = 8});
+  }
+  AddResult add(char name, int32_t prompt_len, int32_t max_new, bool with_peak = true) {
+    std::vector<int32_t> prompt(prompt_len);
+    std::iota(prompt.begin(), prompt.end(), 1000 * (name - 'A' + 1));
+    max_new_[name] = max_new;
+    return scheduler_.add(SeqId{static_cast<uint64_t>(name)}, std::move(prompt), max_new, 0,
+                          with_peak ? std::optional<int64_t>(peak_pages(prompt_len + max_new))
+                                    : std::nullopt);
+  }
+
+  std::string step() {
+    ScheduleOutput out = scheduler_.schedule();
+    std::string text;
+    for (const ScheduledSequence& s : out.scheduled) {
+      if (!text.empty()) text += ' ';
+      text.push_back(static_cast<char>(s.seq_id.value));
+      text += std::to_string(s.num_computed_before);
+      text += '+';
+      text += std::to_string(s.num_new_tokens);
+      if (s.samples) text += '*';
+      if (s.sparse_append) text += 's';
+      EXPECT_EQ(s.sparse_append.has_value(), kv_.is_sparse(s.seq_id));
+      EXPECT_EQ(s.block_table.empty(), kv_.is_sparse(s.seq_id));
+    }
+    for (SeqId seq : out.preempted) {
+      text += " | pre ";
+      text.push_back(static_cast<char>(seq.value));
+    }
+    scheduler_.on_step_done(out);
+    for (const ScheduledSequence& s : out.scheduled) {
+      if (!scheduler_.contains(s.seq_id) || !kv_.contains(s.seq_id)) continue;
+      // The policy: sinks + window of each stream, compressed after every step.
+      const int32_t num_computed = scheduler_.num_computed(s.seq_id);
+      kv::KeepSets keep(kStreams);
+      for (int32_t stream = 0; stream < kStreams; ++stream) {
+        const int32_t n = kv_.is_sparse(s.seq_id)
+                              ? kv_.sparse_layout(s.seq_id).streams[stream].num_tokens
+                              : num_computed;
+        if (n <= kSinks + kWindow) continue;
+        std::vector<int32_t> kept = {0, 1};
+        for (int32_t i = n - kWindow; i < n; ++i) kept.push_back(i);
+        keep[stream] = kept;
+      }
+      // The plan would run here. Leaving shared dense pages needs the new ones first; without
+      // them the sequence stays dense this step.
+      if (!kv_.compress(s.seq_id, num_computed, keep)) {
+        ++num_compress_failed_;
+        continue;
+      }
+      max_owned_ = std::max(max_owned_, kv_.owned_pages(s.seq_id).size());
+    }
+    for (const ScheduledSequence& s : out.scheduled) {
+      if (!s.samples || !scheduler_.contains(s.seq_id)) continue;
+      scheduler_.append_token(s.seq_id, 7);
+      if (scheduler_.num_output_tokens(s.seq_id) == max_new_[static_cast<char>(s.seq_id.value)]) {
+        scheduler_.finish(s.seq_id);
+      }
+    }
+    EXPECT_EQ(kv_.invariant_violation(), std::nullopt);
+    return text;
+  }
+
+  std::vector<kv::SliceMove> fork(char parent, char child) {
+    max_new_[child] = max_new_[parent];
+    return scheduler_.fork(SeqId{static_cast<uint64_t>(parent)}, SeqId{static_cast<uint64_t>(child)});
+  }
+
+  Scheduler& scheduler() { return scheduler_; }
+  kv::KvManager& kv() { return kv_; }
+  size_t max_owned() const { return max_owned_; }
+  int num_compress_failed() const { return num_compress_failed_; }
+
+ private:
+  kv::KvManager kv_;
+  Scheduler scheduler_;
+  std::map<char, int32_t> max_new_;
+  size_t max_owned_ = 0;
+  int num_compress_failed_ = 0;
+};
+
+TEST(Scheduler, CompressedRequestsAppendToStreamsAndFitTheirPeak) {
+  StreamingEngine engine(6);
+  EXPECT_EQ(engine.add('A', 20, 30, /*with_peak=*/false), AddResult::kNeverFits);  // 13 pages
+  EXPECT_EQ(engine.peak_pages(50), 6);
+  ASSERT_EQ(engine.add('A', 20, 30), AddResult::kQueued);
+  std::vector<std::string> steps;
+  while (!engine.scheduler().idle() && steps.size() < 100) steps.push_back(engine.step());
+  ASSERT_EQ(steps.size(), 32u);
+  EXPECT_EQ(steps[0], "A0+8");    // dense first chunk, then compressed (copied: published pages)
+  EXPECT_EQ(steps[1], "A8+8s");   // appended to the streams
+  EXPECT_EQ(steps[2], "A16+4*s");
+  EXPECT_EQ(steps[3], "A20+1*s");
+  EXPECT_EQ(steps[31], "A48+1*s");
+  EXPECT_LE(static_cast<int64_t>(engine.max_owned()), engine.peak_pages(50));
+  EXPECT_EQ(engine.scheduler().stats().num_preemptions, 0);
+  EXPECT_EQ(engine.num_compress_failed(), 0);
+  EXPECT_EQ(engine.kv().num_free_pages(), 6);
+}
+
+TEST(Scheduler, CompressedRequestsArePreemptedAndRecomputed) {
+  StreamingEngine engine(7);
+  for (char name = 'A'; name < 'E'; ++name) {
+    ASSERT_EQ(engine.add(name, 12 + 3 * (name - 'A'), 20), AddResult::kQueued);
+  }
+  int steps = 0;
+  while (!engine.scheduler().idle() && steps < 500) {
+    engine.step();
+    ++steps;
+  }
+  EXPECT_LT(steps, 500);
+  EXPECT_GT(engine.scheduler().stats().num_preemptions, 0);
+  EXPECT_EQ(engine.kv().num_free_pages(), 7);
+  EXPECT_EQ(engine.kv().num_seqs(), 0);
+}
+
+TEST(Scheduler, ForkOfACompressedSequenceCopiesItsSlicesOrWaits) {
+  StreamingEngine engine(6);
+  ASSERT_EQ(engine.add('A', 10, 3, /*with_peak=*/false), AddResult::kQueued);  // 4 pages dense
+  EXPECT_EQ(engine.step(), "A0+8");
+  // The parent samples; the step's compression keeps 8 of 10 keys per stream: 2 pages.
+  ScheduleOutput out = engine.scheduler().schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  ASSERT_TRUE(out.scheduled[0].samples);
+  engine.scheduler().on_step_done(out);
+  const SeqId a{'A'};
+  kv::KeepSets keep(4, std::vector<int32_t>{0, 1, 4, 5, 6, 7, 8, 9});
+  ASSERT_TRUE(engine.kv().compress(a, 10, keep));
+  ASSERT_EQ(engine.kv().owned_pages(a).size(), 2u);
+
+  std::vector<kv::SliceMove> copies = engine.fork('A', 'F');
+  EXPECT_EQ(copies.size(), 8u);  // every used slice
+  EXPECT_TRUE(engine.kv().is_sparse(SeqId{'F'}));
+  // Someone else holds the last two pages: a second child waits, to be recomputed.
+  const SeqId other{'Z'};
+  ASSERT_TRUE(engine.kv().admit(other, engine.kv().lookup_prefix(std::vector<int32_t>{1}), 8));
+  EXPECT_EQ(engine.fork('A', 'G'), std::vector<kv::SliceMove>{});
+  EXPECT_FALSE(engine.kv().contains(SeqId{'G'}));
+  EXPECT_EQ(engine.scheduler().stats().num_waiting, 1);
+  engine.kv().free(other);
+  for (SeqId seq : {a, SeqId{'F'}, SeqId{'G'}}) engine.scheduler().append_token(seq, 7);
+  std::vector<std::string> steps;
+  while (!engine.scheduler().idle() && steps.size() < 50) steps.push_back(engine.step());
+  EXPECT_EQ(steps, (std::vector<std::string>{
+                       "A10+1*s F10+1*s",  // both decode from their own streams, a page each
+                       "A11+1*s F11+1*s",  // and finish
+                       "G0+8",             // the waiting child: recomputed, dense at first
+                       "G8+3*s",
+                       "G11+1*s",
+                   }));
+  EXPECT_EQ(engine.kv().num_free_pages(), 6);
+  EXPECT_EQ(engine.kv().num_seqs(), 0);
+}
+
 }  // namespace
 }  // namespace sieve::sched

@@ -1,0 +1,83 @@
+#pragma once
+// SparseSequence: the state of one sparse sequence inside KvManager (use KvManager's API; this
+// header is the kv layer's own). It owns whole pages of the shared PagePool and places each
+// stream's slices in them (see sparse_layout.h).
+//
+//   owned pages  p4            p9                      S = 4 slices per page (L=2, H=2)
+//   slices       16 17 18 19   36 37 38 39
+//   used by      s0 s0 s1 s3   s2 .  .  .              free slices: 37 38 39 (ascending)
+//
+// Free slices are handed out lowest id first. Pages are packed (used slices moved so that the
+// sequence owns ceil(used / S) pages) after every compact(), and after drop() when 2S - 1 or
+// more slices are free; a page all of whose slices are free is returned at once. So a sequence
+// owns at most ceil(used / S) + 1 pages, and packing costs at most one slice move per slice
+// freed since the last pack (amortised O(1) per dropped token).
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/page_pool.h"
+#include "kv/sparse_layout.h"
+
+namespace sieve::kv {
+
+class SparseSequence {
+ public:
+  // No tokens, no pages.
+  explicit SparseSequence(const SliceShape& shape);
+  // Takes over a dense sequence's private pages in place (each ref 1 and unpublished, owned by
+  // the caller until now): stream s holds positions [0, num_tokens) in slice s of block_table[b]
+  // for b < ceil(num_tokens / page_size); every other slice is free.
+  static SparseSequence adopt_dense(const SliceShape& shape, std::span<const PageId> block_table,
+                                    int32_t num_tokens);
+  // Copies the kept tokens of a dense sequence (whose pages may be shared or published: they
+  // are only read) into fresh pages, packed. keep[s] indexes positions < num_tokens (nullopt:
+  // all). nullopt, with the pool unchanged, if it lacks the pages. The caller releases the
+  // dense pages afterwards.
+  static std::optional<SparseSequence> copy_from_dense(const SliceShape& shape,
+                                                       std::span<const PageId> block_table,
+                                                       int32_t num_tokens, const KeepSets& keep,
+                                                       PagePool& pool, CompactionPlan& plan);
+
+  const SparseLayout& layout() const { return layout_; }
+  std::span<const PageId> pages() const { return pages_; }
+  int32_t num_free_slices() const { return static_cast<int32_t>(free_slices_.size()); }
+
+  // Keeps keep[s] of each stream, compacted to the front of the stream's slices, then packs
+  // the pages. Appends the moves and freed pages to `plan`.
+  void compact(const KeepSets& keep, PagePool& pool, CompactionPlan& plan);
+  // Pool pages append(num_tokens, stores) would take.
+  int32_t num_pages_needed(int32_t num_tokens, std::span<const uint8_t> stores) const;
+  // Appends num_tokens positions; streams with stores[s] == 0 skip them (only for one token).
+  // Empty `stores`: every stream stores. nullopt, nothing changed, if the pool lacks pages.
+  std::optional<SparseAppend> append(int32_t num_tokens, std::span<const uint8_t> stores,
+                                     PagePool& pool);
+  // Drops drop[s] from each stream, shifting whichever side of the dropped keys is smaller.
+  void drop(const DropSets& drop, PagePool& pool, CompactionPlan& plan);
+  // Fresh pages holding a copy of every used slice (for fork): slice copies into `copies`.
+  std::optional<SparseSequence> copy_to_fresh_pages(PagePool& pool,
+                                                    std::vector<SliceMove>& copies) const;
+  // Releases every page to the pool.
+  void release(PagePool& pool);
+
+  // Layout, slice and page bookkeeping; counts pages into ref_uses[page].
+  std::optional<std::string> invariant_violation(const PagePool& pool,
+                                                 std::vector<int32_t>& ref_uses) const;
+
+ private:
+  SlotAddress storage_address(const SparseStream& stream, int64_t storage_index) const;
+  SliceId take_free_slice();
+  void give_back_slice(SliceId slice);
+  // Trailing / leading slices no key uses go back to the free list.
+  void trim_stream(SparseStream& stream);
+  void release_empty_pages(PagePool& pool, CompactionPlan& plan);
+  void pack(PagePool& pool, CompactionPlan& plan);
+
+  SparseLayout layout_;
+  std::vector<PageId> pages_;         // owned, in the order taken
+  std::vector<SliceId> free_slices_;  // owned and unused, ascending
+};
+
+}  // namespace sieve::kv
