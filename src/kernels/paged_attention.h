@@ -48,6 +48,9 @@ struct PagedKv {
   int64_t head_dim = 0;
   int64_t num_kv_heads = 0;
   std::span<const int32_t> block_table;  // page ids of logical blocks 0, 1, ... (position order)
+  // Slots of the first block before key 0: key j lives at slot key_offset + j of the table
+  // (a sparse stream whose oldest slots were dropped). 0 for a dense sequence.
+  int32_t key_offset = 0;
   // The element type: kF32 (k, v) or kF16 (k_f16, v_f16: IEEE halves, same layout; half the
   // bytes to read per attended key).
   DType dtype = DType::kF32;
@@ -59,7 +62,8 @@ struct PagedKv {
 void load_kv_row(const PagedKv& kv, bool value, int64_t position, int64_t kv_head, float* out);
 
 // Offset in elements of position `position`, kv head `kv_head` from the K (and V) base.
-inline int64_t kv_offset(const PagedKv& kv, int64_t position, int64_t kv_head) {
+inline int64_t kv_offset(const PagedKv& kv, int64_t key, int64_t kv_head) {
+  const int64_t position = key + kv.key_offset;
   const int64_t page = kv.block_table[static_cast<size_t>(position / kv.page_size)];
   return page * kv.page_stride + kv_head * kv.head_stride + (position % kv.page_size) * kv.head_dim;
 }

@@ -31,7 +31,7 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
   std::vector<float> k_row(static_cast<size_t>(head_dim)), v_row(static_cast<size_t>(head_dim));
   for (int64_t i = 0; i < num_q; ++i) {
     const int64_t num_keys = int64_t{q.positions[i]} + 1;
-    assert(num_keys <= static_cast<int64_t>(kv.block_table.size()) * kv.page_size);
+    assert(num_keys <= static_cast<int64_t>(kv.block_table.size()) * kv.page_size - kv.key_offset);
     scores.assign(static_cast<size_t>(num_keys), 0.0);
     for (int64_t h = 0; h < q.num_heads; ++h) {
       const int64_t kv_head = h / group;

@@ -208,6 +208,44 @@ TEST_P(PagedAttention, Decode) {
   }
 }
 
+// A sparse stream whose first slots were dropped: key j at slot key_offset + j of the table.
+// The kernel must read exactly keys [key_offset, key_offset + n) of the underlying slots.
+TEST_P(PagedAttention, KeyOffsetSkipsTheFirstSlots) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 900;
+  for (int32_t offset : {1, 5, 15}) {
+    for (int64_t n : {1, 16, 40, 130}) {
+      const TestCache cache({.num_keys = n + offset, .num_kv_heads = 2, .head_dim = 64}, ++seed);
+      PagedKv shifted = cache.view();
+      shifted.key_offset = offset;
+      for (int64_t key : {int64_t{0}, n - 1}) {
+        std::vector<float> a(64), b(64);
+        load_kv_row(shifted, false, key, 1, a.data());
+        load_kv_row(cache.view(), false, key + offset, 1, b.data());
+        ASSERT_EQ(a, b);
+      }
+      for (int64_t group : {1, 4}) {
+        const int64_t num_heads = 2 * group;
+        for (const std::vector<int32_t>& positions :
+             {std::vector<int32_t>{static_cast<int32_t>(n - 1)}, position_range(0, n)}) {
+          const int64_t num_q = static_cast<int64_t>(positions.size());
+          const std::vector<float> q = random_floats(num_q * num_heads * 64, ++seed);
+          const AttentionQuery query{q.data(), positions, num_heads, 0.125f};
+          for (ThreadPool* pool : {&pool1, &pool3}) {
+            Outputs got(num_q, num_heads, 64, 0.0f), want(num_q, num_heads, 64, 0.0f);
+            paged_attention(shifted, query, got.view(), *pool);
+            ref::paged_attention(shifted, query, want.view());
+            for (size_t i = 0; i < got.out.size(); ++i) {
+              ASSERT_NEAR(got.out[i], want.out[i], 1e-5) << "offset " << offset << " n " << n << " i " << i;
+            }
+            for (size_t i = 0; i < got.row_lse.size(); ++i) ASSERT_NEAR(got.row_lse[i], want.row_lse[i], 1e-4);
+          }
+        }
+      }
+    }
+  }
+}
+
 // A chunk of a prompt whose earlier part is already cached: positions start mid-sequence.
 TEST_P(PagedAttention, ChunkedPrefill) {
   ThreadPool pool1(1), pool3(3);

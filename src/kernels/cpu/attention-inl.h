@@ -412,7 +412,7 @@ HWY_INLINE int64_t TileRuns(const PagedKv& kv, int64_t kv_head, int64_t key0, in
                             KeyRun<T>* runs) {
   int64_t num_runs = 0;
   for (int64_t t = key0; t < key1;) {
-    const int64_t slot = t % kv.page_size;
+    const int64_t slot = (t + kv.key_offset) % kv.page_size;
     const int64_t count = std::min(key1 - t, kv.page_size - slot);
     const int64_t offset = kv_offset(kv, t, kv_head);
     runs[num_runs++] = KeyRun<T>{KBase<T>(kv) + offset, VBase<T>(kv) + offset, t - key0, count};

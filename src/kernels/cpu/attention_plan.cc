@@ -19,7 +19,7 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
   const int64_t group = q.num_heads / kv.num_kv_heads;
   const int64_t num_q = static_cast<int64_t>(q.positions.size());
   [[maybe_unused]] const int64_t capacity =
-      static_cast<int64_t>(kv.block_table.size()) * kv.page_size;
+      static_cast<int64_t>(kv.block_table.size()) * kv.page_size - kv.key_offset;
 
   AttentionPlan plan;
   plan.rows_per_tile = std::max<int64_t>(1, kAttentionQueryVectorsPerTask / group);
