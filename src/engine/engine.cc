@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fmt/format.h>
 
+#include "sparsity/selection.h"
 #include "util/error.h"
 
 namespace sieve::engine {
@@ -26,9 +27,18 @@ int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model) {
 
 }  // namespace
 
+// What the engine runs of a request's sparsity plan, per stream [layer * num_kv_heads + kv_head].
+struct SparsityState {
+  sparsity::SparsityPlan plan;
+  int32_t observation_rows = 0;  // 0: no stream needs scores
+  bool has_windows = false;      // some stream is sink + window (drops every step)
+};
+
 struct Engine::PendingRequest {
   RequestId id = 0;
   Request request;
+  std::shared_ptr<const SparsityState> sparsity;  // null: dense
+  std::optional<int64_t> max_pages;               // sparse admission bound
   std::shared_ptr<EventSink> sink;
   Clock::time_point arrival;
 };
@@ -47,6 +57,8 @@ struct Engine::Sample {
   std::optional<Clock::time_point> first_scheduled;
   int32_t cached_prompt_tokens = 0;
   Timings timings;
+  std::shared_ptr<const SparsityState> sparsity;  // null: dense
+  bool compressed = false;
 
   Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink, const SamplingParams& p,
          std::span<const TokenId> eos, int32_t prompt_tokens, Clock::time_point arrived)
@@ -69,14 +81,16 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
       pool_(config.threads),
       kv_(kv::KvConfig{.num_pages = pages_for(config, model_->config()),
                        .page_size = config.page_size,
-                       .enable_prefix_caching = config.enable_prefix_caching}),
+                       .enable_prefix_caching = config.enable_prefix_caching,
+                       .num_layers = static_cast<int32_t>(model_->config().num_layers),
+                       .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)}),
       cache_(model_->config(), kv_.num_pages(), config.page_size),
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
                                         .max_num_seqs = config.max_num_seqs,
                                         .max_queued = config.max_queued,
                                         .max_model_len = static_cast<int32_t>(model_->config().context_length)},
                  kv_),
-      runner_(*model_, cache_, pool_) {
+      runner_(*model_, cache_, pool_, kv_) {
   config_.num_kv_pages = kv_.num_pages();
   published_stats_.kv = kv_.stats();
 }
@@ -106,7 +120,46 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
                      fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
                                  prompt_len, *request.params.max_tokens, context)};
   }
-  const int64_t pages_needed = (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
+  std::shared_ptr<SparsityState> sparsity;
+  int64_t pages_needed = (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
+  if (!std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {
+    const model::ModelConfig& mc = model_->config();
+    sparsity = std::make_shared<SparsityState>();
+    try {
+      sparsity->plan = sparsity::resolve(request.kv_policy, {.num_layers = mc.num_layers, .num_kv_heads = mc.num_kv_heads});
+    } catch (const Error& e) {
+      return Rejection{SubmitError::kInvalidParams, e.what()};
+    }
+    std::vector<std::optional<int64_t>> bounds;
+    for (const sparsity::HeadPolicy& head : sparsity->plan.heads) {
+      if (std::holds_alternative<sparsity::SinkWindowHead>(head)) {
+        const auto& h = std::get<sparsity::SinkWindowHead>(head);
+        sparsity->has_windows = true;
+        bounds.push_back(int64_t{h.num_sinks} + h.window);
+      } else if (std::holds_alternative<sparsity::ObservationTopHead>(head)) {
+        // SnapKV keeps its top-B + window of the prompt and every generated token.
+        bounds.push_back(sparsity::max_kept_tokens(head).value_or(prompt_len) + *request.params.max_tokens);
+        sparsity->observation_rows = std::max<int32_t>(sparsity->observation_rows,
+                                                       static_cast<int32_t>(sparsity::observation_rows(head)));
+      } else if (std::holds_alternative<sparsity::DenseHead>(head)) {
+        bounds.push_back(std::nullopt);
+      } else {
+        return Rejection{SubmitError::kInvalidParams,
+                         fmt::format("kv_policy '{}': the engine runs full, streaming, snapkv and pyramidkv heads "
+                                     "(also composed by layerwise, heads and layers) so far; not {}",
+                                     sparsity::to_string(request.kv_policy), sparsity::describe(head))};
+      }
+    }
+    if (sparsity->plan.is_dense()) {
+      sparsity.reset();
+    } else {
+      pages_needed = kv::sparse_peak_pages({.shape = kv_.slice_shape(),
+                                            .max_kept_tokens = bounds,
+                                            .chunk_size = 1,
+                                            .max_total_tokens = prompt_len + *request.params.max_tokens,
+                                            .dense_tokens_at_first_compression = prompt_len});
+    }
+  }
   if (pages_needed > config_.num_kv_pages) {
     return Rejection{SubmitError::kNeverFits,
                      fmt::format("the request needs {} KV pages but the pool has {}; lower max_tokens "
@@ -121,6 +174,8 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
   pending->request = std::move(request);
   pending->sink = std::make_shared<EventSink>(std::move(sink));
   pending->arrival = Clock::now();
+  pending->sparsity = std::move(sparsity);
+  if (pending->sparsity) pending->max_pages = pages_needed;
   const RequestId id = pending->id;
   pending_.push_back(std::move(pending));
   work_available_.notify_one();
@@ -145,8 +200,9 @@ void Engine::admit_pending() {
     auto sample = std::make_unique<Sample>(p->id, 0, p->sink, params_for_sample(p->request.params, 0), eos_ids_,
                                            static_cast<int32_t>(p->request.prompt.size()), p->arrival);
     sample->num_samples_to_fork = n - 1;
+    sample->sparsity = p->sparsity;
     const int32_t max_new = *p->request.params.max_tokens;
-    const sched::AddResult added = scheduler_.add(seq, std::move(p->request.prompt), max_new);
+    const sched::AddResult added = scheduler_.add(seq, std::move(p->request.prompt), max_new, 0, p->max_pages);
     if (added != sched::AddResult::kQueued) {
       RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
       event.error = added == sched::AddResult::kQueueFull ? "the server is at its queue limit; retry later"
@@ -183,9 +239,13 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
   Sample& sample = *samples_.at(seq);
   const auto now = Clock::now();
   sample.timings.total_seconds = seconds_between(sample.arrival, now);
+  const int64_t num_tokens = static_cast<int64_t>(scheduler_.tokens(seq).size());
   event.usage = {.prompt_tokens = sample.num_prompt_tokens,
                  .completion_tokens = scheduler_.num_output_tokens(seq),
-                 .cached_prompt_tokens = sample.cached_prompt_tokens};
+                 .cached_prompt_tokens = sample.cached_prompt_tokens,
+                 .kv_pages = static_cast<int32_t>(kv_.is_sparse(seq) ? kv_.owned_pages(seq).size()
+                                                                     : kv_.block_table(seq).size()),
+                 .kv_dense_pages = static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) / config_.page_size)};
   event.timings = std::move(sample.timings);
   scheduler_.finish(seq);
 }
@@ -217,6 +277,7 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
       sample->first_scheduled = first.first_scheduled;
       sample->timings.queue_seconds = first.timings.queue_seconds;
       sample->cached_prompt_tokens = first.cached_prompt_tokens;
+      sample->sparsity = first.sparsity;
       samples_.emplace(child, std::move(sample));
       seqs.push_back(child);
     }
@@ -224,6 +285,7 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
 
     for (sched::SeqId seq : seqs) {
       Sample& sample = *samples_.at(seq);
+      if (sample.sparsity && !sample.compressed) to_compress_.push_back(seq);
       std::span<const int32_t> tokens = scheduler_.tokens(seq);
       const SequenceTokens history{.prompt = tokens.first(sample.num_prompt_tokens),
                                    .output = tokens.subspan(sample.num_prompt_tokens)};
@@ -261,6 +323,7 @@ bool Engine::step() {
         runner_.run(out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); });
     scheduler_.on_step_done(out);
     postprocess(out, logits);
+    apply_sparsity();
     ++num_steps_;
   }
   EngineStats stats{.num_running = scheduler_.stats().num_running,
@@ -310,6 +373,63 @@ void Engine::stop() {
 EngineStats Engine::stats() const {
   std::lock_guard lock(mutex_);
   return published_stats_;
+}
+
+void Engine::apply_sparsity() {
+  std::vector<sched::SeqId> pending;
+  pending.swap(to_compress_);
+  for (sched::SeqId seq : pending) {
+    auto it = samples_.find(seq);
+    if (it != samples_.end() && !it->second->compressed) compress(seq, *it->second);
+  }
+  for (auto& [seq, sample] : samples_) {
+    if (sample->compressed && sample->sparsity->has_windows) drop_out_of_window(seq, *sample);
+  }
+}
+
+// Right after the step that computed the whole prompt (and sampled the first token from the
+// full cache), every stream keeps what its head's policy selects; dense streams keep all.
+void Engine::compress(sched::SeqId seq, Sample& sample) {
+  if (kv_.is_sparse(seq)) return;
+  const SparsityState& state = *sample.sparsity;
+  std::span<const TokenId> tokens = scheduler_.tokens(seq);
+  // The first sampled token is appended but not computed yet: compress the computed ones.
+  const auto n = static_cast<int32_t>(tokens.size()) - 1;
+  const std::vector<float>* scores = nullptr;
+  if (state.observation_rows > 0) scores = &runner_.observe(seq, tokens.first(n), state.observation_rows);
+  kv::KeepSets keep(state.plan.heads.size());
+  for (size_t s = 0; s < keep.size(); ++s) {
+    const sparsity::HeadPolicy& head = state.plan.heads[s];
+    if (const auto* window = std::get_if<sparsity::SinkWindowHead>(&head)) {
+      keep[s] = sparsity::select_sink_window(n, *window);
+    } else if (const auto* top = std::get_if<sparsity::ObservationTopHead>(&head)) {
+      keep[s] = sparsity::select_snapkv(std::span<const float>(scores->data() + s * n, n), *top);
+    }
+  }
+  std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, keep);
+  if (!plan) {  // no free page for the copy out of shared pages: stay dense, try next step
+    to_compress_.push_back(seq);
+    return;
+  }
+  runner_.apply(*plan);
+  sample.compressed = true;
+}
+
+// Sink + window streams drop the oldest non-sink keys beyond the window after every step.
+void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
+  if (!kv_.is_sparse(seq)) return;
+  const kv::SparseLayout& layout = kv_.sparse_layout(seq);
+  kv::DropSets drops(layout.streams.size());
+  bool any = false;
+  for (size_t s = 0; s < drops.size(); ++s) {
+    const auto* window = std::get_if<sparsity::SinkWindowHead>(&sample.sparsity->plan.heads[s]);
+    if (!window) continue;
+    const int32_t held = layout.streams[s].num_tokens;
+    const auto keep_end = static_cast<int32_t>(held - window->window);  // keys [sinks, keep_end) fall out
+    for (auto j = static_cast<int32_t>(window->num_sinks); j < keep_end; ++j) drops[s].push_back(j);
+    any = any || !drops[s].empty();
+  }
+  if (any) runner_.apply(kv_.drop_tokens(seq, drops));
 }
 
 }  // namespace sieve::engine

@@ -34,6 +34,7 @@
 #include "model/kv_cache.h"
 #include "model/llama.h"
 #include "sched/scheduler.h"
+#include "sparsity/policy_spec.h"
 #include "tokenizer/tokenizer.h"
 #include "util/thread_pool.h"
 
@@ -56,12 +57,19 @@ struct EngineConfig {
 struct Request {
   std::vector<TokenId> prompt;
   SamplingParams params;
+  // Which KV to keep (sparsity/policy_spec.h); the default keeps everything. The engine runs the
+  // per-(layer, KV head) plans made of full, sink + window (streaming) and observation-window
+  // top-B (snapkv, pyramidkv) heads, composed by layerwise / heads / layers; others are refused.
+  sparsity::PolicySpec kv_policy;
 };
 
 struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;
+  // KV pages the sequence held when it finished, and what the same tokens take dense.
+  int32_t kv_pages = 0;
+  int32_t kv_dense_pages = 0;
 };
 
 struct Timings {
@@ -130,6 +138,11 @@ class Engine {
   void apply_cancellations();
   void postprocess(const sched::ScheduleOutput& out, const std::vector<float>& logits);
   void finish_sample(sched::SeqId seq, RequestEvent& event);
+  // KV sparsity after a step: compress sequences whose prompt is now complete, and keep the
+  // windows of sink + window streams at their size.
+  void compress(sched::SeqId seq, Sample& sample);
+  void drop_out_of_window(sched::SeqId seq, Sample& sample);
+  void apply_sparsity();
 
   EngineConfig config_;
   std::shared_ptr<const model::LlamaModel> model_;
@@ -143,6 +156,7 @@ class Engine {
 
   // Owned by the stepping thread.
   std::unordered_map<sched::SeqId, std::unique_ptr<Sample>> samples_;
+  std::vector<sched::SeqId> to_compress_;  // prompt complete this step, sparse plan
   uint64_t next_seq_id_ = 1;
   int64_t num_steps_ = 0;
   int64_t num_prompt_tokens_computed_ = 0;

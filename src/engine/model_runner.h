@@ -4,6 +4,7 @@
 // tokens, its positions and its block table), then LlamaModel::forward. Only sequences that
 // sample this step ask for logits.
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -19,18 +20,34 @@ namespace sieve::engine {
 
 class ModelRunner {
  public:
-  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, ThreadPool& pool)
-      : model_(model), cache_(cache), pool_(pool) {}
+  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, ThreadPool& pool, const kv::KvManager& kv)
+      : model_(model), cache_(cache), pool_(pool), kv_(kv) {}
 
   // `tokens_of(seq)` gives a sequence's known tokens. Returns logits [num sampling seqs][vocab],
   // rows in the order of `out.scheduled` entries with samples == true.
   using TokensOf = std::function<std::span<const int32_t>(sched::SeqId)>;
   const std::vector<float>& run(const sched::ScheduleOutput& out, const TokensOf& tokens_of);
 
+  // Performs a KV manager plan (compression or drops of a sparse sequence, or a sparse fork's
+  // slice copies): token moves in order, then slice moves.
+  void apply(const kv::CompactionPlan& plan);
+  void copy_slices(std::span<const kv::SliceMove> moves);
+
+  // SnapKV's observation scores of a dense sequence (model::LlamaModel::observe): `window`
+  // last tokens of `tokens`, over its first tokens.size() positions. [layer][kv head][n].
+  const std::vector<float>& observe(sched::SeqId seq, std::span<const int32_t> tokens, int32_t window);
+
+  // The KvCache slice a kv::SliceId names.
+  int32_t cache_slice(kv::SliceId slice) const;
+
  private:
+  std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq, const kv::SparseAppend& append) const;
+
   const model::LlamaModel& model_;
   model::KvCache& cache_;
   ThreadPool& pool_;
+  const kv::KvManager& kv_;
+  std::vector<float> scores_;
   model::Batch batch_;
   model::ForwardScratch scratch_;
   std::vector<float> logits_;

@@ -6,16 +6,34 @@
 //   sequences  [ {first 0, count 3, pages a}, {first 3, count 1, pages b}, {first 4, count 2, pages c} ]
 #include <cassert>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace sieve::model {
 
 using TokenId = int32_t;
 
+// The K/V of a compressed (sparse) sequence: one stream per (layer, KV head), each holding that
+// head's kept keys in order in slices of KvCache (KvCache::slice_index), as the KV manager laid
+// them out (kv/sparse_layout.h). The engine fills it; the model only reads and writes rows.
+struct SparseStream {
+  std::vector<int32_t> slices;  // KvCache slice indices, in key order
+  int32_t key_offset = 0;       // slots of slices[0] before key 0
+  int32_t num_keys = 0;         // keys after this step's new tokens are written
+  int32_t num_dropped = 0;      // tokens dropped before the new ones: key j is visible to the
+                                // query at position p iff j <= p - num_dropped
+  std::vector<std::pair<int32_t, int32_t>> new_rows;  // (slice, slot) of each new token
+};
+struct SparseSequence {
+  std::vector<SparseStream> streams;  // [layer * num_kv_heads + kv_head]
+};
+
 struct BatchSequence {
   int32_t first_token = 0;  // index into Batch::tokens
   int32_t num_tokens = 0;
   std::vector<int32_t> block_table;  // page ids; position t is in block_table[t / page_size]
+  std::shared_ptr<const SparseSequence> sparse;  // set: a compressed sequence (no block table)
 };
 
 struct Batch {

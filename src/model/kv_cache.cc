@@ -111,4 +111,52 @@ void KvCache::copy_page(int32_t src, int32_t dst) {
   }
 }
 
+kernels::PagedKv KvCache::slice_view(std::span<const int32_t> slices, int32_t key_offset) const {
+  kernels::PagedKv kv{.page_stride = head_stride_,
+                      .head_stride = head_stride_,
+                      .page_size = page_size_,
+                      .head_dim = head_dim_,
+                      .num_kv_heads = 1,
+                      .block_table = slices,
+                      .key_offset = key_offset,
+                      .dtype = dtype_};
+  if (dtype_ == kernels::DType::kF16) {
+    kv.k_f16 = keys16_.data();
+    kv.v_f16 = values16_.data();
+  } else {
+    kv.k = keys_.data();
+    kv.v = values_.data();
+  }
+  return kv;
+}
+
+void KvCache::write_row(int64_t slice, int32_t slot, const float* k, const float* v) {
+  const int64_t offset = slice * head_stride_ + static_cast<int64_t>(slot) * head_dim_;
+  if (dtype_ == kernels::DType::kF16) {
+    for (int64_t d = 0; d < head_dim_; ++d) {
+      keys16_[offset + d] = kernels::f32_to_f16(k[d]);
+      values16_[offset + d] = kernels::f32_to_f16(v[d]);
+    }
+  } else {
+    std::copy_n(k, head_dim_, keys_.begin() + offset);
+    std::copy_n(v, head_dim_, values_.begin() + offset);
+  }
+}
+
+void KvCache::copy_row(int64_t src_slice, int32_t src_slot, int64_t dst_slice, int32_t dst_slot) {
+  const int64_t src = src_slice * head_stride_ + static_cast<int64_t>(src_slot) * head_dim_;
+  const int64_t dst = dst_slice * head_stride_ + static_cast<int64_t>(dst_slot) * head_dim_;
+  if (dtype_ == kernels::DType::kF16) {
+    std::copy_n(keys16_.begin() + src, head_dim_, keys16_.begin() + dst);
+    std::copy_n(values16_.begin() + src, head_dim_, values16_.begin() + dst);
+  } else {
+    std::copy_n(keys_.begin() + src, head_dim_, keys_.begin() + dst);
+    std::copy_n(values_.begin() + src, head_dim_, values_.begin() + dst);
+  }
+}
+
+void KvCache::copy_slice(int64_t src_slice, int64_t dst_slice) {
+  for (int32_t slot = 0; slot < page_size_; ++slot) copy_row(src_slice, slot, dst_slice, slot);
+}
+
 }  // namespace sieve::model

@@ -52,6 +52,19 @@ class KvCache {
   // Copy-on-write support: page `dst` becomes a copy of page `src` (all layers).
   void copy_page(int32_t src, int32_t dst);
 
+  // Sparse streams see the pool as one flat array of equal slices: page_size rows of one
+  // (layer, page, kv head). Index (layer * num_pages + page) * num_kv_heads + kv_head: with the
+  // layer-major layout above, slice i is rows [i * page_size, (i + 1) * page_size) of k and v.
+  int64_t slice_index(int32_t page, int64_t layer, int64_t kv_head) const {
+    return (layer * num_pages_ + page) * num_kv_heads_ + kv_head;
+  }
+  // The kernel's view of one stream: one kv head whose "pages" are the given slices.
+  kernels::PagedKv slice_view(std::span<const int32_t> slices, int32_t key_offset) const;
+  // One head's K and V row ([head_dim] each) into slot `slot` of slice `slice`.
+  void write_row(int64_t slice, int32_t slot, const float* k, const float* v);
+  void copy_row(int64_t src_slice, int32_t src_slot, int64_t dst_slice, int32_t dst_slot);
+  void copy_slice(int64_t src_slice, int64_t dst_slice);
+
  private:
   int64_t num_layers_, num_kv_heads_, head_dim_;
   int32_t num_pages_, page_size_;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <utility>
 
+#include "kernels/attention_scores.h"
 #include "kernels/paged_attention.h"
 #include "kernels/ops.h"
 #include "util/error.h"
@@ -60,6 +61,23 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
       fail("batch sequences must cover the tokens contiguously, in order");
     }
     expected_first += seq.num_tokens;
+    if (seq.sparse) {
+      const auto& streams = seq.sparse->streams;
+      if (static_cast<int64_t>(streams.size()) != config_.num_layers * config_.num_kv_heads) {
+        fail("a sparse sequence needs one stream per layer and KV head");
+      }
+      const int64_t num_slices = int64_t{cache.num_pages()} * config_.num_layers * config_.num_kv_heads;
+      for (const SparseStream& stream : streams) {
+        if (static_cast<int32_t>(stream.new_rows.size()) != seq.num_tokens) fail("a sparse stream misses new rows");
+        if (int64_t{stream.key_offset} + stream.num_keys > static_cast<int64_t>(stream.slices.size()) * cache.page_size()) {
+          fail("a sparse stream has more keys than slots");
+        }
+        for (int32_t slice : stream.slices) {
+          if (slice < 0 || slice >= num_slices) fail("slice {} is outside the KV cache", slice);
+        }
+      }
+      continue;
+    }
     for (int32_t page : seq.block_table) {
       if (page < 0 || page >= cache.num_pages()) fail("page id {} is outside the KV cache ({} pages)", page, cache.num_pages());
     }
@@ -114,7 +132,8 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<const BatchSequence*> short_sequences, long_sequences;
   for (const BatchSequence& seq : batch.sequences) {
-    (seq.num_tokens <= 4 ? short_sequences : long_sequences).push_back(&seq);
+    // Sparse sequences share scratch buffers in attend_sparse: they run one at a time.
+    (seq.num_tokens <= 4 && !seq.sparse ? short_sequences : long_sequences).push_back(&seq);
   }
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -128,11 +147,22 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
         for (int64_t t = seq.first_token + begin; t < seq.first_token + end; ++t) {
           kernels::rope(rope_, batch.positions[t], &s.q[t * q_dim], c.num_heads);
           kernels::rope(rope_, batch.positions[t], &s.k[t * kv_dim], c.num_kv_heads);
-          cache.write(l, seq.block_table, batch.positions[t], &s.k[t * kv_dim], &s.v[t * kv_dim]);
+          if (!seq.sparse) {
+            cache.write(l, seq.block_table, batch.positions[t], &s.k[t * kv_dim], &s.v[t * kv_dim]);
+            continue;
+          }
+          for (int64_t h = 0; h < c.num_kv_heads; ++h) {  // each head's stream has its own slots
+            const auto [slice, slot] = seq.sparse->streams[l * c.num_kv_heads + h].new_rows[t - seq.first_token];
+            cache.write_row(slice, slot, &s.k[t * kv_dim + h * head_dim], &s.v[t * kv_dim + h * head_dim]);
+          }
         }
       });
     }
     auto attend = [&](const BatchSequence& seq, ThreadPool& attention_pool) {
+      if (seq.sparse) {
+        return attend_sparse(*seq.sparse, l, seq.first_token, seq.num_tokens, &batch.positions[seq.first_token],
+                             cache, attention_pool, s);
+      }
       kernels::AttentionQuery query{
           .q = &s.q[seq.first_token * q_dim],
           .positions = std::span<const int32_t>(&batch.positions[seq.first_token], seq.num_tokens),
@@ -177,6 +207,86 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
   }
   logits.resize(num_out * c.vocab_size);
   kernels::matmul(weights_.output, s.rows.data(), num_out, logits.data(), pool);
+}
+
+void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token,
+                               int32_t num_tokens, const int32_t* positions, const KvCache& cache,
+                               ThreadPool& pool, ForwardScratch& s) const {
+  // Each KV head has its own stream (its own kept keys), so the query heads of one group are
+  // gathered into a [num_tokens][group][head_dim] block and attended against that stream.
+  const ModelConfig& c = config_;
+  const int64_t head_dim = c.head_dim, q_dim = c.q_dim();
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  s.q_group.resize(static_cast<size_t>(num_tokens * group * head_dim));
+  s.out_group.resize(s.q_group.size());
+  s.positions.resize(static_cast<size_t>(num_tokens));
+  for (int64_t g = 0; g < c.num_kv_heads; ++g) {
+    const SparseStream& stream = sparse.streams[static_cast<size_t>(layer * c.num_kv_heads + g)];
+    for (int32_t i = 0; i < num_tokens; ++i) {
+      std::memcpy(&s.q_group[i * group * head_dim], &s.q[(first_token + i) * q_dim + g * group * head_dim],
+                  group * head_dim * sizeof(float));
+      s.positions[i] = positions[i] - stream.num_dropped;
+    }
+    const kernels::AttentionQuery query{.q = s.q_group.data(),
+                                        .positions = std::span<const int32_t>(s.positions.data(), num_tokens),
+                                        .num_heads = group,
+                                        .scale = scale};
+    kernels::paged_attention(cache.slice_view(stream.slices, stream.key_offset), query, {.out = s.out_group.data()},
+                             pool);
+    for (int32_t i = 0; i < num_tokens; ++i) {
+      std::memcpy(&s.attn[(first_token + i) * q_dim + g * group * head_dim], &s.out_group[i * group * head_dim],
+                  group * head_dim * sizeof(float));
+    }
+  }
+}
+
+void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
+                         std::span<const int32_t> block_table, const KvCache& cache, ThreadPool& pool,
+                         ForwardScratch& s, std::vector<float>& scores) const {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(window_tokens.size());
+  if (n == 0 || static_cast<int64_t>(window_positions.size()) != n) fail("observe needs window tokens and positions");
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
+  const int64_t num_keys = int64_t{window_positions.back()} + 1;
+  if (num_keys > static_cast<int64_t>(block_table.size()) * cache.page_size()) fail("observe window is outside the block table");
+  s.x.resize(n * dim);
+  s.norm.resize(n * dim);
+  s.q.resize(n * q_dim);
+  s.k.resize(n * kv_dim);
+  s.attn.resize(n * q_dim);
+  s.gate.resize(n * c.ffn_dim);
+  s.up.resize(n * c.ffn_dim);
+  s.lse.resize(n * c.num_heads);
+  scores.assign(static_cast<size_t>(c.num_layers * c.num_kv_heads * num_keys), 0.0f);
+
+  const kernels::MatrixView& embd = weights_.token_embd;
+  const size_t embd_row_bytes = kernels::row_bytes(embd.dtype, embd.cols);
+  for (int64_t t = 0; t < n; ++t) {
+    const auto* row = static_cast<const uint8_t*>(embd.data) + window_tokens[t] * embd_row_bytes;
+    kernels::dequantize_row(embd.dtype, row, &s.x[t * dim], dim);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.attn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
+    kernels::matmul(w.wq, s.norm.data(), n, s.q.data(), pool);
+    for (int64_t t = 0; t < n; ++t) kernels::rope(rope_, window_positions[t], &s.q[t * q_dim], c.num_heads);
+    const kernels::AttentionQuery query{.q = s.q.data(), .positions = window_positions, .num_heads = c.num_heads,
+                                        .scale = scale};
+    const kernels::PagedKv kv = cache.layer_view(l, block_table);
+    kernels::paged_attention(kv, query, {.out = s.attn.data(), .row_lse = s.lse.data()}, pool);
+    kernels::observation_scores(kv, query, s.lse.data(), num_keys, &scores[l * c.num_kv_heads * num_keys], pool);
+    if (l + 1 == c.num_layers) break;  // the last layer's output feeds nothing here
+    kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
+    for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
+    for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.ffn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
+    kernels::matmul(w.w_gate, s.norm.data(), n, s.gate.data(), pool);
+    kernels::matmul(w.w_up, s.norm.data(), n, s.up.data(), pool);
+    for (int64_t t = 0; t < n; ++t) kernels::silu_mul(&s.gate[t * c.ffn_dim], &s.up[t * c.ffn_dim], c.ffn_dim);
+    kernels::matmul(w.w_down, s.gate.data(), n, s.norm.data(), pool);
+    for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
+  }
 }
 
 }  // namespace sieve::model

@@ -9,6 +9,7 @@
 //
 // Every matrix is applied to all batch tokens at once (one pass over the weights per step).
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kernels/rope.h"
@@ -26,6 +27,8 @@ namespace sieve::model {
 // Activation buffers reused across forward calls (grown on demand). One per caller thread.
 struct ForwardScratch {
   std::vector<float> x, norm, q, k, v, attn, gate, up, rows;
+  std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes
+  std::vector<int32_t> positions;
 };
 
 class LlamaModel {
@@ -43,8 +46,21 @@ class LlamaModel {
   void forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& scratch,
                std::vector<float>& logits) const;
 
+  // KV sparsity's observation pass (SnapKV): how much attention every cached key of one dense
+  // sequence receives from the query rows of `window_tokens` at `window_positions` (its last
+  // prompt tokens, already in the cache). Recomputes those rows through every layer (their K/V
+  // are not written again) and, per layer, sums the attention probabilities over the rows and
+  // over each KV head's query heads, from the flash kernel's LSE (kernels::observation_scores).
+  // scores: [num_layers][num_kv_heads][num_keys], num_keys = last window position + 1. The
+  // result depends only on the window and the cache, not on how the prompt was chunked.
+  void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
+               std::span<const int32_t> block_table, const KvCache& cache, ThreadPool& pool,
+               ForwardScratch& scratch, std::vector<float>& scores) const;
+
  private:
   void check_batch(const Batch& batch, const KvCache& cache) const;
+  void attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token, int32_t num_tokens,
+                     const int32_t* positions, const KvCache& cache, ThreadPool& pool, ForwardScratch& s) const;
 
   ModelConfig config_;
   Weights weights_;

@@ -416,6 +416,8 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   ++ex.num_finished;
   ex.observed[index] = true;
   ex.usage.completion_tokens += event.usage.completion_tokens;
+  ex.usage.kv_pages += event.usage.kv_pages;
+  ex.usage.kv_dense_pages += event.usage.kv_dense_pages;
   if (event.sample_idx == 0) {  // the prompt is shared by the request's samples: count it once
     ex.usage.prompt_tokens += event.usage.prompt_tokens;
     ex.usage.cached_tokens += event.usage.cached_prompt_tokens;
@@ -485,7 +487,8 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
   // Submit every prompt; the engine calls the sink on its own thread, which only queues.
   for (size_t i = 0; i < request.prompts.size(); ++i) {
     std::weak_ptr<Exchange> weak = ex;
-    auto submitted = b.engine->submit({.prompt = request.prompts[i], .params = request.params},
+    auto submitted = b.engine->submit({.prompt = request.prompts[i], .params = request.params,
+                                       .kv_policy = request.kv_policy},
                                       [weak](const engine::RequestEvent& event) {
                                         if (auto alive = weak.lock()) alive->push(event);
                                       });

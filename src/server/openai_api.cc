@@ -397,16 +397,11 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
   }
   if (const json* v = field(body, "user")) request.user = string_of(*v, "user");
   if (const json* v = field(body, "kv_policy")) {
-    // Validated here so a typo is a 400; the engine does not run sparse policies yet, so
-    // anything but the dense cache is refused rather than silently served dense.
+    // Parsed here so a typo is a 400 naming it; the engine refuses (400) policies it cannot run.
     try {
-      const sparsity::PolicySpec spec = v->is_string() ? sparsity::parse_policy(v->get<std::string>())
-                                        : v->is_object() ? sparsity::parse_policy_json(v->dump())
-                                                         : throw Error("'kv_policy' must be a string or an object");
-      if (!std::holds_alternative<sparsity::FullSpec>(spec.policy)) {
-        throw_invalid("kv_policy", fmt::format("kv_policy '{}' is valid but this server runs only 'full' so far",
-                                               sparsity::to_string(spec)));
-      }
+      request.kv_policy = v->is_string() ? sparsity::parse_policy(v->get<std::string>())
+                          : v->is_object() ? sparsity::parse_policy_json(v->dump())
+                                           : throw Error("'kv_policy' must be a string or an object");
     } catch (const Error& e) {
       throw_invalid("kv_policy", e.what());
     }
@@ -450,7 +445,9 @@ json UsageTotals::to_json() const {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
           {"total_tokens", prompt_tokens + completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}},
+          // sieve's extension: KV memory kept against a dense cache (sparsity's saving).
+          {"kv_cache", {{"pages", kv_pages}, {"dense_pages", kv_dense_pages}}}};
 }
 
 json finish_reason_json(const std::optional<engine::Finish>& finish) {
@@ -478,7 +475,9 @@ ApiError rejection_error(const engine::Rejection& rejection) {
     case engine::SubmitError::kInvalidParams:
       break;
   }
-  return {.status = 400, .message = rejection.message};
+  ApiError error{.status = 400, .message = rejection.message};
+  if (rejection.message.starts_with("kv_policy")) error.param = "kv_policy";
+  return error;
 }
 
 ResponseWriter::ResponseWriter(ApiKind kind, std::string model_name, const tok::Tokenizer& tokenizer, bool want_logprobs)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "sparsity/policy_spec.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::server {
@@ -66,6 +67,7 @@ struct GenerationRequest {
   bool include_usage = false;    // stream_options.include_usage
   bool continuous_usage = false; // stream_options.continuous_usage_stats (vLLM)
   std::string user;
+  sparsity::PolicySpec kv_policy;  // "kv_policy": string or object (default: full)
 };
 
 // Validates `body` and tokenizes its prompt(s) or messages. Unknown fields are ignored; a wrong
@@ -89,6 +91,8 @@ struct UsageTotals {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
+  int64_t kv_pages = 0;        // pages the sequences held at the end (extension)
+  int64_t kv_dense_pages = 0;  // what the same tokens take with the full cache
   json to_json() const;
 };
 

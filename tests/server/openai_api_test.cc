@@ -158,9 +158,12 @@ TEST_F(OpenAiApiTest, ContextLengthExceededSaysTheSizes) {
   EXPECT_EQ(parse(ApiKind::kCompletion, near_full.dump()).params.max_tokens, 7);
 }
 
-TEST_F(OpenAiApiTest, KvPolicyFullIsAccepted) {
-  EXPECT_NO_THROW(parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"full"})"));
-  EXPECT_NO_THROW(parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":{"name":"full"}})"));
+TEST_F(OpenAiApiTest, KvPolicyIsParsed) {
+  EXPECT_TRUE(std::holds_alternative<sparsity::FullSpec>(parse(ApiKind::kCompletion, R"({"prompt":"x"})").kv_policy.policy));
+  EXPECT_TRUE(std::holds_alternative<sparsity::FullSpec>(
+      parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":{"name":"full"}})").kv_policy.policy));
+  const GenerationRequest r = parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"snapkv:B=64"})");
+  EXPECT_EQ(r.kv_policy, sparsity::parse_policy("snapkv:B=64"));
 }
 
 TEST_F(OpenAiApiTest, UnknownModelIs404) {

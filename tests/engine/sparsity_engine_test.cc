@@ -1,0 +1,177 @@
+// KV sparsity inside the engine: a batch mixing policies gives every request exactly the tokens
+// it gives alone with the same policy; compressed requests hold fewer pages than dense ones,
+// sink + window requests stay bounded while they generate, and every page is back at the end.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "engine/engine.h"
+#include "model/loader.h"
+#include "model/model_file.h"
+#include "shared_data.h"
+#include "sparsity/policy_spec.h"
+
+namespace sieve::engine {
+namespace {
+
+model::LoadedModel load_stories() { return model::load_model({testing::shared_path("models/stories260K.gguf"), ""}); }
+
+// Long prompts (sparsity needs something to drop): consecutive TinyStories text.
+std::vector<std::vector<TokenId>> long_prompts(const tok::Tokenizer& tokenizer, size_t count) {
+  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  std::vector<std::vector<TokenId>> out;
+  for (size_t i = 0; i < count; ++i) {
+    out.push_back(tokenizer.encode(text.substr(i * 700, 350 + 45 * (i % 5))));
+  }
+  return out;
+}
+
+struct Outcome {
+  std::vector<TokenId> tokens;
+  Usage usage;
+  std::optional<std::string> error;
+};
+
+std::vector<Outcome> run(Engine& engine, const std::vector<Request>& requests) {
+  std::vector<Outcome> outcomes(requests.size());
+  std::map<RequestId, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto submitted = engine.submit(requests[i], [&outcomes, &index](const RequestEvent& event) {
+      Outcome& o = outcomes[index.at(event.request_id)];
+      o.tokens.insert(o.tokens.end(), event.tokens.begin(), event.tokens.end());
+      if (event.finish) o.usage = event.usage;
+      if (event.error) o.error = event.error;
+    });
+    if (auto* rejected = std::get_if<Rejection>(&submitted)) {
+      ADD_FAILURE() << rejected->message;
+      continue;
+    }
+    index[std::get<RequestId>(submitted)] = i;
+  }
+  engine.run_until_idle();
+  return outcomes;
+}
+
+Request greedy(std::vector<TokenId> prompt, const std::string& policy, int32_t max_tokens = 40) {
+  Request request{.prompt = std::move(prompt), .kv_policy = sparsity::parse_policy(policy)};
+  request.params.max_tokens = max_tokens;
+  request.params.ignore_eos = true;
+  return request;
+}
+
+EngineConfig config(int32_t num_pages) {
+  return {.num_kv_pages = num_pages, .page_size = 16, .max_batch_tokens = 128, .max_num_seqs = 64,
+          .max_queued = 256, .enable_prefix_caching = true, .threads = 2};
+}
+
+void expect_all_pages_free(const Engine& engine) {
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.kv.num_free_pages, stats.kv.num_pages) << "KV pages leaked";
+  EXPECT_EQ(stats.num_running, 0);
+}
+
+const std::vector<std::string> kPolicies = {
+    "full",
+    "streaming:S=4,W=48",
+    "snapkv:B=48,W=8",
+    "pyramidkv:B=48,W=8",
+    "layerwise:L=2,rest=snapkv:B=32,W=8",
+    "heads:(streaming:S=4,W=32)@kv=0+1,rest=snapkv:B=40,W=8",
+};
+
+TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompts = long_prompts(*loaded.tokenizer, 12);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
+
+  // A small max_batch_tokens chunks the prompts differently together than alone.
+  Engine together(config(1024), loaded.model, loaded.tokenizer);
+  const std::vector<Outcome> batched = run(together, requests);
+  expect_all_pages_free(together);
+
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Engine alone_engine(config(1024), loaded.model, loaded.tokenizer);
+    const std::vector<Outcome> alone = run(alone_engine, {requests[i]});
+    expect_all_pages_free(alone_engine);
+    const std::string& policy = kPolicies[i % kPolicies.size()];
+    EXPECT_FALSE(batched[i].error.has_value()) << policy;
+    EXPECT_EQ(batched[i].tokens.size(), 40u) << policy;
+    EXPECT_EQ(batched[i].tokens, alone[0].tokens) << "request " << i << " policy " << policy;
+    const Usage& u = batched[i].usage;
+    if (policy == "full") {
+      EXPECT_EQ(u.kv_pages, u.kv_dense_pages);
+    } else {
+      EXPECT_LT(u.kv_pages, u.kv_dense_pages) << policy << ": compressed requests hold fewer pages";
+    }
+  }
+}
+
+TEST(SparseEngine, SparsePoliciesChangeTheOutputButStayCloseToDense) {
+  // Not a fidelity measurement (that is `sieve eval`): a check that the policies act at all and
+  // that a generous budget (everything kept) reproduces the dense output exactly.
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  Engine engine(config(512), loaded.model, loaded.tokenizer);
+  const auto dense = run(engine, {greedy(prompt, "full")})[0].tokens;
+  const auto keep_all = run(engine, {greedy(prompt, "snapkv:B=4096,W=8")})[0].tokens;
+  const auto tight = run(engine, {greedy(prompt, "streaming:S=2,W=8")})[0].tokens;
+  EXPECT_EQ(keep_all, dense) << "a budget above the prompt keeps every token";
+  EXPECT_NE(tight, dense) << "a 10-token cache must change a 40-token continuation of a long prompt";
+  expect_all_pages_free(engine);
+}
+
+TEST(SparseEngine, StreamingHoldsABoundedNumberOfPagesWhileGenerating) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  Engine engine(config(512), loaded.model, loaded.tokenizer);
+  const auto outcome = run(engine, {greedy(prompt, "streaming:S=4,W=28", 300)})[0];
+  ASSERT_EQ(outcome.tokens.size(), 300u);
+  // 5 layers x 4 KV heads = 20 streams of <= 32 keys (+ at most one partial slice each) in pages
+  // of 20 slices: a handful of pages, whatever the length.
+  EXPECT_LE(outcome.usage.kv_pages, 5);
+  EXPECT_GE(outcome.usage.kv_dense_pages, 26);
+  expect_all_pages_free(engine);
+}
+
+TEST(SparseEngine, PoliciesTheEngineCannotRunAreRefused) {
+  model::LoadedModel loaded = load_stories();
+  Engine engine(config(64), loaded.model, loaded.tokenizer);
+  for (const char* policy : {"h2o:B=32", "fastgen:T=0.05", "quest:K=4"}) {
+    Request request = greedy({1, 2, 3}, policy);
+    auto submitted = engine.submit(request, [](const RequestEvent&) {});
+    ASSERT_TRUE(std::holds_alternative<Rejection>(submitted)) << policy;
+    EXPECT_EQ(std::get<Rejection>(submitted).error, SubmitError::kInvalidParams);
+    EXPECT_NE(std::get<Rejection>(submitted).message.find("kv_policy"), std::string::npos);
+  }
+}
+
+TEST(SparseEngine, CompressedRequestsFitWhereDenseOnesDoNot) {
+  // A pool of 34 pages holds one ~31-page dense request at a time; sink + window requests take
+  // a few pages each after their prompt, so several run together.
+  model::LoadedModel loaded = load_stories();
+  const auto prompts = long_prompts(*loaded.tokenizer, 4);
+  std::vector<Request> dense, sparse;
+  for (const auto& p : prompts) {
+    dense.push_back(greedy(p, "full", 250));
+    sparse.push_back(greedy(p, "streaming:S=4,W=28", 250));
+  }
+  Engine dense_engine(config(34), loaded.model, loaded.tokenizer);
+  for (const auto& o : run(dense_engine, dense)) EXPECT_EQ(o.tokens.size(), 250u);
+  const int64_t dense_preemptions = dense_engine.stats().num_preemptions;
+  Engine sparse_engine(config(34), loaded.model, loaded.tokenizer);
+  for (const auto& o : run(sparse_engine, sparse)) EXPECT_EQ(o.tokens.size(), 250u);
+  EXPECT_LT(sparse_engine.stats().num_preemptions, dense_preemptions + 1);
+  EXPECT_LT(sparse_engine.stats().num_steps, dense_engine.stats().num_steps) << "more requests ran at once";
+  expect_all_pages_free(dense_engine);
+  expect_all_pages_free(sparse_engine);
+}
+
+}  // namespace
+}  // namespace sieve::engine
