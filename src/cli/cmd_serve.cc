@@ -29,6 +29,7 @@ struct ServeOptions {
   EngineOptions engine;
   server::ServerConfig server;
   std::string chat_template_file;
+  std::string kv_policy = "full";
   double shutdown_grace_seconds = 10.0;
   size_t max_body_mib = 8;
 };
@@ -88,6 +89,7 @@ void serve(ServeOptions options) {
   std::thread listener([&] { http.listen(); });
 
   try {
+    const sparsity::PolicySpec default_policy = sparsity::parse_policy(options.kv_policy);
     LoadProgress progress;
     model::LoadOptions load = options.model.load_options();
     load.on_progress = [&](double f) { progress(f); };
@@ -120,6 +122,7 @@ void serve(ServeOptions options) {
                  ec.num_kv_pages, ec.page_size, static_cast<int64_t>(ec.num_kv_pages) * ec.page_size,
                  static_cast<double>(model::KvCache::bytes_per_page(mc, ec.page_size)) * ec.num_kv_pages / (1 << 20),
                  ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
+    spdlog::info("default kv_policy: {}", sparsity::to_string(default_policy));
     spdlog::info("threads: {} compute, {} HTTP; chat template: {}; API key: {}",
                  options.model.threads > 0 ? options.model.threads : static_cast<int>(std::thread::hardware_concurrency()), options.server.http_threads, template_origin,
                  options.server.api_key.empty() ? "none" : "required");
@@ -129,7 +132,8 @@ void serve(ServeOptions options) {
                       .context_length = mc.context_length,
                       .render_chat = [chat_template](const nlohmann::json& context) {
                         return chat_template->render(context);
-                      }});
+                      },
+                      .default_kv_policy = default_policy});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'", options.server.host, http.port(), name);
 
     g_signalled.acquire();
@@ -172,6 +176,10 @@ void add_serve_command(CLI::App& app) {
                       "Seconds running requests get to finish on SIGINT/SIGTERM before they are cancelled")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  command->add_option("--kv-policy", options->kv_policy,
+                      "Default KV sparsity policy for requests without \"kv_policy\" (e.g. streaming:S=4,W=1024, "
+                      "snapkv:B=1024, layerwise:L=2,rest=snapkv:B=512)")
+      ->capture_default_str();
   options->engine.add_to(*command);
   command->callback([options] { serve(*options); });
 }

@@ -425,6 +425,8 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   SequenceRecord record{.finished_reason = std::string(engine::finish_reason_name(event.finish->reason)),
                         .prompt_tokens = event.usage.prompt_tokens,
                         .generation_tokens = event.usage.completion_tokens,
+                        .kv_pages = event.usage.kv_pages,
+                        .kv_dense_pages = event.usage.kv_dense_pages,
                         .n = ex.request.params.n,
                         .max_tokens = ex.request.params.max_tokens,
                         .timings = event.timings};
@@ -470,7 +472,8 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
   const Backend& b = *ex->backend;
   try {
     ModelInfo info{.served_name = b.model_name, .context_length = b.context_length,
-                   .tokenizer = b.tokenizer.get(), .render_chat = b.render_chat};
+                   .tokenizer = b.tokenizer.get(), .render_chat = b.render_chat,
+                   .default_kv_policy = b.default_kv_policy};
     ex->request = parse_generation_request(kind, *body, info);
   } catch (const ApiException& e) {
     spdlog::info("request {} {} {} {}", ex->log_id, ex->endpoint, e.error().status, e.error().message);

@@ -47,6 +47,7 @@ struct Backend {
   std::string model_name;  // as clients must name it
   int64_t context_length = 0;
   std::function<std::string(const json&)> render_chat;
+  sparsity::PolicySpec default_kv_policy;
 };
 
 class HttpServer {

@@ -68,6 +68,10 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
   generation_tokens_ = counter("vllm:generation_tokens_total", "Number of generation tokens processed.");
   prefix_queries_ = counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.");
   prefix_hits_ = counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.");
+  kv_pages_kept_ = counter("sieve:kv_pages_kept_total",
+                           "KV pages finished sequences held at their end (sparse policies hold fewer).");
+  kv_pages_dense_ = counter("sieve:kv_pages_dense_total",
+                            "KV pages the same finished sequences would hold with the full cache.");
   success_ = &BuildCounter().Name("vllm:request_success_total").Help("Count of finished requests.").Register(*registry_);
   for (const char* reason : {"stop", "length", "abort"}) {
     success_->Add({{"model_name", model_name_}, {"finished_reason", reason}});
@@ -102,6 +106,8 @@ void Metrics::observe(const SequenceRecord& r) {
   std::lock_guard lock(mutex_);
   success_->Add({{"model_name", model_name_}, {"finished_reason", r.finished_reason}}).Increment();
   prompt_tokens_->Increment(static_cast<double>(r.prompt_tokens));
+  kv_pages_kept_->Increment(static_cast<double>(r.kv_pages));
+  kv_pages_dense_->Increment(static_cast<double>(r.kv_dense_pages));
   request_prompt_tokens_->Observe(static_cast<double>(r.prompt_tokens));
   request_generation_tokens_->Observe(static_cast<double>(r.generation_tokens));
   request_n_->Observe(r.n);

@@ -24,6 +24,8 @@ struct SequenceRecord {
   std::string finished_reason;  // "stop", "length" or "abort"
   int64_t prompt_tokens = 0;
   int64_t generation_tokens = 0;
+  int64_t kv_pages = 0;        // pages held at the end (0 when unknown, e.g. aborted)
+  int64_t kv_dense_pages = 0;  // the same tokens with the full cache
   int32_t n = 1;
   std::optional<int32_t> max_tokens;
   engine::Timings timings;
@@ -55,6 +57,8 @@ class Metrics {
   prometheus::Counter* generation_tokens_;
   prometheus::Counter* prefix_queries_;
   prometheus::Counter* prefix_hits_;
+  prometheus::Counter* kv_pages_kept_;
+  prometheus::Counter* kv_pages_dense_;
   prometheus::Family<prometheus::Counter>* success_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;

@@ -396,6 +396,7 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
     }
   }
   if (const json* v = field(body, "user")) request.user = string_of(*v, "user");
+  request.kv_policy = model.default_kv_policy;
   if (const json* v = field(body, "kv_policy")) {
     // Parsed here so a typo is a 400 naming it; the engine refuses (400) policies it cannot run.
     try {

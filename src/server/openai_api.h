@@ -57,6 +57,7 @@ struct ModelInfo {
   // Renders a chat template context ({"messages", "add_generation_prompt", "bos_token", ...})
   // to the prompt text; throws sieve::Error (e.g. raise_exception) which becomes a 400.
   std::function<std::string(const json& context)> render_chat;
+  sparsity::PolicySpec default_kv_policy;  // when the body has no kv_policy (--kv-policy)
 };
 
 struct GenerationRequest {

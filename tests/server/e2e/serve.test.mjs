@@ -359,6 +359,33 @@ test('random disconnects while streaming leak nothing and the server stays healt
   assert.equal((await fetch(`${server.base}/health`)).status, 200);
 });
 
+test('kv_policy per request: mixed policies together equal each alone; usage and metrics show the pages kept', async () => {
+  const policies = ['full', 'streaming:S=4,W=24', 'snapkv:B=24,W=8', 'layerwise:L=2,rest=snapkv:B=24,W=8'];
+  const long = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. '
+    + 'One day, she saw a big red ball on the ground. She picked it up and threw it to her friend Tom. Tom caught the ball and laughed. ';
+  const list = prompts(16, 5).map((p, i) => ({ prompt: long + p, kv_policy: policies[i % policies.length] }));
+  const request = ({ prompt, kv_policy }) => ({ model: 'llama', prompt, max_tokens: 40, temperature: 0, ignore_eos: true, kv_policy });
+  const alone = [];
+  for (const item of list) alone.push(await client.completions.create(request(item)));
+  const before = await metrics(server.base);
+  const together = await Promise.all(list.map((item) => client.completions.create(request(item))));
+  for (let i = 0; i < list.length; ++i) {
+    assert.equal(together[i].choices[0].text, alone[i].choices[0].text, `${list[i].kv_policy}: ${i}`);
+    const kv = together[i].usage.kv_cache;
+    if (list[i].kv_policy === 'full') assert.equal(kv.pages, kv.dense_pages);
+    else assert.ok(kv.pages < kv.dense_pages, `${list[i].kv_policy} keeps fewer pages: ${JSON.stringify(kv)}`);
+  }
+  const m = await expectPoolEmpty(server.base);
+  const kept = (x) => x['sieve:kv_pages_kept_total{model_name="llama"}'];
+  const dense = (x) => x['sieve:kv_pages_dense_total{model_name="llama"}'];
+  assert.ok(kept(m) - kept(before) < dense(m) - dense(before));
+  await assert.rejects(client.completions.create({ model: 'llama', prompt: 'x', kv_policy: 'snapkv:B=' }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.error.param, 'kv_policy');
+    return true;
+  });
+});
+
 // Bodies that must all be refused with a 4xx and the error shape.
 function malformedBodies(count, seed) {
   const next = rng(seed);
