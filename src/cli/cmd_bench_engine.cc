@@ -155,6 +155,12 @@ void add_bench_engine_command(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--page-size", config.page_size, "KV page size in tokens")->capture_default_str();
   command->add_option("-t,--threads", config.threads, "Worker threads (default: all cores)");
+  command->add_option_function<std::string>(
+             "--kv-dtype", [options](const std::string& t) {
+               options->config.kv_dtype = t == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
+             },
+             "K/V element type: f32 (default) or f16")
+      ->check(CLI::IsMember({"f32", "f16"}));
   command->add_flag("--json", options->json, "Print the results as one JSON object");
   command->callback([options] { bench_engine(*options); });
 }

@@ -9,6 +9,7 @@ namespace sieve::cli {
 struct EngineOptions {
   int64_t kv_memory_mib = 512;
   int64_t kv_tokens = 0;  // when set, sizes the pool instead of kv_memory_mib
+  std::string kv_dtype = "f32";
   engine::EngineConfig config;
 
   void add_to(CLI::App& command) {
@@ -26,12 +27,16 @@ struct EngineOptions {
         ->check(CLI::PositiveNumber);
     command.add_option("--max-queued", config.max_queued, "Requests waiting at most")->capture_default_str()->check(CLI::PositiveNumber);
     command.add_flag("--no-prefix-caching{false}", config.enable_prefix_caching, "Do not reuse KV pages of earlier prompts");
+    command.add_option("--kv-dtype", kv_dtype, "K/V element type: f32, or f16 (half the memory and decode reads)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"f32", "f16"}));
   }
 
   engine::EngineConfig engine_config(int threads) const {
     engine::EngineConfig c = config;
     c.kv_memory_bytes = static_cast<uint64_t>(kv_memory_mib) << 20;
     c.threads = threads;
+    c.kv_dtype = kv_dtype == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
     if (kv_tokens > 0) c.num_kv_pages = static_cast<int32_t>((kv_tokens + c.page_size - 1) / c.page_size);
     return c;
   }

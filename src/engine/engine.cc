@@ -16,7 +16,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model) {
   if (config.num_kv_pages > 0) return config.num_kv_pages;
-  const size_t page_bytes = model::KvCache::bytes_per_page(model, config.page_size);
+  const size_t page_bytes = model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
   const uint64_t pages = config.kv_memory_bytes / page_bytes;
   if (pages == 0) {
     fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens)", config.kv_memory_bytes,
@@ -84,7 +84,7 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                        .enable_prefix_caching = config.enable_prefix_caching,
                        .num_layers = static_cast<int32_t>(model_->config().num_layers),
                        .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)}),
-      cache_(model_->config(), kv_.num_pages(), config.page_size),
+      cache_(model_->config(), kv_.num_pages(), config.page_size, config.kv_dtype),
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
                                         .max_num_seqs = config.max_num_seqs,
                                         .max_queued = config.max_queued,

@@ -52,6 +52,9 @@ struct EngineConfig {
   int32_t max_queued = 1024;
   bool enable_prefix_caching = true;
   int threads = 0;  // 0: all cores
+  // K/V element type: kF32, or kF16 (half the KV memory and half the bytes decode attention
+  // reads per key; rounding moves logprobs by ~1e-3).
+  kernels::DType kv_dtype = model::kKvDefaultDType;
 };
 
 struct Request {

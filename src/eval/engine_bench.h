@@ -27,6 +27,7 @@ struct EngineBenchConfig {
   int32_t max_batch_tokens = 512;
   int32_t page_size = 16;
   int threads = 0;  // 0: all cores
+  kernels::DType kv_dtype = kernels::DType::kF32;
 };
 
 struct ConcurrencyPoint {

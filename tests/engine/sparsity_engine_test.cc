@@ -113,6 +113,22 @@ TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
   }
 }
 
+TEST(SparseEngine, F16KvCacheRunsTheSamePolicies) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompts = long_prompts(*loaded.tokenizer, 6);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
+  EngineConfig c = config(1024);
+  c.kv_dtype = kernels::DType::kF16;
+  Engine together(c, loaded.model, loaded.tokenizer);
+  const std::vector<Outcome> batched = run(together, requests);
+  expect_all_pages_free(together);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Engine alone(c, loaded.model, loaded.tokenizer);
+    EXPECT_EQ(batched[i].tokens, run(alone, {requests[i]})[0].tokens) << kPolicies[i % kPolicies.size()];
+  }
+}
+
 TEST(SparseEngine, SparsePoliciesChangeTheOutputButStayCloseToDense) {
   // Not a fidelity measurement (that is `sieve eval`): a check that the policies act at all and
   // that a generous budget (everything kept) reproduces the dense output exactly.

@@ -51,8 +51,12 @@ inline int64_t RoundUpToVectors(int64_t n) {
 HWY_INLINE void GatherKeys(const PagedKv& kv, int64_t kv_head, int64_t key0, int64_t count,
                            int64_t dp, float* HWY_RESTRICT dst) {
   for (int64_t j = 0; j < count; ++j) {
-    const float* src = kv.k + kv_offset(kv, key0 + j, kv_head);
-    std::memcpy(dst + j * dp, src, static_cast<size_t>(kv.head_dim) * sizeof(float));
+    const int64_t offset = kv_offset(kv, key0 + j, kv_head);
+    if (kv.dtype == DType::kF16) {
+      for (int64_t c = 0; c < kv.head_dim; ++c) dst[j * dp + c] = f16_to_f32(kv.k_f16[offset + c]);
+    } else {
+      std::memcpy(dst + j * dp, kv.k + offset, static_cast<size_t>(kv.head_dim) * sizeof(float));
+    }
     std::fill(dst + j * dp + kv.head_dim, dst + (j + 1) * dp, 0.0f);
   }
 }

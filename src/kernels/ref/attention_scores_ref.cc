@@ -12,7 +12,8 @@ namespace {
 
 // The one place the references read K.
 double key_at(const PagedKv& kv, int64_t position, int64_t kv_head, int64_t c) {
-  return kv.k[kv_offset(kv, position, kv_head) + c];
+  const int64_t offset = kv_offset(kv, position, kv_head) + c;
+  return kv.dtype == DType::kF16 ? f16_to_f32(kv.k_f16[offset]) : kv.k[offset];
 }
 
 float* summary_min(const KeySummaries& s, int64_t page, int64_t kv_head, int64_t head_dim) {
