@@ -119,6 +119,9 @@ std::optional<std::string> check_sampling_params(const SamplingParams& p, int32_
   for (const std::string& stop : p.stop_strings) {
     if (stop.empty()) return "stop strings must not be empty";
   }
+  for (TokenId t : p.forced_tokens) {
+    if (t < 0 || t >= vocab_size) return fmt::format("forced token {} is outside the vocabulary", t);
+  }
   if (p.logprobs && (*p.logprobs < 0 || *p.logprobs > kMaxTopLogprobs)) {
     return fmt::format("logprobs must be in [0, {}], got {}", kMaxTopLogprobs, *p.logprobs);
   }
@@ -301,12 +304,12 @@ SampleResult Sampler::sample(std::span<const float> logits, const SequenceTokens
   // 3. Greedy is decided on the penalised logits.
   result.token =
       params_.temperature < kGreedyTemperature ? argmax(processed) : sample_truncated(processed);
+  if (num_output < static_cast<int64_t>(params_.forced_tokens.size())) result.token = params_.forced_tokens[num_output];
   if (params_.logprobs) {
     const double log_sum = log_sum_exp(logits);  // of the RAW logits
     result.logprob = static_cast<float>(static_cast<double>(logits[result.token]) - log_sum);
-    if (*params_.logprobs > 0) {
-      result.top = to_logprobs(top_ranked(logits, static_cast<size_t>(*params_.logprobs)), log_sum);
-    }
+    const size_t count = params_.full_logprobs ? logits.size() : static_cast<size_t>(*params_.logprobs);
+    if (count > 0) result.top = to_logprobs(top_ranked(logits, count), log_sum);
   }
   return result;
 }

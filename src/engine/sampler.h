@@ -64,6 +64,13 @@ struct SamplingParams {
   // nullopt: no logprobs; 0: the sampled token's logprob only; N: also the top N (<= 20).
   std::optional<int32_t> logprobs;
   int32_t n = 1;  // samples per request, each with its own Sampler (see params_for_sample)
+
+  // Evaluation only (not reachable from the HTTP API). The first forced_tokens.size() outputs
+  // are these tokens instead of sampled ones (teacher forcing; logprobs still describe the
+  // model's logits), and full_logprobs puts the whole distribution in SampleResult::top
+  // (needs logprobs set).
+  std::vector<TokenId> forced_tokens;
+  bool full_logprobs = false;
 };
 
 // What is wrong with `params` for a model with `vocab_size` tokens, in words a user can act

@@ -1,0 +1,250 @@
+#include "eval/sparsity_eval.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "engine/engine.h"
+#include "sparsity/policy_spec.h"
+#include "util/error.h"
+
+namespace sieve::eval {
+
+namespace {
+
+using tok::TokenId;
+
+struct Case {
+  std::vector<TokenId> prompt;
+  std::vector<TokenId> forced;  // the true continuation, or the retrieval cue
+  int32_t max_tokens = 0;
+  bool retrieval = false;
+  std::vector<TokenId> answer;  // retrieval: the span tokens after the cue
+};
+
+struct Result {
+  std::vector<engine::SampleResult> steps;
+  std::vector<TokenId> tokens;
+  engine::Usage usage;
+  std::optional<std::string> error;
+};
+
+std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos, const SparsityEvalConfig& c) {
+  const int64_t segment = c.prompt_tokens + c.continuation_tokens;
+  const int64_t needed = 2 * c.num_prompts * segment + c.retrieval_span;
+  if (static_cast<int64_t>(text.size()) < needed) {
+    fail("the text has {} tokens; {} prompts of {} + {} tokens need {}", text.size(), c.num_prompts, c.prompt_tokens,
+         c.continuation_tokens, needed);
+  }
+  if (c.retrieval_cue <= 0 || c.retrieval_cue >= c.retrieval_span) fail("the retrieval cue must be shorter than the span");
+  std::vector<Case> cases;
+  for (int32_t i = 0; i < c.num_prompts; ++i) {
+    const auto begin = text.begin() + i * segment;
+    Case lm{.max_tokens = c.continuation_tokens};
+    lm.prompt.push_back(bos);
+    lm.prompt.insert(lm.prompt.end(), begin, begin + (c.prompt_tokens - 1));
+    lm.forced.assign(begin + (c.prompt_tokens - 1), begin + (c.prompt_tokens - 1 + c.continuation_tokens));
+    cases.push_back(std::move(lm));
+
+    // Retrieval: the span, then filler from elsewhere in the text; the cue comes after compression.
+    const auto span = text.begin() + (c.num_prompts + i) * segment;
+    const auto filler = text.begin() + (c.num_prompts + i) * segment + c.retrieval_span + 8;
+    Case r{.max_tokens = c.retrieval_span, .retrieval = true};
+    r.prompt.push_back(bos);
+    r.prompt.insert(r.prompt.end(), span, span + c.retrieval_span);
+    r.prompt.insert(r.prompt.end(), filler, filler + (c.prompt_tokens - 1 - c.retrieval_span));
+    r.forced.assign(span, span + c.retrieval_cue);
+    r.answer.assign(span + c.retrieval_cue, span + c.retrieval_span);
+    cases.push_back(std::move(r));
+  }
+  return cases;
+}
+
+std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+                              const std::vector<Case>& cases, const std::vector<std::string>& policies, int threads) {
+  int64_t pages = 0;
+  for (const Case& c : cases) pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / 16 + 2;
+  engine::Engine engine({.num_kv_pages = static_cast<int32_t>(2 * pages), .page_size = 16, .max_batch_tokens = 512,
+                         .max_num_seqs = 256, .max_queued = 4096, .enable_prefix_caching = false, .threads = threads},
+                        std::move(model), std::move(tokenizer));
+  std::vector<Result> results(cases.size());
+  std::map<engine::RequestId, size_t> index;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    engine::Request request{.prompt = cases[i].prompt, .kv_policy = sparsity::parse_policy(policies[i])};
+    request.params.max_tokens = cases[i].max_tokens;
+    request.params.ignore_eos = true;
+    request.params.forced_tokens = cases[i].forced;
+    if (!cases[i].retrieval) {
+      request.params.logprobs = 0;
+      request.params.full_logprobs = true;
+    }
+    auto submitted = engine.submit(std::move(request), [&results, &index](const engine::RequestEvent& event) {
+      Result& r = results[index.at(event.request_id)];
+      r.tokens.insert(r.tokens.end(), event.tokens.begin(), event.tokens.end());
+      r.steps.insert(r.steps.end(), event.logprobs.begin(), event.logprobs.end());
+      if (event.finish) r.usage = event.usage;
+      if (event.error) r.error = event.error;
+    });
+    if (const auto* rejection = std::get_if<engine::Rejection>(&submitted)) {
+      fail("policy '{}' refused: {}", policies[i], rejection->message);
+    }
+    index[std::get<engine::RequestId>(submitted)] = i;
+  }
+  engine.run_until_idle();
+  for (const Result& r : results) {
+    if (r.error) fail("an evaluation request failed: {}", *r.error);
+  }
+  return results;
+}
+
+// log p of every vocabulary entry, from a full-distribution SampleResult.
+std::vector<double> distribution(const engine::SampleResult& step, size_t vocab) {
+  std::vector<double> lp(vocab, -INFINITY);
+  for (const engine::TokenLogprob& t : step.top) lp[static_cast<size_t>(t.id)] = t.logprob;
+  return lp;
+}
+
+}  // namespace
+
+std::string policy_for_budget(const std::string& family, double budget, int32_t prompt_len, int32_t window) {
+  const int32_t keep = std::max<int32_t>(2 * window, static_cast<int32_t>(std::lround(budget * prompt_len)));
+  if (family == "full") return "full";
+  if (family == "streaming") return fmt::format("streaming:S=4,W={}", keep - 4);
+  if (family == "snapkv") return fmt::format("snapkv:B={},W={}", keep - window, window);
+  if (family == "pyramidkv") return fmt::format("pyramidkv:B={},W={}", keep - window, window);
+  if (family == "layerwise") return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
+  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, layerwise)", family);
+}
+
+std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::LlamaModel> model,
+                                              std::shared_ptr<const tok::Tokenizer> tokenizer, const std::string& text,
+                                              const SparsityEvalConfig& config,
+                                              const std::function<void(const PolicyFidelity&)>& on_result) {
+  const tok::Vocab& vocab = tokenizer->vocab();
+  if (!vocab.bos) fail("the model's vocabulary has no BOS token");
+  const std::vector<TokenId> tokens = tokenizer->encode(text, {.add_special = false, .parse_special = false});
+  const std::vector<Case> cases = make_cases(tokens, *vocab.bos, config);
+  const size_t vocab_size = vocab.size();
+
+  auto evaluate = [&](const std::string& family, double budget) {
+    std::vector<std::string> policies;
+    for (const Case& c : cases) {
+      policies.push_back(policy_for_budget(family, budget, static_cast<int32_t>(c.prompt.size()), config.observation_window));
+    }
+    return std::make_pair(policies, run_cases(model, tokenizer, cases, policies, config.threads));
+  };
+
+  std::vector<PolicyFidelity> out;
+  const auto [dense_policies, dense] = evaluate("full", 1.0);
+  auto summarize = [&](const std::string& family, double budget, const std::vector<std::string>& policies,
+                       const std::vector<Result>& results) {
+    PolicyFidelity f{.family = family, .budget = budget, .spec = policies[0]};
+    double kept = 0, agree = 0, kl = 0, nll = 0, retrieved = 0, dense_retrieved = 0;
+    int64_t positions = 0, num_lm = 0, span_tokens = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      const Result& r = results[i];
+      if (c.retrieval) {
+        for (size_t j = 0; j < c.answer.size(); ++j) {
+          const size_t at = c.forced.size() + j;
+          retrieved += at < r.tokens.size() && r.tokens[at] == c.answer[j];
+          dense_retrieved += at < dense[i].tokens.size() && dense[i].tokens[at] == c.answer[j];
+          ++span_tokens;
+        }
+        continue;
+      }
+      ++num_lm;
+      kept += r.usage.kv_dense_pages > 0 ? static_cast<double>(r.usage.kv_pages) / r.usage.kv_dense_pages : 1.0;
+      for (size_t j = 0; j < r.steps.size() && j < dense[i].steps.size(); ++j) {
+        const std::vector<double> p = distribution(dense[i].steps[j], vocab_size);
+        const std::vector<double> q = distribution(r.steps[j], vocab_size);
+        agree += dense[i].steps[j].top.front().id == r.steps[j].top.front().id;
+        double d = 0;
+        for (size_t v = 0; v < vocab_size; ++v) {
+          if (std::isfinite(p[v]) && p[v] > -50) d += std::exp(p[v]) * (p[v] - std::max(q[v], -1e4));
+        }
+        kl += d;
+        nll -= r.steps[j].logprob.value_or(0.0f);
+        ++positions;
+      }
+    }
+    f.kv_kept = num_lm ? kept / num_lm : 1.0;
+    f.top1_agreement = positions ? agree / positions : 1.0;
+    f.mean_kl = positions ? kl / positions : 0.0;
+    f.perplexity = positions ? std::exp(nll / positions) : 0.0;
+    f.retrieval = span_tokens ? retrieved / span_tokens : 0.0;
+    f.retrieval_vs_dense = dense_retrieved > 0 ? retrieved / dense_retrieved : 0.0;
+    return f;
+  };
+  PolicyFidelity base = summarize("full", 1.0, dense_policies, dense);
+  out.push_back(base);
+  if (on_result) on_result(base);
+  for (const std::string& family : config.families) {
+    for (double budget : config.budgets) {
+      const auto [policies, results] = evaluate(family, budget);
+      PolicyFidelity f = summarize(family, budget, policies, results);
+      f.perplexity_delta = f.perplexity - base.perplexity;
+      out.push_back(f);
+      if (on_result) on_result(f);
+    }
+  }
+  return out;
+}
+
+std::string fidelity_svg(const std::vector<PolicyFidelity>& results, const std::string& title) {
+  constexpr int kW = 720, kH = 440, kL = 70, kR = 170, kT = 40, kB = 60;
+  const double pw = kW - kL - kR, ph = kH - kT - kB;
+  auto x_of = [&](double v) { return kL + v * pw; };
+  auto y_of = [&](double v) { return kT + (1.0 - v) * ph; };
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{}\" y=\"24\" font-size=\"15\">{}</text>\n",
+      kW, kH, kL, title);
+  for (int i = 0; i <= 10; i += 2) {
+    const double v = i / 10.0;
+    svg += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#ddd\"/>"
+                       "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5:.1f}</text>\n",
+                       kL, kL + pw, y_of(v), kL - 6, y_of(v) + 4, v);
+    svg += fmt::format("<line y1=\"{0}\" y2=\"{1}\" x1=\"{2:.1f}\" x2=\"{2:.1f}\" stroke=\"#ddd\"/>"
+                       "<text y=\"{3}\" x=\"{2:.1f}\" text-anchor=\"middle\">{4:.1f}</text>\n",
+                       kT, kT + ph, x_of(v), kT + ph + 18, v);
+  }
+  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">KV kept (fraction of dense pages)</text>\n",
+                     kL + pw / 2, kH - 16);
+  svg += fmt::format("<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">top-1 agreement with "
+                     "dense</text>\n", kT + ph / 2);
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+  std::vector<std::string> families;
+  for (const PolicyFidelity& r : results) {
+    if (r.family != "full" && std::find(families.begin(), families.end(), r.family) == families.end()) {
+      families.push_back(r.family);
+    }
+  }
+  const PolicyFidelity* dense = results.empty() ? nullptr : &results.front();
+  for (size_t f = 0; f < families.size(); ++f) {
+    std::vector<const PolicyFidelity*> points;
+    if (dense) points.push_back(dense);
+    for (const PolicyFidelity& r : results) {
+      if (r.family == families[f]) points.push_back(&r);
+    }
+    std::sort(points.begin(), points.end(), [](auto* a, auto* b) { return a->kv_kept < b->kv_kept; });
+    std::string path;
+    for (const PolicyFidelity* p : points) {
+      path += fmt::format("{}{:.1f},{:.1f} ", path.empty() ? "M" : "L", x_of(p->kv_kept), y_of(p->top1_agreement));
+      svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"/>\n", x_of(p->kv_kept),
+                         y_of(p->top1_agreement), colors[f % 6]);
+    }
+    svg += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n", path, colors[f % 6]);
+    svg += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"{3}\" stroke-width=\"3\"/>"
+                       "<text x=\"{4}\" y=\"{5}\">{6}</text>\n",
+                       kW - kR + 15, kW - kR + 40, kT + 20 + 20 * f, colors[f % 6], kW - kR + 46, kT + 24 + 20 * f,
+                       families[f]);
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace sieve::eval

@@ -1,0 +1,66 @@
+#pragma once
+// `sieve eval`: fidelity of KV sparsity policies against the dense cache, through the engine.
+//
+// For each policy family × KV budget (a fraction of the prompt), every prompt runs with its true
+// continuation forced (teacher forcing), so dense and sparse see the same tokens and their next-
+// token distributions can be compared position by position:
+//   kv kept       pages held at the end / pages of the same tokens dense
+//   top-1         argmax(sparse) == argmax(dense), averaged over continuation positions
+//   KL            KL(dense || sparse) over the whole vocabulary, mean over positions (nats)
+//   ppl           perplexity of the true continuation under the policy (dense: the baseline)
+//   retrieval     a span of text appears early in the prompt, a filler follows; after the
+//                 prompt is compressed, the span's first tokens are forced (the question arrives
+//                 after compression) and the model continues greedily: the fraction of the
+//                 span's remaining tokens it reproduces
+// The compression happens after prefill, as in serving; all requests of one setting run as one
+// batch.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "tokenizer/tokenizer.h"
+
+namespace sieve::eval {
+
+struct SparsityEvalConfig {
+  std::vector<std::string> families = {"streaming", "snapkv", "pyramidkv", "layerwise"};
+  std::vector<double> budgets = {0.5, 0.25, 0.125};  // kept tokens per head / prompt tokens
+  int32_t num_prompts = 8;
+  int32_t prompt_tokens = 256;
+  int32_t continuation_tokens = 32;
+  int32_t retrieval_span = 16;  // tokens of the span to recall
+  int32_t retrieval_cue = 4;    // of which the first ones are given after compression
+  int32_t observation_window = 8;
+  int threads = 0;
+};
+
+struct PolicyFidelity {
+  std::string family;    // "full" for the baseline
+  double budget = 1.0;   // requested fraction
+  std::string spec;      // the policy string of the first prompt (budgets scale per prompt)
+  double kv_kept = 1.0;  // pages held / dense pages
+  double top1_agreement = 1.0;
+  double mean_kl = 0.0;
+  double perplexity = 0.0;
+  double perplexity_delta = 0.0;  // minus the dense perplexity
+  double retrieval = 0.0;         // fraction of span tokens reproduced
+  double retrieval_vs_dense = 1.0;
+};
+
+// The policy string of `family` keeping about budget * prompt_len tokens per KV head.
+std::string policy_for_budget(const std::string& family, double budget, int32_t prompt_len, int32_t window);
+
+// `text`: the source of prompts and continuations (consecutive segments). Progress lines go to
+// `on_result` as each setting finishes. The first result is the dense baseline.
+std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::LlamaModel> model,
+                                              std::shared_ptr<const tok::Tokenizer> tokenizer, const std::string& text,
+                                              const SparsityEvalConfig& config,
+                                              const std::function<void(const PolicyFidelity&)>& on_result = {});
+
+// An SVG line plot: top-1 agreement (and retrieval) against KV kept, one line per family.
+std::string fidelity_svg(const std::vector<PolicyFidelity>& results, const std::string& title);
+
+}  // namespace sieve::eval

@@ -1,0 +1,58 @@
+// sieve eval's fidelity harness on stories260K: the dense baseline agrees with itself, a budget
+// above the prompt keeps everything and agrees exactly, and real budgets keep fewer pages.
+#include "eval/sparsity_eval.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "model/loader.h"
+#include "shared_data.h"
+
+namespace sieve::eval {
+namespace {
+
+TEST(SparsityEval, DenseAgreesWithItselfAndBudgetsKeepLess) {
+  model::LoadedModel loaded = model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
+  std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
+  std::stringstream text;
+  text << in.rdbuf();
+  SparsityEvalConfig config{.families = {"snapkv", "streaming"}, .budgets = {2.0, 0.25}, .num_prompts = 2,
+                            .prompt_tokens = 96, .continuation_tokens = 8, .threads = 2};
+  const std::vector<PolicyFidelity> results = run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  ASSERT_EQ(results.size(), 5u);
+  const PolicyFidelity& dense = results[0];
+  EXPECT_EQ(dense.family, "full");
+  EXPECT_DOUBLE_EQ(dense.kv_kept, 1.0);
+  EXPECT_DOUBLE_EQ(dense.top1_agreement, 1.0);
+  EXPECT_NEAR(dense.mean_kl, 0.0, 1e-9);
+  EXPECT_GT(dense.perplexity, 1.0);
+  for (const PolicyFidelity& r : results) {
+    EXPECT_GE(r.mean_kl, -1e-6) << r.spec;  // float logprobs: equal distributions give |KL| ~ 1e-8
+    EXPECT_GE(r.top1_agreement, 0.0);
+    EXPECT_LE(r.top1_agreement, 1.0);
+    EXPECT_GE(r.retrieval, 0.0);
+    EXPECT_LE(r.retrieval, 1.0);
+    if (r.budget >= 1.0) {  // keeps every prompt token: the dense distributions exactly
+      EXPECT_DOUBLE_EQ(r.top1_agreement, 1.0) << r.spec;
+      EXPECT_NEAR(r.mean_kl, 0.0, 1e-6) << r.spec;
+      EXPECT_NEAR(r.perplexity, dense.perplexity, 1e-6 * dense.perplexity) << r.spec;
+    } else {
+      EXPECT_LT(r.kv_kept, 0.6) << r.spec;
+    }
+  }
+  const std::string svg = fidelity_svg(results, "test");
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("snapkv"), std::string::npos);
+}
+
+TEST(SparsityEval, PolicyStringsScaleWithTheBudget) {
+  EXPECT_EQ(policy_for_budget("streaming", 0.25, 256, 8), "streaming:S=4,W=60");
+  EXPECT_EQ(policy_for_budget("snapkv", 0.5, 256, 8), "snapkv:B=120,W=8");
+  EXPECT_EQ(policy_for_budget("layerwise", 0.125, 256, 8), "layerwise:L=1,rest=snapkv:B=24,W=8");
+  EXPECT_THROW(policy_for_budget("nonsense", 0.5, 256, 8), Error);
+}
+
+}  // namespace
+}  // namespace sieve::eval
