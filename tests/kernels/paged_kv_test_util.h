@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "kernels/paged_attention.h"
 
 namespace sieve::kernels {
@@ -20,6 +21,7 @@ struct CacheShape {
   int64_t num_kv_heads = 2;
   int64_t head_dim = 64;
   int32_t page_size = 16;
+  DType dtype = DType::kF32;  // kF16: the pool holds halves (the values are rounded to f16)
 };
 
 // value(position, kv_head, dim) for K or V.
@@ -55,9 +57,24 @@ class TestCache {
         }
       }
     }
+    if (shape.dtype == DType::kF16) {  // NaN stays NaN (0x7E00)
+      for (float f : k_) k16_.push_back(f32_to_f16(f));
+      for (float f : v_) v16_.push_back(f32_to_f16(f));
+    }
   }
 
   PagedKv view() const {
+    if (shape_.dtype == DType::kF16) {
+      return PagedKv{.page_stride = page_stride_,
+                     .head_stride = head_stride_,
+                     .page_size = shape_.page_size,
+                     .head_dim = shape_.head_dim,
+                     .num_kv_heads = shape_.num_kv_heads,
+                     .block_table = block_table_,
+                     .dtype = DType::kF16,
+                     .k_f16 = k16_.data(),
+                     .v_f16 = v16_.data()};
+    }
     return PagedKv{k_.data(),        v_.data(),       page_stride_,        head_stride_,
                    shape_.page_size, shape_.head_dim, shape_.num_kv_heads, block_table_};
   }
@@ -67,6 +84,7 @@ class TestCache {
   CacheShape shape_;
   int64_t head_stride_ = 0, page_stride_ = 0;
   std::vector<float> k_, v_;
+  std::vector<uint16_t> k16_, v16_;  // F16 pools only
   std::vector<int32_t> block_table_;
 };
 
