@@ -79,7 +79,7 @@ void add_eval_command(CLI::App& app) {
   command->add_option("-f,--file", options->text_path, "Text the prompts and continuations come from")
       ->required()
       ->check(CLI::ExistingFile);
-  command->add_option("--policies", c.families, "Policy families (streaming, snapkv, pyramidkv, layerwise)")
+  command->add_option("--policies", c.families, "Policy families (streaming, h2o, snapkv, pyramidkv, layerwise)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--budgets", c.budgets, "KV budgets as fractions of the prompt (comma list)")

@@ -32,6 +32,7 @@ struct SparsityState {
   sparsity::SparsityPlan plan;
   int32_t observation_rows = 0;  // 0: no stream needs scores
   bool has_windows = false;      // some stream is sink + window (drops every step)
+  bool has_heavy_hitters = false;  // some stream is H2O (needs decode attention weights)
 };
 
 struct Engine::PendingRequest {
@@ -59,6 +60,7 @@ struct Engine::Sample {
   Timings timings;
   std::shared_ptr<const SparsityState> sparsity;  // null: dense
   bool compressed = false;
+  std::vector<std::optional<sparsity::HeavyHitterState>> heavy;  // [stream], H2O streams only
 
   Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink, const SamplingParams& p,
          std::span<const TokenId> eos, int32_t prompt_tokens, Clock::time_point arrived)
@@ -141,11 +143,16 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
         bounds.push_back(sparsity::max_kept_tokens(head).value_or(prompt_len) + *request.params.max_tokens);
         sparsity->observation_rows = std::max<int32_t>(sparsity->observation_rows,
                                                        static_cast<int32_t>(sparsity::observation_rows(head)));
+      } else if (const auto* h2o = std::get_if<sparsity::HeavyHitterHead>(&head)) {
+        sparsity->has_heavy_hitters = true;
+        bounds.push_back(h2o->heavy_budget + h2o->window + 1);
+        sparsity->observation_rows = std::max<int32_t>(sparsity->observation_rows,
+                                                       static_cast<int32_t>(sparsity::observation_rows(head)));
       } else if (std::holds_alternative<sparsity::DenseHead>(head)) {
         bounds.push_back(std::nullopt);
       } else {
         return Rejection{SubmitError::kInvalidParams,
-                         fmt::format("kv_policy '{}': the engine runs full, streaming, snapkv and pyramidkv heads "
+                         fmt::format("kv_policy '{}': the engine runs full, streaming, snapkv, pyramidkv and h2o heads "
                                      "(also composed by layerwise, heads and layers) so far; not {}",
                                      sparsity::to_string(request.kv_policy), sparsity::describe(head))};
       }
@@ -227,6 +234,7 @@ void Engine::apply_cancellations() {
         continue;
       }
       scheduler_.finish(it->first);
+      runner_.forget(it->first);
       RequestEvent event{.request_id = id, .sample_idx = it->second->sample_idx,
                          .finish = Finish{FinishReason::kStop}, .error = "cancelled"};
       (*it->second->sink)(event);
@@ -247,6 +255,7 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
                                                                      : kv_.block_table(seq).size()),
                  .kv_dense_pages = static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) / config_.page_size)};
   event.timings = std::move(sample.timings);
+  runner_.forget(seq);
   scheduler_.finish(seq);
 }
 
@@ -317,6 +326,14 @@ bool Engine::step() {
   admit_pending();
   apply_cancellations();
   sched::ScheduleOutput out = scheduler_.schedule();
+  for (sched::SeqId seq : out.preempted) {
+    // Recomputed from its tokens as a dense sequence: compress again when that is done.
+    if (auto it = samples_.find(seq); it != samples_.end() && it->second->compressed) {
+      it->second->compressed = false;
+      it->second->heavy.clear();
+      runner_.forget(seq);
+    }
+  }
   bool did_work = !out.empty();
   if (did_work) {
     const std::vector<float>& logits =
@@ -383,7 +400,9 @@ void Engine::apply_sparsity() {
     if (it != samples_.end() && !it->second->compressed) compress(seq, *it->second);
   }
   for (auto& [seq, sample] : samples_) {
-    if (sample->compressed && sample->sparsity->has_windows) drop_out_of_window(seq, *sample);
+    if (sample->compressed && (sample->sparsity->has_windows || sample->sparsity->has_heavy_hitters)) {
+      drop_out_of_window(seq, *sample);
+    }
   }
 }
 
@@ -404,6 +423,14 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
       keep[s] = sparsity::select_sink_window(n, *window);
     } else if (const auto* top = std::get_if<sparsity::ObservationTopHead>(&head)) {
       keep[s] = sparsity::select_snapkv(std::span<const float>(scores->data() + s * n, n), *top);
+    } else if (const auto* h2o = std::get_if<sparsity::HeavyHitterHead>(&head)) {
+      // H2O: the observation rows seed the accumulated attention; positions == key indices here.
+      if (sample.heavy.empty()) sample.heavy.resize(keep.size());
+      sparsity::HeavyHitterState& state_s = sample.heavy[s].emplace(*h2o);
+      std::vector<int32_t> positions(static_cast<size_t>(n));
+      for (int32_t i = 0; i < n; ++i) positions[i] = i;
+      state_s.start(positions, std::span<const float>(scores->data() + s * n, n));
+      keep[s] = std::vector<int32_t>(state_s.kept_positions().begin(), state_s.kept_positions().end());
     }
   }
   std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, keep);
@@ -413,6 +440,11 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
   }
   runner_.apply(*plan);
   sample.compressed = true;
+  if (state.has_heavy_hitters) {
+    std::vector<uint8_t> wanted(sample.heavy.size());
+    for (size_t s = 0; s < wanted.size(); ++s) wanted[s] = sample.heavy[s].has_value();
+    runner_.want_attention(seq, std::move(wanted));
+  }
 }
 
 // Sink + window streams drop the oldest non-sink keys beyond the window after every step.
@@ -421,7 +453,22 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
   const kv::SparseLayout& layout = kv_.sparse_layout(seq);
   kv::DropSets drops(layout.streams.size());
   bool any = false;
+  const std::vector<std::vector<float>>* attention = runner_.attention(seq);
+  const int32_t new_position = layout.num_positions - 1;
   for (size_t s = 0; s < drops.size(); ++s) {
+    if (s < sample.heavy.size() && sample.heavy[s] && attention && !(*attention)[s].empty()) {
+      // H2O: add this step's attention, evict at most one key (the lowest accumulated outside
+      // the recent window). Keys are in position order, so a position's key index is its rank.
+      sparsity::HeavyHitterState& h2o = *sample.heavy[s];
+      std::vector<int32_t> before(h2o.kept_positions().begin(), h2o.kept_positions().end());
+      before.push_back(new_position);
+      if (const std::optional<int32_t> evicted = h2o.step(new_position, (*attention)[s])) {
+        const auto at = std::lower_bound(before.begin(), before.end(), *evicted) - before.begin();
+        drops[s].push_back(static_cast<int32_t>(at));
+        any = true;
+      }
+      continue;
+    }
     const auto* window = std::get_if<sparsity::SinkWindowHead>(&sample.sparsity->plan.heads[s]);
     if (!window) continue;
     const int32_t held = layout.streams[s].num_tokens;

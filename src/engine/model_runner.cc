@@ -15,6 +15,10 @@ std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::Seq
   const kv::SparseLayout& layout = kv_.sparse_layout(seq);
   auto view = std::make_shared<model::SparseSequence>();
   view->streams.resize(layout.streams.size());
+  if (auto it = want_attention_.find(seq); it != want_attention_.end()) {
+    view->want_attention = it->second;
+    view->attention.resize(layout.streams.size());
+  }
   for (size_t s = 0; s < layout.streams.size(); ++s) {
     const kv::SparseStream& from = layout.streams[s];
     model::SparseStream& to = view->streams[s];
@@ -38,11 +42,15 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out, con
     cache_.copy_page(planned.copy.src.value, planned.copy.dst.value);
   }
   batch_.clear();
+  step_views_.clear();
   for (const sched::ScheduledSequence& s : out.scheduled) {
     std::vector<int32_t> table(s.block_table.size());
     for (size_t i = 0; i < table.size(); ++i) table[i] = s.block_table[i].value;
     batch_.begin_sequence(std::move(table));
-    if (s.sparse_append) batch_.sequences.back().sparse = sparse_view(s.seq_id, *s.sparse_append);
+    if (s.sparse_append) {
+      batch_.sequences.back().sparse = sparse_view(s.seq_id, *s.sparse_append);
+      step_views_[s.seq_id] = batch_.sequences.back().sparse;
+    }
     std::span<const int32_t> tokens = tokens_of(s.seq_id);
     for (int32_t i = 0; i < s.num_new_tokens; ++i) {
       const int32_t position = s.num_computed_before + i;
@@ -74,6 +82,11 @@ const std::vector<float>& ModelRunner::observe(sched::SeqId seq, std::span<const
   for (kv::PageId page : kv_.block_table(seq)) table.push_back(page.value);
   model_.observe(tokens.subspan(n - window), positions, table, cache_, pool_, scratch_, scores_);
   return scores_;
+}
+
+const std::vector<std::vector<float>>* ModelRunner::attention(sched::SeqId seq) const {
+  auto it = step_views_.find(seq);
+  return it == step_views_.end() || it->second->want_attention.empty() ? nullptr : &it->second->attention;
 }
 
 }  // namespace sieve::engine

@@ -5,6 +5,7 @@
 // sample this step ask for logits.
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <span>
 #include <vector>
 
@@ -40,6 +41,12 @@ class ModelRunner {
   // The KvCache slice a kv::SliceId names.
   int32_t cache_slice(kv::SliceId slice) const;
 
+  // H2O: the streams of `seq` whose decode attention weights run() should return; and after
+  // run(), those weights ([stream] -> one per key, the new token last; empty if not computed).
+  void want_attention(sched::SeqId seq, std::vector<uint8_t> streams) { want_attention_[seq] = std::move(streams); }
+  void forget(sched::SeqId seq) { want_attention_.erase(seq); }
+  const std::vector<std::vector<float>>* attention(sched::SeqId seq) const;
+
  private:
   std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq, const kv::SparseAppend& append) const;
 
@@ -48,6 +55,8 @@ class ModelRunner {
   ThreadPool& pool_;
   const kv::KvManager& kv_;
   std::vector<float> scores_;
+  std::unordered_map<sched::SeqId, std::vector<uint8_t>> want_attention_;
+  std::unordered_map<sched::SeqId, std::shared_ptr<const model::SparseSequence>> step_views_;
   model::Batch batch_;
   model::ForwardScratch scratch_;
   std::vector<float> logits_;

@@ -115,7 +115,8 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
   if (family == "snapkv") return fmt::format("snapkv:B={},W={}", keep - window, window);
   if (family == "pyramidkv") return fmt::format("pyramidkv:B={},W={}", keep - window, window);
   if (family == "layerwise") return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
-  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, layerwise)", family);
+  if (family == "h2o") return fmt::format("h2o:B={},W={}", keep - window, window);
+  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, layerwise, h2o)", family);
 }
 
 std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::LlamaModel> model,

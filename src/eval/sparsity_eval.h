@@ -26,7 +26,7 @@
 namespace sieve::eval {
 
 struct SparsityEvalConfig {
-  std::vector<std::string> families = {"streaming", "snapkv", "pyramidkv", "layerwise"};
+  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv", "layerwise"};
   std::vector<double> budgets = {0.5, 0.25, 0.125};  // kept tokens per head / prompt tokens
   int32_t num_prompts = 8;
   int32_t prompt_tokens = 256;

@@ -27,6 +27,11 @@ struct SparseStream {
 };
 struct SparseSequence {
   std::vector<SparseStream> streams;  // [layer * num_kv_heads + kv_head]
+  // H2O: streams whose decode row's attention weights the caller wants back (summed over the
+  // group's query heads, one per key in key order, the new token last). Filled by forward;
+  // mutable because it is the one output of an otherwise read-only description.
+  std::vector<uint8_t> want_attention;                   // [stream], empty: none
+  mutable std::vector<std::vector<float>> attention;     // [stream]
 };
 
 struct BatchSequence {

@@ -232,8 +232,16 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
                                         .positions = std::span<const int32_t>(s.positions.data(), num_tokens),
                                         .num_heads = group,
                                         .scale = scale};
-    kernels::paged_attention(cache.slice_view(stream.slices, stream.key_offset), query, {.out = s.out_group.data()},
-                             pool);
+    const size_t stream_idx = static_cast<size_t>(layer * c.num_kv_heads + g);
+    const kernels::PagedKv kv = cache.slice_view(stream.slices, stream.key_offset);
+    const bool want = !sparse.want_attention.empty() && sparse.want_attention[stream_idx] && num_tokens == 1;
+    s.lse.resize(static_cast<size_t>(num_tokens * group));
+    kernels::paged_attention(kv, query, {.out = s.out_group.data(), .row_lse = want ? s.lse.data() : nullptr}, pool);
+    if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
+      std::vector<float>& weights = sparse.attention[stream_idx];
+      weights.assign(static_cast<size_t>(stream.num_keys), 0.0f);
+      kernels::observation_scores(kv, query, s.lse.data(), stream.num_keys, weights.data(), pool);
+    }
     for (int32_t i = 0; i < num_tokens; ++i) {
       std::memcpy(&s.attn[(first_token + i) * q_dim + g * group * head_dim], &s.out_group[i * group * head_dim],
                   group * head_dim * sizeof(float));

@@ -83,6 +83,7 @@ const std::vector<std::string> kPolicies = {
     "pyramidkv:B=48,W=8",
     "layerwise:L=2,rest=snapkv:B=32,W=8",
     "heads:(streaming:S=4,W=32)@kv=0+1,rest=snapkv:B=40,W=8",
+    "h2o:B=32,W=16",
 };
 
 TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
@@ -159,13 +160,30 @@ TEST(SparseEngine, StreamingHoldsABoundedNumberOfPagesWhileGenerating) {
 TEST(SparseEngine, PoliciesTheEngineCannotRunAreRefused) {
   model::LoadedModel loaded = load_stories();
   Engine engine(config(64), loaded.model, loaded.tokenizer);
-  for (const char* policy : {"h2o:B=32", "fastgen:T=0.05", "quest:K=4"}) {
+  for (const char* policy : {"fastgen:T=0.05", "quest:K=4"}) {
     Request request = greedy({1, 2, 3}, policy);
     auto submitted = engine.submit(request, [](const RequestEvent&) {});
     ASSERT_TRUE(std::holds_alternative<Rejection>(submitted)) << policy;
     EXPECT_EQ(std::get<Rejection>(submitted).error, SubmitError::kInvalidParams);
     EXPECT_NE(std::get<Rejection>(submitted).message.find("kv_policy"), std::string::npos);
   }
+}
+
+TEST(SparseEngine, HeavyHittersKeepABoundedCacheWhileGenerating) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  Engine engine(config(512), loaded.model, loaded.tokenizer);
+  const auto dense = run(engine, {greedy(prompt, "full", 200)})[0];
+  const auto h2o = run(engine, {greedy(prompt, "h2o:B=24,W=8", 200)})[0];
+  ASSERT_EQ(h2o.tokens.size(), 200u);
+  // 20 streams of 32 (+1) keys: 2 pages of 20 slices plus packing slack, whatever the length.
+  EXPECT_LE(h2o.usage.kv_pages, 4);
+  EXPECT_GE(h2o.usage.kv_dense_pages, 20);
+  EXPECT_NE(h2o.tokens, dense.tokens) << "a 32-token cache changes a 200-token continuation";
+  const auto roomy = run(engine, {greedy(prompt, "h2o:B=4096,W=8", 40)})[0];
+  EXPECT_EQ(roomy.tokens, std::vector<TokenId>(dense.tokens.begin(), dense.tokens.begin() + 40))
+      << "a budget above the sequence keeps everything";
+  expect_all_pages_free(engine);
 }
 
 TEST(SparseEngine, CompressedRequestsFitWhereDenseOnesDoNot) {
