@@ -39,12 +39,13 @@ void run_eval(EvalOptions options) {
   fmt::print("{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {}-token span, {} given "
              "after compression\n",
              c.num_prompts, c.prompt_tokens, c.continuation_tokens, c.retrieval_span, c.retrieval_cue);
-  fmt::print("{:<10} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9}  {}\n", "policy", "budget", "kv kept", "top-1",
-             "KL", "ppl", "ppl delta", "retrieval", "spec (first prompt)");
+  fmt::print("{:<10} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "policy", "budget", "kv kept", "top-1",
+             "KL", "ppl", "ppl delta", "retrieval", "recovery", "spec (first prompt)");
   const auto results = eval::run_sparsity_eval(
       loaded.model, loaded.tokenizer, buffer.str(), options.config, [](const eval::PolicyFidelity& f) {
-        fmt::print("{:<10} {:>7.3f} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f}  {}\n", f.family, f.budget,
-                   f.kv_kept, f.top1_agreement, f.mean_kl, f.perplexity, f.perplexity_delta, f.retrieval, f.spec);
+        fmt::print("{:<10} {:>7.3f} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f} {:>8}  {}\n", f.family,
+                   f.budget, f.kv_kept, f.top1_agreement, f.mean_kl, f.perplexity, f.perplexity_delta, f.retrieval,
+                   f.attention_recovery < 0 ? std::string("-") : fmt::format("{:.3f}", f.attention_recovery), f.spec);
         std::fflush(stdout);
       });
   if (!options.json_path.empty()) {
@@ -53,7 +54,9 @@ void run_eval(EvalOptions options) {
       rows.push_back({{"family", f.family}, {"budget", f.budget}, {"spec", f.spec}, {"kv_kept", f.kv_kept},
                       {"top1_agreement", f.top1_agreement}, {"mean_kl", f.mean_kl}, {"perplexity", f.perplexity},
                       {"perplexity_delta", f.perplexity_delta}, {"retrieval", f.retrieval},
-                      {"retrieval_vs_dense", f.retrieval_vs_dense}});
+                      {"retrieval_vs_dense", f.retrieval_vs_dense},
+                      {"attention_recovery", f.attention_recovery < 0 ? nlohmann::json(nullptr)
+                                                                      : nlohmann::json(f.attention_recovery)}});
     }
     nlohmann::json doc = {{"model", options.model.model_path},
                           {"text", options.text_path},

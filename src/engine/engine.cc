@@ -61,6 +61,7 @@ struct Engine::Sample {
   std::shared_ptr<const SparsityState> sparsity;  // null: dense
   bool compressed = false;
   std::vector<std::optional<sparsity::HeavyHitterState>> heavy;  // [stream], H2O streams only
+  std::optional<float> attention_recovery;                        // from the compression
 
   Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink, const SamplingParams& p,
          std::span<const TokenId> eos, int32_t prompt_tokens, Clock::time_point arrived)
@@ -253,7 +254,8 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
                  .cached_prompt_tokens = sample.cached_prompt_tokens,
                  .kv_pages = static_cast<int32_t>(kv_.is_sparse(seq) ? kv_.owned_pages(seq).size()
                                                                      : kv_.block_table(seq).size()),
-                 .kv_dense_pages = static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) / config_.page_size)};
+                 .kv_dense_pages = static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) / config_.page_size),
+                 .attention_recovery = sample.attention_recovery};
   event.timings = std::move(sample.timings);
   runner_.forget(seq);
   scheduler_.finish(seq);
@@ -432,6 +434,22 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
       state_s.start(positions, std::span<const float>(scores->data() + s * n, n));
       keep[s] = std::vector<int32_t>(state_s.kept_positions().begin(), state_s.kept_positions().end());
     }
+  }
+  if (scores) {
+    double recovery = 0.0;
+    int num_scored = 0;
+    for (size_t s = 0; s < keep.size(); ++s) {
+      const bool scored = std::holds_alternative<sparsity::ObservationTopHead>(state.plan.heads[s]) ||
+                          std::holds_alternative<sparsity::HeavyHitterHead>(state.plan.heads[s]);
+      if (!scored || !keep[s]) continue;
+      const float* row = scores->data() + s * n;
+      double total = 0.0, kept = 0.0;
+      for (int32_t i = 0; i < n; ++i) total += row[i];
+      for (int32_t i : *keep[s]) kept += row[i];
+      recovery += total > 0 ? kept / total : 1.0;
+      ++num_scored;
+    }
+    if (num_scored > 0) sample.attention_recovery = static_cast<float>(recovery / num_scored);
   }
   std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, keep);
   if (!plan) {  // no free page for the copy out of shared pages: stay dense, try next step

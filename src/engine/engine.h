@@ -73,6 +73,9 @@ struct Usage {
   // KV pages the sequence held when it finished, and what the same tokens take dense.
   int32_t kv_pages = 0;
   int32_t kv_dense_pages = 0;
+  // Attention mass the kept keys received from the observation rows, over all keys, averaged
+  // over the scored streams (SnapKV/PyramidKV/H2O); unset when no stream was scored.
+  std::optional<float> attention_recovery;
 };
 
 struct Timings {

@@ -142,8 +142,8 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
   auto summarize = [&](const std::string& family, double budget, const std::vector<std::string>& policies,
                        const std::vector<Result>& results) {
     PolicyFidelity f{.family = family, .budget = budget, .spec = policies[0]};
-    double kept = 0, agree = 0, kl = 0, nll = 0, retrieved = 0, dense_retrieved = 0;
-    int64_t positions = 0, num_lm = 0, span_tokens = 0;
+    double kept = 0, agree = 0, kl = 0, nll = 0, retrieved = 0, dense_retrieved = 0, recovery = 0;
+    int64_t positions = 0, num_lm = 0, span_tokens = 0, num_recovery = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
       const Result& r = results[i];
@@ -157,6 +157,10 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
         continue;
       }
       ++num_lm;
+      if (r.usage.attention_recovery) {
+        recovery += *r.usage.attention_recovery;
+        ++num_recovery;
+      }
       kept += r.usage.kv_dense_pages > 0 ? static_cast<double>(r.usage.kv_pages) / r.usage.kv_dense_pages : 1.0;
       for (size_t j = 0; j < r.steps.size() && j < dense[i].steps.size(); ++j) {
         const std::vector<double> p = distribution(dense[i].steps[j], vocab_size);
@@ -177,6 +181,7 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
     f.perplexity = positions ? std::exp(nll / positions) : 0.0;
     f.retrieval = span_tokens ? retrieved / span_tokens : 0.0;
     f.retrieval_vs_dense = dense_retrieved > 0 ? retrieved / dense_retrieved : 0.0;
+    f.attention_recovery = num_recovery ? recovery / num_recovery : -1.0;
     return f;
   };
   PolicyFidelity base = summarize("full", 1.0, dense_policies, dense);

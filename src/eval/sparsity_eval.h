@@ -48,6 +48,7 @@ struct PolicyFidelity {
   double perplexity_delta = 0.0;  // minus the dense perplexity
   double retrieval = 0.0;         // fraction of span tokens reproduced
   double retrieval_vs_dense = 1.0;
+  double attention_recovery = -1.0;  // mean over prompts; -1: the policy scores nothing
 };
 
 // The policy string of `family` keeping about budget * prompt_len tokens per KV head.

@@ -418,6 +418,10 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   ex.usage.completion_tokens += event.usage.completion_tokens;
   ex.usage.kv_pages += event.usage.kv_pages;
   ex.usage.kv_dense_pages += event.usage.kv_dense_pages;
+  if (event.usage.attention_recovery) {
+    ex.usage.recovery_sum += *event.usage.attention_recovery;
+    ++ex.usage.recovery_count;
+  }
   if (event.sample_idx == 0) {  // the prompt is shared by the request's samples: count it once
     ex.usage.prompt_tokens += event.usage.prompt_tokens;
     ex.usage.cached_tokens += event.usage.cached_prompt_tokens;
@@ -427,6 +431,7 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
                         .generation_tokens = event.usage.completion_tokens,
                         .kv_pages = event.usage.kv_pages,
                         .kv_dense_pages = event.usage.kv_dense_pages,
+                        .attention_recovery = event.usage.attention_recovery,
                         .n = ex.request.params.n,
                         .max_tokens = ex.request.params.max_tokens,
                         .timings = event.timings};

@@ -72,6 +72,9 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
                            "KV pages finished sequences held at their end (sparse policies hold fewer).");
   kv_pages_dense_ = counter("sieve:kv_pages_dense_total",
                             "KV pages the same finished sequences would hold with the full cache.");
+  attention_recovery_ = histogram("sieve:attention_recovery_ratio",
+                                  "Attention mass kept by a sparse policy at compression (scored policies only).",
+                                  {0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0});
   success_ = &BuildCounter().Name("vllm:request_success_total").Help("Count of finished requests.").Register(*registry_);
   for (const char* reason : {"stop", "length", "abort"}) {
     success_->Add({{"model_name", model_name_}, {"finished_reason", reason}});
@@ -108,6 +111,7 @@ void Metrics::observe(const SequenceRecord& r) {
   prompt_tokens_->Increment(static_cast<double>(r.prompt_tokens));
   kv_pages_kept_->Increment(static_cast<double>(r.kv_pages));
   kv_pages_dense_->Increment(static_cast<double>(r.kv_dense_pages));
+  if (r.attention_recovery) attention_recovery_->Observe(*r.attention_recovery);
   request_prompt_tokens_->Observe(static_cast<double>(r.prompt_tokens));
   request_generation_tokens_->Observe(static_cast<double>(r.generation_tokens));
   request_n_->Observe(r.n);

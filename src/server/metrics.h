@@ -26,6 +26,7 @@ struct SequenceRecord {
   int64_t generation_tokens = 0;
   int64_t kv_pages = 0;        // pages held at the end (0 when unknown, e.g. aborted)
   int64_t kv_dense_pages = 0;  // the same tokens with the full cache
+  std::optional<float> attention_recovery;
   int32_t n = 1;
   std::optional<int32_t> max_tokens;
   engine::Timings timings;
@@ -59,6 +60,7 @@ class Metrics {
   prometheus::Counter* prefix_hits_;
   prometheus::Counter* kv_pages_kept_;
   prometheus::Counter* kv_pages_dense_;
+  prometheus::Histogram* attention_recovery_;
   prometheus::Family<prometheus::Counter>* success_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;

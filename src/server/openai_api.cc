@@ -443,12 +443,14 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
 }
 
 json UsageTotals::to_json() const {
+  // sieve's extension: KV memory kept against a dense cache (sparsity's saving).
+  json kv_cache = {{"pages", kv_pages}, {"dense_pages", kv_dense_pages}};
+  if (recovery_count > 0) kv_cache["attention_recovery"] = recovery_sum / recovery_count;
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
           {"total_tokens", prompt_tokens + completion_tokens},
           {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}},
-          // sieve's extension: KV memory kept against a dense cache (sparsity's saving).
-          {"kv_cache", {{"pages", kv_pages}, {"dense_pages", kv_dense_pages}}}};
+          {"kv_cache", std::move(kv_cache)}};
 }
 
 json finish_reason_json(const std::optional<engine::Finish>& finish) {

@@ -144,6 +144,23 @@ TEST(SparseEngine, SparsePoliciesChangeTheOutputButStayCloseToDense) {
   expect_all_pages_free(engine);
 }
 
+TEST(SparseEngine, ScoredPoliciesReportTheAttentionTheyKept) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  Engine engine(config(512), loaded.model, loaded.tokenizer);
+  const Usage all = run(engine, {greedy(prompt, "snapkv:B=4096,W=8", 4)})[0].usage;
+  const Usage tight = run(engine, {greedy(prompt, "snapkv:B=16,W=8", 4)})[0].usage;
+  const Usage h2o = run(engine, {greedy(prompt, "h2o:B=16,W=8", 4)})[0].usage;
+  const Usage window = run(engine, {greedy(prompt, "streaming:S=4,W=16", 4)})[0].usage;
+  ASSERT_TRUE(all.attention_recovery && tight.attention_recovery && h2o.attention_recovery);
+  EXPECT_NEAR(*all.attention_recovery, 1.0f, 1e-5f) << "keeping every key keeps all the attention";
+  EXPECT_GT(*tight.attention_recovery, 0.0f);
+  EXPECT_LT(*tight.attention_recovery, 1.0f);
+  EXPECT_GT(*h2o.attention_recovery, 0.0f);
+  EXPECT_FALSE(window.attention_recovery.has_value()) << "sink + window scores nothing";
+  expect_all_pages_free(engine);
+}
+
 TEST(SparseEngine, StreamingHoldsABoundedNumberOfPagesWhileGenerating) {
   model::LoadedModel loaded = load_stories();
   const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
