@@ -9,6 +9,7 @@
 #include "engine/engine.h"
 #include "sparsity/policy_spec.h"
 #include "util/error.h"
+#include "util/svg_plot.h"
 
 namespace sieve::eval {
 
@@ -200,57 +201,33 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
 }
 
 std::string fidelity_svg(const std::vector<PolicyFidelity>& results, const std::string& title) {
-  constexpr int kW = 720, kH = 440, kL = 70, kR = 170, kT = 40, kB = 60;
-  const double pw = kW - kL - kR, ph = kH - kT - kB;
-  auto x_of = [&](double v) { return kL + v * pw; };
-  auto y_of = [&](double v) { return kT + (1.0 - v) * ph; };
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
-      "font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{}\" y=\"24\" font-size=\"15\">{}</text>\n",
-      kW, kH, kL, title);
-  for (int i = 0; i <= 10; i += 2) {
-    const double v = i / 10.0;
-    svg += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#ddd\"/>"
-                       "<text x=\"{3}\" y=\"{4:.1f}\" text-anchor=\"end\">{5:.1f}</text>\n",
-                       kL, kL + pw, y_of(v), kL - 6, y_of(v) + 4, v);
-    svg += fmt::format("<line y1=\"{0}\" y2=\"{1}\" x1=\"{2:.1f}\" x2=\"{2:.1f}\" stroke=\"#ddd\"/>"
-                       "<text y=\"{3}\" x=\"{2:.1f}\" text-anchor=\"middle\">{4:.1f}</text>\n",
-                       kT, kT + ph, x_of(v), kT + ph + 18, v);
-  }
-  svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">KV kept (fraction of dense pages)</text>\n",
-                     kL + pw / 2, kH - 16);
-  svg += fmt::format("<text transform=\"translate(18,{}) rotate(-90)\" text-anchor=\"middle\">top-1 agreement with "
-                     "dense</text>\n", kT + ph / 2);
-  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+  // One line per family, from the dense point (1, 1) down to its tightest budget.
   std::vector<std::string> families;
+  std::vector<svg::Line> lines;
   for (const PolicyFidelity& r : results) {
-    if (r.family != "full" && std::find(families.begin(), families.end(), r.family) == families.end()) {
+    if (r.family == "full") continue;
+    auto it = std::find(families.begin(), families.end(), r.family);
+    if (it == families.end()) {
       families.push_back(r.family);
+      lines.push_back({svg::kColours[(families.size() - 1) % std::size(svg::kColours)], false, {}});
+      if (!results.empty() && results.front().family == "full") {
+        lines.back().points.emplace_back(results.front().kv_kept, results.front().top1_agreement);
+      }
+      it = families.end() - 1;
     }
+    lines[static_cast<size_t>(it - families.begin())].points.emplace_back(r.kv_kept, r.top1_agreement);
   }
-  const PolicyFidelity* dense = results.empty() ? nullptr : &results.front();
+  for (svg::Line& line : lines) std::sort(line.points.begin(), line.points.end());
+  const double height = std::max(svg::kPanelHeight + 40, svg::kTop + 60 + 20.0 * static_cast<double>(families.size()));
+  std::string out = svg::document_begin(svg::kPanelWidth + 160, height, title);
+  out += svg::panel(0, 30, "top-1 agreement vs KV kept", "KV kept (fraction of dense pages)",
+                    "top-1 agreement with dense", lines, false);
   for (size_t f = 0; f < families.size(); ++f) {
-    std::vector<const PolicyFidelity*> points;
-    if (dense) points.push_back(dense);
-    for (const PolicyFidelity& r : results) {
-      if (r.family == families[f]) points.push_back(&r);
-    }
-    std::sort(points.begin(), points.end(), [](auto* a, auto* b) { return a->kv_kept < b->kv_kept; });
-    std::string path;
-    for (const PolicyFidelity* p : points) {
-      path += fmt::format("{}{:.1f},{:.1f} ", path.empty() ? "M" : "L", x_of(p->kv_kept), y_of(p->top1_agreement));
-      svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"/>\n", x_of(p->kv_kept),
-                         y_of(p->top1_agreement), colors[f % 6]);
-    }
-    svg += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n", path, colors[f % 6]);
-    svg += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2}\" y2=\"{2}\" stroke=\"{3}\" stroke-width=\"3\"/>"
-                       "<text x=\"{4}\" y=\"{5}\">{6}</text>\n",
-                       kW - kR + 15, kW - kR + 40, kT + 20 + 20 * f, colors[f % 6], kW - kR + 46, kT + 24 + 20 * f,
-                       families[f]);
+    out += svg::legend_entry(svg::kPanelWidth + 10, 30 + svg::kTop + 20.0 * static_cast<double>(f), lines[f].colour,
+                             families[f]);
   }
-  svg += "</svg>\n";
-  return svg;
+  out += "</svg>\n";
+  return out;
 }
 
 }  // namespace sieve::eval
