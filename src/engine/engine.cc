@@ -478,11 +478,11 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
       // H2O: add this step's attention, evict at most one key (the lowest accumulated outside
       // the recent window). Keys are in position order, so a position's key index is its rank.
       sparsity::HeavyHitterState& h2o = *sample.heavy[s];
-      std::vector<int32_t> before(h2o.kept_positions().begin(), h2o.kept_positions().end());
-      before.push_back(new_position);
       if (const std::optional<int32_t> evicted = h2o.step(new_position, (*attention)[s])) {
-        const auto at = std::lower_bound(before.begin(), before.end(), *evicted) - before.begin();
-        drops[s].push_back(static_cast<int32_t>(at));
+        // Every kept position below the evicted one is still kept, so its rank among the kept
+        // positions after the step is its key index before it.
+        const std::span<const int32_t> kept = h2o.kept_positions();
+        drops[s].push_back(static_cast<int32_t>(std::lower_bound(kept.begin(), kept.end(), *evicted) - kept.begin()));
         any = true;
       }
       continue;

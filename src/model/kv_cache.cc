@@ -67,19 +67,9 @@ KvCache::Single KvCache::for_one_sequence(const ModelConfig& config, int32_t num
 
 void KvCache::write(int64_t layer, std::span<const int32_t> block_table, int32_t position,
                     const float* k, const float* v) {
-  const int64_t page = block_table[position / page_size_];
-  const int64_t base = layer * layer_stride_ + page * page_stride_ + (position % page_size_) * head_dim_;
+  const int32_t page = block_table[position / page_size_];
   for (int64_t h = 0; h < num_kv_heads_; ++h) {
-    const int64_t at = base + h * head_stride_;
-    if (dtype_ == kernels::DType::kF16) {
-      for (int64_t d = 0; d < head_dim_; ++d) {
-        keys16_[at + d] = kernels::f32_to_f16(k[h * head_dim_ + d]);
-        values16_[at + d] = kernels::f32_to_f16(v[h * head_dim_ + d]);
-      }
-    } else {
-      std::memcpy(&keys_[at], k + h * head_dim_, head_dim_ * sizeof(float));
-      std::memcpy(&values_[at], v + h * head_dim_, head_dim_ * sizeof(float));
-    }
+    write_row(slice_index(page, layer, h), position % page_size_, k + h * head_dim_, v + h * head_dim_);
   }
 }
 

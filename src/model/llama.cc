@@ -99,6 +99,31 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
   }
 }
 
+void LlamaModel::embed(std::span<const TokenId> tokens, ForwardScratch& s) const {
+  const kernels::MatrixView& embd = weights_.token_embd;
+  const size_t embd_row_bytes = kernels::row_bytes(embd.dtype, embd.cols);
+  const int64_t dim = config_.dim;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const auto* row = static_cast<const uint8_t*>(embd.data) + tokens[t] * embd_row_bytes;
+    kernels::dequantize_row(embd.dtype, row, &s.x[t * dim], dim);
+  }
+}
+
+// After a layer's attention (s.attn): x += Wo·attn, then x += Wdown·(silu(Wgate·n) * Wup·n)
+// with n = norm(x).
+void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const {
+  const ModelConfig& c = config_;
+  const int64_t dim = c.dim;
+  kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
+  for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
+  for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.ffn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
+  kernels::matmul(w.w_gate, s.norm.data(), n, s.gate.data(), pool);
+  kernels::matmul(w.w_up, s.norm.data(), n, s.up.data(), pool);
+  for (int64_t t = 0; t < n; ++t) kernels::silu_mul(&s.gate[t * c.ffn_dim], &s.up[t * c.ffn_dim], c.ffn_dim);
+  kernels::matmul(w.w_down, s.gate.data(), n, s.norm.data(), pool);
+  for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
+}
+
 void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
                          ForwardScratch& s, std::vector<float>& logits) const {
   check_batch(batch, cache);
@@ -114,21 +139,14 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
   s.gate.resize(n * c.ffn_dim);
   s.up.resize(n * c.ffn_dim);
 
-  const kernels::MatrixView& embd = weights_.token_embd;
-  const size_t embd_row_bytes = kernels::row_bytes(embd.dtype, embd.cols);
-  for (int64_t t = 0; t < n; ++t) {
-    const auto* row = static_cast<const uint8_t*>(embd.data) + batch.tokens[t] * embd_row_bytes;
-    kernels::dequantize_row(embd.dtype, row, &s.x[t * dim], dim);
-  }
+  embed(batch.tokens, s);
 
   auto norm_all = [&](const std::vector<float>& weight) {
     for (int64_t t = 0; t < n; ++t) {
       kernels::rmsnorm(&s.x[t * dim], weight.data(), c.rms_eps, &s.norm[t * dim], dim);
     }
   };
-  auto add_into_x = [&](const std::vector<float>& delta) {
-    for (int64_t i = 0; i < n * dim; ++i) s.x[i] += delta[i];
-  };
+
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<const BatchSequence*> short_sequences, long_sequences;
   for (const BatchSequence& seq : batch.sequences) {
@@ -183,17 +201,7 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
       for (const BatchSequence* seq : short_sequences) attend(*seq, pool);
     }
     for (const BatchSequence* seq : long_sequences) attend(*seq, pool);
-    kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
-    add_into_x(s.norm);
-
-    norm_all(w.ffn_norm);
-    kernels::matmul(w.w_gate, s.norm.data(), n, s.gate.data(), pool);
-    kernels::matmul(w.w_up, s.norm.data(), n, s.up.data(), pool);
-    for (int64_t t = 0; t < n; ++t) {
-      kernels::silu_mul(&s.gate[t * c.ffn_dim], &s.up[t * c.ffn_dim], c.ffn_dim);
-    }
-    kernels::matmul(w.w_down, s.gate.data(), n, s.norm.data(), pool);
-    add_into_x(s.norm);
+    finish_layer(w, n, pool, s);
   }
 
   // Final norm and output head, only for the tokens that want logits.
@@ -268,12 +276,7 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const
   s.lse.resize(n * c.num_heads);
   scores.assign(static_cast<size_t>(c.num_layers * c.num_kv_heads * num_keys), 0.0f);
 
-  const kernels::MatrixView& embd = weights_.token_embd;
-  const size_t embd_row_bytes = kernels::row_bytes(embd.dtype, embd.cols);
-  for (int64_t t = 0; t < n; ++t) {
-    const auto* row = static_cast<const uint8_t*>(embd.data) + window_tokens[t] * embd_row_bytes;
-    kernels::dequantize_row(embd.dtype, row, &s.x[t * dim], dim);
-  }
+  embed(window_tokens, s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
@@ -286,14 +289,7 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const
     kernels::paged_attention(kv, query, {.out = s.attn.data(), .row_lse = s.lse.data()}, pool);
     kernels::observation_scores(kv, query, s.lse.data(), num_keys, &scores[l * c.num_kv_heads * num_keys], pool);
     if (l + 1 == c.num_layers) break;  // the last layer's output feeds nothing here
-    kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
-    for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
-    for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.ffn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
-    kernels::matmul(w.w_gate, s.norm.data(), n, s.gate.data(), pool);
-    kernels::matmul(w.w_up, s.norm.data(), n, s.up.data(), pool);
-    for (int64_t t = 0; t < n; ++t) kernels::silu_mul(&s.gate[t * c.ffn_dim], &s.up[t * c.ffn_dim], c.ffn_dim);
-    kernels::matmul(w.w_down, s.gate.data(), n, s.norm.data(), pool);
-    for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
+    finish_layer(w, n, pool, s);
   }
 }
 

@@ -59,6 +59,8 @@ class LlamaModel {
 
  private:
   void check_batch(const Batch& batch, const KvCache& cache) const;
+  void embed(std::span<const TokenId> tokens, ForwardScratch& s) const;  // rows of s.x
+  void finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const;
   void attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token, int32_t num_tokens,
                      const int32_t* positions, const KvCache& cache, ThreadPool& pool, ForwardScratch& s) const;
 
