@@ -213,8 +213,9 @@ void Engine::admit_pending() {
     const sched::AddResult added = scheduler_.add(seq, std::move(p->request.prompt), max_new, 0, p->max_pages);
     if (added != sched::AddResult::kQueued) {
       RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
-      event.error = added == sched::AddResult::kQueueFull ? "the server is at its queue limit; retry later"
-                                                           : "the request cannot fit in the KV cache";
+      const bool queue_full = added == sched::AddResult::kQueueFull;
+      event.error = queue_full ? "the server is at its queue limit; retry later" : "the request cannot fit in the KV cache";
+      event.error_kind = queue_full ? RequestEvent::ErrorKind::kQueueFull : RequestEvent::ErrorKind::kNeverFits;
       (*p->sink)(event);
       continue;
     }
@@ -237,7 +238,8 @@ void Engine::apply_cancellations() {
       scheduler_.finish(it->first);
       runner_.forget(it->first);
       RequestEvent event{.request_id = id, .sample_idx = it->second->sample_idx,
-                         .finish = Finish{FinishReason::kStop}, .error = "cancelled"};
+                         .finish = Finish{FinishReason::kStop}, .error = "cancelled",
+                         .error_kind = RequestEvent::ErrorKind::kCancelled};
       (*it->second->sink)(event);
       it = samples_.erase(it);
     }

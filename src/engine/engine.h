@@ -94,6 +94,9 @@ struct RequestEvent {
   std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
   std::optional<Finish> finish;
   std::optional<std::string> error;  // the request failed; finish is set too
+  // Why, when error is set: cancel(), or an admission failure found after submit() accepted it.
+  enum class ErrorKind { kCancelled, kQueueFull, kNeverFits };
+  std::optional<ErrorKind> error_kind;
   Usage usage;                       // meaningful with finish
   Timings timings;                   // meaningful with finish
 };

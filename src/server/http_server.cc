@@ -394,15 +394,19 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   ChoiceState& choice = ex.choices.at(index);
   if (choice.finish) return;  // a late event of a choice that has ended (e.g. after a cancel)
   if (event.error) {
-    if (*event.error == "cancelled") {  // counted as an abort by finish_exchange
+    using Kind = engine::RequestEvent::ErrorKind;
+    if (event.error_kind == Kind::kCancelled) {  // counted as an abort by finish_exchange
       choice.finish = engine::Finish{engine::FinishReason::kStop};
       ++ex.num_finished;
       return;
     }
-    const bool overloaded = event.error->find("queue") != std::string::npos;
-    ex.error = ApiError{.status = overloaded ? 503 : 500,
-                        .message = *event.error,
-                        .type = overloaded ? "server_overloaded" : "internal_server_error"};
+    if (event.error_kind) {  // admission failed after submit(): the same answer as a rejection
+      ex.error = rejection_error({event.error_kind == Kind::kQueueFull ? engine::SubmitError::kQueueFull
+                                                                       : engine::SubmitError::kNeverFits,
+                                  *event.error});
+    } else {
+      ex.error = ApiError{.status = 500, .message = *event.error, .type = "internal_server_error"};
+    }
     return;
   }
   choice.text += event.text;
