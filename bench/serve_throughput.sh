@@ -9,17 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$1 input_len=$2 output_len=$3 num_prompts=$4 out=$5
 shift 5
-sieve=${SIEVE:-build/sieve}
-log=$(mktemp)
-"$sieve" serve -m "$model" --port 0 "$@" 2> "$log" &
-server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -f "$log"' EXIT
-for _ in $(seq 600); do
-  port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log")
-  [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
-  sleep 0.1
-done
-[ -n "${port:-}" ] || { cat "$log"; exit 1; }
+source bench/serve_lib.sh
+start_server "$model" "$@"
+trap stop_server EXIT
 "$sieve" bench-serve --base-url "http://127.0.0.1:$port" --tokenizer "$model" \
   --input-len "$input_len" --output-len "$output_len" --num-prompts "$num_prompts" \
   --sweep-concurrency 1,8,32 --warmup 8 --seed 1 --out "$out.json" --plot "$out.svg"

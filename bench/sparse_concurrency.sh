@@ -8,17 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$1
 policies=${2:-"full streaming:S=4,W=252 snapkv:B=224,W=32"}
-sieve=${SIEVE:-build/sieve}
+source bench/serve_lib.sh
 for policy in $policies; do
-  log=$(mktemp)
-  "$sieve" serve -m "$model" --port 0 --kv-tokens 16896 --max-num-seqs 64 --kv-policy "$policy" 2> "$log" &
-  server=$!
-  port=
-  for _ in $(seq 600); do
-    port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log")
-    [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
-    sleep 0.1
-  done
+  start_server "$model" --kv-tokens 16896 --max-num-seqs 64 --kv-policy "$policy"
   peak_file=$(mktemp)
   echo 0 > "$peak_file"
   ( peak=0
@@ -32,7 +24,7 @@ for policy in $policies; do
     --num-prompts 24 --max-concurrency 24 --seed 3 --out /tmp/sparse_concurrency.json 2>/dev/null |
     grep -E "Total token throughput|Output token throughput"
   echo "$policy: peak running $(cat "$peak_file")"
-  kill -TERM $server; wait $server 2>/dev/null || true
+  stop_server
   kill $poller 2>/dev/null || true
-  rm -f "$log" "$peak_file"
+  rm -f "$peak_file"
 done

@@ -9,16 +9,9 @@ cd "$(dirname "$0")/.."
 model=$1
 depths=${2:-"2048 8192 16384"}
 policies=${3:-"full streaming:S=4,W=1020 snapkv:B=992,W=32"}
-sieve=${SIEVE:-build/sieve}
-log=$(mktemp)
-"$sieve" serve -m "$model" --port 0 --kv-memory 2048 2> "$log" &
-server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -f "$log"' EXIT
-for _ in $(seq 600); do
-  port=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log")
-  [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
-  sleep 0.1
-done
+source bench/serve_lib.sh
+start_server "$model" --kv-memory 2048
+trap stop_server EXIT
 bodies=()
 for p in $policies; do bodies+=(--extra-body "{\"kv_policy\":\"$p\"}"); done
 for depth in $depths; do
