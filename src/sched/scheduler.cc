@@ -8,7 +8,7 @@ namespace sieve::sched {
 Scheduler::Scheduler(const SchedulerConfig& config, kv::KvManager& kv) : config_(config), kv_(kv) {}
 
 AddResult Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens,
-                         uint64_t extra_key, std::optional<int64_t> max_pages) {
+                         uint64_t extra_key, std::optional<int64_t> max_pages, int32_t chunk_boundary) {
   assert(!seqs_.contains(seq) && !prompt.empty());
   const int64_t max_total = static_cast<int64_t>(prompt.size()) + std::max(0, max_new_tokens);
   if (config_.max_model_len > 0 && max_total > config_.max_model_len) return AddResult::kTooLong;
@@ -20,6 +20,7 @@ AddResult Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new
   s.tokens = std::move(prompt);
   s.max_total_tokens = static_cast<int32_t>(max_total);
   s.extra_key = extra_key;
+  s.chunk_boundary = chunk_boundary;
   waiting_.push_back(seq);
   return AddResult::kQueued;
 }
@@ -121,7 +122,7 @@ void Scheduler::schedule_running(bool decodes, ScheduleOutput& out) {
                     [&](const ScheduledSequence& s) { return s.seq_id == seq; })) {
       continue;
     }
-    const int32_t num_new = std::min(remaining, budget);
+    const int32_t num_new = chunk_limit(it->second, it->second.num_computed, std::min(remaining, budget));
     std::optional<kv::SparseAppend> sparse_append;
     if (!reserve_running(seq, it->second.num_computed + num_new, out, sparse_append)) continue;
     add_scheduled(seq, num_new, out, std::move(sparse_append));
@@ -134,8 +135,15 @@ void Scheduler::schedule_waiting(ScheduleOutput& out) {
     if (budget == 0 || waiting_.empty() || static_cast<int32_t>(running_.size()) >= config_.max_num_seqs) return;
     const SeqId seq = waiting_.front();
     Sequence& s = seqs_.at(seq);
-    const kv::PrefixMatch match = kv_.lookup_prefix(s.tokens, s.extra_key);
-    const int32_t num_new = std::min(static_cast<int32_t>(s.tokens.size()) - match.num_cached_tokens, budget);
+    kv::PrefixMatch match = kv_.lookup_prefix(s.tokens, s.extra_key);
+    if (s.chunk_boundary > 0 && match.num_cached_tokens > s.chunk_boundary) {
+      const size_t blocks = static_cast<size_t>(s.chunk_boundary / kv_.config().page_size);
+      match.pages.resize(blocks);
+      match.hashes.resize(blocks);
+      match.num_cached_tokens = s.chunk_boundary;
+    }
+    const int32_t num_new = chunk_limit(s, match.num_cached_tokens,
+                                        std::min(static_cast<int32_t>(s.tokens.size()) - match.num_cached_tokens, budget));
     if (!kv_.admit(seq, match, match.num_cached_tokens + num_new)) return;  // wait for pages
     waiting_.pop_front();
     s.num_computed = match.num_cached_tokens;
@@ -167,6 +175,11 @@ void Scheduler::on_step_done(const ScheduleOutput& out) {
     s.num_computed = scheduled.num_computed_before + scheduled.num_new_tokens;
     kv_.commit_full_blocks(scheduled.seq_id, s.tokens, s.num_computed);
   }
+}
+
+int32_t Scheduler::chunk_limit(const Sequence& s, int32_t from, int32_t wanted) {
+  if (s.chunk_boundary <= 0) return wanted;
+  return std::min(wanted, s.chunk_boundary - from % s.chunk_boundary);
 }
 
 void Scheduler::append_token(SeqId seq, int32_t token) { seqs_.at(seq).tokens.push_back(token); }

@@ -87,9 +87,11 @@ class Scheduler {
   // Queues a new sequence. `extra_key` separates prefix-cache namespaces (see kv::BlockHash).
   // `max_pages`: the most pages the sequence can ever hold, for a request that will be
   // compressed (kv::sparse_peak_pages); nullopt: its dense size. Used to reject what can never
-  // fit (kNeverFits).
+  // fit (kNeverFits). `chunk_boundary` > 0 (a multiple of the page size): no step computes
+  // tokens across a multiple of it and a prefix-cache hit covers at most its first chunk, so a
+  // request compressed chunk by chunk is compressed at the same positions whatever else runs.
   AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens, uint64_t extra_key = 0,
-                std::optional<int64_t> max_pages = std::nullopt);
+                std::optional<int64_t> max_pages = std::nullopt, int32_t chunk_boundary = 0);
   // Starts `child` as a running copy of running sequence `parent` (parallel sampling, n > 1):
   // a dense child shares every page, its own writes go through copy-on-write. Call right after
   // the step in which the parent sampled its first token, before appending that token to either.
@@ -121,8 +123,11 @@ class Scheduler {
     int32_t num_computed = 0;
     int32_t max_total_tokens = 0;  // prompt + max_new_tokens
     uint64_t extra_key = 0;
+    int32_t chunk_boundary = 0;
     bool running = false;
   };
+  // At most `wanted` tokens from position `from` on, not across the sequence's chunk boundary.
+  static int32_t chunk_limit(const Sequence& s, int32_t from, int32_t wanted);
   // Makes room for `seq` to hold `num_tokens` tokens and have its next write page private,
   // preempting the most recently admitted other sequences as needed. False if `seq` itself
   // had to be preempted.

@@ -18,9 +18,9 @@ class Simulation {
  public:
   Simulation(SchedulerConfig config, kv::KvConfig kv_config) : kv_(kv_config), scheduler_(config, kv_) {}
 
-  AddResult add(char name, std::vector<int32_t> prompt, int32_t max_new) {
+  AddResult add(char name, std::vector<int32_t> prompt, int32_t max_new, int32_t chunk_boundary = 0) {
     max_new_[name] = max_new;
-    return scheduler_.add(id(name), std::move(prompt), max_new);
+    return scheduler_.add(id(name), std::move(prompt), max_new, 0, std::nullopt, chunk_boundary);
   }
   AddResult add(char name, int32_t prompt_len, int32_t max_new) {
     std::vector<int32_t> prompt(prompt_len);
@@ -149,6 +149,20 @@ TEST(Scheduler, PrefixCacheHitSkipsComputedBlocks) {
   EXPECT_EQ(stats.num_prefix_hit_requests, 1);
   EXPECT_EQ(stats.num_prefix_hit_tokens, 8);
   EXPECT_EQ(sim.kv().num_free_pages(), 16);
+}
+
+TEST(Scheduler, ChunkBoundariesCutPrefillStepsAndPrefixHits) {
+  // Budget 10 per step, boundaries every 8 positions: a step never computes across 8, 16, ...
+  Simulation sim(config(10), pool(32, /*prefix_caching=*/true));
+  std::vector<int32_t> prompt(21);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  sim.add('A', prompt, 2, /*chunk_boundary=*/8);
+  EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{"A0+8", "A8+8", "A16+5*", "A21+1*"}));
+  // The same prompt again: 20 tokens are cached, but a hit covers the first chunk only.
+  sim.add('B', prompt, 1, /*chunk_boundary=*/8);
+  sim.add('C', prompt, 1);
+  EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{"B8+8 C20+1*", "B16+5*"}));
+  EXPECT_EQ(sim.kv().num_free_pages(), 32);
 }
 
 TEST(Scheduler, SequenceLimitHoldsNewRequests) {
