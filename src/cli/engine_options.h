@@ -22,6 +22,10 @@ struct EngineOptions {
     command.add_option("--max-batch-tokens", config.max_batch_tokens, "Tokens computed per engine step (chunked prefill)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    command.add_option("--sparse-prefill-chunk", config.sparse_prefill_chunk,
+                       "Compress a sparse-policy prompt every this many tokens (0: once, at its end)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     command.add_option("--max-num-seqs", config.max_num_seqs, "Sequences running at once")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);

@@ -33,6 +33,9 @@ struct SparsityState {
   int32_t observation_rows = 0;  // 0: no stream needs scores
   bool has_windows = false;      // some stream is sink + window (drops every step)
   bool has_heavy_hitters = false;  // some stream is H2O (needs decode attention weights)
+  // Prefill is compressed at every multiple of this many positions (0: only at its end), so
+  // the prompt never holds more than the policy's budget + one chunk.
+  int32_t chunk_boundary = 0;
 };
 
 struct Engine::PendingRequest {
@@ -59,7 +62,8 @@ struct Engine::Sample {
   int32_t cached_prompt_tokens = 0;
   Timings timings;
   std::shared_ptr<const SparsityState> sparsity;  // null: dense
-  bool compressed = false;
+  bool compressed = false;        // the prompt's last compression is done: decode policies run
+  int32_t compressed_through = 0;  // positions the latest compression covered
   std::vector<std::optional<sparsity::HeavyHitterState>> heavy;  // [stream], H2O streams only
   std::optional<float> attention_recovery;                        // from the compression
 
@@ -161,11 +165,20 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
     if (sparsity->plan.is_dense()) {
       sparsity.reset();
     } else {
+      const bool bounded = std::any_of(bounds.begin(), bounds.end(), [](const auto& b) { return b.has_value(); });
+      if (bounded && config_.sparse_prefill_chunk > 0) {
+        // The observation window must lie inside the chunk it scores, and chunks end on pages
+        // (a prefix-cache hit is capped at the first one).
+        const int32_t chunk = std::max(config_.sparse_prefill_chunk, sparsity->observation_rows);
+        sparsity->chunk_boundary = (chunk + config_.page_size - 1) / config_.page_size * config_.page_size;
+      }
+      const int64_t first_chunk = sparsity->chunk_boundary > 0 ? std::min<int64_t>(prompt_len, sparsity->chunk_boundary)
+                                                               : prompt_len;
       pages_needed = kv::sparse_peak_pages({.shape = kv_.slice_shape(),
                                             .max_kept_tokens = bounds,
-                                            .chunk_size = 1,
+                                            .chunk_size = first_chunk,
                                             .max_total_tokens = prompt_len + *request.params.max_tokens,
-                                            .dense_tokens_at_first_compression = prompt_len});
+                                            .dense_tokens_at_first_compression = first_chunk});
     }
   }
   if (pages_needed > config_.num_kv_pages) {
@@ -210,7 +223,9 @@ void Engine::admit_pending() {
     sample->num_samples_to_fork = n - 1;
     sample->sparsity = p->sparsity;
     const int32_t max_new = *p->request.params.max_tokens;
-    const sched::AddResult added = scheduler_.add(seq, std::move(p->request.prompt), max_new, 0, p->max_pages);
+    const int32_t chunk_boundary = p->sparsity ? p->sparsity->chunk_boundary : 0;
+    const sched::AddResult added =
+        scheduler_.add(seq, std::move(p->request.prompt), max_new, 0, p->max_pages, chunk_boundary);
     if (added != sched::AddResult::kQueued) {
       RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
       const bool queue_full = added == sched::AddResult::kQueueFull;
@@ -277,7 +292,13 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
     if (scheduled.num_computed_before < first.num_prompt_tokens) {
       num_prompt_tokens_computed_ += std::min(scheduled.num_new_tokens, first.num_prompt_tokens - scheduled.num_computed_before);
     }
-    if (!scheduled.samples) continue;
+    if (!scheduled.samples) {
+      // A prefill chunk of a sparse request ended on a boundary: compress before the next one.
+      const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
+      const int32_t boundary = first.sparsity ? first.sparsity->chunk_boundary : 0;
+      if (boundary > 0 && computed % boundary == 0 && !first.compressed) to_compress_.push_back(scheduled.seq_id);
+      continue;
+    }
     std::span<const float> row_logits(&logits[row++ * vocab], vocab);
 
     // n > 1: the other samples start here, sharing every prompt page, from the same logits.
@@ -291,6 +312,8 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
       sample->timings.queue_seconds = first.timings.queue_seconds;
       sample->cached_prompt_tokens = first.cached_prompt_tokens;
       sample->sparsity = first.sparsity;
+      sample->compressed_through = first.compressed_through;  // a sparse parent's child has its keys
+      sample->heavy = first.heavy;
       samples_.emplace(child, std::move(sample));
       seqs.push_back(child);
     }
@@ -332,8 +355,9 @@ bool Engine::step() {
   sched::ScheduleOutput out = scheduler_.schedule();
   for (sched::SeqId seq : out.preempted) {
     // Recomputed from its tokens as a dense sequence: compress again when that is done.
-    if (auto it = samples_.find(seq); it != samples_.end() && it->second->compressed) {
+    if (auto it = samples_.find(seq); it != samples_.end() && it->second->compressed_through > 0) {
       it->second->compressed = false;
+      it->second->compressed_through = 0;
       it->second->heavy.clear();
       runner_.forget(seq);
     }
@@ -410,31 +434,44 @@ void Engine::apply_sparsity() {
   }
 }
 
-// Right after the step that computed the whole prompt (and sampled the first token from the
-// full cache), every stream keeps what its head's policy selects; dense streams keep all.
+// At each chunk boundary of the prompt (chunk_boundary) and right after the step that computed
+// the whole prompt (and sampled the first token from the cache as it was), every bounded stream
+// keeps what its head's policy selects among its current keys: those kept so far, then the new
+// chunk. The prompt's last compression also starts the decode-time policies.
 void Engine::compress(sched::SeqId seq, Sample& sample) {
-  if (kv_.is_sparse(seq)) return;
   const SparsityState& state = *sample.sparsity;
-  std::span<const TokenId> tokens = scheduler_.tokens(seq);
-  // The first sampled token is appended but not computed yet: compress the computed ones.
-  const auto n = static_cast<int32_t>(tokens.size()) - 1;
-  const std::vector<float>* scores = nullptr;
-  if (state.observation_rows > 0) scores = &runner_.observe(seq, tokens.first(n), state.observation_rows);
+  const bool last = scheduler_.num_output_tokens(seq) > 0;
+  const int32_t n = scheduler_.num_computed(seq);  // the sampled token is not computed yet
+  const bool sparse = kv_.is_sparse(seq);
+  if (!sparse) {  // (again) from the start: a recompute after preemption, a child that waited
+    sample.compressed_through = 0;
+    sample.heavy.clear();
+  }
+  if (n <= sample.compressed_through && !last) return;
+  const ModelRunner::ObservationScores* scores = nullptr;
+  if (state.observation_rows > 0) scores = &runner_.observe(seq, scheduler_.tokens(seq).first(n), state.observation_rows);
   kv::KeepSets keep(state.plan.heads.size());
   for (size_t s = 0; s < keep.size(); ++s) {
     const sparsity::HeadPolicy& head = state.plan.heads[s];
+    const int32_t num_keys = sparse ? kv_.sparse_layout(seq).streams[s].num_tokens : n;
     if (const auto* window = std::get_if<sparsity::SinkWindowHead>(&head)) {
-      keep[s] = sparsity::select_sink_window(n, *window);
+      keep[s] = sparsity::select_sink_window(num_keys, *window);
     } else if (const auto* top = std::get_if<sparsity::ObservationTopHead>(&head)) {
-      keep[s] = sparsity::select_snapkv(std::span<const float>(scores->data() + s * n, n), *top);
+      keep[s] = sparsity::select_snapkv(scores->stream(s), *top);
     } else if (const auto* h2o = std::get_if<sparsity::HeavyHitterHead>(&head)) {
-      // H2O: the observation rows seed the accumulated attention; positions == key indices here.
+      // H2O: the observation rows seed the accumulated attention of the current keys (kept so
+      // far, then the new chunk), in position order like the keys.
       if (sample.heavy.empty()) sample.heavy.resize(keep.size());
-      sparsity::HeavyHitterState& state_s = sample.heavy[s].emplace(*h2o);
-      std::vector<int32_t> positions(static_cast<size_t>(n));
-      for (int32_t i = 0; i < n; ++i) positions[i] = i;
-      state_s.start(positions, std::span<const float>(scores->data() + s * n, n));
-      keep[s] = std::vector<int32_t>(state_s.kept_positions().begin(), state_s.kept_positions().end());
+      std::vector<int32_t> positions;
+      if (sample.heavy[s]) positions.assign(sample.heavy[s]->kept_positions().begin(), sample.heavy[s]->kept_positions().end());
+      for (int32_t p = sample.compressed_through; p < n; ++p) positions.push_back(p);
+      sparsity::HeavyHitterState& heavy = sample.heavy[s].emplace(*h2o);
+      heavy.start(positions, scores->stream(s));
+      const std::span<const int32_t> kept = heavy.kept_positions();
+      keep[s].emplace();
+      for (int32_t p : kept) {
+        keep[s]->push_back(static_cast<int32_t>(std::lower_bound(positions.begin(), positions.end(), p) - positions.begin()));
+      }
     }
   }
   if (scores) {
@@ -444,9 +481,9 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
       const bool scored = std::holds_alternative<sparsity::ObservationTopHead>(state.plan.heads[s]) ||
                           std::holds_alternative<sparsity::HeavyHitterHead>(state.plan.heads[s]);
       if (!scored || !keep[s]) continue;
-      const float* row = scores->data() + s * n;
+      const std::span<const float> row = scores->stream(s);
       double total = 0.0, kept = 0.0;
-      for (int32_t i = 0; i < n; ++i) total += row[i];
+      for (float score : row) total += score;
       for (int32_t i : *keep[s]) kept += row[i];
       recovery += total > 0 ? kept / total : 1.0;
       ++num_scored;
@@ -459,6 +496,8 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
     return;
   }
   runner_.apply(*plan);
+  sample.compressed_through = n;
+  if (!last) return;
   sample.compressed = true;
   if (state.has_heavy_hitters) {
     std::vector<uint8_t> wanted(sample.heavy.size());

@@ -48,6 +48,10 @@ struct EngineConfig {
   uint64_t kv_memory_bytes = 256ull << 20;
   int32_t page_size = 16;
   int32_t max_batch_tokens = 512;
+  // A request with a bounded sparse policy (streaming, snapkv, pyramidkv, h2o heads) is
+  // compressed every this many prompt tokens (rounded up to pages and to its observation
+  // window), so a long prompt holds at most its budget + one chunk; 0: once, after the prompt.
+  int32_t sparse_prefill_chunk = 512;
   int32_t max_num_seqs = 64;
   int32_t max_queued = 1024;
   bool enable_prefix_caching = true;

@@ -11,7 +11,7 @@ int32_t ModelRunner::cache_slice(kv::SliceId slice) const {
 }
 
 std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::SeqId seq,
-                                                                      const kv::SparseAppend& append) const {
+                                                                      const kv::SparseAppend* append) const {
   const kv::SparseLayout& layout = kv_.sparse_layout(seq);
   auto view = std::make_shared<model::SparseSequence>();
   view->streams.resize(layout.streams.size());
@@ -27,8 +27,9 @@ std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::Seq
     to.key_offset = from.first_slot;
     to.num_keys = from.num_tokens;
     to.num_dropped = from.num_dropped;
+    if (!append) continue;
     // The engine appends every new token to every stream (drops happen after the step).
-    const int32_t first = append.first_index.at(s).value();
+    const int32_t first = append->first_index.at(s).value();
     for (int32_t i = first; i < from.num_tokens; ++i) {
       const kv::SlotAddress at = layout.address(static_cast<int32_t>(s), i);
       to.new_rows.emplace_back(cache_slice(at.slice), at.slot);
@@ -48,7 +49,7 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out, con
     for (size_t i = 0; i < table.size(); ++i) table[i] = s.block_table[i].value;
     batch_.begin_sequence(std::move(table));
     if (s.sparse_append) {
-      batch_.sequences.back().sparse = sparse_view(s.seq_id, *s.sparse_append);
+      batch_.sequences.back().sparse = sparse_view(s.seq_id, &*s.sparse_append);
       step_views_[s.seq_id] = batch_.sequences.back().sparse;
     }
     std::span<const int32_t> tokens = tokens_of(s.seq_id);
@@ -73,14 +74,24 @@ void ModelRunner::copy_slices(std::span<const kv::SliceMove> moves) {
   for (const kv::SliceMove& move : moves) cache_.copy_slice(cache_slice(move.src), cache_slice(move.dst));
 }
 
-const std::vector<float>& ModelRunner::observe(sched::SeqId seq, std::span<const int32_t> tokens, int32_t window) {
+const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq, std::span<const int32_t> tokens,
+                                                           int32_t window) {
   const auto n = static_cast<int32_t>(tokens.size());
   window = std::min(window, n);
   std::vector<int32_t> positions(static_cast<size_t>(window));
   for (int32_t i = 0; i < window; ++i) positions[i] = n - window + i;
-  std::vector<int32_t> table;
-  for (kv::PageId page : kv_.block_table(seq)) table.push_back(page.value);
-  model_.observe(tokens.subspan(n - window), positions, table, cache_, pool_, scratch_, scores_);
+  const kv::SliceShape shape = kv_.slice_shape();
+  scores_.offsets.assign(1, 0);
+  if (kv_.is_sparse(seq)) {
+    const std::shared_ptr<const model::SparseSequence> view = sparse_view(seq, nullptr);
+    model_.observe(tokens.subspan(n - window), positions, *view, cache_, pool_, scratch_, scores_.values);
+    for (const model::SparseStream& stream : view->streams) scores_.offsets.push_back(scores_.offsets.back() + stream.num_keys);
+  } else {
+    std::vector<int32_t> table;
+    for (kv::PageId page : kv_.block_table(seq)) table.push_back(page.value);
+    model_.observe(tokens.subspan(n - window), positions, table, cache_, pool_, scratch_, scores_.values);
+    for (int32_t s = 0; s < shape.num_streams(); ++s) scores_.offsets.push_back(scores_.offsets.back() + n);
+  }
   return scores_;
 }
 

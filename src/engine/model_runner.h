@@ -34,9 +34,17 @@ class ModelRunner {
   void apply(const kv::CompactionPlan& plan);
   void copy_slices(std::span<const kv::SliceMove> moves);
 
-  // SnapKV's observation scores of a dense sequence (model::LlamaModel::observe): `window`
-  // last tokens of `tokens`, over its first tokens.size() positions. [layer][kv head][n].
-  const std::vector<float>& observe(sched::SeqId seq, std::span<const int32_t> tokens, int32_t window);
+  // Observation scores (model::LlamaModel::observe) of a sequence whose K/V holds exactly the
+  // positions of `tokens` (dense) or whose sparse layout has tokens.size() positions: how much
+  // attention each key of each stream receives from the last `window` tokens' rows.
+  struct ObservationScores {
+    std::vector<float> values;
+    std::vector<size_t> offsets;  // [num_streams + 1]: stream s is values[offsets[s], offsets[s + 1])
+    std::span<const float> stream(size_t s) const {
+      return std::span<const float>(values).subspan(offsets[s], offsets[s + 1] - offsets[s]);
+    }
+  };
+  const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens, int32_t window);
 
   // The KvCache slice a kv::SliceId names.
   int32_t cache_slice(kv::SliceId slice) const;
@@ -48,13 +56,14 @@ class ModelRunner {
   const std::vector<std::vector<float>>* attention(sched::SeqId seq) const;
 
  private:
-  std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq, const kv::SparseAppend& append) const;
+  // The model's view of a sparse sequence; `append` (may be null): this step's new tokens.
+  std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq, const kv::SparseAppend* append) const;
 
   const model::LlamaModel& model_;
   model::KvCache& cache_;
   ThreadPool& pool_;
   const kv::KvManager& kv_;
-  std::vector<float> scores_;
+  ObservationScores scores_;
   std::unordered_map<sched::SeqId, std::vector<uint8_t>> want_attention_;
   std::unordered_map<sched::SeqId, std::shared_ptr<const model::SparseSequence>> step_views_;
   model::Batch batch_;

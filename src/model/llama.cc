@@ -219,7 +219,7 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
 
 void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token,
                                int32_t num_tokens, const int32_t* positions, const KvCache& cache,
-                               ThreadPool& pool, ForwardScratch& s) const {
+                               ThreadPool& pool, ForwardScratch& s, float* scores) const {
   // Each KV head has its own stream (its own kept keys), so the query heads of one group are
   // gathered into a [num_tokens][group][head_dim] block and attended against that stream.
   const ModelConfig& c = config_;
@@ -244,7 +244,12 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
     const kernels::PagedKv kv = cache.slice_view(stream.slices, stream.key_offset);
     const bool want = !sparse.want_attention.empty() && sparse.want_attention[stream_idx] && num_tokens == 1;
     s.lse.resize(static_cast<size_t>(num_tokens * group));
-    kernels::paged_attention(kv, query, {.out = s.out_group.data(), .row_lse = want ? s.lse.data() : nullptr}, pool);
+    kernels::paged_attention(kv, query, {.out = s.out_group.data(), .row_lse = want || scores ? s.lse.data() : nullptr},
+                             pool);
+    if (scores) {  // observation pass: every row's attention over this stream's keys
+      kernels::observation_scores(kv, query, s.lse.data(), stream.num_keys, scores, pool);
+      scores += stream.num_keys;
+    }
     if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
       std::vector<float>& weights = sparse.attention[stream_idx];
       weights.assign(static_cast<size_t>(stream.num_keys), 0.0f);
@@ -257,40 +262,65 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
   }
 }
 
-void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-                         std::span<const int32_t> block_table, const KvCache& cache, ThreadPool& pool,
-                         ForwardScratch& s, std::vector<float>& scores) const {
+void LlamaModel::observe_rows(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
+                              ThreadPool& pool, ForwardScratch& s,
+                              const std::function<void(int64_t layer)>& attend_and_score) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(window_tokens.size());
   if (n == 0 || static_cast<int64_t>(window_positions.size()) != n) fail("observe needs window tokens and positions");
-  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
-  const int64_t num_keys = int64_t{window_positions.back()} + 1;
-  if (num_keys > static_cast<int64_t>(block_table.size()) * cache.page_size()) fail("observe window is outside the block table");
+  const int64_t dim = c.dim, q_dim = c.q_dim();
   s.x.resize(n * dim);
   s.norm.resize(n * dim);
   s.q.resize(n * q_dim);
-  s.k.resize(n * kv_dim);
   s.attn.resize(n * q_dim);
   s.gate.resize(n * c.ffn_dim);
   s.up.resize(n * c.ffn_dim);
   s.lse.resize(n * c.num_heads);
-  scores.assign(static_cast<size_t>(c.num_layers * c.num_kv_heads * num_keys), 0.0f);
-
   embed(window_tokens, s);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.attn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
     kernels::matmul(w.wq, s.norm.data(), n, s.q.data(), pool);
     for (int64_t t = 0; t < n; ++t) kernels::rope(rope_, window_positions[t], &s.q[t * q_dim], c.num_heads);
+    attend_and_score(l);
+    if (l + 1 == c.num_layers) break;  // the last layer's output feeds nothing here
+    finish_layer(w, n, pool, s);
+  }
+}
+
+void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
+                         std::span<const int32_t> block_table, const KvCache& cache, ThreadPool& pool,
+                         ForwardScratch& s, std::vector<float>& scores) const {
+  const ModelConfig& c = config_;
+  if (window_positions.empty()) fail("observe needs window tokens and positions");
+  const int64_t num_keys = int64_t{window_positions.back()} + 1;
+  if (num_keys > static_cast<int64_t>(block_table.size()) * cache.page_size()) fail("observe window is outside the block table");
+  scores.assign(static_cast<size_t>(c.num_layers * c.num_kv_heads * num_keys), 0.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
     const kernels::AttentionQuery query{.q = s.q.data(), .positions = window_positions, .num_heads = c.num_heads,
                                         .scale = scale};
     const kernels::PagedKv kv = cache.layer_view(l, block_table);
     kernels::paged_attention(kv, query, {.out = s.attn.data(), .row_lse = s.lse.data()}, pool);
     kernels::observation_scores(kv, query, s.lse.data(), num_keys, &scores[l * c.num_kv_heads * num_keys], pool);
-    if (l + 1 == c.num_layers) break;  // the last layer's output feeds nothing here
-    finish_layer(w, n, pool, s);
+  });
+}
+
+void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
+                         const SparseSequence& sparse, const KvCache& cache, ThreadPool& pool,
+                         ForwardScratch& s, std::vector<float>& scores) const {
+  const ModelConfig& c = config_;
+  if (static_cast<int64_t>(sparse.streams.size()) != c.num_layers * c.num_kv_heads) fail("observe: wrong stream count");
+  std::vector<size_t> layer_offsets(static_cast<size_t>(c.num_layers) + 1, 0);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    layer_offsets[l + 1] = layer_offsets[l];
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) layer_offsets[l + 1] += sparse.streams[l * c.num_kv_heads + h].num_keys;
   }
+  scores.assign(layer_offsets.back(), 0.0f);
+  observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
+    attend_sparse(sparse, l, 0, static_cast<int32_t>(window_tokens.size()), window_positions.data(), cache, pool, s,
+                  scores.data() + layer_offsets[l]);
+  });
 }
 
 }  // namespace sieve::model

@@ -8,6 +8,7 @@
 //   logits = Wout · norm(x)      (only for tokens that asked for logits)
 //
 // Every matrix is applied to all batch tokens at once (one pass over the weights per step).
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -56,13 +57,27 @@ class LlamaModel {
   void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
                std::span<const int32_t> block_table, const KvCache& cache, ThreadPool& pool,
                ForwardScratch& scratch, std::vector<float>& scores) const;
+  // The same for a compressed sequence (chunk-by-chunk compression during prefill): each
+  // stream's kept keys are scored by the window rows (their causal visibility as in forward).
+  // scores: per stream [layer * num_kv_heads + kv_head], streams[s].num_keys values, stream
+  // after stream.
+  void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
+               const SparseSequence& sparse, const KvCache& cache, ThreadPool& pool, ForwardScratch& scratch,
+               std::vector<float>& scores) const;
 
  private:
   void check_batch(const Batch& batch, const KvCache& cache) const;
   void embed(std::span<const TokenId> tokens, ForwardScratch& s) const;  // rows of s.x
   void finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const;
+  // scores (may be null): each of the layer's streams' observation scores over all rows, one
+  // stream after the other (num_keys each).
   void attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token, int32_t num_tokens,
-                     const int32_t* positions, const KvCache& cache, ThreadPool& pool, ForwardScratch& s) const;
+                     const int32_t* positions, const KvCache& cache, ThreadPool& pool, ForwardScratch& s,
+                     float* scores = nullptr) const;
+  // The observation passes' shared part: embeds the window rows and runs every layer, calling
+  // attend_and_score(layer) where the rows' attention output (s.attn) is due.
+  void observe_rows(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
+                    ThreadPool& pool, ForwardScratch& s, const std::function<void(int64_t layer)>& attend_and_score) const;
 
   ModelConfig config_;
   Weights weights_;

@@ -224,5 +224,98 @@ TEST(SparseEngine, CompressedRequestsFitWhereDenseOnesDoNot) {
   expect_all_pages_free(sparse_engine);
 }
 
+// Prompts of `length` tokens (most of the 512-token context), from consecutive text.
+std::vector<std::vector<TokenId>> very_long_prompts(const tok::Tokenizer& tokenizer, size_t count, size_t length) {
+  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::vector<TokenId> all = tokenizer.encode(buffer.str().substr(0, 40000));
+  std::vector<std::vector<TokenId>> out;
+  for (size_t i = 0; i < count; ++i) {
+    EXPECT_GE(all.size(), (i + 1) * length);
+    out.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(i * length),
+                     all.begin() + static_cast<std::ptrdiff_t>((i + 1) * length - 7 * i));
+  }
+  return out;
+}
+
+EngineConfig chunked_config(int32_t num_pages, int32_t chunk) {
+  EngineConfig c = config(num_pages);
+  c.sparse_prefill_chunk = chunk;
+  return c;
+}
+
+TEST(SparseEngine, ChunkByChunkCompressionGivesEachRequestItsTokensAlone) {
+  // Compressions happen at fixed prompt positions (multiples of the chunk), whatever else is in
+  // the batch and however max_batch_tokens splits the prefill.
+  model::LoadedModel loaded = load_stories();
+  const auto prompts = very_long_prompts(*loaded.tokenizer, 7, 300);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()], 24));
+  Engine together(chunked_config(1024, 48), loaded.model, loaded.tokenizer);
+  const std::vector<Outcome> batched = run(together, requests);
+  expect_all_pages_free(together);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EngineConfig alone_config = chunked_config(1024, 48);
+    alone_config.max_batch_tokens = 40 + 16 * static_cast<int32_t>(i);  // other prefill splits
+    Engine alone(alone_config, loaded.model, loaded.tokenizer);
+    const Outcome a = run(alone, {requests[i]})[0];
+    expect_all_pages_free(alone);
+    const std::string& policy = kPolicies[i % kPolicies.size()];
+    EXPECT_FALSE(batched[i].error.has_value()) << policy;
+    EXPECT_EQ(batched[i].tokens.size(), 24u) << policy;
+    EXPECT_EQ(batched[i].tokens, a.tokens) << "request " << i << " policy " << policy;
+  }
+}
+
+TEST(SparseEngine, ChunkByChunkCompressionWithEverythingKeptEqualsDense) {
+  // Prefill chunks of a compressed sequence attend through its streams: with a budget above the
+  // prompt that must be the dense computation exactly.
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = very_long_prompts(*loaded.tokenizer, 1, 400)[0];
+  Engine engine(chunked_config(512, 64), loaded.model, loaded.tokenizer);
+  const auto dense = run(engine, {greedy(prompt, "full", 24)})[0].tokens;
+  EXPECT_EQ(run(engine, {greedy(prompt, "snapkv:B=4096,W=8", 24)})[0].tokens, dense);
+  EXPECT_EQ(run(engine, {greedy(prompt, "h2o:B=4096,W=8", 24)})[0].tokens, dense);
+  EXPECT_EQ(run(engine, {greedy(prompt, "streaming:S=4,W=4096", 24)})[0].tokens, dense);
+  expect_all_pages_free(engine);
+}
+
+// The most pages `request` holds at any step when run alone.
+int32_t peak_pages(const model::LoadedModel& loaded, const EngineConfig& c, const Request& request) {
+  Engine engine(c, loaded.model, loaded.tokenizer);
+  int32_t peak = 0;
+  bool finished = false;
+  EXPECT_TRUE(std::holds_alternative<RequestId>(
+      engine.submit(request, [&](const RequestEvent& event) { finished = finished || event.finish.has_value(); })));
+  while (!finished) {
+    engine.step();
+    const EngineStats stats = engine.stats();
+    peak = std::max(peak, stats.kv.num_pages - stats.kv.num_free_pages);
+  }
+  expect_all_pages_free(engine);
+  return peak;
+}
+
+TEST(SparseEngine, ChunkByChunkCompressionBoundsALongPromptsPeak) {
+  // 400-token prompt = 25 dense pages. Compressed once at its end it holds all but its last
+  // chunk densely between steps (and all of it, plus the copy out of the prefix-cached pages,
+  // within the last one); compressed every 64 tokens it never holds more than budget + one
+  // chunk per stream.
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = very_long_prompts(*loaded.tokenizer, 1, 400)[0];
+  for (const char* policy : {"snapkv:B=32,W=8", "h2o:B=24,W=8", "streaming:S=4,W=36"}) {
+    const Request request = greedy(prompt, policy, 8);
+    const int32_t at_end = peak_pages(loaded, chunked_config(512, 0), request);
+    const int32_t chunked = peak_pages(loaded, chunked_config(512, 64), request);
+    EXPECT_GE(at_end, 24) << policy;
+    // 20 streams of <= 40 + 64 + 8 keys: 8 slices each (+1 for a mid-slice start) in pages of
+    // 20 slices, + 1 page of packing slack; the first chunk's dense pages + their copy is less.
+    EXPECT_LE(chunked, 10) << policy;
+    Engine engine(chunked_config(512, 64), loaded.model, loaded.tokenizer);
+    EXPECT_EQ(run(engine, {request})[0].tokens.size(), 8u) << policy;
+  }
+}
+
 }  // namespace
 }  // namespace sieve::engine

@@ -56,6 +56,47 @@ TEST(Forward, PrefillBatchEqualsTokenByToken) {
   EXPECT_LT(max_abs_diff(batched, token_by_token(*loaded.model, tokens, pool)), 1e-4f);
 }
 
+TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
+  // Chunk-by-chunk compression scores a compressed sequence through its per-(layer, KV head)
+  // streams; with every key kept in place they must be the dense observation scores.
+  model::LoadedModel loaded = load();
+  const model::LlamaModel& m = *loaded.model;
+  ThreadPool pool(2);
+  std::vector<int32_t> tokens = loaded.tokenizer->encode(
+      "Once upon a time there was a little girl named Lily. She liked to play outside in the park with her dog.");
+  const auto n = static_cast<int32_t>(tokens.size());
+  auto [cache, table] = model::KvCache::for_one_sequence(m.config(), n, 8);
+  model::ForwardScratch scratch;
+  model::Batch batch;
+  batch.begin_sequence(table);
+  for (int32_t i = 0; i < n; ++i) batch.add(tokens[i], i, false);
+  std::vector<float> logits;
+  m.forward(batch, cache, pool, scratch, logits);
+
+  const int32_t window = 6;
+  std::vector<int32_t> positions;
+  for (int32_t i = n - window; i < n; ++i) positions.push_back(i);
+  const std::span<const int32_t> window_tokens = std::span<const int32_t>(tokens).subspan(n - window);
+  std::vector<float> dense, streamed;
+  m.observe(window_tokens, positions, table, cache, pool, scratch, dense);
+
+  model::SparseSequence sparse;
+  for (int64_t l = 0; l < m.config().num_layers; ++l) {
+    for (int64_t h = 0; h < m.config().num_kv_heads; ++h) {
+      model::SparseStream& stream = sparse.streams.emplace_back();
+      for (int32_t page : table) stream.slices.push_back(static_cast<int32_t>(cache.slice_index(page, l, h)));
+      stream.num_keys = n;
+    }
+  }
+  m.observe(window_tokens, positions, sparse, cache, pool, scratch, streamed);
+  ASSERT_EQ(streamed.size(), dense.size());
+  EXPECT_LT(max_abs_diff(streamed, dense), 1e-4f);  // the kernels tile one head vs all heads
+  float total = 0;
+  for (float score : dense) total += score;
+  // Every row's probabilities sum to 1 per query head: window rows x query heads in all.
+  EXPECT_NEAR(total, static_cast<float>(window * m.config().num_heads * m.config().num_layers), 1e-2f);
+}
+
 TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
   model::LoadedModel loaded = load();
   ThreadPool pool(2);
