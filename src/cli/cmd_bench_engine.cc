@@ -42,6 +42,11 @@ nlohmann::json to_json(const eval::ConcurrencyPoint& p) {
 
 nlohmann::json to_json(const eval::DepthPoint& p) {
   return {{"depth", p.depth},
+          {"policy", p.policy},
+          {"kv_pages", p.kv_pages},
+          {"kv_dense_pages", p.kv_dense_pages},
+          {"kv_bytes", p.kv_bytes},
+          {"ratio_vs_baseline", p.ratio_vs_baseline},
           {"prompt_tokens", p.prompt_tokens},
           {"num_kv_pages", p.num_kv_pages},
           {"prompt_seconds", p.prompt_seconds},
@@ -64,8 +69,11 @@ void print_concurrency_row(const eval::ConcurrencyPoint& p) {
 }
 
 void print_depth_row(const eval::DepthPoint& p) {
-  fmt::print("{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8}\n", p.depth, p.prompt_tokens, p.prompt_seconds,
-             p.prompt_tokens_per_s, p.decode_tokens, p.decode_tokens_per_s, ratio(p.ratio_vs_depth0));
+  fmt::print("{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8}  {}\n", p.depth,
+             p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens, p.decode_tokens_per_s,
+             ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
+             p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
+             ratio(p.ratio_vs_baseline), p.policy);
   std::fflush(stdout);
 }
 
@@ -94,8 +102,9 @@ void bench_engine(BenchEngineOptions options) {
       if (!depth_header) {
         fmt::print("\ndecode vs context depth: one sequence, {} decode tokens after the first, prefill in "
                    "chunks of {}\n", config.depth_decode_tokens, config.max_batch_tokens);
-        fmt::print("{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8}\n", "depth", "prompt", "prefill s", "prompt tok/s",
-                   "decode", "decode tok/s", "vs d=0");
+        fmt::print("{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8}  {}\n", "depth", "prompt",
+                   "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0", "KV MiB", "KV/dense",
+                   "vs first", "kv_policy");
         depth_header = true;
       }
       print_depth_row(p);
@@ -116,6 +125,7 @@ void bench_engine(BenchEngineOptions options) {
                     {"concurrency", config.concurrency},
                     {"depths", config.depths},
                     {"depth_decode_tokens", config.depth_decode_tokens},
+                    {"depth_policies", config.depth_policies},
                     {"kv_memory_mib", options.kv_memory_mib > 0 ? nlohmann::json(options.kv_memory_mib)
                                                                 : nlohmann::json(nullptr)},
                     {"max_batch_tokens", config.max_batch_tokens},
@@ -148,6 +158,10 @@ void add_bench_engine_command(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--depth-decode-tokens", config.depth_decode_tokens, "Decode steps timed at each depth")
+      ->capture_default_str();
+  command->add_option("--kv-policy", config.depth_policies,
+                      "KV policy of the depth points (repeat for several; each depth runs each, the first is "
+                      "the baseline of the 'vs first' ratio)")
       ->capture_default_str();
   command->add_option("--kv-memory-mib", options->kv_memory_mib,
                       "KV pool size (default: exactly enough pages for each point)");

@@ -7,6 +7,7 @@
 #include <variant>
 
 #include "engine/engine.h"
+#include "sparsity/policy_spec.h"
 #include "util/error.h"
 
 namespace sieve::eval {
@@ -97,6 +98,8 @@ void check_config(const EngineBenchConfig& config) {
   for (int32_t d : config.depths) {
     if (d < 0) fail("--depths values must be >= 0 (got {})", d);
   }
+  if (config.depth_policies.empty()) fail("give at least one --kv-policy");
+  for (const std::string& policy : config.depth_policies) (void)sparsity::parse_policy(policy);  // names the problem
 }
 
 }  // namespace
@@ -179,7 +182,7 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
 
 DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
-                         const EngineBenchConfig& config, int32_t depth) {
+                         const EngineBenchConfig& config, int32_t depth, const std::string& policy) {
   check_config(config);
   const int64_t vocab = model->config().vocab_size;
   const int32_t prompt_len = std::max(1, depth);
@@ -188,11 +191,16 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
   if (prompt_len + int64_t{max_tokens} > context) {
     fail("depth {} + {} tokens exceeds the model's context of {} tokens", prompt_len, max_tokens, context);
   }
-  const int32_t pages_needed = pages_for_tokens(int64_t{prompt_len} + max_tokens, config.page_size);
+  // A sparse policy may briefly hold a chunk's dense pages and their compressed copy, and its
+  // streams may start mid-slice: a chunk and a few pages more than dense.
+  const int32_t pages_needed = pages_for_tokens(int64_t{prompt_len} + max_tokens, config.page_size) +
+                               pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
   engine::Engine engine(engine_config(config, pages_needed, 1), model, tokenizer);
 
   engine::Request request{.prompt = bench_prompt(vocab, prompt_len, (uint64_t{1} << 48) + depth),
-                          .params = bench_params(max_tokens)};
+                          .params = bench_params(max_tokens),
+                          .kv_policy = sparsity::parse_policy(policy)};
+  const sparsity::PolicySpec request_policy = request.kv_policy;
   Finished finished;
   submit_or_fail(engine, std::move(request), finished);
   engine.run_until_idle();
@@ -200,6 +208,11 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
 
   DepthPoint point;
   point.depth = depth;
+  point.policy = sparsity::to_string(request_policy);
+  point.kv_pages = finished.usage.kv_pages;
+  point.kv_dense_pages = finished.usage.kv_dense_pages;
+  point.kv_bytes = uint64_t{static_cast<uint32_t>(point.kv_pages)} *
+                   model::KvCache::bytes_per_page(model->config(), config.page_size, config.kv_dtype);
   point.prompt_tokens = prompt_len;
   point.num_kv_pages = engine.config().num_kv_pages;
   // Submit to the first sampled token: the whole (chunked) prefill of the prompt.
@@ -258,11 +271,16 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel
   }
   std::optional<double> d0;
   for (int32_t d : depths) {
-    DepthPoint point = measure_depth(model, tokenizer, config, d);
-    if (d == 0 && !d0) d0 = point.decode_tokens_per_s;
-    if (d0 && *d0 > 0) point.ratio_vs_depth0 = point.decode_tokens_per_s / *d0;
-    if (progress.on_depth) progress.on_depth(point);
-    result.depths.push_back(point);
+    std::optional<double> baseline;
+    for (const std::string& policy : config.depth_policies) {
+      DepthPoint point = measure_depth(model, tokenizer, config, d, policy);
+      if (!baseline) baseline = point.decode_tokens_per_s;
+      if (*baseline > 0) point.ratio_vs_baseline = point.decode_tokens_per_s / *baseline;
+      if (d == 0 && !d0) d0 = point.decode_tokens_per_s;
+      if (d0 && *d0 > 0) point.ratio_vs_depth0 = point.decode_tokens_per_s / *d0;
+      if (progress.on_depth) progress.on_depth(point);
+      result.depths.push_back(point);
+    }
   }
   return result;
 }

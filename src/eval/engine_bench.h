@@ -3,13 +3,16 @@
 //   1. throughput vs concurrency: C requests submitted at once to one fresh Engine (prefix
 //      caching off, so no request helps another), stepped to idle on the calling thread;
 //   2. single-sequence decode speed vs context depth: one request with a D-token prompt
-//      (chunked prefill, timed apart), then decode steps timed from the per-token Timings.
+//      (chunked prefill, timed apart), then decode steps timed from the per-token Timings;
+//      at each depth once per KV policy (sparsity/policy_spec.h), the first being the baseline
+//      the others are compared with.
 // Prompts are token ids drawn deterministically from the vocabulary (a different one per
 // request), sampling is greedy with ignore_eos, so every run does the same work.
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "model/llama.h"
@@ -23,6 +26,7 @@ struct EngineBenchConfig {
   std::vector<int32_t> concurrency = {1, 4, 16, 64};
   std::vector<int32_t> depths = {0, 2048, 8192, 16384};
   int32_t depth_decode_tokens = 32;
+  std::vector<std::string> depth_policies = {"full"};  // kv_policy strings; the first is the baseline
   std::optional<uint64_t> kv_memory_bytes;  // nullopt: exactly enough pages for each point
   int32_t max_batch_tokens = 512;
   int32_t page_size = 16;
@@ -52,6 +56,11 @@ struct ConcurrencyPoint {
 
 struct DepthPoint {
   int32_t depth = 0;             // as asked (0: a 1-token prompt)
+  std::string policy;            // kv_policy, canonical
+  int32_t kv_pages = 0;          // KV pages the sequence held at its end
+  int32_t kv_dense_pages = 0;    // what its tokens take dense
+  uint64_t kv_bytes = 0;         // kv_pages in bytes
+  double ratio_vs_baseline = 0.0;  // decode tok/s / the first policy's at this depth
   int32_t prompt_tokens = 0;     // as run
   int32_t num_kv_pages = 0;
   double prompt_seconds = 0.0;   // submit to first token: the chunked prefill
@@ -78,7 +87,7 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
                                      const EngineBenchConfig& config, int32_t concurrency);
 DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
-                         const EngineBenchConfig& config, int32_t depth);
+                         const EngineBenchConfig& config, int32_t depth, const std::string& policy = "full");
 
 // Both tables; `on_point` (optional) is called after each point, e.g. to print progress.
 struct EngineBenchProgress {
