@@ -470,8 +470,8 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
     sample.fastgen.assign(keep.size(), std::nullopt);
     sample.fastgen_positions = n;
   }
-  std::vector<sparsity::TokenClass> classes;
-  std::vector<int32_t> positions;
+  std::vector<sparsity::TokenClass> prompt_classes;  // FastGen's, filled by its first stream
+  std::vector<int32_t> prompt_positions;
   for (size_t s = 0; s < keep.size(); ++s) {
     const sparsity::HeadPolicy& head = state.plan.heads[s];
     if (const auto* window = std::get_if<sparsity::SinkWindowHead>(&head)) {
@@ -488,17 +488,17 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
       keep[s] = std::vector<int32_t>(state_s.kept_positions().begin(), state_s.kept_positions().end());
     } else if (const auto* fastgen = std::get_if<sparsity::FastGenPendingHead>(&head)) {
       // FastGen: the profiling rows choose the head's policy; positions == key indices here.
-      if (classes.empty()) {
+      if (prompt_classes.empty()) {
         for (int32_t i = 0; i < n; ++i) {
-          classes.push_back(token_class(*tokenizer_, tokens[i]));
-          positions.push_back(i);
+          prompt_classes.push_back(token_class(*tokenizer_, tokens[i]));
+          prompt_positions.push_back(i);
         }
       }
       const std::span<const float> row(scores->data() + s * n, n);
-      const sparsity::FastGenDecision decision = sparsity::select_fastgen(row, classes, *fastgen);
+      const sparsity::FastGenDecision decision = sparsity::select_fastgen(row, prompt_classes, *fastgen);
       fastgen_recovery += decision.recovery;
       ++num_fastgen;
-      sample.fastgen[s].emplace(*fastgen, decision, positions, classes, row);
+      sample.fastgen[s].emplace(*fastgen, decision, prompt_positions, prompt_classes, row);
       if (decision.choice != sparsity::FastGenChoice::kFull) keep[s] = decision.keep;
     }
   }
