@@ -43,15 +43,19 @@ void run_eval(EvalOptions options) {
              "KL", "ppl", "ppl delta", "retrieval", "recovery", "spec (first prompt)");
   const auto results = eval::run_sparsity_eval(
       loaded.model, loaded.tokenizer, buffer.str(), options.config, [](const eval::PolicyFidelity& f) {
-        fmt::print("{:<10} {:>7.3f} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f} {:>8}  {}\n", f.family,
-                   f.budget, f.kv_kept, f.top1_agreement, f.mean_kl, f.perplexity, f.perplexity_delta, f.retrieval,
+        const std::string budget =
+            f.family == "fastgen" ? fmt::format("T={:g}", f.budget) : fmt::format("{:.3f}", f.budget);
+        fmt::print("{:<10} {:>7} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f} {:>8}  {}\n", f.family,
+                   budget, f.kv_kept, f.top1_agreement, f.mean_kl, f.perplexity, f.perplexity_delta, f.retrieval,
                    f.attention_recovery < 0 ? std::string("-") : fmt::format("{:.3f}", f.attention_recovery), f.spec);
         std::fflush(stdout);
       });
   if (!options.json_path.empty()) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& f : results) {
-      rows.push_back({{"family", f.family}, {"budget", f.budget}, {"spec", f.spec}, {"kv_kept", f.kv_kept},
+      const bool fastgen = f.family == "fastgen";  // a threshold, not a budget
+      rows.push_back({{"family", f.family}, {"budget", fastgen ? nlohmann::json(nullptr) : nlohmann::json(f.budget)},
+                      {"threshold", fastgen ? nlohmann::json(f.budget) : nlohmann::json(nullptr)}, {"spec", f.spec}, {"kv_kept", f.kv_kept},
                       {"top1_agreement", f.top1_agreement}, {"mean_kl", f.mean_kl}, {"perplexity", f.perplexity},
                       {"perplexity_delta", f.perplexity_delta}, {"retrieval", f.retrieval},
                       {"retrieval_vs_dense", f.retrieval_vs_dense},
@@ -82,10 +86,14 @@ void add_eval_command(CLI::App& app) {
   command->add_option("-f,--file", options->text_path, "Text the prompts and continuations come from")
       ->required()
       ->check(CLI::ExistingFile);
-  command->add_option("--policies", c.families, "Policy families (streaming, h2o, snapkv, pyramidkv, layerwise)")
+  command->add_option("--policies", c.families, "Policy families (streaming, h2o, snapkv, pyramidkv, layerwise, fastgen)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--budgets", c.budgets, "KV budgets as fractions of the prompt (comma list)")
+      ->delimiter(',')
+      ->capture_default_str();
+  command->add_option("--fastgen-thresholds", c.fastgen_thresholds,
+                      "fastgen's thresholds T (it keeps what recovers >= 1 - T of the attention; no budget)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--prompts", c.num_prompts, "Prompts (each also gives one retrieval case)")

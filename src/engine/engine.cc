@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cassert>
 #include <fmt/format.h>
 
 #include "sparsity/selection.h"
@@ -25,6 +26,38 @@ int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model) {
   return static_cast<int32_t>(std::min<uint64_t>(pages, 1u << 30));
 }
 
+// FastGen's token classes, from the engine's tokenizer (not hard-coded ids).
+sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token) {
+  if (tokenizer.is_special(token)) return sparsity::TokenClass::kSpecial;
+  if (tokenizer.is_punctuation(token)) return sparsity::TokenClass::kPunctuation;
+  return sparsity::TokenClass::kOther;
+}
+
+// One decode step of a FastGen stream whose keys are its state's kept positions followed by the
+// new token. attention: this step's weights when the stream asked for them (a frequent set
+// ranks by them); otherwise zeros stand in, as the other choices keep by class and position
+// only. Returns the key indices to drop now (ascending).
+std::vector<int32_t> fastgen_step(sparsity::FastGenState& state, int32_t new_position,
+                                  sparsity::TokenClass new_class, const std::vector<float>* attention) {
+  std::vector<float> zeros;
+  std::span<const float> weights;
+  if (attention && attention->size() == state.kept_positions().size() + 1) {
+    weights = *attention;
+  } else {
+    zeros.assign(state.kept_positions().size() + 1, 0.0f);
+    weights = zeros;
+  }
+  std::vector<int32_t> drops = state.step(new_position, new_class, weights);
+  // A key's index before the step is its rank among the kept positions then: the positions
+  // still kept below it plus the ones dropped below it.
+  const std::span<const int32_t> kept = state.kept_positions();
+  for (size_t j = 0; j < drops.size(); ++j) {
+    drops[j] = static_cast<int32_t>(std::lower_bound(kept.begin(), kept.end(), drops[j]) - kept.begin() +
+                                    static_cast<ptrdiff_t>(j));
+  }
+  return drops;
+}
+
 }  // namespace
 
 // What the engine runs of a request's sparsity plan, per stream [layer * num_kv_heads + kv_head].
@@ -33,6 +66,7 @@ struct SparsityState {
   int32_t observation_rows = 0;  // 0: no stream needs scores
   bool has_windows = false;      // some stream is sink + window (drops every step)
   bool has_heavy_hitters = false;  // some stream is H2O (needs decode attention weights)
+  bool has_fastgen = false;        // some stream is FastGen (drops by its choice every step)
   // Prefill is compressed at every multiple of this many positions (0: only at its end), so
   // the prompt never holds more than the policy's budget + one chunk.
   int32_t chunk_boundary = 0;
@@ -65,6 +99,8 @@ struct Engine::Sample {
   bool compressed = false;        // the prompt's last compression is done: decode policies run
   int32_t compressed_through = 0;  // positions the latest compression covered
   std::vector<std::optional<sparsity::HeavyHitterState>> heavy;  // [stream], H2O streams only
+  std::vector<std::optional<sparsity::FastGenState>> fastgen;    // [stream], FastGen streams only
+  int32_t fastgen_positions = 0;  // positions the FastGen states have seen
   std::optional<float> attention_recovery;                        // from the compression
 
   Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink, const SamplingParams& p,
@@ -153,11 +189,16 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
         bounds.push_back(h2o->heavy_budget + h2o->window + 1);
         sparsity->observation_rows = std::max<int32_t>(sparsity->observation_rows,
                                                        static_cast<int32_t>(sparsity::observation_rows(head)));
+      } else if (std::holds_alternative<sparsity::FastGenPendingHead>(head)) {
+        sparsity->has_fastgen = true;
+        bounds.push_back(std::nullopt);  // the head may choose full
+        sparsity->observation_rows = std::max<int32_t>(sparsity->observation_rows,
+                                                       static_cast<int32_t>(sparsity::observation_rows(head)));
       } else if (std::holds_alternative<sparsity::DenseHead>(head)) {
         bounds.push_back(std::nullopt);
       } else {
         return Rejection{SubmitError::kInvalidParams,
-                         fmt::format("kv_policy '{}': the engine runs full, streaming, snapkv, pyramidkv and h2o heads "
+                         fmt::format("kv_policy '{}': the engine runs full, streaming, snapkv, pyramidkv, h2o and fastgen heads "
                                      "(also composed by layerwise, heads and layers) so far; not {}",
                                      sparsity::to_string(request.kv_policy), sparsity::describe(head))};
       }
@@ -314,6 +355,8 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
       sample->sparsity = first.sparsity;
       sample->compressed_through = first.compressed_through;  // a sparse parent's child has its keys
       sample->heavy = first.heavy;
+      sample->fastgen = first.fastgen;
+      sample->fastgen_positions = first.fastgen_positions;
       samples_.emplace(child, std::move(sample));
       seqs.push_back(child);
     }
@@ -359,6 +402,7 @@ bool Engine::step() {
       it->second->compressed = false;
       it->second->compressed_through = 0;
       it->second->heavy.clear();
+      it->second->fastgen.clear();
       runner_.forget(seq);
     }
   }
@@ -428,7 +472,8 @@ void Engine::apply_sparsity() {
     if (it != samples_.end() && !it->second->compressed) compress(seq, *it->second);
   }
   for (auto& [seq, sample] : samples_) {
-    if (sample->compressed && (sample->sparsity->has_windows || sample->sparsity->has_heavy_hitters)) {
+    if (sample->compressed && (sample->sparsity->has_windows || sample->sparsity->has_heavy_hitters ||
+                               sample->sparsity->has_fastgen)) {
       drop_out_of_window(seq, *sample);
     }
   }
@@ -446,11 +491,20 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
   if (!sparse) {  // (again) from the start: a recompute after preemption, a child that waited
     sample.compressed_through = 0;
     sample.heavy.clear();
+    sample.fastgen.clear();
   }
   if (n <= sample.compressed_through && !last) return;
   const ModelRunner::ObservationScores* scores = nullptr;
   if (state.observation_rows > 0) scores = &runner_.observe(seq, scheduler_.tokens(seq).first(n), state.observation_rows);
   kv::KeepSets keep(state.plan.heads.size());
+  double fastgen_recovery = 0.0;
+  int num_fastgen = 0;
+  if (state.has_fastgen && last) {
+    sample.fastgen.assign(keep.size(), std::nullopt);
+    sample.fastgen_positions = n;
+  }
+  std::vector<sparsity::TokenClass> prompt_classes;  // FastGen's, filled by its first stream
+  std::vector<int32_t> prompt_positions;
   for (size_t s = 0; s < keep.size(); ++s) {
     const sparsity::HeadPolicy& head = state.plan.heads[s];
     const int32_t num_keys = sparse ? kv_.sparse_layout(seq).streams[s].num_tokens : n;
@@ -472,11 +526,27 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
       for (int32_t p : kept) {
         keep[s]->push_back(static_cast<int32_t>(std::lower_bound(positions.begin(), positions.end(), p) - positions.begin()));
       }
+    } else if (const auto* fastgen = std::get_if<sparsity::FastGenPendingHead>(&head)) {
+      // FastGen decides at the prompt's end, from all of it (its streams keep every key until
+      // then, so positions == key indices).
+      if (!last) continue;
+      if (prompt_classes.empty()) {
+        for (int32_t i = 0; i < n; ++i) {
+          prompt_classes.push_back(token_class(*tokenizer_, scheduler_.tokens(seq)[i]));
+          prompt_positions.push_back(i);
+        }
+      }
+      const std::span<const float> row = scores->stream(s);
+      const sparsity::FastGenDecision decision = sparsity::select_fastgen(row, prompt_classes, *fastgen);
+      fastgen_recovery += decision.recovery;
+      ++num_fastgen;
+      sample.fastgen[s].emplace(*fastgen, decision, prompt_positions, prompt_classes, row);
+      if (decision.choice != sparsity::FastGenChoice::kFull) keep[s] = decision.keep;
     }
   }
   if (scores) {
-    double recovery = 0.0;
-    int num_scored = 0;
+    double recovery = fastgen_recovery;  // FastGen's own ratio, also for heads that chose full
+    int num_scored = num_fastgen;
     for (size_t s = 0; s < keep.size(); ++s) {
       const bool scored = std::holds_alternative<sparsity::ObservationTopHead>(state.plan.heads[s]) ||
                           std::holds_alternative<sparsity::HeavyHitterHead>(state.plan.heads[s]);
@@ -490,6 +560,12 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
     }
     if (num_scored > 0) sample.attention_recovery = static_cast<float>(recovery / num_scored);
   }
+  if (std::none_of(keep.begin(), keep.end(), [](const auto& k) { return k.has_value(); })) {
+    // Every stream keeps everything for good (FastGen heads that chose full): stay as it is.
+    sample.compressed_through = n;
+    sample.compressed = last;
+    return;
+  }
   std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, keep);
   if (!plan) {  // no free page for the copy out of shared pages: stay dense, try next step
     to_compress_.push_back(seq);
@@ -499,11 +575,16 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
   sample.compressed_through = n;
   if (!last) return;
   sample.compressed = true;
-  if (state.has_heavy_hitters) {
-    std::vector<uint8_t> wanted(sample.heavy.size());
-    for (size_t s = 0; s < wanted.size(); ++s) wanted[s] = sample.heavy[s].has_value();
-    runner_.want_attention(seq, std::move(wanted));
+  // Decode attention weights: H2O streams and FastGen streams that keep a frequent set.
+  std::vector<uint8_t> wanted(keep.size());
+  bool any_wanted = false;
+  for (size_t s = 0; s < wanted.size(); ++s) {
+    wanted[s] = (s < sample.heavy.size() && sample.heavy[s]) ||
+                (s < sample.fastgen.size() && sample.fastgen[s] &&
+                 sample.fastgen[s]->choice() == sparsity::FastGenChoice::kSpecialPunctLocalFrequent);
+    any_wanted = any_wanted || wanted[s];
   }
+  if (any_wanted) runner_.want_attention(seq, std::move(wanted));
 }
 
 // Sink + window streams drop the oldest non-sink keys beyond the window after every step.
@@ -514,7 +595,21 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
   bool any = false;
   const std::vector<std::vector<float>>* attention = runner_.attention(seq);
   const int32_t new_position = layout.num_positions - 1;
+  // FastGen steps once per new position (not on the step that compressed the prompt).
+  const bool fastgen_steps = !sample.fastgen.empty() && layout.num_positions > sample.fastgen_positions;
+  // Decode adds one position a step, so a state's keys are its kept positions plus this one.
+  assert(!fastgen_steps || layout.num_positions == sample.fastgen_positions + 1);
+  if (fastgen_steps) sample.fastgen_positions = layout.num_positions;
   for (size_t s = 0; s < drops.size(); ++s) {
+    if (s < sample.fastgen.size() && sample.fastgen[s]) {
+      // A head that chose full keeps everything: nothing to track.
+      if (!fastgen_steps || sample.fastgen[s]->choice() == sparsity::FastGenChoice::kFull) continue;
+      const std::vector<float>* weights = attention ? &(*attention)[s] : nullptr;
+      drops[s] = fastgen_step(*sample.fastgen[s], new_position,
+                              token_class(*tokenizer_, scheduler_.tokens(seq)[new_position]), weights);
+      any = any || !drops[s].empty();
+      continue;
+    }
     if (s < sample.heavy.size() && sample.heavy[s] && attention && !(*attention)[s].empty()) {
       // H2O: add this step's attention, evict at most one key (the lowest accumulated outside
       // the recent window). Keys are in position order, so a position's key index is its rank.

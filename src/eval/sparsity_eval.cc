@@ -117,7 +117,12 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
   if (family == "pyramidkv") return fmt::format("pyramidkv:B={},W={}", keep - window, window);
   if (family == "layerwise") return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
   if (family == "h2o") return fmt::format("h2o:B={},W={}", keep - window, window);
-  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, layerwise, h2o)", family);
+  if (family == "fastgen") fail("fastgen takes a threshold, not a budget (fastgen_policy)");
+  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, layerwise, h2o, fastgen)", family);
+}
+
+std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window) {
+  return fmt::format("fastgen:T={},W={},F=0.1", threshold, std::max(2 * window, prompt_len / 8));
 }
 
 std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::LlamaModel> model,
@@ -133,7 +138,9 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
   auto evaluate = [&](const std::string& family, double budget) {
     std::vector<std::string> policies;
     for (const Case& c : cases) {
-      policies.push_back(policy_for_budget(family, budget, static_cast<int32_t>(c.prompt.size()), config.observation_window));
+      const auto prompt_len = static_cast<int32_t>(c.prompt.size());
+      policies.push_back(family == "fastgen" ? fastgen_policy(budget, prompt_len, config.observation_window)
+                                             : policy_for_budget(family, budget, prompt_len, config.observation_window));
     }
     return std::make_pair(policies, run_cases(model, tokenizer, cases, policies, config.threads));
   };
@@ -189,7 +196,7 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
   out.push_back(base);
   if (on_result) on_result(base);
   for (const std::string& family : config.families) {
-    for (double budget : config.budgets) {
+    for (double budget : family == "fastgen" ? config.fastgen_thresholds : config.budgets) {
       const auto [policies, results] = evaluate(family, budget);
       PolicyFidelity f = summarize(family, budget, policies, results);
       f.perplexity_delta = f.perplexity - base.perplexity;

@@ -13,7 +13,9 @@
 //                 after compression) and the model continues greedily: the fraction of the
 //                 span's remaining tokens it reproduces
 // The compression happens after prefill, as in serving; all requests of one setting run as one
-// batch.
+// batch. FastGen takes no budget: it keeps what recovers >= 1 - T of each head's attention, so
+// its settings are thresholds T (fastgen_thresholds) and the KV it keeps is measured, like every
+// family's kv kept; mapping budgets to thresholds would claim a size FastGen does not promise.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,8 +28,9 @@
 namespace sieve::eval {
 
 struct SparsityEvalConfig {
-  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv", "layerwise"};
+  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv", "layerwise", "fastgen"};
   std::vector<double> budgets = {0.5, 0.25, 0.125};  // kept tokens per head / prompt tokens
+  std::vector<double> fastgen_thresholds = {0.02, 0.05, 0.1, 0.2};  // T, in place of budgets
   int32_t num_prompts = 8;
   int32_t prompt_tokens = 256;
   int32_t continuation_tokens = 32;
@@ -39,7 +42,7 @@ struct SparsityEvalConfig {
 
 struct PolicyFidelity {
   std::string family;    // "full" for the baseline
-  double budget = 1.0;   // requested fraction
+  double budget = 1.0;   // requested fraction; fastgen: its threshold T
   std::string spec;      // the policy string of the first prompt (budgets scale per prompt)
   double kv_kept = 1.0;  // pages held / dense pages
   double top1_agreement = 1.0;
@@ -53,6 +56,9 @@ struct PolicyFidelity {
 
 // The policy string of `family` keeping about budget * prompt_len tokens per KV head.
 std::string policy_for_budget(const std::string& family, double budget, int32_t prompt_len, int32_t window);
+// FastGen at threshold T: local window (also its profiling rows) prompt_len / 8 (at least
+// 2 * window), frequent set 10% of the prompt.
+std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window);
 
 // `text`: the source of prompts and continuations (consecutive segments). Progress lines go to
 // `on_result` as each setting finishes. The first result is the dense baseline.

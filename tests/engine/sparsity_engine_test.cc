@@ -1,6 +1,7 @@
 // KV sparsity inside the engine: a batch mixing policies gives every request exactly the tokens
 // it gives alone with the same policy; compressed requests hold fewer pages than dense ones,
 // sink + window requests stay bounded while they generate, and every page is back at the end.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -84,7 +85,12 @@ const std::vector<std::string> kPolicies = {
     "layerwise:L=2,rest=snapkv:B=32,W=8",
     "heads:(streaming:S=4,W=32)@kv=0+1,rest=snapkv:B=40,W=8",
     "h2o:B=32,W=16",
+    "fastgen:T=0.3,W=16,F=0.1",
+    "fastgen:T=0.6,W=8,F=0.05",
+    "fastgen:T=0,W=16",  // every head recovers all: chooses full
 };
+
+bool keeps_everything(const std::string& policy) { return policy == "full" || policy == "fastgen:T=0,W=16"; }
 
 TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
   model::LoadedModel loaded = load_stories();
@@ -106,7 +112,7 @@ TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
     EXPECT_EQ(batched[i].tokens.size(), 40u) << policy;
     EXPECT_EQ(batched[i].tokens, alone[0].tokens) << "request " << i << " policy " << policy;
     const Usage& u = batched[i].usage;
-    if (policy == "full") {
+    if (keeps_everything(policy)) {
       EXPECT_EQ(u.kv_pages, u.kv_dense_pages);
     } else {
       EXPECT_LT(u.kv_pages, u.kv_dense_pages) << policy << ": compressed requests hold fewer pages";
@@ -116,7 +122,7 @@ TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
 
 TEST(SparseEngine, F16KvCacheRunsTheSamePolicies) {
   model::LoadedModel loaded = load_stories();
-  const auto prompts = long_prompts(*loaded.tokenizer, 6);
+  const auto prompts = long_prompts(*loaded.tokenizer, kPolicies.size());
   std::vector<Request> requests;
   for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
   EngineConfig c = config(1024);
@@ -177,13 +183,45 @@ TEST(SparseEngine, StreamingHoldsABoundedNumberOfPagesWhileGenerating) {
 TEST(SparseEngine, PoliciesTheEngineCannotRunAreRefused) {
   model::LoadedModel loaded = load_stories();
   Engine engine(config(64), loaded.model, loaded.tokenizer);
-  for (const char* policy : {"fastgen:T=0.05", "quest:K=4"}) {
+  for (const char* policy : {"quest:K=4"}) {
     Request request = greedy({1, 2, 3}, policy);
     auto submitted = engine.submit(request, [](const RequestEvent&) {});
     ASSERT_TRUE(std::holds_alternative<Rejection>(submitted)) << policy;
     EXPECT_EQ(std::get<Rejection>(submitted).error, SubmitError::kInvalidParams);
     EXPECT_NE(std::get<Rejection>(submitted).message.find("kv_policy"), std::string::npos);
   }
+}
+
+TEST(SparseEngine, FastGenRecoversWhatItsThresholdAsks) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  Engine engine(config(512), loaded.model, loaded.tokenizer);
+  const auto dense = run(engine, {greedy(prompt, "full", 60)})[0];
+  // T = 0: no cheaper policy recovers all the attention, so every head keeps everything.
+  const auto all = run(engine, {greedy(prompt, "fastgen:T=0,W=16", 60)})[0];
+  EXPECT_EQ(all.tokens, dense.tokens) << "every head chose full";
+  EXPECT_EQ(all.usage.kv_pages, all.usage.kv_dense_pages) << "and the sequence stayed dense";
+  ASSERT_TRUE(all.usage.attention_recovery.has_value());
+  EXPECT_NEAR(*all.usage.attention_recovery, 1.0f, 1e-6f);
+  int32_t previous_pages = all.usage.kv_pages;
+  for (const double threshold : {0.1, 0.3, 0.6}) {
+    const auto outcome = run(engine, {greedy(prompt, fmt::format("fastgen:T={},W=8,F=0.05", threshold), 60)})[0];
+    ASSERT_EQ(outcome.tokens.size(), 60u);
+    ASSERT_TRUE(outcome.usage.attention_recovery.has_value()) << threshold;
+    // Every head's recovery is >= 1 - T, so their mean is too.
+    EXPECT_GE(*outcome.usage.attention_recovery, 1.0 - threshold - 1e-6) << threshold;
+    EXPECT_LE(*outcome.usage.attention_recovery, 1.0f + 1e-6f);
+    EXPECT_LE(outcome.usage.kv_pages, previous_pages) << "a larger T never picks a dearer policy";
+    previous_pages = outcome.usage.kv_pages;
+  }
+  EXPECT_LT(previous_pages, dense.usage.kv_dense_pages) << "T = 0.6 drops most of the prompt";
+  // Nearly any recovery will do: every head keeps its special tokens only (here the BOS, which
+  // draws far more than 0.1% of the attention), and drops each generated token right after its
+  // step. 20 streams of one key fit one page, plus packing slack.
+  const auto special = run(engine, {greedy(prompt, "fastgen:T=0.999,W=8", 60)})[0];
+  ASSERT_EQ(special.tokens.size(), 60u);
+  EXPECT_LE(special.usage.kv_pages, 2);
+  expect_all_pages_free(engine);
 }
 
 TEST(SparseEngine, HeavyHittersKeepABoundedCacheWhileGenerating) {
@@ -249,9 +287,11 @@ TEST(SparseEngine, ChunkByChunkCompressionGivesEachRequestItsTokensAlone) {
   // Compressions happen at fixed prompt positions (multiples of the chunk), whatever else is in
   // the batch and however max_batch_tokens splits the prefill.
   model::LoadedModel loaded = load_stories();
-  const auto prompts = very_long_prompts(*loaded.tokenizer, 7, 300);
+  std::vector<std::string> policies = kPolicies;
+  policies.push_back("heads:(fastgen:T=0.3,W=16)@kv=0+1,rest=snapkv:B=40,W=8");  // FastGen beside chunked heads
+  const auto prompts = very_long_prompts(*loaded.tokenizer, policies.size(), 300);
   std::vector<Request> requests;
-  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()], 24));
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], policies[i], 24));
   Engine together(chunked_config(1024, 48), loaded.model, loaded.tokenizer);
   const std::vector<Outcome> batched = run(together, requests);
   expect_all_pages_free(together);
@@ -261,7 +301,7 @@ TEST(SparseEngine, ChunkByChunkCompressionGivesEachRequestItsTokensAlone) {
     Engine alone(alone_config, loaded.model, loaded.tokenizer);
     const Outcome a = run(alone, {requests[i]})[0];
     expect_all_pages_free(alone);
-    const std::string& policy = kPolicies[i % kPolicies.size()];
+    const std::string& policy = policies[i];
     EXPECT_FALSE(batched[i].error.has_value()) << policy;
     EXPECT_EQ(batched[i].tokens.size(), 24u) << policy;
     EXPECT_EQ(batched[i].tokens, a.tokens) << "request " << i << " policy " << policy;

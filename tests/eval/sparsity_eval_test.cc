@@ -47,11 +47,35 @@ TEST(SparsityEval, DenseAgreesWithItselfAndBudgetsKeepLess) {
   EXPECT_NE(svg.find("snapkv"), std::string::npos);
 }
 
+TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
+  model::LoadedModel loaded = model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
+  std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
+  std::stringstream text;
+  text << in.rdbuf();
+  SparsityEvalConfig config{.families = {"fastgen"}, .budgets = {0.25}, .fastgen_thresholds = {0.0, 0.5},
+                            .num_prompts = 2, .prompt_tokens = 96, .continuation_tokens = 8, .threads = 2};
+  const std::vector<PolicyFidelity> results = run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  ASSERT_EQ(results.size(), 3u) << "the dense baseline and one row per threshold";
+  const PolicyFidelity& dense = results[0];
+  const PolicyFidelity& all = results[1];
+  const PolicyFidelity& loose = results[2];
+  EXPECT_EQ(all.spec, "fastgen:T=0,W=16,F=0.1");
+  EXPECT_DOUBLE_EQ(all.kv_kept, 1.0) << "T = 0: every head keeps everything";
+  EXPECT_DOUBLE_EQ(all.top1_agreement, 1.0);
+  EXPECT_NEAR(all.perplexity, dense.perplexity, 1e-6 * dense.perplexity);
+  EXPECT_NEAR(all.attention_recovery, 1.0, 1e-6);
+  EXPECT_DOUBLE_EQ(loose.budget, 0.5);
+  EXPECT_LT(loose.kv_kept, 1.0);
+  EXPECT_GE(loose.attention_recovery, 0.5 - 1e-6);
+}
+
 TEST(SparsityEval, PolicyStringsScaleWithTheBudget) {
   EXPECT_EQ(policy_for_budget("streaming", 0.25, 256, 8), "streaming:S=4,W=60");
   EXPECT_EQ(policy_for_budget("snapkv", 0.5, 256, 8), "snapkv:B=120,W=8");
   EXPECT_EQ(policy_for_budget("layerwise", 0.125, 256, 8), "layerwise:L=1,rest=snapkv:B=24,W=8");
   EXPECT_THROW(policy_for_budget("nonsense", 0.5, 256, 8), Error);
+  EXPECT_THROW(policy_for_budget("fastgen", 0.5, 256, 8), Error) << "a threshold, not a budget";
+  EXPECT_EQ(fastgen_policy(0.05, 256, 8), "fastgen:T=0.05,W=32,F=0.1");
 }
 
 }  // namespace

@@ -360,7 +360,7 @@ test('random disconnects while streaming leak nothing and the server stays healt
 });
 
 test('kv_policy per request: mixed policies together equal each alone; usage and metrics show the pages kept', async () => {
-  const policies = ['full', 'streaming:S=4,W=24', 'snapkv:B=24,W=8', 'layerwise:L=2,rest=snapkv:B=24,W=8'];
+  const policies = ['full', 'streaming:S=4,W=24', 'snapkv:B=24,W=8', 'layerwise:L=2,rest=snapkv:B=24,W=8', 'fastgen:T=0.5,W=8'];
   const long = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. '
     + 'One day, she saw a big red ball on the ground. She picked it up and threw it to her friend Tom. Tom caught the ball and laughed. ';
   const list = prompts(16, 5).map((p, i) => ({ prompt: long + p, kv_policy: policies[i % policies.length] }));
@@ -374,6 +374,8 @@ test('kv_policy per request: mixed policies together equal each alone; usage and
     const kv = together[i].usage.kv_cache;
     if (list[i].kv_policy === 'full') assert.equal(kv.pages, kv.dense_pages);
     else assert.ok(kv.pages < kv.dense_pages, `${list[i].kv_policy} keeps fewer pages: ${JSON.stringify(kv)}`);
+    // fastgen's heads each recover >= 1 - T of the prompt's attention
+    if (list[i].kv_policy.startsWith('fastgen')) assert.ok(kv.attention_recovery >= 0.5, JSON.stringify(kv));
   }
   const m = await expectPoolEmpty(server.base);
   const kept = (x) => x['sieve:kv_pages_kept_total{model_name="llama"}'];
