@@ -10,6 +10,7 @@
 // Every matrix is applied to all batch tokens at once (one pass over the weights per step).
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/rope.h"
@@ -29,6 +30,8 @@ struct ForwardScratch {
   std::vector<float> x, norm, q, k, v, attn, gate, up, rows;
   std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes
   std::vector<int32_t> positions;
+  std::vector<float> slice_bounds;                   // Quest: one stream's slice bounds
+  std::vector<int32_t> slice_ids, chosen, read_slices;
 };
 
 class LlamaModel {
@@ -37,6 +40,10 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   const Weights& weights() const { return weights_; }
+  // Identifies the weights (calibration profiles record it; the engine checks it before use):
+  // 16 hex digits of a 64-bit FNV-1a hash over the configuration and, for every matrix and norm,
+  // its type, shape and up to 4 KiB at each end. Deterministic; reads ~100 KiB, not the model.
+  std::string fingerprint() const;
 
   // Runs `batch`, writing each token's K/V into `cache` through its sequence's block table;
   // each token attends to positions [0, position] of its sequence. Fills `logits` with
@@ -63,6 +70,8 @@ class LlamaModel {
   void finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const;
   void attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token, int32_t num_tokens,
                      const int32_t* positions, const KvCache& cache, ThreadPool& pool, ForwardScratch& s) const;
+  std::span<const int32_t> select_slices(const SparseSequence& sparse, size_t stream_idx, int64_t group,
+                                         int32_t page_size, ForwardScratch& s) const;
 
   ModelConfig config_;
   Weights weights_;
