@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "eval/calibration.h"
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "shared_data.h"
@@ -307,6 +308,25 @@ TEST(SparseEngine, LServeStreamingHeadsHoldFewerPagesThanQuest) {
   const auto lserve = run(engine, {greedy(prompt, "lserve:K=4,R=2,S=4,W=16,f=0.5", 100)})[0];
   ASSERT_EQ(lserve.tokens.size(), 100u);
   EXPECT_LT(lserve.usage.kv_pages, quest.usage.kv_pages) << "half the heads keep 20 keys";
+  expect_all_pages_free(engine);
+}
+
+TEST(SparseEngine, LServeRunsWithAMeasuredProfile) {
+  // What `sieve calibrate` writes, round-tripped through the file format, drives lserve.
+  model::LoadedModel loaded = load_stories();
+  const auto prompts = long_prompts(*loaded.tokenizer, 3);
+  const sparsity::CalibrationProfile measured =
+      eval::calibrate(*loaded.model, loaded.name, prompts, {.num_sinks = 4, .window = 16, .observation_rows = 8, .threads = 2});
+  const std::string path = (std::filesystem::temp_directory_path() / "sieve_lserve_profile.json").string();
+  sparsity::save_calibration(measured, path);
+  auto profile = std::make_shared<const sparsity::CalibrationProfile>(sparsity::load_calibration(path));
+  std::filesystem::remove(path);
+  EXPECT_EQ(*profile, measured);
+  Engine engine(config(512, profile), loaded.model, loaded.tokenizer);
+  const auto outcome = run(engine, {greedy(prompts[0], "lserve:K=4,R=2,S=4,W=16,f=0.5", 50)})[0];
+  EXPECT_FALSE(outcome.error.has_value());
+  EXPECT_EQ(outcome.tokens.size(), 50u);
+  EXPECT_LT(outcome.usage.kv_pages, outcome.usage.kv_dense_pages) << "half the heads keep sinks + window";
   expect_all_pages_free(engine);
 }
 
