@@ -2,13 +2,14 @@
 # Decode speed of KV sparsity policies against full, one request at a time at several context
 # depths, from a client in another process (`sieve bench-serve`, one --extra-body per policy).
 #   bench/sparse_decode.sh MODEL.gguf [DEPTHS] [POLICIES]
-#   defaults: DEPTHS="2048 8192 16384", POLICIES="full streaming:S=4,W=1020 snapkv:B=992,W=32"
+#   defaults: DEPTHS="2048 8192 16384", POLICIES="full streaming:S=4,W=1020 snapkv:B=992,W=32
+#   quest:K=64,R=4,S=4,W=32" (quest: 64 pages of 16 = 1024 keys read per decode step, all kept)
 # Read ITL p50 per variant (v0 = the first policy); the compression step is inside TPOT, not ITL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$1
 depths=${2:-"2048 8192 16384"}
-policies=${3:-"full streaming:S=4,W=1020 snapkv:B=992,W=32"}
+policies=${3:-"full streaming:S=4,W=1020 snapkv:B=992,W=32 quest:K=64,R=4,S=4,W=32"}
 source bench/serve_lib.sh
 start_server "$model" --kv-memory 2048
 trap stop_server EXIT

@@ -14,6 +14,7 @@ void add_batch_command(CLI::App& app);
 void add_bench_engine_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_calibrate_command(CLI::App& app);
 void add_bench_serve_command(CLI::App& app);
 
 }  // namespace sieve::cli

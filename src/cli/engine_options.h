@@ -10,6 +10,7 @@ struct EngineOptions {
   int64_t kv_memory_mib = 512;
   int64_t kv_tokens = 0;  // when set, sizes the pool instead of kv_memory_mib
   std::string kv_dtype = "f32";
+  std::string calibration_path;
   engine::EngineConfig config;
 
   void add_to(CLI::App& command) {
@@ -34,6 +35,9 @@ struct EngineOptions {
     command.add_option("--kv-dtype", kv_dtype, "K/V element type: f32, or f16 (half the memory and decode reads)")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "f16"}));
+    command.add_option("--calibration", calibration_path,
+                       "Calibration profile of the model's KV heads (`sieve calibrate`), for lserve and heads:...@profile")
+        ->check(CLI::ExistingFile);
   }
 
   engine::EngineConfig engine_config(int threads) const {
@@ -41,6 +45,9 @@ struct EngineOptions {
     c.kv_memory_bytes = static_cast<uint64_t>(kv_memory_mib) << 20;
     c.threads = threads;
     c.kv_dtype = kv_dtype == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
+    if (!calibration_path.empty()) {
+      c.calibration = std::make_shared<const sparsity::CalibrationProfile>(sparsity::load_calibration(calibration_path));
+    }
     if (kv_tokens > 0) c.num_kv_pages = static_cast<int32_t>((kv_tokens + c.page_size - 1) / c.page_size);
     return c;
   }

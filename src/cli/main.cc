@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   sieve::cli::add_bench_engine_command(app);
   sieve::cli::add_serve_command(app);
   sieve::cli::add_eval_command(app);
+  sieve::cli::add_calibrate_command(app);
   sieve::cli::add_bench_serve_command(app);
   // `sieve bench serve ...` (the spelling vLLM users know) is `sieve bench-serve ...`.
   std::vector<std::string> args(argv, argv + argc);

@@ -67,6 +67,7 @@ struct SparsityState {
   bool has_windows = false;      // some stream is sink + window (drops every step)
   bool has_heavy_hitters = false;  // some stream is H2O (needs decode attention weights)
   bool has_fastgen = false;        // some stream is FastGen (drops by its choice every step)
+  bool has_page_select = false;    // some stream is Quest (decode reads selected pages)
   // Prefill is compressed at every multiple of this many positions (0: only at its end), so
   // the prompt never holds more than the policy's budget + one chunk.
   int32_t chunk_boundary = 0;
@@ -135,6 +136,11 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                  kv_),
       runner_(*model_, cache_, pool_, kv_) {
   config_.num_kv_pages = kv_.num_pages();
+  if (config_.calibration && config_.calibration->model_fingerprint != model_->fingerprint()) {
+    fail("the calibration profile was measured on model '{}' (fingerprint {}), not on this one (fingerprint {}); "
+         "write one for this model with `sieve calibrate`",
+         config_.calibration->model_name, config_.calibration->model_fingerprint, model_->fingerprint());
+  }
   published_stats_.kv = kv_.stats();
 }
 
@@ -166,10 +172,9 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
   std::shared_ptr<SparsityState> sparsity;
   int64_t pages_needed = (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
   if (!std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {
-    const model::ModelConfig& mc = model_->config();
     sparsity = std::make_shared<SparsityState>();
     try {
-      sparsity->plan = sparsity::resolve(request.kv_policy, {.num_layers = mc.num_layers, .num_kv_heads = mc.num_kv_heads});
+      sparsity->plan = resolve_policy(request.kv_policy);
     } catch (const Error& e) {
       return Rejection{SubmitError::kInvalidParams, e.what()};
     }
@@ -196,9 +201,13 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
                                                        static_cast<int32_t>(sparsity::observation_rows(head)));
       } else if (std::holds_alternative<sparsity::DenseHead>(head)) {
         bounds.push_back(std::nullopt);
+      } else if (std::holds_alternative<sparsity::PageSelectHead>(head)) {
+        // Quest keeps every key (no memory is freed); its decode rows read the chosen pages.
+        sparsity->has_page_select = true;
+        bounds.push_back(std::nullopt);
       } else {
         return Rejection{SubmitError::kInvalidParams,
-                         fmt::format("kv_policy '{}': the engine runs full, streaming, snapkv, pyramidkv, h2o and fastgen heads "
+                         fmt::format("kv_policy '{}': the engine runs full, streaming, snapkv, pyramidkv, h2o, fastgen and quest heads "
                                      "(also composed by layerwise, heads and layers) so far; not {}",
                                      sparsity::to_string(request.kv_policy), sparsity::describe(head))};
       }
@@ -242,6 +251,30 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
   pending_.push_back(std::move(pending));
   work_available_.notify_one();
   return id;
+}
+
+// The request's plan, with the server's calibration profile. A policy that needs a profile when
+// the server has none is refused naming --calibration.
+sparsity::SparsityPlan Engine::resolve_policy(const sparsity::PolicySpec& policy) const {
+  const model::ModelConfig& mc = model_->config();
+  const sparsity::ModelShape shape{.num_layers = mc.num_layers, .num_kv_heads = mc.num_kv_heads};
+  try {
+    return sparsity::resolve(policy, shape, config_.calibration.get());
+  } catch (const Error& e) {
+    if (config_.calibration) fail("kv_policy '{}': {}", sparsity::to_string(policy), e.what());
+    // Would any profile do? Then the missing one is the problem.
+    const sparsity::CalibrationProfile any{.model_name = "any", .model_fingerprint = "any",
+                                           .num_layers = mc.num_layers, .num_kv_heads = mc.num_kv_heads,
+                                           .streaming_scores = std::vector<double>(
+                                               static_cast<size_t>(mc.num_layers * mc.num_kv_heads), 0.5)};
+    try {
+      sparsity::resolve(policy, shape, &any);
+    } catch (const Error&) {
+      fail("kv_policy '{}': {}", sparsity::to_string(policy), e.what());
+    }
+    fail("kv_policy '{}' needs a calibration profile of the model's heads, and this server has none: start it "
+         "with --calibration FILE (written by `sieve calibrate`)", sparsity::to_string(policy));
+  }
 }
 
 void Engine::cancel(RequestId id) {
@@ -560,8 +593,9 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
     }
     if (num_scored > 0) sample.attention_recovery = static_cast<float>(recovery / num_scored);
   }
-  if (std::none_of(keep.begin(), keep.end(), [](const auto& k) { return k.has_value(); })) {
-    // Every stream keeps everything for good (FastGen heads that chose full): stay as it is.
+  if (!state.has_page_select && std::none_of(keep.begin(), keep.end(), [](const auto& k) { return k.has_value(); })) {
+    // Every stream keeps everything for good (FastGen heads that chose full): stay as it is
+    // (page selection, though, reads per-stream slices, so Quest streams do turn sparse).
     sample.compressed_through = n;
     sample.compressed = last;
     return;
@@ -575,6 +609,14 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
   sample.compressed_through = n;
   if (!last) return;
   sample.compressed = true;
+  if (state.has_page_select) {
+    std::vector<std::optional<sparsity::PageSelectHead>> heads;
+    for (const sparsity::HeadPolicy& head : state.plan.heads) {
+      const auto* quest = std::get_if<sparsity::PageSelectHead>(&head);
+      heads.push_back(quest ? std::optional(*quest) : std::nullopt);
+    }
+    runner_.select_pages(seq, std::move(heads));
+  }
   // Decode attention weights: H2O streams and FastGen streams that keep a frequent set.
   std::vector<uint8_t> wanted(keep.size());
   bool any_wanted = false;

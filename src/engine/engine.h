@@ -34,6 +34,7 @@
 #include "model/kv_cache.h"
 #include "model/llama.h"
 #include "sched/scheduler.h"
+#include "sparsity/calibration.h"
 #include "sparsity/policy_spec.h"
 #include "tokenizer/tokenizer.h"
 #include "util/thread_pool.h"
@@ -59,14 +60,18 @@ struct EngineConfig {
   // K/V element type: kF32, or kF16 (half the KV memory and half the bytes decode attention
   // reads per key; rounding moves logprobs by ~1e-3).
   kernels::DType kv_dtype = model::kKvDefaultDType;
+  // Which KV heads are streaming-like (`sieve calibrate`), for lserve and heads:...@profile=F.
+  // Must be for this model (LlamaModel::fingerprint()); null: such policies are refused.
+  std::shared_ptr<const sparsity::CalibrationProfile> calibration;
 };
 
 struct Request {
   std::vector<TokenId> prompt;
   SamplingParams params;
   // Which KV to keep (sparsity/policy_spec.h); the default keeps everything. The engine runs the
-  // per-(layer, KV head) plans made of full, sink + window (streaming) and observation-window
-  // top-B (snapkv, pyramidkv) heads, composed by layerwise / heads / layers; others are refused.
+  // per-(layer, KV head) plans made of full, sink + window (streaming), observation-window
+  // top-B (snapkv, pyramidkv), heavy-hitter (h2o) and page-selecting (quest, lserve) heads,
+  // composed by layerwise / heads / layers; others are refused.
   sparsity::PolicySpec kv_policy;
 };
 
@@ -156,6 +161,7 @@ class Engine {
   void compress(sched::SeqId seq, Sample& sample);
   void drop_out_of_window(sched::SeqId seq, Sample& sample);
   void apply_sparsity();
+  sparsity::SparsityPlan resolve_policy(const sparsity::PolicySpec& policy) const;
 
   EngineConfig config_;
   std::shared_ptr<const model::LlamaModel> model_;

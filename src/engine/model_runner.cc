@@ -1,5 +1,10 @@
 #include "engine/model_runner.h"
 
+#include <algorithm>
+
+#include "kernels/attention_scores.h"
+#include "sparsity/selection.h"
+
 namespace sieve::engine {
 
 int32_t ModelRunner::cache_slice(kv::SliceId slice) const {
@@ -11,9 +16,11 @@ int32_t ModelRunner::cache_slice(kv::SliceId slice) const {
 }
 
 std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::SeqId seq,
-                                                                      const kv::SparseAppend* append) const {
+                                                                      const kv::SparseAppend* append) {
   const kv::SparseLayout& layout = kv_.sparse_layout(seq);
   auto view = std::make_shared<model::SparseSequence>();
+  PageSelectState* page_select = nullptr;
+  if (auto it = page_select_.find(seq); it != page_select_.end()) page_select = &it->second;
   view->streams.resize(layout.streams.size());
   if (auto it = want_attention_.find(seq); it != want_attention_.end()) {
     view->want_attention = it->second;
@@ -34,8 +41,64 @@ std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::Seq
       const kv::SlotAddress at = layout.address(static_cast<int32_t>(s), i);
       to.new_rows.emplace_back(cache_slice(at.slice), at.slot);
     }
+    // Quest reads a subset of slices on decode rows of streams that hold every key.
+    if (page_select && page_select->streams[s] && from.num_tokens - first == 1 && from.first_slot == 0 &&
+        from.num_dropped == 0) {
+      plan_page_reads(*page_select, s, to, first);
+    }
+  }
+  if (page_select && append) {
+    ++page_select->num_decode_steps;
+    view->choose_slices = [this, page_select](size_t stream, std::span<const float> bounds) {
+      PageSelectStream& p = *page_select->streams[stream];
+      p.chosen = sparsity::select_pages(bounds, p.num_keys, cache_.page_size(), p.head);
+      p.num_slices_at_choice = static_cast<int32_t>(bounds.size());
+      return p.chosen;
+    };
   }
   return view;
+}
+
+void ModelRunner::select_pages(sched::SeqId seq, std::vector<std::optional<sparsity::PageSelectHead>> heads) {
+  PageSelectState& state = page_select_[seq];
+  state = {};
+  for (auto& head : heads) {
+    if (head) state.streams.emplace_back(PageSelectStream{.head = *head});
+    else state.streams.emplace_back();
+  }
+}
+
+// Brings the stream's slice summaries up to date (slices filled by earlier steps; the keys of
+// this step are not written yet) and says which slices its decode row reads: a fresh choice
+// every reuse_steps decode steps, else the last choice plus every slice new since.
+void ModelRunner::plan_page_reads(PageSelectState& state, size_t stream_idx, model::SparseStream& stream,
+                                  int32_t num_written) {
+  PageSelectStream& p = *state.streams[stream_idx];
+  const int32_t page_size = cache_.page_size();
+  const int64_t summary_floats = 2 * model_.config().head_dim;
+  const int32_t num_full = num_written / page_size;
+  if (num_full > p.num_summarized) {
+    p.summaries.resize(static_cast<size_t>(num_full * summary_floats));
+    const kernels::PagedKv keys = cache_.slice_view(stream.slices, 0);
+    for (int32_t b = p.num_summarized; b < num_full; ++b) {
+      kernels::summarize_page_keys(keys, b, page_size, {.data = &p.summaries[b * summary_floats], .page_stride = 0});
+    }
+    p.num_summarized = num_full;
+  }
+  p.num_keys = stream.num_keys;
+  model::SliceSelection selection;
+  const auto num_slices = static_cast<int32_t>(stream.slices.size());
+  if (p.chosen.empty() || state.num_decode_steps % p.head.reuse_steps == 0) {
+    selection.choose = true;
+    selection.summaries = p.summaries.data();
+    selection.num_summarized = p.num_summarized;
+  } else {
+    selection.reuse = p.chosen;
+    for (int32_t b = std::max(p.num_slices_at_choice - 1, 0); b < num_slices; ++b) {
+      if (selection.reuse.empty() || b > selection.reuse.back()) selection.reuse.push_back(b);
+    }
+  }
+  stream.selection = std::move(selection);
 }
 
 const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out, const TokensOf& tokens_of) {

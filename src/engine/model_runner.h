@@ -12,6 +12,7 @@
 #include "model/kv_cache.h"
 #include "model/llama.h"
 #include "sched/scheduler.h"
+#include "sparsity/policy_spec.h"
 
 namespace sieve {
 class ThreadPool;
@@ -52,12 +53,33 @@ class ModelRunner {
   // H2O: the streams of `seq` whose decode attention weights run() should return; and after
   // run(), those weights ([stream] -> one per key, the new token last; empty if not computed).
   void want_attention(sched::SeqId seq, std::vector<uint8_t> streams) { want_attention_[seq] = std::move(streams); }
-  void forget(sched::SeqId seq) { want_attention_.erase(seq); }
+  // Quest: from the next step on, the decode rows of the streams with a head here read only the
+  // slices sparsity::select_pages() picks by q·k bounds from per-slice key summaries (kept here,
+  // per stream and logical slice, so they survive slice moves); [stream], nullopt: read all.
+  void select_pages(sched::SeqId seq, std::vector<std::optional<sparsity::PageSelectHead>> heads);
+  void forget(sched::SeqId seq) {
+    want_attention_.erase(seq);
+    page_select_.erase(seq);
+  }
   const std::vector<std::vector<float>>* attention(sched::SeqId seq) const;
 
  private:
+  struct PageSelectStream {
+    sparsity::PageSelectHead head;
+    std::vector<float> summaries;  // [num_summarized][2][head_dim]: key min, max of full slices
+    int32_t num_summarized = 0;
+    int32_t num_keys = 0;            // this step's, for the choice
+    std::vector<int32_t> chosen;     // slice indices read since the last choice
+    int32_t num_slices_at_choice = 0;
+  };
+  struct PageSelectState {
+    std::vector<std::optional<PageSelectStream>> streams;  // [stream]
+    int64_t num_decode_steps = 0;                          // since select_pages()
+  };
+
   // The model's view of a sparse sequence; `append` (may be null): this step's new tokens.
-  std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq, const kv::SparseAppend* append) const;
+  std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq, const kv::SparseAppend* append);
+  void plan_page_reads(PageSelectState& state, size_t stream_idx, model::SparseStream& stream, int32_t num_written);
 
   const model::LlamaModel& model_;
   model::KvCache& cache_;
@@ -65,6 +87,7 @@ class ModelRunner {
   const kv::KvManager& kv_;
   ObservationScores scores_;
   std::unordered_map<sched::SeqId, std::vector<uint8_t>> want_attention_;
+  std::unordered_map<sched::SeqId, PageSelectState> page_select_;
   std::unordered_map<sched::SeqId, std::shared_ptr<const model::SparseSequence>> step_views_;
   model::Batch batch_;
   model::ForwardScratch scratch_;

@@ -45,7 +45,10 @@ void observation_scores(const PagedKv& kv, const AttentionQuery& window, const f
 //                       max[c] at data[p * page_stride + h * 2 * head_dim + head_dim + c]
 struct KeySummaries {
   float* data = nullptr;
-  int64_t page_stride = 0;  // floats between pages, >= num_kv_heads * 2 * head_dim
+  // Floats between pages, >= num_kv_heads * 2 * head_dim; or 0 with one kv head: every page
+  // shares the floats at data (summarize one page into a caller's buffer, e.g. summaries kept
+  // per logical block rather than per page id).
+  int64_t page_stride = 0;
 };
 
 // Recomputes the summary of logical block `block` (page kv.block_table[block]) from its slots

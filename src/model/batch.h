@@ -6,13 +6,31 @@
 //   sequences  [ {first 0, count 3, pages a}, {first 3, count 1, pages b}, {first 4, count 2, pages c} ]
 #include <cassert>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
 namespace sieve::model {
 
 using TokenId = int32_t;
+
+// Quest page selection for one stream's decode row: the row reads only some of the stream's
+// slices. Only for streams that hold every key of the sequence (key_offset 0, num_dropped 0), so
+// slice b holds keys [b * page_size, (b + 1) * page_size) and a slice is a Quest "page".
+struct SliceSelection {
+  // choose: compute each summarized slice's upper bound of the group's q·k from `summaries` and
+  // ask SparseSequence::choose_slices which slices to read. Slices from num_summarized on (the
+  // newest, not summarized yet) get +inf bounds.
+  bool choose = false;
+  float* summaries = nullptr;  // [num_summarized][2][head_dim]: per-channel key min, then max
+  int32_t num_summarized = 0;
+  // !choose: read these slices (indices into SparseStream::slices, ascending, the last one
+  // included), chosen at an earlier step.
+  std::vector<int32_t> reuse;
+};
 
 // The K/V of a compressed (sparse) sequence: one stream per (layer, KV head), each holding that
 // head's kept keys in order in slices of KvCache (KvCache::slice_index), as the KV manager laid
@@ -24,6 +42,7 @@ struct SparseStream {
   int32_t num_dropped = 0;      // tokens dropped before the new ones: key j is visible to the
                                 // query at position p iff j <= p - num_dropped
   std::vector<std::pair<int32_t, int32_t>> new_rows;  // (slice, slot) of each new token
+  std::optional<SliceSelection> selection;            // Quest; unset: read every slice
 };
 struct SparseSequence {
   std::vector<SparseStream> streams;  // [layer * num_kv_heads + kv_head]
@@ -32,6 +51,10 @@ struct SparseSequence {
   // mutable because it is the one output of an otherwise read-only description.
   std::vector<uint8_t> want_attention;                   // [stream], empty: none
   mutable std::vector<std::vector<float>> attention;     // [stream]
+  // Quest: which slices a choosing stream's decode row reads, from its bounds ([num slices],
+  // upper bounds of q·k summed over the group) -> slice indices, ascending, the last included.
+  // The policy is the caller's (the model knows none); called on the forward thread.
+  std::function<std::vector<int32_t>(size_t stream, std::span<const float> bounds)> choose_slices;
 };
 
 struct BatchSequence {

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "kernels/attention_scores.h"
 #include "kernels/paged_attention.h"
@@ -54,6 +57,34 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights)
   rope_.freq_factors = config_.rope.freq_factors;
 }
 
+std::string LlamaModel::fingerprint() const {
+  uint64_t hash = 14695981039346656037ull;
+  const auto mix = [&](const void* data, size_t bytes) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+  };
+  const std::string shape = config_.summary();
+  mix(shape.data(), shape.size());
+  const auto mix_matrix = [&](const kernels::MatrixView& m) {
+    const int64_t header[3] = {static_cast<int64_t>(m.dtype), m.rows, m.cols};
+    mix(header, sizeof(header));
+    const size_t bytes = kernels::row_bytes(m.dtype, m.cols) * static_cast<size_t>(m.rows);
+    const size_t edge = std::min<size_t>(bytes, 4096);
+    mix(m.data, edge);
+    mix(static_cast<const uint8_t*>(m.data) + bytes - edge, edge);
+  };
+  const auto mix_floats = [&](const std::vector<float>& v) { mix(v.data(), v.size() * sizeof(float)); };
+  mix_matrix(weights_.token_embd);
+  for (const LayerWeights& w : weights_.layers) {
+    mix_floats(w.attn_norm);
+    mix_floats(w.ffn_norm);
+    for (const kernels::MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) mix_matrix(*m);
+  }
+  mix_floats(weights_.output_norm);
+  mix_matrix(weights_.output);
+  return fmt::format("{:016x}", hash);
+}
+
 void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
   int64_t expected_first = 0;
   for (const BatchSequence& seq : batch.sequences) {
@@ -74,6 +105,13 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
         }
         for (int32_t slice : stream.slices) {
           if (slice < 0 || slice >= num_slices) fail("slice {} is outside the KV cache", slice);
+        }
+        if (stream.selection) {
+          if (stream.key_offset != 0 || stream.num_dropped != 0) fail("a Quest stream must hold every key");
+          if (stream.selection->choose && !seq.sparse->choose_slices) fail("a choosing Quest stream needs choose_slices");
+          if (stream.selection->choose && stream.selection->num_summarized > 0 && !stream.selection->summaries) {
+            fail("a choosing Quest stream needs its slice summaries");
+          }
         }
       }
       continue;
@@ -241,7 +279,13 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
                                         .num_heads = group,
                                         .scale = scale};
     const size_t stream_idx = static_cast<size_t>(layer * c.num_kv_heads + g);
-    const kernels::PagedKv kv = cache.slice_view(stream.slices, stream.key_offset);
+    std::span<const int32_t> slices = stream.slices;
+    if (stream.selection && num_tokens == 1) {
+      slices = select_slices(sparse, stream_idx, group, cache.page_size(), s);
+      s.positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * cache.page_size() +
+                                            (stream.num_keys - 1) % cache.page_size());
+    }
+    const kernels::PagedKv kv = cache.slice_view(slices, stream.key_offset);
     const bool want = !sparse.want_attention.empty() && sparse.want_attention[stream_idx] && num_tokens == 1;
     s.lse.resize(static_cast<size_t>(num_tokens * group));
     kernels::paged_attention(kv, query, {.out = s.out_group.data(), .row_lse = want || scores ? s.lse.data() : nullptr},
@@ -260,6 +304,39 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
                   group * head_dim * sizeof(float));
     }
   }
+}
+
+// Quest: the slices one decode row of stream `stream_idx` reads (its query heads are in
+// s.q_group). Every slice keeps its place in key order, so the row sees the chosen keys in order
+// and itself last: its position among them is computed by the caller.
+std::span<const int32_t> LlamaModel::select_slices(const SparseSequence& sparse, size_t stream_idx, int64_t group,
+                                                   int32_t page_size, ForwardScratch& s) const {
+  const SparseStream& stream = sparse.streams[stream_idx];
+  const SliceSelection& selection = *stream.selection;
+  const auto num_slices = static_cast<int32_t>(stream.slices.size());
+  if (selection.choose) {
+    // Bounds from the per-slice summaries: a one-head view whose "page" b is summary b.
+    const int32_t num_summarized = std::min(selection.num_summarized, num_slices);
+    s.slice_ids.resize(static_cast<size_t>(num_summarized));
+    for (int32_t b = 0; b < num_summarized; ++b) s.slice_ids[b] = b;
+    s.slice_bounds.assign(static_cast<size_t>(num_slices), std::numeric_limits<float>::infinity());
+    const kernels::PagedKv summary_view{.page_size = page_size, .head_dim = config_.head_dim, .num_kv_heads = 1,
+                                        .block_table = s.slice_ids};
+    kernels::page_upper_bounds(summary_view, {.data = selection.summaries, .page_stride = 2 * config_.head_dim},
+                               s.q_group.data(), group, num_summarized, s.slice_bounds.data());
+    s.chosen = sparse.choose_slices(stream_idx, s.slice_bounds);
+  } else {
+    s.chosen = selection.reuse;
+  }
+  if (s.chosen.empty() || s.chosen.back() != num_slices - 1) fail("a Quest selection must read the newest slice");
+  if (std::ssize(s.chosen) == num_slices) return stream.slices;
+  s.read_slices.resize(s.chosen.size());
+  for (size_t i = 0; i < s.chosen.size(); ++i) {
+    const int32_t b = s.chosen[i];
+    if (b < 0 || b >= num_slices || (i > 0 && b <= s.chosen[i - 1])) fail("a Quest selection must be ascending slice indices");
+    s.read_slices[i] = stream.slices[static_cast<size_t>(b)];
+  }
+  return s.read_slices;
 }
 
 void LlamaModel::observe_rows(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,

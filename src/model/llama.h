@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/rope.h"
@@ -30,6 +31,8 @@ struct ForwardScratch {
   std::vector<float> x, norm, q, k, v, attn, gate, up, rows;
   std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes
   std::vector<int32_t> positions;
+  std::vector<float> slice_bounds;                   // Quest: one stream's slice bounds
+  std::vector<int32_t> slice_ids, chosen, read_slices;
 };
 
 class LlamaModel {
@@ -38,6 +41,10 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   const Weights& weights() const { return weights_; }
+  // Identifies the weights (calibration profiles record it; the engine checks it before use):
+  // 16 hex digits of a 64-bit FNV-1a hash over the configuration and, for every matrix and norm,
+  // its type, shape and up to 4 KiB at each end. Deterministic; reads ~100 KiB, not the model.
+  std::string fingerprint() const;
 
   // Runs `batch`, writing each token's K/V into `cache` through its sequence's block table;
   // each token attends to positions [0, position] of its sequence. Fills `logits` with
@@ -78,6 +85,8 @@ class LlamaModel {
   // attend_and_score(layer) where the rows' attention output (s.attn) is due.
   void observe_rows(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
                     ThreadPool& pool, ForwardScratch& s, const std::function<void(int64_t layer)>& attend_and_score) const;
+  std::span<const int32_t> select_slices(const SparseSequence& sparse, size_t stream_idx, int64_t group,
+                                         int32_t page_size, ForwardScratch& s) const;
 
   ModelConfig config_;
   Weights weights_;

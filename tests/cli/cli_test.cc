@@ -38,7 +38,7 @@ std::string model() { return testing::shared_path("models/stories260K.gguf"); }
 TEST(Cli, HelpForEveryCommand) {
   Result top = run("--help");
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* command : {"run", "batch", "tokenize", "perplexity", "quantize", "gen-model", "bench", "bench-engine", "bench-serve"}) {
+  for (const char* command : {"run", "batch", "tokenize", "perplexity", "quantize", "gen-model", "bench", "bench-engine", "bench-serve", "calibrate"}) {
     EXPECT_NE(top.out.find(command), std::string::npos) << command;
     Result help = run(std::string(command) + " --help");
     EXPECT_EQ(help.exit_code, 0) << command;
@@ -121,6 +121,35 @@ TEST(Cli, PromptLongerThanContextIsRejected) {
   Result r = run("run -m " + model() + " -p '" + prompt + "' -n 1", true);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("context"), std::string::npos) << r.out.substr(0, 300);
+}
+
+TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
+  const std::string path = (std::filesystem::temp_directory_path() / "sieve_cli_calibration.json").string();
+  std::filesystem::remove(path);
+  Result r = run("calibrate -m " + model() + " -f " + testing::shared_path("golden/stories260K/tinystories_valid.txt") +
+                 " --samples 3 --prompt-len 120 --sinks 4 --window 16 -t 2 -o " + path, true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream in(path);
+  const nlohmann::json profile = nlohmann::json::parse(in);
+  EXPECT_EQ(profile["format"], "sieve-calibration");
+  EXPECT_EQ(profile["num_samples"], 3);
+  EXPECT_FALSE(profile["model"]["fingerprint"].get<std::string>().empty());
+  ASSERT_EQ(profile["streaming_scores"].size(), 5u);  // stories260K: 5 layers x 4 KV heads
+  double spread_min = 1.0, spread_max = 0.0;
+  for (const auto& layer : profile["streaming_scores"]) {
+    ASSERT_EQ(layer.size(), 4u);
+    for (double score : layer.get<std::vector<double>>()) {
+      EXPECT_GE(score, 0.0);
+      EXPECT_LE(score, 1.0);
+      spread_min = std::min(spread_min, score);
+      spread_max = std::max(spread_max, score);
+    }
+  }
+  EXPECT_LT(spread_min, spread_max) << "heads differ in how local their attention is";
+  // Too little text for the samples asked is a clear error.
+  Result short_text = run("calibrate -m " + model() + " -f " + model() + " --samples 100000 -o " + path, true);
+  EXPECT_NE(short_text.exit_code, 0);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "eval/calibration.h"
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "shared_data.h"
@@ -66,9 +67,9 @@ Request greedy(std::vector<TokenId> prompt, const std::string& policy, int32_t m
   return request;
 }
 
-EngineConfig config(int32_t num_pages) {
+EngineConfig config(int32_t num_pages, std::shared_ptr<const sparsity::CalibrationProfile> calibration = nullptr) {
   return {.num_kv_pages = num_pages, .page_size = 16, .max_batch_tokens = 128, .max_num_seqs = 64,
-          .max_queued = 256, .enable_prefix_caching = true, .threads = 2};
+          .max_queued = 256, .enable_prefix_caching = true, .threads = 2, .calibration = std::move(calibration)};
 }
 
 void expect_all_pages_free(const Engine& engine) {
@@ -88,9 +89,24 @@ const std::vector<std::string> kPolicies = {
     "fastgen:T=0.3,W=16,F=0.1",
     "fastgen:T=0.6,W=8,F=0.05",
     "fastgen:T=0,W=16",  // every head recovers all: chooses full
+    "quest:K=4,R=1,S=4,W=16",
+    "lserve:K=3,R=3,S=4,W=32,f=0.5",
 };
 
 bool keeps_everything(const std::string& policy) { return policy == "full" || policy == "fastgen:T=0,W=16"; }
+
+// A profile rating KV heads 0 and 2 of every layer the most streaming-like (lserve's f=0.5).
+std::shared_ptr<const sparsity::CalibrationProfile> profile_for(const model::LlamaModel& model) {
+  auto profile = std::make_shared<sparsity::CalibrationProfile>();
+  profile->model_name = "stories260K";
+  profile->model_fingerprint = model.fingerprint();
+  profile->num_layers = model.config().num_layers;
+  profile->num_kv_heads = model.config().num_kv_heads;
+  for (int64_t i = 0; i < profile->num_layers * profile->num_kv_heads; ++i) {
+    profile->streaming_scores.push_back(i % 2 == 0 ? 0.9 : 0.1);
+  }
+  return profile;
+}
 
 TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
   model::LoadedModel loaded = load_stories();
@@ -98,13 +114,14 @@ TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
   std::vector<Request> requests;
   for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
 
+  const auto profile = profile_for(*loaded.model);
   // A small max_batch_tokens chunks the prompts differently together than alone.
-  Engine together(config(1024), loaded.model, loaded.tokenizer);
+  Engine together(config(1024, profile), loaded.model, loaded.tokenizer);
   const std::vector<Outcome> batched = run(together, requests);
   expect_all_pages_free(together);
 
   for (size_t i = 0; i < requests.size(); ++i) {
-    Engine alone_engine(config(1024), loaded.model, loaded.tokenizer);
+    Engine alone_engine(config(1024, profile), loaded.model, loaded.tokenizer);
     const std::vector<Outcome> alone = run(alone_engine, {requests[i]});
     expect_all_pages_free(alone_engine);
     const std::string& policy = kPolicies[i % kPolicies.size()];
@@ -114,6 +131,8 @@ TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
     const Usage& u = batched[i].usage;
     if (keeps_everything(policy)) {
       EXPECT_EQ(u.kv_pages, u.kv_dense_pages);
+    } else if (policy.starts_with("quest")) {
+      EXPECT_GE(u.kv_pages, u.kv_dense_pages) << "quest frees no memory";
     } else {
       EXPECT_LT(u.kv_pages, u.kv_dense_pages) << policy << ": compressed requests hold fewer pages";
     }
@@ -125,7 +144,7 @@ TEST(SparseEngine, F16KvCacheRunsTheSamePolicies) {
   const auto prompts = long_prompts(*loaded.tokenizer, kPolicies.size());
   std::vector<Request> requests;
   for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
-  EngineConfig c = config(1024);
+  EngineConfig c = config(1024, profile_for(*loaded.model));
   c.kv_dtype = kernels::DType::kF16;
   Engine together(c, loaded.model, loaded.tokenizer);
   const std::vector<Outcome> batched = run(together, requests);
@@ -178,18 +197,6 @@ TEST(SparseEngine, StreamingHoldsABoundedNumberOfPagesWhileGenerating) {
   EXPECT_LE(outcome.usage.kv_pages, 5);
   EXPECT_GE(outcome.usage.kv_dense_pages, 26);
   expect_all_pages_free(engine);
-}
-
-TEST(SparseEngine, PoliciesTheEngineCannotRunAreRefused) {
-  model::LoadedModel loaded = load_stories();
-  Engine engine(config(64), loaded.model, loaded.tokenizer);
-  for (const char* policy : {"quest:K=4"}) {
-    Request request = greedy({1, 2, 3}, policy);
-    auto submitted = engine.submit(request, [](const RequestEvent&) {});
-    ASSERT_TRUE(std::holds_alternative<Rejection>(submitted)) << policy;
-    EXPECT_EQ(std::get<Rejection>(submitted).error, SubmitError::kInvalidParams);
-    EXPECT_NE(std::get<Rejection>(submitted).message.find("kv_policy"), std::string::npos);
-  }
 }
 
 TEST(SparseEngine, FastGenRecoversWhatItsThresholdAsks) {
@@ -277,8 +284,9 @@ std::vector<std::vector<TokenId>> very_long_prompts(const tok::Tokenizer& tokeni
   return out;
 }
 
-EngineConfig chunked_config(int32_t num_pages, int32_t chunk) {
-  EngineConfig c = config(num_pages);
+EngineConfig chunked_config(int32_t num_pages, int32_t chunk,
+                            std::shared_ptr<const sparsity::CalibrationProfile> calibration = nullptr) {
+  EngineConfig c = config(num_pages, std::move(calibration));
   c.sparse_prefill_chunk = chunk;
   return c;
 }
@@ -292,11 +300,12 @@ TEST(SparseEngine, ChunkByChunkCompressionGivesEachRequestItsTokensAlone) {
   const auto prompts = very_long_prompts(*loaded.tokenizer, policies.size(), 300);
   std::vector<Request> requests;
   for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], policies[i], 24));
-  Engine together(chunked_config(1024, 48), loaded.model, loaded.tokenizer);
+  const auto profile = profile_for(*loaded.model);  // lserve's
+  Engine together(chunked_config(1024, 48, profile), loaded.model, loaded.tokenizer);
   const std::vector<Outcome> batched = run(together, requests);
   expect_all_pages_free(together);
   for (size_t i = 0; i < requests.size(); ++i) {
-    EngineConfig alone_config = chunked_config(1024, 48);
+    EngineConfig alone_config = chunked_config(1024, 48, profile);
     alone_config.max_batch_tokens = 40 + 16 * static_cast<int32_t>(i);  // other prefill splits
     Engine alone(alone_config, loaded.model, loaded.tokenizer);
     const Outcome a = run(alone, {requests[i]})[0];
@@ -355,6 +364,93 @@ TEST(SparseEngine, ChunkByChunkCompressionBoundsALongPromptsPeak) {
     Engine engine(chunked_config(512, 64), loaded.model, loaded.tokenizer);
     EXPECT_EQ(run(engine, {request})[0].tokens.size(), 8u) << policy;
   }
+}
+
+}  // namespace
+}  // namespace sieve::engine
+
+namespace sieve::engine {
+namespace {
+
+TEST(SparseEngine, QuestReadingEveryPageReproducesDense) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  Engine engine(config(512), loaded.model, loaded.tokenizer);
+  const auto dense = run(engine, {greedy(prompt, "full", 60)})[0].tokens;
+  EXPECT_EQ(run(engine, {greedy(prompt, "quest:K=4096,R=1,S=4,W=16", 60)})[0].tokens, dense)
+      << "K above the number of pages reads every key";
+  // Few pages read from a ~100-token prompt (8 pages): the output moves, but every request runs
+  // its full length, with the choice fresh every step or reused for 4 steps.
+  for (const char* policy : {"quest:K=2,R=1,S=1,W=1", "quest:K=2,R=4,S=1,W=1"}) {
+    const auto sparse = run(engine, {greedy(prompt, policy, 60)})[0];
+    EXPECT_FALSE(sparse.error.has_value()) << policy;
+    EXPECT_EQ(sparse.tokens.size(), 60u) << policy;
+    EXPECT_NE(sparse.tokens, dense) << policy << ": two of ~10 pages must change the continuation";
+  }
+  expect_all_pages_free(engine);
+}
+
+TEST(SparseEngine, QuestSelectionReusedForRStepsDiffersFromFreshEveryStep) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  Engine engine(config(512), loaded.model, loaded.tokenizer);
+  const auto fresh = run(engine, {greedy(prompt, "quest:K=3,R=1,S=1,W=1", 80)})[0].tokens;
+  const auto reused = run(engine, {greedy(prompt, "quest:K=3,R=8,S=1,W=1", 80)})[0].tokens;
+  ASSERT_EQ(fresh.size(), 80u);
+  ASSERT_EQ(reused.size(), 80u);
+  // Same first step (both choose at once), then the pages read differ.
+  EXPECT_EQ(fresh.front(), reused.front());
+  EXPECT_NE(fresh, reused);
+  expect_all_pages_free(engine);
+}
+
+TEST(SparseEngine, LServeNeedsACalibrationProfileForTheModel) {
+  model::LoadedModel loaded = load_stories();
+  {
+    Engine engine(config(64), loaded.model, loaded.tokenizer);
+    auto submitted = engine.submit(greedy({1, 2, 3}, "lserve:K=4"), [](const RequestEvent&) {});
+    ASSERT_TRUE(std::holds_alternative<Rejection>(submitted));
+    const std::string& message = std::get<Rejection>(submitted).message;
+    EXPECT_NE(message.find("kv_policy"), std::string::npos) << message;
+    EXPECT_NE(message.find("--calibration"), std::string::npos) << message;
+    // f=0 needs no profile.
+    EXPECT_TRUE(std::holds_alternative<RequestId>(engine.submit(greedy({1, 2, 3}, "lserve:K=4,f=0"),
+                                                                [](const RequestEvent&) {})));
+    engine.run_until_idle();
+  }
+  auto other = std::make_shared<sparsity::CalibrationProfile>(*profile_for(*loaded.model));
+  other->model_fingerprint = "0123456789abcdef";
+  EXPECT_THROW(Engine(config(64, other), loaded.model, loaded.tokenizer), Error);
+}
+
+TEST(SparseEngine, LServeStreamingHeadsHoldFewerPagesThanQuest) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  Engine engine(config(512, profile_for(*loaded.model)), loaded.model, loaded.tokenizer);
+  const auto quest = run(engine, {greedy(prompt, "quest:K=4,R=2,S=4,W=16", 100)})[0];
+  const auto lserve = run(engine, {greedy(prompt, "lserve:K=4,R=2,S=4,W=16,f=0.5", 100)})[0];
+  ASSERT_EQ(lserve.tokens.size(), 100u);
+  EXPECT_LT(lserve.usage.kv_pages, quest.usage.kv_pages) << "half the heads keep 20 keys";
+  expect_all_pages_free(engine);
+}
+
+TEST(SparseEngine, LServeRunsWithAMeasuredProfile) {
+  // What `sieve calibrate` writes, round-tripped through the file format, drives lserve.
+  model::LoadedModel loaded = load_stories();
+  const auto prompts = long_prompts(*loaded.tokenizer, 3);
+  const sparsity::CalibrationProfile measured =
+      eval::calibrate(*loaded.model, loaded.name, prompts, {.num_sinks = 4, .window = 16, .observation_rows = 8, .threads = 2});
+  const std::string path = (std::filesystem::temp_directory_path() / "sieve_lserve_profile.json").string();
+  sparsity::save_calibration(measured, path);
+  auto profile = std::make_shared<const sparsity::CalibrationProfile>(sparsity::load_calibration(path));
+  std::filesystem::remove(path);
+  EXPECT_EQ(*profile, measured);
+  Engine engine(config(512, profile), loaded.model, loaded.tokenizer);
+  const auto outcome = run(engine, {greedy(prompts[0], "lserve:K=4,R=2,S=4,W=16,f=0.5", 50)})[0];
+  EXPECT_FALSE(outcome.error.has_value());
+  EXPECT_EQ(outcome.tokens.size(), 50u);
+  EXPECT_LT(outcome.usage.kv_pages, outcome.usage.kv_dense_pages) << "half the heads keep sinks + window";
+  expect_all_pages_free(engine);
 }
 
 }  // namespace

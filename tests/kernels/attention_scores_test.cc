@@ -234,6 +234,24 @@ TEST_P(AttentionScores, PageSummariesMatchTheReference) {
   }
 }
 
+// page_stride 0 with one kv head: each page summarized into a caller's own buffer (Quest's
+// per-stream, per-logical-block summaries) equals the page-id-indexed summary.
+TEST_P(AttentionScores, OnePageSummaryIntoACallersBuffer) {
+  const CacheShape shape{.num_keys = 75, .num_kv_heads = 1, .head_dim = 72, .page_size = 16};
+  const TestCache cache(shape, 650);
+  const PagedKv kv = cache.view();
+  SummaryBuffer want(kv, max_page_id(kv), 0.0f);
+  const int64_t num_blocks = (shape.num_keys + shape.page_size - 1) / shape.page_size;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t filled = std::min<int64_t>(shape.page_size, shape.num_keys - b * shape.page_size);
+    ref::summarize_page_keys(kv, b, filled, want.view);
+    std::vector<float> own(2 * 72, kNaN);
+    summarize_page_keys(kv, b, filled, {own.data(), 0});
+    const float* expected = want.data.data() + kv.block_table[static_cast<size_t>(b)] * want.view.page_stride;
+    for (size_t c = 0; c < own.size(); ++c) ASSERT_EQ(own[c], expected[c]) << "block " << b << " float " << c;
+  }
+}
+
 TEST_P(AttentionScores, PageUpperBoundsMatchTheReferenceAndBoundEveryKey) {
   uint32_t seed = 600;
   for (int64_t head_dim : {3, 8, 64, 72, 128}) {
