@@ -20,6 +20,7 @@ struct EvalOptions {
   eval::SparsityEvalConfig config;
   std::string json_path;
   std::string plot_path;
+  std::string calibration_path;
 };
 
 void write_file(const std::string& path, const std::string& contents) {
@@ -35,6 +36,10 @@ void run_eval(EvalOptions options) {
   buffer << in.rdbuf();
   model::LoadedModel loaded = model::load_model(options.model.load_options());
   options.config.threads = options.model.threads;
+  if (!options.calibration_path.empty()) {
+    options.config.calibration =
+        std::make_shared<const sparsity::CalibrationProfile>(sparsity::load_calibration(options.calibration_path));
+  }
   const eval::SparsityEvalConfig& c = options.config;
   fmt::print("{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {}-token span, {} given "
              "after compression\n",
@@ -86,7 +91,8 @@ void add_eval_command(CLI::App& app) {
   command->add_option("-f,--file", options->text_path, "Text the prompts and continuations come from")
       ->required()
       ->check(CLI::ExistingFile);
-  command->add_option("--policies", c.families, "Policy families (streaming, h2o, snapkv, pyramidkv, layerwise, fastgen)")
+  command->add_option("--policies", c.families,
+                      "Policy families (streaming, h2o, snapkv, pyramidkv, layerwise, fastgen, quest, lserve)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--budgets", c.budgets, "KV budgets as fractions of the prompt (comma list)")
@@ -104,6 +110,8 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   command->add_option("--window", c.observation_window, "Observation window of snapkv/pyramidkv")->capture_default_str();
+  command->add_option("--calibration", options->calibration_path, "Calibration profile for lserve (sieve calibrate)")
+      ->check(CLI::ExistingFile);
   command->add_option("--json", options->json_path, "Write the results as JSON");
   command->add_option("--plot", options->plot_path, "Write an SVG plot (top-1 agreement vs KV kept)");
   command->callback([options] { run_eval(*options); });

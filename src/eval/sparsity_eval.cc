@@ -64,11 +64,13 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos, cons
 }
 
 std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
-                              const std::vector<Case>& cases, const std::vector<std::string>& policies, int threads) {
+                              const std::vector<Case>& cases, const std::vector<std::string>& policies, int threads,
+                              std::shared_ptr<const sparsity::CalibrationProfile> calibration) {
   int64_t pages = 0;
   for (const Case& c : cases) pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / 16 + 2;
   engine::Engine engine({.num_kv_pages = static_cast<int32_t>(2 * pages), .page_size = 16, .max_batch_tokens = 512,
-                         .max_num_seqs = 256, .max_queued = 4096, .enable_prefix_caching = false, .threads = threads},
+                         .max_num_seqs = 256, .max_queued = 4096, .enable_prefix_caching = false, .threads = threads,
+                         .calibration = std::move(calibration)},
                         std::move(model), std::move(tokenizer));
   std::vector<Result> results(cases.size());
   std::map<engine::RequestId, size_t> index;
@@ -117,8 +119,12 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
   if (family == "pyramidkv") return fmt::format("pyramidkv:B={},W={}", keep - window, window);
   if (family == "layerwise") return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
   if (family == "h2o") return fmt::format("h2o:B={},W={}", keep - window, window);
+  // Quest reads K whole pages (16 tokens, the eval engine's page size) per decode step.
+  const int32_t pages = std::max(2, (keep + 15) / 16);
+  if (family == "quest") return fmt::format("quest:K={},R=1,S=4,W={}", pages, window);
+  if (family == "lserve") return fmt::format("lserve:K={},R=4,S=4,W={},f=0.5", pages, keep - 4);
   if (family == "fastgen") fail("fastgen takes a threshold, not a budget (fastgen_policy)");
-  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, layerwise, h2o, fastgen)", family);
+  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, layerwise, h2o, fastgen, quest, lserve)", family);
 }
 
 std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window) {
@@ -134,6 +140,9 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
   const std::vector<TokenId> tokens = tokenizer->encode(text, {.add_special = false, .parse_special = false});
   const std::vector<Case> cases = make_cases(tokens, *vocab.bos, config);
   const size_t vocab_size = vocab.size();
+  if (!config.calibration && std::find(config.families.begin(), config.families.end(), "lserve") != config.families.end()) {
+    fail("lserve needs a calibration profile (--calibration FILE, written by `sieve calibrate`)");
+  }
 
   auto evaluate = [&](const std::string& family, double budget) {
     std::vector<std::string> policies;
@@ -142,7 +151,7 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
       policies.push_back(family == "fastgen" ? fastgen_policy(budget, prompt_len, config.observation_window)
                                              : policy_for_budget(family, budget, prompt_len, config.observation_window));
     }
-    return std::make_pair(policies, run_cases(model, tokenizer, cases, policies, config.threads));
+    return std::make_pair(policies, run_cases(model, tokenizer, cases, policies, config.threads, config.calibration));
   };
 
   std::vector<PolicyFidelity> out;

@@ -23,12 +23,15 @@
 #include <vector>
 
 #include "model/llama.h"
+#include "sparsity/calibration.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::eval {
 
 struct SparsityEvalConfig {
-  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv", "layerwise", "fastgen"};
+  // lserve needs `calibration`; quest and lserve read about budget * prompt tokens per step
+  // (whole pages) but keep every key of their dynamic heads.
+  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv", "layerwise", "fastgen", "quest"};
   std::vector<double> budgets = {0.5, 0.25, 0.125};  // kept tokens per head / prompt tokens
   std::vector<double> fastgen_thresholds = {0.02, 0.05, 0.1, 0.2};  // T, in place of budgets
   int32_t num_prompts = 8;
@@ -38,6 +41,7 @@ struct SparsityEvalConfig {
   int32_t retrieval_cue = 4;    // of which the first ones are given after compression
   int32_t observation_window = 8;
   int threads = 0;
+  std::shared_ptr<const sparsity::CalibrationProfile> calibration;  // for lserve
 };
 
 struct PolicyFidelity {

@@ -69,6 +69,28 @@ TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
   EXPECT_GE(loose.attention_recovery, 0.5 - 1e-6);
 }
 
+TEST(SparsityEval, QuestReadsFewerPagesButKeepsThemAll) {
+  model::LoadedModel loaded = model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
+  std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
+  std::stringstream text;
+  text << in.rdbuf();
+  SparsityEvalConfig config{.families = {"quest"}, .budgets = {2.0, 0.125}, .num_prompts = 2, .prompt_tokens = 96,
+                            .continuation_tokens = 8, .threads = 2};
+  const std::vector<PolicyFidelity> results = run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  ASSERT_EQ(results.size(), 3u);
+  const PolicyFidelity& dense = results[0];
+  const PolicyFidelity& every_page = results[1];
+  const PolicyFidelity& two_pages = results[2];
+  EXPECT_DOUBLE_EQ(every_page.top1_agreement, 1.0) << "K above the page count reads everything";
+  EXPECT_NEAR(every_page.perplexity, dense.perplexity, 1e-6 * dense.perplexity);
+  EXPECT_GE(two_pages.kv_kept, 1.0) << "quest frees no memory";
+  EXPECT_GT(two_pages.mean_kl, 1e-6) << "reading 2 of 7 pages changes the distributions";
+
+  config.families = {"lserve"};
+  EXPECT_THROW(run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config), Error)
+      << "lserve without a calibration profile";
+}
+
 TEST(SparsityEval, PolicyStringsScaleWithTheBudget) {
   EXPECT_EQ(policy_for_budget("streaming", 0.25, 256, 8), "streaming:S=4,W=60");
   EXPECT_EQ(policy_for_budget("snapkv", 0.5, 256, 8), "snapkv:B=120,W=8");
@@ -76,6 +98,8 @@ TEST(SparsityEval, PolicyStringsScaleWithTheBudget) {
   EXPECT_THROW(policy_for_budget("nonsense", 0.5, 256, 8), Error);
   EXPECT_THROW(policy_for_budget("fastgen", 0.5, 256, 8), Error) << "a threshold, not a budget";
   EXPECT_EQ(fastgen_policy(0.05, 256, 8), "fastgen:T=0.05,W=32,F=0.1");
+  EXPECT_EQ(policy_for_budget("quest", 0.25, 256, 8), "quest:K=4,R=1,S=4,W=8");
+  EXPECT_EQ(policy_for_budget("lserve", 0.25, 256, 8), "lserve:K=4,R=4,S=4,W=60,f=0.5");
 }
 
 }  // namespace
