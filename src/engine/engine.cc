@@ -228,7 +228,8 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
                                             .max_kept_tokens = bounds,
                                             .chunk_size = first_chunk,
                                             .max_total_tokens = prompt_len + *request.params.max_tokens,
-                                            .dense_tokens_at_first_compression = first_chunk});
+                                            .dense_tokens_at_first_compression = first_chunk,
+                                            .in_place = request.params.n <= 1});
     }
   }
   if (pages_needed > config_.num_kv_pages) {
@@ -297,9 +298,13 @@ void Engine::admit_pending() {
     sample->num_samples_to_fork = n - 1;
     sample->sparsity = p->sparsity;
     const int32_t max_new = *p->request.params.max_tokens;
-    const int32_t chunk_boundary = p->sparsity ? p->sparsity->chunk_boundary : 0;
-    const sched::AddResult added =
-        scheduler_.add(seq, std::move(p->request.prompt), max_new, 0, p->max_pages, chunk_boundary);
+    // A request that will be compressed keeps its pages out of the prefix cache (n == 1: its
+    // samples would share them anyway), so compression turns them sparse in place.
+    const sched::AddResult added = scheduler_.add(
+        seq, std::move(p->request.prompt), max_new,
+        {.max_pages = p->max_pages,
+         .chunk_boundary = p->sparsity ? p->sparsity->chunk_boundary : 0,
+         .private_kv = p->sparsity && n == 1});
     if (added != sched::AddResult::kQueued) {
       RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
       const bool queue_full = added == sched::AddResult::kQueueFull;

@@ -150,11 +150,15 @@ struct SparsePeakQuery {
   // chunk); 0 when it starts sparse (KvManager::start_sparse). Leaving dense pages needs old +
   // new pages for that one step.
   int64_t dense_tokens_at_first_compression = 0;
+  // Those dense pages are the sequence's alone and unpublished (KvManager::compress turns them
+  // sparse in place): no copy.
+  bool in_place = false;
 };
 // The most pages the sequence can own at any time, provided the caller compresses every
 // bounded stream back to its bound at least every chunk_size appended tokens:
 //   max(ceil(d / page_size) + copy_pages, sparse_pages)
 //   copy_pages   = ceil(sum_s ceil(min(b_s, d) / page_size) / S)     leaving the dense pages
+//                  (0 in_place)
 //   sparse_pages = ceil(sum_s (ceil(t_s / page_size) + 1) / S) + 1
 // with b_s the stream's bound (T when nullopt), t_s = min(b_s + chunk_size, T),
 // T = max_total_tokens, d = dense_tokens_at_first_compression. The + 1 per stream: a stream that

@@ -8,19 +8,18 @@ namespace sieve::sched {
 Scheduler::Scheduler(const SchedulerConfig& config, kv::KvManager& kv) : config_(config), kv_(kv) {}
 
 AddResult Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens,
-                         uint64_t extra_key, std::optional<int64_t> max_pages, int32_t chunk_boundary) {
+                         const SequenceOptions& options) {
   assert(!seqs_.contains(seq) && !prompt.empty());
   const int64_t max_total = static_cast<int64_t>(prompt.size()) + std::max(0, max_new_tokens);
   if (config_.max_model_len > 0 && max_total > config_.max_model_len) return AddResult::kTooLong;
-  const int64_t peak_pages = max_pages ? *max_pages : kv_.num_pages_for(static_cast<int32_t>(max_total));
+  const int64_t peak_pages = options.max_pages ? *options.max_pages : kv_.num_pages_for(static_cast<int32_t>(max_total));
   if (peak_pages > kv_.num_pages()) return AddResult::kNeverFits;
   if (static_cast<int32_t>(waiting_.size()) >= config_.max_queued) return AddResult::kQueueFull;
   Sequence& s = seqs_[seq];
   s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
   s.tokens = std::move(prompt);
   s.max_total_tokens = static_cast<int32_t>(max_total);
-  s.extra_key = extra_key;
-  s.chunk_boundary = chunk_boundary;
+  s.options = options;
   waiting_.push_back(seq);
   return AddResult::kQueued;
 }
@@ -135,12 +134,15 @@ void Scheduler::schedule_waiting(ScheduleOutput& out) {
     if (budget == 0 || waiting_.empty() || static_cast<int32_t>(running_.size()) >= config_.max_num_seqs) return;
     const SeqId seq = waiting_.front();
     Sequence& s = seqs_.at(seq);
-    kv::PrefixMatch match = kv_.lookup_prefix(s.tokens, s.extra_key);
-    if (s.chunk_boundary > 0 && match.num_cached_tokens > s.chunk_boundary) {
-      const size_t blocks = static_cast<size_t>(s.chunk_boundary / kv_.config().page_size);
+    kv::PrefixMatch match = s.options.private_kv
+                                ? kv::PrefixMatch{.num_prompt_tokens = static_cast<int32_t>(s.tokens.size())}
+                                : kv_.lookup_prefix(s.tokens, s.options.extra_key);
+    const int32_t boundary = s.options.chunk_boundary;
+    if (boundary > 0 && match.num_cached_tokens > boundary) {
+      const size_t blocks = static_cast<size_t>(boundary / kv_.config().page_size);
       match.pages.resize(blocks);
       match.hashes.resize(blocks);
-      match.num_cached_tokens = s.chunk_boundary;
+      match.num_cached_tokens = boundary;
     }
     const int32_t num_new = chunk_limit(s, match.num_cached_tokens,
                                         std::min(static_cast<int32_t>(s.tokens.size()) - match.num_cached_tokens, budget));
@@ -173,13 +175,14 @@ void Scheduler::on_step_done(const ScheduleOutput& out) {
     if (it == seqs_.end() || !it->second.running) continue;  // finished or preempted since
     Sequence& s = it->second;
     s.num_computed = scheduled.num_computed_before + scheduled.num_new_tokens;
-    kv_.commit_full_blocks(scheduled.seq_id, s.tokens, s.num_computed);
+    if (!s.options.private_kv) kv_.commit_full_blocks(scheduled.seq_id, s.tokens, s.num_computed);
   }
 }
 
 int32_t Scheduler::chunk_limit(const Sequence& s, int32_t from, int32_t wanted) {
-  if (s.chunk_boundary <= 0) return wanted;
-  return std::min(wanted, s.chunk_boundary - from % s.chunk_boundary);
+  const int32_t boundary = s.options.chunk_boundary;
+  if (boundary <= 0) return wanted;
+  return std::min(wanted, boundary - from % boundary);
 }
 
 void Scheduler::append_token(SeqId seq, int32_t token) { seqs_.at(seq).tokens.push_back(token); }

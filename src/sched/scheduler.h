@@ -84,14 +84,24 @@ class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, kv::KvManager& kv);
 
-  // Queues a new sequence. `extra_key` separates prefix-cache namespaces (see kv::BlockHash).
-  // `max_pages`: the most pages the sequence can ever hold, for a request that will be
-  // compressed (kv::sparse_peak_pages); nullopt: its dense size. Used to reject what can never
-  // fit (kNeverFits). `chunk_boundary` > 0 (a multiple of the page size): no step computes
-  // tokens across a multiple of it and a prefix-cache hit covers at most its first chunk, so a
-  // request compressed chunk by chunk is compressed at the same positions whatever else runs.
-  AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens, uint64_t extra_key = 0,
-                std::optional<int64_t> max_pages = std::nullopt, int32_t chunk_boundary = 0);
+  struct SequenceOptions {
+    uint64_t extra_key = 0;  // separates prefix-cache namespaces (see kv::BlockHash)
+    // The most pages the sequence can ever hold, for a request that will be compressed
+    // (kv::sparse_peak_pages); nullopt: its dense size. Rejects what can never fit (kNeverFits).
+    std::optional<int64_t> max_pages;
+    // > 0 (a multiple of the page size): no step computes tokens across a multiple of it and a
+    // prefix-cache hit covers at most its first chunk, so a request compressed chunk by chunk is
+    // compressed at the same positions whatever else runs.
+    int32_t chunk_boundary = 0;
+    // Neither reads cached prefixes nor publishes its pages: they stay its own, so compressing
+    // it turns them sparse in place instead of copying.
+    bool private_kv = false;
+  };
+  // Queues a new sequence.
+  AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens, const SequenceOptions& options);
+  AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens) {
+    return add(seq, std::move(prompt), max_new_tokens, SequenceOptions{});
+  }
   // Starts `child` as a running copy of running sequence `parent` (parallel sampling, n > 1):
   // a dense child shares every page, its own writes go through copy-on-write. Call right after
   // the step in which the parent sampled its first token, before appending that token to either.
@@ -122,8 +132,7 @@ class Scheduler {
     int32_t num_prompt_tokens = 0;
     int32_t num_computed = 0;
     int32_t max_total_tokens = 0;  // prompt + max_new_tokens
-    uint64_t extra_key = 0;
-    int32_t chunk_boundary = 0;
+    SequenceOptions options;
     bool running = false;
   };
   // At most `wanted` tokens from position `from` on, not across the sequence's chunk boundary.

@@ -448,6 +448,14 @@ TEST(SparseLayoutTest, AdmissionFigures) {
                                .max_total_tokens = 40,
                                .dense_tokens_at_first_compression = 36}),
             13);
+  // The same dense pages turned sparse in place (private, unpublished): 9 pages, no copy.
+  EXPECT_EQ(sparse_peak_pages({.shape = shape,
+                               .max_kept_tokens = bounds,
+                               .chunk_size = 4,
+                               .max_total_tokens = 40,
+                               .dense_tokens_at_first_compression = 36,
+                               .in_place = true}),
+            9);
   // Short requests: no stream holds more than the total.
   EXPECT_EQ(
       sparse_peak_pages(

@@ -20,7 +20,7 @@ class Simulation {
 
   AddResult add(char name, std::vector<int32_t> prompt, int32_t max_new, int32_t chunk_boundary = 0) {
     max_new_[name] = max_new;
-    return scheduler_.add(id(name), std::move(prompt), max_new, 0, std::nullopt, chunk_boundary);
+    return scheduler_.add(id(name), std::move(prompt), max_new, {.chunk_boundary = chunk_boundary});
   }
   AddResult add(char name, int32_t prompt_len, int32_t max_new) {
     std::vector<int32_t> prompt(prompt_len);
@@ -214,9 +214,9 @@ class StreamingEngine {
     std::vector<int32_t> prompt(prompt_len);
     std::iota(prompt.begin(), prompt.end(), 1000 * (name - 'A' + 1));
     max_new_[name] = max_new;
-    return scheduler_.add(SeqId{static_cast<uint64_t>(name)}, std::move(prompt), max_new, 0,
-                          with_peak ? std::optional<int64_t>(peak_pages(prompt_len + max_new))
-                                    : std::nullopt);
+    return scheduler_.add(SeqId{static_cast<uint64_t>(name)}, std::move(prompt), max_new,
+                          {.max_pages = with_peak ? std::optional<int64_t>(peak_pages(prompt_len + max_new))
+                                                  : std::nullopt});
   }
 
   std::string step() {
