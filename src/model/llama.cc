@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -259,58 +260,93 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
                                int32_t num_tokens, const int32_t* positions, const KvCache& cache,
                                ThreadPool& pool, ForwardScratch& s, float* scores) const {
   // Each KV head has its own stream (its own kept keys), so the query heads of one group are
-  // gathered into a [num_tokens][group][head_dim] block and attended against that stream.
+  // gathered into a [num_tokens][group][head_dim] block per head and attended against that
+  // stream.
   const ModelConfig& c = config_;
   const int64_t head_dim = c.head_dim, q_dim = c.q_dim();
   const int64_t group = c.num_heads / c.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  s.q_group.resize(static_cast<size_t>(num_tokens * group * head_dim));
+  const int64_t q_floats = num_tokens * group * head_dim;  // per KV head
+  s.q_group.resize(static_cast<size_t>(c.num_kv_heads * q_floats));
   s.out_group.resize(s.q_group.size());
-  s.positions.resize(static_cast<size_t>(num_tokens));
-  for (int64_t g = 0; g < c.num_kv_heads; ++g) {
-    const SparseStream& stream = sparse.streams[static_cast<size_t>(layer * c.num_kv_heads + g)];
+  s.positions.resize(static_cast<size_t>(c.num_kv_heads * num_tokens));
+  s.lse.resize(static_cast<size_t>(c.num_kv_heads * num_tokens * group));
+  s.slices.resize(static_cast<size_t>(c.num_kv_heads));
+  // Observation scores: each stream's after the ones before it in the layer.
+  std::vector<float*> stream_scores(static_cast<size_t>(c.num_kv_heads), nullptr);
+  for (int64_t g = 0; scores && g < c.num_kv_heads; ++g) {
+    stream_scores[g] = scores;
+    scores += sparse.streams[static_cast<size_t>(layer * c.num_kv_heads + g)].num_keys;
+  }
+
+  auto attend_head = [&](int64_t g, ThreadPool& head_pool) {
+    const size_t stream_idx = static_cast<size_t>(layer * c.num_kv_heads + g);
+    const SparseStream& stream = sparse.streams[stream_idx];
+    float* q_group = &s.q_group[g * q_floats];
+    float* out_group = &s.out_group[g * q_floats];
+    int32_t* head_positions = &s.positions[g * num_tokens];
+    float* lse = &s.lse[g * num_tokens * group];
     for (int32_t i = 0; i < num_tokens; ++i) {
-      std::memcpy(&s.q_group[i * group * head_dim], &s.q[(first_token + i) * q_dim + g * group * head_dim],
+      std::memcpy(&q_group[i * group * head_dim], &s.q[(first_token + i) * q_dim + g * group * head_dim],
                   group * head_dim * sizeof(float));
-      s.positions[i] = positions[i] - stream.num_dropped;
+      head_positions[i] = positions[i] - stream.num_dropped;
     }
-    const kernels::AttentionQuery query{.q = s.q_group.data(),
-                                        .positions = std::span<const int32_t>(s.positions.data(), num_tokens),
+    const kernels::AttentionQuery query{.q = q_group,
+                                        .positions = std::span<const int32_t>(head_positions, num_tokens),
                                         .num_heads = group,
                                         .scale = scale};
-    const size_t stream_idx = static_cast<size_t>(layer * c.num_kv_heads + g);
     std::span<const int32_t> slices = stream.slices;
     if (stream.selection && num_tokens == 1) {
-      slices = select_slices(sparse, stream_idx, group, cache.page_size(), s);
-      s.positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * cache.page_size() +
-                                            (stream.num_keys - 1) % cache.page_size());
+      slices = select_slices(sparse, stream_idx, q_group, group, cache.page_size(), s.slices[g]);
+      head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * cache.page_size() +
+                                               (stream.num_keys - 1) % cache.page_size());
     }
     const kernels::PagedKv kv = cache.slice_view(slices, stream.key_offset);
     const bool want = !sparse.want_attention.empty() && sparse.want_attention[stream_idx] && num_tokens == 1;
-    s.lse.resize(static_cast<size_t>(num_tokens * group));
-    kernels::paged_attention(kv, query, {.out = s.out_group.data(), .row_lse = want || scores ? s.lse.data() : nullptr},
-                             pool);
-    if (scores) {  // observation pass: every row's attention over this stream's keys
-      kernels::observation_scores(kv, query, s.lse.data(), stream.num_keys, scores, pool);
-      scores += stream.num_keys;
+    kernels::paged_attention(kv, query, {.out = out_group, .row_lse = want || stream_scores[g] ? lse : nullptr},
+                             head_pool);
+    if (stream_scores[g]) {  // observation pass: every row's attention over this stream's keys
+      kernels::observation_scores(kv, query, lse, stream.num_keys, stream_scores[g], head_pool);
     }
     if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
       std::vector<float>& weights = sparse.attention[stream_idx];
       weights.assign(static_cast<size_t>(stream.num_keys), 0.0f);
-      kernels::observation_scores(kv, query, s.lse.data(), stream.num_keys, weights.data(), pool);
+      kernels::observation_scores(kv, query, lse, stream.num_keys, weights.data(), head_pool);
     }
     for (int32_t i = 0; i < num_tokens; ++i) {
-      std::memcpy(&s.attn[(first_token + i) * q_dim + g * group * head_dim], &s.out_group[i * group * head_dim],
+      std::memcpy(&s.attn[(first_token + i) * q_dim + g * group * head_dim], &out_group[i * group * head_dim],
                   group * head_dim * sizeof(float));
     }
+  };
+
+  // A decode row: one KV head per thread, each attention single-threaded (no key split and
+  // merge, one dispatch per layer instead of one per head). Longer rows use the whole pool.
+  if (num_tokens == 1 && pool.num_threads() > 1 && c.num_kv_heads >= pool.num_threads()) {
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(c.num_kv_heads));
+    pool.parallel_for(c.num_kv_heads, [&](int64_t begin, int64_t end) {
+      thread_local ThreadPool inline_pool(1);
+      for (int64_t g = begin; g < end; ++g) {
+        try {
+          attend_head(g, inline_pool);
+        } catch (...) {  // a worker must not throw: rethrown on the caller's thread below
+          errors[g] = std::current_exception();
+        }
+      }
+    }, 1);
+    for (const std::exception_ptr& error : errors) {
+      if (error) std::rethrow_exception(error);
+    }
+  } else {
+    for (int64_t g = 0; g < c.num_kv_heads; ++g) attend_head(g, pool);
   }
 }
 
-// Quest: the slices one decode row of stream `stream_idx` reads (its query heads are in
-// s.q_group). Every slice keeps its place in key order, so the row sees the chosen keys in order
+// Quest: the slices one decode row of stream `stream_idx` reads (its query heads at
+// q_group). Every slice keeps its place in key order, so the row sees the chosen keys in order
 // and itself last: its position among them is computed by the caller.
-std::span<const int32_t> LlamaModel::select_slices(const SparseSequence& sparse, size_t stream_idx, int64_t group,
-                                                   int32_t page_size, ForwardScratch& s) const {
+std::span<const int32_t> LlamaModel::select_slices(const SparseSequence& sparse, size_t stream_idx,
+                                                   const float* q_group, int64_t group, int32_t page_size,
+                                                   SliceScratch& s) const {
   const SparseStream& stream = sparse.streams[stream_idx];
   const SliceSelection& selection = *stream.selection;
   const auto num_slices = static_cast<int32_t>(stream.slices.size());
@@ -323,7 +359,7 @@ std::span<const int32_t> LlamaModel::select_slices(const SparseSequence& sparse,
     const kernels::PagedKv summary_view{.page_size = page_size, .head_dim = config_.head_dim, .num_kv_heads = 1,
                                         .block_table = s.slice_ids};
     kernels::page_upper_bounds(summary_view, {.data = selection.summaries, .page_stride = 2 * config_.head_dim},
-                               s.q_group.data(), group, num_summarized, s.slice_bounds.data());
+                               q_group, group, num_summarized, s.slice_bounds.data());
     s.chosen = sparse.choose_slices(stream_idx, s.slice_bounds);
   } else {
     s.chosen = selection.reuse;

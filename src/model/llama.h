@@ -27,12 +27,17 @@ class ThreadPool;
 namespace sieve::model {
 
 // Activation buffers reused across forward calls (grown on demand). One per caller thread.
+// Quest's page choice for one stream.
+struct SliceScratch {
+  std::vector<float> slice_bounds;
+  std::vector<int32_t> slice_ids, chosen, read_slices;
+};
+
 struct ForwardScratch {
   std::vector<float> x, norm, q, k, v, attn, gate, up, rows;
-  std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes
+  std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes, per KV head
   std::vector<int32_t> positions;
-  std::vector<float> slice_bounds;                   // Quest: one stream's slice bounds
-  std::vector<int32_t> slice_ids, chosen, read_slices;
+  std::vector<SliceScratch> slices;            // [kv head]
 };
 
 class LlamaModel {
@@ -85,8 +90,8 @@ class LlamaModel {
   // attend_and_score(layer) where the rows' attention output (s.attn) is due.
   void observe_rows(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
                     ThreadPool& pool, ForwardScratch& s, const std::function<void(int64_t layer)>& attend_and_score) const;
-  std::span<const int32_t> select_slices(const SparseSequence& sparse, size_t stream_idx, int64_t group,
-                                         int32_t page_size, ForwardScratch& s) const;
+  std::span<const int32_t> select_slices(const SparseSequence& sparse, size_t stream_idx, const float* q_group,
+                                         int64_t group, int32_t page_size, SliceScratch& s) const;
 
   ModelConfig config_;
   Weights weights_;
