@@ -2,6 +2,7 @@
 // (which KV heads are streaming-like), from sample prompts of a text file or random tokens.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -20,7 +21,7 @@ struct CalibrateOptions {
   ModelOptions model;
   std::string text_path;  // empty: random token prompts
   int32_t num_samples = 8;
-  int32_t prompt_len = 512;
+  int32_t prompt_len = 0;  // 0: 512, or less where the context is shorter
   uint32_t seed = 1;
   eval::CalibrationConfig config;
   std::string out_path;
@@ -71,6 +72,9 @@ std::vector<std::vector<int32_t>> sample_prompts(const CalibrateOptions& o, cons
 void run_calibrate(CalibrateOptions options) {
   model::LoadedModel loaded = model::load_model(options.model.load_options());
   options.config.threads = options.model.threads;
+  if (options.prompt_len == 0) {
+    options.prompt_len = static_cast<int32_t>(std::min<int64_t>(512, loaded.model->config().context_length - 1));
+  }
   const std::vector<std::vector<int32_t>> prompts = sample_prompts(options, *loaded.tokenizer);
   const sparsity::CalibrationProfile profile = eval::calibrate(*loaded.model, loaded.name, prompts, options.config);
   sparsity::save_calibration(profile, options.out_path);
@@ -94,8 +98,8 @@ void add_calibrate_command(CLI::App& app) {
   command->add_option("-f,--file", options->text_path, "Text the sample prompts come from (default: random tokens)")
       ->check(CLI::ExistingFile);
   command->add_option("--samples", options->num_samples, "Sample prompts")->capture_default_str()->check(CLI::PositiveNumber);
-  command->add_option("--prompt-len", options->prompt_len, "Tokens per sample prompt")
-      ->capture_default_str()
+  command->add_option("--prompt-len", options->prompt_len,
+                      "Tokens per sample prompt (default 512, or the context - 1 where that is less)")
       ->check(CLI::Range(2, 1 << 20));
   command->add_option("--sinks", options->config.num_sinks, "Attention sinks: the first S tokens")
       ->capture_default_str()

@@ -360,7 +360,8 @@ test('random disconnects while streaming leak nothing and the server stays healt
 });
 
 test('kv_policy per request: mixed policies together equal each alone; usage and metrics show the pages kept', async () => {
-  const policies = ['full', 'streaming:S=4,W=24', 'snapkv:B=24,W=8', 'layerwise:L=2,rest=snapkv:B=24,W=8', 'fastgen:T=0.5,W=8'];
+  const policies = ['full', 'streaming:S=4,W=24', 'snapkv:B=24,W=8', 'layerwise:L=2,rest=snapkv:B=24,W=8', 'fastgen:T=0.5,W=8',
+    'quest:K=3,R=2,S=4,W=16'];
   const long = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. '
     + 'One day, she saw a big red ball on the ground. She picked it up and threw it to her friend Tom. Tom caught the ball and laughed. ';
   const list = prompts(16, 5).map((p, i) => ({ prompt: long + p, kv_policy: policies[i % policies.length] }));
@@ -373,6 +374,7 @@ test('kv_policy per request: mixed policies together equal each alone; usage and
     assert.equal(together[i].choices[0].text, alone[i].choices[0].text, `${list[i].kv_policy}: ${i}`);
     const kv = together[i].usage.kv_cache;
     if (list[i].kv_policy === 'full') assert.equal(kv.pages, kv.dense_pages);
+    else if (list[i].kv_policy.startsWith('quest')) assert.ok(kv.pages >= kv.dense_pages, `quest frees no memory: ${JSON.stringify(kv)}`);
     else assert.ok(kv.pages < kv.dense_pages, `${list[i].kv_policy} keeps fewer pages: ${JSON.stringify(kv)}`);
     // fastgen's heads each recover >= 1 - T of the prompt's attention
     if (list[i].kv_policy.startsWith('fastgen')) assert.ok(kv.attention_recovery >= 0.5, JSON.stringify(kv));
@@ -384,6 +386,13 @@ test('kv_policy per request: mixed policies together equal each alone; usage and
   await assert.rejects(client.completions.create({ model: 'llama', prompt: 'x', kv_policy: 'snapkv:B=' }), (e) => {
     assert.equal(e.status, 400);
     assert.equal(e.error.param, 'kv_policy');
+    return true;
+  });
+  // lserve picks its streaming heads from a calibration profile this server was not given
+  await assert.rejects(client.completions.create({ model: 'llama', prompt: 'x', kv_policy: 'lserve:K=4' }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.error.param, 'kv_policy');
+    assert.match(e.error.message, /--calibration/);
     return true;
   });
 });
