@@ -47,6 +47,8 @@ nlohmann::json to_json(const eval::DepthPoint& p) {
           {"kv_dense_pages", p.kv_dense_pages},
           {"kv_bytes", p.kv_bytes},
           {"ratio_vs_baseline", p.ratio_vs_baseline},
+          {"itl_p50_seconds", p.itl_p50_seconds},
+          {"itl_ratio_vs_baseline", p.itl_ratio_vs_baseline},
           {"prompt_tokens", p.prompt_tokens},
           {"num_kv_pages", p.num_kv_pages},
           {"prompt_seconds", p.prompt_seconds},
@@ -69,11 +71,11 @@ void print_concurrency_row(const eval::ConcurrencyPoint& p) {
 }
 
 void print_depth_row(const eval::DepthPoint& p) {
-  fmt::print("{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8}  {}\n", p.depth,
-             p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens, p.decode_tokens_per_s,
-             ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
+  fmt::print("{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8} {:>10.3f} {:>8}  {}\n",
+             p.depth, p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens,
+             p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
              p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
-             ratio(p.ratio_vs_baseline), p.policy);
+             ratio(p.ratio_vs_baseline), 1e3 * p.itl_p50_seconds, ratio(p.itl_ratio_vs_baseline), p.policy);
   std::fflush(stdout);
 }
 
@@ -102,9 +104,9 @@ void bench_engine(BenchEngineOptions options) {
       if (!depth_header) {
         fmt::print("\ndecode vs context depth: one sequence, {} decode tokens after the first, prefill in "
                    "chunks of {}\n", config.depth_decode_tokens, config.max_batch_tokens);
-        fmt::print("{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8}  {}\n", "depth", "prompt",
-                   "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0", "KV MiB", "KV/dense",
-                   "vs first", "kv_policy");
+        fmt::print("{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8}  {}\n", "depth",
+                   "prompt", "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0", "KV MiB", "KV/dense",
+                   "vs first", "ITL p50 ms", "vs first", "kv_policy");
         depth_header = true;
       }
       print_depth_row(p);

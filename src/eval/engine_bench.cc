@@ -223,6 +223,10 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
     point.decode_tokens = static_cast<int32_t>(ts.size() - 1);
     point.decode_seconds = ts.back() - ts.front();
     point.decode_tokens_per_s = point.decode_seconds > 0 ? point.decode_tokens / point.decode_seconds : 0.0;
+    std::vector<double> gaps;
+    for (size_t i = 1; i < ts.size(); ++i) gaps.push_back(ts[i] - ts[i - 1]);
+    std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+    point.itl_p50_seconds = gaps[gaps.size() / 2];
   }
   point.steps = engine.stats().num_steps;
   return point;
@@ -271,11 +275,12 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel
   }
   std::optional<double> d0;
   for (int32_t d : depths) {
-    std::optional<double> baseline;
+    std::optional<DepthPoint> baseline;
     for (const std::string& policy : config.depth_policies) {
       DepthPoint point = measure_depth(model, tokenizer, config, d, policy);
-      if (!baseline) baseline = point.decode_tokens_per_s;
-      if (*baseline > 0) point.ratio_vs_baseline = point.decode_tokens_per_s / *baseline;
+      if (!baseline) baseline = point;
+      if (baseline->decode_tokens_per_s > 0) point.ratio_vs_baseline = point.decode_tokens_per_s / baseline->decode_tokens_per_s;
+      if (point.itl_p50_seconds > 0) point.itl_ratio_vs_baseline = baseline->itl_p50_seconds / point.itl_p50_seconds;
       if (d == 0 && !d0) d0 = point.decode_tokens_per_s;
       if (d0 && *d0 > 0) point.ratio_vs_depth0 = point.decode_tokens_per_s / *d0;
       if (progress.on_depth) progress.on_depth(point);

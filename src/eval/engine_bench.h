@@ -61,6 +61,7 @@ struct DepthPoint {
   int32_t kv_dense_pages = 0;    // what its tokens take dense
   uint64_t kv_bytes = 0;         // kv_pages in bytes
   double ratio_vs_baseline = 0.0;  // decode tok/s / the first policy's at this depth
+  double itl_ratio_vs_baseline = 0.0;  // the first policy's ITL p50 / this one's
   int32_t prompt_tokens = 0;     // as run
   int32_t num_kv_pages = 0;
   double prompt_seconds = 0.0;   // submit to first token: the chunked prefill
@@ -68,6 +69,9 @@ struct DepthPoint {
   int32_t decode_tokens = 0;     // tokens after the first
   double decode_seconds = 0.0;   // first token to last
   double decode_tokens_per_s = 0.0;
+  // Median time between two decode tokens: steady decode, without one-off work such as a
+  // sparse policy's compression right after the first token (which the mean above includes).
+  double itl_p50_seconds = 0.0;
   int64_t steps = 0;
   double ratio_vs_depth0 = 0.0;  // decode tok/s / the depth-0 figure (0 when no depth-0 point)
 };
