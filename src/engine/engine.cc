@@ -384,7 +384,8 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
     std::vector<sched::SeqId> seqs = {scheduled.seq_id};
     for (int32_t i = 1; i <= first.num_samples_to_fork; ++i) {
       const sched::SeqId child{next_seq_id_++};
-      scheduler_.fork(scheduled.seq_id, child);
+      // A compressed parent's child gets copies of its slices (before anything changes them).
+      runner_.copy_slices(scheduler_.fork(scheduled.seq_id, child));
       auto sample = std::make_unique<Sample>(first.request_id, i, first.sink, params_for_sample(first.params, i),
                                              eos_ids_, first.num_prompt_tokens, first.arrival);
       sample->first_scheduled = first.first_scheduled;

@@ -366,12 +366,6 @@ TEST(SparseEngine, ChunkByChunkCompressionBoundsALongPromptsPeak) {
   }
 }
 
-}  // namespace
-}  // namespace sieve::engine
-
-namespace sieve::engine {
-namespace {
-
 TEST(SparseEngine, QuestReadingEveryPageReproducesDense) {
   model::LoadedModel loaded = load_stories();
   const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
@@ -451,6 +445,35 @@ TEST(SparseEngine, LServeRunsWithAMeasuredProfile) {
   EXPECT_EQ(outcome.tokens.size(), 50u);
   EXPECT_LT(outcome.usage.kv_pages, outcome.usage.kv_dense_pages) << "half the heads keep sinks + window";
   expect_all_pages_free(engine);
+}
+
+TEST(SparseEngine, ParallelSamplesOfACompressedPromptEachEqualItsSeedAlone) {
+  // n > 1: the samples fork from the parent after its prompt (compressed chunk by chunk, so the
+  // parent is already sparse: its children get copies of its slices and carry its state on).
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = very_long_prompts(*loaded.tokenizer, 1, 300)[0];
+  for (const char* policy : {"snapkv:B=40,W=8", "h2o:B=32,W=16", "streaming:S=4,W=48", "fastgen:T=0.3,W=16"}) {
+    Request request = greedy(prompt, policy, 24);
+    request.params.temperature = 0.9f;
+    request.params.seed = 99;
+    request.params.n = 3;
+    Engine engine(chunked_config(512, 64), loaded.model, loaded.tokenizer);
+    std::map<int32_t, std::vector<TokenId>> samples;
+    ASSERT_TRUE(std::holds_alternative<RequestId>(engine.submit(request, [&](const RequestEvent& event) {
+      EXPECT_FALSE(event.error.has_value()) << policy << ": " << event.error.value_or("");
+      auto& tokens = samples[event.sample_idx];
+      tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
+    })));
+    engine.run_until_idle();
+    expect_all_pages_free(engine);
+    ASSERT_EQ(samples.size(), 3u) << policy;
+    for (int32_t i = 0; i < 3; ++i) {
+      Engine alone(chunked_config(512, 64), loaded.model, loaded.tokenizer);
+      Request one = request;
+      one.params = params_for_sample(request.params, i);
+      EXPECT_EQ(samples[i], run(alone, {one})[0].tokens) << policy << " sample " << i;
+    }
+  }
 }
 
 }  // namespace
