@@ -476,5 +476,23 @@ TEST(SparseEngine, ParallelSamplesOfACompressedPromptEachEqualItsSeedAlone) {
   }
 }
 
+TEST(SparseEngine, PreemptedChunkCompressedRequestsAreRecomputedAndFinish) {
+  // A pool too small for all of them at once: compressed requests are preempted mid-prefill or
+  // mid-decode, recomputed (compressed again at the same chunk boundaries) and finish.
+  model::LoadedModel loaded = load_stories();
+  const auto prompts = very_long_prompts(*loaded.tokenizer, 6, 300);
+  const std::vector<std::string> policies = {"snapkv:B=40,W=8", "h2o:B=32,W=16", "streaming:S=4,W=48"};
+  std::vector<Request> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], policies[i % policies.size()], 40));
+  Engine engine(chunked_config(22, 64), loaded.model, loaded.tokenizer);
+  const std::vector<Outcome> outcomes = run(engine, requests);
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    EXPECT_FALSE(outcomes[i].error.has_value()) << i;
+    EXPECT_EQ(outcomes[i].tokens.size(), 40u) << i;
+  }
+  EXPECT_GT(engine.stats().num_preemptions, 0);
+  expect_all_pages_free(engine);
+}
+
 }  // namespace
 }  // namespace sieve::engine
