@@ -28,6 +28,10 @@
 //                                            per CPU second of the calling thread (threads:1 is
 //                                            then little disturbed by other load)
 //
+//   EngineDecodePerHead/<target>/f32/layer-major/ctx:C/threads:1
+//                                            the same as one call per KV head (a compressed
+//                                            sequence's streams): the cost of a call
+//
 //   attention_bench --benchmark_filter='Decode/AVX3'
 #include <benchmark/benchmark.h>
 
@@ -242,6 +246,38 @@ void run_engine_decode(benchmark::State& state, const std::string& target, bool 
   force_target_for_testing("");
 }
 
+// The same decode as one call per KV head (what a compressed sequence's per-(layer, KV head)
+// streams do): the fixed cost of a call, against run_engine_decode's one call per layer.
+void run_engine_decode_per_head(benchmark::State& state, const std::string& target, int64_t ctx) {
+  if (!force_target_for_testing(target)) {
+    state.SkipWithError("target not available");
+    return;
+  }
+  const EngineCache cache(ctx, /*half=*/false, /*layer_major=*/true);
+  constexpr int64_t kGroup = EngineCache::kHeadsQ / EngineCache::kKv;
+  const std::vector<float> q = random_floats(EngineCache::kHeadsQ * EngineCache::kDim, 7);
+  const std::vector<int32_t> positions = {static_cast<int32_t>(ctx - 1)};
+  std::vector<float> out(EngineCache::kHeadsQ * EngineCache::kDim);
+  ThreadPool& pool = pool_of(1);
+  int64_t layer = 0;
+  for (auto _ : state) {
+    for (int64_t h = 0; h < EngineCache::kKv; ++h) {
+      PagedKv kv = cache.layer(layer);
+      kv.num_kv_heads = 1;
+      kv.k += h * kv.head_stride;
+      kv.v += h * kv.head_stride;
+      const AttentionQuery query{q.data() + h * kGroup * EngineCache::kDim, positions, kGroup, 0.125f};
+      paged_attention(kv, query, {out.data() + h * kGroup * EngineCache::kDim, nullptr, nullptr}, pool);
+    }
+    layer = (layer + 1) % EngineCache::kLayers;
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] = benchmark::Counter(cache.bytes_per_layer() * state.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
+  force_target_for_testing("");
+}
+
 // Sums a 1 GiB buffer with all threads: the read bandwidth decode can hope for.
 void run_observation(benchmark::State& state, const std::string& target, int64_t n, int threads) {
   if (!force_target_for_testing(target)) {
@@ -343,6 +379,14 @@ void register_all() {
           }
         }
       }
+    }
+  }
+  for (const std::string& target : available_targets()) {
+    for (int64_t ctx : {1024, 16384}) {
+      const std::string name = "EngineDecodePerHead/" + target + "/f32/layer-major/ctx:" + std::to_string(ctx) +
+                               "/threads:1";
+      benchmark::RegisterBenchmark(name.c_str(), run_engine_decode_per_head, target, ctx)
+          ->Unit(benchmark::kMillisecond);
     }
   }
   for (int threads : thread_counts) {
