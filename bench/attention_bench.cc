@@ -222,8 +222,10 @@ struct EngineCache {
   double bytes_per_layer() const { return 2.0 * num_keys * kKv * kDim * (f16 ? 2 : 4); }
 };
 
+// per_head: one call per KV head (what a compressed sequence's per-(layer, KV head) streams
+// do) instead of one per layer.
 void run_engine_decode(benchmark::State& state, const std::string& target, bool f16, bool layer_major,
-                       int64_t ctx, int threads) {
+                       int64_t ctx, int threads, bool per_head) {
   if (!force_target_for_testing(target)) {
     state.SkipWithError("target not available");
     return;
@@ -235,39 +237,19 @@ void run_engine_decode(benchmark::State& state, const std::string& target, bool 
   std::vector<float> out(EngineCache::kHeadsQ * EngineCache::kDim);
   ThreadPool& pool = pool_of(threads);
   int64_t layer = 0;
-  for (auto _ : state) {
-    paged_attention(cache.layer(layer), query, {out.data(), nullptr, nullptr}, pool);
-    layer = (layer + 1) % EngineCache::kLayers;
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
-  state.counters["GB/s"] = benchmark::Counter(cache.bytes_per_layer() * state.iterations() / 1e9,
-                                              benchmark::Counter::kIsRate);
-  force_target_for_testing("");
-}
-
-// The same decode as one call per KV head (what a compressed sequence's per-(layer, KV head)
-// streams do): the fixed cost of a call, against run_engine_decode's one call per layer.
-void run_engine_decode_per_head(benchmark::State& state, const std::string& target, int64_t ctx) {
-  if (!force_target_for_testing(target)) {
-    state.SkipWithError("target not available");
-    return;
-  }
-  const EngineCache cache(ctx, /*half=*/false, /*layer_major=*/true);
   constexpr int64_t kGroup = EngineCache::kHeadsQ / EngineCache::kKv;
-  const std::vector<float> q = random_floats(EngineCache::kHeadsQ * EngineCache::kDim, 7);
-  const std::vector<int32_t> positions = {static_cast<int32_t>(ctx - 1)};
-  std::vector<float> out(EngineCache::kHeadsQ * EngineCache::kDim);
-  ThreadPool& pool = pool_of(1);
-  int64_t layer = 0;
   for (auto _ : state) {
-    for (int64_t h = 0; h < EngineCache::kKv; ++h) {
-      PagedKv kv = cache.layer(layer);
-      kv.num_kv_heads = 1;
-      kv.k += h * kv.head_stride;
-      kv.v += h * kv.head_stride;
-      const AttentionQuery query{q.data() + h * kGroup * EngineCache::kDim, positions, kGroup, 0.125f};
-      paged_attention(kv, query, {out.data() + h * kGroup * EngineCache::kDim, nullptr, nullptr}, pool);
+    if (!per_head) {
+      paged_attention(cache.layer(layer), query, {out.data(), nullptr, nullptr}, pool);
+    } else {
+      for (int64_t h = 0; h < EngineCache::kKv; ++h) {
+        PagedKv kv = cache.layer(layer);
+        kv.num_kv_heads = 1;
+        kv.k += h * kv.head_stride;
+        kv.v += h * kv.head_stride;
+        const AttentionQuery head_query{q.data() + h * kGroup * EngineCache::kDim, positions, kGroup, 0.125f};
+        paged_attention(kv, head_query, {out.data() + h * kGroup * EngineCache::kDim, nullptr, nullptr}, pool);
+      }
     }
     layer = (layer + 1) % EngineCache::kLayers;
     benchmark::DoNotOptimize(out.data());
@@ -374,7 +356,7 @@ void register_all() {
                                      (layer_major ? "/layer-major" : "/page-major") + "/ctx:" +
                                      std::to_string(ctx) + "/threads:" + std::to_string(threads);
             benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, f16, layer_major,
-                                         ctx, threads)
+                                         ctx, threads, false)
                 ->Unit(benchmark::kMillisecond);
           }
         }
@@ -385,7 +367,7 @@ void register_all() {
     for (int64_t ctx : {1024, 16384}) {
       const std::string name = "EngineDecodePerHead/" + target + "/f32/layer-major/ctx:" + std::to_string(ctx) +
                                "/threads:1";
-      benchmark::RegisterBenchmark(name.c_str(), run_engine_decode_per_head, target, ctx)
+      benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, false, true, ctx, 1, true)
           ->Unit(benchmark::kMillisecond);
     }
   }
