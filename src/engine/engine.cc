@@ -382,11 +382,16 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
 
     // n > 1: the other samples start here, sharing every prompt page, from the same logits.
     std::vector<sched::SeqId> seqs = {scheduled.seq_id};
+    SamplingParams request_params;  // the request's (sample 0 has its seed, but n = 1)
+    if (first.num_samples_to_fork > 0) {
+      request_params = first.params;
+      request_params.n = first.num_samples_to_fork + 1;
+    }
     for (int32_t i = 1; i <= first.num_samples_to_fork; ++i) {
       const sched::SeqId child{next_seq_id_++};
       // A compressed parent's child gets copies of its slices (before anything changes them).
       runner_.copy_slices(scheduler_.fork(scheduled.seq_id, child));
-      auto sample = std::make_unique<Sample>(first.request_id, i, first.sink, params_for_sample(first.params, i),
+      auto sample = std::make_unique<Sample>(first.request_id, i, first.sink, params_for_sample(request_params, i),
                                              eos_ids_, first.num_prompt_tokens, first.arrival);
       sample->first_scheduled = first.first_scheduled;
       sample->timings.queue_seconds = first.timings.queue_seconds;
