@@ -324,6 +324,9 @@ test('64 concurrent greedy streams equal the same requests served alone; the poo
 test('random disconnects while streaming leak nothing and the server stays healthy', async () => {
   const next = rng(2);
   const list = prompts(48, 3);
+  // Compressed requests too: their sparse pages and per-request policy state must go as well.
+  const policies = [undefined, 'streaming:S=4,W=24', 'snapkv:B=24,W=8', 'h2o:B=16,W=8', 'fastgen:T=0.3,W=8',
+    'quest:K=3,R=2,S=4,W=16'];
   const before = await metrics(server.base);
   let aborted = 0;
   await Promise.all(list.map(async (prompt, i) => {
@@ -333,7 +336,8 @@ test('random disconnects while streaming leak nothing and the server stays healt
     try {
       if (streaming) {
         const stream = await client.completions.create(
-          { model: 'llama', prompt, max_tokens: 400, temperature: 0.7, ignore_eos: true, stream: true },
+          { model: 'llama', prompt, max_tokens: 400, temperature: 0.7, ignore_eos: true, stream: true,
+            kv_policy: policies[i % policies.length] },
           { signal: controller.signal });
         let chunks = 0;
         for await (const chunk of stream) {
@@ -342,7 +346,8 @@ test('random disconnects while streaming leak nothing and the server stays healt
         }
       } else {
         setTimeout(() => controller.abort(), stopAfter);
-        await client.completions.create({ model: 'llama', prompt, max_tokens: 400, ignore_eos: true },
+        await client.completions.create({ model: 'llama', prompt, max_tokens: 400, ignore_eos: true,
+          kv_policy: policies[i % policies.length] },
           { signal: controller.signal });
       }
     } catch (e) {
