@@ -71,6 +71,10 @@ struct SparsityState {
   // Prefill is compressed at every multiple of this many positions (0: only at its end), so
   // the prompt never holds more than the policy's budget + one chunk.
   int32_t chunk_boundary = 0;
+  // Keeps its pages out of the prefix cache so that its one compression, of the whole prompt,
+  // adopts them in place instead of copying them (no chunks, n = 1). A chunked request shares
+  // prefixes like any other: leaving the cached pages copies one chunk at most.
+  bool private_kv = false;
 };
 
 struct Engine::PendingRequest {
@@ -224,12 +228,13 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
       }
       const int64_t first_chunk = sparsity->chunk_boundary > 0 ? std::min<int64_t>(prompt_len, sparsity->chunk_boundary)
                                                                : prompt_len;
+      sparsity->private_kv = sparsity->chunk_boundary == 0 && request.params.n <= 1;
       pages_needed = kv::sparse_peak_pages({.shape = kv_.slice_shape(),
                                             .max_kept_tokens = bounds,
                                             .chunk_size = first_chunk,
                                             .max_total_tokens = prompt_len + *request.params.max_tokens,
                                             .dense_tokens_at_first_compression = first_chunk,
-                                            .in_place = request.params.n <= 1});
+                                            .in_place = sparsity->private_kv});
     }
   }
   if (pages_needed > config_.num_kv_pages) {
@@ -298,13 +303,11 @@ void Engine::admit_pending() {
     sample->num_samples_to_fork = n - 1;
     sample->sparsity = p->sparsity;
     const int32_t max_new = *p->request.params.max_tokens;
-    // A request that will be compressed keeps its pages out of the prefix cache (n == 1: its
-    // samples would share them anyway), so compression turns them sparse in place.
     const sched::AddResult added = scheduler_.add(
         seq, std::move(p->request.prompt), max_new,
         {.max_pages = p->max_pages,
          .chunk_boundary = p->sparsity ? p->sparsity->chunk_boundary : 0,
-         .private_kv = p->sparsity && n == 1});
+         .private_kv = p->sparsity && p->sparsity->private_kv});
     if (added != sched::AddResult::kQueued) {
       RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
       const bool queue_full = added == sched::AddResult::kQueueFull;
