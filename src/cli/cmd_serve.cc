@@ -112,6 +112,7 @@ void serve(ServeOptions options) {
 
     engine::EngineConfig config = options.engine.engine_config(options.model.threads);
     auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
+    engine->check_policy(default_policy);  // e.g. a default lserve needs --calibration
     engine->start();
     const engine::EngineConfig& ec = engine->config();
     const std::string name = options.server.served_model_name.empty() ? loaded.name : options.server.served_model_name;

@@ -146,6 +146,9 @@ class Engine {
   void stop();
 
   EngineStats stats() const;
+  // Throws sieve::Error naming the problem if `policy` cannot run on this engine (e.g. lserve
+  // without a calibration profile): a server checks its default policy once at start.
+  void check_policy(const sparsity::PolicySpec& policy) const { (void)resolve_policy(policy); }
   const EngineConfig& config() const { return config_; }
   const model::LlamaModel& model() const { return *model_; }
 

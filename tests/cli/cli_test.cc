@@ -123,6 +123,16 @@ TEST(Cli, PromptLongerThanContextIsRejected) {
   EXPECT_NE(r.out.find("context"), std::string::npos) << r.out.substr(0, 300);
 }
 
+TEST(Cli, ServeRefusesADefaultPolicyItCannotRun) {
+  // Checked at start, not left to fail every request: an lserve default needs a profile.
+  Result r = run("serve -m " + model() + " --port 0 -t 2 --kv-policy lserve:K=4", /*merge_stderr=*/true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--calibration"), std::string::npos) << r.out;
+  Result bad = run("serve -m " + model() + " --port 0 -t 2 --kv-policy snapkv:B=", /*merge_stderr=*/true);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("snapkv"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
   const std::string path = (std::filesystem::temp_directory_path() / "sieve_cli_calibration.json").string();
   std::filesystem::remove(path);
