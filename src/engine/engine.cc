@@ -33,6 +33,18 @@ sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token)
   return sparsity::TokenClass::kOther;
 }
 
+// The key indices, before a step, of the positions `dropped` (ascending) from a stream whose keys
+// are its kept positions in order; `kept_after`: the positions still kept after it. A dropped
+// key's index is its rank then: the kept positions below it plus the dropped ones below it.
+std::vector<int32_t> key_indices_of_dropped(std::span<const int32_t> kept_after, std::span<const int32_t> dropped) {
+  std::vector<int32_t> indices(dropped.size());
+  for (size_t j = 0; j < dropped.size(); ++j) {
+    indices[j] = static_cast<int32_t>(std::lower_bound(kept_after.begin(), kept_after.end(), dropped[j]) -
+                                      kept_after.begin() + static_cast<ptrdiff_t>(j));
+  }
+  return indices;
+}
+
 // One decode step of a FastGen stream whose keys are its state's kept positions followed by the
 // new token. attention: this step's weights when the stream asked for them (a frequent set
 // ranks by them); otherwise zeros stand in, as the other choices keep by class and position
@@ -47,15 +59,8 @@ std::vector<int32_t> fastgen_step(sparsity::FastGenState& state, int32_t new_pos
     zeros.assign(state.kept_positions().size() + 1, 0.0f);
     weights = zeros;
   }
-  std::vector<int32_t> drops = state.step(new_position, new_class, weights);
-  // A key's index before the step is its rank among the kept positions then: the positions
-  // still kept below it plus the ones dropped below it.
-  const std::span<const int32_t> kept = state.kept_positions();
-  for (size_t j = 0; j < drops.size(); ++j) {
-    drops[j] = static_cast<int32_t>(std::lower_bound(kept.begin(), kept.end(), drops[j]) - kept.begin() +
-                                    static_cast<ptrdiff_t>(j));
-  }
-  return drops;
+  const std::vector<int32_t> dropped = state.step(new_position, new_class, weights);
+  return key_indices_of_dropped(state.kept_positions(), dropped);
 }
 
 }  // namespace
@@ -668,13 +673,10 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
     }
     if (s < sample.heavy.size() && sample.heavy[s] && attention && !(*attention)[s].empty()) {
       // H2O: add this step's attention, evict at most one key (the lowest accumulated outside
-      // the recent window). Keys are in position order, so a position's key index is its rank.
+      // the recent window).
       sparsity::HeavyHitterState& h2o = *sample.heavy[s];
       if (const std::optional<int32_t> evicted = h2o.step(new_position, (*attention)[s])) {
-        // Every kept position below the evicted one is still kept, so its rank among the kept
-        // positions after the step is its key index before it.
-        const std::span<const int32_t> kept = h2o.kept_positions();
-        drops[s].push_back(static_cast<int32_t>(std::lower_bound(kept.begin(), kept.end(), *evicted) - kept.begin()));
+        drops[s] = key_indices_of_dropped(h2o.kept_positions(), std::span<const int32_t>(&*evicted, 1));
         any = true;
       }
       continue;

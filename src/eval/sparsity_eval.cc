@@ -17,6 +17,8 @@ namespace {
 
 using tok::TokenId;
 
+constexpr int32_t kPageSize = 16;  // the evaluation engine's KV page size (tokens)
+
 struct Case {
   std::vector<TokenId> prompt;
   std::vector<TokenId> forced;  // the true continuation, or the retrieval cue
@@ -67,8 +69,8 @@ std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model, st
                               const std::vector<Case>& cases, const std::vector<std::string>& policies, int threads,
                               std::shared_ptr<const sparsity::CalibrationProfile> calibration) {
   int64_t pages = 0;
-  for (const Case& c : cases) pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / 16 + 2;
-  engine::Engine engine({.num_kv_pages = static_cast<int32_t>(2 * pages), .page_size = 16, .max_batch_tokens = 512,
+  for (const Case& c : cases) pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / kPageSize + 2;
+  engine::Engine engine({.num_kv_pages = static_cast<int32_t>(2 * pages), .page_size = kPageSize, .max_batch_tokens = 512,
                          .max_num_seqs = 256, .max_queued = 4096, .enable_prefix_caching = false, .threads = threads,
                          .calibration = std::move(calibration)},
                         std::move(model), std::move(tokenizer));
@@ -119,8 +121,8 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
   if (family == "pyramidkv") return fmt::format("pyramidkv:B={},W={}", keep - window, window);
   if (family == "layerwise") return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
   if (family == "h2o") return fmt::format("h2o:B={},W={}", keep - window, window);
-  // Quest reads K whole pages (16 tokens, the eval engine's page size) per decode step.
-  const int32_t pages = std::max(2, (keep + 15) / 16);
+  // Quest reads K whole pages (of the eval engine's page size) per decode step.
+  const int32_t pages = std::max(2, (keep + kPageSize - 1) / kPageSize);
   if (family == "quest") return fmt::format("quest:K={},R=1,S=4,W={}", pages, window);
   if (family == "lserve") return fmt::format("lserve:K={},R=4,S=4,W={},f=0.5", pages, keep - 4);
   if (family == "fastgen") fail("fastgen takes a threshold, not a budget (fastgen_policy)");

@@ -272,16 +272,12 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
   s.positions.resize(static_cast<size_t>(c.num_kv_heads * num_tokens));
   s.lse.resize(static_cast<size_t>(c.num_kv_heads * num_tokens * group));
   s.slices.resize(static_cast<size_t>(c.num_kv_heads));
-  // Observation scores: each stream's after the ones before it in the layer.
-  std::vector<float*> stream_scores(static_cast<size_t>(c.num_kv_heads), nullptr);
-  for (int64_t g = 0; scores && g < c.num_kv_heads; ++g) {
-    stream_scores[g] = scores;
-    scores += sparse.streams[static_cast<size_t>(layer * c.num_kv_heads + g)].num_keys;
-  }
-
   auto attend_head = [&](int64_t g, ThreadPool& head_pool) {
     const size_t stream_idx = static_cast<size_t>(layer * c.num_kv_heads + g);
     const SparseStream& stream = sparse.streams[stream_idx];
+    // Observation scores: each stream's after the ones before it in the layer.
+    float* head_scores = scores;
+    for (int64_t h = 0; head_scores && h < g; ++h) head_scores += sparse.streams[stream_idx - g + h].num_keys;
     float* q_group = &s.q_group[g * q_floats];
     float* out_group = &s.out_group[g * q_floats];
     int32_t* head_positions = &s.positions[g * num_tokens];
@@ -303,10 +299,10 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
     }
     const kernels::PagedKv kv = cache.slice_view(slices, stream.key_offset);
     const bool want = !sparse.want_attention.empty() && sparse.want_attention[stream_idx] && num_tokens == 1;
-    kernels::paged_attention(kv, query, {.out = out_group, .row_lse = want || stream_scores[g] ? lse : nullptr},
+    kernels::paged_attention(kv, query, {.out = out_group, .row_lse = want || head_scores ? lse : nullptr},
                              head_pool);
-    if (stream_scores[g]) {  // observation pass: every row's attention over this stream's keys
-      kernels::observation_scores(kv, query, lse, stream.num_keys, stream_scores[g], head_pool);
+    if (head_scores) {  // observation pass: every row's attention over this stream's keys
+      kernels::observation_scores(kv, query, lse, stream.num_keys, head_scores, head_pool);
     }
     if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
       std::vector<float>& weights = sparse.attention[stream_idx];
@@ -322,7 +318,8 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
   // A decode row: one KV head per thread, each attention single-threaded (no key split and
   // merge, one dispatch per layer instead of one per head). Longer rows use the whole pool.
   if (num_tokens == 1 && pool.num_threads() > 1 && c.num_kv_heads >= pool.num_threads()) {
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(c.num_kv_heads));
+    std::vector<std::exception_ptr>& errors = s.head_errors;
+    errors.assign(static_cast<size_t>(c.num_kv_heads), nullptr);
     pool.parallel_for(c.num_kv_heads, [&](int64_t begin, int64_t end) {
       thread_local ThreadPool inline_pool(1);
       for (int64_t g = begin; g < end; ++g) {

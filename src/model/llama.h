@@ -8,6 +8,7 @@
 //   logits = Wout · norm(x)      (only for tokens that asked for logits)
 //
 // Every matrix is applied to all batch tokens at once (one pass over the weights per step).
+#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
@@ -38,6 +39,7 @@ struct ForwardScratch {
   std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes, per KV head
   std::vector<int32_t> positions;
   std::vector<SliceScratch> slices;            // [kv head]
+  std::vector<std::exception_ptr> head_errors;  // [kv head], from heads attended on workers
 };
 
 class LlamaModel {
