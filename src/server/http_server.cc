@@ -214,6 +214,7 @@ void HttpServer::bind() {
     bound_port_ = config_.port;
   }
   raise_listen_backlog(bound_port_);
+  bound_ = true;
 }
 
 void HttpServer::listen() { http_->listen_after_bind(); }
@@ -231,6 +232,13 @@ void HttpServer::shutdown() {
     while (active_requests_.load() > 0 && Clock::now() < hard_deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+  }
+  // stop() only closes a running server's socket: when shutdown comes right after start (a bad
+  // option found while loading), let listen() (which follows bind() on its own thread) get going
+  // first, or the stop would be lost and listen() would block for ever.
+  const auto listen_deadline = Clock::now() + std::chrono::seconds(5);
+  while (bound_ && !http_->is_running() && Clock::now() < listen_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   http_->stop();
 }

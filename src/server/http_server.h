@@ -84,6 +84,7 @@ class HttpServer {
   std::shared_ptr<const Backend> backend_;
   std::unique_ptr<Metrics> metrics_;
 
+  std::atomic<bool> bound_{false};  // bind() succeeded: listen() is expected
   std::atomic<bool> draining_{false};
   std::atomic<bool> cancel_all_{false};
   std::atomic<int64_t> active_requests_{0};
