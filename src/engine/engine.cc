@@ -187,6 +187,7 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
     } catch (const Error& e) {
       return Rejection{SubmitError::kInvalidParams, e.what()};
     }
+    sparsity->observation_rows = static_cast<int32_t>(sparsity->plan.observation_rows());
     std::vector<std::optional<int64_t>> bounds;
     for (const sparsity::HeadPolicy& head : sparsity->plan.heads) {
       if (std::holds_alternative<sparsity::SinkWindowHead>(head)) {
@@ -196,29 +197,20 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
       } else if (std::holds_alternative<sparsity::ObservationTopHead>(head)) {
         // SnapKV keeps its top-B + window of the prompt and every generated token.
         bounds.push_back(sparsity::max_kept_tokens(head).value_or(prompt_len) + *request.params.max_tokens);
-        sparsity->observation_rows = std::max<int32_t>(sparsity->observation_rows,
-                                                       static_cast<int32_t>(sparsity::observation_rows(head)));
       } else if (const auto* h2o = std::get_if<sparsity::HeavyHitterHead>(&head)) {
         sparsity->has_heavy_hitters = true;
         bounds.push_back(h2o->heavy_budget + h2o->window + 1);
-        sparsity->observation_rows = std::max<int32_t>(sparsity->observation_rows,
-                                                       static_cast<int32_t>(sparsity::observation_rows(head)));
       } else if (std::holds_alternative<sparsity::FastGenPendingHead>(head)) {
         sparsity->has_fastgen = true;
         bounds.push_back(std::nullopt);  // the head may choose full
-        sparsity->observation_rows = std::max<int32_t>(sparsity->observation_rows,
-                                                       static_cast<int32_t>(sparsity::observation_rows(head)));
       } else if (std::holds_alternative<sparsity::DenseHead>(head)) {
         bounds.push_back(std::nullopt);
-      } else if (std::holds_alternative<sparsity::PageSelectHead>(head)) {
-        // Quest keeps every key (no memory is freed); its decode rows read the chosen pages.
+      } else {
+        static_assert(std::variant_size_v<sparsity::HeadPolicy> == 6, "a new head policy needs a branch here");
+        // Quest (PageSelectHead) keeps every key (no memory is freed); its decode rows read the
+        // chosen pages.
         sparsity->has_page_select = true;
         bounds.push_back(std::nullopt);
-      } else {
-        return Rejection{SubmitError::kInvalidParams,
-                         fmt::format("kv_policy '{}': the engine runs full, streaming, snapkv, pyramidkv, h2o, fastgen and quest heads "
-                                     "(also composed by layerwise, heads and layers) so far; not {}",
-                                     sparsity::to_string(request.kv_policy), sparsity::describe(head))};
       }
     }
     if (sparsity->plan.is_dense()) {
