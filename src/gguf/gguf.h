@@ -49,7 +49,7 @@ enum class TensorType : uint32_t {
   kTQ1_0 = 34, kTQ2_0 = 35, kMXFP4 = 39,
 };
 std::string to_string(TensorType type);  // "F32", "Q4_K", or "type 99" if unknown
-bool is_supported(TensorType type);      // F32, F16, BF16, Q8_0, Q4_0
+bool is_supported(TensorType type);      // the types model::to_dtype maps (kernels::DType)
 // Elements per block and bytes per block (F32: 1/4, F16: 1/2, Q8_0: 32/34, Q4_0: 32/18 ...).
 // Throws FormatError for types whose layout sieve does not know.
 uint64_t block_size(TensorType type);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/blocks.h"
+#include "kernels/quant_formats.h"
 #include "kernels/cpu/matmul_vnni.h"
 
 namespace sieve::kernels {
@@ -25,13 +26,55 @@ std::string_view to_string(DType dtype) {
       return "Q8_0";
     case DType::kQ4_0:
       return "Q4_0";
+    case DType::kQ4_1:
+      return "Q4_1";
+    case DType::kQ5_0:
+      return "Q5_0";
+    case DType::kQ5_1:
+      return "Q5_1";
+    case DType::kIQ4_NL:
+      return "IQ4_NL";
+    case DType::kQ2_K:
+      return "Q2_K";
+    case DType::kQ3_K:
+      return "Q3_K";
+    case DType::kQ4_K:
+      return "Q4_K";
+    case DType::kQ5_K:
+      return "Q5_K";
+    case DType::kQ6_K:
+      return "Q6_K";
+    case DType::kIQ4_XS:
+      return "IQ4_XS";
   }
   return "?";
 }
 
 int64_t block_elems(DType dtype) {
-  return (dtype == DType::kQ8_0 || dtype == DType::kQ4_0) ? kQBlock : 1;
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+      return 1;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kIQ4_NL:
+      return kQBlock;
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kIQ4_XS:
+      return kQKBlock;
+  }
+  return 1;
 }
+
+bool is_quantized(DType dtype) { return block_elems(dtype) > 1; }
 
 size_t block_bytes(DType dtype) {
   switch (dtype) {
@@ -45,6 +88,26 @@ size_t block_bytes(DType dtype) {
       return sizeof(BlockQ8_0);
     case DType::kQ4_0:
       return sizeof(BlockQ4_0);
+    case DType::kQ4_1:
+      return sizeof(BlockQ4_1);
+    case DType::kQ5_0:
+      return sizeof(BlockQ5_0);
+    case DType::kQ5_1:
+      return sizeof(BlockQ5_1);
+    case DType::kIQ4_NL:
+      return sizeof(BlockIQ4_NL);
+    case DType::kQ2_K:
+      return sizeof(BlockQ2_K);
+    case DType::kQ3_K:
+      return sizeof(BlockQ3_K);
+    case DType::kQ4_K:
+      return sizeof(BlockQ4_K);
+    case DType::kQ5_K:
+      return sizeof(BlockQ5_K);
+    case DType::kQ6_K:
+      return sizeof(BlockQ6_K);
+    case DType::kIQ4_XS:
+      return sizeof(BlockIQ4_XS);
   }
   return 0;
 }
@@ -170,6 +233,18 @@ void quantize_row(DType dtype, const float* src, void* dst, int64_t n) {
       for (int64_t b = 0; b < n / kQBlock; ++b) quantize_block_q4_0(src + b * kQBlock, &blocks[b]);
       break;
     }
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kIQ4_NL:
+      return quant::quantize_row_small_block(dtype, src, dst, n);
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kIQ4_XS:
+      return quant::quantize_row_super_block(dtype, src, dst, n);
   }
 }
 
@@ -205,6 +280,18 @@ void dequantize_row(DType dtype, const void* src, float* dst, int64_t n) {
       }
       break;
     }
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kIQ4_NL:
+      return quant::dequantize_row_small_block(dtype, src, dst, n);
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kIQ4_XS:
+      return quant::dequantize_row_super_block(dtype, src, dst, n);
   }
 }
 

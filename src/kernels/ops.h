@@ -10,6 +10,10 @@
 //   Q8_0  blocks of 32: { f16 d; int8 q[32]; }           (34 bytes)  x = d * q
 //   Q4_0  blocks of 32: { f16 d; uint8 qs[16]; }          (18 bytes)
 //         x[j] = d * ((qs[j] & 0xF) - 8),  x[j + 16] = d * ((qs[j] >> 4) - 8)
+// and the other ggml weight types (block structs and value formulas in kernels/blocks.h):
+//   Q4_1 (32 / 20 bytes), Q5_0 (32 / 22), Q5_1 (32 / 24), IQ4_NL (32 / 18),
+//   K-quants in super-blocks of 256: Q2_K (84), Q3_K (110), Q4_K (144), Q5_K (176), Q6_K (210),
+//   IQ4_XS (256 / 136).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -22,10 +26,21 @@ class ThreadPool;
 
 namespace sieve::kernels {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+enum class DType : uint8_t {
+  kF32, kF16, kBF16, kQ8_0, kQ4_0,
+  kQ4_1, kQ5_0, kQ5_1, kIQ4_NL,                // blocks of 32
+  kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS,  // super-blocks of 256
+};
+// Every dtype, in enum order (for loops in tests, parsers and error messages).
+inline constexpr DType kAllDTypes[] = {
+    DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+    DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL, DType::kQ2_K,
+    DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS,
+};
 std::string_view to_string(DType dtype);
-int64_t block_elems(DType dtype);   // 1 for float types, 32 for Q8_0 / Q4_0
-size_t block_bytes(DType dtype);    // 4, 2, 2, 34, 18
+int64_t block_elems(DType dtype);   // 1 for float types, 32 or 256 for quantized ones
+size_t block_bytes(DType dtype);    // 4, 2, 2, 34, 18, ...
+bool is_quantized(DType dtype);     // block_elems > 1
 size_t row_bytes(DType dtype, int64_t num_cols);  // num_cols must be a multiple of block_elems
 
 // A row-major weight matrix [rows][cols] stored in `dtype`; a row is row_bytes(dtype, cols).

@@ -23,6 +23,16 @@ uint32_t file_type(kernels::DType dtype) {
     case kernels::DType::kQ4_0: return 2;
     case kernels::DType::kQ8_0: return 7;
     case kernels::DType::kBF16: return 32;
+    case kernels::DType::kQ4_1: return 3;
+    case kernels::DType::kQ5_0: return 8;
+    case kernels::DType::kQ5_1: return 9;
+    case kernels::DType::kQ2_K: return 10;
+    case kernels::DType::kQ3_K: return 12;  // Q3_K_M
+    case kernels::DType::kQ4_K: return 15;  // Q4_K_M
+    case kernels::DType::kQ5_K: return 17;  // Q5_K_M
+    case kernels::DType::kQ6_K: return 18;
+    case kernels::DType::kIQ4_NL: return 25;
+    case kernels::DType::kIQ4_XS: return 30;
   }
   return 0;
 }
@@ -72,8 +82,7 @@ std::vector<uint8_t> f32_bytes(const std::vector<float>& values) {
 std::optional<kernels::DType> parse_dtype(std::string_view name) {
   std::string lower(name);
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kF16, kernels::DType::kBF16,
-                               kernels::DType::kQ8_0, kernels::DType::kQ4_0}) {
+  for (kernels::DType dtype : kernels::kAllDTypes) {
     std::string candidate(kernels::to_string(dtype));
     std::transform(candidate.begin(), candidate.end(), candidate.begin(),
                    [](unsigned char c) { return std::tolower(c); });

@@ -15,6 +15,16 @@ std::optional<kernels::DType> to_dtype(gguf::TensorType type) {
     case gguf::TensorType::kBF16: return kernels::DType::kBF16;
     case gguf::TensorType::kQ8_0: return kernels::DType::kQ8_0;
     case gguf::TensorType::kQ4_0: return kernels::DType::kQ4_0;
+    case gguf::TensorType::kQ4_1: return kernels::DType::kQ4_1;
+    case gguf::TensorType::kQ5_0: return kernels::DType::kQ5_0;
+    case gguf::TensorType::kQ5_1: return kernels::DType::kQ5_1;
+    case gguf::TensorType::kIQ4_NL: return kernels::DType::kIQ4_NL;
+    case gguf::TensorType::kQ2_K: return kernels::DType::kQ2_K;
+    case gguf::TensorType::kQ3_K: return kernels::DType::kQ3_K;
+    case gguf::TensorType::kQ4_K: return kernels::DType::kQ4_K;
+    case gguf::TensorType::kQ5_K: return kernels::DType::kQ5_K;
+    case gguf::TensorType::kQ6_K: return kernels::DType::kQ6_K;
+    case gguf::TensorType::kIQ4_XS: return kernels::DType::kIQ4_XS;
     default: return std::nullopt;
   }
 }
@@ -26,11 +36,30 @@ gguf::TensorType to_tensor_type(kernels::DType dtype) {
     case kernels::DType::kBF16: return gguf::TensorType::kBF16;
     case kernels::DType::kQ8_0: return gguf::TensorType::kQ8_0;
     case kernels::DType::kQ4_0: return gguf::TensorType::kQ4_0;
+    case kernels::DType::kQ4_1: return gguf::TensorType::kQ4_1;
+    case kernels::DType::kQ5_0: return gguf::TensorType::kQ5_0;
+    case kernels::DType::kQ5_1: return gguf::TensorType::kQ5_1;
+    case kernels::DType::kIQ4_NL: return gguf::TensorType::kIQ4_NL;
+    case kernels::DType::kQ2_K: return gguf::TensorType::kQ2_K;
+    case kernels::DType::kQ3_K: return gguf::TensorType::kQ3_K;
+    case kernels::DType::kQ4_K: return gguf::TensorType::kQ4_K;
+    case kernels::DType::kQ5_K: return gguf::TensorType::kQ5_K;
+    case kernels::DType::kQ6_K: return gguf::TensorType::kQ6_K;
+    case kernels::DType::kIQ4_XS: return gguf::TensorType::kIQ4_XS;
   }
   return gguf::TensorType::kF32;
 }
 
 namespace {
+
+std::string supported_type_list() {
+  std::string list;
+  for (kernels::DType dtype : kernels::kAllDTypes) {
+    if (!list.empty()) list += ", ";
+    list += kernels::to_string(dtype);
+  }
+  return list;
+}
 
 class GgufTensors {
  public:
@@ -49,9 +78,9 @@ class GgufTensors {
     const gguf::TensorInfo& info = require(name);
     std::optional<kernels::DType> dtype = to_dtype(info.type);
     if (!dtype) {
-      fail("tensor '{}' has type {}, which sieve cannot compute with (supported: F32, F16, BF16, "
-           "Q8_0, Q4_0); convert the model with `sieve quantize`",
-           name, gguf::to_string(info.type));
+      fail("tensor '{}' has type {}, which sieve cannot compute with (supported: {}); convert "
+           "the model with `sieve quantize` or llama.cpp's llama-quantize",
+           name, gguf::to_string(info.type), supported_type_list());
     }
     if (info.shape.size() != 2 || info.shape[0] != static_cast<uint64_t>(cols) ||
         info.shape[1] != static_cast<uint64_t>(rows)) {

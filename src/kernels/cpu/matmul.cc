@@ -29,6 +29,7 @@ const char* MatmulTargetName() { return hwy::TargetName(HWY_TARGET); }
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include "kernels/cpu/matmul_quant_types.h"
 #include "kernels/cpu/targets.h"
 
 namespace sieve::kernels {
@@ -52,6 +53,18 @@ void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y, Thread
       return HWY_DYNAMIC_DISPATCH(MatmulQ8_0)(w, x, num_x, y, pool);
     case DType::kQ4_0:
       return HWY_DYNAMIC_DISPATCH(MatmulQ4_0)(w, x, num_x, y, pool);
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kIQ4_NL:
+      return matmul_small_block(w, x, num_x, y, pool);
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kIQ4_XS:
+      return matmul_super_block(w, x, num_x, y, pool);
   }
 }
 
