@@ -190,20 +190,26 @@ std::vector<uint8_t> random_blocks(DType dtype, int64_t rows, int64_t cols, uint
   return bytes;
 }
 
-// sum over c of |w[r][c] * x[i][c]| with x as the kernel sees it (Q8_K): the scale of the
-// float rounding a correct kernel may add to the exact integer sums.
+// sum over c of |x[i][c]| * (|d * scale * q| + |dmin * min|) with x as the kernel sees it
+// (Q8_K): the scale of the float rounding a correct kernel may add to the exact integer sums.
 std::vector<double> magnitudes(const MatrixView& w, const float* x, int64_t num_x) {
-  std::vector<float> w_row(w.cols);
-  std::vector<BlockQ8_K> xq(w.cols / kQKBlock);
+  const int64_t num_blocks = w.cols / kQKBlock;
+  std::vector<BlockQ8_K> xq(num_blocks);
   std::vector<double> mags(static_cast<size_t>(num_x * w.rows));
+  quant::SuperBlockInts ints;
   for (int64_t i = 0; i < num_x; ++i) {
     quant::quantize_row_q8_k(x + i * w.cols, xq.data(), w.cols);
     for (int64_t r = 0; r < w.rows; ++r) {
-      dequantize_row(w.dtype, static_cast<const uint8_t*>(w.data) + r * row_bytes(w.dtype, w.cols), w_row.data(),
-                     w.cols);
+      const auto* row = static_cast<const uint8_t*>(w.data) + r * row_bytes(w.dtype, w.cols);
       double sum = 0;
-      for (int64_t c = 0; c < w.cols; ++c)
-        sum += std::fabs(w_row[c] * xq[c / kQKBlock].d * xq[c / kQKBlock].qs[c % kQKBlock]);
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        quant::decode_super_block(w.dtype, row + b * block_bytes(w.dtype), &ints);
+        for (int e = 0; e < kQKBlock; ++e) {
+          const double w_abs = std::fabs(static_cast<double>(ints.d) * ints.scales[e / 16] * ints.q[e]) +
+                               std::fabs(static_cast<double>(ints.dmin) * ints.mins[e / 16]);
+          sum += w_abs * std::fabs(static_cast<double>(xq[b].d) * xq[b].qs[e]);
+        }
+      }
       mags[i * w.rows + r] = sum;
     }
   }

@@ -1,12 +1,430 @@
-// matmul() for the super blocks weight types: see matmul_quant_types.h.
-#include "kernels/cpu/matmul_quant_types.h"
+// matmul() for the super-block weight types (Q2_K .. Q6_K, IQ4_XS; decodings in
+// kernels/quant_super_blocks.h), per Highway target, driven by matmul-inl.h's Run()/RunRows().
+//
+// x is first quantized to Q8_K (as ggml does: one f32 scale per 256 values, sums per 16). Per
+// weight super-block and activation row the kernels compute, in integers,
+//   S = sum_e scale[e / 16] * u[e] * q_x[e]      M = sum_s min[s] * bsum_x[s]
+// with u the block's unsigned levels (Q3_K's and Q6_K's offsets of 4 and 32 become mins of
+// 4 * scale and 32 * scale), then y += d_w * d_x * S - dmin_w * d_x * M: one int->float
+// conversion and one or two FMAs per 256 values.
+//   x86 AVX2 / AVX-512 targets: the block is unpacked once into 8 vectors of 32 u8 levels (in
+//     x's element order) and 8 vectors of 16 i16 scales (one per pair of lanes); per vector
+//     pmaddubsw (u8 x s8 -> i16 pairs) then pmaddwd with the scales (-> i32, scale applied in
+//     integer), summed in 8 i32 lanes. IQ4_XS's levels are signed (its code book spans
+//     [-127, 113]): |w| and sign(x, w) as in matmul-inl.h's BlockDot.
+//   other targets: the scalar decoding (quant::decode_super_block) and plain integer loops.
+// Ranges: u <= 63, |q_x| <= 127, so pmaddubsw pairs stay below 2^15; |scale| <= 128 and 256
+// values per block keep every i32 lane below 2^31.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/matmul_super_blocks.cc"
+#include <cmath>
+#include <cstring>
+#include <vector>
 
-#include "util/error.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/matmul-inl.h"
+#include "kernels/quant_super_blocks.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sieve::kernels::HWY_NAMESPACE {
+
+// One row of activations (num_blocks * 256 values) -> Q8_K, bit-identical to
+// quant::quantize_row_q8_k: d = max / -127 for the first value of largest magnitude, q =
+// min(127, round_half_even(x * (-127 / max))), bsums per 16.
+HWY_INLINE void QuantizeRowQ8_K(const float* HWY_RESTRICT x, int64_t num_blocks, BlockQ8_K* HWY_RESTRICT out) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const size_t N = hn::Lanes(df);
+  for (int64_t b = 0; b < num_blocks; ++b, x += kQKBlock) {
+    BlockQ8_K& y = out[b];
+    auto vmax = hn::Zero(df);
+    for (size_t k = 0; k < kQKBlock; k += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, x + k)));
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    if (amax == 0.0f) {
+      std::memset(&y, 0, sizeof(y));
+      continue;
+    }
+    float max = 0.0f;
+    for (int j = 0; j < kQKBlock; ++j) {
+      if (std::fabs(x[j]) == amax) {
+        max = x[j];
+        break;
+      }
+    }
+    const float iscale = -127.f / max;
+    const auto vscale = hn::Set(df, iscale);
+    const auto limit = hn::Set(di, 127);
+    int32_t q[kQKBlock];
+    for (size_t k = 0; k < kQKBlock; k += N) {
+      hn::StoreU(hn::Min(hn::NearestInt(hn::Mul(hn::LoadU(df, x + k), vscale)), limit), di, q + k);
+    }
+    for (int s = 0; s < kQKBlock / 16; ++s) {
+      int32_t sum = 0;
+      for (int j = 16 * s; j < 16 * s + 16; ++j) {
+        y.qs[j] = static_cast<int8_t>(q[j]);
+        sum += q[j];
+      }
+      y.bsums[s] = static_cast<int16_t>(sum);
+    }
+    y.d = 1 / iscale;
+  }
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+
+// A weight super-block unpacked for the dot products against Q8_K (see the file comment).
+struct Unpacked {
+  __m256i u[8];       // levels of values 32v .. 32v + 31 (IQ4_XS: |w|)
+  __m256i sign[8];    // IQ4_XS only: the signed values, for sign(x, w)
+  __m256i scales[8];  // i16 lanes 0-7: scale of sub-block 2v, lanes 8-15: of 2v + 1
+  __m256i mins;       // i16 per 16 values, against bsums
+  float d, dmin;
+};
+
+HWY_INLINE float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
+
+HWY_INLINE uint32_t Load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Spreads 16 i8 scales (one per 16 values) to the 8 pair-of-lanes vectors.
+HWY_INLINE void SpreadScales16(__m128i scales_i8, __m256i* out) {
+  for (int v = 0; v < 8; ++v) {
+    const __m128i pattern = _mm_set_epi64x(0x0101010101010101LL * (2 * v + 1), 0x0101010101010101LL * (2 * v));
+    out[v] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales_i8, pattern));
+  }
+}
+// 8 u8 scales (one per 32 values) in the low 8 bytes: vector v gets scale v in every lane.
+HWY_INLINE void SpreadScales8(__m128i scales_u8, __m256i* out) {
+  for (int v = 0; v < 8; ++v) out[v] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scales_u8, _mm_set1_epi8(static_cast<char>(v))));
+}
+
+struct Q2_KUnpack {
+  using Block = BlockQ2_K;
+  static constexpr bool kSigned = false, kMinUsesD = false;
+  static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
+    const __m256i mask = _mm256_set1_epi8(3);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * half));
+      out->u[4 * half + 0] = _mm256_and_si256(q, mask);
+      out->u[4 * half + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), mask);
+      out->u[4 * half + 2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), mask);
+      out->u[4 * half + 3] = _mm256_and_si256(_mm256_srli_epi16(q, 6), mask);
+    }
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+    const __m128i nibble = _mm_set1_epi8(0xF);
+    SpreadScales16(_mm_and_si128(packed, nibble), out->scales);
+    out->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+    out->d = HalfToFloat(b.d);
+    out->dmin = HalfToFloat(b.dmin);
+  }
+};
+
+struct Q3_KUnpack {
+  using Block = BlockQ3_K;
+  static constexpr bool kSigned = false, kMinUsesD = true;  // u = q + 4: min = 4 * scale
+  static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
+    const __m256i mask = _mm256_set1_epi8(3);
+    const __m256i four = _mm256_set1_epi8(4);
+    const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.hmask));
+    for (int half = 0; half < 2; ++half) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * half));
+      for (int k = 0; k < 4; ++k) {
+        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * k)), mask);
+        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * half + k)));
+        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
+        out->u[4 * half + k] = _mm256_or_si256(low, high);
+      }
+    }
+    // 16 6-bit scales: low nibbles in bytes 0-7 (s < 8 low, s >= 8 high nibble of byte s - 8),
+    // high 2 bits in bytes 8-11 (bits 2 (s / 4) of byte 8 + s % 4).
+    const uint32_t a = Load32(b.scales), c = Load32(b.scales + 4), h = Load32(b.scales + 8);
+    const uint32_t low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
+    const __m128i raw = _mm_set_epi32(static_cast<int>(((c >> 4) & low4) | (((h >> 6) & low2) << 4)),
+                                      static_cast<int>(((a >> 4) & low4) | (((h >> 4) & low2) << 4)),
+                                      static_cast<int>((c & low4) | (((h >> 2) & low2) << 4)),
+                                      static_cast<int>((a & low4) | ((h & low2) << 4)));
+    const __m128i scales = _mm_sub_epi8(raw, _mm_set1_epi8(32));
+    SpreadScales16(scales, out->scales);
+    out->mins = _mm256_slli_epi16(_mm256_cvtepi8_epi16(scales), 2);
+    out->d = out->dmin = HalfToFloat(b.d);
+  }
+};
+
+// Q4_K / Q5_K scales and mins: 8 6-bit each, from 12 bytes (see quant_super_blocks.h).
+HWY_INLINE void UnpackScalesK4(const uint8_t* s, Unpacked* out) {
+  const uint32_t a = Load32(s), m = Load32(s + 4), c = Load32(s + 8);
+  const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
+  const uint32_t scales_lo = a & low6, mins_lo = m & low6;
+  const uint32_t scales_hi = (c & low4) | (((a >> 6) & low2) << 4);
+  const uint32_t mins_hi = ((c >> 4) & low4) | (((m >> 6) & low2) << 4);
+  const __m128i both = _mm_set_epi32(static_cast<int>(mins_hi), static_cast<int>(mins_lo),
+                                     static_cast<int>(scales_hi), static_cast<int>(scales_lo));
+  SpreadScales8(both, out->scales);
+  // min j against bsums 2j and 2j + 1.
+  const __m128i pairs = _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+  out->mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(both, pairs));
+}
+
+struct Q4_KUnpack {
+  using Block = BlockQ4_K;
+  static constexpr bool kSigned = false, kMinUsesD = false;
+  static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
+    const __m256i nibble = _mm256_set1_epi8(0xF);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * c));
+      out->u[2 * c] = _mm256_and_si256(q, nibble);
+      out->u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+    }
+    UnpackScalesK4(b.scales, out);
+    out->d = HalfToFloat(b.d);
+    out->dmin = HalfToFloat(b.dmin);
+  }
+};
+
+struct Q5_KUnpack {
+  using Block = BlockQ5_K;
+  static constexpr bool kSigned = false, kMinUsesD = false;
+  static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
+    const __m256i nibble = _mm256_set1_epi8(0xF);
+    const __m256i bit4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh));
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * c));
+      out->u[2 * c] = _mm256_and_si256(q, nibble);
+      out->u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+    }
+    // Bit v of qh[l] -> bit 4 of level v (16-bit shifts: bit 4 of each byte comes from the same byte).
+    out->u[0] = _mm256_or_si256(out->u[0], _mm256_and_si256(_mm256_slli_epi16(qh, 4), bit4));
+    out->u[1] = _mm256_or_si256(out->u[1], _mm256_and_si256(_mm256_slli_epi16(qh, 3), bit4));
+    out->u[2] = _mm256_or_si256(out->u[2], _mm256_and_si256(_mm256_slli_epi16(qh, 2), bit4));
+    out->u[3] = _mm256_or_si256(out->u[3], _mm256_and_si256(_mm256_slli_epi16(qh, 1), bit4));
+    out->u[4] = _mm256_or_si256(out->u[4], _mm256_and_si256(qh, bit4));
+    out->u[5] = _mm256_or_si256(out->u[5], _mm256_and_si256(_mm256_srli_epi16(qh, 1), bit4));
+    out->u[6] = _mm256_or_si256(out->u[6], _mm256_and_si256(_mm256_srli_epi16(qh, 2), bit4));
+    out->u[7] = _mm256_or_si256(out->u[7], _mm256_and_si256(_mm256_srli_epi16(qh, 3), bit4));
+    UnpackScalesK4(b.scales, out);
+    out->d = HalfToFloat(b.d);
+    out->dmin = HalfToFloat(b.dmin);
+  }
+};
+
+struct Q6_KUnpack {
+  using Block = BlockQ6_K;
+  static constexpr bool kSigned = false, kMinUsesD = true;  // u = q + 32: min = 32 * scale
+  static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
+    const __m256i nibble = _mm256_set1_epi8(0xF);
+    const __m256i bits45 = _mm256_set1_epi8(0x30);
+    for (int half = 0; half < 2; ++half) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * half));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * half + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * half));
+      // Quarter k: low nibbles of l0, l1, high nibbles of l0, l1; high bits 2k, 2k + 1 of h.
+      out->u[4 * half + 0] = _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45));
+      out->u[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(l1, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45));
+      out->u[4 * half + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble), _mm256_and_si256(h, bits45));
+      out->u[4 * half + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
+                                             _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45));
+    }
+    const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+    SpreadScales16(scales, out->scales);
+    out->mins = _mm256_slli_epi16(_mm256_cvtepi8_epi16(scales), 5);
+    out->d = out->dmin = HalfToFloat(b.d);
+  }
+};
+
+struct IQ4_XSUnpack {
+  using Block = BlockIQ4_XS;
+  static constexpr bool kSigned = true, kMinUsesD = false;
+  static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
+    const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIQ4Values));
+    const __m256i table = _mm256_broadcastsi128_si256(book);
+    const __m128i nibble = _mm_set1_epi8(0xF);
+    for (int v = 0; v < 8; ++v) {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * v));
+      const __m256i index = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, nibble)),
+                                                    _mm_and_si128(_mm_srli_epi16(q, 4), nibble), 1);
+      out->sign[v] = _mm256_shuffle_epi8(table, index);
+      out->u[v] = _mm256_abs_epi8(out->sign[v]);
+    }
+    const uint32_t low = Load32(b.scales_l);
+    uint8_t scales[16];
+    for (int s = 0; s < 8; ++s) {
+      scales[s] = static_cast<uint8_t>((((low >> (4 * s)) & 0xF) | (((b.scales_h >> (2 * s)) & 3) << 4)) - 32);
+    }
+    const __m128i scales8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales));
+    for (int v = 0; v < 8; ++v)
+      out->scales[v] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales8, _mm_set1_epi8(static_cast<char>(v))));
+    out->mins = _mm256_setzero_si256();
+    out->d = HalfToFloat(b.d);
+    out->dmin = 0.0f;
+  }
+};
+
+// Weights of Row's type against Q8_K activations: y[x0 + i][r0 + r] for r < kW, i < kX. Per
+// super-block: kW unpacks, each used for the kX activation rows.
+template <class Row>
+struct SuperBlockKernel {
+  using Block = typename Row::Block;
+  const uint8_t* w;  // rows * row_bytes bytes
+  size_t row_bytes;  // cols / 256 * sizeof(Block)
+  int64_t rows, cols;
+  const BlockQ8_K* x;  // [num_x][cols / 256]
+  float* y;            // [num_x][rows]
+
+  template <int kW, int kX>
+  HWY_INLINE void Tile(int64_t r0, int64_t x0, ColumnSlice slice) const {
+    const int64_t num_blocks = cols / kQKBlock;
+    const Block* w_rows[kW];
+    for (int r = 0; r < kW; ++r) w_rows[r] = reinterpret_cast<const Block*>(w + static_cast<size_t>(r0 + r) * row_bytes);
+    const BlockQ8_K* x_rows[kX];
+    for (int i = 0; i < kX; ++i) x_rows[i] = x + (x0 + i) * num_blocks;
+
+    __m256 acc[kX][kW];
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) acc[i][r] = _mm256_setzero_ps();
+    }
+    const bool prefetch = UseRowPrefetcher(slice, cols, row_bytes);
+    RowPrefetcher prefetcher(w_rows[0], kW * sizeof(Block));
+    for (int64_t b = slice.begin / kQKBlock; b < slice.end / kQKBlock; ++b) {
+      if (prefetch) prefetcher.Before(b);
+      for (int r = 0; r < kW; ++r) {
+        Unpacked unpacked;
+        Row::Unpack(w_rows[r][b], &unpacked);
+        for (int i = 0; i < kX; ++i) {
+          const BlockQ8_K& xb = x_rows[i][b];
+          __m256i sum = _mm256_setzero_si256();
+          for (int v = 0; v < 8; ++v) {
+            __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 32 * v));
+            if constexpr (Row::kSigned) xv = _mm256_sign_epi8(xv, unpacked.sign[v]);
+            const __m256i pairs = _mm256_maddubs_epi16(unpacked.u[v], xv);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, unpacked.scales[v]));
+          }
+          const float dx = xb.d;
+          if constexpr (Row::kSigned) {
+            acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(unpacked.d * dx), acc[i][r]);
+          } else {
+            const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+            const __m256i mins = _mm256_madd_epi16(bsums, unpacked.mins);
+            if constexpr (Row::kMinUsesD) {
+              acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, mins)),
+                                          _mm256_set1_ps(unpacked.d * dx), acc[i][r]);
+            } else {
+              acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(unpacked.d * dx), acc[i][r]);
+              acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(-unpacked.dmin * dx), acc[i][r]);
+            }
+          }
+        }
+      }
+    }
+    const hn::Full256<float> df;
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) {
+        StoreOutput(&y[(x0 + i) * rows + r0 + r], ReduceSum(df, hn::Vec256<float>{acc[i][r]}), slice.accumulate);
+      }
+    }
+  }
+};
+
+template <class Row>
+void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
+  const SuperBlockKernel<Row> kernel{static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols,
+                                     xq, y};
+  Run(kernel, num_x, pool);
+}
+
+void MatmulQ8_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
+  switch (w.dtype) {
+    case DType::kQ2_K: return MatmulWith<Q2_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kQ3_K: return MatmulWith<Q3_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kQ4_K: return MatmulWith<Q4_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kQ5_K: return MatmulWith<Q5_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kQ6_K: return MatmulWith<Q6_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kIQ4_XS: return MatmulWith<IQ4_XSUnpack>(w, xq, num_x, y, pool);
+    default: return;
+  }
+}
+
+#else  // portable targets
+
+// Any super-block type against Q8_K through the scalar decoding: integer sums per 16 values.
+struct PortableSuperBlockKernel {
+  DType dtype;
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t rows, cols;
+  const BlockQ8_K* x;
+  float* y;
+
+  template <int kW, int kX>
+  HWY_INLINE void Tile(int64_t r0, int64_t x0, ColumnSlice slice) const {
+    const int64_t num_blocks = cols / kQKBlock;
+    const size_t block = block_bytes(dtype);
+    float acc[kX][kW] = {};
+    quant::SuperBlockInts ints;
+    for (int64_t b = slice.begin / kQKBlock; b < slice.end / kQKBlock; ++b) {
+      for (int r = 0; r < kW; ++r) {
+        quant::decode_super_block(dtype, w + static_cast<size_t>(r0 + r) * row_bytes + b * block, &ints);
+        for (int i = 0; i < kX; ++i) {
+          const BlockQ8_K& xb = x[(x0 + i) * num_blocks + b];
+          int32_t sum = 0, sum_min = 0;
+          for (int s = 0; s < kQKBlock / 16; ++s) {
+            int32_t dot = 0;
+            for (int j = 16 * s; j < 16 * s + 16; ++j) dot += ints.q[j] * xb.qs[j];
+            sum += ints.scales[s] * dot;
+            sum_min += ints.mins[s] * xb.bsums[s];
+          }
+          acc[i][r] += ints.d * xb.d * static_cast<float>(sum) - ints.dmin * xb.d * static_cast<float>(sum_min);
+        }
+      }
+    }
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) StoreOutput(&y[(x0 + i) * rows + r0 + r], acc[i][r], slice.accumulate);
+    }
+  }
+};
+
+void MatmulQ8_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
+  const PortableSuperBlockKernel kernel{w.dtype, static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols),
+                                        w.rows,  w.cols,
+                                        xq,      y};
+  Run(kernel, num_x, pool);
+}
+
+#endif
+
+// x -> Q8_K (num_x * cols / 256 blocks of 292 bytes; parallel over x rows when there are
+// many), then the per-target kernel.
+void MatmulSuperBlock(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
+  const int64_t num_blocks = w.cols / kQKBlock;
+  std::vector<BlockQ8_K> xq(static_cast<size_t>(num_x * num_blocks));
+  const auto quantize_rows = [&](int64_t begin, int64_t end) HWY_ATTR {
+    for (int64_t i = begin; i < end; ++i) QuantizeRowQ8_K(x + i * w.cols, num_blocks, xq.data() + i * num_blocks);
+  };
+  if (num_x > 1 && pool.num_threads() > 1 && num_x * w.cols >= kMinParallelQuantize) {
+    pool.parallel_for(num_x, quantize_rows);
+  } else {
+    quantize_rows(0, num_x);
+  }
+  MatmulQ8_K(w, xq.data(), num_x, y, pool);
+}
+
+}  // namespace sieve::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "kernels/cpu/matmul_quant_types.h"
 
 namespace sieve::kernels {
 
+HWY_EXPORT(MatmulSuperBlock);
+
 void matmul_super_block(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
-  fail("matmul with {} weights is not implemented yet", to_string(w.dtype));
+  HWY_DYNAMIC_DISPATCH(MatmulSuperBlock)(w, x, num_x, y, pool);
 }
 
 }  // namespace sieve::kernels
+#endif  // HWY_ONCE
