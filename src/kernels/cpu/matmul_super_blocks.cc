@@ -24,10 +24,15 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "kernels/cpu/matmul-inl.h"
+#include "kernels/cpu/matmul_super_blocks_vnni.h"
 #include "kernels/quant_super_blocks.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sieve::kernels::HWY_NAMESPACE {
+
+// From this many activation rows on, AVX-512 VNNI CPUs run the prefill tiles (decoding the weights
+// costs about as much as ~4 activation rows of dot products).
+inline constexpr int64_t kVnniMinRows = 8;
 
 // One row of activations (num_blocks * 256 values) -> Q8_K, bit-identical to
 // quant::quantize_row_q8_k: d = max / -127 for the first value of largest magnitude, q =
@@ -104,6 +109,8 @@ HWY_INLINE void SpreadScales8(__m128i scales_u8, __m256i* out) {
 
 struct Q2_KUnpack {
   using Block = BlockQ2_K;
+  static constexpr int kGroupCols = 16, kLevelOffset = 0;
+  static constexpr bool kHasMins = true;
   static constexpr bool kSigned = false, kMinUsesD = false;
   static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
     const __m256i mask = _mm256_set1_epi8(3);
@@ -125,6 +132,8 @@ struct Q2_KUnpack {
 
 struct Q3_KUnpack {
   using Block = BlockQ3_K;
+  static constexpr int kGroupCols = 16, kLevelOffset = 4;
+  static constexpr bool kHasMins = false;
   static constexpr bool kSigned = false, kMinUsesD = true;  // u = q + 4: min = 4 * scale
   static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
     const __m256i mask = _mm256_set1_epi8(3);
@@ -171,6 +180,8 @@ HWY_INLINE void UnpackScalesK4(const uint8_t* s, Unpacked* out) {
 
 struct Q4_KUnpack {
   using Block = BlockQ4_K;
+  static constexpr int kGroupCols = 32, kLevelOffset = 0;
+  static constexpr bool kHasMins = true;
   static constexpr bool kSigned = false, kMinUsesD = false;
   static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
     const __m256i nibble = _mm256_set1_epi8(0xF);
@@ -187,6 +198,8 @@ struct Q4_KUnpack {
 
 struct Q5_KUnpack {
   using Block = BlockQ5_K;
+  static constexpr int kGroupCols = 32, kLevelOffset = 0;
+  static constexpr bool kHasMins = true;
   static constexpr bool kSigned = false, kMinUsesD = false;
   static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
     const __m256i nibble = _mm256_set1_epi8(0xF);
@@ -214,6 +227,8 @@ struct Q5_KUnpack {
 
 struct Q6_KUnpack {
   using Block = BlockQ6_K;
+  static constexpr int kGroupCols = 16, kLevelOffset = 32;
+  static constexpr bool kHasMins = false;
   static constexpr bool kSigned = false, kMinUsesD = true;  // u = q + 32: min = 32 * scale
   static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
     const __m256i nibble = _mm256_set1_epi8(0xF);
@@ -238,6 +253,8 @@ struct Q6_KUnpack {
 
 struct IQ4_XSUnpack {
   using Block = BlockIQ4_XS;
+  static constexpr int kGroupCols = 32, kLevelOffset = 128;  // VNNI levels: value + 128
+  static constexpr bool kHasMins = false;
   static constexpr bool kSigned = true, kMinUsesD = false;
   static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
     const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIQ4Values));
@@ -329,8 +346,109 @@ struct SuperBlockKernel {
   }
 };
 
+#if HWY_TARGET == HWY_AVX3
+// Prefill on CPUs with AVX-512 VNNI (vnni::supported()): tasks of whole 16-row groups. Per group
+// and slice of kVnniSliceBlocks super-blocks, the 16 rows are unpacked once (as above), their
+// levels transposed into the tile layout of matmul_super_blocks_vnni.h (u8, 4 columns of all 16
+// rows per 64 bytes) and their scales (and mins) expanded to f32 per row; then every activation
+// row runs over the tile there. ~2 KiB of weights per 16 x 256 tile, decoded once per matmul.
+inline constexpr int64_t kVnniSliceBlocks = 4;  // 1024 columns: 16 KiB of levels, in L1
+
+template <class Row>
+struct SuperBlockVnniKernel {
+  static constexpr int64_t kRowAlign = 16;
+  using Block = typename Row::Block;
+  static constexpr int kGroups = kQKBlock / Row::kGroupCols;
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t rows, cols;
+  vnni::SuperBlockActivations x;
+  float* y;
+
+  void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
+    alignas(64) uint8_t row_levels[16][kVnniSliceBlocks * kQKBlock];
+    alignas(64) uint8_t levels[kVnniSliceBlocks * kQKBlock * 16];
+    alignas(64) float scales[kVnniSliceBlocks * kGroups * 16];
+    alignas(64) float mins[kVnniSliceBlocks * kGroups * 16];
+    const int64_t num_blocks = cols / kQKBlock;
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += 16) {
+      const int num_rows = static_cast<int>(std::min<int64_t>(16, rows - r0));
+      for (int64_t b0 = 0; b0 < num_blocks; b0 += kVnniSliceBlocks) {
+        const int64_t slice_blocks = std::min(kVnniSliceBlocks, num_blocks - b0);
+        for (int r = 0; r < 16; ++r) {
+          if (r >= num_rows) {
+            std::memset(row_levels[r], 0, sizeof(row_levels[r]));
+            for (int64_t g = 0; g < slice_blocks * kGroups; ++g) scales[g * 16 + r] = mins[g * 16 + r] = 0.0f;
+            continue;
+          }
+          const Block* row = reinterpret_cast<const Block*>(w + static_cast<size_t>(r0 + r) * row_bytes);
+          for (int64_t sb = 0; sb < slice_blocks; ++sb) {
+            Unpacked unpacked;
+            Row::Unpack(row[b0 + sb], &unpacked);
+            uint8_t* out = row_levels[r] + sb * kQKBlock;
+            for (int v = 0; v < 8; ++v) {
+              __m256i level = unpacked.u[v];
+              if constexpr (Row::kSigned) level = _mm256_xor_si256(unpacked.sign[v], _mm256_set1_epi8(-128));
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * v), level);
+            }
+            // Scale of 16-column group 2v in i16 lane 0 of scales[v], of 2v + 1 in lane 8.
+            alignas(32) int16_t scale16[8][16];
+            alignas(32) int16_t min16[16];
+            for (int v = 0; v < 8; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(scale16[v]), unpacked.scales[v]);
+            _mm256_store_si256(reinterpret_cast<__m256i*>(min16), unpacked.mins);
+            for (int g = 0; g < kGroups; ++g) {
+              const int16_t scale = Row::kGroupCols == 32 ? scale16[g][0] : scale16[g / 2][8 * (g % 2)];
+              const int16_t min = Row::kGroupCols == 32 ? min16[2 * g] : min16[g];
+              scales[(sb * kGroups + g) * 16 + r] = unpacked.d * scale;
+              mins[(sb * kGroups + g) * 16 + r] = unpacked.dmin * min;
+            }
+          }
+        }
+        // Transpose 4-byte column groups: levels[k][r] = row_levels[r][4k .. 4k + 3].
+        const int64_t num_k = slice_blocks * kQKBlock / 4;
+        for (int64_t k = 0; k < num_k; ++k) {
+          for (int r = 0; r < 16; ++r) std::memcpy(levels + (k * 16 + r) * 4, row_levels[r] + 4 * k, 4);
+        }
+        const vnni::SuperBlockTile tile{levels, scales, Row::kHasMins ? mins : nullptr, Row::kGroupCols, slice_blocks};
+        vnni::super_block_tile(tile, x, b0, num_x, y + r0, rows, num_rows, b0 != 0);
+      }
+    }
+  }
+};
+
+// The activation side of the VNNI tiles: per row and column group, -offset * sum(q_x) and
+// -sum(q_x) (from the Q8_K sums per 16).
+template <class Row>
+void MatmulVnni(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
+  constexpr int kPerGroup = Row::kGroupCols / 16;
+  const int64_t num_blocks = w.cols / kQKBlock;
+  const int64_t groups_per_row = w.cols / Row::kGroupCols;
+  std::vector<int32_t> offset_sums(static_cast<size_t>(num_x * groups_per_row));
+  std::vector<float> neg_sums(offset_sums.size());
+  for (int64_t i = 0; i < num_x; ++i) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const BlockQ8_K& block = xq[i * num_blocks + b];
+      for (int g = 0; g < kQKBlock / Row::kGroupCols; ++g) {
+        int32_t sum = 0;
+        for (int k = 0; k < kPerGroup; ++k) sum += block.bsums[g * kPerGroup + k];
+        const size_t at = static_cast<size_t>(i * groups_per_row + b * (kQKBlock / Row::kGroupCols) + g);
+        offset_sums[at] = -Row::kLevelOffset * sum;
+        neg_sums[at] = static_cast<float>(-sum);
+      }
+    }
+  }
+  const SuperBlockVnniKernel<Row> kernel{
+      static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols,
+      vnni::SuperBlockActivations{xq, num_blocks, offset_sums.data(), neg_sums.data(), groups_per_row}, y};
+  Run(kernel, num_x, pool);
+}
+#endif
+
 template <class Row>
 void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
+#if HWY_TARGET == HWY_AVX3
+  if (num_x >= kVnniMinRows && vnni::supported()) return MatmulVnni<Row>(w, xq, num_x, y, pool);
+#endif
   const SuperBlockKernel<Row> kernel{static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols,
                                      xq, y};
   Run(kernel, num_x, pool);

@@ -1,0 +1,122 @@
+// The super-block types' prefill micro-kernel with AVX-512 VNNI: see matmul_super_blocks_vnni.h.
+//
+// Per tile of 16 weight rows, kX activation rows and column group (16 or 32 columns): the group's
+// group_cols / 4 level vectors are loaded once; per activation row, group_cols / 4 vpdpbusd of
+// them against 4 broadcast activation bytes into an int32 lane per weight row (started at the
+// offset correction), one conversion and one FMA with the rows' scales (and one FMA of the rows'
+// mins with the group's activation sum); per super-block one FMA with the activation scale.
+#include "kernels/cpu/matmul_super_blocks_vnni.h"
+
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define SIEVE_VNNI 1
+#define SIEVE_VNNI_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
+#else
+#define SIEVE_VNNI 0
+#endif
+
+namespace sieve::kernels::vnni {
+
+#if SIEVE_VNNI
+
+namespace {
+
+SIEVE_VNNI_ATTR inline __m512i Broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <int kGroupCols, bool kMins, int kX>
+SIEVE_VNNI_ATTR inline void Tile(const SuperBlockTile& t, const SuperBlockActivations& a, int64_t first_block,
+                                 int64_t x0, float* y, int64_t y_stride, __mmask16 rows, bool accumulate) {
+  constexpr int kVecs = kGroupCols / 4;
+  constexpr int kGroups = kQKBlock / kGroupCols;
+  __m512 acc[kX];
+  for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < t.num_super_blocks; ++sb) {
+    const int64_t block = first_block + sb;
+    const BlockQ8_K* xb[kX];
+    const int32_t* offsets[kX];
+    const float* sums[kX];
+    for (int i = 0; i < kX; ++i) {
+      xb[i] = a.x + (x0 + i) * a.blocks_per_row + block;
+      offsets[i] = a.offset_sums + (x0 + i) * a.groups_per_row + block * kGroups;
+      sums[i] = a.neg_sums + (x0 + i) * a.groups_per_row + block * kGroups;
+    }
+    __m512 block_acc[kX];
+    for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
+    for (int g = 0; g < kGroups; ++g) {
+      const int64_t tile_group = sb * kGroups + g;
+      const uint8_t* levels = t.levels + tile_group * kVecs * 64;
+      __m512i w[kVecs];
+      for (int k = 0; k < kVecs; ++k) w[k] = _mm512_load_si512(levels + 64 * k);
+      const __m512 scale = _mm512_load_ps(t.scales + tile_group * 16);
+      for (int i = 0; i < kX; ++i) {
+        const int8_t* xq = xb[i]->qs + g * kGroupCols;
+        __m512i dot = _mm512_set1_epi32(offsets[i][g]);
+        for (int k = 0; k < kVecs; ++k) dot = _mm512_dpbusd_epi32(dot, w[k], Broadcast4(xq + 4 * k));
+        block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, block_acc[i]);
+        if constexpr (kMins) {
+          block_acc[i] = _mm512_fmadd_ps(_mm512_load_ps(t.mins + tile_group * 16), _mm512_set1_ps(sums[i][g]),
+                                         block_acc[i]);
+        }
+      }
+    }
+    for (int i = 0; i < kX; ++i) acc[i] = _mm512_fmadd_ps(block_acc[i], _mm512_set1_ps(xb[i]->d), acc[i]);
+  }
+  for (int i = 0; i < kX; ++i) {
+    float* out = y + (x0 + i) * y_stride;
+    const __m512 value = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(rows, out), acc[i]) : acc[i];
+    _mm512_mask_storeu_ps(out, rows, value);
+  }
+}
+
+template <int kGroupCols, bool kMins>
+SIEVE_VNNI_ATTR void AllRows(const SuperBlockTile& t, const SuperBlockActivations& a, int64_t first_block,
+                             int64_t num_x, float* y, int64_t y_stride, __mmask16 rows, bool accumulate) {
+  // kX accumulators + kX block accumulators + group_cols / 4 level vectors stay in the 32 zmm.
+  constexpr int kX = kGroupCols == 32 ? 8 : 10;
+  int64_t x0 = 0;
+  for (; x0 + kX <= num_x; x0 += kX) Tile<kGroupCols, kMins, kX>(t, a, first_block, x0, y, y_stride, rows, accumulate);
+  switch (num_x - x0) {
+    case 9: Tile<kGroupCols, kMins, 9>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    case 8: Tile<kGroupCols, kMins, 8>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    case 7: Tile<kGroupCols, kMins, 7>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    case 6: Tile<kGroupCols, kMins, 6>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    case 5: Tile<kGroupCols, kMins, 5>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    case 4: Tile<kGroupCols, kMins, 4>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    case 3: Tile<kGroupCols, kMins, 3>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    case 2: Tile<kGroupCols, kMins, 2>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    case 1: Tile<kGroupCols, kMins, 1>(t, a, first_block, x0, y, y_stride, rows, accumulate); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+SIEVE_VNNI_ATTR void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x,
+                                      int64_t first_block, int64_t num_x, float* y, int64_t y_stride, int num_rows,
+                                      bool accumulate) {
+  const __mmask16 rows = num_rows >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << num_rows) - 1);
+  const bool mins = tile.mins != nullptr;
+  if (tile.group_cols == 32) {
+    if (mins) return AllRows<32, true>(tile, x, first_block, num_x, y, y_stride, rows, accumulate);
+    return AllRows<32, false>(tile, x, first_block, num_x, y, y_stride, rows, accumulate);
+  }
+  if (mins) return AllRows<16, true>(tile, x, first_block, num_x, y, y_stride, rows, accumulate);
+  return AllRows<16, false>(tile, x, first_block, num_x, y, y_stride, rows, accumulate);
+}
+
+#else
+
+void super_block_tile(const SuperBlockTile&, const SuperBlockActivations&, int64_t, int64_t, float*, int64_t, int,
+                      bool) {}
+
+#endif
+
+}  // namespace sieve::kernels::vnni
