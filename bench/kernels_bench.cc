@@ -218,7 +218,7 @@ void register_all() {
 // The super-block types (K-quants, IQ4_XS) against Q8_0 / Q4_0 (and packed Q8_0 for prefill)
 // in the same run, on the best target with all threads:
 //   SuperBlocks/Decode/<dtype>/RxC        GB/s of weights streamed (32000x4096 exceeds the L3)
-//   SuperBlocks/Prefill/<dtype>/RxC/x256  GFLOP/s
+//   SuperBlocks/Prefill/<dtype>/RxC/x256/threads:T  GFLOP/s (T = 1: per CPU second)
 void register_super_blocks() {
   const int threads = hardware_threads();
   const std::string target = available_targets().front();
@@ -233,12 +233,17 @@ void register_super_blocks() {
       add("SuperBlocks/Decode/" + shape_name(c), c);
     }
   }
-  for (DType dtype : dtypes) {
-    const MatmulCase c{target, dtype, 4096, 4096, 256, threads};
-    add("SuperBlocks/Prefill/" + shape_name(c) + "/x256", c);
-    if (dtype == DType::kQ8_0) {
-      const MatmulCase packed{target, dtype, 4096, 4096, 256, threads, true};
-      add("SuperBlocks/Prefill/" + shape_name(c) + "/packed/x256", packed);
+  // Prefill also on one thread, timed in CPU time (less disturbed by other load on the machine).
+  for (int num_threads : {threads, 1}) {
+    for (DType dtype : dtypes) {
+      for (bool packed : {false, true}) {
+        if (packed && dtype != DType::kQ8_0) continue;
+        const MatmulCase c{target, dtype, 4096, 4096, 256, num_threads, packed};
+        const std::string name = "SuperBlocks/Prefill/" + shape_name(c) + (packed ? "/packed" : "") + "/x256/threads:" +
+                                 std::to_string(num_threads);
+        auto* bench = benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)->Unit(benchmark::kMillisecond);
+        if (num_threads > 1) bench->UseRealTime();
+      }
     }
   }
 }

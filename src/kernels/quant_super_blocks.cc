@@ -539,6 +539,108 @@ void quantize_q3_k(const float* x, BlockQ3_K* y) {
   pack_2bit_levels(low, y->qs);
 }
 
+// Index of the code book entry nearest to x (values sorted ascending; ties to the upper one),
+// as ggml's best_index_int8.
+int nearest_code(const int8_t* values, int n, float x) {
+  if (x <= values[0]) return 0;
+  if (x >= values[n - 1]) return n - 1;
+  int lo = 0, hi = n - 1;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (x < values[mid]) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  return x - values[hi - 1] < values[hi] - x ? hi - 1 : hi;
+}
+
+// ggml's quantize_row_iq4_nl_impl for one IQ4_XS super-block without importance weights
+// (weights x^2, 7 search steps each side): per 32 values the best scale for the code book
+// around max / 127, then the 8 scales as 6-bit multiples of d = -max_scale / 32 and every
+// value re-coded with its rounded scale.
+void quantize_iq4_xs(const float* x, BlockIQ4_XS* y) {
+  constexpr int kTries = 7;
+  const int8_t* values = kIQ4Values;
+  uint8_t L[kQKBlock];
+  float scales[8];
+  float weight[32];
+  std::memset(y->qs, 0, sizeof(y->qs));
+  y->d = f32_to_f16(0.f);
+  float max_scale = 0, amax_scale = 0;
+  for (int ib = 0; ib < 8; ++ib) {
+    const float* xb = x + 32 * ib;
+    uint8_t* Lb = L + 32 * ib;
+    for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j];
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j) {
+      const float ax = std::fabs(xb[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = xb[j];
+      }
+    }
+    if (amax < kGroupMaxEps) {
+      scales[ib] = 0;
+      continue;
+    }
+    float d = -max / values[0];
+    float id = 1 / d;
+    float sumqx = 0, sumq2 = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int l = nearest_code(values, 16, id * xb[j]);
+      Lb[j] = static_cast<uint8_t>(l);
+      const float q = values[l];
+      const float w = weight[j];
+      sumqx += w * q * xb[j];
+      sumq2 += w * q * q;
+    }
+    d = sumqx / sumq2;
+    float best = d * sumqx;
+    for (int t = -kTries; t <= kTries; ++t) {
+      id = (t + values[0]) / max;
+      sumqx = sumq2 = 0;
+      for (int j = 0; j < 32; ++j) {
+        const float q = values[nearest_code(values, 16, id * xb[j])];
+        const float w = weight[j];
+        sumqx += w * q * xb[j];
+        sumq2 += w * q * q;
+      }
+      if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+        d = sumqx / sumq2;
+        best = d * sumqx;
+      }
+    }
+    scales[ib] = d;
+    if (std::fabs(d) > amax_scale) {
+      amax_scale = std::fabs(d);
+      max_scale = d;
+    }
+  }
+  y->scales_h = 0;
+  const float d = -max_scale / 32;
+  y->d = f32_to_f16(d);
+  const float id = d ? 1 / d : 0.f;
+  for (int ib = 0; ib < 8; ++ib) {
+    int l = nearest_int(id * scales[ib]);
+    l = std::max(-32, std::min(31, l));
+    const float dl = d * l;
+    const float idl = dl ? 1 / dl : 0.f;
+    for (int j = 0; j < 32; ++j) L[32 * ib + j] = static_cast<uint8_t>(nearest_code(values, 16, idl * x[32 * ib + j]));
+    l += 32;
+    if (ib % 2 == 0) {
+      y->scales_l[ib / 2] = static_cast<uint8_t>(l & 0xF);
+    } else {
+      y->scales_l[ib / 2] |= static_cast<uint8_t>((l & 0xF) << 4);
+    }
+    y->scales_h = static_cast<uint16_t>(y->scales_h | ((l >> 4) << (2 * ib)));
+  }
+  for (int ib = 0; ib < 8; ++ib) {
+    for (int j = 0; j < 16; ++j) y->qs[16 * ib + j] = static_cast<uint8_t>(L[32 * ib + j] | (L[32 * ib + 16 + j] << 4));
+  }
+}
+
 template <class Block, class Fn>
 void quantize_blocks(const float* src, void* dst, int64_t n, Fn quantize_block) {
   auto* blocks = static_cast<Block*>(dst);
@@ -603,10 +705,10 @@ void quantize_row_super_block(DType dtype, const float* src, void* dst, int64_t 
       return quantize_blocks<BlockQ5_K>(src, dst, n, quantize_q5_k);
     case DType::kQ6_K:
       return quantize_blocks<BlockQ6_K>(src, dst, n, quantize_q6_k);
+    case DType::kIQ4_XS:
+      return quantize_blocks<BlockIQ4_XS>(src, dst, n, quantize_iq4_xs);
     default:
-      fail("writing {} is not supported (sieve can read and run it, but its quantizer needs an importance "
-           "search sieve does not implement): choose Q4_K, Q5_K, Q6_K, Q3_K or Q2_K",
-           to_string(dtype));
+      fail("{} is not a super-block type", to_string(dtype));
   }
 }
 
