@@ -16,8 +16,6 @@
 namespace sieve::kernels {
 namespace {
 
-bool is_quantized(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kQ4_0; }
-
 // magnitude[i][r] = sum_c |w[r][c] * x[i][c]|, with x as the kernel sees it (rounded to Q8_0
 // for quantized weights): the scale of the rounding error a correct kernel may make.
 std::vector<double> magnitudes(const MatrixView& w, const float* x, int64_t num_x) {
