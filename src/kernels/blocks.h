@@ -54,6 +54,11 @@ struct BlockIQ4_NL {
 };
 static_assert(sizeof(BlockIQ4_NL) == 18);
 
+// ggml's kvalues_iq4nl: the 16 levels of IQ4_NL (and IQ4_XS), ascending, non-uniform (denser
+// near zero, as weights are distributed).
+inline constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 struct BlockQ2_K {
   uint8_t scales[kQKBlock / 16];  // per 16 values: low nibble scale, high nibble min
   uint8_t qs[kQKBlock / 4];       // 2-bit quants
@@ -114,6 +119,8 @@ static_assert(sizeof(BlockQ8_K) == 292);
 struct QuantizedActivations {
   const int8_t* q = nullptr;  // [num_x][cols]
   const float* d = nullptr;   // [num_x][cols / 32]: the block's f16 scale, as f32
+  const float* s = nullptr;   // [num_x][cols / 32]: d * sum of the block's q (for weight types
+                              // with a minimum, Q4_1 / Q5_1; else may be null)
 };
 
 }  // namespace sieve::kernels

@@ -11,9 +11,10 @@
 //                activation rows, each activation vector for kW weight rows
 // Two tile kinds:
 //   FloatKernel<Row>  F32 / F16 / BF16: weights widened to f32, f32 FMAs. Any cols.
-//   QuantKernel<Row>  Q8_0 / Q4_0: activations pre-quantized to Q8_0; int8 x int8 -> int32
-//                     per block (BlockDot), then one f32 FMA per block with scale d_w * d_x.
-//                     cols a multiple of 32.
+//   QuantKernel<Row>  Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL: activations pre-quantized
+//                     to Q8_0; int8 x int8 -> int32 per block (BlockDot), then one f32 FMA per
+//                     block with scale d_w * d_x (Q4_1 / Q5_1: plus m_w * d_x * sum(q_x), from
+//                     block sums computed once per activation row). cols a multiple of 32.
 #if defined(SIEVE_KERNELS_CPU_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SIEVE_KERNELS_CPU_MATMUL_INL_H_
 #undef SIEVE_KERNELS_CPU_MATMUL_INL_H_
@@ -241,34 +242,141 @@ struct Q8_0Row {
     for (size_t v = 0; v < kQBlock / kLanes; ++v) q[v] = hn::LoadU(d8, block.qs + v * kLanes);
   }
 };
+// The 32 nibbles of a Q4_0-style qs[16] (byte j: column j low, column j + 16 high) as int8
+// lanes 0..15 into q[0 .. 32 / Lanes(d8)).
+template <class D8>
+HWY_INLINE void DecodeNibbles(D8 d8, const uint8_t* HWY_RESTRICT qs, hn::Vec<D8>* q) {
+  constexpr size_t kLanes = hn::MaxLanes(D8());
+  const hn::RebindToUnsigned<D8> du8;
+  const auto mask = hn::Set(du8, 0xF);
+  if constexpr (kLanes <= 16) {
+    for (size_t v = 0; v < 16 / kLanes; ++v) {
+      const auto bytes = hn::LoadU(du8, qs + v * kLanes);
+      q[v] = hn::BitCast(d8, hn::And(bytes, mask));
+      q[v + 16 / kLanes] = hn::BitCast(d8, hn::ShiftRight<4>(bytes));
+    }
+  } else {
+#if HWY_TARGET != HWY_SCALAR  // (no Combine there; this branch needs 32 lanes anyway)
+    // One vector holds the block: low nibbles -> lower half, high nibbles -> upper half.
+    const hn::Half<decltype(du8)> dh;
+    const auto bytes = hn::LoadU(dh, qs);
+    const auto high = hn::BitCast(
+        dh, hn::ShiftRight<4>(hn::BitCast(hn::RepartitionToWide<decltype(dh)>(), bytes)));
+    q[0] = hn::BitCast(d8, hn::And(hn::Combine(du8, high, bytes), mask));
+#endif
+  }
+}
+
+// Q5_0 / Q5_1: ORs 0x10 into column j where bit j of qh (32 bits, little endian) is set.
+// A mask load per vector (AVX-512: one kmov; AVX2/SSE4: broadcast, shuffle, compare).
+template <class D8>
+HWY_INLINE void AddFifthBits(D8 d8, const uint8_t* HWY_RESTRICT qh, hn::Vec<D8>* q) {
+  constexpr size_t kLanes = hn::MaxLanes(D8());
+  const hn::RebindToUnsigned<D8> du8;
+  const auto bit4 = hn::Set(du8, 0x10);
+  for (size_t v = 0; v < kQBlock / kLanes; ++v) {
+    hn::Vec<decltype(du8)> high;
+    if constexpr (kLanes % 8 == 0) {
+      high = hn::IfThenElseZero(hn::LoadMaskBits(du8, qh + v * kLanes / 8), bit4);
+    } else {  // fewer than 8 lanes (HWY_SCALAR): lane by lane
+      uint8_t bytes[kLanes];
+      for (size_t l = 0; l < kLanes; ++l) {
+        const size_t j = v * kLanes + l;
+        bytes[l] = static_cast<uint8_t>(((qh[j / 8] >> (j % 8)) & 1) << 4);
+      }
+      high = hn::LoadU(du8, bytes);
+    }
+    q[v] = hn::BitCast(d8, hn::Or(hn::BitCast(du8, q[v]), high));
+  }
+}
+
+// IQ4_NL: indices 0..15 -> kIQ4NLValues, a byte shuffle within each 128-bit block.
+template <class D8>
+HWY_INLINE void LookUpIQ4NL(D8 d8, hn::Vec<D8>* q) {
+  constexpr size_t kLanes = hn::MaxLanes(D8());
+  if constexpr (kLanes >= 16) {
+    const auto table = hn::LoadDup128(d8, kIQ4NLValues);
+    for (size_t v = 0; v < kQBlock / kLanes; ++v) q[v] = hn::TableLookupBytes(table, q[v]);
+  } else {  // partial vectors (portable targets): lane by lane
+    const hn::RebindToUnsigned<D8> du8;
+    for (size_t v = 0; v < kQBlock / kLanes; ++v) {
+      uint8_t index[kLanes];
+      int8_t value[kLanes];
+      hn::StoreU(hn::BitCast(du8, q[v]), du8, index);
+      for (size_t l = 0; l < kLanes; ++l) value[l] = kIQ4NLValues[index[l]];
+      q[v] = hn::LoadU(d8, value);
+    }
+  }
+}
+
 struct Q4_0Row {
   using Block = BlockQ4_0;
   static constexpr bool kSigned = false;  // nibbles 0..15
   static constexpr int kOffset = -8;
   template <class D8>
   static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
-    constexpr size_t kLanes = hn::MaxLanes(D8());
-    const hn::RebindToUnsigned<D8> du8;
-    const auto mask = hn::Set(du8, 0xF);
-    if constexpr (kLanes <= 16) {
-      // Byte j holds columns j (low nibble) and j + 16 (high nibble).
-      for (size_t v = 0; v < 16 / kLanes; ++v) {
-        const auto bytes = hn::LoadU(du8, block.qs + v * kLanes);
-        q[v] = hn::BitCast(d8, hn::And(bytes, mask));
-        q[v + 16 / kLanes] = hn::BitCast(d8, hn::ShiftRight<4>(bytes));
-      }
-    } else {
-#if HWY_TARGET != HWY_SCALAR  // (no Combine there; this branch needs 32 lanes anyway)
-      // One vector holds the block: low nibbles -> lower half, high nibbles -> upper half.
-      const hn::Half<decltype(du8)> dh;
-      const auto bytes = hn::LoadU(dh, block.qs);
-      const auto high = hn::BitCast(
-          dh, hn::ShiftRight<4>(hn::BitCast(hn::RepartitionToWide<decltype(dh)>(), bytes)));
-      q[0] = hn::BitCast(d8, hn::And(hn::Combine(du8, high, bytes), mask));
-#endif
-    }
+    DecodeNibbles(d8, block.qs, q);
   }
 };
+// Policies with a Min(block): the weight is d * (value + kOffset) + Min(block).
+struct Q4_1Row {
+  using Block = BlockQ4_1;
+  static constexpr bool kSigned = false;  // nibbles 0..15
+  static constexpr int kOffset = 0;
+  template <class D8>
+  static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
+    DecodeNibbles(d8, block.qs, q);
+  }
+  static HWY_INLINE float Min(const Block& block) { return F16ToF32(&block.m); }
+};
+struct Q5_0Row {
+  using Block = BlockQ5_0;
+  static constexpr bool kSigned = false;  // 0..31
+  static constexpr int kOffset = -16;
+  template <class D8>
+  static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
+    DecodeNibbles(d8, block.qs, q);
+    AddFifthBits(d8, block.qh, q);
+  }
+};
+struct Q5_1Row {
+  using Block = BlockQ5_1;
+  static constexpr bool kSigned = false;  // 0..31
+  static constexpr int kOffset = 0;
+  template <class D8>
+  static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
+    DecodeNibbles(d8, block.qs, q);
+    AddFifthBits(d8, block.qh, q);
+  }
+  static HWY_INLINE float Min(const Block& block) { return F16ToF32(&block.m); }
+};
+struct IQ4_NLRow {
+  using Block = BlockIQ4_NL;
+  static constexpr bool kSigned = true;  // table values -127..113
+  static constexpr int kOffset = 0;
+  template <class D8>
+  static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
+    DecodeNibbles(d8, block.qs, q);
+    LookUpIQ4NL(d8, q);
+  }
+};
+
+// Whether the weight type has a per-block minimum (Row::Min).
+template <class Row>
+inline constexpr bool kRowHasMin = requires(const typename Row::Block& block) {
+  Row::Min(block);
+};
+
+// Per activation block d_x * sum_j q_x[j] (ggml's Q8_1 s, kept in f32): what a weight block's
+// minimum m_w multiplies. num_blocks values from q [num_blocks * 32] and d [num_blocks].
+HWY_INLINE void BlockSumsQ8_0(const int8_t* HWY_RESTRICT q, const float* HWY_RESTRICT d,
+                              int64_t num_blocks, float* HWY_RESTRICT sums) {
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kQBlock; ++j) sum += q[b * kQBlock + j];
+    sums[b] = d[b] * static_cast<float>(sum);
+  }
+}
 
 // ----------------------------------------------------------------------------- tiles
 
@@ -328,8 +436,9 @@ struct FloatKernel {
 
 // Quantized weights against Q8_0 activations. Per 32-column block and weight row: one block
 // decode (shared by the kX activation rows); per activation row BlockDot::kVecs int8 dot
-// products into int32 lanes (Q4_0: minus 8 * x per lane, computed once per activation block),
-// one int->float conversion and one FMA with d_w * d_x.
+// products into int32 lanes (Q4_0 / Q5_0: plus kOffset * x per lane, computed once per
+// activation block), one int->float conversion and one FMA with d_w * d_x; with a minimum
+// (Q4_1 / Q5_1) one scalar FMA m_w * x.s per block more.
 template <class Row>
 struct QuantKernel {
   using Block = typename Row::Block;
@@ -363,6 +472,8 @@ struct QuantKernel {
     for (int i = 0; i < kX; ++i) {
       for (int r = 0; r < kW; ++r) acc[i][r] = hn::Zero(df);
     }
+    constexpr bool kHasMin = kRowHasMin<Row>;
+    float min_acc[kX][kW] = {};  // sum over blocks of m_w * x.s (kHasMin)
     const bool prefetch = UseRowPrefetcher(slice, cols, row_bytes);
     RowPrefetcher prefetcher(w_rows[0], kW * sizeof(Block));
     for (int64_t b = slice.begin / kQBlock; b < slice.end / kQBlock; ++b) {
@@ -396,11 +507,16 @@ struct QuantKernel {
             sum = Dot::template Dot<Row::kSigned>(wq[v], xv[i][v], sum);
           acc[i][r] = hn::MulAdd(hn::ConvertTo(df, sum), hn::Set(df, d_w * xd[i][b]), acc[i][r]);
         }
+        if constexpr (kHasMin) {
+          const float m_w = Row::Min(block);
+          for (int i = 0; i < kX; ++i) min_acc[i][r] += m_w * x.s[(x0 + i) * num_blocks + b];
+        }
       }
     }
     for (int i = 0; i < kX; ++i) {
       for (int r = 0; r < kW; ++r) {
-        StoreOutput(&y[(x0 + i) * rows + r0 + r], ReduceSum(df, acc[i][r]), slice.accumulate);
+        StoreOutput(&y[(x0 + i) * rows + r0 + r], ReduceSum(df, acc[i][r]) + min_acc[i][r],
+                    slice.accumulate);
       }
     }
   }
@@ -521,16 +637,22 @@ void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, T
   Run(kernel, num_x, pool);
 }
 
-// x is quantized to Q8_0 first (as ggml does): num_x * cols * 1.125 bytes of scratch,
-// ~20 ns per 32 values, parallel over x rows when there are many.
+// x is quantized to Q8_0 first (as ggml does): num_x * cols * 1.125 bytes of scratch (+ 4 bytes
+// per block of sums for weights with a minimum), ~20 ns per 32 values, parallel over x rows
+// when there are many.
 template <class Row>
 void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
   const int64_t num_blocks = w.cols / kQBlock;
   std::vector<int8_t> q(static_cast<size_t>(num_x * w.cols));
   std::vector<float> d(static_cast<size_t>(num_x * num_blocks));
+  std::vector<float> sums(kRowHasMin<Row> ? static_cast<size_t>(num_x * num_blocks) : 0);
   const auto quantize_rows = [&](int64_t begin, int64_t end) HWY_ATTR {
     for (int64_t i = begin; i < end; ++i) {
       QuantizeRowQ8_0(x + i * w.cols, num_blocks, q.data() + i * w.cols, d.data() + i * num_blocks);
+      if constexpr (kRowHasMin<Row>) {
+        BlockSumsQ8_0(q.data() + i * w.cols, d.data() + i * num_blocks, num_blocks,
+                      sums.data() + i * num_blocks);
+      }
     }
   };
   if (num_x > 1 && pool.num_threads() > 1 && num_x * w.cols >= kMinParallelQuantize) {
@@ -566,7 +688,7 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
                                 row_bytes(w.dtype, w.cols),
                                 w.rows,
                                 w.cols,
-                                QuantizedActivations{q.data(), d.data()},
+                                QuantizedActivations{q.data(), d.data(), sums.data()},
                                 y};
   Run(kernel, num_x, pool);
 }

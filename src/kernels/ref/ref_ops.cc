@@ -9,6 +9,7 @@
 #include "kernels/blocks.h"
 #include "kernels/ops.h"
 #include "kernels/quant_super_blocks.h"
+#include "kernels/ref/ref_small_blocks.h"
 
 namespace sieve::kernels::ref {
 
@@ -53,6 +54,7 @@ void matmul_quantized(const MatrixView& w, const float* x, int64_t num_x, float*
 
 void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y) {
   if (block_elems(w.dtype) == kQKBlock) return matmul_super_block(w, x, num_x, y);
+  if (is_small_block(w.dtype)) return matmul_small_block(w, x, num_x, y);
   if (w.dtype == DType::kQ8_0 || w.dtype == DType::kQ4_0) {
     matmul_quantized(w, x, num_x, y);
     return;
