@@ -3,6 +3,7 @@
 // llama2.c checkpoint header. Everything the forward pass needs to know about the model's
 // geometry lives here; weights live in Weights.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,17 +17,26 @@ namespace sieve::model {
 
 using kernels::RopeOrdering;  // kNormal: pairs (2i, 2i+1), llama.cpp "normal"; kNeox: (i, i + n/2)
 
+// `<arch>.rope.scaling.type`; Llama 3.1's scaling is no type but a rope_freqs tensor.
+enum class RopeScaling : uint8_t { kNone, kLinear, kYarn };
+
 struct RopeConfig {
   RopeOrdering ordering = RopeOrdering::kNormal;
   int64_t num_dims = 0;     // rotated dimensions per head (<= head_dim)
   float freq_base = 10000.0f;
-  float freq_scale = 1.0f;  // linear scaling: position multiplied by this (1 / scaling.factor)
+  RopeScaling scaling = RopeScaling::kNone;
+  float freq_scale = 1.0f;  // linear and YaRN: 1 / rope.scaling.factor
   // Per-pair frequency divisors (Llama 3 "rope_freqs" tensor); empty = all 1.
   std::vector<float> freq_factors;
+  float attn_factor = 1.0f;  // rope.scaling.attn_factor: cos and sin multiplied by it
+  kernels::RopeYarn yarn;    // ext_factor 1 for YaRN, else 0
+
+  // What the kernel needs for a head of head_dim values (freq_factors is a view of this).
+  kernels::RopeParams params(int64_t head_dim) const;
 };
 
 struct ModelConfig {
-  std::string architecture;  // "llama"
+  std::string architecture;  // general.architecture, one of supported_architectures()
   std::string name;
   int64_t dim = 0;           // embedding size
   int64_t num_layers = 0;
@@ -38,6 +48,9 @@ struct ModelConfig {
   int64_t context_length = 0;
   float rms_eps = 1e-5f;
   RopeConfig rope;
+  // Keys older than this many positions are not attended (<arch>.attention.sliding_window, for
+  // architectures that honour it: Mistral 7B v0.1 declares 4096).
+  std::optional<int64_t> sliding_window;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
@@ -48,8 +61,8 @@ struct ModelConfig {
   std::string summary() const;
 };
 
-// Reads `general.architecture` and the `<arch>.*` keys. Unknown architectures and missing
-// required keys are errors naming the key. The vocabulary size comes from the tokenizer
+// Reads `general.architecture` and the `<arch>.*` keys (see model/architecture.h). Unknown
+// architectures and missing required keys are errors naming the key. The vocabulary size comes from the tokenizer
 // tokens array (or `<arch>.vocab_size`).
 ModelConfig config_from_gguf(const gguf::File& file);
 

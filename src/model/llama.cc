@@ -33,10 +33,7 @@ void pack_q8_0_matrices(Weights& weights) {
     m.packed = buffers->back().data();  // stays valid when *buffers grows (moved, not copied)
   };
   for (LayerWeights& layer : weights.layers) {
-    for (kernels::MatrixView* m : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up,
-                                   &layer.w_down}) {
-      pack(*m);
-    }
+    for (kernels::MatrixView* m : layer.matrices()) pack(*m);
   }
   pack(weights.output);
   if (buffers->empty()) return;
@@ -50,12 +47,17 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights)
     : config_(std::move(config)), weights_(std::move(weights)) {
   config_.validate();
   if (kernels::packed_q8_0_matmul_supported()) pack_q8_0_matrices(weights_);
-  rope_.ordering = config_.rope.ordering;
-  rope_.head_dim = config_.head_dim;
-  rope_.num_dims = config_.rope.num_dims;
-  rope_.freq_base = config_.rope.freq_base;
-  rope_.freq_scale = config_.rope.freq_scale;
-  rope_.freq_factors = config_.rope.freq_factors;
+  rope_ = config_.rope.params(config_.head_dim);
+  const int64_t q_dim = config_.q_dim(), kv_dim = config_.kv_dim();
+  for (const LayerWeights& w : weights_.layers) {  // shapes the forward pass relies on
+    const bool fused_ok = !w.wqkv || w.wqkv->rows == q_dim + 2 * kv_dim;
+    const bool bias_ok = (w.bq.empty() || std::ssize(w.bq) == q_dim) && (w.bk.empty() || std::ssize(w.bk) == kv_dim) &&
+                         (w.bv.empty() || std::ssize(w.bv) == kv_dim);
+    const bool norm_ok = (w.q_norm.empty() || std::ssize(w.q_norm) == config_.head_dim) &&
+                         (w.k_norm.empty() || std::ssize(w.k_norm) == config_.head_dim);
+    const bool ffn_ok = !w.w_gate_up || w.w_gate_up->rows == 2 * config_.ffn_dim;
+    if (!fused_ok || !bias_ok || !norm_ok || !ffn_ok) fail("layer weights do not match the model's shape");
+  }
 }
 
 std::string LlamaModel::fingerprint() const {
@@ -79,7 +81,8 @@ std::string LlamaModel::fingerprint() const {
   for (const LayerWeights& w : weights_.layers) {
     mix_floats(w.attn_norm);
     mix_floats(w.ffn_norm);
-    for (const kernels::MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) mix_matrix(*m);
+    for (const std::vector<float>* v : {&w.bq, &w.bk, &w.bv, &w.q_norm, &w.k_norm}) mix_floats(*v);
+    for (const kernels::MatrixView* m : w.matrices()) mix_matrix(*m);
   }
   mix_floats(weights_.output_norm);
   mix_matrix(weights_.output);
@@ -148,6 +151,51 @@ void LlamaModel::embed(std::span<const TokenId> tokens, ForwardScratch& s) const
   }
 }
 
+void LlamaModel::project_qkv(const LayerWeights& w, int64_t n, const int32_t* positions, bool with_kv,
+                             ThreadPool& pool, ForwardScratch& s) const {
+  const ModelConfig& c = config_;
+  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
+  if (w.wqkv) {  // one pass over the fused weights; row t is [q | k | v]
+    const int64_t qkv_dim = q_dim + 2 * kv_dim;
+    s.fused.resize(static_cast<size_t>(n * qkv_dim));
+    kernels::matmul(*w.wqkv, s.norm.data(), n, s.fused.data(), pool);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* row = &s.fused[t * qkv_dim];
+      std::memcpy(&s.q[t * q_dim], row, q_dim * sizeof(float));
+      if (!with_kv) continue;
+      std::memcpy(&s.k[t * kv_dim], row + q_dim, kv_dim * sizeof(float));
+      std::memcpy(&s.v[t * kv_dim], row + q_dim + kv_dim, kv_dim * sizeof(float));
+    }
+  } else {
+    kernels::matmul(w.wq, s.norm.data(), n, s.q.data(), pool);
+    if (with_kv) {
+      kernels::matmul(w.wk, s.norm.data(), n, s.k.data(), pool);
+      kernels::matmul(w.wv, s.norm.data(), n, s.v.data(), pool);
+    }
+  }
+  // Bias, then each head's RMSNorm, then RoPE (the order of qwen2 / qwen3).
+  auto finish = [&](float* x, const std::vector<float>& bias, const std::vector<float>& head_norm, int64_t num_heads,
+                    int32_t position, std::vector<float>& head) {
+    for (size_t i = 0; i < bias.size(); ++i) x[i] += bias[i];
+    if (!head_norm.empty()) {
+      for (int64_t h = 0; h < num_heads; ++h) {
+        head.assign(x + h * head_dim, x + (h + 1) * head_dim);
+        kernels::rmsnorm(head.data(), head_norm.data(), c.rms_eps, x + h * head_dim, head_dim);
+      }
+    }
+    kernels::rope(rope_, position, x, num_heads);
+  };
+  pool.parallel_for(n, [&](int64_t begin, int64_t end) {
+    std::vector<float> head;
+    for (int64_t t = begin; t < end; ++t) {
+      finish(&s.q[t * q_dim], w.bq, w.q_norm, c.num_heads, positions[t], head);
+      if (!with_kv) continue;
+      finish(&s.k[t * kv_dim], w.bk, w.k_norm, c.num_kv_heads, positions[t], head);
+      for (size_t i = 0; i < w.bv.size(); ++i) s.v[t * kv_dim + i] += w.bv[i];
+    }
+  });
+}
+
 // After a layer's attention (s.attn): x += Wo·attn, then x += Wdown·(silu(Wgate·n) * Wup·n)
 // with n = norm(x).
 void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const {
@@ -156,9 +204,20 @@ void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool
   kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
   for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
   for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.ffn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
-  kernels::matmul(w.w_gate, s.norm.data(), n, s.gate.data(), pool);
-  kernels::matmul(w.w_up, s.norm.data(), n, s.up.data(), pool);
-  for (int64_t t = 0; t < n; ++t) kernels::silu_mul(&s.gate[t * c.ffn_dim], &s.up[t * c.ffn_dim], c.ffn_dim);
+  const int64_t ffn = c.ffn_dim;
+  if (w.w_gate_up) {  // one pass over the fused weights; row t is [gate | up]
+    s.fused.resize(static_cast<size_t>(n * 2 * ffn));
+    kernels::matmul(*w.w_gate_up, s.norm.data(), n, s.fused.data(), pool);
+    for (int64_t t = 0; t < n; ++t) {
+      float* gate = &s.fused[t * 2 * ffn];
+      kernels::silu_mul(gate, gate + ffn, ffn);
+      std::memcpy(&s.gate[t * ffn], gate, ffn * sizeof(float));
+    }
+  } else {
+    kernels::matmul(w.w_gate, s.norm.data(), n, s.gate.data(), pool);
+    kernels::matmul(w.w_up, s.norm.data(), n, s.up.data(), pool);
+    for (int64_t t = 0; t < n; ++t) kernels::silu_mul(&s.gate[t * ffn], &s.up[t * ffn], ffn);
+  }
   kernels::matmul(w.w_down, s.gate.data(), n, s.norm.data(), pool);
   for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
 }
@@ -196,14 +255,10 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     norm_all(w.attn_norm);
-    kernels::matmul(w.wq, s.norm.data(), n, s.q.data(), pool);
-    kernels::matmul(w.wk, s.norm.data(), n, s.k.data(), pool);
-    kernels::matmul(w.wv, s.norm.data(), n, s.v.data(), pool);
+    project_qkv(w, n, batch.positions.data(), /*with_kv=*/true, pool, s);
     for (const BatchSequence& seq : batch.sequences) {
       pool.parallel_for(seq.num_tokens, [&](int64_t begin, int64_t end) {
         for (int64_t t = seq.first_token + begin; t < seq.first_token + end; ++t) {
-          kernels::rope(rope_, batch.positions[t], &s.q[t * q_dim], c.num_heads);
-          kernels::rope(rope_, batch.positions[t], &s.k[t * kv_dim], c.num_kv_heads);
           if (!seq.sparse) {
             cache.write(l, seq.block_table, batch.positions[t], &s.k[t * kv_dim], &s.v[t * kv_dim]);
             continue;
@@ -390,8 +445,8 @@ void LlamaModel::observe_rows(std::span<const TokenId> window_tokens, std::span<
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
     for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.attn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
-    kernels::matmul(w.wq, s.norm.data(), n, s.q.data(), pool);
-    for (int64_t t = 0; t < n; ++t) kernels::rope(rope_, window_positions[t], &s.q[t * q_dim], c.num_heads);
+    // Only Q: the window's K/V are in the cache already.
+    project_qkv(w, n, window_positions.data(), /*with_kv=*/false, pool, s);
     attend_and_score(l);
     if (l + 1 == c.num_layers) break;  // the last layer's output feeds nothing here
     finish_layer(w, n, pool, s);

@@ -1,9 +1,14 @@
 #pragma once
-// The Llama decoder forward pass over a ragged batch.
+// The Llama-family decoder forward pass over a ragged batch (llama, mistral, qwen2, qwen3, phi3:
+// model/architecture.h; the differences are data in LayerWeights, not branches on the name).
 //
 //   tokens ─ embed ─┬─ for each layer ──────────────────────────────────────────────┐
-//                   │  h = x + Wo · attention(rope(Wq·norm(x)), rope(Wk·norm(x)), Wv·norm(x))
+//                   │  q, k, v = Wq·n, Wk·n, Wv·n (+ biases), n = norm(x)           │
+//                   │            (or one fused Wqkv·n, split)                       │
+//                   │  q, k = rope(headnorm(q)), rope(headnorm(k))  (headnorm: qwen3)│
+//                   │  h = x + Wo · attention(q, k, v)                              │
 //                   │  x = h + Wdown · (silu(Wgate·norm(h)) * Wup·norm(h))          │
+//                   │            (or one fused [Wgate; Wup]·norm(h), split)         │
 //                   └───────────────────────────────────────────────────────────────┘
 //   logits = Wout · norm(x)      (only for tokens that asked for logits)
 //
@@ -36,6 +41,7 @@ struct SliceScratch {
 
 struct ForwardScratch {
   std::vector<float> x, norm, q, k, v, attn, gate, up, rows;
+  std::vector<float> fused;  // a fused projection's output rows before they are split
   std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes, per KV head
   std::vector<int32_t> positions;
   std::vector<SliceScratch> slices;            // [kv head]
@@ -82,6 +88,12 @@ class LlamaModel {
  private:
   void check_batch(const Batch& batch, const KvCache& cache) const;
   void embed(std::span<const TokenId> tokens, ForwardScratch& s) const;  // rows of s.x
+  // s.norm ([n][dim]) -> s.q [n][q_dim] and, with_kv, s.k, s.v [n][kv_dim]: the projection (one
+  // matmul over a fused QKV matrix, split after), biases, per-head Q/K RMSNorm, RoPE at positions.
+  void project_qkv(const LayerWeights& w, int64_t n, const int32_t* positions, bool with_kv, ThreadPool& pool,
+                   ForwardScratch& s) const;
+  // After the attention (s.attn): x += Wo·attn, then the FFN on norm(x) (SwiGLU; gate and up
+  // from one fused matrix or two).
   void finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const;
   // scores (may be null): each of the layer's streams' observation scores over all rows, one
   // stream after the other (num_keys each).

@@ -1,8 +1,12 @@
 #include "model/weights.h"
 
+#include <fmt/format.h>
+
 #include <cstring>
+#include <unordered_set>
 
 #include "gguf/gguf.h"
+#include "model/architecture.h"
 #include "util/error.h"
 #include "util/mapped_file.h"
 
@@ -70,7 +74,17 @@ class GgufTensors {
   const gguf::TensorInfo& require(const std::string& name) const {
     const gguf::TensorInfo* info = file_.find_tensor(name);
     if (info == nullptr) fail("model file has no tensor '{}'", name);
+    used_.insert(name);
     return *info;
+  }
+
+  // Tensors of the file that nothing required, in file order.
+  std::vector<std::string> unused() const {
+    std::vector<std::string> names;
+    for (const gguf::TensorInfo& info : file_.tensors()) {
+      if (!used_.contains(info.name)) names.push_back(info.name);
+    }
+    return names;
   }
 
   // A [rows][cols] matrix (ggml shape [cols, rows]).
@@ -113,9 +127,32 @@ class GgufTensors {
     return text + "]";
   }
   const gguf::File& file_;
+  mutable std::unordered_set<std::string> used_;
 };
 
 }  // namespace
+
+std::vector<kernels::MatrixView*> LayerWeights::matrices() {
+  std::vector<kernels::MatrixView*> list;
+  if (wqkv) {
+    list.push_back(&*wqkv);
+  } else {
+    list.insert(list.end(), {&wq, &wk, &wv});
+  }
+  list.push_back(&wo);
+  if (w_gate_up) {
+    list.push_back(&*w_gate_up);
+  } else {
+    list.insert(list.end(), {&w_gate, &w_up});
+  }
+  list.push_back(&w_down);
+  return list;
+}
+
+std::vector<const kernels::MatrixView*> LayerWeights::matrices() const {
+  std::vector<kernels::MatrixView*> list = const_cast<LayerWeights*>(this)->matrices();
+  return {list.begin(), list.end()};
+}
 
 size_t Weights::bytes_per_token() const {
   auto bytes = [](const kernels::MatrixView& m) {
@@ -123,45 +160,85 @@ size_t Weights::bytes_per_token() const {
   };
   size_t total = bytes(output);
   for (const LayerWeights& layer : layers) {
-    total += bytes(layer.wq) + bytes(layer.wk) + bytes(layer.wv) + bytes(layer.wo) +
-             bytes(layer.w_gate) + bytes(layer.w_up) + bytes(layer.w_down);
+    for (const kernels::MatrixView* m : layer.matrices()) total += bytes(*m);
   }
   return total;
 }
 
+namespace {
+
+// The optional per-layer vector `name` ([size]) as the architecture's presence says: empty when
+// absent from the file (or from the architecture).
+std::vector<float> layer_vector(const GgufTensors& tensors, const std::string& name, int64_t size,
+                                TensorPresence presence) {
+  if (presence == TensorPresence::kAbsent) return {};
+  if (presence == TensorPresence::kOptional && tensors.find(name) == nullptr) return {};
+  return tensors.vector(name, size);
+}
+
+}  // namespace
+
 Weights weights_from_gguf(std::shared_ptr<const gguf::File> file, ModelConfig& config) {
+  namespace tn = tensor_name;
+  const Architecture& arch = find_architecture(config.architecture);
   GgufTensors tensors(*file);
-  if (const gguf::TensorInfo* freqs = tensors.find("rope_freqs.weight")) {
-    config.rope.freq_factors = tensors.vector("rope_freqs.weight", freqs->shape.empty() ? 0 : freqs->shape[0]);
+  const std::string rope_freqs(tn::kRopeFreqs);
+  if (const gguf::TensorInfo* freqs = tensors.find(rope_freqs)) {
+    config.rope.freq_factors = tensors.vector(rope_freqs, freqs->shape.empty() ? 0 : freqs->shape[0]);
   }
+  const std::string token_embd(tn::kTokenEmbd);
   if (config.vocab_size == 0) {
-    const gguf::TensorInfo& embd = tensors.require("token_embd.weight");
+    const gguf::TensorInfo& embd = tensors.require(token_embd);
     if (embd.shape.size() == 2) config.vocab_size = static_cast<int64_t>(embd.shape[1]);
   }
   config.validate();
 
+  const int64_t dim = config.dim, q_dim = config.q_dim(), kv_dim = config.kv_dim(), ffn_dim = config.ffn_dim;
   Weights weights;
-  weights.token_embd = tensors.matrix("token_embd.weight", config.vocab_size, config.dim);
+  weights.token_embd = tensors.matrix(token_embd, config.vocab_size, dim);
   weights.layers.resize(config.num_layers);
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    const std::string p = "blk." + std::to_string(i) + ".";
+    auto name = [i](std::string_view suffix) { return tn::layer(i, suffix); };
     LayerWeights& layer = weights.layers[i];
-    layer.attn_norm = tensors.vector(p + "attn_norm.weight", config.dim);
-    layer.wq = tensors.matrix(p + "attn_q.weight", config.q_dim(), config.dim);
-    layer.wk = tensors.matrix(p + "attn_k.weight", config.kv_dim(), config.dim);
-    layer.wv = tensors.matrix(p + "attn_v.weight", config.kv_dim(), config.dim);
-    layer.wo = tensors.matrix(p + "attn_output.weight", config.dim, config.q_dim());
-    layer.ffn_norm = tensors.vector(p + "ffn_norm.weight", config.dim);
-    layer.w_gate = tensors.matrix(p + "ffn_gate.weight", config.ffn_dim, config.dim);
-    layer.w_up = tensors.matrix(p + "ffn_up.weight", config.ffn_dim, config.dim);
-    layer.w_down = tensors.matrix(p + "ffn_down.weight", config.dim, config.ffn_dim);
+    layer.attn_norm = tensors.vector(name(tn::kAttnNorm), dim);
+    if (arch.qkv_layout == QkvLayout::kFused) {
+      layer.wqkv = tensors.matrix(name(tn::kAttnQkv), q_dim + 2 * kv_dim, dim);
+    } else {
+      layer.wq = tensors.matrix(name(tn::kAttnQ), q_dim, dim);
+      layer.wk = tensors.matrix(name(tn::kAttnK), kv_dim, dim);
+      layer.wv = tensors.matrix(name(tn::kAttnV), kv_dim, dim);
+    }
+    layer.bq = layer_vector(tensors, name(tn::kAttnQBias), q_dim, arch.qkv_bias);
+    layer.bk = layer_vector(tensors, name(tn::kAttnKBias), kv_dim, arch.qkv_bias);
+    layer.bv = layer_vector(tensors, name(tn::kAttnVBias), kv_dim, arch.qkv_bias);
+    layer.q_norm = layer_vector(tensors, name(tn::kAttnQNorm), config.head_dim, arch.qk_norm);
+    layer.k_norm = layer_vector(tensors, name(tn::kAttnKNorm), config.head_dim, arch.qk_norm);
+    layer.wo = tensors.matrix(name(tn::kAttnOutput), dim, q_dim);
+    layer.ffn_norm = tensors.vector(name(tn::kFfnNorm), dim);
+    if (arch.ffn_layout == FfnLayout::kFusedGateUp) {
+      layer.w_gate_up = tensors.matrix(name(tn::kFfnUp), 2 * ffn_dim, dim);
+    } else {
+      layer.w_gate = tensors.matrix(name(tn::kFfnGate), ffn_dim, dim);
+      layer.w_up = tensors.matrix(name(tn::kFfnUp), ffn_dim, dim);
+    }
+    layer.w_down = tensors.matrix(name(tn::kFfnDown), dim, ffn_dim);
   }
-  weights.output_norm = tensors.vector("output_norm.weight", config.dim);
-  if (tensors.find("output.weight") != nullptr) {
-    weights.output = tensors.matrix("output.weight", config.vocab_size, config.dim);
+  weights.output_norm = tensors.vector(std::string(tn::kOutputNorm), dim);
+  if (const std::string output(tn::kOutput); tensors.find(output) != nullptr) {
+    weights.output = tensors.matrix(output, config.vocab_size, dim);
   } else {
     weights.output = weights.token_embd;
     weights.tied_output = true;
+  }
+  // A tensor nothing reads means a variant sieve does not implement (an output bias, Phi-3
+  // long-context rope factors, ...): running without it would be silently wrong.
+  if (std::vector<std::string> unused = tensors.unused(); !unused.empty()) {
+    std::string list;
+    for (size_t k = 0; k < unused.size() && k < 8; ++k) list += (k ? ", " : "") + unused[k];
+    if (unused.size() > 8) list += fmt::format(", ... ({} in all)", unused.size());
+    fail("model file has tensors sieve's '{}' architecture does not use: {}; this variant of the architecture is "
+         "not supported",
+         config.architecture, list);
   }
   weights.storage = std::move(file);
   return weights;

@@ -3,6 +3,7 @@
 // either straight into the memory-mapped GGUF file (no copy) or into buffers this object owns
 // (llama2.c checkpoints). Norm vectors are always converted to f32.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,16 +17,27 @@ namespace sieve::model {
 std::optional<kernels::DType> to_dtype(gguf::TensorType type);
 gguf::TensorType to_tensor_type(kernels::DType dtype);
 
+// One layer. Which optional parts are present comes from the architecture (architecture.h)
+// and the file; the forward pass reads only this struct.
 struct LayerWeights {
   std::vector<float> attn_norm;  // [dim]
-  kernels::MatrixView wq;        // [q_dim][dim]
-  kernels::MatrixView wk;        // [kv_dim][dim]
-  kernels::MatrixView wv;        // [kv_dim][dim]
-  kernels::MatrixView wo;        // [dim][q_dim]
-  std::vector<float> ffn_norm;   // [dim]
-  kernels::MatrixView w_gate;    // [ffn_dim][dim]
-  kernels::MatrixView w_up;      // [ffn_dim][dim]
-  kernels::MatrixView w_down;    // [dim][ffn_dim]
+  // Attention input: wq, wk, wv, or (fused) wqkv alone, one matmul whose output rows are split.
+  kernels::MatrixView wq;                   // [q_dim][dim]
+  kernels::MatrixView wk;                   // [kv_dim][dim]
+  kernels::MatrixView wv;                   // [kv_dim][dim]
+  std::optional<kernels::MatrixView> wqkv;  // [q_dim + 2 kv_dim][dim], rows Q, K, V; wq/wk/wv unset
+  std::vector<float> bq, bk, bv;            // [q_dim], [kv_dim], [kv_dim]; empty: no bias
+  std::vector<float> q_norm, k_norm;        // [head_dim]: RMSNorm of each Q/K head before RoPE; empty: none
+  kernels::MatrixView wo;                   // [dim][q_dim]
+  std::vector<float> ffn_norm;              // [dim]
+  kernels::MatrixView w_gate;                   // [ffn_dim][dim]
+  kernels::MatrixView w_up;                     // [ffn_dim][dim]
+  std::optional<kernels::MatrixView> w_gate_up;  // [2 ffn_dim][dim], rows gate then up; w_gate/w_up unset
+  kernels::MatrixView w_down;                   // [dim][ffn_dim]
+
+  // The matrices the forward pass multiplies by (the fused ones in place of their parts).
+  std::vector<kernels::MatrixView*> matrices();
+  std::vector<const kernels::MatrixView*> matrices() const;
 };
 
 struct Weights {
@@ -43,9 +55,11 @@ struct Weights {
   std::shared_ptr<const void> storage;
 };
 
-// Views the tensors of a GGUF file. `file` must outlive the returned Weights (keep the
-// shared_ptr). Shapes are checked against config; tensors of types sieve cannot compute with
-// are rejected naming the tensor and its type. Reads rope_freqs into config.
+// Views the tensors of a GGUF file, named and shaped as config's architecture describes
+// (architecture.h). `file` must outlive the returned Weights (keep the shared_ptr). Shapes are
+// checked against config; tensors of types sieve cannot compute with are rejected naming the
+// tensor and its type, and so are tensors sieve would not use (an unsupported variant of the
+// architecture). Reads rope_freqs into config.
 Weights weights_from_gguf(std::shared_ptr<const gguf::File> file, ModelConfig& config);
 
 struct Llama2cModel {

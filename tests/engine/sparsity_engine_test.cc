@@ -108,8 +108,21 @@ std::shared_ptr<const sparsity::CalibrationProfile> profile_for(const model::Lla
   return profile;
 }
 
-TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
-  model::LoadedModel loaded = load_stories();
+// The engine's paths do not depend on the architecture: the same on llama (stories260K, trained),
+// on qwen2 (Q/K/V biases, NeoX RoPE, tied output) and on phi3 (fused QKV and gate/up), both
+// random-weight 2-layer models from golden/quant.
+struct ModelCase {
+  std::string name;
+  std::string path;  // under shared/
+  bool random_weights = false;
+};
+
+class SparseEngineOnModel : public ::testing::TestWithParam<ModelCase> {};
+
+TEST_P(SparseEngineOnModel, MixedBatchGivesEachRequestItsTokensAlone) {
+  const ModelCase& model_case = GetParam();
+  model::LoadedModel loaded = model::load_model({testing::shared_path(model_case.path), ""});
+  const int64_t num_layers = loaded.model->config().num_layers;
   const auto prompts = long_prompts(*loaded.tokenizer, 12);
   std::vector<Request> requests;
   for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
@@ -129,15 +142,25 @@ TEST(SparseEngine, MixedBatchGivesEachRequestItsTokensAlone) {
     EXPECT_EQ(batched[i].tokens.size(), 40u) << policy;
     EXPECT_EQ(batched[i].tokens, alone[0].tokens) << "request " << i << " policy " << policy;
     const Usage& u = batched[i].usage;
-    if (keeps_everything(policy)) {
-      EXPECT_EQ(u.kv_pages, u.kv_dense_pages);
+    if (keeps_everything(policy) || (policy.starts_with("layerwise:L=2,") && num_layers <= 2)) {
+      EXPECT_EQ(u.kv_pages, u.kv_dense_pages) << policy;
     } else if (policy.starts_with("quest")) {
       EXPECT_GE(u.kv_pages, u.kv_dense_pages) << "quest frees no memory";
+    } else if (policy.starts_with("fastgen") && model_case.random_weights) {
+      // Random weights attend diffusely: no cheap set of keys recovers 1 - T of the attention,
+      // so FastGen heads may all choose full.
+      EXPECT_LE(u.kv_pages, u.kv_dense_pages) << policy;
     } else {
       EXPECT_LT(u.kv_pages, u.kv_dense_pages) << policy << ": compressed requests hold fewer pages";
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Architectures, SparseEngineOnModel,
+                         ::testing::Values(ModelCase{"llama", "models/stories260K.gguf"},
+                                           ModelCase{"qwen2", "golden/quant/arch-qwen2-F16.gguf", true},
+                                           ModelCase{"phi3", "golden/quant/arch-phi3-F16.gguf", true}),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(SparseEngine, F16KvCacheRunsTheSamePolicies) {
   model::LoadedModel loaded = load_stories();
