@@ -249,7 +249,7 @@ TEST(Cli, KQuantRowsThatAreNotWholeBlocksAreRefusedAtLoad) {
   std::string bytes = read_file(model());
   set_tensor_type(bytes, "blk.0.attn_q.weight", 12);  // Q4_K
   const std::string path = write_temp("q4k_rows.gguf", bytes);
-  expect_refused_at_load(path, {"'blk.0.attn_q.weight'", "type Q4_K", "row length 64",
+  expect_refused_at_load(path, {"'blk.0.attn_q.weight'", "row length 64",
                                 "not a multiple of the Q4_K block size 256"});
   std::filesystem::remove(path);
 }
