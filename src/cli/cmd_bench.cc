@@ -1,7 +1,10 @@
 // `sieve bench`: memory bandwidth, then prompt and decode speed of each model, with decode
 // expressed as a fraction of the measured bandwidth.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
 
 #include "cli/commands.h"
 #include "eval/speed.h"
@@ -23,6 +26,19 @@ struct BenchOptions {
   bool json = false;
 };
 
+// The types of the layers' matrices, in order of first use: "Q8_0", or "Q4_K+Q6_K" for Q4_K_M.
+std::string weight_type_name(const model::LlamaModel& model) {
+  std::vector<std::string> types;
+  for (const model::LayerWeights& layer : model.weights().layers) {
+    for (const kernels::MatrixView* m : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up,
+                                         &layer.w_down}) {
+      const std::string type(kernels::to_string(m->dtype));
+      if (std::find(types.begin(), types.end(), type) == types.end()) types.push_back(type);
+    }
+  }
+  return fmt::format("{}", fmt::join(types, "+"));
+}
+
 void bench(const BenchOptions& options) {
   ThreadPool pool(options.threads);
   if (!options.json) {
@@ -39,27 +55,35 @@ void bench(const BenchOptions& options) {
   if (!options.json) {
     fmt::print("memory read bandwidth (sum over {:.2f} GiB, best of {}): {:.2f} GB/s\n\n",
                bandwidth.bytes / double(1 << 30), options.repetitions, bandwidth.best_gb_per_s);
-    fmt::print("{:<40} {:>10} {:>12} {:>12} {:>12} {:>12}\n", "model", "MB/token", "prompt tok/s",
-               "decode tok/s", "decode GB/s", "bw util");
+    fmt::print("{:<40} {:<10} {:>10} {:>12} {:>14} {:>12} {:>12} {:>8}\n", "model", "type", "MB/token",
+               "prompt tok/s", "prompt GFLOP/s", "decode tok/s", "decode GB/s", "bw util");
   }
   for (const std::string& path : options.model_paths) {
     model::LoadedModel loaded = model::load_model({path, ""});
     eval::ModelSpeed speed =
         eval::measure_model_speed(*loaded.model, pool, options.prompt_tokens, options.decode_tokens);
     const double utilisation = speed.decode_gb_per_s / bandwidth.best_gb_per_s;
+    const std::string file_type = weight_type_name(*loaded.model);
     out["models"].push_back({{"path", path},
+                             {"weight_type", file_type},
                              {"bytes_per_token", speed.bytes_per_token},
                              {"prompt_tokens", speed.prompt_tokens},
                              {"prompt_tokens_per_s", speed.prompt_tokens_per_s},
+                             {"matmul_params_per_token", speed.matmul_params_per_token},
+                             {"prompt_gflop_per_s", speed.prompt_gflop_per_s},
                              {"decode_tokens", speed.decode_tokens},
                              {"decode_tokens_per_s", speed.decode_tokens_per_s},
                              {"decode_gb_per_s", speed.decode_gb_per_s},
                              {"bandwidth_utilisation", utilisation}});
     if (!options.json) {
-      fmt::print("{:<40} {:>10.1f} {:>12.1f} {:>12.2f} {:>12.2f} {:>11.1f}%\n", path,
-                 speed.bytes_per_token / 1e6, speed.prompt_tokens_per_s, speed.decode_tokens_per_s,
-                 speed.decode_gb_per_s, 100.0 * utilisation);
+      fmt::print("{:<40} {:<10} {:>10.1f} {:>12.1f} {:>14.1f} {:>12.2f} {:>12.2f} {:>7.1f}%\n", path, file_type,
+                 speed.bytes_per_token / 1e6, speed.prompt_tokens_per_s, speed.prompt_gflop_per_s,
+                 speed.decode_tokens_per_s, speed.decode_gb_per_s, 100.0 * utilisation);
     }
+  }
+  if (!options.json) {
+    fmt::print("\nprompt GFLOP/s = 2 x (q/k/v/o/gate/up/down parameters of all layers) x prompt tokens / "
+               "prompt time; embedding lookup, output matrix and attention scores not counted\n");
   }
   if (options.json) fmt::print("{}\n", out.dump(2));
 }

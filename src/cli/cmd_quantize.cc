@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <map>
+
 #include "cli/commands.h"
 #include "eval/compare.h"
 #include "model/loader.h"
@@ -18,6 +20,7 @@ struct QuantizeOptions {
   std::string in_path;
   std::string out_path;
   std::string type;
+  bool pure = false;
   bool compare = false;
   std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily and Tom went to the park"};
   int32_t compare_tokens = 64;
@@ -25,22 +28,36 @@ struct QuantizeOptions {
   bool json = false;
 };
 
+std::string mix_names() {
+  std::string names;
+  for (const model::QuantMix& mix : model::quant_mixes()) names += (names.empty() ? "" : ", ") + std::string(mix.name);
+  return names;
+}
+
 void quantize(const QuantizeOptions& options) {
-  std::optional<kernels::DType> dtype = model::parse_dtype(options.type);
-  if (!dtype) fail("unknown type '{}' (choose f32, f16, bf16, q8_0 or q4_0)", options.type);
+  std::optional<model::QuantMix> mix = model::parse_quant_mix(options.type);
+  if (!mix) fail("unknown type '{}' (choose one of {})", options.type, mix_names());
   ThreadPool pool(options.threads);
-  model::QuantizeReport report = model::quantize_model(options.in_path, options.out_path, *dtype, pool);
+  model::QuantizeReport report = model::quantize_model(options.in_path, options.out_path, *mix, pool, options.pure);
+  std::map<std::string, int> type_counts;
+  for (const auto& tensor : report.tensors) ++type_counts[tensor.to_type];
   nlohmann::json out = {{"input", options.in_path},
                         {"output", options.out_path},
-                        {"type", kernels::to_string(*dtype)},
+                        {"type", mix->name},
+                        {"pure", options.pure},
+                        {"file_type", mix->file_type},
+                        {"tensor_types", type_counts},
                         {"bytes_in", report.bytes_in},
                         {"bytes_out", report.bytes_out}};
   for (const auto& tensor : report.tensors) {
+    out["tensors"][tensor.name] = tensor.to_type;
     if (!tensor.note.empty()) out["notes"].push_back(tensor.name + ": " + tensor.note);
   }
   if (!options.json) {
-    fmt::print("wrote {} ({}): tensor data {:.2f} MB -> {:.2f} MB\n", options.out_path,
-               kernels::to_string(*dtype), report.bytes_in / 1e6, report.bytes_out / 1e6);
+    std::string counts;
+    for (const auto& [type, count] : type_counts) counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", type, count);
+    fmt::print("wrote {} ({}{}; tensors: {}): tensor data {:.2f} MB -> {:.2f} MB\n", options.out_path, mix->name,
+               options.pure ? ", pure" : "", counts, report.bytes_in / 1e6, report.bytes_out / 1e6);
     for (const auto& tensor : report.tensors) {
       if (!tensor.note.empty()) fmt::print("  {}: {}\n", tensor.name, tensor.note);
     }
@@ -74,10 +91,18 @@ void quantize(const QuantizeOptions& options) {
 void add_quantize_command(CLI::App& app) {
   auto options = std::make_shared<QuantizeOptions>();
   CLI::App* command = app.add_subcommand(
-      "quantize", "Convert a GGUF model's weights to F32, F16, BF16, Q8_0 or Q4_0");
+      "quantize",
+      "Convert a GGUF model's weights to another type or to one of llama.cpp's mixes (Q4_K_M, Q5_K_M, ...), "
+      "choosing each tensor's type as llama-quantize does");
   command->add_option("input", options->in_path, "Input GGUF model")->required()->check(CLI::ExistingFile);
   command->add_option("output", options->out_path, "Output GGUF path")->required();
-  command->add_option("type", options->type, "Target type: f32, f16, bf16, q8_0, q4_0")->required();
+  command->add_option("type", options->type,
+                      "Target: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s/m/l, q4_k_s, q4_k_m, "
+                      "q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs (q4_k = q4_k_m, q5_k = q5_k_m)")
+      ->required();
+  command->add_flag("--pure", options->pure,
+                    "Every matrix in the target's base type (no higher-precision output/attn_v/ffn_down), as "
+                    "llama-quantize --pure");
   command->add_flag("--compare", options->compare,
                     "Afterwards, compare greedy generations and logits of the output against the input");
   command->add_option("--compare-prompt", options->prompts, "Prompt for --compare (repeatable)");

@@ -62,6 +62,16 @@ BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t bytes, int rep
   return result;
 }
 
+uint64_t layer_matmul_params(const model::Weights& weights) {
+  auto params = [](const kernels::MatrixView& m) { return static_cast<uint64_t>(m.rows) * m.cols; };
+  uint64_t total = 0;
+  for (const model::LayerWeights& layer : weights.layers) {
+    total += params(layer.wq) + params(layer.wk) + params(layer.wv) + params(layer.wo) + params(layer.w_gate) +
+             params(layer.w_up) + params(layer.w_down);
+  }
+  return total;
+}
+
 ModelSpeed measure_model_speed(const model::LlamaModel& model, ThreadPool& pool,
                                int64_t prompt_tokens, int64_t decode_tokens) {
   const int64_t vocab = model.config().vocab_size;
@@ -87,6 +97,8 @@ ModelSpeed measure_model_speed(const model::LlamaModel& model, ThreadPool& pool,
       speed.decode_tokens > 0 ? speed.decode_tokens / seconds_between(first_token_time, last_token_time) : 0.0;
   speed.bytes_per_token = model.weights().bytes_per_token();
   speed.decode_gb_per_s = speed.bytes_per_token * speed.decode_tokens_per_s / 1e9;
+  speed.matmul_params_per_token = layer_matmul_params(model.weights());
+  speed.prompt_gflop_per_s = 2.0 * speed.matmul_params_per_token * speed.prompt_tokens_per_s / 1e9;
   return speed;
 }
 

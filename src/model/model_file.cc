@@ -162,48 +162,223 @@ void write_random_model(const RandomModelSpec& spec, const std::string& out_path
   writer.write(out_path);
 }
 
-QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
-                              kernels::DType dtype, ThreadPool& pool) {
+namespace {
+
+using kernels::DType;
+
+constexpr QuantMix kQuantMixes[] = {
+    {"F32", DType::kF32, 0},       {"F16", DType::kF16, 1},       {"Q4_0", DType::kQ4_0, 2},
+    {"Q4_1", DType::kQ4_1, 3},     {"Q8_0", DType::kQ8_0, 7},     {"Q5_0", DType::kQ5_0, 8},
+    {"Q5_1", DType::kQ5_1, 9},     {"Q2_K", DType::kQ2_K, 10},    {"Q3_K_S", DType::kQ3_K, 11},
+    {"Q3_K_M", DType::kQ3_K, 12},  {"Q3_K_L", DType::kQ3_K, 13},  {"Q4_K_S", DType::kQ4_K, 14},
+    {"Q4_K_M", DType::kQ4_K, 15},  {"Q5_K_S", DType::kQ5_K, 16},  {"Q5_K_M", DType::kQ5_K, 17},
+    {"Q6_K", DType::kQ6_K, 18},    {"IQ4_NL", DType::kIQ4_NL, 25}, {"IQ4_XS", DType::kIQ4_XS, 30},
+    {"BF16", DType::kBF16, 32},
+};
+
+std::string lowercase(std::string_view text) {
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return lower;
+}
+
+// "blk.12.attn_v.weight" -> 12.
+std::optional<int64_t> layer_index(std::string_view name) {
+  if (!name.starts_with("blk.")) return std::nullopt;
+  name.remove_prefix(4);
+  int64_t index = 0;
+  size_t digits = 0;
+  while (digits < name.size() && std::isdigit(static_cast<unsigned char>(name[digits]))) {
+    index = index * 10 + (name[digits++] - '0');
+  }
+  if (digits == 0) return std::nullopt;
+  return index;
+}
+
+// llama-quantize's use_more_bits: the first and last eighth of the layers and every third
+// layer in between get more bits in the _M mixes.
+bool use_more_bits(int64_t layer, int64_t num_layers) {
+  return layer < num_layers / 8 || layer >= 7 * num_layers / 8 || (layer - num_layers / 8) % 3 == 2;
+}
+
+// The type a mix chooses for a tensor by its role, before the shape is checked.
+DType mix_rule(const QuantMix& mix, const QuantModelInfo& model, std::string_view name, uint64_t row_length) {
+  const std::string_view ftype = mix.name;
+  const DType base = mix.base;
+  const int64_t layer = layer_index(name).value_or(0);
+  const int64_t num_layers = std::max<int64_t>(model.num_layers, 1);
+  const bool is_output = name == "output.weight" || (!model.has_output && name == "token_embd.weight");
+  if (is_output) {
+    if (row_length % kernels::block_elems(base) != 0) return DType::kQ8_0;
+    return base == DType::kQ8_0 ? DType::kQ8_0 : DType::kQ6_K;
+  }
+  if (name == "token_embd.weight") return base;
+  if (name.find("attn_v.weight") != std::string_view::npos) {
+    DType type = base;
+    if (ftype == "Q2_K") {
+      type = model.num_gqa >= 4 ? DType::kQ4_K : DType::kQ3_K;
+    } else if (ftype == "Q3_K_M") {
+      type = layer < 2 ? DType::kQ5_K : DType::kQ4_K;
+    } else if (ftype == "Q3_K_L") {
+      type = DType::kQ5_K;
+    } else if ((ftype == "IQ4_NL" || ftype == "IQ4_XS") && model.num_gqa >= 4) {
+      type = DType::kQ5_K;
+    } else if ((ftype == "Q4_K_M" || ftype == "Q5_K_M") && use_more_bits(layer, num_layers)) {
+      type = DType::kQ6_K;
+    } else if (ftype == "Q4_K_S" && layer < 4) {
+      type = DType::kQ5_K;
+    }
+    // llama.cpp's 70B rule: 8 query heads share each attn_v, so it is small and worth more bits.
+    const bool llama_70b = model.architecture == "llama" && model.num_layers == 80 && model.num_gqa > 1;
+    if (llama_70b && (type == DType::kQ3_K || type == DType::kQ4_K)) type = DType::kQ5_K;
+    return type;
+  }
+  if (name.find("ffn_down") != std::string_view::npos) {
+    if (ftype == "Q2_K") return DType::kQ3_K;
+    if (ftype == "Q3_K_M") return layer < num_layers / 16 ? DType::kQ5_K : DType::kQ4_K;
+    if (ftype == "Q3_K_L") return DType::kQ5_K;
+    if (ftype == "Q4_K_M") return use_more_bits(layer, num_layers) ? DType::kQ6_K : base;
+    if ((ftype == "IQ4_NL" || ftype == "IQ4_XS") && layer < num_layers / 8) return DType::kQ5_K;
+    if (ftype == "Q5_K_M" && use_more_bits(layer, num_layers)) return DType::kQ6_K;
+    if (ftype == "Q4_K_S" && layer < num_layers / 8) return DType::kQ5_K;
+    return base;
+  }
+  if (name.find("attn_output.weight") != std::string_view::npos) {
+    if (ftype == "Q2_K") return DType::kQ3_K;
+    if (ftype == "Q3_K_M") return DType::kQ4_K;
+    if (ftype == "Q3_K_L") return DType::kQ5_K;
+    return base;
+  }
+  if (name.find("attn_qkv.weight") != std::string_view::npos) {
+    if (ftype == "Q3_K_M" || ftype == "Q3_K_L") return DType::kQ4_K;
+    if (ftype == "Q4_K_M") return DType::kQ5_K;
+    if (ftype == "Q5_K_M") return DType::kQ6_K;
+  }
+  return base;
+}
+
+// llama-quantize's replacement when a row is not a multiple of the type's block.
+std::optional<DType> shape_fallback(DType type) {
+  switch (type) {
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_XS: return DType::kIQ4_NL;
+    case DType::kQ4_K: return DType::kQ5_0;
+    case DType::kQ5_K: return DType::kQ5_1;
+    case DType::kQ6_K: return DType::kQ8_0;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::span<const QuantMix> quant_mixes() { return kQuantMixes; }
+
+std::optional<QuantMix> parse_quant_mix(std::string_view name) {
+  std::string lower = lowercase(name);
+  if (lower == "q3_k" || lower == "q4_k" || lower == "q5_k") lower += "_m";
+  for (const QuantMix& mix : kQuantMixes) {
+    if (lowercase(mix.name) == lower) return mix;
+  }
+  return std::nullopt;
+}
+
+QuantModelInfo quant_model_info(const gguf::File& file) {
+  QuantModelInfo info;
+  info.architecture = file.get_string("general.architecture").value_or("");
+  const std::string prefix = info.architecture + ".";
+  info.num_layers = file.get_i64(prefix + "block_count").value_or(0);
+  if (info.num_layers == 0) {  // no metadata: count the layers' attention value matrices
+    for (const gguf::TensorInfo& tensor : file.tensors()) {
+      if (tensor.name.find("attn_v.weight") != std::string::npos ||
+          tensor.name.find("attn_qkv.weight") != std::string::npos) {
+        ++info.num_layers;
+      }
+    }
+  }
+  const int64_t heads = file.get_i64(prefix + "attention.head_count").value_or(1);
+  const int64_t kv_heads = file.get_i64(prefix + "attention.head_count_kv").value_or(heads);
+  info.num_gqa = kv_heads > 0 ? heads / kv_heads : 1;
+  info.has_output = file.find_tensor("output.weight") != nullptr;
+  return info;
+}
+
+PlannedType plan_tensor_type(const QuantMix& mix, const QuantModelInfo& model, std::string_view name,
+                             std::span<const uint64_t> shape, bool pure) {
+  if (shape.size() != 2) return {DType::kF32, ""};  // norms, biases and rope factors stay exact
+  const uint64_t row_length = shape[0];
+  DType chosen = mix.base;
+  if (kernels::is_quantized(mix.base) && !pure) chosen = mix_rule(mix, model, name, row_length);
+  if (row_length % kernels::block_elems(chosen) == 0) return {chosen, ""};
+  DType fallback = shape_fallback(chosen).value_or(DType::kF16);
+  if (row_length % kernels::block_elems(fallback) != 0) fallback = DType::kF16;
+  return {fallback, fmt::format("row length {} is not a multiple of {} for {}: {} instead", row_length,
+                                kernels::block_elems(chosen), kernels::to_string(chosen),
+                                kernels::to_string(fallback))};
+}
+
+QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path, const QuantMix& mix,
+                              ThreadPool& pool, bool pure) {
   const gguf::File input = gguf::File::open(in_path);
+  const QuantModelInfo model = quant_model_info(input);
+
+  struct Step {
+    const gguf::TensorInfo* info;
+    DType from;
+    PlannedType to;
+  };
+  std::vector<Step> steps;
+  for (const gguf::TensorInfo& info : input.tensors()) {
+    std::optional<DType> from = to_dtype(info.type);
+    if (!from) {
+      fail("tensor '{}' has type {}, which sieve cannot convert", info.name, gguf::to_string(info.type));
+    }
+    steps.push_back({&info, *from, plan_tensor_type(mix, model, info.name, info.shape, pure)});
+  }
+  // Every conversion this file needs, tried once here on the calling thread, so that a type
+  // this build cannot (de)quantize is a clear error before any work or output.
+  for (const Step& step : steps) {
+    if (step.from == step.to.dtype) continue;
+    const int64_t n = std::max(kernels::block_elems(step.from), kernels::block_elems(step.to.dtype));
+    std::vector<float> values(n, 0.0f);
+    std::vector<uint8_t> in_bytes(kernels::row_bytes(step.from, n)), out_bytes(kernels::row_bytes(step.to.dtype, n));
+    kernels::dequantize_row(step.from, in_bytes.data(), values.data(), n);
+    kernels::quantize_row(step.to.dtype, values.data(), out_bytes.data(), n);
+  }
+
   gguf::Writer writer;
   for (const gguf::KeyValue& kv : input.metadata()) {
     if (kv.key == "general.alignment") continue;  // the writer chooses its own
     writer.copy_from(input, kv.key);
   }
-  writer.set_u32("general.file_type", file_type(dtype));
+  writer.set_u32("general.file_type", mix.file_type);
 
   QuantizeReport report;
-  for (const gguf::TensorInfo& info : input.tensors()) {
-    std::optional<kernels::DType> from = to_dtype(info.type);
-    if (!from) {
-      fail("tensor '{}' has type {}, which sieve cannot convert", info.name, gguf::to_string(info.type));
-    }
-    QuantizeReport::Tensor entry{info.name, std::string(kernels::to_string(*from)), "", ""};
-    kernels::DType to = dtype;
-    if (info.shape.size() != 2) {
-      to = kernels::DType::kF32;  // norms and other vectors stay exact
-    } else if (info.shape[0] % kernels::block_elems(dtype) != 0) {
-      to = kernels::DType::kF16;
-      entry.note = fmt::format("row length {} is not a multiple of {}: kept as F16", info.shape[0],
-                               kernels::block_elems(dtype));
-    }
-    const int64_t cols = static_cast<int64_t>(info.shape[0]);
-    const int64_t rows = static_cast<int64_t>(info.num_elements() / info.shape[0]);
+  for (const Step& step : steps) {
+    const gguf::TensorInfo& info = *step.info;
+    const DType from = step.from, to = step.to.dtype;
     std::span<const uint8_t> src = input.tensor_data(info);
-    const size_t in_row = kernels::row_bytes(*from, cols), out_row = kernels::row_bytes(to, cols);
-    std::vector<uint8_t> data(out_row * rows);
-    pool.parallel_for(rows, [&](int64_t begin, int64_t end) {
-      std::vector<float> values(cols);
-      for (int64_t r = begin; r < end; ++r) {
-        kernels::dequantize_row(*from, src.data() + r * in_row, values.data(), cols);
-        kernels::quantize_row(to, values.data(), data.data() + r * out_row, cols);
-      }
-    });
-    entry.to_type = std::string(kernels::to_string(to));
+    std::vector<uint8_t> data;
+    if (from == to) {
+      data.assign(src.begin(), src.end());  // nothing to convert: bytes kept exactly
+    } else {
+      const int64_t cols = static_cast<int64_t>(info.shape.empty() ? 1 : info.shape[0]);
+      const int64_t rows = static_cast<int64_t>(info.num_elements() / cols);
+      const size_t in_row = kernels::row_bytes(from, cols), out_row = kernels::row_bytes(to, cols);
+      data.resize(out_row * rows);
+      pool.parallel_for(rows, [&](int64_t begin, int64_t end) {
+        std::vector<float> values(cols);
+        for (int64_t r = begin; r < end; ++r) {
+          kernels::dequantize_row(from, src.data() + r * in_row, values.data(), cols);
+          kernels::quantize_row(to, values.data(), data.data() + r * out_row, cols);
+        }
+      });
+    }
     report.bytes_in += src.size();
     report.bytes_out += data.size();
     writer.add_tensor(info.name, to_tensor_type(to), info.shape, std::move(data));
-    report.tensors.push_back(std::move(entry));
+    report.tensors.push_back(
+        {info.name, std::string(kernels::to_string(from)), std::string(kernels::to_string(to)), step.to.note});
   }
   writer.write(out_path);
   return report;

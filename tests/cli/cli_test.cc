@@ -6,8 +6,10 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "shared_data.h"
@@ -160,6 +162,150 @@ TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
   Result short_text = run("calibrate -m " + model() + " -f " + model() + " --samples 100000 -o " + path, true);
   EXPECT_NE(short_text.exit_code, 0);
   std::filesystem::remove(path);
+}
+
+// sieve bench: prefill GFLOP/s counts 2 x the layers' matmul parameters per prompt token.
+TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
+  Result r = run("bench -m " + model() + " --bandwidth-mib 16 --reps 1 --prompt-tokens 32 --decode-tokens 4 -t 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json out = nlohmann::json::parse(r.out);
+  ASSERT_EQ(out["models"].size(), 1u);
+  const nlohmann::json& m = out["models"][0];
+  EXPECT_EQ(m["weight_type"], "F32");
+  // stories260K: 5 layers of dim 64, 8 heads / 4 KV heads of 8 (kv_dim 32), ffn 172:
+  // q 64*64 + k 32*64 + v 32*64 + o 64*64 + gate, up, down 172*64 each = 45312 per layer.
+  EXPECT_EQ(m["matmul_params_per_token"], 5 * 45312);
+  EXPECT_EQ(m["prompt_tokens"], 32);
+  const double expected_gflops = 2.0 * 5 * 45312 * m["prompt_tokens_per_s"].get<double>() / 1e9;
+  EXPECT_NEAR(m["prompt_gflop_per_s"].get<double>(), expected_gflops, 1e-9 * expected_gflops + 1e-12);
+  EXPECT_GT(m["prompt_gflop_per_s"].get<double>(), 0.0);
+  EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0.0);
+}
+
+// --- files sieve must refuse at load ---------------------------------------------------------
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+std::string write_temp(const std::string& name, const std::string& bytes) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("sieve_cli_" + name)).string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// GGUF tensor info: u64 name length, name, u32 dimension count, u64 dims..., u32 ggml type.
+void set_tensor_type(std::string& gguf, const std::string& name, uint32_t ggml_type) {
+  std::string record(8, '\0');
+  const uint64_t length = name.size();
+  std::memcpy(record.data(), &length, 8);
+  record += name;
+  const size_t at = gguf.find(record);
+  ASSERT_NE(at, std::string::npos) << name;
+  uint32_t num_dims = 0;
+  std::memcpy(&num_dims, gguf.data() + at + record.size(), 4);
+  std::memcpy(gguf.data() + at + record.size() + 4 + 8 * num_dims, &ggml_type, 4);
+}
+
+// Overwrites the value of general.architecture (u32 type 8, u64 length, bytes) in place.
+void set_architecture(std::string& gguf, const std::string& arch) {
+  const std::string key = "general.architecture";
+  const size_t at = gguf.find(key);
+  ASSERT_NE(at, std::string::npos);
+  uint64_t length = 0;
+  std::memcpy(&length, gguf.data() + at + key.size() + 4, 8);
+  ASSERT_EQ(length, arch.size()) << "same length keeps every later offset";
+  gguf.replace(at + key.size() + 12, arch.size(), arch);
+}
+
+// Both `run` and `serve` stop at load with the message, exit code 1, before any request.
+void expect_refused_at_load(const std::string& path, const std::vector<std::string>& wanted) {
+  for (const std::string& command : {"run -m " + path + " -p hi -n 1", "serve -m " + path + " --port 0 -t 2"}) {
+    SCOPED_TRACE(command);
+    Result r = run(command, /*merge_stderr=*/true);
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("error:"), std::string::npos) << r.out;
+    for (const std::string& part : wanted) EXPECT_NE(r.out.find(part), std::string::npos) << part << " in " << r.out;
+  }
+}
+
+// A real llama.cpp file whose layer matrices are TQ2_0 (ternary), a type sieve does not run.
+TEST(Cli, UnsupportedTensorTypeIsRefusedAtLoad) {
+  expect_refused_at_load(testing::shared_path("golden/quant/base-TQ2_0.gguf"),
+                         {"'blk.0.attn_q.weight'", "type TQ2_0", "supported: F32, F16, BF16, Q8_0, Q4_0", "Q4_K",
+                          "Q6_K", "IQ4_XS", "sieve quantize"});
+  // IQ2_XXS (ggml type 16) in place of one F16 matrix: its 256x256 values take fewer bytes,
+  // so the file stays valid GGUF.
+  std::string bytes = read_file(testing::shared_path("golden/quant/base-F16.gguf"));
+  set_tensor_type(bytes, "blk.1.ffn_up.weight", 16);
+  const std::string path = write_temp("iq2_xxs.gguf", bytes);
+  expect_refused_at_load(path, {"'blk.1.ffn_up.weight'", "type IQ2_XXS", "supported:"});
+  std::filesystem::remove(path);
+}
+
+// A K-quant matrix needs rows of whole 256-value super-blocks; stories260K's rows are 64 long.
+TEST(Cli, KQuantRowsThatAreNotWholeBlocksAreRefusedAtLoad) {
+  std::string bytes = read_file(model());
+  set_tensor_type(bytes, "blk.0.attn_q.weight", 12);  // Q4_K
+  const std::string path = write_temp("q4k_rows.gguf", bytes);
+  expect_refused_at_load(path, {"'blk.0.attn_q.weight'", "row length 64",
+                                "not a multiple of the Q4_K block size 256"});
+  std::filesystem::remove(path);
+}
+
+TEST(Cli, UnknownArchitectureIsRefusedAtLoad) {
+  std::string bytes = read_file(testing::shared_path("golden/quant/base-F16.gguf"));
+  set_architecture(bytes, "gpt-x");
+  const std::string path = write_temp("arch.gguf", bytes);
+  expect_refused_at_load(path, {"architecture", "'gpt-x'"});
+  std::filesystem::remove(path);
+}
+
+// --- sieve quantize --------------------------------------------------------------------------
+
+TEST(Cli, QuantizeRefusesUnknownTypesListingTheChoices) {
+  Result r = run("quantize " + model() + " /tmp/sieve_cli_never.gguf q4_k_x", true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("unknown type 'q4_k_x'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Q4_K_M"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists("/tmp/sieve_cli_never.gguf"));
+}
+
+// Works with this build's quantizers: Q8_0 keeps every matrix Q8_0 (output included).
+TEST(Cli, QuantizeQ8_0ComparesAgainstTheInput) {
+  const std::string out = (std::filesystem::temp_directory_path() / "sieve_cli_q8_0.gguf").string();
+  Result r = run("quantize " + model() + " " + out + " q8_0 --compare --compare-tokens 16 -t 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json report = nlohmann::json::parse(r.out);
+  EXPECT_EQ(report["type"], "Q8_0");
+  EXPECT_EQ(report["file_type"], 7);
+  EXPECT_EQ(report["tensors"]["output.weight"], "Q8_0");
+  EXPECT_EQ(report["tensors"]["blk.0.attn_norm.weight"], "F32");
+  EXPECT_EQ(report["comparison"]["tokens_per_prompt"], 16);
+  EXPECT_GT(report["comparison"]["top1_agreement"].get<double>(), 0.8);
+  EXPECT_LT(report["comparison"]["max_abs_logit_error"].get<double>(), 1.5);
+  std::filesystem::remove(out);
+}
+
+// The 2-layer base model to Q4_K_M, as llama-quantize chose (golden tensor_type_map), then
+// --compare. Waits for the Q4_K / Q6_K quantizers and matmuls of the kernel branches.
+TEST(Cli, QuantizeQ4KMFollowsLlamaQuantizeAndTheInput) {
+  const std::string input = testing::shared_path("golden/quant/base-F16.gguf");
+  const std::string out = (std::filesystem::temp_directory_path() / "sieve_cli_q4_k_m.gguf").string();
+  Result r = run("quantize " + input + " " + out + " Q4_K_M --compare --compare-tokens 16 -t 2 --json", true);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json report = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_EQ(report["type"], "Q4_K_M");
+  EXPECT_EQ(report["file_type"], 15);
+  std::ifstream in(testing::shared_path("golden/quant/golden.json"));
+  for (const nlohmann::json& entry : nlohmann::json::parse(in)) {
+    if (entry["file"] == "base-Q4_K_M.gguf") {
+      EXPECT_EQ(report["tensors"], entry["tensor_type_map"]);
+    }
+  }
+  EXPECT_GT(report["comparison"]["top1_agreement"].get<double>(), 0.6);
+  std::filesystem::remove(out);
 }
 
 }  // namespace

@@ -137,6 +137,96 @@ const char* const k_qwen2 =
     R"tpl(|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{%)tpl"
     R"tpl( endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")tpl";
 
+// Qwen/Qwen2.5-7B-Instruct (the other Qwen2.5 Instruct sizes ship the same text): ChatML with
+// a default system message and a tools section.
+const char* const k_qwen25 =
+    R"tpl("{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] =)tpl"
+    R"tpl(= 'system' %}\n        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'Yo)tpl"
+    R"tpl(u are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif )tpl"
+    R"tpl(%}\n    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the)tpl"
+    R"tpl( user query.\\n\\nYou are provided with function signatures within <tools></tools> XML)tpl"
+    R"tpl( tags:\\n<tools>\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {)tpl"
+    R"tpl({- tool | tojson }}\n    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function c)tpl"
+    R"tpl(all, return a json object with function name and arguments within <tool_call></tool_ca)tpl"
+    R"tpl(ll> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args)tpl"
+    R"tpl(-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0][')tpl"
+    R"tpl(role'] == 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + )tpl"
+    R"tpl('<|im_end|>\\n' }}\n    {%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, c)tpl"
+    R"tpl(reated by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n    {%- endif )tpl"
+    R"tpl(%}\n{%- endif %}\n{%- for message in messages %}\n    {%- if (message.role == \"user\")tpl"
+    R"tpl() or (message.role == \"system\" and not loop.first) or (message.role == \"assistant\")tpl"
+    R"tpl( and not message.tool_calls) %}\n        {{- '<|im_start|>' + message.role + '\\n' + m)tpl"
+    R"tpl(essage.content + '<|im_end|>' + '\\n' }}\n    {%- elif message.role == \"assistant\" %)tpl"
+    R"tpl(}\n        {{- '<|im_start|>' + message.role }}\n        {%- if message.content %}\n  )tpl"
+    R"tpl(          {{- '\\n' + message.content }}\n        {%- endif %}\n        {%- for tool_c)tpl"
+    R"tpl(all in message.tool_calls %}\n            {%- if tool_call.function is defined %}\n   )tpl"
+    R"tpl(             {%- set tool_call = tool_call.function %}\n            {%- endif %}\n    )tpl"
+    R"tpl(        {{- '\\n<tool_call>\\n{\"name\": \"' }}\n            {{- tool_call.name }}\n  )tpl"
+    R"tpl(          {{- '\", \"arguments\": ' }}\n            {{- tool_call.arguments | tojson })tpl"
+    R"tpl(}\n            {{- '}\\n</tool_call>' }}\n        {%- endfor %}\n        {{- '<|im_end)tpl"
+    R"tpl(|>\\n' }}\n    {%- elif message.role == \"tool\" %}\n        {%- if (loop.index0 == 0))tpl"
+    R"tpl( or (messages[loop.index0 - 1].role != \"tool\") %}\n            {{- '<|im_start|>user)tpl"
+    R"tpl(' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n        {{- messag)tpl"
+    R"tpl(e.content }}\n        {{- '\\n</tool_response>' }}\n        {%- if loop.last or (messa)tpl"
+    R"tpl(ges[loop.index0 + 1].role != \"tool\") %}\n            {{- '<|im_end|>\\n' }}\n       )tpl"
+    R"tpl( {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {)tpl"
+    R"tpl({- '<|im_start|>assistant\\n' }}\n{%- endif %}\n")tpl";
+
+// Qwen/Qwen3-8B (the first release of the Qwen3 dense models): Qwen2.5's tools section, no
+// default system message, <think> reasoning kept only after the last user query, and
+// enable_thinking=false opening an empty think block.
+const char* const k_qwen3 =
+    R"tpl("{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0].role == ')tpl"
+    R"tpl(system' %}\n        {{- messages[0].content + '\\n\\n' }}\n    {%- endif %}\n    {{- \)tpl"
+    R"tpl("# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nY)tpl"
+    R"tpl(ou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" )tpl"
+    R"tpl(}}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }})tpl"
+    R"tpl(\n    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json )tpl"
+    R"tpl(object with function name and arguments within <tool_call></tool_call> XML tags:\\n<to)tpl"
+    R"tpl(ol_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</)tpl"
+    R"tpl(tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0].role == 'system' %}\)tpl"
+    R"tpl(n        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n    {)tpl"
+    R"tpl(%- endif %}\n{%- endif %}\n{%- set ns = namespace(multi_step_tool=true, last_query_ind)tpl"
+    R"tpl(ex=messages|length - 1) %}\n{%- for message in messages[::-1] %}\n    {%- set index = )tpl"
+    R"tpl((messages|length - 1) - loop.index0 %}\n    {%- if ns.multi_step_tool and message.role)tpl"
+    R"tpl( == \"user\" and not(message.content.startswith('<tool_response>') and message.content)tpl"
+    R"tpl(.endswith('</tool_response>')) %}\n        {%- set ns.multi_step_tool = false %}\n    )tpl"
+    R"tpl(    {%- set ns.last_query_index = index %}\n    {%- endif %}\n{%- endfor %}\n{%- for m)tpl"
+    R"tpl(essage in messages %}\n    {%- if (message.role == \"user\") or (message.role == \"sys)tpl"
+    R"tpl(tem\" and not loop.first) %}\n        {{- '<|im_start|>' + message.role + '\\n' + mess)tpl"
+    R"tpl(age.content + '<|im_end|>' + '\\n' }}\n    {%- elif message.role == \"assistant\" %}\n)tpl"
+    R"tpl(        {%- set content = message.content %}\n        {%- set reasoning_content = '' %)tpl"
+    R"tpl(}\n        {%- if message.reasoning_content is defined and message.reasoning_content i)tpl"
+    R"tpl(s not none %}\n            {%- set reasoning_content = message.reasoning_content %}\n )tpl"
+    R"tpl(       {%- else %}\n            {%- if '</think>' in message.content %}\n             )tpl"
+    R"tpl(   {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n         )tpl"
+    R"tpl(       {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\\n').)tpl"
+    R"tpl(split('<think>')[-1].lstrip('\\n') %}\n            {%- endif %}\n        {%- endif %}\)tpl"
+    R"tpl(n        {%- if loop.index0 > ns.last_query_index %}\n            {%- if loop.last or )tpl"
+    R"tpl((not loop.last and reasoning_content) %}\n                {{- '<|im_start|>' + message)tpl"
+    R"tpl(.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + conte)tpl"
+    R"tpl(nt.lstrip('\\n') }}\n            {%- else %}\n                {{- '<|im_start|>' + mes)tpl"
+    R"tpl(sage.role + '\\n' + content }}\n            {%- endif %}\n        {%- else %}\n       )tpl"
+    R"tpl(     {{- '<|im_start|>' + message.role + '\\n' + content }}\n        {%- endif %}\n   )tpl"
+    R"tpl(     {%- if message.tool_calls %}\n            {%- for tool_call in message.tool_calls)tpl"
+    R"tpl( %}\n                {%- if (loop.first and content) or (not loop.first) %}\n         )tpl"
+    R"tpl(           {{- '\\n' }}\n                {%- endif %}\n                {%- if tool_cal)tpl"
+    R"tpl(l.function %}\n                    {%- set tool_call = tool_call.function %}\n        )tpl"
+    R"tpl(        {%- endif %}\n                {{- '<tool_call>\\n{\"name\": \"' }}\n          )tpl"
+    R"tpl(      {{- tool_call.name }}\n                {{- '\", \"arguments\": ' }}\n           )tpl"
+    R"tpl(     {%- if tool_call.arguments is string %}\n                    {{- tool_call.argume)tpl"
+    R"tpl(nts }}\n                {%- else %}\n                    {{- tool_call.arguments | toj)tpl"
+    R"tpl(son }}\n                {%- endif %}\n                {{- '}\\n</tool_call>' }}\n     )tpl"
+    R"tpl(       {%- endfor %}\n        {%- endif %}\n        {{- '<|im_end|>\\n' }}\n    {%- el)tpl"
+    R"tpl(if message.role == \"tool\" %}\n        {%- if loop.first or (messages[loop.index0 - 1)tpl"
+    R"tpl(].role != \"tool\") %}\n            {{- '<|im_start|>user' }}\n        {%- endif %}\n )tpl"
+    R"tpl(       {{- '\\n<tool_response>\\n' }}\n        {{- message.content }}\n        {{- '\\)tpl"
+    R"tpl(n</tool_response>' }}\n        {%- if loop.last or (messages[loop.index0 + 1].role != )tpl"
+    R"tpl(\"tool\") %}\n            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif )tpl"
+    R"tpl(%}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n')tpl"
+    R"tpl( }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n        {{)tpl"
+    R"tpl(- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}")tpl";
+
 // google/gemma-7b-it (google/gemma-2-9b-it has the same text)
 const char* const k_gemma =
     R"tpl("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System r)tpl"
@@ -250,6 +340,25 @@ std::vector<FamilyCase> family_cases() {
        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
        "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n Hi! <|im_end|>\n"
        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"},
+      // Qwen2.5 without tools is ChatML like Qwen2, content untrimmed.
+      {"Qwen25", k_qwen25, true, json(), "<|im_end|>", true,
+       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+       "<|im_start|>assistant\n Hi! <|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+       "<|im_start|>assistant\n"},
+      // ... and its default system message names Qwen.
+      {"Qwen25DefaultSystem", k_qwen25, false, json(), "<|im_end|>", true,
+       "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+       "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n Hi! <|im_end|>\n"
+       "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"},
+      // Qwen3: the assistant turn comes before the last user query (index 3), so it is printed
+      // as is, without a think block; no default system message.
+      {"Qwen3", k_qwen3, true, json(), "<|im_end|>", true,
+       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+       "<|im_start|>assistant\n Hi! <|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+       "<|im_start|>assistant\n"},
+      {"Qwen3NoSystem", k_qwen3, false, json(), "<|im_end|>", true,
+       "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n Hi! <|im_end|>\n"
+       "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"},
       // assistant is renamed "model"; content|trim.
       {"Gemma", k_gemma, false, "<bos>", "<eos>", true,
        "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nHi!<end_of_turn>\n"
@@ -333,6 +442,139 @@ TEST(ChatTemplate, Llama31ToolCalling) {
       "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny\"<|eot_id|>"
       "<|start_header_id|>assistant<|end_header_id|>\n\n";
   EXPECT_EQ(render(template_text(k_llama31), ctx), expected);
+}
+
+// The tool definition every tool-calling case below offers, in the order a client sends it.
+nlohmann::ordered_json weather_tool() {
+  return nlohmann::ordered_json::parse(R"([{"type": "function", "function": {
+      "name": "get_weather", "description": "Get the weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                     "required": ["city"]}}}])");
+}
+
+// Qwen2.5 and Qwen3 both print the same tools section in the system turn: the system message
+// (Qwen2.5: its default one when there is none) + "\n\n# Tools..." + one tojson line per tool
+// (compact, keys in the request's order) + the <tool_call> format instructions.
+std::string qwen_tools_system(const std::string& system_prefix) {
+  return "<|im_start|>system\n" + system_prefix +
+         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+         "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get the "
+         "weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+         "\"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\n"
+         "For each function call, return a json object with function name and arguments within "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+         "<args-json-object>}\n</tool_call><|im_end|>\n";
+}
+
+// Qwen2.5 with a tool: an assistant turn with tool_calls and empty content prints no newline
+// for the content, then "\n<tool_call>\n" + {"name": ..., "arguments": tojson} + "\n</tool_call>";
+// a tool result becomes a user turn wrapping it in <tool_response>.
+TEST(ChatTemplate, Qwen25ToolCalling) {
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(R"({"messages": [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+      {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "sunny"}
+  ], "add_generation_prompt": true})");
+  ctx["tools"] = weather_tool();
+  const std::string expected = qwen_tools_system("You are terse.\n\n") +
+                               "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+                               "<|im_start|>assistant\n<tool_call>\n"
+                               "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                               "</tool_call><|im_end|>\n"
+                               "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
+                               "<|im_start|>assistant\n";
+  EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen25)).render(ctx), expected);
+  // Without a system message the tools section follows Qwen2.5's default one.
+  ctx["messages"].erase(ctx["messages"].begin());
+  EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen25)).render(ctx),
+            qwen_tools_system("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n") +
+                expected.substr(qwen_tools_system("You are terse.\n\n").size()));
+}
+
+// Qwen3 with a tool, after the last real user query (index 0; tool results do not count): the
+// assistant turn that calls the tool keeps its reasoning (split out of content at </think>)
+// in a think block; its arguments are a string, printed as is; two consecutive tool results
+// share one user turn; the last assistant turn gets an empty think block.
+TEST(ChatTemplate, Qwen3ToolCallingWithThinking) {
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(R"({"messages": [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "<think>\nNeed the weather.\n</think>\n\n", "tool_calls": [
+      {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "content": "sunny"},
+    {"role": "tool", "content": "22 C"},
+    {"role": "assistant", "content": "It is sunny."}
+  ], "add_generation_prompt": false})");
+  ctx["tools"] = weather_tool();
+  EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen3)).render(ctx),
+            qwen_tools_system("") +
+                "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\nNeed the weather.\n</think>\n\n<tool_call>\n"
+                "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
+                "<tool_response>\n22 C\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n<think>\n\n</think>\n\nIt is sunny.<|im_end|>\n");
+}
+
+// Qwen3 with the tool call of Qwen2.5's test (a system message, arguments as an object, empty
+// content): same turns as Qwen2.5 apart from the system text.
+TEST(ChatTemplate, Qwen3ToolCallMatchesQwen25Format) {
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(R"({"messages": [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+      {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "sunny"}
+  ], "add_generation_prompt": true})");
+  ctx["tools"] = weather_tool();
+  EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen3)).render(ctx),
+            ChatTemplate::parse(template_text(k_qwen25)).render(ctx));
+}
+
+// Qwen3 reasoning in history: the think block of a turn before the last user query is dropped
+// (only the text after </think>, left-stripped of newlines, stays); the last turn keeps it,
+// newlines around the reasoning normalised to one.
+TEST(ChatTemplate, Qwen3ThinkingHistory) {
+  json ctx = context(json::parse(R"([
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"},
+    {"role": "user", "content": "And 3+3?"},
+    {"role": "assistant", "content": "<think>\n\nAdd again.\n\n</think>\n\n6"}
+  ])"),
+                     json(), "<|im_end|>", false);
+  EXPECT_EQ(render(template_text(k_qwen3), ctx),
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+            "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nAdd again.\n</think>\n\n6<|im_end|>\n");
+}
+
+// reasoning_content given separately is used instead of parsing content (and dropped here, as
+// the turn precedes the last query); enable_thinking=false makes the generation prompt an empty
+// think block, which tells the model to answer without reasoning.
+TEST(ChatTemplate, Qwen3ReasoningContentAndThinkingSwitch) {
+  json ctx = context(json::parse(R"([
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4", "reasoning_content": "Add them."},
+    {"role": "user", "content": "And 3+3?"}
+  ])"),
+                     json(), "<|im_end|>", true);
+  const std::string turns =
+      "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+      "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(render(template_text(k_qwen3), ctx), turns);
+  ctx["enable_thinking"] = true;
+  EXPECT_EQ(render(template_text(k_qwen3), ctx), turns);
+  ctx["enable_thinking"] = false;
+  EXPECT_EQ(render(template_text(k_qwen3), ctx), turns + "<think>\n\n</think>\n\n");
+  // A user turn that is only a <tool_response> does not count as the last query: the
+  // assistant turn before it then keeps its reasoning.
+  ctx["messages"][2]["content"] = "<tool_response>\n8\n</tool_response>";
+  ctx["messages"][1]["content"] = "<think>\nAdd them.\n</think>\n\n4";
+  ctx["messages"][1].erase("reasoning_content");
+  EXPECT_THAT(render(template_text(k_qwen3), ctx),
+              HasSubstr("<|im_start|>assistant\n<think>\nAdd them.\n</think>\n\n4<|im_end|>\n"));
 }
 
 // With nlohmann::ordered_json the context's key order survives into tojson, as in transformers;
