@@ -444,7 +444,7 @@ TEST(GgufReader, UnknownTensorType) {
   }
 }
 
-TEST(GgufReader, KnownButUnsupportedTensorTypesAreAccepted) {
+TEST(GgufReader, KnownTensorTypesAreAcceptedWhetherOrNotSieveComputesWithThem) {
   auto bytes = stories_bytes();
   const auto fields = locate_tensor_info(bytes, "token_embd.weight");
   patch<uint32_t>(bytes, fields.type, static_cast<uint32_t>(TensorType::kI32));  // also 4 bytes
@@ -460,8 +460,16 @@ TEST(GgufReader, KnownButUnsupportedTensorTypesAreAccepted) {
   const TensorInfo* tensor = file.find_tensor("token_embd.weight");
   EXPECT_EQ(tensor->type, TensorType::kQ4_K);
   EXPECT_EQ(tensor->num_bytes, 8u * 144);
-  EXPECT_FALSE(is_supported(tensor->type));
+  EXPECT_TRUE(is_supported(tensor->type));
   EXPECT_EQ(to_string(tensor->type), "Q4_K");
+
+  // TQ2_0 (ternary, 66 bytes per 256) is known to the reader but not computed with.
+  patch<uint32_t>(bytes, fields.type, static_cast<uint32_t>(TensorType::kTQ2_0));
+  file = File::parse(bytes);
+  tensor = file.find_tensor("token_embd.weight");
+  EXPECT_EQ(tensor->num_bytes, 8u * 66);
+  EXPECT_FALSE(is_supported(tensor->type));
+  EXPECT_EQ(to_string(tensor->type), "TQ2_0");
 }
 
 TEST(GgufReader, RowLengthMustBeMultipleOfBlock) {
@@ -668,12 +676,16 @@ TEST(GgufTypes, BlockLayouts) {
     EXPECT_EQ(block_size(layout.type), layout.block_size);
     EXPECT_EQ(type_size(layout.type), layout.type_size);
   }
-  for (TensorType type : {TensorType::kF32, TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0,
-                          TensorType::kQ4_0}) {
+  for (TensorType type :
+       {TensorType::kF32, TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
+        TensorType::kQ4_1, TensorType::kQ5_0, TensorType::kQ5_1, TensorType::kIQ4_NL, TensorType::kQ2_K,
+        TensorType::kQ3_K, TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K, TensorType::kIQ4_XS}) {
     EXPECT_TRUE(is_supported(type)) << to_string(type);
   }
-  EXPECT_FALSE(is_supported(TensorType::kQ4_1));
-  EXPECT_FALSE(is_supported(TensorType::kQ6_K));
+  for (TensorType type : {TensorType::kQ8_K, TensorType::kIQ2_XXS, TensorType::kIQ1_S, TensorType::kTQ1_0,
+                          TensorType::kTQ2_0, TensorType::kMXFP4, TensorType::kI32}) {
+    EXPECT_FALSE(is_supported(type)) << to_string(type);
+  }
   const auto unknown = static_cast<TensorType>(99);
   EXPECT_EQ(to_string(unknown), "type 99");
   EXPECT_FALSE(is_supported(unknown));
