@@ -226,7 +226,9 @@ void register_super_blocks() {
   const DType dtypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ2_K, DType::kQ3_K,
                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS};
   const auto add = [](const std::string& name, const MatmulCase& c) {
-    benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   };
   for (DType dtype : dtypes) {
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {32000, 4096}}) {
@@ -235,7 +237,8 @@ void register_super_blocks() {
     }
     // From L3 on one thread, in CPU time: the kernel's own speed, without DRAM or other load.
     const MatmulCase c{target, dtype, 4096, 4096, 1, 1};
-    benchmark::RegisterBenchmark(("SuperBlocks/Decode/" + shape_name(c) + "/threads:1").c_str(), run_matmul, c)
+    benchmark::RegisterBenchmark(("SuperBlocks/Decode/" + shape_name(c) + "/threads:1").c_str(),
+                                 run_matmul, c)
         ->Unit(benchmark::kMillisecond);
   }
   // Prefill also on one thread, timed in CPU time (less disturbed by other load on the machine).
@@ -244,9 +247,11 @@ void register_super_blocks() {
       for (bool packed : {false, true}) {
         if (packed && dtype != DType::kQ8_0) continue;
         const MatmulCase c{target, dtype, 4096, 4096, 256, num_threads, packed};
-        const std::string name = "SuperBlocks/Prefill/" + shape_name(c) + (packed ? "/packed" : "") + "/x256/threads:" +
-                                 std::to_string(num_threads);
-        auto* bench = benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)->Unit(benchmark::kMillisecond);
+        const std::string name = "SuperBlocks/Prefill/" + shape_name(c) +
+                                 (packed ? "/packed" : "") +
+                                 "/x256/threads:" + std::to_string(num_threads);
+        auto* bench = benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)
+                          ->Unit(benchmark::kMillisecond);
         if (num_threads > 1) bench->UseRealTime();
       }
     }
@@ -256,7 +261,9 @@ void register_super_blocks() {
     for (int64_t num_x : {2, 4, 8, 16, 64}) {
       const MatmulCase c{target, dtype, 4096, 4096, num_x, 1};
       benchmark::RegisterBenchmark(
-          ("SuperBlocks/Batch/" + shape_name(c) + "/x" + std::to_string(num_x) + "/threads:1").c_str(), run_matmul, c)
+          ("SuperBlocks/Batch/" + shape_name(c) + "/x" + std::to_string(num_x) + "/threads:1")
+              .c_str(),
+          run_matmul, c)
           ->Unit(benchmark::kMillisecond);
     }
   }
