@@ -280,6 +280,31 @@ TEST_P(SuperBlockMatmul, MatchesReferenceOnRandomBlocks) {
   }
 }
 
+// Activations whose Q8_K rounding is all ties (max -127 makes the scale exactly 1, the others are
+// k + 0.5): the kernels' quantizer must round half to even like ggml's nearest_int, or every
+// output moves by many times the tolerance.
+TEST_P(SuperBlockMatmul, ActivationTiesRoundHalfToEven) {
+  ThreadPool pool(2);
+  const int64_t rows = 16, cols = 512;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> level(-126, 125);
+  for (int64_t num_x : {1, 4, 9}) {
+    std::vector<float> x(num_x * cols);
+    for (int64_t k = 0; k < num_x * cols; ++k) x[k] = k % 256 == 0 ? -127.0f : level(rng) + 0.5f;
+    for (DType dtype : kSuperBlockTypes) {
+      std::vector<uint8_t> bytes = random_blocks(dtype, rows, cols, 11);
+      const MatrixView w{dtype, bytes.data(), rows, cols};
+      std::vector<float> y(num_x * rows), y_ref(num_x * rows);
+      matmul(w, x.data(), num_x, y.data(), pool);
+      ref::matmul(w, x.data(), num_x, y_ref.data());
+      const std::vector<double> mags = magnitudes(w, x.data(), num_x);
+      for (int64_t k = 0; k < num_x * rows; ++k) {
+        ASSERT_NEAR(y[k], y_ref[k], 2e-6 * mags[k]) << to_string(dtype) << " num_x=" << num_x;
+      }
+    }
+  }
+}
+
 // Quantized real values (not random bytes) through the same comparison, and the result close to
 // the float product: catches a kernel and reference that agree on a wrong decoding.
 TEST_P(SuperBlockMatmul, CloseToFloatProduct) {
