@@ -217,7 +217,8 @@ void register_all() {
 
 // The super-block types (K-quants, IQ4_XS) against Q8_0 / Q4_0 (and packed Q8_0 for prefill)
 // in the same run, on the best target with all threads:
-//   SuperBlocks/Decode/<dtype>/RxC        GB/s of weights streamed (32000x4096 exceeds the L3)
+//   SuperBlocks/Decode/<dtype>/RxC        GB/s of weights streamed (32000x4096 exceeds the L3;
+//                                         /threads:1: from L3, per CPU second)
 //   SuperBlocks/Prefill/<dtype>/RxC/x256/threads:T  GFLOP/s (T = 1: per CPU second)
 void register_super_blocks() {
   const int threads = hardware_threads();
@@ -225,13 +226,20 @@ void register_super_blocks() {
   const DType dtypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ2_K, DType::kQ3_K,
                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS};
   const auto add = [](const std::string& name, const MatmulCase& c) {
-    benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   };
   for (DType dtype : dtypes) {
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {32000, 4096}}) {
       const MatmulCase c{target, dtype, rows, cols, 1, threads};
       add("SuperBlocks/Decode/" + shape_name(c), c);
     }
+    // From L3 on one thread, in CPU time: the kernel's own speed, without DRAM or other load.
+    const MatmulCase c{target, dtype, 4096, 4096, 1, 1};
+    benchmark::RegisterBenchmark(("SuperBlocks/Decode/" + shape_name(c) + "/threads:1").c_str(),
+                                 run_matmul, c)
+        ->Unit(benchmark::kMillisecond);
   }
   // Prefill also on one thread, timed in CPU time (less disturbed by other load on the machine).
   for (int num_threads : {threads, 1}) {
@@ -239,11 +247,24 @@ void register_super_blocks() {
       for (bool packed : {false, true}) {
         if (packed && dtype != DType::kQ8_0) continue;
         const MatmulCase c{target, dtype, 4096, 4096, 256, num_threads, packed};
-        const std::string name = "SuperBlocks/Prefill/" + shape_name(c) + (packed ? "/packed" : "") + "/x256/threads:" +
-                                 std::to_string(num_threads);
-        auto* bench = benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)->Unit(benchmark::kMillisecond);
+        const std::string name = "SuperBlocks/Prefill/" + shape_name(c) +
+                                 (packed ? "/packed" : "") +
+                                 "/x256/threads:" + std::to_string(num_threads);
+        auto* bench = benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)
+                          ->Unit(benchmark::kMillisecond);
         if (num_threads > 1) bench->UseRealTime();
       }
+    }
+  }
+  // Small batches (batched decode), one thread: where the VNNI tiles start to pay.
+  for (DType dtype : {DType::kQ4_K, DType::kQ6_K}) {
+    for (int64_t num_x : {2, 4, 8, 16, 64}) {
+      const MatmulCase c{target, dtype, 4096, 4096, num_x, 1};
+      benchmark::RegisterBenchmark(
+          ("SuperBlocks/Batch/" + shape_name(c) + "/x" + std::to_string(num_x) + "/threads:1")
+              .c_str(),
+          run_matmul, c)
+          ->Unit(benchmark::kMillisecond);
     }
   }
 }

@@ -1,15 +1,16 @@
 // Scalar (de)quantization of the ggml super-block types (Q2_K .. Q6_K, IQ4_XS) and of Q8_K
-// activations: see quant_formats.h for the decodings. The quantizers follow ggml's reference
+// activations: see quant_super_blocks.h for the decodings. The quantizers follow ggml's reference
 // algorithms operation for operation (same float expressions in the same order, no FMA
 // contraction: this library builds with -ffp-contract=off), so that they reproduce the bytes
-// llama-quantize writes without an importance matrix.
+// llama-quantize writes without an importance matrix (tested on every tensor of the golden files).
+#include "kernels/quant_super_blocks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "kernels/blocks.h"
 #include "kernels/quant_formats.h"
-#include "kernels/quant_super_blocks.h"
 #include "util/error.h"
 
 namespace sieve::kernels::quant {
@@ -30,7 +31,8 @@ constexpr float kGroupMaxEps = 1e-15f;  // below this a group counts as all zero
 
 // 6-bit scale and min j (0..7) of a Q4_K / Q5_K block, from the 12 packed bytes:
 //   j < 4:  scale = s[j] & 63,                         min = s[j + 4] & 63
-//   j >= 4: scale = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, min = (s[j + 4] >> 4) | (s[j] >> 6) << 4
+//   j >= 4: scale = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, min = (s[j + 4] >> 4) | (s[j] >> 6) <<
+//   4
 void scale_min_k4(int j, const uint8_t* s, int* scale, int* min) {
   if (j < 4) {
     *scale = s[j] & 63;
@@ -144,8 +146,9 @@ void decode_iq4_xs(const BlockIQ4_XS& b, SuperBlockInts* out) {
 // ggml's make_qkx2_quants: asymmetric n-value group -> L[i] in [0, nmax] with
 // x ~ scale * L - min, searching nstep + 1 candidate scales around nmax / (max - min) and
 // refitting scale and min by weighted least squares. Returns scale; *neg_min = -min >= 0.
-float fit_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L, float* neg_min,
-                    uint8_t* L_try, float rmin, float rdelta, int nstep, bool use_mad) {
+float fit_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L,
+                    float* neg_min, uint8_t* L_try, float rmin, float rdelta, int nstep,
+                    bool use_mad) {
   float min = x[0];
   float max = x[0];
   float sum_w = weights[0];
@@ -341,7 +344,8 @@ void pack_scales_k4(const uint8_t* ls, const uint8_t* lm, uint8_t* s) {
 // scales and mins quantized to 6 bits against d = max_scale / 63, dmin = max_min / 63, then
 // every value requantized with the rounded scales. Writes d, dmin, scales; L gets the levels.
 template <class Block>
-void quantize_k4_scales_and_levels(const float* x, int nmax, float rmin, int nstep, Block* y, uint8_t* L) {
+void quantize_k4_scales_and_levels(const float* x, int nmax, float rmin, int nstep, Block* y,
+                                   uint8_t* L) {
   uint8_t L_try[32];
   float weights[32];
   float mins[8];
@@ -353,7 +357,8 @@ void quantize_k4_scales_and_levels(const float* x, int nmax, float rmin, int nst
     for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
     const float av_x = std::sqrt(sum_x2 / 32);
     for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-    scales[j] = fit_scale_min(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], L_try, rmin, 0.1f, nstep, false);
+    scales[j] = fit_scale_min(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], L_try, rmin,
+                              0.1f, nstep, false);
     if (scales[j] > max_scale) max_scale = scales[j];
     if (mins[j] > max_min) max_min = mins[j];
   }
@@ -385,7 +390,8 @@ void quantize_q4_k(const float* x, BlockQ4_K* y) {
   uint8_t L[kQKBlock];
   quantize_k4_scales_and_levels(x, 15, -1.f, 20, y, L);
   for (int c = 0; c < 4; ++c) {
-    for (int l = 0; l < 32; ++l) y->qs[32 * c + l] = static_cast<uint8_t>(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+    for (int l = 0; l < 32; ++l)
+      y->qs[32 * c + l] = static_cast<uint8_t>(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
   }
 }
 
@@ -420,7 +426,8 @@ void quantize_q6_k(const float* x, BlockQ6_K* y) {
   }
   const float iscale = -128.f / max_scale;
   y->d = f32_to_f16(1 / iscale);
-  for (int s = 0; s < 16; ++s) y->scales[s] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[s])));
+  for (int s = 0; s < 16; ++s)
+    y->scales[s] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[s])));
   for (int s = 0; s < 16; ++s) {
     const float d = f16_to_f32(y->d) * y->scales[s];
     if (!d) continue;
@@ -433,9 +440,11 @@ void quantize_q6_k(const float* x, BlockQ6_K* y) {
     const int8_t* Lh = L + 128 * half;
     for (int l = 0; l < 32; ++l) {
       y->ql[64 * half + l] = static_cast<uint8_t>((Lh[l] & 0xF) | ((Lh[64 + l] & 0xF) << 4));
-      y->ql[64 * half + 32 + l] = static_cast<uint8_t>((Lh[32 + l] & 0xF) | ((Lh[96 + l] & 0xF) << 4));
-      y->qh[32 * half + l] = static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[32 + l] >> 4) << 2) |
-                                                  ((Lh[64 + l] >> 4) << 4) | ((Lh[96 + l] >> 4) << 6));
+      y->ql[64 * half + 32 + l] =
+          static_cast<uint8_t>((Lh[32 + l] & 0xF) | ((Lh[96 + l] & 0xF) << 4));
+      y->qh[32 * half + l] =
+          static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[32 + l] >> 4) << 2) | ((Lh[64 + l] >> 4) << 4) |
+                               ((Lh[96 + l] >> 4) << 6));
     }
   }
 }
@@ -446,7 +455,8 @@ void pack_2bit_levels(const uint8_t* L, uint8_t* qs) {
   for (int half = 0; half < 2; ++half) {
     for (int l = 0; l < 32; ++l) {
       const uint8_t* Lh = L + 128 * half;
-      qs[32 * half + l] = static_cast<uint8_t>(Lh[l] | (Lh[32 + l] << 2) | (Lh[64 + l] << 4) | (Lh[96 + l] << 6));
+      qs[32 * half + l] =
+          static_cast<uint8_t>(Lh[l] | (Lh[32 + l] << 2) | (Lh[64 + l] << 4) | (Lh[96 + l] << 6));
     }
   }
 }
@@ -461,13 +471,15 @@ void quantize_q2_k(const float* x, BlockQ2_K* y) {
   float max_min = 0;
   for (int s = 0; s < 16; ++s) {
     for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * s + l]);
-    scales[s] = fit_scale_min(16, 3, x + 16 * s, weights, L + 16 * s, &mins[s], L_try, -0.5f, 0.1f, 15, true);
+    scales[s] = fit_scale_min(16, 3, x + 16 * s, weights, L + 16 * s, &mins[s], L_try, -0.5f, 0.1f,
+                              15, true);
     if (scales[s] > max_scale) max_scale = scales[s];
     if (mins[s] > max_min) max_min = mins[s];
   }
   if (max_scale > 0) {
     const float iscale = 15.f / max_scale;
-    for (int s = 0; s < 16; ++s) y->scales[s] = static_cast<uint8_t>(nearest_int(iscale * scales[s]));
+    for (int s = 0; s < 16; ++s)
+      y->scales[s] = static_cast<uint8_t>(nearest_int(iscale * scales[s]));
     y->d = f32_to_f16(max_scale / 15.f);
   } else {
     for (int s = 0; s < 16; ++s) y->scales[s] = 0;
@@ -475,7 +487,8 @@ void quantize_q2_k(const float* x, BlockQ2_K* y) {
   }
   if (max_min > 0) {
     const float iscale = 15.f / max_min;
-    for (int s = 0; s < 16; ++s) y->scales[s] |= static_cast<uint8_t>(nearest_int(iscale * mins[s]) << 4);
+    for (int s = 0; s < 16; ++s)
+      y->scales[s] |= static_cast<uint8_t>(nearest_int(iscale * mins[s]) << 4);
     y->dmin = f32_to_f16(max_min / 15.f);
   } else {
     y->dmin = f32_to_f16(0.f);
@@ -627,7 +640,8 @@ void quantize_iq4_xs(const float* x, BlockIQ4_XS* y) {
     l = std::max(-32, std::min(31, l));
     const float dl = d * l;
     const float idl = dl ? 1 / dl : 0.f;
-    for (int j = 0; j < 32; ++j) L[32 * ib + j] = static_cast<uint8_t>(nearest_code(values, 16, idl * x[32 * ib + j]));
+    for (int j = 0; j < 32; ++j)
+      L[32 * ib + j] = static_cast<uint8_t>(nearest_code(values, 16, idl * x[32 * ib + j]));
     l += 32;
     if (ib % 2 == 0) {
       y->scales_l[ib / 2] = static_cast<uint8_t>(l & 0xF);
@@ -637,7 +651,8 @@ void quantize_iq4_xs(const float* x, BlockIQ4_XS* y) {
     y->scales_h = static_cast<uint16_t>(y->scales_h | ((l >> 4) << (2 * ib)));
   }
   for (int ib = 0; ib < 8; ++ib) {
-    for (int j = 0; j < 16; ++j) y->qs[16 * ib + j] = static_cast<uint8_t>(L[32 * ib + j] | (L[32 * ib + 16 + j] << 4));
+    for (int j = 0; j < 16; ++j)
+      y->qs[16 * ib + j] = static_cast<uint8_t>(L[32 * ib + j] | (L[32 * ib + 16 + j] << 4));
   }
 }
 
@@ -683,7 +698,8 @@ void quantize_row_q8_k(const float* x, BlockQ8_K* y, int64_t n) {
       continue;
     }
     const float iscale = -127.f / max;
-    for (int j = 0; j < kQKBlock; ++j) y[b].qs[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * x[j])));
+    for (int j = 0; j < kQKBlock; ++j)
+      y[b].qs[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * x[j])));
     for (int s = 0; s < kQKBlock / 16; ++s) {
       int sum = 0;
       for (int j = 0; j < 16; ++j) sum += y[b].qs[16 * s + j];

@@ -1,6 +1,8 @@
 // Super-block weight types (Q2_K .. Q6_K, IQ4_XS): layouts and quantizers checked against the
 // files llama-quantize wrote (shared/golden/quant), and the SIMD matmul against ref::matmul on
 // every target.
+#include "kernels/quant_super_blocks.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +18,6 @@
 #include "kernels/blocks.h"
 #include "kernels/kernels_test_util.h"
 #include "kernels/ops.h"
-#include "kernels/quant_super_blocks.h"
 #include "shared_data.h"
 #include "util/thread_pool.h"
 
@@ -28,27 +29,42 @@ constexpr DType kSuperBlockTypes[] = {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
 
 std::optional<DType> super_block_dtype(gguf::TensorType type) {
   switch (type) {
-    case gguf::TensorType::kQ2_K: return DType::kQ2_K;
-    case gguf::TensorType::kQ3_K: return DType::kQ3_K;
-    case gguf::TensorType::kQ4_K: return DType::kQ4_K;
-    case gguf::TensorType::kQ5_K: return DType::kQ5_K;
-    case gguf::TensorType::kQ6_K: return DType::kQ6_K;
-    case gguf::TensorType::kIQ4_XS: return DType::kIQ4_XS;
-    default: return std::nullopt;
+    case gguf::TensorType::kQ2_K:
+      return DType::kQ2_K;
+    case gguf::TensorType::kQ3_K:
+      return DType::kQ3_K;
+    case gguf::TensorType::kQ4_K:
+      return DType::kQ4_K;
+    case gguf::TensorType::kQ5_K:
+      return DType::kQ5_K;
+    case gguf::TensorType::kQ6_K:
+      return DType::kQ6_K;
+    case gguf::TensorType::kIQ4_XS:
+      return DType::kIQ4_XS;
+    default:
+      return std::nullopt;
   }
 }
 
 // Relative RMS error of each type on random weights, ~1.3x the worst measured on the golden
-// files (the test prints it: 0.234, 0.126, 0.055, 0.028, 0.013, 0.065). A wrong decoding (swapped nibbles, scales, halves) gives ~1 or more.
+// files (the test prints it: 0.234, 0.126, 0.055, 0.028, 0.013, 0.065). A wrong decoding (swapped
+// nibbles, scales, halves) gives ~1 or more.
 double max_relative_rms(DType dtype) {
   switch (dtype) {
-    case DType::kQ2_K: return 0.30;
-    case DType::kQ3_K: return 0.16;
-    case DType::kQ4_K: return 0.07;
-    case DType::kQ5_K: return 0.035;
-    case DType::kQ6_K: return 0.017;
-    case DType::kIQ4_XS: return 0.08;
-    default: return 0.0;
+    case DType::kQ2_K:
+      return 0.30;
+    case DType::kQ3_K:
+      return 0.16;
+    case DType::kQ4_K:
+      return 0.07;
+    case DType::kQ5_K:
+      return 0.035;
+    case DType::kQ6_K:
+      return 0.017;
+    case DType::kIQ4_XS:
+      return 0.08;
+    default:
+      return 0.0;
   }
 }
 
@@ -68,9 +84,10 @@ TEST(SuperBlockGolden, DequantizeAndRequantizeLlamaQuantizeFiles) {
   std::map<DType, int> tensors_checked;
   std::map<DType, int> tensors_requantized;
   std::map<DType, double> worst_relative_rms;
-  for (const char* name : {"Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
-                           "IQ4_XS"}) {
-    const gguf::File file = gguf::File::open(testing::shared_path(std::string("golden/quant/base-") + name + ".gguf"));
+  for (const char* name : {"Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
+                           "Q5_K_M", "Q6_K", "IQ4_XS"}) {
+    const gguf::File file =
+        gguf::File::open(testing::shared_path(std::string("golden/quant/base-") + name + ".gguf"));
     for (const gguf::TensorInfo& info : file.tensors()) {
       const std::optional<DType> dtype = super_block_dtype(info.type);
       if (!dtype) continue;
@@ -90,7 +107,8 @@ TEST(SuperBlockGolden, DequantizeAndRequantizeLlamaQuantizeFiles) {
         ref2 += static_cast<double>(reference[k]) * reference[k];
       }
       const double relative_rms = std::sqrt(err2 / ref2);
-      EXPECT_LT(relative_rms, max_relative_rms(*dtype)) << name << " " << info.name << " " << to_string(*dtype);
+      EXPECT_LT(relative_rms, max_relative_rms(*dtype))
+          << name << " " << info.name << " " << to_string(*dtype);
       // Better than the next coarser grid: a decoding that loses a bit would not be.
       EXPECT_GT(relative_rms, 0.0) << name << " " << info.name;
       ++tensors_checked[*dtype];
@@ -101,18 +119,22 @@ TEST(SuperBlockGolden, DequantizeAndRequantizeLlamaQuantizeFiles) {
       const size_t block = block_bytes(*dtype);
       int64_t differing_blocks = 0;
       for (size_t offset = 0; offset < data.size(); offset += block) {
-        if (std::memcmp(requantized.data() + offset, data.data() + offset, block) != 0) ++differing_blocks;
+        if (std::memcmp(requantized.data() + offset, data.data() + offset, block) != 0)
+          ++differing_blocks;
       }
-      EXPECT_EQ(differing_blocks, 0) << name << " " << info.name << " " << to_string(*dtype) << ": of "
-                                     << data.size() / block << " blocks";
+      EXPECT_EQ(differing_blocks, 0) << name << " " << info.name << " " << to_string(*dtype)
+                                     << ": of " << data.size() / block << " blocks";
       ++tensors_requantized[*dtype];
     }
   }
   for (DType dtype : kSuperBlockTypes) {
-    EXPECT_GT(tensors_checked[dtype], 0) << "no " << to_string(dtype) << " tensor in the golden files";
-    std::printf("%-7s %3d tensors dequantized (worst relative RMS error %.4f), %3d requantized bit-exactly\n",
-                std::string(to_string(dtype)).c_str(), tensors_checked[dtype], worst_relative_rms[dtype],
-                tensors_requantized[dtype]);
+    EXPECT_GT(tensors_checked[dtype], 0)
+        << "no " << to_string(dtype) << " tensor in the golden files";
+    std::printf(
+        "%-7s %3d tensors dequantized (worst relative RMS error %.4f), %3d requantized "
+        "bit-exactly\n",
+        std::string(to_string(dtype)).c_str(), tensors_checked[dtype], worst_relative_rms[dtype],
+        tensors_requantized[dtype]);
   }
 }
 
@@ -172,13 +194,29 @@ std::vector<uint8_t> random_blocks(DType dtype, int64_t rows, int64_t cols, uint
       std::memcpy(p + at, &h, 2);
     };
     switch (dtype) {
-      case DType::kQ2_K: set_f16(offsetof(BlockQ2_K, d)); set_f16(offsetof(BlockQ2_K, dmin)); break;
-      case DType::kQ3_K: set_f16(offsetof(BlockQ3_K, d)); break;
-      case DType::kQ4_K: set_f16(offsetof(BlockQ4_K, d)); set_f16(offsetof(BlockQ4_K, dmin)); break;
-      case DType::kQ5_K: set_f16(offsetof(BlockQ5_K, d)); set_f16(offsetof(BlockQ5_K, dmin)); break;
-      case DType::kQ6_K: set_f16(offsetof(BlockQ6_K, d)); break;
-      case DType::kIQ4_XS: set_f16(offsetof(BlockIQ4_XS, d)); break;
-      default: break;
+      case DType::kQ2_K:
+        set_f16(offsetof(BlockQ2_K, d));
+        set_f16(offsetof(BlockQ2_K, dmin));
+        break;
+      case DType::kQ3_K:
+        set_f16(offsetof(BlockQ3_K, d));
+        break;
+      case DType::kQ4_K:
+        set_f16(offsetof(BlockQ4_K, d));
+        set_f16(offsetof(BlockQ4_K, dmin));
+        break;
+      case DType::kQ5_K:
+        set_f16(offsetof(BlockQ5_K, d));
+        set_f16(offsetof(BlockQ5_K, dmin));
+        break;
+      case DType::kQ6_K:
+        set_f16(offsetof(BlockQ6_K, d));
+        break;
+      case DType::kIQ4_XS:
+        set_f16(offsetof(BlockIQ4_XS, d));
+        break;
+      default:
+        break;
     }
   }
   return bytes;
@@ -199,8 +237,9 @@ std::vector<double> magnitudes(const MatrixView& w, const float* x, int64_t num_
       for (int64_t b = 0; b < num_blocks; ++b) {
         quant::decode_super_block(w.dtype, row + b * block_bytes(w.dtype), &ints);
         for (int e = 0; e < kQKBlock; ++e) {
-          const double w_abs = std::fabs(static_cast<double>(ints.d) * ints.scales[e / 16] * ints.q[e]) +
-                               std::fabs(static_cast<double>(ints.dmin) * ints.mins[e / 16]);
+          const double w_abs =
+              std::fabs(static_cast<double>(ints.d) * ints.scales[e / 16] * ints.q[e]) +
+              std::fabs(static_cast<double>(ints.dmin) * ints.mins[e / 16]);
           sum += w_abs * std::fabs(static_cast<double>(xq[b].d) * xq[b].qs[e]);
         }
       }
@@ -241,6 +280,31 @@ TEST_P(SuperBlockMatmul, MatchesReferenceOnRandomBlocks) {
   }
 }
 
+// Activations whose Q8_K rounding is all ties (max -127 makes the scale exactly 1, the others are
+// k + 0.5): the kernels' quantizer must round half to even like ggml's nearest_int, or every
+// output moves by many times the tolerance.
+TEST_P(SuperBlockMatmul, ActivationTiesRoundHalfToEven) {
+  ThreadPool pool(2);
+  const int64_t rows = 16, cols = 512;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> level(-126, 125);
+  for (int64_t num_x : {1, 4, 9}) {
+    std::vector<float> x(num_x * cols);
+    for (int64_t k = 0; k < num_x * cols; ++k) x[k] = k % 256 == 0 ? -127.0f : level(rng) + 0.5f;
+    for (DType dtype : kSuperBlockTypes) {
+      std::vector<uint8_t> bytes = random_blocks(dtype, rows, cols, 11);
+      const MatrixView w{dtype, bytes.data(), rows, cols};
+      std::vector<float> y(num_x * rows), y_ref(num_x * rows);
+      matmul(w, x.data(), num_x, y.data(), pool);
+      ref::matmul(w, x.data(), num_x, y_ref.data());
+      const std::vector<double> mags = magnitudes(w, x.data(), num_x);
+      for (int64_t k = 0; k < num_x * rows; ++k) {
+        ASSERT_NEAR(y[k], y_ref[k], 2e-6 * mags[k]) << to_string(dtype) << " num_x=" << num_x;
+      }
+    }
+  }
+}
+
 // Quantized real values (not random bytes) through the same comparison, and the result close to
 // the float product: catches a kernel and reference that agree on a wrong decoding.
 TEST_P(SuperBlockMatmul, CloseToFloatProduct) {
@@ -259,13 +323,15 @@ TEST_P(SuperBlockMatmul, CloseToFloatProduct) {
           exact += static_cast<double>(w_row[c]) * x[i * cols + c];
           mag += std::fabs(static_cast<double>(w_row[c]) * x[i * cols + c]);
         }
-        EXPECT_NEAR(y[i * rows + r], exact, 0.01 * mag) << to_string(dtype);  // Q8_K: ~0.4% per value
+        EXPECT_NEAR(y[i * rows + r], exact, 0.01 * mag)
+            << to_string(dtype);  // Q8_K: ~0.4% per value
       }
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTargets, SuperBlockMatmul, ::testing::ValuesIn(available_targets()), target_test_name);
+INSTANTIATE_TEST_SUITE_P(AllTargets, SuperBlockMatmul, ::testing::ValuesIn(available_targets()),
+                         target_test_name);
 
 }  // namespace
 }  // namespace sieve::kernels

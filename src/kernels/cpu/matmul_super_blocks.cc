@@ -12,6 +12,10 @@
 //     pmaddubsw (u8 x s8 -> i16 pairs) then pmaddwd with the scales (-> i32, scale applied in
 //     integer), summed in 8 i32 lanes. IQ4_XS's levels are signed (its code book spans
 //     [-127, 113]): |w| and sign(x, w) as in matmul-inl.h's BlockDot.
+//   AVX-512 target on CPUs with VNNI, from kVnniMinRows activation rows: 16 weight rows x 1024
+//     columns unpacked the same way, transposed into vpdpbusd's layout and run against every
+//     activation row by the dense micro-kernel of cpu/matmul_super_blocks_vnni.cc (scales and
+//     mins in f32 per row and 16 or 32 columns there; offsets folded into the activation sums).
 //   other targets: the scalar decoding (quant::decode_super_block) and plain integer loops.
 // Ranges: u <= 63, |q_x| <= 127, so pmaddubsw pairs stay below 2^15; |scale| <= 128 and 256
 // values per block keep every i32 lane below 2^31.
@@ -30,14 +34,16 @@
 HWY_BEFORE_NAMESPACE();
 namespace sieve::kernels::HWY_NAMESPACE {
 
-// From this many activation rows on, AVX-512 VNNI CPUs run the prefill tiles (decoding the weights
-// costs about as much as ~4 activation rows of dot products).
-inline constexpr int64_t kVnniMinRows = 8;
+// From this many activation rows on, AVX-512 VNNI CPUs run the prefill tiles. Measured on Zen 4
+// (4096x4096, one core): 2 rows about even (Q4_K 72 vs 59 GFLOP/s, Q6_K 40 vs 53), 4 rows the
+// tiles 1.2x (Q4_K) to 2.3x (Q6_K) faster.
+inline constexpr int64_t kVnniMinRows = 3;
 
 // One row of activations (num_blocks * 256 values) -> Q8_K, bit-identical to
 // quant::quantize_row_q8_k: d = max / -127 for the first value of largest magnitude, q =
 // min(127, round_half_even(x * (-127 / max))), bsums per 16.
-HWY_INLINE void QuantizeRowQ8_K(const float* HWY_RESTRICT x, int64_t num_blocks, BlockQ8_K* HWY_RESTRICT out) {
+HWY_INLINE void QuantizeRowQ8_K(const float* HWY_RESTRICT x, int64_t num_blocks,
+                                BlockQ8_K* HWY_RESTRICT out) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const size_t N = hn::Lanes(df);
@@ -95,16 +101,27 @@ HWY_INLINE uint32_t Load32(const uint8_t* p) {
   return v;
 }
 
-// Spreads 16 i8 scales (one per 16 values) to the 8 pair-of-lanes vectors.
+// Spreads 16 i8 scales (one per 16 values) to the 8 pair-of-lanes vectors: scales 0-7 and 8-15
+// widened to i16 in both 128-bit halves, then one in-lane byte shuffle per vector.
 HWY_INLINE void SpreadScales16(__m128i scales_i8, __m256i* out) {
+  const __m256i first = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(scales_i8));
+  const __m256i second =
+      _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(scales_i8, 8)));
   for (int v = 0; v < 8; ++v) {
-    const __m128i pattern = _mm_set_epi64x(0x0101010101010101LL * (2 * v + 1), 0x0101010101010101LL * (2 * v));
-    out[v] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales_i8, pattern));
+    const int e = 2 * (v % 4);  // i16 element of sub-block 2v (low half) and e + 1 (high half)
+    const __m256i pattern =
+        _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(((2 * e + 3) << 8) | (2 * e + 2))),
+                         _mm_set1_epi16(static_cast<int16_t>(((2 * e + 1) << 8) | (2 * e))));
+    out[v] = _mm256_shuffle_epi8(v < 4 ? first : second, pattern);
   }
 }
-// 8 u8 scales (one per 32 values) in the low 8 bytes: vector v gets scale v in every lane.
-HWY_INLINE void SpreadScales8(__m128i scales_u8, __m256i* out) {
-  for (int v = 0; v < 8; ++v) out[v] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scales_u8, _mm_set1_epi8(static_cast<char>(v))));
+// 8 i8 scales (one per 32 values) in the low 8 bytes: vector v gets scale v in every lane.
+HWY_INLINE void SpreadScales8(__m128i scales_i8, __m256i* out) {
+  const __m256i all = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(scales_i8));
+  for (int v = 0; v < 8; ++v) {
+    out[v] = _mm256_shuffle_epi8(
+        all, _mm256_set1_epi16(static_cast<int16_t>(((2 * v + 1) << 8) | (2 * v))));
+  }
 }
 
 struct Q2_KUnpack {
@@ -141,21 +158,26 @@ struct Q3_KUnpack {
     const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.hmask));
     for (int half = 0; half < 2; ++half) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * half));
-      for (int k = 0; k < 4; ++k) {
-        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * k)), mask);
-        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << (4 * half + k)));
-        const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hmask, bit), bit), four);
-        out->u[4 * half + k] = _mm256_or_si256(low, high);
-      }
+      // Level v = 4 half + k: bits 2k of q, plus bit v of hmask moved to bit 2 (16-bit shifts:
+      // bit 2 of each byte comes from the same byte).
+      const __m256i hm = half == 0 ? _mm256_slli_epi16(hmask, 2) : _mm256_srli_epi16(hmask, 2);
+      out->u[4 * half + 0] = _mm256_or_si256(_mm256_and_si256(q, mask), _mm256_and_si256(hm, four));
+      out->u[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2), mask),
+                                             _mm256_and_si256(_mm256_srli_epi16(hm, 1), four));
+      out->u[4 * half + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask),
+                                             _mm256_and_si256(_mm256_srli_epi16(hm, 2), four));
+      out->u[4 * half + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 6), mask),
+                                             _mm256_and_si256(_mm256_srli_epi16(hm, 3), four));
     }
     // 16 6-bit scales: low nibbles in bytes 0-7 (s < 8 low, s >= 8 high nibble of byte s - 8),
     // high 2 bits in bytes 8-11 (bits 2 (s / 4) of byte 8 + s % 4).
     const uint32_t a = Load32(b.scales), c = Load32(b.scales + 4), h = Load32(b.scales + 8);
     const uint32_t low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
-    const __m128i raw = _mm_set_epi32(static_cast<int>(((c >> 4) & low4) | (((h >> 6) & low2) << 4)),
-                                      static_cast<int>(((a >> 4) & low4) | (((h >> 4) & low2) << 4)),
-                                      static_cast<int>((c & low4) | (((h >> 2) & low2) << 4)),
-                                      static_cast<int>((a & low4) | ((h & low2) << 4)));
+    const __m128i raw =
+        _mm_set_epi32(static_cast<int>(((c >> 4) & low4) | (((h >> 6) & low2) << 4)),
+                      static_cast<int>(((a >> 4) & low4) | (((h >> 4) & low2) << 4)),
+                      static_cast<int>((c & low4) | (((h >> 2) & low2) << 4)),
+                      static_cast<int>((a & low4) | ((h & low2) << 4)));
     const __m128i scales = _mm_sub_epi8(raw, _mm_set1_epi8(32));
     SpreadScales16(scales, out->scales);
     out->mins = _mm256_slli_epi16(_mm256_cvtepi8_epi16(scales), 2);
@@ -210,7 +232,8 @@ struct Q5_KUnpack {
       out->u[2 * c] = _mm256_and_si256(q, nibble);
       out->u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
     }
-    // Bit v of qh[l] -> bit 4 of level v (16-bit shifts: bit 4 of each byte comes from the same byte).
+    // Bit v of qh[l] -> bit 4 of level v (16-bit shifts: bit 4 of each byte comes from the same
+    // byte).
     out->u[0] = _mm256_or_si256(out->u[0], _mm256_and_si256(_mm256_slli_epi16(qh, 4), bit4));
     out->u[1] = _mm256_or_si256(out->u[1], _mm256_and_si256(_mm256_slli_epi16(qh, 3), bit4));
     out->u[2] = _mm256_or_si256(out->u[2], _mm256_and_si256(_mm256_slli_epi16(qh, 2), bit4));
@@ -235,12 +258,16 @@ struct Q6_KUnpack {
     const __m256i bits45 = _mm256_set1_epi8(0x30);
     for (int half = 0; half < 2; ++half) {
       const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * half));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * half + 32));
+      const __m256i l1 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * half + 32));
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * half));
       // Quarter k: low nibbles of l0, l1, high nibbles of l0, l1; high bits 2k, 2k + 1 of h.
-      out->u[4 * half + 0] = _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45));
-      out->u[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(l1, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45));
-      out->u[4 * half + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble), _mm256_and_si256(h, bits45));
+      out->u[4 * half + 0] = _mm256_or_si256(_mm256_and_si256(l0, nibble),
+                                             _mm256_and_si256(_mm256_slli_epi16(h, 4), bits45));
+      out->u[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(l1, nibble),
+                                             _mm256_and_si256(_mm256_slli_epi16(h, 2), bits45));
+      out->u[4 * half + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble),
+                                             _mm256_and_si256(h, bits45));
       out->u[4 * half + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
                                              _mm256_and_si256(_mm256_srli_epi16(h, 2), bits45));
     }
@@ -259,22 +286,24 @@ struct IQ4_XSUnpack {
   static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
     const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIQ4Values));
     const __m256i table = _mm256_broadcastsi128_si256(book);
-    const __m128i nibble = _mm_set1_epi8(0xF);
-    for (int v = 0; v < 8; ++v) {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * v));
-      const __m256i index = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, nibble)),
-                                                    _mm_and_si128(_mm_srli_epi16(q, 4), nibble), 1);
-      out->sign[v] = _mm256_shuffle_epi8(table, index);
+    const __m256i nibble = _mm256_set1_epi8(0xF);
+    for (int v = 0; v < 8; v += 2) {
+      // Sub-block v: low nibbles of bytes 0-15 then their high nibbles; v + 1: bytes 16-31.
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 16 * v));
+      const __m256i low = _mm256_and_si256(q, nibble),
+                    high = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+      out->sign[v] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(low, high, 0x20));
+      out->sign[v + 1] = _mm256_shuffle_epi8(table, _mm256_permute2x128_si256(low, high, 0x31));
       out->u[v] = _mm256_abs_epi8(out->sign[v]);
+      out->u[v + 1] = _mm256_abs_epi8(out->sign[v + 1]);
     }
     const uint32_t low = Load32(b.scales_l);
     uint8_t scales[16];
     for (int s = 0; s < 8; ++s) {
-      scales[s] = static_cast<uint8_t>((((low >> (4 * s)) & 0xF) | (((b.scales_h >> (2 * s)) & 3) << 4)) - 32);
+      scales[s] = static_cast<uint8_t>(
+          (((low >> (4 * s)) & 0xF) | (((b.scales_h >> (2 * s)) & 3) << 4)) - 32);
     }
-    const __m128i scales8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales));
-    for (int v = 0; v < 8; ++v)
-      out->scales[v] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales8, _mm_set1_epi8(static_cast<char>(v))));
+    SpreadScales8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)), out->scales);
     out->mins = _mm256_setzero_si256();
     out->d = HalfToFloat(b.d);
     out->dmin = 0.0f;
@@ -296,7 +325,8 @@ struct SuperBlockKernel {
   HWY_INLINE void Tile(int64_t r0, int64_t x0, ColumnSlice slice) const {
     const int64_t num_blocks = cols / kQKBlock;
     const Block* w_rows[kW];
-    for (int r = 0; r < kW; ++r) w_rows[r] = reinterpret_cast<const Block*>(w + static_cast<size_t>(r0 + r) * row_bytes);
+    for (int r = 0; r < kW; ++r)
+      w_rows[r] = reinterpret_cast<const Block*>(w + static_cast<size_t>(r0 + r) * row_bytes);
     const BlockQ8_K* x_rows[kX];
     for (int i = 0; i < kX; ++i) x_rows[i] = x + (x0 + i) * num_blocks;
 
@@ -308,9 +338,13 @@ struct SuperBlockKernel {
     RowPrefetcher prefetcher(w_rows[0], kW * sizeof(Block));
     for (int64_t b = slice.begin / kQKBlock; b < slice.end / kQKBlock; ++b) {
       if (prefetch) prefetcher.Before(b);
+        // Fully unrolled, so that acc stays in registers (a rolled loop indexes it in memory: a
+        // store-to-load chain per block that cost ~30% of decode).
+#pragma GCC unroll 8
       for (int r = 0; r < kW; ++r) {
         Unpacked unpacked;
         Row::Unpack(w_rows[r][b], &unpacked);
+#pragma GCC unroll 8
         for (int i = 0; i < kX; ++i) {
           const BlockQ8_K& xb = x_rows[i][b];
           __m256i sum = _mm256_setzero_si256();
@@ -322,7 +356,8 @@ struct SuperBlockKernel {
           }
           const float dx = xb.d;
           if constexpr (Row::kSigned) {
-            acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(unpacked.d * dx), acc[i][r]);
+            acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(unpacked.d * dx),
+                                        acc[i][r]);
           } else {
             const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
             const __m256i mins = _mm256_madd_epi16(bsums, unpacked.mins);
@@ -330,8 +365,10 @@ struct SuperBlockKernel {
               acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, mins)),
                                           _mm256_set1_ps(unpacked.d * dx), acc[i][r]);
             } else {
-              acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(unpacked.d * dx), acc[i][r]);
-              acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_set1_ps(-unpacked.dmin * dx), acc[i][r]);
+              acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(unpacked.d * dx),
+                                          acc[i][r]);
+              acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins),
+                                          _mm256_set1_ps(-unpacked.dmin * dx), acc[i][r]);
             }
           }
         }
@@ -340,7 +377,8 @@ struct SuperBlockKernel {
     const hn::Full256<float> df;
     for (int i = 0; i < kX; ++i) {
       for (int r = 0; r < kW; ++r) {
-        StoreOutput(&y[(x0 + i) * rows + r0 + r], ReduceSum(df, hn::Vec256<float>{acc[i][r]}), slice.accumulate);
+        StoreOutput(&y[(x0 + i) * rows + r0 + r], ReduceSum(df, hn::Vec256<float>{acc[i][r]}),
+                    slice.accumulate);
       }
     }
   }
@@ -353,6 +391,33 @@ struct SuperBlockKernel {
 // rows per 64 bytes) and their scales (and mins) expanded to f32 per row; then every activation
 // row runs over the tile there. ~2 KiB of weights per 16 x 256 tile, decoded once per matmul.
 inline constexpr int64_t kVnniSliceBlocks = 4;  // 1024 columns: 16 KiB of levels, in L1
+
+// out + 64 k receives 4-byte lane k of each of the 16 rows (a 16 x 16 transpose of 32-bit
+// elements: 32-bit and 64-bit interleaves within 128-bit lanes, then two 128-bit lane shuffles).
+HWY_INLINE void Transpose16x16(const __m512i* rows, uint8_t* out) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+  }
+  // b[4i + e], 128-bit lane L: element 4L + e of rows 4i .. 4i + 3.
+  for (int i = 0; i < 4; ++i) {
+    b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i low01 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0x44),
+                  low23 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0xEE);
+    const __m512i high01 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0x44);
+    const __m512i high23 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0xEE);
+    _mm512_store_si512(out + 64 * (0 + e), _mm512_shuffle_i32x4(low01, high01, 0x88));
+    _mm512_store_si512(out + 64 * (4 + e), _mm512_shuffle_i32x4(low01, high01, 0xDD));
+    _mm512_store_si512(out + 64 * (8 + e), _mm512_shuffle_i32x4(low23, high23, 0x88));
+    _mm512_store_si512(out + 64 * (12 + e), _mm512_shuffle_i32x4(low23, high23, 0xDD));
+  }
+}
 
 template <class Row>
 struct SuperBlockVnniKernel {
@@ -378,38 +443,45 @@ struct SuperBlockVnniKernel {
         for (int r = 0; r < 16; ++r) {
           if (r >= num_rows) {
             std::memset(row_levels[r], 0, sizeof(row_levels[r]));
-            for (int64_t g = 0; g < slice_blocks * kGroups; ++g) scales[g * 16 + r] = mins[g * 16 + r] = 0.0f;
+            for (int64_t g = 0; g < slice_blocks * kGroups; ++g)
+              scales[g * 16 + r] = mins[g * 16 + r] = 0.0f;
             continue;
           }
-          const Block* row = reinterpret_cast<const Block*>(w + static_cast<size_t>(r0 + r) * row_bytes);
+          const Block* row =
+              reinterpret_cast<const Block*>(w + static_cast<size_t>(r0 + r) * row_bytes);
           for (int64_t sb = 0; sb < slice_blocks; ++sb) {
             Unpacked unpacked;
             Row::Unpack(row[b0 + sb], &unpacked);
             uint8_t* out = row_levels[r] + sb * kQKBlock;
             for (int v = 0; v < 8; ++v) {
               __m256i level = unpacked.u[v];
-              if constexpr (Row::kSigned) level = _mm256_xor_si256(unpacked.sign[v], _mm256_set1_epi8(-128));
+              if constexpr (Row::kSigned)
+                level = _mm256_xor_si256(unpacked.sign[v], _mm256_set1_epi8(-128));
               _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * v), level);
             }
             // Scale of 16-column group 2v in i16 lane 0 of scales[v], of 2v + 1 in lane 8.
             alignas(32) int16_t scale16[8][16];
             alignas(32) int16_t min16[16];
-            for (int v = 0; v < 8; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(scale16[v]), unpacked.scales[v]);
+            for (int v = 0; v < 8; ++v)
+              _mm256_store_si256(reinterpret_cast<__m256i*>(scale16[v]), unpacked.scales[v]);
             _mm256_store_si256(reinterpret_cast<__m256i*>(min16), unpacked.mins);
             for (int g = 0; g < kGroups; ++g) {
-              const int16_t scale = Row::kGroupCols == 32 ? scale16[g][0] : scale16[g / 2][8 * (g % 2)];
+              const int16_t scale =
+                  Row::kGroupCols == 32 ? scale16[g][0] : scale16[g / 2][8 * (g % 2)];
               const int16_t min = Row::kGroupCols == 32 ? min16[2 * g] : min16[g];
               scales[(sb * kGroups + g) * 16 + r] = unpacked.d * scale;
               mins[(sb * kGroups + g) * 16 + r] = unpacked.dmin * min;
             }
           }
         }
-        // Transpose 4-byte column groups: levels[k][r] = row_levels[r][4k .. 4k + 3].
-        const int64_t num_k = slice_blocks * kQKBlock / 4;
-        for (int64_t k = 0; k < num_k; ++k) {
-          for (int r = 0; r < 16; ++r) std::memcpy(levels + (k * 16 + r) * 4, row_levels[r] + 4 * k, 4);
+        // levels[k][r] = row_levels[r][4k .. 4k + 3]: 16 x 16 transposes of 4-byte groups.
+        for (int64_t chunk = 0; chunk < slice_blocks * kQKBlock / 64; ++chunk) {
+          __m512i rows16[16];
+          for (int r = 0; r < 16; ++r) rows16[r] = _mm512_load_si512(row_levels[r] + 64 * chunk);
+          Transpose16x16(rows16, levels + chunk * 16 * 64);
         }
-        const vnni::SuperBlockTile tile{levels, scales, Row::kHasMins ? mins : nullptr, Row::kGroupCols, slice_blocks};
+        const vnni::SuperBlockTile tile{levels, scales, Row::kHasMins ? mins : nullptr,
+                                        Row::kGroupCols, slice_blocks};
         vnni::super_block_tile(tile, x, b0, num_x, y + r0, rows, num_rows, b0 != 0);
       }
     }
@@ -419,7 +491,8 @@ struct SuperBlockVnniKernel {
 // The activation side of the VNNI tiles: per row and column group, -offset * sum(q_x) and
 // -sum(q_x) (from the Q8_K sums per 16).
 template <class Row>
-void MatmulVnni(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
+void MatmulVnni(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
+                ThreadPool& pool) {
   constexpr int kPerGroup = Row::kGroupCols / 16;
   const int64_t num_blocks = w.cols / kQKBlock;
   const int64_t groups_per_row = w.cols / Row::kGroupCols;
@@ -431,38 +504,53 @@ void MatmulVnni(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* 
       for (int g = 0; g < kQKBlock / Row::kGroupCols; ++g) {
         int32_t sum = 0;
         for (int k = 0; k < kPerGroup; ++k) sum += block.bsums[g * kPerGroup + k];
-        const size_t at = static_cast<size_t>(i * groups_per_row + b * (kQKBlock / Row::kGroupCols) + g);
+        const size_t at =
+            static_cast<size_t>(i * groups_per_row + b * (kQKBlock / Row::kGroupCols) + g);
         offset_sums[at] = -Row::kLevelOffset * sum;
         neg_sums[at] = static_cast<float>(-sum);
       }
     }
   }
   const SuperBlockVnniKernel<Row> kernel{
-      static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols,
-      vnni::SuperBlockActivations{xq, num_blocks, offset_sums.data(), neg_sums.data(), groups_per_row}, y};
+      static_cast<const uint8_t*>(w.data),
+      row_bytes(w.dtype, w.cols),
+      w.rows,
+      w.cols,
+      vnni::SuperBlockActivations{xq, num_blocks, offset_sums.data(), neg_sums.data(),
+                                  groups_per_row},
+      y};
   Run(kernel, num_x, pool);
 }
 #endif
 
 template <class Row>
-void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
+void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
+                ThreadPool& pool) {
 #if HWY_TARGET == HWY_AVX3
   if (num_x >= kVnniMinRows && vnni::supported()) return MatmulVnni<Row>(w, xq, num_x, y, pool);
 #endif
-  const SuperBlockKernel<Row> kernel{static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols,
-                                     xq, y};
+  const SuperBlockKernel<Row> kernel{
+      static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols, xq, y};
   Run(kernel, num_x, pool);
 }
 
-void MatmulQ8_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
+void MatmulQ8_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
+                ThreadPool& pool) {
   switch (w.dtype) {
-    case DType::kQ2_K: return MatmulWith<Q2_KUnpack>(w, xq, num_x, y, pool);
-    case DType::kQ3_K: return MatmulWith<Q3_KUnpack>(w, xq, num_x, y, pool);
-    case DType::kQ4_K: return MatmulWith<Q4_KUnpack>(w, xq, num_x, y, pool);
-    case DType::kQ5_K: return MatmulWith<Q5_KUnpack>(w, xq, num_x, y, pool);
-    case DType::kQ6_K: return MatmulWith<Q6_KUnpack>(w, xq, num_x, y, pool);
-    case DType::kIQ4_XS: return MatmulWith<IQ4_XSUnpack>(w, xq, num_x, y, pool);
-    default: return;
+    case DType::kQ2_K:
+      return MatmulWith<Q2_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kQ3_K:
+      return MatmulWith<Q3_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kQ4_K:
+      return MatmulWith<Q4_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kQ5_K:
+      return MatmulWith<Q5_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kQ6_K:
+      return MatmulWith<Q6_KUnpack>(w, xq, num_x, y, pool);
+    case DType::kIQ4_XS:
+      return MatmulWith<IQ4_XSUnpack>(w, xq, num_x, y, pool);
+    default:
+      return;
   }
 }
 
@@ -485,7 +573,8 @@ struct PortableSuperBlockKernel {
     quant::SuperBlockInts ints;
     for (int64_t b = slice.begin / kQKBlock; b < slice.end / kQKBlock; ++b) {
       for (int r = 0; r < kW; ++r) {
-        quant::decode_super_block(dtype, w + static_cast<size_t>(r0 + r) * row_bytes + b * block, &ints);
+        quant::decode_super_block(dtype, w + static_cast<size_t>(r0 + r) * row_bytes + b * block,
+                                  &ints);
         for (int i = 0; i < kX; ++i) {
           const BlockQ8_K& xb = x[(x0 + i) * num_blocks + b];
           int32_t sum = 0, sum_min = 0;
@@ -495,20 +584,23 @@ struct PortableSuperBlockKernel {
             sum += ints.scales[s] * dot;
             sum_min += ints.mins[s] * xb.bsums[s];
           }
-          acc[i][r] += ints.d * xb.d * static_cast<float>(sum) - ints.dmin * xb.d * static_cast<float>(sum_min);
+          acc[i][r] += ints.d * xb.d * static_cast<float>(sum) -
+                       ints.dmin * xb.d * static_cast<float>(sum_min);
         }
       }
     }
     for (int i = 0; i < kX; ++i) {
-      for (int r = 0; r < kW; ++r) StoreOutput(&y[(x0 + i) * rows + r0 + r], acc[i][r], slice.accumulate);
+      for (int r = 0; r < kW; ++r)
+        StoreOutput(&y[(x0 + i) * rows + r0 + r], acc[i][r], slice.accumulate);
     }
   }
 };
 
-void MatmulQ8_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y, ThreadPool& pool) {
-  const PortableSuperBlockKernel kernel{w.dtype, static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols),
-                                        w.rows,  w.cols,
-                                        xq,      y};
+void MatmulQ8_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
+                ThreadPool& pool) {
+  const PortableSuperBlockKernel kernel{
+      w.dtype, static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols, xq,
+      y};
   Run(kernel, num_x, pool);
 }
 
@@ -516,11 +608,13 @@ void MatmulQ8_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* 
 
 // x -> Q8_K (num_x * cols / 256 blocks of 292 bytes; parallel over x rows when there are
 // many), then the per-target kernel.
-void MatmulSuperBlock(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
+void MatmulSuperBlock(const MatrixView& w, const float* x, int64_t num_x, float* y,
+                      ThreadPool& pool) {
   const int64_t num_blocks = w.cols / kQKBlock;
   std::vector<BlockQ8_K> xq(static_cast<size_t>(num_x * num_blocks));
   const auto quantize_rows = [&](int64_t begin, int64_t end) HWY_ATTR {
-    for (int64_t i = begin; i < end; ++i) QuantizeRowQ8_K(x + i * w.cols, num_blocks, xq.data() + i * num_blocks);
+    for (int64_t i = begin; i < end; ++i)
+      QuantizeRowQ8_K(x + i * w.cols, num_blocks, xq.data() + i * num_blocks);
   };
   if (num_x > 1 && pool.num_threads() > 1 && num_x * w.cols >= kMinParallelQuantize) {
     pool.parallel_for(num_x, quantize_rows);
@@ -540,7 +634,8 @@ namespace sieve::kernels {
 
 HWY_EXPORT(MatmulSuperBlock);
 
-void matmul_super_block(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
+void matmul_super_block(const MatrixView& w, const float* x, int64_t num_x, float* y,
+                        ThreadPool& pool) {
   HWY_DYNAMIC_DISPATCH(MatmulSuperBlock)(w, x, num_x, y, pool);
 }
 

@@ -36,7 +36,8 @@ struct SuperBlockActivations {
 
 // y[i * y_stride + r] (+)= the tile's rows r < num_rows against activation rows i < num_x, over
 // the tile's columns, which start at super-block first_block of the activation rows.
-void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x, int64_t first_block,
-                      int64_t num_x, float* y, int64_t y_stride, int num_rows, bool accumulate);
+void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x,
+                      int64_t first_block, int64_t num_x, float* y, int64_t y_stride, int num_rows,
+                      bool accumulate);
 
 }  // namespace sieve::kernels::vnni
