@@ -32,6 +32,7 @@
 #include "hwy/highway.h"
 #include "kernels/blocks.h"
 #include "kernels/cpu/matmul_vnni.h"
+#include "kernels/cpu/matmul_vnni_small_blocks.h"
 #include "kernels/cpu/ops-inl.h"
 #include "kernels/ops.h"
 #include "util/thread_pool.h"
@@ -313,16 +314,19 @@ struct Q4_0Row {
   using Block = BlockQ4_0;
   static constexpr bool kSigned = false;  // nibbles 0..15
   static constexpr int kOffset = -8;
+  static constexpr vnni::SmallBlockFormat kVnniFormat = vnni::SmallBlockFormat::kQ4_0;
   template <class D8>
   static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
     DecodeNibbles(d8, block.qs, q);
   }
 };
-// Policies with a Min(block): the weight is d * (value + kOffset) + Min(block).
+// Policies with a Min(block): the weight is d * (value + kOffset) + Min(block). kVnniFormat:
+// the block layout for the AVX-512 VNNI prefill tiles (cpu/matmul_vnni_small_blocks.cc).
 struct Q4_1Row {
   using Block = BlockQ4_1;
   static constexpr bool kSigned = false;  // nibbles 0..15
   static constexpr int kOffset = 0;
+  static constexpr vnni::SmallBlockFormat kVnniFormat = vnni::SmallBlockFormat::kQ4_1;
   template <class D8>
   static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
     DecodeNibbles(d8, block.qs, q);
@@ -333,6 +337,7 @@ struct Q5_0Row {
   using Block = BlockQ5_0;
   static constexpr bool kSigned = false;  // 0..31
   static constexpr int kOffset = -16;
+  static constexpr vnni::SmallBlockFormat kVnniFormat = vnni::SmallBlockFormat::kQ5_0;
   template <class D8>
   static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
     DecodeNibbles(d8, block.qs, q);
@@ -343,6 +348,7 @@ struct Q5_1Row {
   using Block = BlockQ5_1;
   static constexpr bool kSigned = false;  // 0..31
   static constexpr int kOffset = 0;
+  static constexpr vnni::SmallBlockFormat kVnniFormat = vnni::SmallBlockFormat::kQ5_1;
   template <class D8>
   static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
     DecodeNibbles(d8, block.qs, q);
@@ -354,6 +360,7 @@ struct IQ4_NLRow {
   using Block = BlockIQ4_NL;
   static constexpr bool kSigned = true;  // table values -127..113
   static constexpr int kOffset = 0;
+  static constexpr vnni::SmallBlockFormat kVnniFormat = vnni::SmallBlockFormat::kIQ4_NL;
   template <class D8>
   static HWY_INLINE void Decode(D8 d8, const Block& block, hn::Vec<D8>* q) {
     DecodeNibbles(d8, block.qs, q);
@@ -366,6 +373,10 @@ template <class Row>
 inline constexpr bool kRowHasMin = requires(const typename Row::Block& block) {
   Row::Min(block);
 };
+
+// Whether the weight type has prefill tiles for AVX-512 VNNI (Row::kVnniFormat).
+template <class Row>
+inline constexpr bool kRowHasVnni = requires { Row::kVnniFormat; };
 
 // Per activation block d_x * sum_j q_x[j] (ggml's Q8_1 s, kept in f32): what a weight block's
 // minimum m_w multiplies. num_blocks values from q [num_blocks * 32] and d [num_blocks].
@@ -544,6 +555,18 @@ struct PackedQ8_0VnniKernel {
 };
 #endif
 
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL with num_x >= 2 on AVX-512 CPUs with VNNI.
+struct SmallBlockVnniKernel {
+  vnni::SmallBlockProblem problem;
+  size_t row_bytes;
+  int64_t rows, cols;
+  void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
+    vnni::small_block_rows(problem, r_begin, r_end, num_x);
+  }
+};
+#endif
+
 // ----------------------------------------------------------------------------- driver
 
 // Weight rows [r_begin, r_end) x activation rows [x0, x0 + kX): full kW tiles, then single rows.
@@ -680,6 +703,18 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
       const Q8_0VnniKernel kernel{
           {static_cast<const uint8_t*>(w.data), bytes, w.rows, w.cols, q.data(), d.data(), y},
           bytes, w.rows, w.cols};
+      return Run(kernel, num_x, pool);
+    }
+  }
+#endif
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
+  if constexpr (kRowHasVnni<Row>) {
+    if (num_x >= 2 && vnni::supported()) {
+      const size_t bytes = row_bytes(w.dtype, w.cols);
+      const SmallBlockVnniKernel kernel{{Row::kVnniFormat, static_cast<const uint8_t*>(w.data),
+                                         bytes, w.rows, w.cols, q.data(), d.data(), sums.data(),
+                                         y},
+                                        bytes, w.rows, w.cols};
       return Run(kernel, num_x, pool);
     }
   }
