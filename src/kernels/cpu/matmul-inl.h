@@ -15,6 +15,9 @@
 //                     to Q8_0; int8 x int8 -> int32 per block (BlockDot), then one f32 FMA per
 //                     block with scale d_w * d_x (Q4_1 / Q5_1: plus m_w * d_x * sum(q_x), from
 //                     block sums computed once per activation row). cols a multiple of 32.
+// On AVX-512 CPUs with VNNI, prefill (num_x >= 2) runs whole tasks in intrinsics instead:
+// Q8_0 in cpu/matmul_vnni.cc, Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL in
+// cpu/matmul_vnni_small_blocks.cc (Row::kVnniFormat names the layout).
 #if defined(SIEVE_KERNELS_CPU_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SIEVE_KERNELS_CPU_MATMUL_INL_H_
 #undef SIEVE_KERNELS_CPU_MATMUL_INL_H_
@@ -145,9 +148,10 @@ struct BF16Row {
 //   other targets: widen both to int16, ReorderWidenMulAccumulate.
 // VNNI (vpdpbusd) is not used here: Highway's AVX3_DL target, whose 1.0.3 flags enable the VEX
 // "avxvnni" that Zen 4 and Ice Lake lack (GCC then emits {vex} vpdpbusd: SIGILL). Q8_0 with
-// num_x >= 2 on AVX3 CPUs with VNNI runs Q8_0VnniKernel instead (cpu/matmul_vnni.cc).
-// Range: |x| <= 127 (our Q8_0 activations), w in [-128, 127] or nibbles in [0, 15], so the
-// i16 pair sums stay below 2^15 and never saturate.
+// num_x >= 2 on AVX3 CPUs with VNNI runs Q8_0VnniKernel instead (cpu/matmul_vnni.cc), the 4-
+// and 5-bit types SmallBlockVnniKernel (cpu/matmul_vnni_small_blocks.cc).
+// Range: |x| <= 127 (our Q8_0 activations), w in [-128, 127] or unsigned quants in [0, 31]
+// (Q4 nibbles, Q5), so the i16 pair sums stay below 2^15 and never saturate.
 struct BlockDot {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   using D8 = hn::Full256<int8_t>;
@@ -166,7 +170,7 @@ struct BlockDot {
   static constexpr size_t kLanes = hn::MaxLanes(D8());
   static constexpr size_t kVecs = kQBlock / kLanes;
 
-  // acc + sum_j w[j] * x[j] as int32 lanes; kSignedW: w in [-128, 127], else in [0, 15].
+  // acc + sum_j w[j] * x[j] as int32 lanes; kSignedW: w in [-128, 127], else in [0, 31].
   template <bool kSignedW>
   static HWY_INLINE V32 Dot(V8 w, V8 x, V32 acc) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_SSSE3
