@@ -4,6 +4,7 @@
 // shared/golden/quant/base-TYPE.gguf (llama-quantize from base-F16.gguf) dequantizes close to
 // the F16 original, and sieve's quantizer reproduces llama-quantize's bytes exactly.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstring>
@@ -208,6 +209,45 @@ TEST_P(SmallBlockMatmul, MatchesReferenceOnRawRandomBlocks) {
     const MatrixView w{dtype, bytes.data(), rows, cols};
     for (int64_t num_x : {1, 4, 7}) expect_matches_ref(w, num_x, pool, 31 + num_x);
   }
+}
+
+// Row offsets past 2 GiB (32-bit index arithmetic would wrap): a sparse anonymous mapping of
+// zero pages (zero blocks: y = 0) whose last rows hold data; decode and prefill. On the best
+// target only (the VNNI tiles where the CPU has them): each call reads 2 GiB of zero pages,
+// and matmul_test's RowOffsetsBeyond2GiB covers QuantKernel's indexing on every target.
+TEST(SmallBlocks, RowOffsetsBeyond2GiB) {
+  ThreadPool pool(3);
+  const DType dtype = DType::kQ5_1;  // the largest block: fewest rows
+  const int64_t cols = 1 << 19;
+  const size_t bytes_per_row = row_bytes(dtype, cols);
+  const int64_t rows = static_cast<int64_t>((size_t{1} << 31) / bytes_per_row) + 3;
+  const size_t total = bytes_per_row * rows;
+  ASSERT_GT(total - 2 * bytes_per_row, size_t{1} << 31);  // the last 2 rows start past 2 GiB
+  void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED) << "cannot map " << total << " bytes";
+  auto* base = static_cast<uint8_t*>(mem);
+  const int64_t num_data_rows = 3;
+  const TestMatrix tail(dtype, num_data_rows, cols, 77);
+  std::memcpy(base + (rows - num_data_rows) * bytes_per_row, tail.bytes.data(),
+              num_data_rows * bytes_per_row);
+  const MatrixView w{dtype, base, rows, cols};
+  for (int64_t num_x : {1, 2}) {
+    const std::vector<float> x = random_floats(num_x * cols, 78);
+    std::vector<float> y(num_x * rows, 1.0f), y_tail(num_x * num_data_rows);
+    matmul(w, x.data(), num_x, y.data(), pool);
+    ref::matmul(tail.view, x.data(), num_x, y_tail.data());
+    const std::vector<double> mags = magnitudes(tail.view, x.data(), num_x);
+    for (int64_t i = 0; i < num_x; ++i) {
+      for (int64_t r = 0; r < rows - num_data_rows; r += 97) ASSERT_EQ(y[i * rows + r], 0.0f) << r;
+      for (int64_t r = 0; r < num_data_rows; ++r) {
+        const int64_t k = i * num_data_rows + r;
+        EXPECT_NEAR(y[i * rows + rows - num_data_rows + r], y_tail[k], 1e-5 * mags[k])
+            << "num_x " << num_x << " row " << rows - num_data_rows + r;
+      }
+    }
+  }
+  munmap(mem, total);
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, SmallBlockMatmul, ::testing::ValuesIn(available_targets()),

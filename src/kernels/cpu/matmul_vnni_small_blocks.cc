@@ -14,8 +14,9 @@
 //
 // Per tile of kW weight rows x kX activation rows and block pair: kW weight decodes, kX
 // activation loads, and kW * kX (vpdpbusd, convert, scale, FMA; + one FMA for the minimum).
-// Loop order as cpu/matmul_vnni.cc: column slices, weight tiles (prefetched one ahead), then
-// activation tiles over the weight tile while it sits in L1.
+// Prefill loop order as cpu/matmul_vnni.cc: column slices, weight tiles (prefetched one
+// ahead), then activation tiles over the weight tile while it sits in L1. Decode: whole rows,
+// 4 at a time, with a streaming prefetch cursor.
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
 
 #include <algorithm>
@@ -149,9 +150,17 @@ SIEVE_VNNI_ATTR inline DecodedPair<kFormat> Decode(const typename Format<kFormat
   return out;
 }
 
+// Decode streams whole rows; a tile's kW rows are adjacent, and so are consecutive tiles. For
+// rows shorter than kStreamMaxRowBytes a cursor prefetches that region linearly kStreamAhead
+// bytes ahead of the reads, at the rate the tile consumes it (as matmul-inl.h's RowPrefetcher:
+// the hardware prefetchers do not ramp up on rows of a few KiB; on longer rows the cursor runs
+// behind the tile's later rows and only costs).
+inline constexpr uintptr_t kStreamAhead = 16 << 10;
+inline constexpr size_t kStreamMaxRowBytes = 8 << 10;
+
 template <SmallBlockFormat kFormat, int kW, int kX>
-SIEVE_VNNI_ATTR inline void Tile(const SmallBlockProblem& p, int64_t r0, int64_t x0,
-                                 const Slice& s) {
+SIEVE_VNNI_ATTR inline void Tile(const SmallBlockProblem& p, int64_t r0, int64_t x0, const Slice& s,
+                                 bool stream = false) {
   using F = Format<kFormat>;
   using Block = typename F::Block;
   const int64_t num_blocks = p.cols / kQBlock;
@@ -161,8 +170,16 @@ SIEVE_VNNI_ATTR inline void Tile(const SmallBlockProblem& p, int64_t r0, int64_t
   for (int r = 0; r < kW; ++r) {
     for (int i = 0; i < kX; ++i) acc[r][i] = _mm512_setzero_ps();
   }
+  const uintptr_t stream_base = reinterpret_cast<uintptr_t>(w[0] + s.begin) + kStreamAhead;
+  uintptr_t stream_next = stream_base;
   for (int64_t b = s.begin; b < s.end; b += 2) {
     const bool pair = b + 1 < s.end;
+    if (stream) {
+      const uintptr_t end =
+          stream_base + static_cast<uintptr_t>(b - s.begin + 2) * kW * sizeof(Block);
+      for (; stream_next < end; stream_next += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(stream_next), _MM_HINT_T0);
+    }
     __m512i xq[kX], offset[kX];
     __m512 xd[kX], xsum[kX];
     for (int i = 0; i < kX; ++i) {
@@ -248,6 +265,14 @@ SIEVE_VNNI_ATTR void Rows(const SmallBlockProblem& p, int64_t r_begin, int64_t r
                           int64_t num_x) {
   constexpr size_t kBlockBytes = sizeof(typename Format<kFormat>::Block);
   const int64_t num_blocks = p.cols / kQBlock;
+  if (num_x == 1) {  // decode: whole rows, 4 at a time (the activation row stays in L1)
+    const Slice s{0, num_blocks, false};
+    const bool stream = p.row_bytes < kStreamMaxRowBytes;
+    int64_t r = r_begin;
+    for (; r + kRowsW <= r_end; r += kRowsW) Tile<kFormat, kRowsW, 1>(p, r, 0, s, stream);
+    for (; r < r_end; ++r) Tile<kFormat, 1, 1>(p, r, 0, s);
+    return;
+  }
   for (int64_t b0 = 0; b0 < num_blocks; b0 += kSliceBlocks) {
     const Slice s{b0, std::min(num_blocks, b0 + kSliceBlocks), b0 != 0};
     int64_t r = r_begin;

@@ -1,5 +1,5 @@
 #pragma once
-// Internal to src/kernels: prefill tiles (num_x >= 2) for 4- and 5-bit weight blocks of 32
+// Internal to src/kernels: decode and prefill tiles for 4- and 5-bit weight blocks of 32
 // (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) against Q8_0 activations on x86 CPUs with AVX-512 VNNI
 // (vnni::supported()). Plain intrinsics in their own translation unit, as cpu/matmul_vnni.cc.
 #include <cstddef>
