@@ -87,11 +87,13 @@ struct Format<SmallBlockFormat::kIQ4_NL> {
   static constexpr int kOffset = -128;  // u + kOffset: the weight's integer value
 };
 
-// {v[0] x 8, v[1] x 8} from the first one or two f32 lanes of v (lane 1 zero for one block).
-SIEVE_VNNI_ATTR inline __m512 SpreadPair(__m128 v) {
-  const __m512i index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(index, _mm512_zextps128_ps512(v));
+// {v[lane0] x 8, v[lane1] x 8} from the f32 lanes of v.
+SIEVE_VNNI_ATTR inline __m512 Spread(__m128 v, int lane0, int lane1) {
+  const __m512i index = _mm512_mask_set1_epi32(_mm512_set1_epi32(lane0), 0xFF00, lane1);
+  return _mm512_permutexvar_ps(index, _mm512_castps128_ps512(v));
 }
+// {v[0] x 8, v[1] x 8} from the first one or two f32 lanes of v (lane 1 zero for one block).
+SIEVE_VNNI_ATTR inline __m512 SpreadPair(__m128 v) { return Spread(v, 0, 1); }
 
 SIEVE_VNNI_ATTR inline uint32_t LoadU32(const void* p) {
   uint32_t v;
@@ -106,12 +108,13 @@ constexpr std::array<uint8_t, 16> BiasedIQ4NLValues() {
   return biased;
 }
 
-// The weights of blocks b (and b + 1 if `pair`) as unsigned bytes; the f16 scales (and
-// minimums) of the two blocks as {block b, block b + 1} in the low / high 16 bits.
+// The weights of blocks b (and b + 1 if `pair`) as unsigned bytes; the f16 scales of the two
+// blocks as {d_b, d_b1} in 16-bit fields, with a minimum {d_b, m_b, d_b1, m_b1} (the blocks'
+// first 4 bytes).
 template <SmallBlockFormat kFormat>
 struct DecodedPair {
   __m512i u;
-  uint32_t d, m;
+  uint64_t scales;
 };
 
 template <SmallBlockFormat kFormat>
@@ -122,16 +125,14 @@ SIEVE_VNNI_ATTR inline DecodedPair<kFormat> Decode(const typename Format<kFormat
   const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block[0].qs));
   __m512i z;
   DecodedPair<kFormat> out;
-  out.d = block[0].d;
-  out.m = 0;
-  if constexpr (F::kMin) out.m = block[0].m;
+  constexpr int kScaleBits = F::kMin ? 32 : 16;
+  out.scales = F::kMin ? LoadU32(&block[0]) : block[0].d;
   uint64_t fifth = 0;
   if constexpr (F::kFifthBits) fifth = LoadU32(block[0].qh);
   if (pair) {
     const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block[1].qs));
     z = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(q0), 0xFF00, q1);
-    out.d |= static_cast<uint32_t>(block[1].d) << 16;
-    if constexpr (F::kMin) out.m |= static_cast<uint32_t>(block[1].m) << 16;
+    out.scales |= static_cast<uint64_t>(F::kMin ? LoadU32(&block[1]) : block[1].d) << kScaleBits;
     if constexpr (F::kFifthBits) fifth |= static_cast<uint64_t>(LoadU32(block[1].qh)) << 32;
   } else {
     z = _mm512_maskz_broadcast_i32x4(0x00FF, q0);
@@ -208,10 +209,14 @@ SIEVE_VNNI_ATTR inline void Tile(const SmallBlockProblem& p, int64_t r0, int64_t
     }
     for (int r = 0; r < kW; ++r) {
       const DecodedPair<kFormat> wb = Decode<kFormat>(w[r] + b, pair);
-      const __m512 wd = SpreadPair(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(wb.d))));
-      __m512 wm;
-      if constexpr (F::kMin)
-        wm = SpreadPair(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(wb.m))));
+      const __m128 scales = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(wb.scales)));
+      __m512 wd, wm;
+      if constexpr (F::kMin) {
+        wd = Spread(scales, 0, 2);
+        wm = Spread(scales, 1, 3);
+      } else {
+        wd = Spread(scales, 0, 1);
+      }
       for (int i = 0; i < kX; ++i) {
         const __m512i dot = _mm512_dpbusd_epi32(offset[i], wb.u, xq[i]);
         acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wd, xd[i]), acc[r][i]);
