@@ -3,7 +3,8 @@
 //   MemBandwidth/threads:T          sum of a 1 GiB buffer: the DRAM roofline for decode
 //   Decode/<target>/<dtype>/RxC/threads:T   y = W x, one x row: GB/s of weights streamed
 //                                           (4096x4096 Q8_0/Q4_0 fit the 32 MiB L3 here)
-//   Prefill/<target>/<dtype>/RxC/x64        64 x rows: GFLOP/s (2 * rows * cols * 64 per call)
+//   Prefill/<target>/<dtype>/RxC/xN         N = 64 (and 256 for quantized weights) x rows:
+//                                           GFLOP/s (2 * rows * cols * N per call)
 //   Ref{Decode,Prefill}/<dtype>/...         the scalar reference, for scale
 //   Small/<target>/Q8_0/RxC[/packed]/xN              the bench-engine model's shapes (512-dim, ffn 1536,
 //                                           32000 vocab) for N = 1..512 rows, one thread, CPU
@@ -29,7 +30,8 @@
 namespace sieve::kernels {
 namespace {
 
-constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+constexpr DType kDTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,  DType::kQ4_0,
+                             DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL};
 
 // Deterministic floats in [-1, 1) (xorshift; fast enough for 45 M values).
 std::vector<float> random_floats(int64_t n, uint64_t seed) {
@@ -188,8 +190,11 @@ void register_all() {
           add("Decode/" + target + "/" + shape_name(c) + "/threads:" + std::to_string(threads), c);
         }
       }
-      const MatmulCase c{target, dtype, 4096, 4096, 64, max_threads};
-      add("Prefill/" + target + "/" + shape_name(c) + "/x64", c);
+      for (int64_t num_x : {64, 256}) {
+        if (num_x == 256 && !is_quantized(dtype)) continue;
+        const MatmulCase c{target, dtype, 4096, 4096, num_x, max_threads};
+        add("Prefill/" + target + "/" + shape_name(c) + "/x" + std::to_string(num_x), c);
+      }
     }
   }
   for (const std::string& target : available_targets()) {

@@ -1,0 +1,316 @@
+// Prefill tiles for Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL weights with AVX-512 VNNI: see
+// matmul_vnni_small_blocks.h; the portable kernels are matmul-inl.h's QuantKernel, the scalar
+// reference ref/ref_small_blocks.cc and ref/ref_ops.cc.
+//
+// vpdpbusd multiplies unsigned by signed bytes: the weights decode to unsigned u (at most 5
+// bits; IQ4_NL's signed levels + 128 from a biased table), the activations stay signed. Each
+// int32 lane starts at offset * (the sum of its 4 activations), one vpdpbusd per activation
+// vector, so it ends with its exact share of sum_j (u_j + offset) x_j: small numbers, nothing
+// lost to cancellation in the float conversion and the sum over lanes (as the portable
+// kernels). One 512-bit vector holds two blocks
+// (int32 lanes 0-7 block b, 8-15 block b + 1), decoded from the two blocks' 16-byte qs as
+//   [qs_b, qs_b, qs_b1, qs_b1] (128-bit lanes) >> [0, 4, 0, 4] & 0xF
+// which puts columns 0-15 (low nibbles) then 16-31 (high nibbles) of each block in order.
+//
+// Per tile of kW weight rows x kX activation rows and block pair: kW weight decodes, kX
+// activation loads, and kW * kX (vpdpbusd, convert, scale, FMA; + one FMA for the minimum).
+// Prefill loop order as cpu/matmul_vnni.cc: column slices, weight tiles (prefetched one
+// ahead), then activation tiles over the weight tile while it sits in L1. Decode: whole rows,
+// 4 at a time, with a streaming prefetch cursor.
+#include "kernels/cpu/matmul_vnni_small_blocks.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "kernels/blocks.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge source: false
+// (maybe-)uninitialized warnings once inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define SIEVE_VNNI 1
+#define SIEVE_VNNI_ATTR \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+#else
+#define SIEVE_VNNI 0
+#endif
+
+namespace sieve::kernels::vnni {
+
+#if SIEVE_VNNI
+
+namespace {
+
+inline constexpr int kRowsW = 4;
+inline constexpr int kRowsX = 4;
+inline constexpr int64_t kSliceBlocks = 32;  // 1024 columns: 4 activation rows = 4 KiB in L1
+
+struct Slice {
+  int64_t begin, end;  // blocks
+  bool accumulate;     // add to y (not the first slice)
+};
+
+// What each format needs from its block struct; every block starts with its f16 d.
+template <SmallBlockFormat kFormat>
+struct Format;
+template <>
+struct Format<SmallBlockFormat::kQ4_0> {
+  using Block = BlockQ4_0;
+  static constexpr bool kFifthBits = false, kMin = false, kTable = false;
+  static constexpr int kOffset = -8;  // u + kOffset: the weight's integer value
+};
+template <>
+struct Format<SmallBlockFormat::kQ4_1> {
+  using Block = BlockQ4_1;
+  static constexpr bool kFifthBits = false, kMin = true, kTable = false;
+  static constexpr int kOffset = 0;  // u + kOffset: the weight's integer value
+};
+template <>
+struct Format<SmallBlockFormat::kQ5_0> {
+  using Block = BlockQ5_0;
+  static constexpr bool kFifthBits = true, kMin = false, kTable = false;
+  static constexpr int kOffset = -16;  // u + kOffset: the weight's integer value
+};
+template <>
+struct Format<SmallBlockFormat::kQ5_1> {
+  using Block = BlockQ5_1;
+  static constexpr bool kFifthBits = true, kMin = true, kTable = false;
+  static constexpr int kOffset = 0;  // u + kOffset: the weight's integer value
+};
+template <>
+struct Format<SmallBlockFormat::kIQ4_NL> {
+  using Block = BlockIQ4_NL;
+  static constexpr bool kFifthBits = false, kMin = false, kTable = true;
+  static constexpr int kOffset = -128;  // u + kOffset: the weight's integer value
+};
+
+// {v[lane0] x 8, v[lane1] x 8} from the f32 lanes of v.
+SIEVE_VNNI_ATTR inline __m512 Spread(__m128 v, int lane0, int lane1) {
+  const __m512i index = _mm512_mask_set1_epi32(_mm512_set1_epi32(lane0), 0xFF00, lane1);
+  return _mm512_permutexvar_ps(index, _mm512_castps128_ps512(v));
+}
+// {v[0] x 8, v[1] x 8} from the first one or two f32 lanes of v (lane 1 zero for one block).
+SIEVE_VNNI_ATTR inline __m512 SpreadPair(__m128 v) { return Spread(v, 0, 1); }
+
+SIEVE_VNNI_ATTR inline uint32_t LoadU32(const void* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// IQ4_NL's levels + 128 (1 .. 241) as unsigned bytes.
+constexpr std::array<uint8_t, 16> BiasedIQ4NLValues() {
+  std::array<uint8_t, 16> biased{};
+  for (int k = 0; k < 16; ++k) biased[k] = static_cast<uint8_t>(kIQ4NLValues[k] + 128);
+  return biased;
+}
+
+// The weights of blocks b (and b + 1 if `pair`) as unsigned bytes; the f16 scales of the two
+// blocks as {d_b, d_b1} in 16-bit fields, with a minimum {d_b, m_b, d_b1, m_b1} (the blocks'
+// first 4 bytes).
+template <SmallBlockFormat kFormat>
+struct DecodedPair {
+  __m512i u;
+  uint64_t scales;
+};
+
+template <SmallBlockFormat kFormat>
+SIEVE_VNNI_ATTR inline DecodedPair<kFormat> Decode(const typename Format<kFormat>::Block* block,
+                                                   bool pair) {
+  using F = Format<kFormat>;
+  const __m512i shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+  const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block[0].qs));
+  __m512i z;
+  DecodedPair<kFormat> out;
+  constexpr int kScaleBits = F::kMin ? 32 : 16;
+  out.scales = F::kMin ? LoadU32(&block[0]) : block[0].d;
+  uint64_t fifth = 0;
+  if constexpr (F::kFifthBits) fifth = LoadU32(block[0].qh);
+  if (pair) {
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block[1].qs));
+    z = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(q0), 0xFF00, q1);
+    out.scales |= static_cast<uint64_t>(F::kMin ? LoadU32(&block[1]) : block[1].d) << kScaleBits;
+    if constexpr (F::kFifthBits) fifth |= static_cast<uint64_t>(LoadU32(block[1].qh)) << 32;
+  } else {
+    z = _mm512_maskz_broadcast_i32x4(0x00FF, q0);
+  }
+  // Without a pair the upper block decodes to zeros (IQ4_NL: to level 0 + 128), against
+  // zero activations (so zero offsets) and zero scales: it adds nothing.
+  __m512i u = _mm512_and_si512(_mm512_srlv_epi64(z, shifts), _mm512_set1_epi8(0xF));
+  if constexpr (F::kFifthBits) u = _mm512_mask_add_epi8(u, fifth, u, _mm512_set1_epi8(0x10));
+  if constexpr (F::kTable) {
+    alignas(16) static constexpr std::array<uint8_t, 16> kBiased = BiasedIQ4NLValues();
+    const __m512i table =
+        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kBiased.data())));
+    u = _mm512_shuffle_epi8(table, u);
+  }
+  out.u = u;
+  return out;
+}
+
+// Decode streams whole rows; a tile's kW rows are adjacent, and so are consecutive tiles. For
+// rows shorter than kStreamMaxRowBytes a cursor prefetches that region linearly kStreamAhead
+// bytes ahead of the reads, at the rate the tile consumes it (as matmul-inl.h's RowPrefetcher:
+// the hardware prefetchers do not ramp up on rows of a few KiB; on longer rows the cursor runs
+// behind the tile's later rows and only costs).
+inline constexpr uintptr_t kStreamAhead = 16 << 10;
+inline constexpr size_t kStreamMaxRowBytes = 8 << 10;
+
+template <SmallBlockFormat kFormat, int kW, int kX>
+SIEVE_VNNI_ATTR inline void Tile(const SmallBlockProblem& p, int64_t r0, int64_t x0, const Slice& s,
+                                 bool stream = false) {
+  using F = Format<kFormat>;
+  using Block = typename F::Block;
+  const int64_t num_blocks = p.cols / kQBlock;
+  const Block* w[kW];
+  for (int r = 0; r < kW; ++r) w[r] = reinterpret_cast<const Block*>(p.w + (r0 + r) * p.row_bytes);
+  __m512 acc[kW][kX];
+  for (int r = 0; r < kW; ++r) {
+    for (int i = 0; i < kX; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  const uintptr_t stream_base = reinterpret_cast<uintptr_t>(w[0] + s.begin) + kStreamAhead;
+  uintptr_t stream_next = stream_base;
+  for (int64_t b = s.begin; b < s.end; b += 2) {
+    const bool pair = b + 1 < s.end;
+    if (stream) {
+      const uintptr_t end =
+          stream_base + static_cast<uintptr_t>(b - s.begin + 2) * kW * sizeof(Block);
+      for (; stream_next < end; stream_next += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(stream_next), _MM_HINT_T0);
+    }
+    __m512i xq[kX], offset[kX];
+    __m512 xd[kX], xsum[kX];
+    for (int i = 0; i < kX; ++i) {
+      const int64_t xb = (x0 + i) * num_blocks + b;
+      const int8_t* q = p.xq + xb * kQBlock;
+      if (pair) {
+        xq[i] = _mm512_loadu_si512(q);
+        xd[i] = SpreadPair(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p.xd + xb))));
+      } else {
+        xq[i] = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+        xd[i] = SpreadPair(_mm_load_ss(p.xd + xb));
+      }
+      offset[i] = _mm512_setzero_si512();
+      if constexpr (F::kOffset != 0) {
+        const __m512i minus_offset = _mm512_set1_epi8(static_cast<char>(-F::kOffset));
+        offset[i] =
+            _mm512_sub_epi32(offset[i], _mm512_dpbusd_epi32(offset[i], minus_offset, xq[i]));
+      }
+      if constexpr (F::kMin) {
+        // Each block's 8 lanes add up m_w * xsum: one eighth per lane (exact).
+        const __m128 sums =
+            pair ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p.xsum + xb)))
+                 : _mm_load_ss(p.xsum + xb);
+        xsum[i] = _mm512_mul_ps(SpreadPair(sums), _mm512_set1_ps(0.125f));
+      }
+    }
+    for (int r = 0; r < kW; ++r) {
+      const DecodedPair<kFormat> wb = Decode<kFormat>(w[r] + b, pair);
+      const __m128 scales = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(wb.scales)));
+      __m512 wd, wm;
+      if constexpr (F::kMin) {
+        wd = Spread(scales, 0, 2);
+        wm = Spread(scales, 1, 3);
+      } else {
+        wd = Spread(scales, 0, 1);
+      }
+      for (int i = 0; i < kX; ++i) {
+        const __m512i dot = _mm512_dpbusd_epi32(offset[i], wb.u, xq[i]);
+        acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wd, xd[i]), acc[r][i]);
+        if constexpr (F::kMin) acc[r][i] = _mm512_fmadd_ps(wm, xsum[i], acc[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < kW; ++r) {
+    for (int i = 0; i < kX; ++i) {
+      float* out = &p.y[(x0 + i) * p.rows + r0 + r];
+      const float value = _mm512_reduce_add_ps(acc[r][i]);
+      *out = s.accumulate ? *out + value : value;
+    }
+  }
+}
+
+// Weight rows [r0, r0 + kW) against every activation row.
+template <SmallBlockFormat kFormat, int kW>
+SIEVE_VNNI_ATTR inline void WeightTile(const SmallBlockProblem& p, int64_t r0, int64_t num_x,
+                                       const Slice& s) {
+  int64_t x0 = 0;
+  for (; x0 + kRowsX <= num_x; x0 += kRowsX) Tile<kFormat, kW, kRowsX>(p, r0, x0, s);
+  switch (num_x - x0) {
+    case 3:
+      Tile<kFormat, kW, 3>(p, r0, x0, s);
+      break;
+    case 2:
+      Tile<kFormat, kW, 2>(p, r0, x0, s);
+      break;
+    case 1:
+      Tile<kFormat, kW, 1>(p, r0, x0, s);
+      break;
+    default:
+      break;
+  }
+}
+
+// The slice's bytes of weight rows [r0, r1) into L1, ahead of use.
+SIEVE_VNNI_ATTR inline void PrefetchRows(const SmallBlockProblem& p, size_t block_bytes, int64_t r0,
+                                         int64_t r1, const Slice& s) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* row = reinterpret_cast<const char*>(p.w + r * p.row_bytes);
+    const char* end = row + s.end * block_bytes;
+    for (const char* line = row + s.begin * block_bytes; line < end; line += 64)
+      _mm_prefetch(line, _MM_HINT_T0);
+  }
+}
+
+template <SmallBlockFormat kFormat>
+SIEVE_VNNI_ATTR void Rows(const SmallBlockProblem& p, int64_t r_begin, int64_t r_end,
+                          int64_t num_x) {
+  constexpr size_t kBlockBytes = sizeof(typename Format<kFormat>::Block);
+  const int64_t num_blocks = p.cols / kQBlock;
+  if (num_x == 1) {  // decode: whole rows, 4 at a time (the activation row stays in L1)
+    const Slice s{0, num_blocks, false};
+    const bool stream = p.row_bytes < kStreamMaxRowBytes;
+    int64_t r = r_begin;
+    for (; r + kRowsW <= r_end; r += kRowsW) Tile<kFormat, kRowsW, 1>(p, r, 0, s, stream);
+    for (; r < r_end; ++r) Tile<kFormat, 1, 1>(p, r, 0, s);
+    return;
+  }
+  for (int64_t b0 = 0; b0 < num_blocks; b0 += kSliceBlocks) {
+    const Slice s{b0, std::min(num_blocks, b0 + kSliceBlocks), b0 != 0};
+    int64_t r = r_begin;
+    for (; r + kRowsW <= r_end; r += kRowsW) {
+      PrefetchRows(p, kBlockBytes, r + kRowsW, std::min(r_end, r + 2 * kRowsW), s);
+      WeightTile<kFormat, kRowsW>(p, r, num_x, s);
+    }
+    for (; r < r_end; ++r) WeightTile<kFormat, 1>(p, r, num_x, s);
+  }
+}
+
+}  // namespace
+
+SIEVE_VNNI_ATTR void small_block_rows(const SmallBlockProblem& p, int64_t r_begin, int64_t r_end,
+                                      int64_t num_x) {
+  switch (p.format) {
+    case SmallBlockFormat::kQ4_0:
+      return Rows<SmallBlockFormat::kQ4_0>(p, r_begin, r_end, num_x);
+    case SmallBlockFormat::kQ4_1:
+      return Rows<SmallBlockFormat::kQ4_1>(p, r_begin, r_end, num_x);
+    case SmallBlockFormat::kQ5_0:
+      return Rows<SmallBlockFormat::kQ5_0>(p, r_begin, r_end, num_x);
+    case SmallBlockFormat::kQ5_1:
+      return Rows<SmallBlockFormat::kQ5_1>(p, r_begin, r_end, num_x);
+    case SmallBlockFormat::kIQ4_NL:
+      return Rows<SmallBlockFormat::kIQ4_NL>(p, r_begin, r_end, num_x);
+  }
+}
+
+#else  // not x86-64 with GCC/Clang: vnni::supported() is false, nothing calls this
+
+void small_block_rows(const SmallBlockProblem&, int64_t, int64_t, int64_t) {}
+
+#endif
+
+}  // namespace sieve::kernels::vnni

@@ -1,0 +1,30 @@
+#pragma once
+// Internal to src/kernels: decode and prefill tiles for 4- and 5-bit weight blocks of 32
+// (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) against Q8_0 activations on x86 CPUs with AVX-512 VNNI
+// (vnni::supported()). Plain intrinsics in their own translation unit, as cpu/matmul_vnni.cc.
+#include <cstddef>
+#include <cstdint>
+
+namespace sieve::kernels::vnni {
+
+enum class SmallBlockFormat : uint8_t { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL };
+
+// y[i * rows + r] = sum_c w[r][c] * x[i][c] for r in [r_begin, r_end), i < num_x, with the
+// weights decoded to unsigned bytes u (Q4: nibble, Q5: 5 bits, IQ4_NL: level + 128) so that
+// w = d_w * (u + offset) + m_w, offset = -8 / 0 / -16 / 0 / -128 and m_w = 0 without a minimum.
+// x pre-quantized to Q8_0 (q int8 [num_x][cols], d f32 [num_x][cols / 32]) and, for Q4_1 /
+// Q5_1, xsum f32 [num_x][cols / 32] = d_x * sum_j q_x[j] per block (else may be null).
+// cols % 32 == 0. Exact int32 block dot products (vpdpbusd, u8 x s8), one f32 FMA per block.
+struct SmallBlockProblem {
+  SmallBlockFormat format;
+  const uint8_t* w;  // rows * row_bytes
+  size_t row_bytes;  // cols / 32 * block bytes
+  int64_t rows, cols;
+  const int8_t* xq;
+  const float* xd;
+  const float* xsum;
+  float* y;
+};
+void small_block_rows(const SmallBlockProblem& p, int64_t r_begin, int64_t r_end, int64_t num_x);
+
+}  // namespace sieve::kernels::vnni
