@@ -178,6 +178,13 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
                      fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
                                  prompt_len, *request.params.max_tokens, context)};
   }
+  // A sliding-window model (Mistral 7B v0.1) never attends to keys older than its window, so a
+  // dense request keeps just the window (sink-free streaming): the pages of older keys go back to
+  // the pool as it runs. The attention kernels mask by the window either way.
+  if (const std::optional<int64_t> window = model_->config().sliding_window;
+      window && std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {
+    request.kv_policy.policy = sparsity::StreamingSpec{.num_sinks = 0, .window = *window};
+  }
   std::shared_ptr<SparsityState> sparsity;
   int64_t pages_needed = (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
   if (!std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {

@@ -26,7 +26,9 @@
 // for p·v; K/V traffic ~ num_row_tiles * attended keys * num_kv_heads * head_dim * 8 bytes
 // (num_row_tiles = 1 for decode; rows per tile = 32 / group).
 // Results are deterministic for a given pool size (the key splits depend on it).
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "kernels/ops.h"
@@ -75,7 +77,17 @@ struct AttentionQuery {
   int64_t num_heads = 0;               // a multiple of num_kv_heads; query head h uses kv head
                                        // h / (num_heads / num_kv_heads) (grouped-query attention)
   float scale = 1.0f;                  // score = scale * q·k, usually 1 / sqrt(head_dim)
+  // Sliding-window attention (Mistral 7B v0.1: 4096): row i sees only the last `window` keys,
+  // (positions[i] - window, positions[i]]. Key indices, so on a sparse stream it is exact when
+  // the stream keeps a contiguous run of recent keys (a sink-0 streaming policy).
+  std::optional<int32_t> window;
 };
+
+// The first key row i may see: 0, or positions[i] - window + 1 under a sliding window.
+inline int64_t first_visible_key(const AttentionQuery& q, size_t row) {
+  if (!q.window) return 0;
+  return std::max<int64_t>(0, int64_t{q.positions[row]} - *q.window + 1);
+}
 
 struct AttentionOutput {
   float* out = nullptr;      // [num_q][num_heads][head_dim]: softmax(scores) · v

@@ -31,13 +31,14 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
   std::vector<float> k_row(static_cast<size_t>(head_dim)), v_row(static_cast<size_t>(head_dim));
   for (int64_t i = 0; i < num_q; ++i) {
     const int64_t num_keys = int64_t{q.positions[i]} + 1;
+    const int64_t first_key = first_visible_key(q, static_cast<size_t>(i));
     assert(num_keys <= static_cast<int64_t>(kv.block_table.size()) * kv.page_size - kv.key_offset);
     scores.assign(static_cast<size_t>(num_keys), 0.0);
     for (int64_t h = 0; h < q.num_heads; ++h) {
       const int64_t kv_head = h / group;
       const float* q_row = q.q + (i * q.num_heads + h) * head_dim;
       double max = -std::numeric_limits<double>::infinity();
-      for (int64_t t = 0; t < num_keys; ++t) {
+      for (int64_t t = first_key; t < num_keys; ++t) {
         load_kv_row(kv, false, t, kv_head, k_row.data());
         double dot = 0.0;
         for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
@@ -46,7 +47,7 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
       }
       double sum = 0.0;
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t t = 0; t < num_keys; ++t) {
+      for (int64_t t = first_key; t < num_keys; ++t) {
         const double p = std::exp(scores[t] - max);
         sum += p;
         load_kv_row(kv, true, t, kv_head, v_row.data());

@@ -279,7 +279,8 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
           .q = &s.q[seq.first_token * q_dim],
           .positions = std::span<const int32_t>(&batch.positions[seq.first_token], seq.num_tokens),
           .num_heads = c.num_heads,
-          .scale = scale};
+          .scale = scale,
+                                        .window = window()};
       kernels::paged_attention(cache.layer_view(l, seq.block_table), query,
                                {.out = &s.attn[seq.first_token * q_dim]}, attention_pool);
     };
@@ -345,7 +346,8 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
     const kernels::AttentionQuery query{.q = q_group,
                                         .positions = std::span<const int32_t>(head_positions, num_tokens),
                                         .num_heads = group,
-                                        .scale = scale};
+                                        .scale = scale,
+                                        .window = window()};
     std::span<const int32_t> slices = stream.slices;
     if (stream.selection && num_tokens == 1) {
       slices = select_slices(sparse, stream_idx, q_group, group, cache.page_size(), s.slices[g]);
@@ -464,7 +466,8 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
     const kernels::AttentionQuery query{.q = s.q.data(), .positions = window_positions, .num_heads = c.num_heads,
-                                        .scale = scale};
+                                        .scale = scale,
+                                        .window = window()};
     const kernels::PagedKv kv = cache.layer_view(l, block_table);
     kernels::paged_attention(kv, query, {.out = s.attn.data(), .row_lse = s.lse.data()}, pool);
     kernels::observation_scores(kv, query, s.lse.data(), num_keys, &scores[l * c.num_kv_heads * num_keys], pool);

@@ -13,7 +13,10 @@
 //   logits = Wout · norm(x)      (only for tokens that asked for logits)
 //
 // Every matrix is applied to all batch tokens at once (one pass over the weights per step).
+#include <algorithm>
+#include <climits>
 #include <exception>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <span>
@@ -87,6 +90,11 @@ class LlamaModel {
 
  private:
   void check_batch(const Batch& batch, const KvCache& cache) const;
+  // The attention's sliding window, in keys (config's sliding_window).
+  std::optional<int32_t> window() const {
+    if (!config_.sliding_window) return std::nullopt;
+    return static_cast<int32_t>(std::min<int64_t>(*config_.sliding_window, INT32_MAX));
+  }
   void embed(std::span<const TokenId> tokens, ForwardScratch& s) const;  // rows of s.x
   // s.norm ([n][dim]) -> s.q [n][q_dim] and, with_kv, s.k, s.v [n][kv_dim]: the projection (one
   // matmul over a fused QKV matrix, split after), biases, per-head Q/K RMSNorm, RoPE at positions.

@@ -10,11 +10,13 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "engine/generator.h"
 #include "eval/calibration.h"
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "shared_data.h"
 #include "sparsity/policy_spec.h"
+#include "util/thread_pool.h"
 
 namespace sieve::engine {
 namespace {
@@ -220,6 +222,41 @@ TEST(SparseEngine, StreamingHoldsABoundedNumberOfPagesWhileGenerating) {
   EXPECT_LE(outcome.usage.kv_pages, 5);
   EXPECT_GE(outcome.usage.kv_dense_pages, 26);
   expect_all_pages_free(engine);
+}
+
+// A sliding-window model (the window as Mistral 7B v0.1 declares it, here 24 keys on
+// stories260K): the engine runs a dense request as sink-free streaming, so the pages of keys
+// older than the window go back to the pool, and the tokens are exactly those of the dense
+// cache with the kernels' window mask (the single-sequence generator).
+TEST(SparseEngine, SlidingWindowModelDropsKeysOutsideTheWindowExactly) {
+  model::LoadedModel loaded = load_stories();
+  model::ModelConfig windowed_config = loaded.model->config();
+  windowed_config.sliding_window = 24;
+  const auto windowed = std::make_shared<const model::LlamaModel>(windowed_config, loaded.model->weights());
+  const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
+  ASSERT_GT(prompt.size(), 48u);
+
+  Engine engine(config(512), windowed, loaded.tokenizer);
+  const Outcome outcome = run(engine, {greedy(prompt, "full", 200)})[0];
+  ASSERT_FALSE(outcome.error.has_value()) << *outcome.error;
+  ASSERT_EQ(outcome.tokens.size(), 200u);
+  // 5 layers x 4 KV heads = 20 streams of <= 24 keys (+ a partial slice each): a few pages.
+  EXPECT_LE(outcome.usage.kv_pages, 5);
+  EXPECT_GE(outcome.usage.kv_dense_pages, 18);
+  expect_all_pages_free(engine);
+
+  ThreadPool pool(2);
+  std::vector<TokenId> masked_dense;
+  engine::generate(*windowed, prompt, {.max_tokens = 200, .sampling = {.temperature = 0.0f}}, pool,
+                   [&](TokenId token, std::span<const float>) {
+                     masked_dense.push_back(token);
+                     return true;
+                   });
+  EXPECT_EQ(outcome.tokens, masked_dense);
+
+  Engine full_engine(config(512), loaded.model, loaded.tokenizer);
+  EXPECT_NE(run(full_engine, {greedy(prompt, "full", 200)})[0].tokens, outcome.tokens)
+      << "a 24-key window must change a 200-token continuation of a long prompt";
 }
 
 TEST(SparseEngine, FastGenRecoversWhatItsThresholdAsks) {

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,12 +39,13 @@ std::vector<double> naive_window_mass(const PagedKv& kv, const AttentionQuery& w
   std::vector<double> mass(static_cast<size_t>(kv.num_kv_heads * num_keys), 0.0);
   for (size_t i = 0; i < w.positions.size(); ++i) {
     const int64_t n = int64_t{w.positions[i]} + 1;
+    const int64_t first = w.window ? std::max<int64_t>(0, n - *w.window) : 0;  // sliding window
     for (int64_t h = 0; h < w.num_heads; ++h) {
       const int64_t kv_head = h / group;
       const float* q = w.q + (static_cast<int64_t>(i) * w.num_heads + h) * kv.head_dim;
       std::vector<double> s(static_cast<size_t>(n));
       double max = -std::numeric_limits<double>::infinity();
-      for (int64_t t = 0; t < n; ++t) {
+      for (int64_t t = first; t < n; ++t) {
         const float* k = kv.k + kv_offset(kv, t, kv_head);
         double dot = 0;
         for (int64_t c = 0; c < kv.head_dim; ++c) dot += double{q[c]} * k[c];
@@ -51,8 +53,8 @@ std::vector<double> naive_window_mass(const PagedKv& kv, const AttentionQuery& w
         max = std::max(max, s[t]);
       }
       double sum = 0;
-      for (double v : s) sum += std::exp(v - max);
-      for (int64_t t = 0; t < n; ++t) mass[kv_head * num_keys + t] += std::exp(s[t] - max) / sum;
+      for (int64_t t = first; t < n; ++t) sum += std::exp(s[t] - max);
+      for (int64_t t = first; t < n; ++t) mass[kv_head * num_keys + t] += std::exp(s[t] - max) / sum;
     }
   }
   return mass;
@@ -64,6 +66,7 @@ struct WindowCase {
   std::vector<int32_t> positions;  // the window rows
   int64_t num_keys = 0;            // scored keys (>= last position + 1)
   float q_range = 1.0f;
+  std::optional<int32_t> attention_window;  // sliding-window attention
 };
 
 std::string describe(const WindowCase& c, int threads) {
@@ -83,7 +86,7 @@ void expect_observation_matches(const WindowCase& c, ThreadPool& pool, uint32_t 
   const std::vector<float> q =
       random_floats(num_rows * num_heads * c.shape.head_dim, seed + 1, -c.q_range, c.q_range);
   const AttentionQuery window{q.data(), c.positions, num_heads,
-                              1.0f / std::sqrt(static_cast<float>(c.shape.head_dim))};
+                              1.0f / std::sqrt(static_cast<float>(c.shape.head_dim)), c.attention_window};
   // The flash kernel's LSE for the window rows, as the engine would have it after prefill.
   std::vector<float> out(static_cast<size_t>(num_rows * num_heads * c.shape.head_dim));
   std::vector<float> lse(static_cast<size_t>(num_rows * num_heads));
@@ -134,6 +137,24 @@ TEST_P(AttentionScores, ObservationWindowEqualsNaiveSoftmax) {
           c.num_keys = len;
           expect_observation_matches(c, *pool, ++seed);
         }
+      }
+    }
+  }
+}
+
+// Under a sliding window, keys older than a row's window get none of its attention.
+TEST_P(AttentionScores, SlidingWindowRowsScoreOnlyTheirWindow) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 700;
+  for (int64_t len : {17, 100, 1000}) {
+    for (int32_t attention_window : {1, 5, 16, 40, 2000}) {
+      for (ThreadPool* pool : {&pool1, &pool3}) {
+        WindowCase c;
+        c.shape = {.num_keys = len, .num_kv_heads = 2, .head_dim = 64};
+        c.positions = position_range(len - std::min<int64_t>(len, 7), len);
+        c.num_keys = len;
+        c.attention_window = attention_window;
+        expect_observation_matches(c, *pool, ++seed);
       }
     }
   }

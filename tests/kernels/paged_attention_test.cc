@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,13 +56,13 @@ std::string describe(const CacheShape& shape, const std::vector<int32_t>& positi
 // and lse within 1e-5 * (1 + |value|). Also checks nothing is written past the outputs.
 void expect_matches_ref(const TestCache& cache, const std::vector<int32_t>& positions,
                         int64_t group, ThreadPool& pool, uint32_t seed, float q_lo = -1.0f,
-                        float q_hi = 1.0f) {
+                        float q_hi = 1.0f, std::optional<int32_t> window = std::nullopt) {
   const CacheShape& shape = cache.shape();
   const int64_t num_q = static_cast<int64_t>(positions.size());
   const int64_t num_heads = shape.num_kv_heads * group;
   const std::vector<float> q = random_floats(num_q * num_heads * shape.head_dim, seed, q_lo, q_hi);
   const AttentionQuery query{q.data(), positions, num_heads,
-                             1.0f / std::sqrt(static_cast<float>(shape.head_dim))};
+                             1.0f / std::sqrt(static_cast<float>(shape.head_dim)), window};
   constexpr float kSentinel = 12345.0f;
   Outputs got(num_q, num_heads, shape.head_dim, kSentinel);
   Outputs want(num_q, num_heads, shape.head_dim, kSentinel);
@@ -128,6 +129,41 @@ TEST_P(PagedAttention, Decode) {
       }
     }
   }
+}
+
+// Sliding-window attention: each row sees only its last W keys (window edges inside tiles,
+// on tile and page boundaries, wider than the context, and in split decodes).
+TEST_P(PagedAttention, SlidingWindowMasksOlderKeys) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 900;
+  for (int64_t len : {17, 100, 1000}) {
+    const TestCache cache({.num_keys = len, .num_kv_heads = 2, .head_dim = 64}, ++seed);
+    for (int32_t window : {1, 7, 16, 33, 500, 4096}) {
+      for (ThreadPool* pool : {&pool1, &pool3}) {
+        expect_matches_ref(cache, position_range(0, len), 4, *pool, ++seed, -1.0f, 1.0f, window);
+        expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, 2, *pool, ++seed, -1.0f, 1.0f, window);
+      }
+    }
+  }
+  const TestCache long_cache({.num_keys = 2500, .num_kv_heads = 2, .head_dim = 64}, ++seed);
+  expect_matches_ref(long_cache, {2499}, 4, pool3, ++seed, -1.0f, 1.0f, 1500);  // split keys, some all masked
+}
+
+// The window's meaning, independently of the kernels: a decode row under window W attends as a
+// row that sees only the last W keys (the cache with its older slots dropped).
+TEST(PagedAttentionRef, SlidingWindowEqualsAttentionOverTheLastKeysAlone) {
+  const int64_t len = 50, head_dim = 16, num_heads = 2;
+  const int32_t window = 9;
+  const TestCache cache({.num_keys = len, .num_kv_heads = 1, .head_dim = head_dim}, 77);
+  const std::vector<float> q = random_floats(num_heads * head_dim, 78, -1.0f, 1.0f);
+  const std::vector<int32_t> last = {static_cast<int32_t>(len - 1)};
+  Outputs windowed(1, num_heads, head_dim, 0.0f), alone(1, num_heads, head_dim, 0.0f);
+  ref::paged_attention(cache.view(), {q.data(), last, num_heads, 0.25f, window}, windowed.view());
+  PagedKv recent = cache.view();
+  recent.key_offset = static_cast<int32_t>(len - window);
+  const std::vector<int32_t> recent_last = {window - 1};
+  ref::paged_attention(recent, {q.data(), recent_last, num_heads, 0.25f}, alone.view());
+  for (int64_t i = 0; i < num_heads * head_dim; ++i) EXPECT_NEAR(windowed.out[i], alone.out[i], 1e-6) << i;
 }
 
 // A sparse stream whose first slots were dropped: key j at slot key_offset + j of the table.

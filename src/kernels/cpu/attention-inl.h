@@ -290,7 +290,7 @@ HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* ru
 // Online softmax step for one tile of num_keys keys starting at position key0. Query vector m
 // (row m / group) sees keys < limit[m / group]. Leaves probabilities in S (0 for masked keys)
 // and each row's acc rescale factor in alpha.
-HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* limit,
+HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first, const int64_t* limit,
                             int64_t key0, int64_t num_keys) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -298,11 +298,13 @@ HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int6
   for (int64_t m = 0; m < block.num_rows; ++m) {
     float* HWY_RESTRICT s = block.s + m * p.tp;
     const int64_t num_valid = std::clamp<int64_t>(limit[m / p.group] - key0, 0, num_keys);
-    if (num_valid == 0) {  // nothing to see in this tile: P = 0, acc unchanged
+    const int64_t num_before = std::clamp<int64_t>(first[m / p.group] - key0, 0, num_keys);  // sliding window
+    if (num_valid <= num_before) {  // nothing to see in this tile: P = 0, acc unchanged
       std::fill(s, s + p.tp, 0.0f);
       block.alpha[m] = 1.0f;
       continue;
     }
+    std::fill(s, s + num_before, kNegInf);         // keys older than the window
     std::fill(s + num_valid, s + width, kNegInf);  // masked keys and padding
     VF vmax = hn::Load(d, s);
     for (int64_t i = N; i < width; i += N) vmax = hn::Max(vmax, hn::Load(d, s + i));
@@ -485,8 +487,12 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
     sc.max[v] = kNegInf;
     sc.sum[v] = 0.0f;
   }
-  int64_t limit[kAttentionQueryVectorsPerTask];  // per query row: keys < limit are visible
-  for (int64_t r = 0; r < num_rows; ++r) limit[r] = int64_t{p.q.positions[task.row_begin + r]} + 1;
+  int64_t first[kAttentionQueryVectorsPerTask];  // per query row: keys in [first, limit) are visible
+  int64_t limit[kAttentionQueryVectorsPerTask];
+  for (int64_t r = 0; r < num_rows; ++r) {
+    first[r] = first_visible_key(p.q, static_cast<size_t>(task.row_begin + r));
+    limit[r] = int64_t{p.q.positions[task.row_begin + r]} + 1;
+  }
 
   // Units of work in order: for each key tile, each kv head of the task.
   KeyRun<T> runs[kMaxRuns];
@@ -503,7 +509,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                             sc.alpha,
                             per_head};
       Qk(p, block, runs, num_runs);
-      SoftmaxStep(p, block, limit, key0, key1 - key0);
+      SoftmaxStep(p, block, first, limit, key0, key1 - key0);
       Pv(p, block, runs, num_runs);
     }
   }

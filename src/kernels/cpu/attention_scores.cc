@@ -111,10 +111,13 @@ struct ObservationScratch {
   float* s;                    // [tp] one query vector's scores, then probabilities
   float* acc;                  // [tp] per-key sums of the tile
   std::vector<float> lse;      // [num_vectors]
+  std::vector<int64_t> first;  // [num_vectors] keys >= first are visible (sliding window; else 0)
   std::vector<int64_t> limit;  // [num_vectors] keys < limit are visible
 
   explicit ObservationScratch(const ObservationProblem& p)
-      : lse(static_cast<size_t>(p.num_vectors)), limit(static_cast<size_t>(p.num_vectors)) {
+      : lse(static_cast<size_t>(p.num_vectors)),
+        first(static_cast<size_t>(p.num_vectors)),
+        limit(static_cast<size_t>(p.num_vectors)) {
     buffer = hwy::AllocateAligned<float>(
         static_cast<size_t>((p.num_vectors + kTileKeys) * p.dp + 2 * p.tp));
     q = buffer.get();
@@ -148,6 +151,7 @@ HWY_NOINLINE void ObservationTask(const ObservationProblem& p, int64_t kv_head, 
                 dst + c);
     }
     sc.lse[static_cast<size_t>(m)] = p.row_lse[row * w.num_heads + head];
+    sc.first[static_cast<size_t>(m)] = first_visible_key(w, static_cast<size_t>(row));
     sc.limit[static_cast<size_t>(m)] = int64_t{w.positions[static_cast<size_t>(row)]} + 1;
     max_limit = std::max(max_limit, sc.limit[static_cast<size_t>(m)]);
   }
@@ -162,6 +166,8 @@ HWY_NOINLINE void ObservationTask(const ObservationProblem& p, int64_t kv_head, 
       if (num_valid == 0) continue;
       DotsWithTile(sc.q + m * p.dp, sc.keys, num_valid, p.dp, sc.s);
       std::fill(sc.s + num_valid, sc.s + p.tp, -std::numeric_limits<float>::infinity());
+      const int64_t num_before = std::clamp<int64_t>(sc.first[static_cast<size_t>(m)] - key0, 0, num_valid);
+      std::fill(sc.s, sc.s + num_before, -std::numeric_limits<float>::infinity());  // older than the window
       const VF shift = hn::Set(d, sc.lse[static_cast<size_t>(m)]);
       for (int64_t i = 0; i < p.tp; i += N) {
         const VF prob = hn::Exp(d, hn::Sub(hn::Load(d, sc.s + i), shift));  // exp(-inf) = 0
