@@ -166,7 +166,8 @@ TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
 
 // sieve bench: prefill GFLOP/s counts 2 x the layers' matmul parameters per prompt token.
 TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
-  Result r = run("bench -m " + model() + " --bandwidth-mib 16 --reps 1 --prompt-tokens 32 --decode-tokens 4 -t 2 --json");
+  Result r = run("bench -m " + model() +
+                 " --bandwidth-mib 16 --reps 1 --prompt-tokens 32 --decode-tokens 4 -t 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json out = nlohmann::json::parse(r.out);
   ASSERT_EQ(out["models"].size(), 1u);

@@ -139,7 +139,8 @@ TEST(QuantPlan, MoreBitsLayersOfTheMMixes) {
   std::vector<int> q6_layers;
   for (int layer = 0; layer < 32; ++layer) {
     const std::string v = planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".attn_v.weight", {4096, 1024});
-    const std::string down = planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".ffn_down.weight", {14336, 4096});
+    const std::string down =
+        planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".ffn_down.weight", {14336, 4096});
     EXPECT_EQ(v, down) << layer;
     if (v == "Q6_K") q6_layers.push_back(layer);
     EXPECT_EQ(planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".attn_q.weight", {4096, 4096}), "Q4_K");
@@ -191,11 +192,13 @@ TEST(QuantPlan, RowsThatAreNotWholeBlocksFallBackAsLlamaQuantize) {
   EXPECT_EQ(planned("IQ4_XS", info, "blk.1.attn_q.weight", {288, 288}), "IQ4_NL");
   EXPECT_EQ(planned("Q4_K_M", info, "output.weight", {288, 32000}), "Q8_0");
   // Not even a multiple of 32: F16 (llama-quantize refuses such a file).
-  const model::PlannedType odd = model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{100, 100});
+  const model::PlannedType odd =
+      model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{100, 100});
   EXPECT_EQ(odd.dtype, kernels::DType::kF16);
   EXPECT_NE(odd.note.find("row length 100"), std::string::npos) << odd.note;
   EXPECT_EQ(planned("Q8_0", info, "blk.0.attn_q.weight", {100, 100}), "F16");
-  EXPECT_TRUE(model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{512, 512}).note.empty());
+  EXPECT_TRUE(
+      model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{512, 512}).note.empty());
 }
 
 nlohmann::json quant_golden() {
