@@ -293,6 +293,31 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// --pure: every matrix in the base type, the output matrix included (no Q6_K), and the
+// file still loads and follows its source. Runs on this build's Q4_0 quantizer.
+TEST(Quantize, PureQ4_0KeepsEveryMatrixInTheBaseType) {
+  const std::string input = testing::shared_path("golden/quant/base-F16.gguf");
+  const std::string output = temp_path("base-Q4_0-pure.gguf");
+  ThreadPool pool(2);
+  model::QuantizeReport report = model::quantize_model(input, output, mix("q4_0"), pool, /*pure=*/true);
+  std::map<std::string, int> counts;
+  for (const auto& tensor : report.tensors) {
+    ++counts[tensor.to_type];
+    EXPECT_TRUE(tensor.note.empty()) << tensor.name << ": " << tensor.note;
+  }
+  EXPECT_EQ(counts, (std::map<std::string, int>{{"F32", 5}, {"Q4_0", 16}}));
+  const gguf::File written = gguf::File::open(output);
+  EXPECT_EQ(written.get_u64("general.file_type"), 2u);
+  model::LoadedModel reference = model::load_model({input, ""});
+  model::LoadedModel candidate = model::load_model({output, ""});
+  std::vector<std::vector<int32_t>> prompts = {reference.tokenizer->encode("Once upon a time")};
+  eval::ModelAgreement agreement = eval::compare_models(*reference.model, *candidate.model, prompts, 24, pool);
+  EXPECT_EQ(agreement.steps, 24);
+  EXPECT_GT(agreement.max_abs_logit_error, 0.0);
+  EXPECT_GT(agreement.top1_agreement(), 0.5);
+  std::filesystem::remove(output);
+}
+
 // Q4_K_M of the 2-layer base model loads, every tensor has the planned type, and it follows
 // the F16 model. Waits for the Q4_K and Q6_K quantizers and matmuls (kernel branches).
 TEST(Quantize, Q4KMFollowsF16Model) {
