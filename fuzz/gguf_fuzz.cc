@@ -1,4 +1,5 @@
-// libFuzzer target for the GGUF reader (and, on inputs it accepts, the writer).
+// libFuzzer target for the GGUF reader (and, on inputs it accepts, the writer and model
+// loading: configuration and weights).
 //
 // Properties checked, beyond "no crash, no sanitizer report":
 //   - File::parse either succeeds or throws sieve::Error; nothing else escapes.
@@ -6,13 +7,20 @@
 //     are readable.
 //   - Writing an accepted file back out succeeds, the result parses, and writing that again
 //     gives the same bytes (the writer's output is a fixed point).
+//   - Loading a model from an accepted file (config_from_gguf, then weights_from_gguf) either
+//     succeeds, with every matrix view inside the file, or throws sieve::Error: an unsupported
+//     tensor type, architecture or shape is refused at load, never later.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "model/weights.h"
 
 namespace {
 
@@ -75,6 +83,31 @@ Writer rewrite(const File& file) {
   return writer;
 }
 
+// A matrix view must lie inside the file's bytes, with a type the kernels compute with.
+void check_view(const sieve::kernels::MatrixView& view, std::span<const uint8_t> bytes) {
+  if (view.data == nullptr) return;  // e.g. no separate output matrix
+  const auto* begin = static_cast<const uint8_t*>(view.data);
+  const size_t size = sieve::kernels::row_bytes(view.dtype, view.cols) * static_cast<size_t>(view.rows);
+  if (begin < bytes.data() || begin + size > bytes.data() + bytes.size()) __builtin_trap();
+}
+
+// What `sieve run` / `sieve serve` do at load, minus the tokenizer (fuzzed on its own) and the
+// KV cache: every failure must be a sieve::Error.
+void load_model(std::shared_ptr<const File> file, std::span<const uint8_t> bytes) {
+  try {
+    sieve::model::ModelConfig config = sieve::model::config_from_gguf(*file);
+    const sieve::model::Weights weights = sieve::model::weights_from_gguf(file, config);
+    check_view(weights.token_embd, bytes);
+    check_view(weights.output, bytes);
+    for (const auto& layer : weights.layers) {
+      for (const auto* view : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) {
+        check_view(*view, bytes);
+      }
+    }
+  } catch (const sieve::Error&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -86,6 +119,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   exercise_getters(*file);
   const uint64_t tensor_bytes = exercise_tensors(*file);
+  // Views of a parsed (not opened) file point into the fuzzer's buffer.
+  const auto shared_file = std::make_shared<const File>(File::parse({data, size}));
+  load_model(shared_file, {data, size});
 
   if (file->alignment() > kMaxRoundTripAlignment || tensor_bytes > kMaxRoundTripTensorBytes) {
     return 0;

@@ -5,8 +5,11 @@
 #   build-fuzz/fuzz/gguf_fuzz -max_total_time=60 -max_len=65536 OUT_DIR
 #
 # Seeds: the real model (valid), its header with no tensors (valid, small), the first 4 KiB of
-# each vocab file (truncated mid-array), and a small synthetic file that holds every value type,
-# nested arrays and a few tensors (valid), so mutations start from files the reader accepts.
+# each vocab file (truncated mid-array), a small synthetic file that holds every value type,
+# nested arrays and a few tensors (valid), so mutations start from files the reader accepts;
+# and llama.cpp's files of golden/quant that model loading must handle: K-quant mixes (Q4_K_M,
+# Q6_K, Q2_K with Q3_K/Q4_K/Q6_K), tied-embedding Qwen2 Q4_K_M, IQ4_XS, and TQ2_0 (a type sieve
+# refuses at load).
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -21,6 +24,11 @@ mkdir -p "$out"
 model="$shared/models/stories260K.gguf"
 [[ -f $model ]] || { echo "missing $model" >&2; exit 1; }
 install -m 0644 "$model" "$out/stories260K.gguf"
+for quant in base-Q4_K_M base-Q6_K base-Q2_K base-IQ4_XS base-TQ2_0 arch-qwen2-Q4_K_M; do
+  file="$shared/golden/quant/$quant.gguf"
+  [[ -f $file ]] || { echo "missing $file" >&2; exit 1; }
+  install -m 0644 "$file" "$out/$quant.gguf"
+done
 for vocab in "$shared"/golden/tokenizer/*.gguf; do
   head -c 4096 "$vocab" > "$out/$(basename "$vocab" .gguf)-4k.gguf"
 done

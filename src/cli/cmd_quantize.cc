@@ -55,7 +55,9 @@ void quantize(const QuantizeOptions& options) {
   }
   if (!options.json) {
     std::string counts;
-    for (const auto& [type, count] : type_counts) counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", type, count);
+    for (const auto& [type, count] : type_counts) {
+      counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", type, count);
+    }
     fmt::print("wrote {} ({}{}; tensors: {}): tensor data {:.2f} MB -> {:.2f} MB\n", options.out_path, mix->name,
                options.pure ? ", pure" : "", counts, report.bytes_in / 1e6, report.bytes_out / 1e6);
     for (const auto& tensor : report.tensors) {

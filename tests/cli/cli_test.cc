@@ -166,7 +166,8 @@ TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
 
 // sieve bench: prefill GFLOP/s counts 2 x the layers' matmul parameters per prompt token.
 TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
-  Result r = run("bench -m " + model() + " --bandwidth-mib 16 --reps 1 --prompt-tokens 32 --decode-tokens 4 -t 2 --json");
+  Result r = run("bench -m " + model() +
+                 " --bandwidth-mib 16 --reps 1 --prompt-tokens 32 --decode-tokens 4 -t 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json out = nlohmann::json::parse(r.out);
   ASSERT_EQ(out["models"].size(), 1u);
@@ -250,7 +251,8 @@ TEST(Cli, KQuantRowsThatAreNotWholeBlocksAreRefusedAtLoad) {
   set_tensor_type(bytes, "blk.0.attn_q.weight", 12);  // Q4_K
   const std::string path = write_temp("q4k_rows.gguf", bytes);
   expect_refused_at_load(path, {"'blk.0.attn_q.weight'", "row length 64",
-                                "not a multiple of the Q4_K block size 256"});
+                                "not a multiple of the Q4_K block size 256",
+                                "32-value blocks", "re-quantize"});
   std::filesystem::remove(path);
 }
 

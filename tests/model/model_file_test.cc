@@ -139,7 +139,8 @@ TEST(QuantPlan, MoreBitsLayersOfTheMMixes) {
   std::vector<int> q6_layers;
   for (int layer = 0; layer < 32; ++layer) {
     const std::string v = planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".attn_v.weight", {4096, 1024});
-    const std::string down = planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".ffn_down.weight", {14336, 4096});
+    const std::string down =
+        planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".ffn_down.weight", {14336, 4096});
     EXPECT_EQ(v, down) << layer;
     if (v == "Q6_K") q6_layers.push_back(layer);
     EXPECT_EQ(planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".attn_q.weight", {4096, 4096}), "Q4_K");
@@ -191,11 +192,13 @@ TEST(QuantPlan, RowsThatAreNotWholeBlocksFallBackAsLlamaQuantize) {
   EXPECT_EQ(planned("IQ4_XS", info, "blk.1.attn_q.weight", {288, 288}), "IQ4_NL");
   EXPECT_EQ(planned("Q4_K_M", info, "output.weight", {288, 32000}), "Q8_0");
   // Not even a multiple of 32: F16 (llama-quantize refuses such a file).
-  const model::PlannedType odd = model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{100, 100});
+  const model::PlannedType odd =
+      model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{100, 100});
   EXPECT_EQ(odd.dtype, kernels::DType::kF16);
   EXPECT_NE(odd.note.find("row length 100"), std::string::npos) << odd.note;
   EXPECT_EQ(planned("Q8_0", info, "blk.0.attn_q.weight", {100, 100}), "F16");
-  EXPECT_TRUE(model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{512, 512}).note.empty());
+  EXPECT_TRUE(
+      model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{512, 512}).note.empty());
 }
 
 nlohmann::json quant_golden() {
@@ -289,6 +292,31 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
+
+// --pure: every matrix in the base type, the output matrix included (no Q6_K), and the
+// file still loads and follows its source. Runs on this build's Q4_0 quantizer.
+TEST(Quantize, PureQ4_0KeepsEveryMatrixInTheBaseType) {
+  const std::string input = testing::shared_path("golden/quant/base-F16.gguf");
+  const std::string output = temp_path("base-Q4_0-pure.gguf");
+  ThreadPool pool(2);
+  model::QuantizeReport report = model::quantize_model(input, output, mix("q4_0"), pool, /*pure=*/true);
+  std::map<std::string, int> counts;
+  for (const auto& tensor : report.tensors) {
+    ++counts[tensor.to_type];
+    EXPECT_TRUE(tensor.note.empty()) << tensor.name << ": " << tensor.note;
+  }
+  EXPECT_EQ(counts, (std::map<std::string, int>{{"F32", 5}, {"Q4_0", 16}}));
+  const gguf::File written = gguf::File::open(output);
+  EXPECT_EQ(written.get_u64("general.file_type"), 2u);
+  model::LoadedModel reference = model::load_model({input, ""});
+  model::LoadedModel candidate = model::load_model({output, ""});
+  std::vector<std::vector<int32_t>> prompts = {reference.tokenizer->encode("Once upon a time")};
+  eval::ModelAgreement agreement = eval::compare_models(*reference.model, *candidate.model, prompts, 24, pool);
+  EXPECT_EQ(agreement.steps, 24);
+  EXPECT_GT(agreement.max_abs_logit_error, 0.0);
+  EXPECT_GT(agreement.top1_agreement(), 0.5);
+  std::filesystem::remove(output);
+}
 
 // Q4_K_M of the 2-layer base model loads, every tensor has the planned type, and it follows
 // the F16 model. Waits for the Q4_K and Q6_K quantizers and matmuls (kernel branches).
