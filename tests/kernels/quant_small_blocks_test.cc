@@ -114,6 +114,28 @@ TEST(SmallBlocks, QuantizeRoundTripWithinOneStep) {
   }
 }
 
+// Degenerate blocks: all zeros decode to exact zeros; a constant block to its value (Q4_1 /
+// Q5_1: d = 0 and m = the value in f16; Q5_0: the value is the extreme level -16 d exactly;
+// IQ4_NL: the least-squares scale of one level).
+TEST(SmallBlocks, ZeroAndConstantBlocks) {
+  for (DType dtype : kSmallBlockTypes) {
+    for (float value : {0.0f, 0.75f, -3.5f}) {
+      const std::vector<float> x(64, value);
+      std::vector<uint8_t> bytes(row_bytes(dtype, 64));
+      std::vector<float> back(64);
+      quantize_row(dtype, x.data(), bytes.data(), 64);
+      dequantize_row(dtype, bytes.data(), back.data(), 64);
+      for (int j = 0; j < 64; ++j) {
+        if (value == 0.0f) {
+          ASSERT_EQ(back[j], 0.0f) << to_string(dtype) << " j=" << j;
+        } else {
+          ASSERT_NEAR(back[j], value, std::fabs(value) * 1e-3f) << to_string(dtype) << " j=" << j;
+        }
+      }
+    }
+  }
+}
+
 // ----------------------------------------------------------------------------- matmul
 
 // The scale of the rounding error a correct kernel may make: sum_c |w[r][c] * x_q8[i][c]|,

@@ -325,7 +325,7 @@ struct Q4_0Row {
   }
 };
 // Policies with a Min(block): the weight is d * (value + kOffset) + Min(block). kVnniFormat:
-// the block layout for the AVX-512 VNNI prefill tiles (cpu/matmul_vnni_small_blocks.cc).
+// the block layout for the AVX-512 VNNI tiles (cpu/matmul_vnni_small_blocks.cc).
 struct Q4_1Row {
   using Block = BlockQ4_1;
   static constexpr bool kSigned = false;  // nibbles 0..15

@@ -12,11 +12,11 @@
 //   [qs_b, qs_b, qs_b1, qs_b1] (128-bit lanes) >> [0, 4, 0, 4] & 0xF
 // which puts columns 0-15 (low nibbles) then 16-31 (high nibbles) of each block in order.
 //
-// Per tile of kW weight rows x kX activation rows and block pair: kW weight decodes, kX
-// activation loads, and kW * kX (vpdpbusd, convert, scale, FMA; + one FMA for the minimum).
-// Prefill loop order as cpu/matmul_vnni.cc: column slices, weight tiles (prefetched one
-// ahead), then activation tiles over the weight tile while it sits in L1. Decode: whole rows,
-// 4 at a time, with a streaming prefetch cursor.
+// Per block pair: one weight decode per weight row, one activation load (+ offset vpdpbusd) per
+// activation row, and per (weight row, activation row) vpdpbusd, convert, scale, FMA (+ one FMA
+// for the minimum). Prefill loop order as cpu/matmul_vnni.cc: column slices, weight tiles
+// (prefetched one ahead, decoded once into an L1 buffer: measured 1.2-1.5x), then activation
+// tiles over it. Decode: whole rows, 4 at a time, with a streaming prefetch cursor.
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
 
 #include <algorithm>
@@ -154,23 +154,103 @@ SIEVE_VNNI_ATTR inline DecodedPair<kFormat> Decode(const typename Format<kFormat
 // Decode streams whole rows; a tile's kW rows are adjacent, and so are consecutive tiles. For
 // rows shorter than kStreamMaxRowBytes a cursor prefetches that region linearly kStreamAhead
 // bytes ahead of the reads, at the rate the tile consumes it (as matmul-inl.h's RowPrefetcher:
-// the hardware prefetchers do not ramp up on rows of a few KiB; on longer rows the cursor runs
-// behind the tile's later rows and only costs).
+// the hardware prefetchers do not ramp up on rows of a few KiB). Unlike there, rows of 8-11
+// KiB (Q4_1/Q5_x at 11008 or 14336 columns) still gain 1.2-1.4x here, measured single-threaded
+// on the Zen 4 VM; longer rows (untried) are left to the hardware, as the cursor falls behind
+// the tile's later rows.
 inline constexpr uintptr_t kStreamAhead = 16 << 10;
-inline constexpr size_t kStreamMaxRowBytes = 8 << 10;
+inline constexpr size_t kStreamMaxRowBytes = 16 << 10;
 
-template <SmallBlockFormat kFormat, int kW, int kX>
-SIEVE_VNNI_ATTR inline void Tile(const SmallBlockProblem& p, int64_t r0, int64_t x0, const Slice& s,
-                                 bool stream = false) {
+// One block pair of a weight row, ready for the products: unsigned weights, scales {d_b x 8,
+// d_b1 x 8} and (kMin) minimums spread the same way.
+template <SmallBlockFormat kFormat>
+struct WeightPair {
+  __m512i u;
+  __m512 d, m;
+};
+
+template <SmallBlockFormat kFormat>
+SIEVE_VNNI_ATTR inline WeightPair<kFormat> PrepareWeights(
+    const typename Format<kFormat>::Block* block, bool pair) {
+  const DecodedPair<kFormat> decoded = Decode<kFormat>(block, pair);
+  const __m128 scales = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(decoded.scales)));
+  WeightPair<kFormat> out;
+  out.u = decoded.u;
+  if constexpr (Format<kFormat>::kMin) {
+    out.d = Spread(scales, 0, 2);
+    out.m = Spread(scales, 1, 3);
+  } else {
+    out.d = Spread(scales, 0, 1);
+    out.m = _mm512_setzero_ps();
+  }
+  return out;
+}
+
+// One block pair of an activation row: the quants, each int32 lane's offset correction, the
+// scales spread as the weights', and (kMin) each block's d_x * sum(q_x) / 8 per lane (exact).
+struct ActivationPair {
+  __m512i q, offset;
+  __m512 d, sum;
+};
+
+template <SmallBlockFormat kFormat>
+SIEVE_VNNI_ATTR inline ActivationPair PrepareActivations(const SmallBlockProblem& p, int64_t xb,
+                                                         bool pair) {
   using F = Format<kFormat>;
-  using Block = typename F::Block;
-  const int64_t num_blocks = p.cols / kQBlock;
+  const int8_t* q = p.xq + xb * kQBlock;
+  ActivationPair out;
+  if (pair) {
+    out.q = _mm512_loadu_si512(q);
+    out.d = SpreadPair(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p.xd + xb))));
+  } else {
+    out.q = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    out.d = SpreadPair(_mm_load_ss(p.xd + xb));
+  }
+  out.offset = _mm512_setzero_si512();
+  if constexpr (F::kOffset != 0) {
+    const __m512i minus_offset = _mm512_set1_epi8(static_cast<char>(-F::kOffset));
+    out.offset = _mm512_sub_epi32(out.offset, _mm512_dpbusd_epi32(out.offset, minus_offset, out.q));
+  }
+  out.sum = _mm512_setzero_ps();
+  if constexpr (F::kMin) {
+    const __m128 sums =
+        pair ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p.xsum + xb)))
+             : _mm_load_ss(p.xsum + xb);
+    out.sum = _mm512_mul_ps(SpreadPair(sums), _mm512_set1_ps(0.125f));
+  }
+  return out;
+}
+
+template <SmallBlockFormat kFormat>
+SIEVE_VNNI_ATTR inline __m512 Accumulate(const WeightPair<kFormat>& w, const ActivationPair& x,
+                                         __m512 acc) {
+  const __m512i dot = _mm512_dpbusd_epi32(x.offset, w.u, x.q);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.d, x.d), acc);
+  if constexpr (Format<kFormat>::kMin) acc = _mm512_fmadd_ps(w.m, x.sum, acc);
+  return acc;
+}
+
+template <int kW, int kX>
+SIEVE_VNNI_ATTR inline void StoreTile(const SmallBlockProblem& p, int64_t r0, int64_t x0,
+                                      const Slice& s, __m512 (&acc)[kW][kX]) {
+  for (int r = 0; r < kW; ++r) {
+    for (int i = 0; i < kX; ++i) {
+      float* out = &p.y[(x0 + i) * p.rows + r0 + r];
+      const float value = _mm512_reduce_add_ps(acc[r][i]);
+      *out = s.accumulate ? *out + value : value;
+    }
+  }
+}
+
+// Decode: weight rows [r0, r0 + kW) against activation row 0, decoding as it goes.
+template <SmallBlockFormat kFormat, int kW>
+SIEVE_VNNI_ATTR inline void DecodeTile(const SmallBlockProblem& p, int64_t r0, const Slice& s,
+                                       bool stream) {
+  using Block = typename Format<kFormat>::Block;
   const Block* w[kW];
   for (int r = 0; r < kW; ++r) w[r] = reinterpret_cast<const Block*>(p.w + (r0 + r) * p.row_bytes);
-  __m512 acc[kW][kX];
-  for (int r = 0; r < kW; ++r) {
-    for (int i = 0; i < kX; ++i) acc[r][i] = _mm512_setzero_ps();
-  }
+  __m512 acc[kW][1];
+  for (int r = 0; r < kW; ++r) acc[r][0] = _mm512_setzero_ps();
   const uintptr_t stream_base = reinterpret_cast<uintptr_t>(w[0] + s.begin) + kStreamAhead;
   uintptr_t stream_next = stream_base;
   for (int64_t b = s.begin; b < s.end; b += 2) {
@@ -181,73 +261,69 @@ SIEVE_VNNI_ATTR inline void Tile(const SmallBlockProblem& p, int64_t r0, int64_t
       for (; stream_next < end; stream_next += 64)
         _mm_prefetch(reinterpret_cast<const char*>(stream_next), _MM_HINT_T0);
     }
-    __m512i xq[kX], offset[kX];
-    __m512 xd[kX], xsum[kX];
-    for (int i = 0; i < kX; ++i) {
-      const int64_t xb = (x0 + i) * num_blocks + b;
-      const int8_t* q = p.xq + xb * kQBlock;
-      if (pair) {
-        xq[i] = _mm512_loadu_si512(q);
-        xd[i] = SpreadPair(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p.xd + xb))));
-      } else {
-        xq[i] = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
-        xd[i] = SpreadPair(_mm_load_ss(p.xd + xb));
-      }
-      offset[i] = _mm512_setzero_si512();
-      if constexpr (F::kOffset != 0) {
-        const __m512i minus_offset = _mm512_set1_epi8(static_cast<char>(-F::kOffset));
-        offset[i] =
-            _mm512_sub_epi32(offset[i], _mm512_dpbusd_epi32(offset[i], minus_offset, xq[i]));
-      }
-      if constexpr (F::kMin) {
-        // Each block's 8 lanes add up m_w * xsum: one eighth per lane (exact).
-        const __m128 sums =
-            pair ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p.xsum + xb)))
-                 : _mm_load_ss(p.xsum + xb);
-        xsum[i] = _mm512_mul_ps(SpreadPair(sums), _mm512_set1_ps(0.125f));
-      }
-    }
+    const ActivationPair x = PrepareActivations<kFormat>(p, b, pair);
+    for (int r = 0; r < kW; ++r)
+      acc[r][0] = Accumulate<kFormat>(PrepareWeights<kFormat>(w[r] + b, pair), x, acc[r][0]);
+  }
+  StoreTile<kW, 1>(p, r0, 0, s, acc);
+}
+
+// Prefill: a weight tile's slice decoded once for all the activation tiles that pass over it,
+// kW * 16 * 192 bytes (L1).
+template <SmallBlockFormat kFormat, int kW>
+struct DecodedSlice {
+  WeightPair<kFormat> pairs[kW][kSliceBlocks / 2];
+
+  SIEVE_VNNI_ATTR void Fill(const SmallBlockProblem& p, int64_t r0, const Slice& s) {
+    using Block = typename Format<kFormat>::Block;
     for (int r = 0; r < kW; ++r) {
-      const DecodedPair<kFormat> wb = Decode<kFormat>(w[r] + b, pair);
-      const __m128 scales = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(wb.scales)));
-      __m512 wd, wm;
-      if constexpr (F::kMin) {
-        wd = Spread(scales, 0, 2);
-        wm = Spread(scales, 1, 3);
-      } else {
-        wd = Spread(scales, 0, 1);
-      }
-      for (int i = 0; i < kX; ++i) {
-        const __m512i dot = _mm512_dpbusd_epi32(offset[i], wb.u, xq[i]);
-        acc[r][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wd, xd[i]), acc[r][i]);
-        if constexpr (F::kMin) acc[r][i] = _mm512_fmadd_ps(wm, xsum[i], acc[r][i]);
-      }
+      const Block* w = reinterpret_cast<const Block*>(p.w + (r0 + r) * p.row_bytes);
+      for (int64_t b = s.begin; b < s.end; b += 2)
+        pairs[r][(b - s.begin) / 2] = PrepareWeights<kFormat>(w + b, b + 1 < s.end);
     }
   }
+};
+
+// Prefill: the decoded weight rows [r0, r0 + kW) x activation rows [x0, x0 + kX).
+template <SmallBlockFormat kFormat, int kW, int kX>
+SIEVE_VNNI_ATTR inline void PrefillTile(const SmallBlockProblem& p,
+                                        const DecodedSlice<kFormat, kW>& w, int64_t r0, int64_t x0,
+                                        const Slice& s) {
+  const int64_t num_blocks = p.cols / kQBlock;
+  __m512 acc[kW][kX];
   for (int r = 0; r < kW; ++r) {
-    for (int i = 0; i < kX; ++i) {
-      float* out = &p.y[(x0 + i) * p.rows + r0 + r];
-      const float value = _mm512_reduce_add_ps(acc[r][i]);
-      *out = s.accumulate ? *out + value : value;
+    for (int i = 0; i < kX; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  for (int64_t b = s.begin; b < s.end; b += 2) {
+    const bool pair = b + 1 < s.end;
+    ActivationPair x[kX];
+    for (int i = 0; i < kX; ++i)
+      x[i] = PrepareActivations<kFormat>(p, (x0 + i) * num_blocks + b, pair);
+    for (int r = 0; r < kW; ++r) {
+      const WeightPair<kFormat>& wp = w.pairs[r][(b - s.begin) / 2];
+      for (int i = 0; i < kX; ++i) acc[r][i] = Accumulate<kFormat>(wp, x[i], acc[r][i]);
     }
   }
+  StoreTile<kW, kX>(p, r0, x0, s, acc);
 }
 
 // Weight rows [r0, r0 + kW) against every activation row.
 template <SmallBlockFormat kFormat, int kW>
 SIEVE_VNNI_ATTR inline void WeightTile(const SmallBlockProblem& p, int64_t r0, int64_t num_x,
                                        const Slice& s) {
+  DecodedSlice<kFormat, kW> w;
+  w.Fill(p, r0, s);
   int64_t x0 = 0;
-  for (; x0 + kRowsX <= num_x; x0 += kRowsX) Tile<kFormat, kW, kRowsX>(p, r0, x0, s);
+  for (; x0 + kRowsX <= num_x; x0 += kRowsX) PrefillTile<kFormat, kW, kRowsX>(p, w, r0, x0, s);
   switch (num_x - x0) {
     case 3:
-      Tile<kFormat, kW, 3>(p, r0, x0, s);
+      PrefillTile<kFormat, kW, 3>(p, w, r0, x0, s);
       break;
     case 2:
-      Tile<kFormat, kW, 2>(p, r0, x0, s);
+      PrefillTile<kFormat, kW, 2>(p, w, r0, x0, s);
       break;
     case 1:
-      Tile<kFormat, kW, 1>(p, r0, x0, s);
+      PrefillTile<kFormat, kW, 1>(p, w, r0, x0, s);
       break;
     default:
       break;
@@ -274,8 +350,8 @@ SIEVE_VNNI_ATTR void Rows(const SmallBlockProblem& p, int64_t r_begin, int64_t r
     const Slice s{0, num_blocks, false};
     const bool stream = p.row_bytes < kStreamMaxRowBytes;
     int64_t r = r_begin;
-    for (; r + kRowsW <= r_end; r += kRowsW) Tile<kFormat, kRowsW, 1>(p, r, 0, s, stream);
-    for (; r < r_end; ++r) Tile<kFormat, 1, 1>(p, r, 0, s);
+    for (; r + kRowsW <= r_end; r += kRowsW) DecodeTile<kFormat, kRowsW>(p, r, s, stream);
+    for (; r < r_end; ++r) DecodeTile<kFormat, 1>(p, r, s, false);
     return;
   }
   for (int64_t b0 = 0; b0 < num_blocks; b0 += kSliceBlocks) {
