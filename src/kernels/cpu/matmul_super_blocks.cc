@@ -124,6 +124,11 @@ HWY_INLINE void SpreadScales8(__m128i scales_i8, __m256i* out) {
   }
 }
 
+// Unpack policies, one per type. Traits for the AVX2 tiles: kSigned (IQ4_XS: signed levels,
+// dot products through |w| and sign(x, w)), kMinUsesD (the min term is the levels' offset times
+// the scale, so it is subtracted in integer before the one FMA with d: Q3_K, Q6_K). For the
+// VNNI tiles: kGroupCols (columns per scale), kLevelOffset (taken off the u8 levels through the
+// activation sums) and kHasMins (a separate min per group, scaled by dmin).
 struct Q2_KUnpack {
   using Block = BlockQ2_K;
   static constexpr int kGroupCols = 16, kLevelOffset = 0;
