@@ -302,13 +302,12 @@ struct IQ4_XSUnpack {
       out->u[v] = _mm256_abs_epi8(out->sign[v]);
       out->u[v + 1] = _mm256_abs_epi8(out->sign[v + 1]);
     }
-    const uint32_t low = Load32(b.scales_l);
-    uint8_t scales[16];
-    for (int s = 0; s < 8; ++s) {
-      scales[s] = static_cast<uint8_t>(
-          (((low >> (4 * s)) & 0xF) | (((b.scales_h >> (2 * s)) & 3) << 4)) - 32);
-    }
-    SpreadScales8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)), out->scales);
+    // Byte s = low nibble s of scales_l | bits 2s, 2s + 1 of scales_h << 4 (pdep spreads the
+    // fields to bytes), then minus 32.
+    const uint64_t packed = _pdep_u64(Load32(b.scales_l), 0x0F0F0F0F0F0F0F0Full) |
+                            (_pdep_u64(b.scales_h, 0x0303030303030303ull) << 4);
+    SpreadScales8(_mm_sub_epi8(_mm_cvtsi64_si128(static_cast<int64_t>(packed)), _mm_set1_epi8(32)),
+                  out->scales);
     out->mins = _mm256_setzero_si256();
     out->d = HalfToFloat(b.d);
     out->dmin = 0.0f;
