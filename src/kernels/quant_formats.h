@@ -12,7 +12,7 @@ namespace sieve::kernels::quant {
 void quantize_row_small_block(DType dtype, const float* src, void* dst, int64_t n);
 void dequantize_row_small_block(DType dtype, const void* src, float* dst, int64_t n);
 
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of 256): quant_super_blocks.cc, decodings in quant_super_blocks.h.
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of 256): quant_super_blocks.cc/.h.
 void quantize_row_super_block(DType dtype, const float* src, void* dst, int64_t n);
 void dequantize_row_super_block(DType dtype, const void* src, float* dst, int64_t n);
 

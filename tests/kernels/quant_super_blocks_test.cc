@@ -180,6 +180,35 @@ TEST(SuperBlockQuantize, RoundTripError) {
   }
 }
 
+// Edge rows: all zeros decode to zeros; a constant row and a row with one large outlier stay
+// finite and close in the RMS sense (the outlier itself within 5%).
+TEST(SuperBlockQuantize, ZerosConstantsAndOutliers) {
+  std::vector<float> zeros(kQKBlock, 0.0f), constant(kQKBlock, 0.75f),
+      outlier = random_floats(kQKBlock, 4);
+  outlier[77] = 1000.0f;
+  for (DType dtype : kSuperBlockTypes) {
+    std::vector<uint8_t> bytes(row_bytes(dtype, kQKBlock));
+    std::vector<float> back(kQKBlock);
+    quantize_row(dtype, zeros.data(), bytes.data(), kQKBlock);
+    dequantize_row(dtype, bytes.data(), back.data(), kQKBlock);
+    for (float v : back) ASSERT_EQ(v, 0.0f) << to_string(dtype);
+    for (const std::vector<float>* row : {&constant, &outlier}) {
+      quantize_row(dtype, row->data(), bytes.data(), kQKBlock);
+      dequantize_row(dtype, bytes.data(), back.data(), kQKBlock);
+      double err2 = 0, ref2 = 0;
+      for (int k = 0; k < kQKBlock; ++k) {
+        ASSERT_TRUE(std::isfinite(back[k])) << to_string(dtype);
+        err2 += (back[k] - (*row)[k]) * (back[k] - (*row)[k]);
+        ref2 += (*row)[k] * (*row)[k];
+      }
+      EXPECT_LT(std::sqrt(err2 / ref2), max_relative_rms(dtype)) << to_string(dtype);
+    }
+    quantize_row(dtype, outlier.data(), bytes.data(), kQKBlock);
+    dequantize_row(dtype, bytes.data(), back.data(), kQKBlock);
+    EXPECT_NEAR(back[77], 1000.0f, 50.0f) << to_string(dtype);
+  }
+}
+
 // Random bytes make valid blocks once the f16 scales are finite and small.
 std::vector<uint8_t> random_blocks(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
   std::vector<uint8_t> bytes(row_bytes(dtype, cols) * static_cast<size_t>(rows));

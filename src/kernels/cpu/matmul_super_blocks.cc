@@ -124,6 +124,11 @@ HWY_INLINE void SpreadScales8(__m128i scales_i8, __m256i* out) {
   }
 }
 
+// Unpack policies, one per type. Traits for the AVX2 tiles: kSigned (IQ4_XS: signed levels,
+// dot products through |w| and sign(x, w)), kMinUsesD (the min term is the levels' offset times
+// the scale, so it is subtracted in integer before the one FMA with d: Q3_K, Q6_K). For the
+// VNNI tiles: kGroupCols (columns per scale), kLevelOffset (taken off the u8 levels through the
+// activation sums) and kHasMins (a separate min per group, scaled by dmin).
 struct Q2_KUnpack {
   using Block = BlockQ2_K;
   static constexpr int kGroupCols = 16, kLevelOffset = 0;
@@ -187,13 +192,18 @@ struct Q3_KUnpack {
 
 // Q4_K / Q5_K scales and mins: 8 6-bit each, from 12 bytes (see quant_super_blocks.h).
 HWY_INLINE void UnpackScalesK4(const uint8_t* s, Unpacked* out) {
-  const uint32_t a = Load32(s), m = Load32(s + 4), c = Load32(s + 8);
-  const uint32_t low6 = 0x3F3F3F3Fu, low4 = 0x0F0F0F0Fu, low2 = 0x03030303u;
-  const uint32_t scales_lo = a & low6, mins_lo = m & low6;
-  const uint32_t scales_hi = (c & low4) | (((a >> 6) & low2) << 4);
-  const uint32_t mins_hi = ((c >> 4) & low4) | (((m >> 6) & low2) << 4);
-  const __m128i both = _mm_set_epi32(static_cast<int>(mins_hi), static_cast<int>(mins_lo),
-                                     static_cast<int>(scales_hi), static_cast<int>(scales_lo));
+  // Bytes a = s[0..3], m = s[4..7], c = s[8..11] (the load reads 4 bytes of qs after them).
+  // Out: scales 0-3 = a & 63, 4-7 = (c & 15) | (a >> 6) << 4; mins likewise from m and c >> 4.
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i acmc =
+      _mm_shuffle_epi8(v, _mm_set_epi8(11, 10, 9, 8, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0));
+  const __m128i tops =
+      _mm_shuffle_epi8(v, _mm_set_epi8(7, 6, 5, 4, -1, -1, -1, -1, 3, 2, 1, 0, -1, -1, -1, -1));
+  const __m128i low =
+      _mm_or_si128(_mm_and_si128(acmc, _mm_set_epi32(0, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F)),
+                   _mm_and_si128(_mm_srli_epi16(acmc, 4), _mm_set_epi32(0x0F0F0F0F, 0, 0, 0)));
+  const __m128i both =
+      _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(tops, 2), _mm_set1_epi8(0x30)));
   SpreadScales8(both, out->scales);
   // min j against bsums 2j and 2j + 1.
   const __m128i pairs = _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
@@ -297,13 +307,12 @@ struct IQ4_XSUnpack {
       out->u[v] = _mm256_abs_epi8(out->sign[v]);
       out->u[v + 1] = _mm256_abs_epi8(out->sign[v + 1]);
     }
-    const uint32_t low = Load32(b.scales_l);
-    uint8_t scales[16];
-    for (int s = 0; s < 8; ++s) {
-      scales[s] = static_cast<uint8_t>(
-          (((low >> (4 * s)) & 0xF) | (((b.scales_h >> (2 * s)) & 3) << 4)) - 32);
-    }
-    SpreadScales8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)), out->scales);
+    // Byte s = low nibble s of scales_l | bits 2s, 2s + 1 of scales_h << 4 (pdep spreads the
+    // fields to bytes), then minus 32.
+    const uint64_t packed = _pdep_u64(Load32(b.scales_l), 0x0F0F0F0F0F0F0F0Full) |
+                            (_pdep_u64(b.scales_h, 0x0303030303030303ull) << 4);
+    SpreadScales8(_mm_sub_epi8(_mm_cvtsi64_si128(static_cast<int64_t>(packed)), _mm_set1_epi8(32)),
+                  out->scales);
     out->mins = _mm256_setzero_si256();
     out->d = HalfToFloat(b.d);
     out->dmin = 0.0f;
