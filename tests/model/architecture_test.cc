@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <numbers>
@@ -167,6 +168,29 @@ TEST(RopeScaling, LinearAndLlama3FromTheGoldenFiles) {
   const double theta = 1000.0 * std::pow(500000.0, -30.0 / 32.0) / 8.0;
   EXPECT_NEAR(x[30], std::cos(theta), 1e-5);
   EXPECT_NEAR(x[31], std::sin(theta), 1e-5);
+}
+
+std::vector<uint8_t> f32_bytes(const std::vector<float>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(float));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+TEST(RopeScaling, Phi3LongRopeUsesTheLongFactors) {
+  std::vector<float> long_factors(16), short_factors(16, 1.0f);
+  for (size_t i = 0; i < long_factors.size(); ++i) long_factors[i] = 1.0f + static_cast<float>(i);
+  const auto add_factors = [&](gguf::Writer& w) {
+    w.add_tensor("rope_factors_long.weight", gguf::TensorType::kF32, {16}, f32_bytes(long_factors));
+    w.add_tensor("rope_factors_short.weight", gguf::TensorType::kF32, {16}, f32_bytes(short_factors));
+  };
+  EditedModel phi3("golden/quant/arch-phi3-F16.gguf", add_factors);
+  model::LoadedModel loaded = model::load_model({phi3.path(), ""});
+  EXPECT_EQ(loaded.model->config().rope.freq_factors, long_factors);
+
+  // Only phi3 has them; elsewhere they are tensors the architecture does not use.
+  EditedModel qwen2("golden/quant/arch-qwen2-F16.gguf", add_factors);
+  const std::string message = error_of([&] { model::load_model({qwen2.path(), ""}); });
+  EXPECT_NE(message.find("rope_factors_long.weight"), std::string::npos) << message;
 }
 
 TEST(RopeScaling, UnknownTypeIsAnErrorNamingIt) {
