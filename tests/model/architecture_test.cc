@@ -181,7 +181,8 @@ TEST(RopeScaling, Phi3LongRopeUsesTheLongFactors) {
   for (size_t i = 0; i < long_factors.size(); ++i) long_factors[i] = 1.0f + static_cast<float>(i);
   const auto add_factors = [&](gguf::Writer& w) {
     w.add_tensor("rope_factors_long.weight", gguf::TensorType::kF32, {16}, f32_bytes(long_factors));
-    w.add_tensor("rope_factors_short.weight", gguf::TensorType::kF32, {16}, f32_bytes(short_factors));
+    w.add_tensor("rope_factors_short.weight", gguf::TensorType::kF32, {16},
+                 f32_bytes(short_factors));
   };
   EditedModel phi3("golden/quant/arch-phi3-F16.gguf", add_factors);
   model::LoadedModel loaded = model::load_model({phi3.path(), ""});
