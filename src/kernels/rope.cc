@@ -20,10 +20,10 @@ float yarn_corr_dim(int64_t num_dims, int64_t context, float num_turns, float ba
 }  // namespace
 
 void rope_yarn_corr_dims(const RopeParams& params, float dims[2]) {
-  const float low = std::floor(
-      yarn_corr_dim(params.num_dims, params.yarn.original_context, params.yarn.beta_fast, params.freq_base));
-  const float high = std::ceil(
-      yarn_corr_dim(params.num_dims, params.yarn.original_context, params.yarn.beta_slow, params.freq_base));
+  const float low = std::floor(yarn_corr_dim(params.num_dims, params.yarn.original_context,
+                                             params.yarn.beta_fast, params.freq_base));
+  const float high = std::ceil(yarn_corr_dim(params.num_dims, params.yarn.original_context,
+                                             params.yarn.beta_slow, params.freq_base));
   dims[0] = std::max(0.0f, low);
   dims[1] = std::min(static_cast<float>(params.num_dims - 1), high);
 }
@@ -53,11 +53,13 @@ void rope(const RopeParams& params, int64_t position, float* x, int64_t num_head
   const float theta_scale = std::pow(params.freq_base, -2.0f / static_cast<float>(params.num_dims));
   float theta_base = static_cast<float>(position);
   for (int64_t i = 0; i < num_pairs; ++i, theta_base *= theta_scale) {
-    const float theta_extrap = params.freq_factors.empty() ? theta_base : theta_base / params.freq_factors[i];
+    const float theta_extrap =
+        params.freq_factors.empty() ? theta_base : theta_base / params.freq_factors[i];
     const float theta_interp = params.freq_scale * theta_extrap;
     float theta = theta_interp;
     if (ext_factor != 0.0f) {
-      const float ramp_y = (static_cast<float>(i) - corr_dims[0]) / std::max(0.001f, corr_dims[1] - corr_dims[0]);
+      const float ramp_y =
+          (static_cast<float>(i) - corr_dims[0]) / std::max(0.001f, corr_dims[1] - corr_dims[0]);
       const float ramp_mix = (1.0f - std::clamp(ramp_y, 0.0f, 1.0f)) * ext_factor;
       theta = theta_interp * (1.0f - ramp_mix) + theta_extrap * ramp_mix;
     }

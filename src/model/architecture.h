@@ -12,7 +12,7 @@
 //   qwen2     attn_q, _k, _v   Q/K/V biases                         gate, up    neox
 //   qwen3     attn_q, _k, _v   per-head RMSNorm on Q, K (attn_q_norm, attn_k_norm
 //                              [head_dim]) before RoPE; n_head*head_dim may differ from n_embd
-//   phi3      attn_qkv fused   -                                    ffn_up fused neox
+//   phi3      attn_qkv fused   optional LongRoPE factors            ffn_up fused neox
 //                              (rows Q, K, V)                       (rows gate, up)
 //
 // Every architecture ties the output matrix to token_embd when `output.weight` is absent.
@@ -47,6 +47,11 @@ struct Architecture {
   FfnLayout ffn_layout;
   TensorPresence qkv_bias;  // attn_q.bias [q_dim], attn_k.bias, attn_v.bias [kv_dim]
   TensorPresence qk_norm;   // attn_q_norm.weight, attn_k_norm.weight [head_dim]
+  // LongRoPE (Phi-3.5-mini, Phi-3-*-128k): rope_factors_long/short.weight [rope dims / 2],
+  // per-pair frequency divisors. llama.cpp uses the long ones when its context exceeds
+  // rope.scaling.original_context_length, which is the case at the model's full context (its
+  // default and sieve's): sieve uses the long ones.
+  TensorPresence long_rope_factors;
   // Whether `<name>.attention.sliding_window` restricts attention. llama.cpp ignores the key
   // for phi3 (Phi-3-mini-4k declares 2047 and is run with full attention), and so does sieve.
   bool honours_sliding_window;
@@ -63,6 +68,8 @@ inline constexpr std::string_view kTokenEmbd = "token_embd.weight";
 inline constexpr std::string_view kOutputNorm = "output_norm.weight";
 inline constexpr std::string_view kOutput = "output.weight";
 inline constexpr std::string_view kRopeFreqs = "rope_freqs.weight";  // Llama 3.1 [rope dims / 2]
+inline constexpr std::string_view kRopeFactorsLong = "rope_factors_long.weight";    // LongRoPE
+inline constexpr std::string_view kRopeFactorsShort = "rope_factors_short.weight";  // LongRoPE
 // Per layer, after "blk.<i>.":
 inline constexpr std::string_view kAttnNorm = "attn_norm.weight";
 inline constexpr std::string_view kAttnQ = "attn_q.weight";

@@ -51,8 +51,8 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights)
   const int64_t q_dim = config_.q_dim(), kv_dim = config_.kv_dim();
   for (const LayerWeights& w : weights_.layers) {  // shapes the forward pass relies on
     const bool fused_ok = !w.wqkv || w.wqkv->rows == q_dim + 2 * kv_dim;
-    const bool bias_ok = (w.bq.empty() || std::ssize(w.bq) == q_dim) && (w.bk.empty() || std::ssize(w.bk) == kv_dim) &&
-                         (w.bv.empty() || std::ssize(w.bv) == kv_dim);
+    const bool bias_ok = (w.bq.empty() || std::ssize(w.bq) == q_dim) &&
+                         (w.bk.empty() || std::ssize(w.bk) == kv_dim) && (w.bv.empty() || std::ssize(w.bv) == kv_dim);
     const bool norm_ok = (w.q_norm.empty() || std::ssize(w.q_norm) == config_.head_dim) &&
                          (w.k_norm.empty() || std::ssize(w.k_norm) == config_.head_dim);
     const bool ffn_ok = !w.w_gate_up || w.w_gate_up->rows == 2 * config_.ffn_dim;
@@ -280,7 +280,7 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
           .positions = std::span<const int32_t>(&batch.positions[seq.first_token], seq.num_tokens),
           .num_heads = c.num_heads,
           .scale = scale,
-                                        .window = window()};
+          .window = window()};
       kernels::paged_attention(cache.layer_view(l, seq.block_table), query,
                                {.out = &s.attn[seq.first_token * q_dim]}, attention_pool);
     };
@@ -347,7 +347,7 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
                                         .positions = std::span<const int32_t>(head_positions, num_tokens),
                                         .num_heads = group,
                                         .scale = scale,
-                                        .window = window()};
+          .window = window()};
     std::span<const int32_t> slices = stream.slices;
     if (stream.selection && num_tokens == 1) {
       slices = select_slices(sparse, stream_idx, q_group, group, cache.page_size(), s.slices[g]);
@@ -467,7 +467,7 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const
   observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
     const kernels::AttentionQuery query{.q = s.q.data(), .positions = window_positions, .num_heads = c.num_heads,
                                         .scale = scale,
-                                        .window = window()};
+          .window = window()};
     const kernels::PagedKv kv = cache.layer_view(l, block_table);
     kernels::paged_attention(kv, query, {.out = s.attn.data(), .row_lse = s.lse.data()}, pool);
     kernels::observation_scores(kv, query, s.lse.data(), num_keys, &scores[l * c.num_kv_heads * num_keys], pool);

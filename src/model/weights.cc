@@ -185,6 +185,12 @@ Weights weights_from_gguf(std::shared_ptr<const gguf::File> file, ModelConfig& c
   const std::string rope_freqs(tn::kRopeFreqs);
   if (const gguf::TensorInfo* freqs = tensors.find(rope_freqs)) {
     config.rope.freq_factors = tensors.vector(rope_freqs, freqs->shape.empty() ? 0 : freqs->shape[0]);
+  } else if (arch.long_rope_factors != TensorPresence::kAbsent) {
+    const std::string long_factors(tn::kRopeFactorsLong), short_factors(tn::kRopeFactorsShort);
+    if (tensors.find(long_factors) != nullptr) {
+      config.rope.freq_factors = tensors.vector(long_factors, config.rope.num_dims / 2);
+      tensors.vector(short_factors, config.rope.num_dims / 2);  // required with the long ones (unused)
+    }
   }
   const std::string token_embd(tn::kTokenEmbd);
   if (config.vocab_size == 0) {

@@ -111,8 +111,9 @@ std::shared_ptr<const sparsity::CalibrationProfile> profile_for(const model::Lla
 }
 
 // The engine's paths do not depend on the architecture: the same on llama (stories260K, trained),
-// on qwen2 (Q/K/V biases, NeoX RoPE, tied output) and on phi3 (fused QKV and gate/up), both
-// random-weight 2-layer models from golden/quant.
+// on qwen2 (Q/K/V biases, NeoX RoPE, tied output), phi3 (fused QKV and gate/up) and qwen3
+// (per-head Q/K norms, n_head * head_dim = 2 n_embd), random-weight 2-layer models from
+// golden/quant.
 struct ModelCase {
   std::string name;
   std::string path;  // under shared/
@@ -161,7 +162,8 @@ TEST_P(SparseEngineOnModel, MixedBatchGivesEachRequestItsTokensAlone) {
 INSTANTIATE_TEST_SUITE_P(Architectures, SparseEngineOnModel,
                          ::testing::Values(ModelCase{"llama", "models/stories260K.gguf"},
                                            ModelCase{"qwen2", "golden/quant/arch-qwen2-F16.gguf", true},
-                                           ModelCase{"phi3", "golden/quant/arch-phi3-F16.gguf", true}),
+                                           ModelCase{"phi3", "golden/quant/arch-phi3-F16.gguf", true},
+                                           ModelCase{"qwen3", "golden/quant/arch-qwen3-F16.gguf", true}),
                          [](const auto& info) { return info.param.name; });
 
 TEST(SparseEngine, F16KvCacheRunsTheSamePolicies) {

@@ -454,7 +454,7 @@ void expect_plan_covers(const PagedKv& kv, const AttentionQuery& q, int num_thre
   }
   for (int64_t i = 0; i < num_q; ++i) {
     for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
-      for (int64_t t = 0; t <= q.positions[i]; ++t) {
+      for (int64_t t = first_visible_key(q, static_cast<size_t>(i)); t <= q.positions[i]; ++t) {
         ASSERT_EQ(covered[(i * kv.num_kv_heads + h) * max_keys + t], 1)
             << i << " " << h << " " << t;
       }
@@ -526,6 +526,31 @@ TEST(AttentionPlan, PrefillTilesRowsAndCoversTheCausalTriangle) {
   const PagedKv kv{nullptr, nullptr, 0, 0, 16, 64, 2, long_table};
   expect_plan_covers(kv, {nullptr, chunk, 8, 1.0f}, 8);
   EXPECT_FALSE(plan_paged_attention(kv, {nullptr, chunk, 8, 1.0f}, 8).merges.empty());
+}
+
+// Under a sliding window, tasks start at the window of their rows (page-aligned): keys older
+// than every row's window are not read at all.
+TEST(AttentionPlan, SlidingWindowSkipsKeysOlderThanTheWindow) {
+  const std::vector<int32_t> table(256);
+  const PagedKv kv{nullptr, nullptr, 0, 0, 16, 64, 2, table};
+  const auto keys_read = [](const AttentionPlan& plan) {
+    int64_t total = 0;
+    for (const AttentionTask& task : plan.tasks) total += task.key_end - task.key_begin;
+    return total;
+  };
+  const std::vector<int32_t> prompt = position_range(0, 1000);
+  const std::vector<int32_t> decode = {3999};
+  for (int threads : {1, 3, 8}) {
+    for (const std::vector<int32_t>* positions : {&prompt, &decode}) {
+      const AttentionQuery full{nullptr, *positions, 8, 1.0f};
+      const AttentionQuery windowed{nullptr, *positions, 8, 1.0f, 100};
+      expect_plan_covers(kv, windowed, threads);
+      EXPECT_LT(keys_read(plan_paged_attention(kv, windowed, threads)),
+                keys_read(plan_paged_attention(kv, full, threads)) / 4);
+    }
+  }
+  const AttentionPlan plan = plan_paged_attention(kv, {nullptr, decode, 8, 1.0f, 100}, 8);
+  for (const AttentionTask& task : plan.tasks) EXPECT_GE(task.key_begin, (3999 - 99) / 16 * 16);
 }
 
 }  // namespace

@@ -2,16 +2,18 @@
 // each architecture takes, what it refuses, and YaRN against a reference derived from its
 // formulas (no llama.cpp golden file has YaRN; linear and Llama 3 scaling are in golden/quant and
 // compared to llama.cpp by golden_quant_test.cc).
+#include "model/architecture.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <numbers>
 #include <random>
 
 #include "gguf/gguf.h"
-#include "model/architecture.h"
 #include "model/config.h"
 #include "model/loader.h"
 #include "shared_data.h"
@@ -33,8 +35,11 @@ std::string error_of(const std::function<void()>& action) {
 // A copy of a shared GGUF file with its metadata and tensors edited, written to a temporary file.
 class EditedModel {
  public:
-  EditedModel(const std::string& shared_relative, const std::function<void(gguf::Writer&)>& edit,
-              const std::function<bool(const std::string&)>& keep_tensor = [](const std::string&) { return true; }) {
+  EditedModel(
+      const std::string& shared_relative, const std::function<void(gguf::Writer&)>& edit,
+      const std::function<bool(const std::string&)>& keep_tensor = [](const std::string&) {
+        return true;
+      }) {
     const gguf::File source = gguf::File::open(testing::shared_path(shared_relative));
     gguf::Writer writer;
     for (const gguf::KeyValue& kv : source.metadata()) writer.set(kv.key, kv.value);
@@ -44,9 +49,10 @@ class EditedModel {
       writer.add_tensor(info.name, info.type, info.shape, {data.begin(), data.end()});
     }
     edit(writer);
-    path_ = (std::filesystem::temp_directory_path() /
-             ("sieve_arch_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++) + ".gguf"))
-                .string();
+    path_ =
+        (std::filesystem::temp_directory_path() / ("sieve_arch_test_" + std::to_string(::getpid()) +
+                                                   "_" + std::to_string(counter_++) + ".gguf"))
+            .string();
     writer.write(path_);
   }
   ~EditedModel() { std::filesystem::remove(path_); }
@@ -122,14 +128,16 @@ TEST(Architecture, LoadsEachArchFileWithItsOptionalParts) {
 }
 
 TEST(Architecture, MissingRequiredAndUnusedTensorsAreErrorsNamingThem) {
-  EditedModel no_norm("golden/quant/arch-qwen3-F16.gguf", [](gguf::Writer&) {},
-                      [](const std::string& name) { return name != "blk.1.attn_k_norm.weight"; });
+  EditedModel no_norm(
+      "golden/quant/arch-qwen3-F16.gguf", [](gguf::Writer&) {},
+      [](const std::string& name) { return name != "blk.1.attn_k_norm.weight"; });
   std::string message = error_of([&] { model::load_model({no_norm.path(), ""}); });
   EXPECT_NE(message.find("'blk.1.attn_k_norm.weight'"), std::string::npos) << message;
 
   // A Q bias on qwen3 (whose llama.cpp graph has none) would be silently ignored otherwise.
   EditedModel extra("golden/quant/arch-qwen3-F16.gguf", [](gguf::Writer& w) {
-    w.add_tensor("blk.0.attn_q.bias", gguf::TensorType::kF32, {512}, std::vector<uint8_t>(512 * 4, 0));
+    w.add_tensor("blk.0.attn_q.bias", gguf::TensorType::kF32, {512},
+                 std::vector<uint8_t>(512 * 4, 0));
   });
   message = error_of([&] { model::load_model({extra.path(), ""}); });
   EXPECT_NE(message.find("blk.0.attn_q.bias"), std::string::npos) << message;
@@ -137,13 +145,16 @@ TEST(Architecture, MissingRequiredAndUnusedTensorsAreErrorsNamingThem) {
 }
 
 TEST(RopeScaling, LinearAndLlama3FromTheGoldenFiles) {
-  model::LoadedModel linear = model::load_model({testing::shared_path("golden/quant/arch-llama-linrope-F16.gguf"), ""});
+  model::LoadedModel linear =
+      model::load_model({testing::shared_path("golden/quant/arch-llama-linrope-F16.gguf"), ""});
   EXPECT_EQ(linear.model->config().rope.scaling, model::RopeScaling::kLinear);
   EXPECT_FLOAT_EQ(linear.model->config().rope.freq_scale, 0.5f);
 
-  model::LoadedModel llama3 = model::load_model({testing::shared_path("golden/quant/arch-llama3rope-F16.gguf"), ""});
+  model::LoadedModel llama3 =
+      model::load_model({testing::shared_path("golden/quant/arch-llama3rope-F16.gguf"), ""});
   const model::RopeConfig& rope = llama3.model->config().rope;
-  EXPECT_EQ(rope.scaling, model::RopeScaling::kNone) << "Llama 3.1 scaling is the rope_freqs tensor alone";
+  EXPECT_EQ(rope.scaling, model::RopeScaling::kNone)
+      << "Llama 3.1 scaling is the rope_freqs tensor alone";
   ASSERT_EQ(rope.freq_factors.size(), 16u);
   EXPECT_FLOAT_EQ(rope.freq_factors[0], 1.0f);
   EXPECT_NEAR(rope.freq_factors[3], 1.179029f, 1e-6f);
@@ -157,6 +168,30 @@ TEST(RopeScaling, LinearAndLlama3FromTheGoldenFiles) {
   const double theta = 1000.0 * std::pow(500000.0, -30.0 / 32.0) / 8.0;
   EXPECT_NEAR(x[30], std::cos(theta), 1e-5);
   EXPECT_NEAR(x[31], std::sin(theta), 1e-5);
+}
+
+std::vector<uint8_t> f32_bytes(const std::vector<float>& values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(float));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+TEST(RopeScaling, Phi3LongRopeUsesTheLongFactors) {
+  std::vector<float> long_factors(16), short_factors(16, 1.0f);
+  for (size_t i = 0; i < long_factors.size(); ++i) long_factors[i] = 1.0f + static_cast<float>(i);
+  const auto add_factors = [&](gguf::Writer& w) {
+    w.add_tensor("rope_factors_long.weight", gguf::TensorType::kF32, {16}, f32_bytes(long_factors));
+    w.add_tensor("rope_factors_short.weight", gguf::TensorType::kF32, {16},
+                 f32_bytes(short_factors));
+  };
+  EditedModel phi3("golden/quant/arch-phi3-F16.gguf", add_factors);
+  model::LoadedModel loaded = model::load_model({phi3.path(), ""});
+  EXPECT_EQ(loaded.model->config().rope.freq_factors, long_factors);
+
+  // Only phi3 has them; elsewhere they are tensors the architecture does not use.
+  EditedModel qwen2("golden/quant/arch-qwen2-F16.gguf", add_factors);
+  const std::string message = error_of([&] { model::load_model({qwen2.path(), ""}); });
+  EXPECT_NE(message.find("rope_factors_long.weight"), std::string::npos) << message;
 }
 
 TEST(RopeScaling, UnknownTypeIsAnErrorNamingIt) {
@@ -180,11 +215,13 @@ struct YarnReference {
 
   // The pair index at which a pair turns `turns` times over the original context.
   double dim_turning(double turns) const {
-    return num_dims * std::log(original_context / (turns * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+    return num_dims * std::log(original_context / (turns * 2.0 * std::numbers::pi)) /
+           (2.0 * std::log(base));
   }
   double angle(int64_t pair, int64_t position) const {
     const double low = std::max(0.0, std::floor(dim_turning(beta_fast)));
-    const double high = std::min(static_cast<double>(num_dims - 1), std::ceil(dim_turning(beta_slow)));
+    const double high =
+        std::min(static_cast<double>(num_dims - 1), std::ceil(dim_turning(beta_slow)));
     const double extrapolated = position * std::pow(base, -2.0 * pair / num_dims);
     const double interpolated = extrapolated / factor;
     const double keep = 1.0 - std::clamp((pair - low) / std::max(0.001, high - low), 0.0, 1.0);
@@ -212,7 +249,10 @@ TEST(RopeScaling, YarnFromMetadataMatchesTheFormulas) {
   EXPECT_EQ(config.rope.yarn.beta_slow, 1.0f);
 
   const int64_t head_dim = config.head_dim;  // 32, all rotated
-  const YarnReference ref{.num_dims = head_dim, .base = config.rope.freq_base, .factor = 4.0, .attn_factor = 1.25,
+  const YarnReference ref{.num_dims = head_dim,
+                          .base = config.rope.freq_base,
+                          .factor = 4.0,
+                          .attn_factor = 1.25,
                           .original_context = 512};
   // The ramp must be neither empty nor everything for this check to mean anything.
   ASSERT_GT(ref.dim_turning(32.0), 1.0);
@@ -233,7 +273,8 @@ TEST(RopeScaling, YarnFromMetadataMatchesTheFormulas) {
         // Angles up to ~2000 rad in float: allow for their rounding (2000 * 2^-24 ~ 1.2e-4).
         EXPECT_NEAR(y[h * head_dim + 2 * i], m * (a * std::cos(theta) - b * std::sin(theta)), 5e-4)
             << "position " << position << " pair " << i;
-        EXPECT_NEAR(y[h * head_dim + 2 * i + 1], m * (a * std::sin(theta) + b * std::cos(theta)), 5e-4)
+        EXPECT_NEAR(y[h * head_dim + 2 * i + 1], m * (a * std::sin(theta) + b * std::cos(theta)),
+                    5e-4)
             << "position " << position << " pair " << i;
       }
     }
@@ -246,7 +287,8 @@ TEST(RopeScaling, YarnWithoutAnOriginalContextUsesTheTrainingContext) {
     w.set_f32("llama.rope.scaling.factor", 2.0f);
   });
   model::LoadedModel loaded = model::load_model({file.path(), ""});
-  EXPECT_EQ(loaded.model->config().rope.yarn.original_context, loaded.model->config().context_length);
+  EXPECT_EQ(loaded.model->config().rope.yarn.original_context,
+            loaded.model->config().context_length);
 }
 
 TEST(SlidingWindow, ReadForArchitecturesThatHonourIt) {

@@ -12,10 +12,10 @@
 // TQ2_0 is not a type sieve runs: its case checks that loading fails naming the tensor, the type
 // and the supported types.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "engine/generator.h"
@@ -34,7 +34,7 @@ using nlohmann::json;
 constexpr int64_t kContext = 128;
 constexpr int64_t kChunks = 20;
 constexpr double kMaxPerplexityError = 0.005;  // relative
-constexpr double kFlipGap = 0.05;              // top-1 minus top-2 logit below which a flip is allowed
+constexpr double kFlipGap = 0.05;  // top-1 minus top-2 logit below which a flip is allowed
 constexpr double kF16LogprobTolerance = 0.02;
 constexpr double kQuantizedLogprobTolerance = 0.15;
 
@@ -65,7 +65,8 @@ const json& entry_for(const std::string& file) {
 }
 
 std::vector<int32_t> tinystories_tokens(const tok::Tokenizer& tokenizer) {
-  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"), std::ios::binary);
+  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"),
+                   std::ios::binary);
   std::stringstream buffer;
   buffer << in.rdbuf();
   std::string text = buffer.str();
@@ -89,12 +90,14 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
       const std::string message = error.what();
       bool names_a_tq2_tensor = false;
       for (const auto& [name, tensor_type] : entry["tensor_type_map"].items()) {
-        names_a_tq2_tensor |= tensor_type == "TQ2_0" && message.find("'" + name + "'") != std::string::npos;
+        names_a_tq2_tensor |=
+            tensor_type == "TQ2_0" && message.find("'" + name + "'") != std::string::npos;
       }
       EXPECT_TRUE(names_a_tq2_tensor) << message;
       EXPECT_NE(message.find("TQ2_0"), std::string::npos) << message;
       EXPECT_NE(message.find("supported"), std::string::npos) << message;
-      for (const char* listed : {"F16", "Q8_0", "Q4_0"}) EXPECT_NE(message.find(listed), std::string::npos) << message;
+      for (const char* listed : {"F16", "Q8_0", "Q4_0"})
+        EXPECT_NE(message.find(listed), std::string::npos) << message;
     }
     return;
   }
@@ -132,35 +135,38 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
     ASSERT_EQ(gaps.size(), want_tokens.size());
 
     size_t step = 0;
-    engine::generate(model, prompt,
-                     {.max_tokens = static_cast<int32_t>(want_tokens.size()), .sampling = {.temperature = 0.0f}},
-                     pool, [&](int32_t token, std::span<const float> logits) {
-                       for (const json& top : want_top[step]) {
-                         EXPECT_NEAR(engine::token_logprob(logits, top["id"].get<int32_t>()),
-                                     top["logprob"].get<double>(), tolerance)
-                             << "step " << step << " id " << top["id"];
-                       }
-                       ++compared_steps;
-                       if (token != want_tokens[step]) {
-                         EXPECT_LT(gaps[step], kFlipGap)
-                             << "step " << step << ": sieve chose " << token << ", llama.cpp " << want_tokens[step]
-                             << " with a top-2 gap of " << gaps[step];
-                         return false;  // the rest of the case follows another prefix
-                       }
-                       ++step;
-                       return step < want_tokens.size();
-                     });
+    engine::generate(
+        model, prompt,
+        {.max_tokens = static_cast<int32_t>(want_tokens.size()), .sampling = {.temperature = 0.0f}},
+        pool, [&](int32_t token, std::span<const float> logits) {
+          for (const json& top : want_top[step]) {
+            EXPECT_NEAR(engine::token_logprob(logits, top["id"].get<int32_t>()),
+                        top["logprob"].get<double>(), tolerance)
+                << "step " << step << " id " << top["id"];
+          }
+          ++compared_steps;
+          if (token != want_tokens[step]) {
+            EXPECT_LT(gaps[step], kFlipGap)
+                << "step " << step << ": sieve chose " << token << ", llama.cpp "
+                << want_tokens[step] << " with a top-2 gap of " << gaps[step];
+            return false;  // the rest of the case follows another prefix
+          }
+          ++step;
+          return step < want_tokens.size();
+        });
   }
   EXPECT_GE(compared_steps, 3) << "every case compares at least its first step";
 }
 
-INSTANTIATE_TEST_SUITE_P(SharedSet, GoldenQuant, ::testing::ValuesIn(golden_files()), [](const auto& info) {
-  std::string name = info.param;
-  if (name.ends_with(".gguf")) name.resize(name.size() - 5);
-  std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); },
-                  '_');
-  return name;
-});
+INSTANTIATE_TEST_SUITE_P(
+    SharedSet, GoldenQuant, ::testing::ValuesIn(golden_files()), [](const auto& info) {
+      std::string name = info.param;
+      if (name.ends_with(".gguf")) name.resize(name.size() - 5);
+      std::replace_if(
+          name.begin(), name.end(),
+          [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
+      return name;
+    });
 
 TEST(GoldenQuantSet, HasEveryFileOfTheReadme) { EXPECT_EQ(golden().size(), 25u); }
 

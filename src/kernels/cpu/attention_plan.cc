@@ -32,20 +32,25 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
   plan.max_query_vectors = rows_per_tile * group * heads_per_task;
 
   struct RowTile {
-    int64_t begin, end, num_keys;
+    int64_t begin, end;
+    int64_t first_key;  // page-aligned; > 0 only under a sliding window (older keys are not read)
+    int64_t num_keys;
   };
   std::vector<RowTile> tiles;
   int64_t total_key_heads = 0;  // K (or V) rows read over all tasks, before splitting
   for (int64_t begin = 0; begin < num_q; begin += plan.rows_per_tile) {
     const int64_t end = std::min(num_q, begin + plan.rows_per_tile);
     int64_t num_keys = 0;
+    int64_t first_key = std::numeric_limits<int64_t>::max();
     for (int64_t i = begin; i < end; ++i) {
       assert(q.positions[i] >= 0 && q.positions[i] < capacity);
       num_keys = std::max(num_keys, int64_t{q.positions[i]} + 1);
+      first_key = std::min(first_key, first_visible_key(q, static_cast<size_t>(i)));
     }
-    tiles.push_back({begin, end, num_keys});
-    total_key_heads += num_keys * kv.num_kv_heads;
-    plan.total_macs += 2 * num_keys * (end - begin) * q.num_heads * kv.head_dim;
+    first_key = first_key / kv.page_size * kv.page_size;
+    tiles.push_back({begin, end, first_key, num_keys});
+    total_key_heads += (num_keys - first_key) * kv.num_kv_heads;
+    plan.total_macs += 2 * (num_keys - first_key) * (end - begin) * q.num_heads * kv.head_dim;
   }
 
   // Split when the unsplit tasks cannot keep kAttentionTasksPerThread tasks per thread busy:
@@ -61,23 +66,25 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
     for (int64_t h0 = 0; h0 < kv.num_kv_heads; h0 += heads_per_task) {
       const int64_t h1 = std::min(kv.num_kv_heads, h0 + heads_per_task);
       // Even, page-aligned pieces.
+      const int64_t tile_keys = tile.num_keys - tile.first_key;
       int64_t num_splits = 1;
-      int64_t chunk = tile.num_keys;
-      if (tile.num_keys * (h1 - h0) > split_key_heads) {
-        num_splits = ceil_div(tile.num_keys * (h1 - h0), split_key_heads);
-        chunk = ceil_div(ceil_div(tile.num_keys, num_splits), kv.page_size) * kv.page_size;
-        num_splits = ceil_div(tile.num_keys, chunk);
+      int64_t chunk = tile_keys;
+      if (tile_keys * (h1 - h0) > split_key_heads) {
+        num_splits = ceil_div(tile_keys * (h1 - h0), split_key_heads);
+        chunk = ceil_div(ceil_div(tile_keys, num_splits), kv.page_size) * kv.page_size;
+        num_splits = ceil_div(tile_keys, chunk);
       }
       if (num_splits == 1) {
-        plan.tasks.push_back({tile.begin, tile.end, h0, h1, 0, tile.num_keys, std::nullopt});
+        plan.tasks.push_back({tile.begin, tile.end, h0, h1, tile.first_key, tile.num_keys, std::nullopt});
         continue;
       }
       for (int64_t h = h0; h < h1; ++h) {
         plan.merges.push_back({tile.begin, tile.end, h, h - h0, plan.num_slots, num_splits});
       }
       for (int64_t s = 0; s < num_splits; ++s) {
-        plan.tasks.push_back({tile.begin, tile.end, h0, h1, s * chunk,
-                              std::min(tile.num_keys, (s + 1) * chunk), plan.num_slots++});
+        plan.tasks.push_back({tile.begin, tile.end, h0, h1, tile.first_key + s * chunk,
+                              std::min(tile.num_keys, tile.first_key + (s + 1) * chunk),
+                              plan.num_slots++});
       }
     }
   }
