@@ -137,7 +137,7 @@ void decode_iq4_xs(const BlockIQ4_XS& b, SuperBlockInts* out) {
   }
   for (int e = 0; e < kQKBlock; ++e) {
     const uint8_t byte = b.qs[16 * (e / 32) + e % 16];
-    out->q[e] = kIQ4Values[(e % 32) < 16 ? byte & 0xF : byte >> 4];
+    out->q[e] = kIQ4NLValues[(e % 32) < 16 ? byte & 0xF : byte >> 4];
   }
 }
 
@@ -575,7 +575,7 @@ int nearest_code(const int8_t* values, int n, float x) {
 // value re-coded with its rounded scale.
 void quantize_iq4_xs(const float* x, BlockIQ4_XS* y) {
   constexpr int kTries = 7;
-  const int8_t* values = kIQ4Values;
+  const int8_t* values = kIQ4NLValues;
   uint8_t L[kQKBlock];
   float scales[8];
   float weight[32];

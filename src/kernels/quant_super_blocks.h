@@ -26,10 +26,6 @@
 
 namespace sieve::kernels::quant {
 
-// The IQ4_NL / IQ4_XS 4-bit code book (ggml's kvalues_iq4nl).
-inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                          1,    13,   25,  38,  53,  69,  89,  113};
-
 struct SuperBlockInts {
   float d = 0.0f, dmin = 0.0f;
   int32_t scales[16] = {};  // per 16 values

@@ -294,7 +294,7 @@ struct IQ4_XSUnpack {
   static constexpr bool kHasMins = false;
   static constexpr bool kSigned = true, kMinUsesD = false;
   static HWY_INLINE void Unpack(const Block& b, Unpacked* out) {
-    const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIQ4Values));
+    const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues));
     const __m256i table = _mm256_broadcastsi128_si256(book);
     const __m256i nibble = _mm256_set1_epi8(0xF);
     for (int v = 0; v < 8; v += 2) {
