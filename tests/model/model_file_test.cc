@@ -81,7 +81,8 @@ TEST(Quantize, EveryTypeLoadsAndTracksF32) {
   // Loose bounds on the error each type's rounding allows on this tiny (dim 64) model; the
   // measured figures are printed by `sieve quantize --compare`.
   const std::vector<std::pair<const char*, double>> types = {
-      {"f32", 0.0}, {"f16", 0.05}, {"bf16", 0.5}, {"q8_0", 1.5}, {"q4_0", 20.0}};
+      {"f32", 0.0},     {"f16", 0.05},   {"bf16", 0.5},   {"q8_0", 1.5},     {"q4_0", 20.0},
+      {"q4_1", 20.0},   {"q5_0", 20.0},  {"q5_1", 20.0},  {"iq4_nl", 20.0}};
   for (const auto& [type, max_error] : types) {
     SCOPED_TRACE(type);
     const std::string output = temp_path(std::string(type) + ".gguf");
