@@ -87,10 +87,12 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
 }
 
 void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t n) {
+  // ggml's rms_norm: f32 squares summed in double, mean and scale in f32.
   double sum_sq = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
-  const double scale = 1.0 / std::sqrt(sum_sq / static_cast<double>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i] * scale * weight[i]);
+  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(sum_sq / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
 void silu_mul(float* gate, const float* up, int64_t n) {
