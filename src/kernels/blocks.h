@@ -119,8 +119,9 @@ static_assert(sizeof(BlockQ8_K) == 292);
 struct QuantizedActivations {
   const int8_t* q = nullptr;  // [num_x][cols]
   const float* d = nullptr;   // [num_x][cols / 32]: the block's f16 scale, as f32
-  const float* s = nullptr;   // [num_x][cols / 32]: d * sum of the block's q (for weight types
-                              // with a minimum, Q4_1 / Q5_1; else may be null)
+  const float* s = nullptr;   // [num_x][cols / 32]: ggml's Q8_1 s, f16(d * sum of the block's q)
+                              // with d unrounded (for weight types with a minimum, Q4_1 / Q5_1;
+                              // else may be null)
 };
 
 }  // namespace sieve::kernels

@@ -248,6 +248,25 @@ void quantize_row(DType dtype, const float* src, void* dst, int64_t n) {
   }
 }
 
+void quantize_activations_q8(const float* x, int64_t n, int8_t* q, float* d, float* s) {
+  assert(n % kQBlock == 0);
+  for (int64_t b = 0; b < n / kQBlock; ++b) {
+    const float* xb = x + b * kQBlock;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float scale = amax / 127.0f;
+    const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kQBlock; ++j) {
+      const int32_t v = static_cast<int32_t>(std::nearbyint(xb[j] * inverse));  // ties to even
+      q[b * kQBlock + j] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    d[b] = f16_to_f32(f32_to_f16(scale));
+    if (s != nullptr) s[b] = f16_to_f32(f32_to_f16(scale * static_cast<float>(sum)));
+  }
+}
+
 void dequantize_row(DType dtype, const void* src, float* dst, int64_t n) {
   assert(n % block_elems(dtype) == 0);
   switch (dtype) {

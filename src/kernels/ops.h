@@ -62,6 +62,14 @@ uint16_t f32_to_bf16(float f);  // round to nearest even, NaN preserved
 // f32 -> dtype and back for one row of n values (n a multiple of block_elems(dtype)).
 void quantize_row(DType dtype, const float* src, void* dst, int64_t n);
 void dequantize_row(DType dtype, const void* src, float* dst, int64_t n);
+// A matmul's activations -> Q8_0 blocks of 32 (n a multiple of 32) as ggml's x86 CPU backend
+// quantizes them (its AVX2 / AVX-512 quantize_row_q8_0 and quantize_row_q8_1, not the reference
+// quantizer that writes weights, which quantize_row(kQ8_0) is): per block d = max|x| / 127, kept
+// as f16 (d[b] is that f16 value as f32), and q = x * (127 / max|x|) rounded half to even. With
+// `s` (may be null) also Q8_1's sum term s[b] = f16(d * sum q) with d before its f16 rounding.
+// Differs from quantize_row(kQ8_0) (x * (1 / d), ties away from zero) only at ties and last-ulp
+// cases, which activations from 4- and 5-bit embeddings (values k * d_w) hit often.
+void quantize_activations_q8(const float* x, int64_t n, int8_t* q, float* d, float* s);
 
 // --- matrix multiply ---
 // y[i * w.rows + r] = sum_c x[i * w.cols + c] * w[r][c]   for i < num_x, r < w.rows.

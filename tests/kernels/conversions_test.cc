@@ -156,6 +156,38 @@ TEST(Quantize, Q8_0RoundsHalfAwayFromZeroAndHandlesZeros) {
   for (int8_t q : block.qs) EXPECT_EQ(q, 0);
 }
 
+// A matmul's activations as ggml's x86 backend quantizes them: ties to even, and Q8_1's sum
+// term from the unrounded scale.
+TEST(Quantize, ActivationsRoundHalfToEvenWithQ8_1Sums) {
+  float x[64] = {127.0f, 2.5f, -2.5f, 0.49f, 3.5f, -126.5f};  // block 0: d = 1, 127 / max = 1
+  for (int j = 0; j < 32; ++j) x[32 + j] = 100.0f - 3.0f * static_cast<float>(j);  // block 1
+  int8_t q[64];
+  float d[2], s[2];
+  quantize_activations_q8(x, 64, q, d, s);
+  EXPECT_EQ(d[0], 1.0f);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], 2);
+  EXPECT_EQ(q[2], -2);
+  EXPECT_EQ(q[3], 0);
+  EXPECT_EQ(q[4], 4);
+  EXPECT_EQ(q[5], -126);
+  EXPECT_EQ(s[0], 5.0f);  // 127 + 2 - 2 + 4 - 126
+  const float scale = 100.0f / 127.0f;
+  EXPECT_EQ(d[1], f16_to_f32(f32_to_f16(scale)));
+  int sum = 0;
+  for (int j = 0; j < 32; ++j) {
+    EXPECT_EQ(q[32 + j], static_cast<int8_t>(std::nearbyint(x[32 + j] * (127.0f / 100.0f)))) << j;
+    sum += q[32 + j];
+  }
+  EXPECT_EQ(s[1], f16_to_f32(f32_to_f16(scale * static_cast<float>(sum))));
+
+  const float zeros[32] = {};
+  quantize_activations_q8(zeros, 32, q, d, s);
+  EXPECT_EQ(d[0], 0.0f);
+  EXPECT_EQ(s[0], 0.0f);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(q[j], 0);
+}
+
 TEST(Quantize, Q4_0HandComputedBlock) {
   // Largest magnitude -8 -> d = -8 / -8 = 1, id = 1, q = min(15, (int)(x + 8.5)).
   float x[32] = {};

@@ -149,8 +149,8 @@ TEST_P(Matmul, QuantizedWeightsRawRandomBlocks) {
 }
 
 // With weight matrices that pick single columns (y[i][r] = x_q8[i][r], exact in f32), the
-// kernels' own (SIMD) activation quantizer must reproduce quantize_row(kQ8_0) bit for bit,
-// rounding ties away from zero like roundf.
+// kernels' own (SIMD) activation quantizer must reproduce quantize_activations_q8 bit for bit
+// (ggml's x86 quantize_row_q8_0: x * (127 / max|x|), ties to even).
 TEST_P(Matmul, ActivationsQuantizeExactlyLikeTheReference) {
   ThreadPool pool(3);
   const int64_t cols = 96;
@@ -160,11 +160,16 @@ TEST_P(Matmul, ActivationsQuantizeExactlyLikeTheReference) {
   for (int j = 32; j < 64; ++j) x[j] = 0.0f;  // block 1: all zero, d = 0
   x[cols + 40] = -1e-20f;                     // a tiny block maximum
   std::vector<float> expected(x.size());
-  std::vector<uint8_t> blocks(row_bytes(DType::kQ8_0, cols));
+  std::vector<int8_t> q(cols);
+  std::vector<float> d(cols / 32);
   for (int64_t i = 0; i < 3; ++i) {
-    quantize_row(DType::kQ8_0, x.data() + i * cols, blocks.data(), cols);
-    dequantize_row(DType::kQ8_0, blocks.data(), expected.data() + i * cols, cols);
+    quantize_activations_q8(x.data() + i * cols, cols, q.data(), d.data(), nullptr);
+    for (int64_t c = 0; c < cols; ++c) expected[i * cols + c] = d[c / 32] * q[c];
   }
+  EXPECT_EQ(expected[1], -14.0f);  // -14.5: ties to even (roundf: -15)
+  EXPECT_EQ(expected[17], 2.0f);   // 1.5
+  EXPECT_EQ(expected[19], 4.0f);   // 3.5
+
   for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
     // Row r: weight 1 at column r, 0 elsewhere. Every block has d = 1 (f16 0x3C00); Q8_0 holds
     // q = 1 / 0, Q4_0 nibbles 9 / 8 (weight = nibble - 8).

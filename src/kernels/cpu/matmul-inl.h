@@ -13,8 +13,8 @@
 //   FloatKernel<Row>  F32 / F16 / BF16: weights widened to f32, f32 FMAs. Any cols.
 //   QuantKernel<Row>  Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL: activations pre-quantized
 //                     to Q8_0; int8 x int8 -> int32 per block (BlockDot), then one f32 FMA per
-//                     block with scale d_w * d_x (Q4_1 / Q5_1: plus m_w * d_x * sum(q_x), from
-//                     block sums computed once per activation row). cols a multiple of 32.
+//                     block with scale d_w * d_x (Q4_1 / Q5_1: plus m_w * s_x, ggml's Q8_1 sum
+//                     term f16(d_x * sum(q_x)), made with the activations). cols a multiple of 32.
 // On AVX-512 CPUs with VNNI, whole tasks run in intrinsics instead: Q8_0 prefill (num_x >= 2)
 // in cpu/matmul_vnni.cc; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL decode and prefill in
 // cpu/matmul_vnni_small_blocks.cc (Row::kVnniFormat names the layout).
@@ -194,21 +194,21 @@ struct BlockDot {
 };
 
 // One row of activations (num_blocks * 32 values) -> Q8_0 blocks, bit-identical to
-// quantize_block_q8_0 (ggml's quantize_row_q8_0_ref): d = max|x| / 127, q = roundf(x * (1/d)),
-// roundf's ties away from zero done as trunc + (|frac| >= 0.5). Writes q and d (the f16 scale
-// as f32). Two passes, so the two dependent divisions per block overlap across blocks instead
-// of stalling each block's rounding.
+// quantize_activations_q8 (ggml's x86 quantize_row_q8_0 / q8_1): d = max|x| / 127,
+// q = x * (127 / max|x|) rounded half to even. Writes q and d (the f16 scale as f32), and with
+// `s` (Q4_1 / Q5_1 weights; may be null) Q8_1's sum term f16(d * sum q), d unrounded. Two
+// passes, so the two dependent divisions per block overlap across blocks instead of stalling
+// each block's rounding.
 HWY_INLINE void QuantizeRowQ8_0(const float* HWY_RESTRICT x, int64_t num_blocks,
-                                int8_t* HWY_RESTRICT q, float* HWY_RESTRICT d) {
+                                int8_t* HWY_RESTRICT q, float* HWY_RESTRICT d,
+                                float* HWY_RESTRICT s = nullptr) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<int8_t, decltype(df)> d8;
   constexpr size_t kLanes = hn::MaxLanes(decltype(df)());
   static_assert(kQBlock % kLanes == 0);
-  const auto half = hn::Set(df, 0.5f);
-  const auto one = hn::Set(df, 1.0f);
   constexpr int64_t kChunk = 64;  // blocks per pass
-  float inverse[kChunk];
+  float inverse[kChunk], scales[kChunk];
   for (int64_t b0 = 0; b0 < num_blocks; b0 += kChunk) {
     const int64_t b1 = std::min(num_blocks, b0 + kChunk);
     for (int64_t b = b0; b < b1; ++b) {
@@ -216,20 +216,23 @@ HWY_INLINE void QuantizeRowQ8_0(const float* HWY_RESTRICT x, int64_t num_blocks,
       auto vmax = hn::Zero(df);
       for (size_t k = 0; k < kQBlock; k += kLanes)
         vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + k)));
-      const float scale = hn::GetLane(hn::MaxOfLanes(df, vmax)) / 127.0f;
-      inverse[b - b0] = scale != 0.0f ? 1.0f / scale : 0.0f;
-      d[b] = f16_to_f32(f32_to_f16(scale));
+      const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      scales[b - b0] = amax / 127.0f;
+      inverse[b - b0] = amax != 0.0f ? 127.0f / amax : 0.0f;
+      d[b] = f16_to_f32(f32_to_f16(scales[b - b0]));
     }
     for (int64_t b = b0; b < b1; ++b) {
       const float* xb = x + b * kQBlock;
       const auto id = hn::Set(df, inverse[b - b0]);
+      auto sum = hn::Zero(di);
       for (size_t k = 0; k < kQBlock; k += kLanes) {
-        const auto scaled = hn::Mul(hn::LoadU(df, xb + k), id);
-        const auto truncated = hn::Trunc(scaled);
-        const auto away = hn::Ge(hn::Abs(hn::Sub(scaled, truncated)), half);
-        const auto rounded =
-            hn::Add(truncated, hn::IfThenElseZero(away, hn::CopySignToAbs(one, scaled)));
-        hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, rounded)), d8, q + b * kQBlock + k);
+        const auto rounded = hn::ConvertTo(di, hn::Round(hn::Mul(hn::LoadU(df, xb + k), id)));
+        sum = hn::Add(sum, rounded);
+        hn::StoreU(hn::DemoteTo(d8, rounded), d8, q + b * kQBlock + k);
+      }
+      if (s != nullptr) {
+        const float q_sum = static_cast<float>(hn::GetLane(hn::SumOfLanes(di, sum)));
+        s[b] = f16_to_f32(f32_to_f16(scales[b - b0] * q_sum));
       }
     }
   }
@@ -381,17 +384,6 @@ inline constexpr bool kRowHasMin = requires(const typename Row::Block& block) {
 // Whether the weight type has prefill tiles for AVX-512 VNNI (Row::kVnniFormat).
 template <class Row>
 inline constexpr bool kRowHasVnni = requires { Row::kVnniFormat; };
-
-// Per activation block d_x * sum_j q_x[j] (ggml's Q8_1 s, kept in f32): what a weight block's
-// minimum m_w multiplies. num_blocks values from q [num_blocks * 32] and d [num_blocks].
-HWY_INLINE void BlockSumsQ8_0(const int8_t* HWY_RESTRICT q, const float* HWY_RESTRICT d,
-                              int64_t num_blocks, float* HWY_RESTRICT sums) {
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    int32_t sum = 0;
-    for (int64_t j = 0; j < kQBlock; ++j) sum += q[b * kQBlock + j];
-    sums[b] = d[b] * static_cast<float>(sum);
-  }
-}
 
 // ----------------------------------------------------------------------------- tiles
 
@@ -676,11 +668,8 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
   std::vector<float> sums(kRowHasMin<Row> ? static_cast<size_t>(num_x * num_blocks) : 0);
   const auto quantize_rows = [&](int64_t begin, int64_t end) HWY_ATTR {
     for (int64_t i = begin; i < end; ++i) {
-      QuantizeRowQ8_0(x + i * w.cols, num_blocks, q.data() + i * w.cols, d.data() + i * num_blocks);
-      if constexpr (kRowHasMin<Row>) {
-        BlockSumsQ8_0(q.data() + i * w.cols, d.data() + i * num_blocks, num_blocks,
-                      sums.data() + i * num_blocks);
-      }
+      QuantizeRowQ8_0(x + i * w.cols, num_blocks, q.data() + i * w.cols, d.data() + i * num_blocks,
+                      kRowHasMin<Row> ? sums.data() + i * num_blocks : nullptr);
     }
   };
   if (num_x > 1 && pool.num_threads() > 1 && num_x * w.cols >= kMinParallelQuantize) {

@@ -13,8 +13,8 @@ enum class SmallBlockFormat : uint8_t { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kIQ4_NL };
 // weights decoded to unsigned bytes u (Q4: nibble, Q5: 5 bits, IQ4_NL: level + 128) so that
 // w = d_w * (u + offset) + m_w, offset = -8 / 0 / -16 / 0 / -128 and m_w = 0 without a minimum.
 // x pre-quantized to Q8_0 (q int8 [num_x][cols], d f32 [num_x][cols / 32]) and, for Q4_1 /
-// Q5_1, xsum f32 [num_x][cols / 32] = d_x * sum_j q_x[j] per block (else may be null).
-// cols % 32 == 0. Exact int32 block dot products (vpdpbusd, u8 x s8), one f32 FMA per block.
+// Q5_1, xsum f32 [num_x][cols / 32] = ggml's Q8_1 s per block (QuantizedActivations::s; else may be
+// null). cols % 32 == 0. Exact int32 block dot products (vpdpbusd, u8 x s8), one f32 FMA per block.
 struct SmallBlockProblem {
   SmallBlockFormat format;
   const uint8_t* w;  // rows * row_bytes

@@ -128,12 +128,24 @@ HWY_INLINE void Axpy(float alpha, const float* HWY_RESTRICT x, float* HWY_RESTRI
   }
 }
 
-// out = x / sqrt(mean(x^2) + eps) * weight
+// out = x / sqrt(mean(x^2) + eps) * weight, with ggml's scale: the f32 squares summed in double,
+// the mean rounded to f32, scale = 1.0f / sqrtf(mean + eps). A scale one ulp off moves every
+// output, which decides the rounding of the next matmul's Q8 activations where they sit on ties
+// (as the normalized rows of 4- and 5-bit embeddings do). Four double chains (the float result
+// is that of ggml's one chain unless the double sums straddle a float rounding boundary).
 HWY_INLINE void RmsNorm(const float* HWY_RESTRICT x, const float* HWY_RESTRICT weight, float eps,
                         float* HWY_RESTRICT out, int64_t n) {
   const hn::ScalableTag<float> d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const float scale = 1.0f / std::sqrt(Dot(x, x, n) / static_cast<float>(n) + eps);
+  double sums[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    for (int j = 0; j < 4; ++j) sums[j] += static_cast<double>(x[k + j] * x[k + j]);
+  }
+  for (; k < n; ++k) sums[0] += static_cast<double>(x[k] * x[k]);
+  const double sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
   const auto vs = hn::Set(d, scale);
   int64_t i = 0;
   for (; i + N <= n; i += N) {

@@ -15,15 +15,17 @@ namespace sieve::kernels::ref {
 
 namespace {
 
-// y[i][r] for quantized weights, with ggml's semantics: x is quantized to Q8_0 blocks, each
-// block contributes d_w * d_x * sum_j(q_w[j] * q_x[j]) with an exact integer sum.
+// y[i][r] for quantized weights, with ggml's semantics: x is quantized to Q8_0 blocks as ggml's
+// x86 backend does (quantize_activations_q8), each block contributes
+// d_w * d_x * sum_j(q_w[j] * q_x[j]) with an exact integer sum.
 void matmul_quantized(const MatrixView& w, const float* x, int64_t num_x, float* y) {
   const int64_t num_blocks = w.cols / kQBlock;
   const size_t w_row_bytes = row_bytes(w.dtype, w.cols);
-  std::vector<BlockQ8_0> xq(static_cast<size_t>(num_blocks));
+  std::vector<int8_t> xq(static_cast<size_t>(w.cols));
+  std::vector<float> xd(static_cast<size_t>(num_blocks));
   std::vector<int> wq(kQBlock);
   for (int64_t i = 0; i < num_x; ++i) {
-    quantize_row(DType::kQ8_0, x + i * w.cols, xq.data(), w.cols);
+    quantize_activations_q8(x + i * w.cols, w.cols, xq.data(), xd.data(), nullptr);
     for (int64_t r = 0; r < w.rows; ++r) {
       const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w_row_bytes;
       double sum = 0.0;
@@ -42,8 +44,8 @@ void matmul_quantized(const MatrixView& w, const float* x, int64_t num_x, float*
           }
         }
         int32_t sum_q = 0;
-        for (int j = 0; j < kQBlock; ++j) sum_q += wq[j] * xq[b].qs[j];
-        sum += static_cast<double>(d_w) * f16_to_f32(xq[b].d) * sum_q;
+        for (int j = 0; j < kQBlock; ++j) sum_q += wq[j] * xq[b * kQBlock + j];
+        sum += static_cast<double>(d_w) * xd[b] * sum_q;
       }
       y[i * w.rows + r] = static_cast<float>(sum);
     }
@@ -85,10 +87,12 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
 }
 
 void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t n) {
+  // ggml's rms_norm: f32 squares summed in double, mean and scale in f32.
   double sum_sq = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
-  const double scale = 1.0 / std::sqrt(sum_sq / static_cast<double>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i] * scale * weight[i]);
+  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(sum_sq / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
 void silu_mul(float* gate, const float* up, int64_t n) {

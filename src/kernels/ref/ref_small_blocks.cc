@@ -72,21 +72,20 @@ void matmul_small_block(const MatrixView& w, const float* x, int64_t num_x, floa
   const int64_t num_blocks = w.cols / kQBlock;
   const size_t w_row_bytes = row_bytes(w.dtype, w.cols);
   const size_t w_block_bytes = block_bytes(w.dtype);
-  std::vector<BlockQ8_0> xq(static_cast<size_t>(num_blocks));
+  std::vector<int8_t> xq(static_cast<size_t>(w.cols));
+  std::vector<float> xd(static_cast<size_t>(num_blocks)), xs(static_cast<size_t>(num_blocks));
   for (int64_t i = 0; i < num_x; ++i) {
-    quantize_row(DType::kQ8_0, x + i * w.cols, xq.data(), w.cols);
+    // Q4_1 / Q5_1: ggml's Q8_1 activations, whose sum term s = f16(d * sum q) the minimum
+    // multiplies (the other types ignore it).
+    quantize_activations_q8(x + i * w.cols, w.cols, xq.data(), xd.data(), xs.data());
     for (int64_t r = 0; r < w.rows; ++r) {
       const auto* row = static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w_row_bytes;
       double sum = 0.0;
       for (int64_t b = 0; b < num_blocks; ++b) {
         const IntegerBlock wb = decode(w.dtype, row + static_cast<size_t>(b) * w_block_bytes);
-        int32_t sum_wx = 0, sum_x = 0;
-        for (int j = 0; j < kQBlock; ++j) {
-          sum_wx += wb.q[j] * xq[b].qs[j];
-          sum_x += xq[b].qs[j];
-        }
-        const double d_x = f16_to_f32(xq[b].d);
-        sum += static_cast<double>(wb.d) * d_x * sum_wx + static_cast<double>(wb.m) * d_x * sum_x;
+        int32_t sum_wx = 0;
+        for (int j = 0; j < kQBlock; ++j) sum_wx += wb.q[j] * xq[b * kQBlock + j];
+        sum += static_cast<double>(wb.d) * xd[b] * sum_wx + static_cast<double>(wb.m) * xs[b];
       }
       y[i * w.rows + r] = static_cast<float>(sum);
     }
