@@ -395,7 +395,7 @@ struct SuperBlockKernel {
 };
 
 #if HWY_TARGET <= HWY_AVX3
-// Decode (fewer than kVnniMinRows activation rows) of Q4_K, Q5_K and Q6_K, 512 bits wide on the
+// Decode (fewer than kVnniMinRows activation rows) of Q4_K, Q5_K, Q6_K and IQ4_XS, 512 bits wide on the
 // GGUF layout. Per weight super-block: four 512-bit vectors of 64 u8 levels straight from the
 // loads (one AND / shift per vector, no 256-bit recombination), four vectors of i16 sub-block
 // scales from one in-lane byte shuffle (or vpermw) each, then per activation row four
@@ -459,6 +459,7 @@ HWY_INLINE __m128i ScalesMinsK4(const uint8_t* s) {
 // dmin) or offsets (Q6_K: 32 * scale per 16 values, against bsums, scaled by d).
 struct Decoded512 {
   __m512i u[4];
+  __mmask64 negative[4];  // kSigned (IQ4_XS): the lanes of negative values (u = |w|)
   __m512i scales[4];
   __m128i mins32;  // kMins32
   __m256i mins16;  // !kMins32
@@ -477,7 +478,7 @@ HWY_INLINE void DecodeK4Scales(const uint8_t* scales, Decoded512* out) {
 
 struct Q4_KDecode {
   using Block = BlockQ4_K;
-  static constexpr bool kMins32 = true;
+  static constexpr bool kMins32 = true, kOffsets16 = false, kSigned = false;
   static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderK4(in, out); }
   static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
     const __m512i nibble = _mm512_set1_epi8(0xF);
@@ -494,7 +495,7 @@ struct Q4_KDecode {
 
 struct Q5_KDecode {
   using Block = BlockQ5_K;
-  static constexpr bool kMins32 = true;
+  static constexpr bool kMins32 = true, kOffsets16 = false, kSigned = false;
   static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderK4(in, out); }
   static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
     const __m512i nibble = _mm512_set1_epi8(0xF);
@@ -520,7 +521,7 @@ struct Q5_KDecode {
 
 struct Q6_KDecode {
   using Block = BlockQ6_K;
-  static constexpr bool kMins32 = false;
+  static constexpr bool kMins32 = false, kOffsets16 = true, kSigned = false;
   static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderNone(in, out); }
   static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
     const __m512i nibble = _mm512_set1_epi8(0xF);
@@ -553,6 +554,58 @@ struct Q6_KDecode {
     }
     out->mins16 = _mm256_slli_epi16(scales16, 5);
     out->d = out->dmin = HalfToFloat(b.d);
+  }
+};
+
+// IQ4_XS: a 512-bit load of qs holds sub-blocks 4h .. 4h + 3, one per 128-bit lane: low nibbles
+// their values 0-15, high nibbles 16-31. Signed levels: |w| against x negated where w < 0.
+struct IQ4_XSDecode {
+  using Block = BlockIQ4_XS;
+  static constexpr bool kMins32 = false, kOffsets16 = false, kSigned = true;
+  // Vector 2h + k: lane s = x[128h + 32s + 16k .. + 16).
+  static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) {
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 2; ++k) {
+        for (int sub = 0; sub < 4; ++sub) {
+          std::memcpy(out->qs + 64 * (2 * h + k) + 16 * sub, in.qs + 128 * h + 32 * sub + 16 * k,
+                      16);
+        }
+      }
+    }
+  }
+  static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues)));
+    const __m512i nibble = _mm512_set1_epi8(0xF);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_loadu_si512(b.qs + 64 * h);
+      const __m512i low = _mm512_shuffle_epi8(table, _mm512_and_si512(q, nibble));
+      const __m512i high =
+          _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble));
+      out->u[2 * h] = _mm512_abs_epi8(low);
+      out->u[2 * h + 1] = _mm512_abs_epi8(high);
+      out->negative[2 * h] = _mm512_movepi8_mask(low);
+      out->negative[2 * h + 1] = _mm512_movepi8_mask(high);
+    }
+    // Byte s = low nibble s of scales_l | bits 2s, 2s + 1 of scales_h << 4, minus 32; vector
+    // 2h + k, i16 lanes 8s .. 8s + 7 -> scale 4h + s.
+    const uint64_t packed = _pdep_u64(Load32(b.scales_l), 0x0F0F0F0F0F0F0F0Full) |
+                            (_pdep_u64(b.scales_h, 0x0303030303030303ull) << 4);
+    const __m128i scales16 = _mm_cvtepi8_epi16(
+        _mm_sub_epi8(_mm_cvtsi64_si128(static_cast<int64_t>(packed)), _mm_set1_epi8(32)));
+    const __m512i all = _mm512_castsi128_si512(scales16);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i index = _mm512_add_epi16(
+          _mm512_set1_epi16(static_cast<int16_t>(4 * h)),
+          _mm512_srli_epi16(_mm512_set_epi32(0x001F001E, 0x001D001C, 0x001B001A, 0x00190018,
+                                             0x00170016, 0x00150014, 0x00130012, 0x00110010,
+                                             0x000F000E, 0x000D000C, 0x000B000A, 0x00090008,
+                                             0x00070006, 0x00050004, 0x00030002, 0x00010000),
+                            3));
+      out->scales[2 * h] = out->scales[2 * h + 1] = _mm512_permutexvar_epi16(index, all);
+    }
+    out->d = HalfToFloat(b.d);
+    out->dmin = 0.0f;
   }
 };
 
@@ -594,7 +647,9 @@ struct DecodeKernel512 {
           const DecodeX& xb = x_rows[i][b];
           __m512i sum = _mm512_setzero_si512();
           for (int j = 0; j < 4; ++j) {
-            const __m512i xv = _mm512_load_si512(xb.qs + 64 * j);
+            __m512i xv = _mm512_load_si512(xb.qs + 64 * j);
+            if constexpr (Row::kSigned)
+              xv = _mm512_mask_sub_epi8(xv, dec.negative[j], _mm512_setzero_si512(), xv);
             sum = _mm512_add_epi32(
                 sum, _mm512_madd_epi16(_mm512_maddubs_epi16(dec.u[j], xv), dec.scales[j]));
           }
@@ -605,10 +660,13 @@ struct DecodeKernel512 {
                                         acc[i][r]);
             min_acc[i][r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(-dec.dmin * xb.d),
                                          min_acc[i][r]);
-          } else {
+          } else if constexpr (Row::kOffsets16) {
             const __m256i offsets = _mm256_madd_epi16(
                 dec.mins16, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
             sum = _mm512_sub_epi32(sum, _mm512_zextsi256_si512(offsets));
+            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
+                                        acc[i][r]);
+          } else {
             acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
                                         acc[i][r]);
           }
@@ -664,6 +722,10 @@ struct Decode512Of<Q5_KUnpack> {
 template <>
 struct Decode512Of<Q6_KUnpack> {
   using type = Q6_KDecode;
+};
+template <>
+struct Decode512Of<IQ4_XSUnpack> {
+  using type = IQ4_XSDecode;
 };
 #endif  // HWY_TARGET <= HWY_AVX3
 
