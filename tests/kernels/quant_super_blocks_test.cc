@@ -209,11 +209,13 @@ TEST(SuperBlockQuantize, ZerosConstantsAndOutliers) {
   }
 }
 
-// Random bytes make valid blocks once the f16 scales are finite and small.
-std::vector<uint8_t> random_blocks(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+// Random bytes make valid blocks once the f16 scales are finite and small. fill >= 0: every
+// other byte is `fill` (0xFF: the largest levels, scales and mins of every type).
+std::vector<uint8_t> random_blocks(DType dtype, int64_t rows, int64_t cols, uint32_t seed,
+                                   int fill = -1) {
   std::vector<uint8_t> bytes(row_bytes(dtype, cols) * static_cast<size_t>(rows));
   std::mt19937 rng(seed);
-  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(fill >= 0 ? fill : rng());
   std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
   const size_t block = block_bytes(dtype);
   for (size_t offset = 0; offset < bytes.size(); offset += block) {
@@ -354,6 +356,39 @@ TEST_P(SuperBlockMatmul, CloseToFloatProduct) {
         }
         EXPECT_NEAR(y[i * rows + r], exact, 0.01 * mag)
             << to_string(dtype);  // Q8_K: ~0.4% per value
+      }
+    }
+  }
+}
+
+// Decode shapes (one or two activation rows, the AVX-512 decode kernels), long rows and odd
+// row counts, on random blocks and on the extremes of the integer ranges: every byte 0xFF or
+// 0x00 (largest / smallest levels, scales and mins) against activations of +-127.
+TEST_P(SuperBlockMatmul, DecodeMatchesReferenceAtExtremes) {
+  ThreadPool pool1(1), pool2(2);
+  uint32_t seed = 100;
+  for (DType dtype : kSuperBlockTypes) {
+    for (int fill : {-1, 0xFF, 0x00, 0x5A}) {
+      for (int64_t rows : {3, 37}) {
+        const int64_t cols = 4096;
+        std::vector<uint8_t> bytes = random_blocks(dtype, rows, cols, ++seed, fill);
+        const MatrixView w{dtype, bytes.data(), rows, cols};
+        for (int64_t num_x : {1, 2}) {
+          std::vector<float> x = random_floats(num_x * cols, ++seed);
+          if (fill >= 0) {
+            for (int64_t k = 0; k < num_x * cols; ++k) x[k] = (k / 3) % 2 ? 1.0f : -1.0f;
+          }
+          std::vector<float> y(num_x * rows + 1, 12345.0f), y_ref(num_x * rows);
+          matmul(w, x.data(), num_x, y.data(), seed % 2 ? pool1 : pool2);
+          ref::matmul(w, x.data(), num_x, y_ref.data());
+          const std::vector<double> mags = magnitudes(w, x.data(), num_x);
+          for (int64_t k = 0; k < num_x * rows; ++k) {
+            ASSERT_NEAR(y[k], y_ref[k], 2e-6 * mags[k] + 1e-30)
+                << to_string(dtype) << " fill=" << fill << " rows=" << rows
+                << " num_x=" << num_x << " k=" << k;
+          }
+          EXPECT_EQ(y[num_x * rows], 12345.0f) << "wrote past the end";
+        }
       }
     }
   }

@@ -23,6 +23,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/matmul_super_blocks.cc"
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -393,6 +394,341 @@ struct SuperBlockKernel {
   }
 };
 
+#if HWY_TARGET <= HWY_AVX3
+// Decode (fewer than kVnniMinRows activation rows) of Q4_K, Q5_K, Q6_K and IQ4_XS, 512 bits wide on the
+// GGUF layout. Per weight super-block: four 512-bit vectors of 64 u8 levels straight from the
+// loads (one AND / shift per vector, no 256-bit recombination), four vectors of i16 sub-block
+// scales from one in-lane byte shuffle (or vpermw) each, then per activation row four
+// pmaddubsw + pmaddwd. The activation row is reordered once per matmul to the weights' order:
+// a 512-bit load of Q4_K / Q5_K qs holds 32-byte chunks c and c + 1, so its low nibbles are
+// levels 2c and 2c + 2 (values 64c + l and 64c + 64 + l), its high nibbles levels 2c + 1 and
+// 2c + 3. Q6_K's 64-byte ql halves already give 64 consecutive values per nibble.
+// The integer sums per super-block are those of the 256-bit kernel; only the float
+// accumulation order differs.
+
+// One Q8_K activation block for these kernels: qs in the weight type's order, the Q8_K sums
+// per 16 values (natural order) and per 32.
+struct alignas(64) DecodeX {
+  int8_t qs[kQKBlock];
+  int16_t bsums[16];
+  int16_t sums32[8];
+  float d;
+};
+
+// Q4_K / Q5_K order: vector j (64 bytes) = levels lo(j), lo(j) + 2 with lo = 4 (j / 2) + j % 2.
+HWY_INLINE void ReorderK4(const BlockQ8_K& in, DecodeX* out) {
+  for (int j = 0; j < 4; ++j) {
+    const int lo = 4 * (j / 2) + j % 2;
+    std::memcpy(out->qs + 64 * j, in.qs + 32 * lo, 32);
+    std::memcpy(out->qs + 64 * j + 32, in.qs + 32 * (lo + 2), 32);
+  }
+}
+HWY_INLINE void ReorderNone(const BlockQ8_K& in, DecodeX* out) {
+  std::memcpy(out->qs, in.qs, kQKBlock);
+}
+
+// i16 lanes 0-15 = byte a of every 128-bit lane of v, lanes 16-31 = byte b (zero-extended).
+HWY_INLINE __m512i SpreadPair(__m512i v, int a, int b) {
+  const __m512i pattern = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(0x8000 | a))),
+      _mm256_set1_epi16(static_cast<int16_t>(0x8000 | b)), 1);
+  return _mm512_shuffle_epi8(v, pattern);
+}
+
+// Per 16-bit lane: shift by `first` in lanes 0-15 and by `second` in lanes 16-31.
+HWY_INLINE __m512i Counts(int first, int second) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<int16_t>(first))),
+                            _mm256_set1_epi16(static_cast<int16_t>(second)), 1);
+}
+
+// Scales 0-7 in bytes 0-7, mins in bytes 8-15 (see UnpackScalesK4).
+HWY_INLINE __m128i ScalesMinsK4(const uint8_t* s) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i acmc =
+      _mm_shuffle_epi8(v, _mm_set_epi8(11, 10, 9, 8, 7, 6, 5, 4, 11, 10, 9, 8, 3, 2, 1, 0));
+  const __m128i tops =
+      _mm_shuffle_epi8(v, _mm_set_epi8(7, 6, 5, 4, -1, -1, -1, -1, 3, 2, 1, 0, -1, -1, -1, -1));
+  const __m128i low =
+      _mm_or_si128(_mm_and_si128(acmc, _mm_set_epi32(0, 0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F)),
+                   _mm_and_si128(_mm_srli_epi16(acmc, 4), _mm_set_epi32(0x0F0F0F0F, 0, 0, 0)));
+  return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(tops, 2), _mm_set1_epi8(0x30)));
+}
+
+// A super-block decoded for DecodeKernel512: levels u[j] against DecodeX::qs + 64 j, i16 scales
+// per pair of lanes; mins (Q4_K, Q5_K: 8 u8 -> i16 per 32 values, against sums32, scaled by
+// dmin) or offsets (Q6_K: 32 * scale per 16 values, against bsums, scaled by d).
+struct Decoded512 {
+  __m512i u[4];
+  __mmask64 negative[4];  // kSigned (IQ4_XS): the lanes of negative values (u = |w|)
+  __m512i scales[4];
+  __m128i mins32;  // kMins32
+  __m256i mins16;  // !kMins32
+  float d, dmin;
+};
+
+HWY_INLINE void DecodeK4Scales(const uint8_t* scales, Decoded512* out) {
+  const __m128i both = ScalesMinsK4(scales);
+  const __m512i all = _mm512_broadcast_i32x4(both);
+  out->scales[0] = SpreadPair(all, 0, 2);
+  out->scales[1] = SpreadPair(all, 1, 3);
+  out->scales[2] = SpreadPair(all, 4, 6);
+  out->scales[3] = SpreadPair(all, 5, 7);
+  out->mins32 = _mm_cvtepu8_epi16(_mm_srli_si128(both, 8));
+}
+
+struct Q4_KDecode {
+  using Block = BlockQ4_K;
+  static constexpr bool kMins32 = true, kOffsets16 = false, kSigned = false;
+  static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderK4(in, out); }
+  static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
+    const __m512i nibble = _mm512_set1_epi8(0xF);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_loadu_si512(b.qs + 64 * h);
+      out->u[2 * h] = _mm512_and_si512(q, nibble);
+      out->u[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
+    }
+    DecodeK4Scales(b.scales, out);
+    out->d = HalfToFloat(b.d);
+    out->dmin = HalfToFloat(b.dmin);
+  }
+};
+
+struct Q5_KDecode {
+  using Block = BlockQ5_K;
+  static constexpr bool kMins32 = true, kOffsets16 = false, kSigned = false;
+  static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderK4(in, out); }
+  static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
+    const __m512i nibble = _mm512_set1_epi8(0xF);
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_loadu_si512(b.qs + 64 * h);
+      out->u[2 * h] = _mm512_and_si512(q, nibble);
+      out->u[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
+    }
+    // Bit v of qh[l] -> bit 4 of level v (16-bit shifts: bit 4 of each byte comes from the
+    // same byte). Vector j holds levels lo(j) (lanes 0-15) and lo(j) + 2 (lanes 16-31).
+    const __m512i qh =
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh)));
+    out->u[0] = _mm512_or_si512(out->u[0], _mm512_and_si512(_mm512_sllv_epi16(qh, Counts(4, 2)), bit4));
+    out->u[1] = _mm512_or_si512(out->u[1], _mm512_and_si512(_mm512_sllv_epi16(qh, Counts(3, 1)), bit4));
+    out->u[2] = _mm512_or_si512(out->u[2], _mm512_and_si512(_mm512_srlv_epi16(qh, Counts(0, 2)), bit4));
+    out->u[3] = _mm512_or_si512(out->u[3], _mm512_and_si512(_mm512_srlv_epi16(qh, Counts(1, 3)), bit4));
+    DecodeK4Scales(b.scales, out);
+    out->d = HalfToFloat(b.d);
+    out->dmin = HalfToFloat(b.dmin);
+  }
+};
+
+struct Q6_KDecode {
+  using Block = BlockQ6_K;
+  static constexpr bool kMins32 = false, kOffsets16 = true, kSigned = false;
+  static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderNone(in, out); }
+  static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
+    const __m512i nibble = _mm512_set1_epi8(0xF);
+    const __m512i bits45 = _mm512_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      // ql[64h .. 64h + 64): low nibbles = values 128h + [0, 64), high = 128h + [64, 128);
+      // their bits 4-5 from qh[32h + l]: bits 0-1, 2-3 (low), 4-5, 6-7 (high).
+      const __m512i q = _mm512_loadu_si512(b.ql + 64 * h);
+      const __m512i hb = _mm512_broadcast_i64x4(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * h)));
+      out->u[2 * h] = _mm512_or_si512(
+          _mm512_and_si512(q, nibble), _mm512_and_si512(_mm512_sllv_epi16(hb, Counts(4, 2)), bits45));
+      out->u[2 * h + 1] =
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), nibble),
+                          _mm512_and_si512(_mm512_srlv_epi16(hb, Counts(0, 2)), bits45));
+    }
+    // Vector j: values 64j .. 64j + 63, i16 lanes 8k .. 8k + 7 -> scale 4j + k.
+    const __m256i scales16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+    const __m512i all = _mm512_castsi256_si512(scales16);
+    for (int j = 0; j < 4; ++j) {
+      const __m512i index = _mm512_add_epi16(
+          _mm512_set1_epi16(static_cast<int16_t>(4 * j)),
+          _mm512_srli_epi16(_mm512_set_epi32(0x001F001E, 0x001D001C, 0x001B001A, 0x00190018,
+                                             0x00170016, 0x00150014, 0x00130012, 0x00110010,
+                                             0x000F000E, 0x000D000C, 0x000B000A, 0x00090008,
+                                             0x00070006, 0x00050004, 0x00030002, 0x00010000),
+                            3));
+      out->scales[j] = _mm512_permutexvar_epi16(index, all);
+    }
+    out->mins16 = _mm256_slli_epi16(scales16, 5);
+    out->d = out->dmin = HalfToFloat(b.d);
+  }
+};
+
+// IQ4_XS: a 512-bit load of qs holds sub-blocks 4h .. 4h + 3, one per 128-bit lane: low nibbles
+// their values 0-15, high nibbles 16-31. Signed levels: |w| against x negated where w < 0.
+struct IQ4_XSDecode {
+  using Block = BlockIQ4_XS;
+  static constexpr bool kMins32 = false, kOffsets16 = false, kSigned = true;
+  // Vector 2h + k: lane s = x[128h + 32s + 16k .. + 16).
+  static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) {
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 2; ++k) {
+        for (int sub = 0; sub < 4; ++sub) {
+          std::memcpy(out->qs + 64 * (2 * h + k) + 16 * sub, in.qs + 128 * h + 32 * sub + 16 * k,
+                      16);
+        }
+      }
+    }
+  }
+  static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues)));
+    const __m512i nibble = _mm512_set1_epi8(0xF);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = _mm512_loadu_si512(b.qs + 64 * h);
+      const __m512i low = _mm512_shuffle_epi8(table, _mm512_and_si512(q, nibble));
+      const __m512i high =
+          _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble));
+      out->u[2 * h] = _mm512_abs_epi8(low);
+      out->u[2 * h + 1] = _mm512_abs_epi8(high);
+      out->negative[2 * h] = _mm512_movepi8_mask(low);
+      out->negative[2 * h + 1] = _mm512_movepi8_mask(high);
+    }
+    // Byte s = low nibble s of scales_l | bits 2s, 2s + 1 of scales_h << 4, minus 32; vector
+    // 2h + k, i16 lanes 8s .. 8s + 7 -> scale 4h + s.
+    const uint64_t packed = _pdep_u64(Load32(b.scales_l), 0x0F0F0F0F0F0F0F0Full) |
+                            (_pdep_u64(b.scales_h, 0x0303030303030303ull) << 4);
+    const __m128i scales16 = _mm_cvtepi8_epi16(
+        _mm_sub_epi8(_mm_cvtsi64_si128(static_cast<int64_t>(packed)), _mm_set1_epi8(32)));
+    const __m512i all = _mm512_castsi128_si512(scales16);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i index = _mm512_add_epi16(
+          _mm512_set1_epi16(static_cast<int16_t>(4 * h)),
+          _mm512_srli_epi16(_mm512_set_epi32(0x001F001E, 0x001D001C, 0x001B001A, 0x00190018,
+                                             0x00170016, 0x00150014, 0x00130012, 0x00110010,
+                                             0x000F000E, 0x000D000C, 0x000B000A, 0x00090008,
+                                             0x00070006, 0x00050004, 0x00030002, 0x00010000),
+                            3));
+      out->scales[2 * h] = out->scales[2 * h + 1] = _mm512_permutexvar_epi16(index, all);
+    }
+    out->d = HalfToFloat(b.d);
+    out->dmin = 0.0f;
+  }
+};
+
+template <class Row>
+struct DecodeKernel512 {
+  using Block = typename Row::Block;
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t rows, cols;
+  const DecodeX* x;  // [num_x][cols / 256]
+  float* y;
+
+  template <int kW, int kX>
+  HWY_INLINE void Tile(int64_t r0, int64_t x0, ColumnSlice slice) const {
+    const int64_t num_blocks = cols / kQKBlock;
+    const Block* w_rows[kW];
+    for (int r = 0; r < kW; ++r)
+      w_rows[r] = reinterpret_cast<const Block*>(w + static_cast<size_t>(r0 + r) * row_bytes);
+    const DecodeX* x_rows[kX];
+    for (int i = 0; i < kX; ++i) x_rows[i] = x + (x0 + i) * num_blocks;
+    __m512 acc[kX][kW];
+    __m128 min_acc[kX][kW];
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) {
+        acc[i][r] = _mm512_setzero_ps();
+        min_acc[i][r] = _mm_setzero_ps();
+      }
+    }
+    const bool prefetch = UseRowPrefetcher(slice, cols, row_bytes);
+    RowPrefetcher prefetcher(w_rows[0], kW * sizeof(Block));
+    for (int64_t b = slice.begin / kQKBlock; b < slice.end / kQKBlock; ++b) {
+      if (prefetch) prefetcher.Before(b);
+#pragma GCC unroll 8
+      for (int r = 0; r < kW; ++r) {
+        Decoded512 dec;
+        Row::Decode(w_rows[r][b], &dec);
+#pragma GCC unroll 8
+        for (int i = 0; i < kX; ++i) {
+          const DecodeX& xb = x_rows[i][b];
+          __m512i sum = _mm512_setzero_si512();
+          for (int j = 0; j < 4; ++j) {
+            __m512i xv = _mm512_load_si512(xb.qs + 64 * j);
+            if constexpr (Row::kSigned)
+              xv = _mm512_mask_sub_epi8(xv, dec.negative[j], _mm512_setzero_si512(), xv);
+            sum = _mm512_add_epi32(
+                sum, _mm512_madd_epi16(_mm512_maddubs_epi16(dec.u[j], xv), dec.scales[j]));
+          }
+          if constexpr (Row::kMins32) {
+            const __m128i mins = _mm_madd_epi16(
+                dec.mins32, _mm_load_si128(reinterpret_cast<const __m128i*>(xb.sums32)));
+            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
+                                        acc[i][r]);
+            min_acc[i][r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(-dec.dmin * xb.d),
+                                         min_acc[i][r]);
+          } else if constexpr (Row::kOffsets16) {
+            const __m256i offsets = _mm256_madd_epi16(
+                dec.mins16, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
+            sum = _mm512_sub_epi32(sum, _mm512_zextsi256_si512(offsets));
+            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
+                                        acc[i][r]);
+          } else {
+            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
+                                        acc[i][r]);
+          }
+        }
+      }
+    }
+    for (int i = 0; i < kX; ++i) {
+      for (int r = 0; r < kW; ++r) {
+        float value = _mm512_reduce_add_ps(acc[i][r]);
+        if constexpr (Row::kMins32) {
+          alignas(16) float m[4];
+          _mm_store_ps(m, min_acc[i][r]);
+          value += (m[0] + m[1]) + (m[2] + m[3]);
+        }
+        StoreOutput(&y[(x0 + i) * rows + r0 + r], value, slice.accumulate);
+      }
+    }
+  }
+};
+
+template <class Row>
+void MatmulDecode512(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
+                     ThreadPool& pool) {
+  const int64_t num_blocks = w.cols / kQKBlock;
+  std::vector<DecodeX> xd(static_cast<size_t>(num_x * num_blocks));
+  for (int64_t k = 0; k < num_x * num_blocks; ++k) {
+    const BlockQ8_K& in = xq[k];
+    DecodeX& out = xd[static_cast<size_t>(k)];
+    Row::Reorder(in, &out);
+    for (int s = 0; s < 16; ++s) out.bsums[s] = in.bsums[s];
+    for (int g = 0; g < 8; ++g)
+      out.sums32[g] = static_cast<int16_t>(in.bsums[2 * g] + in.bsums[2 * g + 1]);
+    out.d = in.d;
+  }
+  const DecodeKernel512<Row> kernel{
+      static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols,
+      xd.data(), y};
+  Run(kernel, num_x, pool);
+}
+
+template <class Unpack>
+struct Decode512Of {
+  using type = void;
+};
+template <>
+struct Decode512Of<Q4_KUnpack> {
+  using type = Q4_KDecode;
+};
+template <>
+struct Decode512Of<Q5_KUnpack> {
+  using type = Q5_KDecode;
+};
+template <>
+struct Decode512Of<Q6_KUnpack> {
+  using type = Q6_KDecode;
+};
+template <>
+struct Decode512Of<IQ4_XSUnpack> {
+  using type = IQ4_XSDecode;
+};
+#endif  // HWY_TARGET <= HWY_AVX3
+
 #if HWY_TARGET == HWY_AVX3
 // Prefill on CPUs with AVX-512 VNNI (vnni::supported()): tasks of whole 16-row groups. Per group
 // and slice of kVnniSliceBlocks super-blocks, the 16 rows are unpacked once (as above), their
@@ -537,6 +873,12 @@ void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* 
                 ThreadPool& pool) {
 #if HWY_TARGET == HWY_AVX3
   if (num_x >= kVnniMinRows && vnni::supported()) return MatmulVnni<Row>(w, xq, num_x, y, pool);
+#endif
+#if HWY_TARGET <= HWY_AVX3
+  using Decode = typename Decode512Of<Row>::type;
+  if constexpr (!std::is_void_v<Decode>) {
+    if (num_x < kVnniMinRows) return MatmulDecode512<Decode>(w, xq, num_x, y, pool);
+  }
 #endif
   const SuperBlockKernel<Row> kernel{
       static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols, xq, y};
