@@ -12,6 +12,9 @@
 //     pmaddubsw (u8 x s8 -> i16 pairs) then pmaddwd with the scales (-> i32, scale applied in
 //     integer), summed in 8 i32 lanes. IQ4_XS's levels are signed (its code book spans
 //     [-127, 113]): |w| and sign(x, w) as in matmul-inl.h's BlockDot.
+//   AVX-512 targets below kVnniMinRows activation rows (decode), Q4_K, Q5_K, Q6_K, IQ4_XS: the
+//     same integer sums 512 bits wide on four 64-level vectors per block, with the activation
+//     row reordered once per matmul to the weights' nibble order (DecodeKernel512).
 //   AVX-512 target on CPUs with VNNI, from kVnniMinRows activation rows: 16 weight rows x 1024
 //     columns unpacked the same way, transposed into vpdpbusd's layout and run against every
 //     activation row by the dense micro-kernel of cpu/matmul_super_blocks_vnni.cc (scales and
