@@ -12,6 +12,9 @@
 //     pmaddubsw (u8 x s8 -> i16 pairs) then pmaddwd with the scales (-> i32, scale applied in
 //     integer), summed in 8 i32 lanes. IQ4_XS's levels are signed (its code book spans
 //     [-127, 113]): |w| and sign(x, w) as in matmul-inl.h's BlockDot.
+//   AVX-512 targets below kVnniMinRows activation rows (decode), Q2_K, Q4_K .. Q6_K, IQ4_XS: the
+//     same integer sums 512 bits wide on four 64-level vectors per block, with the activation
+//     row reordered once per matmul to the weights' nibble order (DecodeKernel512).
 //   AVX-512 target on CPUs with VNNI, from kVnniMinRows activation rows: 16 weight rows x 1024
 //     columns unpacked the same way, transposed into vpdpbusd's layout and run against every
 //     activation row by the dense micro-kernel of cpu/matmul_super_blocks_vnni.cc (scales and
@@ -395,7 +398,7 @@ struct SuperBlockKernel {
 };
 
 #if HWY_TARGET <= HWY_AVX3
-// Decode (fewer than kVnniMinRows activation rows) of Q4_K, Q5_K, Q6_K and IQ4_XS, 512 bits wide on the
+// Decode (fewer than kVnniMinRows activation rows) of Q2_K, Q4_K, Q5_K, Q6_K and IQ4_XS, 512 bits wide on the
 // GGUF layout. Per weight super-block: four 512-bit vectors of 64 u8 levels straight from the
 // loads (one AND / shift per vector, no 256-bit recombination), four vectors of i16 sub-block
 // scales from one in-lane byte shuffle (or vpermw) each, then per activation row four
@@ -462,7 +465,7 @@ struct Decoded512 {
   __mmask64 negative[4];  // kSigned (IQ4_XS): the lanes of negative values (u = |w|)
   __m512i scales[4];
   __m128i mins32;  // kMins32
-  __m256i mins16;  // !kMins32
+  __m256i mins16;  // kOffsets16 (scaled by d), kMins16 (scaled by dmin)
   float d, dmin;
 };
 
@@ -478,7 +481,7 @@ HWY_INLINE void DecodeK4Scales(const uint8_t* scales, Decoded512* out) {
 
 struct Q4_KDecode {
   using Block = BlockQ4_K;
-  static constexpr bool kMins32 = true, kOffsets16 = false, kSigned = false;
+  static constexpr bool kMins32 = true, kOffsets16 = false, kMins16 = false, kSigned = false;
   static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderK4(in, out); }
   static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
     const __m512i nibble = _mm512_set1_epi8(0xF);
@@ -495,7 +498,7 @@ struct Q4_KDecode {
 
 struct Q5_KDecode {
   using Block = BlockQ5_K;
-  static constexpr bool kMins32 = true, kOffsets16 = false, kSigned = false;
+  static constexpr bool kMins32 = true, kOffsets16 = false, kMins16 = false, kSigned = false;
   static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderK4(in, out); }
   static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
     const __m512i nibble = _mm512_set1_epi8(0xF);
@@ -521,7 +524,7 @@ struct Q5_KDecode {
 
 struct Q6_KDecode {
   using Block = BlockQ6_K;
-  static constexpr bool kMins32 = false, kOffsets16 = true, kSigned = false;
+  static constexpr bool kMins32 = false, kOffsets16 = true, kMins16 = false, kSigned = false;
   static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) { ReorderNone(in, out); }
   static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
     const __m512i nibble = _mm512_set1_epi8(0xF);
@@ -561,7 +564,7 @@ struct Q6_KDecode {
 // their values 0-15, high nibbles 16-31. Signed levels: |w| against x negated where w < 0.
 struct IQ4_XSDecode {
   using Block = BlockIQ4_XS;
-  static constexpr bool kMins32 = false, kOffsets16 = false, kSigned = true;
+  static constexpr bool kMins32 = false, kOffsets16 = false, kMins16 = false, kSigned = true;
   // Vector 2h + k: lane s = x[128h + 32s + 16k .. + 16).
   static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) {
     for (int h = 0; h < 2; ++h) {
@@ -606,6 +609,45 @@ struct IQ4_XSDecode {
     }
     out->d = HalfToFloat(b.d);
     out->dmin = 0.0f;
+  }
+};
+
+// Q2_K: a 512-bit load of qs holds both 32-byte halves; bits 2k of half h are level 4h + k
+// (values 128h + 32k + l). Vector k = levels k, 4 + k; i16 lanes 8t .. 8t + 7 -> sub-block
+// 2k + t (t < 2) and 8 + 2k + t - 2.
+struct Q2_KDecode {
+  using Block = BlockQ2_K;
+  static constexpr bool kMins32 = false, kOffsets16 = false, kMins16 = true, kSigned = false;
+  static HWY_INLINE void Reorder(const BlockQ8_K& in, DecodeX* out) {
+    for (int k = 0; k < 4; ++k) {
+      std::memcpy(out->qs + 64 * k, in.qs + 32 * k, 32);
+      std::memcpy(out->qs + 64 * k + 32, in.qs + 128 + 32 * k, 32);
+    }
+  }
+  static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
+    const __m512i mask = _mm512_set1_epi8(3);
+    const __m512i q = _mm512_loadu_si512(b.qs);
+    out->u[0] = _mm512_and_si512(q, mask);
+    out->u[1] = _mm512_and_si512(_mm512_srli_epi16(q, 2), mask);
+    out->u[2] = _mm512_and_si512(_mm512_srli_epi16(q, 4), mask);
+    out->u[3] = _mm512_and_si512(_mm512_srli_epi16(q, 6), mask);
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+    const __m128i nibble = _mm_set1_epi8(0xF);
+    const __m512i all = _mm512_broadcast_i32x4(_mm_and_si128(packed, nibble));
+    for (int k = 0; k < 4; ++k) {
+      const int a = 2 * k, c = 8 + 2 * k;
+      const __m512i pattern = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_set_m128i(
+              _mm_set1_epi16(static_cast<int16_t>(0x8000 | (a + 1))),
+              _mm_set1_epi16(static_cast<int16_t>(0x8000 | a)))),
+          _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x8000 | (c + 1))),
+                           _mm_set1_epi16(static_cast<int16_t>(0x8000 | c))),
+          1);
+      out->scales[k] = _mm512_shuffle_epi8(all, pattern);
+    }
+    out->mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+    out->d = HalfToFloat(b.d);
+    out->dmin = HalfToFloat(b.dmin);
   }
 };
 
@@ -666,6 +708,13 @@ struct DecodeKernel512 {
             sum = _mm512_sub_epi32(sum, _mm512_zextsi256_si512(offsets));
             acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
                                         acc[i][r]);
+          } else if constexpr (Row::kMins16) {
+            const __m256i mins = _mm256_madd_epi16(
+                dec.mins16, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
+            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
+                                        acc[i][r]);
+            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mins)),
+                                        _mm512_set1_ps(-dec.dmin * xb.d), acc[i][r]);
           } else {
             acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
                                         acc[i][r]);
@@ -722,6 +771,10 @@ struct Decode512Of<Q5_KUnpack> {
 template <>
 struct Decode512Of<Q6_KUnpack> {
   using type = Q6_KDecode;
+};
+template <>
+struct Decode512Of<Q2_KUnpack> {
+  using type = Q2_KDecode;
 };
 template <>
 struct Decode512Of<IQ4_XSUnpack> {
