@@ -121,6 +121,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
   EXPECT_EQ(model.config().architecture, entry["arch"].get<std::string>());
   ThreadPool pool(2);
 
+  double ppl_change = 0.0;  // relative to llama.cpp's
   {
     SCOPED_TRACE("perplexity");
     std::vector<int32_t> tokens = tinystories_tokens(*loaded.tokenizer);
@@ -133,6 +134,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
     EXPECT_EQ(result.num_chunks, kChunks);
     const double want_ppl = want["value"].get<double>();
     EXPECT_NEAR(result.ppl, want_ppl, kMaxPerplexityError * want_ppl);
+    ppl_change = result.ppl / want_ppl - 1.0;
   }
 
   // Per step, the largest |logprob difference| over llama.cpp's top-5 ids.
@@ -183,9 +185,11 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
                                     [&](double e) { return e <= tol.typical_step; });
   EXPECT_LE(mean, tol.mean);
   // The figures the closing notes quote: one line per file.
-  std::printf("golden %s: greedy %d/%d equal, top-5 logprob |diff| mean %.4f max %.4f, %ld/%zu steps <= %.2f\n",
-              file.c_str(), greedy_equal, greedy_total, mean, max, static_cast<long>(within),
-              step_errors.size(), tol.typical_step);
+  std::printf(
+      "golden %s: perplexity %+.3f%%, greedy %d/%d equal, top-5 logprob |diff| mean %.4f max %.4f, "
+      "%ld/%zu steps <= %.2f\n",
+      file.c_str(), 100.0 * ppl_change, greedy_equal, greedy_total, mean, max, static_cast<long>(within),
+      step_errors.size(), tol.typical_step);
 }
 
 INSTANTIATE_TEST_SUITE_P(
