@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,26 @@ inline void expect_matmul_matches_ref(const MatrixView& w, int64_t num_x, Thread
         << " threads=" << pool.num_threads() << " x_row=" << k / w.rows << " w_row=" << k % w.rows;
   }
   EXPECT_EQ(y[num_x * w.rows], kSentinel) << "wrote past the end";
+}
+
+// expect_matmul_matches_ref for each dtype and cols, random weight matrices of 1 / 3 / 64 / 67
+// rows (cutting every tile and vector width), num_x 1 / 2 / 3 / 5 / 17, 1 and 3 threads; seed
+// goes up by one per matrix and per call.
+inline void expect_matmul_matches_ref_any_shape(std::span<const DType> dtypes,
+                                                std::span<const int64_t> cols_list, uint32_t seed,
+                                                MagnitudesFn magnitudes) {
+  ThreadPool pool1(1), pool3(3);
+  for (DType dtype : dtypes) {
+    for (int64_t cols : cols_list) {
+      for (int64_t rows : {1, 3, 64, 67}) {
+        const TestMatrix w(dtype, rows, cols, ++seed);
+        for (int64_t num_x : {1, 2, 3, 5, 17}) {
+          for (ThreadPool* pool : {&pool1, &pool3})
+            expect_matmul_matches_ref(w.view, num_x, *pool, ++seed, magnitudes);
+        }
+      }
+    }
+  }
 }
 
 // Runs each TEST_P once per target in available_targets(), forced for the test's duration.

@@ -43,35 +43,15 @@ std::vector<double> magnitudes(const MatrixView& w, const float* x, int64_t num_
 class Matmul : public PerTargetTest {};
 
 TEST_P(Matmul, FloatWeightsAnyShape) {
-  ThreadPool pool1(1), pool3(3);
-  uint32_t seed = 1;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int64_t cols : {1, 7, 8, 16, 33, 100, 172, 259}) {
-      for (int64_t rows : {1, 3, 64, 67}) {
-        const TestMatrix w(dtype, rows, cols, ++seed);
-        for (int64_t num_x : {1, 2, 3, 5, 17}) {
-          for (ThreadPool* pool : {&pool1, &pool3})
-            expect_matmul_matches_ref(w.view, num_x, *pool, ++seed, magnitudes);
-        }
-      }
-    }
-  }
+  constexpr DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+  constexpr int64_t kCols[] = {1, 7, 8, 16, 33, 100, 172, 259};
+  expect_matmul_matches_ref_any_shape(kTypes, kCols, 1, magnitudes);
 }
 
 TEST_P(Matmul, QuantizedWeightsAnyShape) {
-  ThreadPool pool1(1), pool3(3);
-  uint32_t seed = 1000;
-  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
-    for (int64_t cols : {32, 64, 96, 320}) {
-      for (int64_t rows : {1, 3, 64, 67}) {
-        const TestMatrix w(dtype, rows, cols, ++seed);
-        for (int64_t num_x : {1, 2, 3, 5, 17}) {
-          for (ThreadPool* pool : {&pool1, &pool3})
-            expect_matmul_matches_ref(w.view, num_x, *pool, ++seed, magnitudes);
-        }
-      }
-    }
-  }
+  constexpr DType kTypes[] = {DType::kQ8_0, DType::kQ4_0};
+  constexpr int64_t kCols[] = {32, 64, 96, 320};
+  expect_matmul_matches_ref_any_shape(kTypes, kCols, 1000, magnitudes);
 }
 
 // Q8_0 with the packed copy (pack_q8_0_for_matmul) attached: used on AVX3 where the CPU has
