@@ -105,24 +105,6 @@ void quantize_block_q5_1(const float* x, BlockQ5_1* block) {
   std::memcpy(block->qh, &qh, sizeof(qh));
 }
 
-// Index of the level of kIQ4NLValues nearest to v (ggml's best_index_int8: bisection, ties to
-// the upper level).
-int nearest_iq4nl_level(float v) {
-  constexpr int kLevels = 16;
-  if (v <= kIQ4NLValues[0]) return 0;
-  if (v >= kIQ4NLValues[kLevels - 1]) return kLevels - 1;
-  int lo = 0, hi = kLevels - 1;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (v < kIQ4NLValues[mid]) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  return v - kIQ4NLValues[hi - 1] < kIQ4NLValues[hi] - v ? hi - 1 : hi;
-}
-
 // ggml's quantize_iq4_nl without an imatrix (quantize_row_iq4_nl_impl with one block of 32 and
 // ntry = 7): weights w = x^2; start from the scale that maps the extreme value to -127, take
 // the least-squares d = sum(w q x) / sum(w q^2) of its levels, then try the inverse scales

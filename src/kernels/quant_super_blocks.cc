@@ -552,23 +552,6 @@ void quantize_q3_k(const float* x, BlockQ3_K* y) {
   pack_2bit_levels(low, y->qs);
 }
 
-// Index of the code book entry nearest to x (values sorted ascending; ties to the upper one),
-// as ggml's best_index_int8.
-int nearest_code(const int8_t* values, int n, float x) {
-  if (x <= values[0]) return 0;
-  if (x >= values[n - 1]) return n - 1;
-  int lo = 0, hi = n - 1;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (x < values[mid]) {
-      hi = mid;
-    } else {
-      lo = mid;
-    }
-  }
-  return x - values[hi - 1] < values[hi] - x ? hi - 1 : hi;
-}
-
 // ggml's quantize_row_iq4_nl_impl for one IQ4_XS super-block without importance weights
 // (weights x^2, 7 search steps each side): per 32 values the best scale for the code book
 // around max / 127, then the 8 scales as 6-bit multiples of d = -max_scale / 32 and every
@@ -602,7 +585,7 @@ void quantize_iq4_xs(const float* x, BlockIQ4_XS* y) {
     float id = 1 / d;
     float sumqx = 0, sumq2 = 0;
     for (int j = 0; j < 32; ++j) {
-      const int l = nearest_code(values, 16, id * xb[j]);
+      const int l = nearest_iq4nl_level(id * xb[j]);
       Lb[j] = static_cast<uint8_t>(l);
       const float q = values[l];
       const float w = weight[j];
@@ -615,7 +598,7 @@ void quantize_iq4_xs(const float* x, BlockIQ4_XS* y) {
       id = (t + values[0]) / max;
       sumqx = sumq2 = 0;
       for (int j = 0; j < 32; ++j) {
-        const float q = values[nearest_code(values, 16, id * xb[j])];
+        const float q = values[nearest_iq4nl_level(id * xb[j])];
         const float w = weight[j];
         sumqx += w * q * xb[j];
         sumq2 += w * q * q;
@@ -641,7 +624,7 @@ void quantize_iq4_xs(const float* x, BlockIQ4_XS* y) {
     const float dl = d * l;
     const float idl = dl ? 1 / dl : 0.f;
     for (int j = 0; j < 32; ++j)
-      L[32 * ib + j] = static_cast<uint8_t>(nearest_code(values, 16, idl * x[32 * ib + j]));
+      L[32 * ib + j] = static_cast<uint8_t>(nearest_iq4nl_level(idl * x[32 * ib + j]));
     l += 32;
     if (ib % 2 == 0) {
       y->scales_l[ib / 2] = static_cast<uint8_t>(l & 0xF);

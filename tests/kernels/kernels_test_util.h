@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/ops.h"
+#include "util/thread_pool.h"
 
 namespace sieve::kernels {
 
@@ -36,6 +38,49 @@ struct TestMatrix {
     view = MatrixView{dtype, bytes.data(), rows, cols};
   }
 };
+
+// magnitude[i][r] of matmul's output (x row i, weight row r): the scale of the rounding error a
+// correct kernel may make; each weight format's test says how it is computed.
+using MagnitudesFn = std::vector<double> (*)(const MatrixView& w, const float* x, int64_t num_x);
+
+// Runs matmul and ref::matmul on random x (from seed) and compares every output within
+// tolerance times its magnitude; also checks nothing is written past y[num_x * rows).
+inline void expect_matmul_matches_ref(const MatrixView& w, int64_t num_x, ThreadPool& pool,
+                                      uint32_t seed, MagnitudesFn magnitudes,
+                                      double tolerance = 1e-5) {
+  const std::vector<float> x = random_floats(num_x * w.cols, seed);
+  constexpr float kSentinel = 12345.0f;
+  std::vector<float> y(num_x * w.rows + 1, kSentinel), y_ref(num_x * w.rows, kSentinel);
+  matmul(w, x.data(), num_x, y.data(), pool);
+  ref::matmul(w, x.data(), num_x, y_ref.data());
+  const std::vector<double> mags = magnitudes(w, x.data(), num_x);
+  for (int64_t k = 0; k < num_x * w.rows; ++k) {
+    ASSERT_NEAR(y[k], y_ref[k], tolerance * mags[k] + 1e-30)
+        << to_string(w.dtype) << " rows=" << w.rows << " cols=" << w.cols << " num_x=" << num_x
+        << " threads=" << pool.num_threads() << " x_row=" << k / w.rows << " w_row=" << k % w.rows;
+  }
+  EXPECT_EQ(y[num_x * w.rows], kSentinel) << "wrote past the end";
+}
+
+// expect_matmul_matches_ref for each dtype and cols, random weight matrices of 1 / 3 / 64 / 67
+// rows (cutting every tile and vector width), num_x 1 / 2 / 3 / 5 / 17, 1 and 3 threads; seed
+// goes up by one per matrix and per call.
+inline void expect_matmul_matches_ref_any_shape(std::span<const DType> dtypes,
+                                                std::span<const int64_t> cols_list, uint32_t seed,
+                                                MagnitudesFn magnitudes) {
+  ThreadPool pool1(1), pool3(3);
+  for (DType dtype : dtypes) {
+    for (int64_t cols : cols_list) {
+      for (int64_t rows : {1, 3, 64, 67}) {
+        const TestMatrix w(dtype, rows, cols, ++seed);
+        for (int64_t num_x : {1, 2, 3, 5, 17}) {
+          for (ThreadPool* pool : {&pool1, &pool3})
+            expect_matmul_matches_ref(w.view, num_x, *pool, ++seed, magnitudes);
+        }
+      }
+    }
+  }
+}
 
 // Runs each TEST_P once per target in available_targets(), forced for the test's duration.
 class PerTargetTest : public ::testing::TestWithParam<std::string> {

@@ -40,55 +40,18 @@ std::vector<double> magnitudes(const MatrixView& w, const float* x, int64_t num_
   return mags;
 }
 
-// Runs matmul and ref::matmul on random x and compares every output within 1e-5 of its
-// magnitude; also checks nothing is written past y[num_x * rows).
-void expect_matches_ref(const MatrixView& w, int64_t num_x, ThreadPool& pool, uint32_t seed) {
-  const std::vector<float> x = random_floats(num_x * w.cols, seed);
-  constexpr float kSentinel = 12345.0f;
-  std::vector<float> y(num_x * w.rows + 1, kSentinel), y_ref(num_x * w.rows, kSentinel);
-  matmul(w, x.data(), num_x, y.data(), pool);
-  ref::matmul(w, x.data(), num_x, y_ref.data());
-  const std::vector<double> mags = magnitudes(w, x.data(), num_x);
-  for (int64_t k = 0; k < num_x * w.rows; ++k) {
-    ASSERT_NEAR(y[k], y_ref[k], 1e-5 * mags[k] + 1e-30)
-        << to_string(w.dtype) << " rows=" << w.rows << " cols=" << w.cols << " num_x=" << num_x
-        << " threads=" << pool.num_threads() << " x_row=" << k / w.rows << " w_row=" << k % w.rows;
-  }
-  EXPECT_EQ(y[num_x * w.rows], kSentinel) << "wrote past the end";
-}
-
 class Matmul : public PerTargetTest {};
 
 TEST_P(Matmul, FloatWeightsAnyShape) {
-  ThreadPool pool1(1), pool3(3);
-  uint32_t seed = 1;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int64_t cols : {1, 7, 8, 16, 33, 100, 172, 259}) {
-      for (int64_t rows : {1, 3, 64, 67}) {
-        const TestMatrix w(dtype, rows, cols, ++seed);
-        for (int64_t num_x : {1, 2, 3, 5, 17}) {
-          for (ThreadPool* pool : {&pool1, &pool3})
-            expect_matches_ref(w.view, num_x, *pool, ++seed);
-        }
-      }
-    }
-  }
+  constexpr DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+  constexpr int64_t kCols[] = {1, 7, 8, 16, 33, 100, 172, 259};
+  expect_matmul_matches_ref_any_shape(kTypes, kCols, 1, magnitudes);
 }
 
 TEST_P(Matmul, QuantizedWeightsAnyShape) {
-  ThreadPool pool1(1), pool3(3);
-  uint32_t seed = 1000;
-  for (DType dtype : {DType::kQ8_0, DType::kQ4_0}) {
-    for (int64_t cols : {32, 64, 96, 320}) {
-      for (int64_t rows : {1, 3, 64, 67}) {
-        const TestMatrix w(dtype, rows, cols, ++seed);
-        for (int64_t num_x : {1, 2, 3, 5, 17}) {
-          for (ThreadPool* pool : {&pool1, &pool3})
-            expect_matches_ref(w.view, num_x, *pool, ++seed);
-        }
-      }
-    }
-  }
+  constexpr DType kTypes[] = {DType::kQ8_0, DType::kQ4_0};
+  constexpr int64_t kCols[] = {32, 64, 96, 320};
+  expect_matmul_matches_ref_any_shape(kTypes, kCols, 1000, magnitudes);
 }
 
 // Q8_0 with the packed copy (pack_q8_0_for_matmul) attached: used on AVX3 where the CPU has
@@ -106,7 +69,8 @@ TEST_P(Matmul, PackedQ8_0) {
       MatrixView view = w.view;
       view.packed = packed.data();
       for (int64_t num_x : {1, 2, 3, 5, 8, 9, 17}) {
-        for (ThreadPool* pool : {&pool1, &pool3}) expect_matches_ref(view, num_x, *pool, ++seed);
+        for (ThreadPool* pool : {&pool1, &pool3})
+          expect_matmul_matches_ref(view, num_x, *pool, ++seed, magnitudes);
       }
     }
   }
@@ -121,12 +85,14 @@ TEST_P(Matmul, PackedQ8_0) {
   MatrixView raw{DType::kQ8_0, bytes.data(), rows, cols};
   const std::vector<uint8_t> raw_packed = pack_q8_0_for_matmul(raw);
   raw.packed = raw_packed.data();
-  for (int64_t num_x : {1, 4, 11}) expect_matches_ref(raw, num_x, pool3, 40 + num_x);
+  for (int64_t num_x : {1, 4, 11})
+    expect_matmul_matches_ref(raw, num_x, pool3, 40 + num_x, magnitudes);
   const TestMatrix big(DType::kQ8_0, 131, 2080, ++seed);
   const std::vector<uint8_t> big_packed = pack_q8_0_for_matmul(big.view);
   MatrixView big_view = big.view;
   big_view.packed = big_packed.data();
-  for (int64_t num_x : {1, 19}) expect_matches_ref(big_view, num_x, pool3, ++seed);
+  for (int64_t num_x : {1, 19})
+    expect_matmul_matches_ref(big_view, num_x, pool3, ++seed, magnitudes);
 }
 
 // Blocks of arbitrary bytes, not only what ggml's quantizer produces: Q8_0 values down to
@@ -144,7 +110,8 @@ TEST_P(Matmul, QuantizedWeightsRawRandomBlocks) {
       std::memcpy(&bytes[offset], &d, 2);
     }
     const MatrixView w{dtype, bytes.data(), rows, cols};
-    for (int64_t num_x : {1, 4, 7}) expect_matches_ref(w, num_x, pool, 17 + num_x);
+    for (int64_t num_x : {1, 4, 7})
+      expect_matmul_matches_ref(w, num_x, pool, 17 + num_x, magnitudes);
   }
 }
 
@@ -207,9 +174,9 @@ TEST_P(Matmul, LargerShapes) {
   uint32_t seed = 2000;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
     const TestMatrix decode(dtype, 515, 4096, ++seed);
-    expect_matches_ref(decode.view, 1, pool, ++seed);
+    expect_matmul_matches_ref(decode.view, 1, pool, ++seed, magnitudes);
     const TestMatrix prefill(dtype, 131, 2080, ++seed);  // 2 column slices of 1024 + 32
-    expect_matches_ref(prefill.view, 19, pool, ++seed);
+    expect_matmul_matches_ref(prefill.view, 19, pool, ++seed, magnitudes);
   }
 }
 

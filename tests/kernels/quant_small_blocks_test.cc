@@ -168,39 +168,11 @@ std::vector<double> magnitudes(const MatrixView& w, const float* x, int64_t num_
   return mags;
 }
 
-// matmul against ref::matmul on random x: every output within 1e-5 of its magnitude (as the
-// Q8_0 / Q4_0 tests), nothing written past y[num_x * rows).
-void expect_matches_ref(const MatrixView& w, int64_t num_x, ThreadPool& pool, uint32_t seed) {
-  const std::vector<float> x = random_floats(num_x * w.cols, seed);
-  constexpr float kSentinel = 12345.0f;
-  std::vector<float> y(num_x * w.rows + 1, kSentinel), y_ref(num_x * w.rows, kSentinel);
-  matmul(w, x.data(), num_x, y.data(), pool);
-  ref::matmul(w, x.data(), num_x, y_ref.data());
-  const std::vector<double> mags = magnitudes(w, x.data(), num_x);
-  for (int64_t k = 0; k < num_x * w.rows; ++k) {
-    ASSERT_NEAR(y[k], y_ref[k], 1e-5 * mags[k] + 1e-30)
-        << to_string(w.dtype) << " rows=" << w.rows << " cols=" << w.cols << " num_x=" << num_x
-        << " threads=" << pool.num_threads() << " x_row=" << k / w.rows << " w_row=" << k % w.rows;
-  }
-  EXPECT_EQ(y[num_x * w.rows], kSentinel) << "wrote past the end";
-}
-
 class SmallBlockMatmul : public PerTargetTest {};
 
 TEST_P(SmallBlockMatmul, MatchesReferenceAnyShape) {
-  ThreadPool pool1(1), pool3(3);
-  uint32_t seed = 100;
-  for (DType dtype : kSmallBlockTypes) {
-    for (int64_t cols : {32, 96, 320}) {
-      for (int64_t rows : {1, 3, 64, 67}) {
-        const TestMatrix w(dtype, rows, cols, ++seed);
-        for (int64_t num_x : {1, 2, 3, 5, 17}) {
-          for (ThreadPool* pool : {&pool1, &pool3})
-            expect_matches_ref(w.view, num_x, *pool, ++seed);
-        }
-      }
-    }
-  }
+  constexpr int64_t kCols[] = {32, 96, 320};
+  expect_matmul_matches_ref_any_shape(kSmallBlockTypes, kCols, 100, magnitudes);
 }
 
 // Rows longer than one prefill column slice (1024): the slices accumulate into y.
@@ -209,7 +181,7 @@ TEST_P(SmallBlockMatmul, MatchesReferenceAcrossColumnSlices) {
   uint32_t seed = 500;
   for (DType dtype : kSmallBlockTypes) {
     const TestMatrix w(dtype, 37, 2080, ++seed);
-    for (int64_t num_x : {1, 6}) expect_matches_ref(w.view, num_x, pool, ++seed);
+    for (int64_t num_x : {1, 6}) expect_matmul_matches_ref(w.view, num_x, pool, ++seed, magnitudes);
   }
 }
 
@@ -229,7 +201,8 @@ TEST_P(SmallBlockMatmul, MatchesReferenceOnRawRandomBlocks) {
       if (has_min(dtype)) std::memcpy(&bytes[offset + 2], &m, 2);
     }
     const MatrixView w{dtype, bytes.data(), rows, cols};
-    for (int64_t num_x : {1, 4, 7}) expect_matches_ref(w, num_x, pool, 31 + num_x);
+    for (int64_t num_x : {1, 4, 7})
+      expect_matmul_matches_ref(w, num_x, pool, 31 + num_x, magnitudes);
   }
 }
 
@@ -345,7 +318,8 @@ TEST_P(LlamaCppFile, MatchesLlamaQuantize) {
     // The SIMD kernels (best target) on llama.cpp's bytes, decode and prefill shapes.
     ThreadPool pool(2);
     const MatrixView w{golden.dtype, bytes.data(), n / cols, cols};
-    for (int64_t num_x : {1, 5}) expect_matches_ref(w, num_x, pool, static_cast<uint32_t>(num_x));
+    for (int64_t num_x : {1, 5})
+      expect_matmul_matches_ref(w, num_x, pool, static_cast<uint32_t>(num_x), magnitudes);
 
     std::vector<uint8_t> ours(bytes.size());
     quantize_row(golden.dtype, reference.data(), ours.data(), n);

@@ -293,18 +293,7 @@ TEST_P(SuperBlockMatmul, MatchesReferenceOnRandomBlocks) {
         for (int64_t num_x : {1, 2, 3, 5, 17, 64}) {
           if (rows == 67 && cols == 1280 && num_x == 64) continue;  // the reference is slow
           ThreadPool& pool = (seed % 2) ? pool1 : pool3;
-          const std::vector<float> x = random_floats(num_x * cols, ++seed);
-          constexpr float kSentinel = 12345.0f;
-          std::vector<float> y(num_x * rows + 1, kSentinel), y_ref(num_x * rows);
-          matmul(w, x.data(), num_x, y.data(), pool);
-          ref::matmul(w, x.data(), num_x, y_ref.data());
-          const std::vector<double> mags = magnitudes(w, x.data(), num_x);
-          for (int64_t k = 0; k < num_x * rows; ++k) {
-            ASSERT_NEAR(y[k], y_ref[k], 2e-6 * mags[k] + 1e-30)
-                << to_string(dtype) << " rows=" << rows << " cols=" << cols << " num_x=" << num_x
-                << " x_row=" << k / rows << " w_row=" << k % rows;
-          }
-          EXPECT_EQ(y[num_x * rows], kSentinel) << "wrote past the end";
+          expect_matmul_matches_ref(w, num_x, pool, ++seed, magnitudes, 2e-6);
         }
       }
     }

@@ -9,15 +9,7 @@
 
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#define SIEVE_VNNI 1
-#define SIEVE_VNNI_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
-#else
-#define SIEVE_VNNI 0
-#endif
+#include "kernels/cpu/vnni_common.h"
 
 namespace sieve::kernels::vnni {
 

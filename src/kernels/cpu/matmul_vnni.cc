@@ -19,19 +19,7 @@
 #include <algorithm>
 
 #include "kernels/blocks.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge source: false
-// (maybe-)uninitialized warnings once inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#define SIEVE_VNNI 1
-#define SIEVE_VNNI_ATTR \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
-#else
-#define SIEVE_VNNI 0
-#endif
+#include "kernels/cpu/vnni_common.h"
 
 namespace sieve::kernels::vnni {
 
@@ -50,17 +38,6 @@ inline constexpr int64_t kPackedBlockBytes = 32 + 16 * kQBlock;  // 16 f16 scale
 inline constexpr int kRowsW = 4;  // 4 x 4 accumulators + 4 activation vectors + 4 scales
 inline constexpr int kRowsX = 4;
 inline constexpr int64_t kSliceBlocks = 32;  // 1024 columns: 4 activation rows = 4 KiB in L1
-
-struct Slice {
-  int64_t begin, end;  // blocks
-  bool accumulate;     // add to y (not the first slice)
-};
-
-// {d[0] x 8, d[1] x 8} from the first one or two f32 lanes of v (lane 1 zero for one block).
-SIEVE_VNNI_ATTR inline __m512 SpreadPair(__m128 v) {
-  const __m512i index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(index, _mm512_zextps128_ps512(v));
-}
 
 // The activations of rows [x0, x0 + kX) times the weights of rows [r0, r0 + kW), over the
 // slice's blocks.

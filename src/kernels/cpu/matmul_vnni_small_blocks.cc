@@ -24,19 +24,7 @@
 #include <cstring>
 
 #include "kernels/blocks.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge source: false
-// (maybe-)uninitialized warnings once inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#define SIEVE_VNNI 1
-#define SIEVE_VNNI_ATTR \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
-#else
-#define SIEVE_VNNI 0
-#endif
+#include "kernels/cpu/vnni_common.h"
 
 namespace sieve::kernels::vnni {
 
@@ -47,11 +35,6 @@ namespace {
 inline constexpr int kRowsW = 4;
 inline constexpr int kRowsX = 4;
 inline constexpr int64_t kSliceBlocks = 32;  // 1024 columns: 4 activation rows = 4 KiB in L1
-
-struct Slice {
-  int64_t begin, end;  // blocks
-  bool accumulate;     // add to y (not the first slice)
-};
 
 // What each format needs from its block struct; every block starts with its f16 d.
 template <SmallBlockFormat kFormat>
@@ -92,8 +75,6 @@ SIEVE_VNNI_ATTR inline __m512 Spread(__m128 v, int lane0, int lane1) {
   const __m512i index = _mm512_mask_set1_epi32(_mm512_set1_epi32(lane0), 0xFF00, lane1);
   return _mm512_permutexvar_ps(index, _mm512_castps128_ps512(v));
 }
-// {v[0] x 8, v[1] x 8} from the first one or two f32 lanes of v (lane 1 zero for one block).
-SIEVE_VNNI_ATTR inline __m512 SpreadPair(__m128 v) { return Spread(v, 0, 1); }
 
 SIEVE_VNNI_ATTR inline uint32_t LoadU32(const void* p) {
   uint32_t v;
