@@ -6,7 +6,8 @@
 //   Prefill/<target>/<dtype>/RxC/xN         N = 64 (and 256 for quantized weights) x rows:
 //                                           GFLOP/s (2 * rows * cols * N per call)
 //   Ref{Decode,Prefill}/<dtype>/...         the scalar reference, for scale
-//   Small/<target>/Q8_0/RxC[/packed]/xN              the bench-engine model's shapes (512-dim, ffn 1536,
+//   Small/<target>/Q8_0/RxC[/packed]/xN              the bench-engine model's shapes (512-dim, ffn
+//   1536,
 //                                           32000 vocab) for N = 1..512 rows, one thread, CPU
 //                                           time (less disturbed by other load on the machine)
 //
@@ -198,13 +199,14 @@ void register_all() {
     }
   }
   for (const std::string& target : available_targets()) {
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{512, 512}, {1536, 512}, {512, 1536}, {32000, 512}}) {
+    for (auto [rows, cols] :
+         {std::pair<int64_t, int64_t>{512, 512}, {1536, 512}, {512, 1536}, {32000, 512}}) {
       for (int64_t num_x : {1, 4, 16, 64, 512}) {
         if (rows == 32000 && num_x > 64) continue;
         for (bool packed : {false, true}) {
           const MatmulCase c{target, DType::kQ8_0, rows, cols, num_x, 1, packed};
-          benchmark::RegisterBenchmark(("Small/" + target + "/" + shape_name(c) + (packed ? "/packed" : "") +
-                                        "/x" + std::to_string(num_x))
+          benchmark::RegisterBenchmark(("Small/" + target + "/" + shape_name(c) +
+                                        (packed ? "/packed" : "") + "/x" + std::to_string(num_x))
                                            .c_str(),
                                        run_matmul, c)
               ->Unit(benchmark::kMicrosecond);

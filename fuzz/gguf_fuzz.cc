@@ -87,7 +87,8 @@ Writer rewrite(const File& file) {
 void check_view(const sieve::kernels::MatrixView& view, std::span<const uint8_t> bytes) {
   if (view.data == nullptr) return;  // e.g. no separate output matrix
   const auto* begin = static_cast<const uint8_t*>(view.data);
-  const size_t size = sieve::kernels::row_bytes(view.dtype, view.cols) * static_cast<size_t>(view.rows);
+  const size_t size =
+      sieve::kernels::row_bytes(view.dtype, view.cols) * static_cast<size_t>(view.rows);
   if (begin < bytes.data() || begin + size > bytes.data() + bytes.size()) __builtin_trap();
 }
 
@@ -100,7 +101,8 @@ void load_model(std::shared_ptr<const File> file, std::span<const uint8_t> bytes
     check_view(weights.token_embd, bytes);
     check_view(weights.output, bytes);
     for (const auto& layer : weights.layers) {
-      for (const auto* view : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) {
+      for (const auto* view : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate,
+                               &layer.w_up, &layer.w_down}) {
         check_view(*view, bytes);
       }
     }

@@ -30,8 +30,8 @@ struct BenchOptions {
 std::string weight_type_name(const model::LlamaModel& model) {
   std::vector<std::string> types;
   for (const model::LayerWeights& layer : model.weights().layers) {
-    for (const kernels::MatrixView* m : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up,
-                                         &layer.w_down}) {
+    for (const kernels::MatrixView* m :
+         {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) {
       const std::string type(kernels::to_string(m->dtype));
       if (std::find(types.begin(), types.end(), type) == types.end()) types.push_back(type);
     }
@@ -44,24 +44,26 @@ void bench(const BenchOptions& options) {
   if (!options.json) {
     fmt::print("threads {}, SIMD target {}\n", pool.num_threads(), kernels::active_target());
   }
-  eval::BandwidthResult bandwidth =
-      eval::measure_read_bandwidth(pool, static_cast<uint64_t>(options.bandwidth_mib) << 20, options.repetitions);
+  eval::BandwidthResult bandwidth = eval::measure_read_bandwidth(
+      pool, static_cast<uint64_t>(options.bandwidth_mib) << 20, options.repetitions);
   nlohmann::json out = {{"threads", pool.num_threads()},
                         {"simd_target", kernels::active_target()},
-                        {"bandwidth", {{"bytes", bandwidth.bytes},
-                                       {"best_gb_per_s", bandwidth.best_gb_per_s},
-                                       {"mean_gb_per_s", bandwidth.mean_gb_per_s}}},
+                        {"bandwidth",
+                         {{"bytes", bandwidth.bytes},
+                          {"best_gb_per_s", bandwidth.best_gb_per_s},
+                          {"mean_gb_per_s", bandwidth.mean_gb_per_s}}},
                         {"models", nlohmann::json::array()}};
   if (!options.json) {
     fmt::print("memory read bandwidth (sum over {:.2f} GiB, best of {}): {:.2f} GB/s\n\n",
                bandwidth.bytes / double(1 << 30), options.repetitions, bandwidth.best_gb_per_s);
-    fmt::print("{:<40} {:<10} {:>10} {:>12} {:>14} {:>12} {:>12} {:>8}\n", "model", "type", "MB/token",
-               "prompt tok/s", "prompt GFLOP/s", "decode tok/s", "decode GB/s", "bw util");
+    fmt::print("{:<40} {:<10} {:>10} {:>12} {:>14} {:>12} {:>12} {:>8}\n", "model", "type",
+               "MB/token", "prompt tok/s", "prompt GFLOP/s", "decode tok/s", "decode GB/s",
+               "bw util");
   }
   for (const std::string& path : options.model_paths) {
     model::LoadedModel loaded = model::load_model({path, ""});
-    eval::ModelSpeed speed =
-        eval::measure_model_speed(*loaded.model, pool, options.prompt_tokens, options.decode_tokens);
+    eval::ModelSpeed speed = eval::measure_model_speed(*loaded.model, pool, options.prompt_tokens,
+                                                       options.decode_tokens);
     const double utilisation = speed.decode_gb_per_s / bandwidth.best_gb_per_s;
     const std::string file_type = weight_type_name(*loaded.model);
     out["models"].push_back({{"path", path},
@@ -76,14 +78,16 @@ void bench(const BenchOptions& options) {
                              {"decode_gb_per_s", speed.decode_gb_per_s},
                              {"bandwidth_utilisation", utilisation}});
     if (!options.json) {
-      fmt::print("{:<40} {:<10} {:>10.1f} {:>12.1f} {:>14.1f} {:>12.2f} {:>12.2f} {:>7.1f}%\n", path, file_type,
-                 speed.bytes_per_token / 1e6, speed.prompt_tokens_per_s, speed.prompt_gflop_per_s,
-                 speed.decode_tokens_per_s, speed.decode_gb_per_s, 100.0 * utilisation);
+      fmt::print("{:<40} {:<10} {:>10.1f} {:>12.1f} {:>14.1f} {:>12.2f} {:>12.2f} {:>7.1f}%\n",
+                 path, file_type, speed.bytes_per_token / 1e6, speed.prompt_tokens_per_s,
+                 speed.prompt_gflop_per_s, speed.decode_tokens_per_s, speed.decode_gb_per_s,
+                 100.0 * utilisation);
     }
   }
   if (!options.json) {
-    fmt::print("\nprompt GFLOP/s = 2 x (q/k/v/o/gate/up/down parameters of all layers) x prompt tokens / "
-               "prompt time; embedding lookup, output matrix and attention scores not counted\n");
+    fmt::print(
+        "\nprompt GFLOP/s = 2 x (q/k/v/o/gate/up/down parameters of all layers) x prompt tokens / "
+        "prompt time; embedding lookup, output matrix and attention scores not counted\n");
   }
   if (options.json) fmt::print("{}\n", out.dump(2));
 }
@@ -96,9 +100,11 @@ void add_bench_command(CLI::App& app) {
       "bench", "Measure memory bandwidth, then prompt and decode speed of models against it");
   command->add_option("-m,--model", options->model_paths, "GGUF model (repeatable)")
       ->check(CLI::ExistingFile);
-  command->add_option("--bandwidth-mib", options->bandwidth_mib, "Buffer size for the bandwidth test")
+  command
+      ->add_option("--bandwidth-mib", options->bandwidth_mib, "Buffer size for the bandwidth test")
       ->capture_default_str();
-  command->add_option("--reps", options->repetitions, "Bandwidth passes (best is reported)")->capture_default_str();
+  command->add_option("--reps", options->repetitions, "Bandwidth passes (best is reported)")
+      ->capture_default_str();
   command->add_option("--prompt-tokens", options->prompt_tokens, "Prompt length for prompt speed")
       ->capture_default_str();
   command->add_option("--decode-tokens", options->decode_tokens, "Tokens decoded for decode speed")

@@ -17,11 +17,12 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model) {
   if (config.num_kv_pages > 0) return config.num_kv_pages;
-  const size_t page_bytes = model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
+  const size_t page_bytes =
+      model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
   const uint64_t pages = config.kv_memory_bytes / page_bytes;
   if (pages == 0) {
-    fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens)", config.kv_memory_bytes,
-         page_bytes, config.page_size);
+    fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens)",
+         config.kv_memory_bytes, page_bytes, config.page_size);
   }
   return static_cast<int32_t>(std::min<uint64_t>(pages, 1u << 30));
 }
@@ -36,11 +37,13 @@ sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token)
 // The key indices, before a step, of the positions `dropped` (ascending) from a stream whose keys
 // are its kept positions in order; `kept_after`: the positions still kept after it. A dropped
 // key's index is its rank then: the kept positions below it plus the dropped ones below it.
-std::vector<int32_t> key_indices_of_dropped(std::span<const int32_t> kept_after, std::span<const int32_t> dropped) {
+std::vector<int32_t> key_indices_of_dropped(std::span<const int32_t> kept_after,
+                                            std::span<const int32_t> dropped) {
   std::vector<int32_t> indices(dropped.size());
   for (size_t j = 0; j < dropped.size(); ++j) {
-    indices[j] = static_cast<int32_t>(std::lower_bound(kept_after.begin(), kept_after.end(), dropped[j]) -
-                                      kept_after.begin() + static_cast<ptrdiff_t>(j));
+    indices[j] =
+        static_cast<int32_t>(std::lower_bound(kept_after.begin(), kept_after.end(), dropped[j]) -
+                             kept_after.begin() + static_cast<ptrdiff_t>(j));
   }
   return indices;
 }
@@ -50,7 +53,8 @@ std::vector<int32_t> key_indices_of_dropped(std::span<const int32_t> kept_after,
 // ranks by them); otherwise zeros stand in, as the other choices keep by class and position
 // only. Returns the key indices to drop now (ascending).
 std::vector<int32_t> fastgen_step(sparsity::FastGenState& state, int32_t new_position,
-                                  sparsity::TokenClass new_class, const std::vector<float>* attention) {
+                                  sparsity::TokenClass new_class,
+                                  const std::vector<float>* attention) {
   std::vector<float> zeros;
   std::span<const float> weights;
   if (attention && attention->size() == state.kept_positions().size() + 1) {
@@ -68,8 +72,8 @@ std::vector<int32_t> fastgen_step(sparsity::FastGenState& state, int32_t new_pos
 // What the engine runs of a request's sparsity plan, per stream [layer * num_kv_heads + kv_head].
 struct SparsityState {
   sparsity::SparsityPlan plan;
-  int32_t observation_rows = 0;  // 0: no stream needs scores
-  bool has_windows = false;      // some stream is sink + window (drops every step)
+  int32_t observation_rows = 0;    // 0: no stream needs scores
+  bool has_windows = false;        // some stream is sink + window (drops every step)
   bool has_heavy_hitters = false;  // some stream is H2O (needs decode attention weights)
   bool has_fastgen = false;        // some stream is FastGen (drops by its choice every step)
   bool has_page_select = false;    // some stream is Quest (decode reads selected pages)
@@ -106,15 +110,16 @@ struct Engine::Sample {
   int32_t cached_prompt_tokens = 0;
   Timings timings;
   std::shared_ptr<const SparsityState> sparsity;  // null: dense
-  bool compressed = false;        // the prompt's last compression is done: decode policies run
+  bool compressed = false;         // the prompt's last compression is done: decode policies run
   int32_t compressed_through = 0;  // positions the latest compression covered
   std::vector<std::optional<sparsity::HeavyHitterState>> heavy;  // [stream], H2O streams only
   std::vector<std::optional<sparsity::FastGenState>> fastgen;    // [stream], FastGen streams only
-  int32_t fastgen_positions = 0;  // positions the FastGen states have seen
-  std::optional<float> attention_recovery;                        // from the compression
+  int32_t fastgen_positions = 0;            // positions the FastGen states have seen
+  std::optional<float> attention_recovery;  // from the compression
 
-  Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink, const SamplingParams& p,
-         std::span<const TokenId> eos, int32_t prompt_tokens, Clock::time_point arrived)
+  Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink,
+         const SamplingParams& p, std::span<const TokenId> eos, int32_t prompt_tokens,
+         Clock::time_point arrived)
       : request_id(request),
         sample_idx(idx),
         sink(std::move(event_sink)),
@@ -141,14 +146,18 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
                                         .max_num_seqs = config.max_num_seqs,
                                         .max_queued = config.max_queued,
-                                        .max_model_len = static_cast<int32_t>(model_->config().context_length)},
+                                        .max_model_len =
+                                            static_cast<int32_t>(model_->config().context_length)},
                  kv_),
       runner_(*model_, cache_, pool_, kv_) {
   config_.num_kv_pages = kv_.num_pages();
   if (config_.calibration && config_.calibration->model_fingerprint != model_->fingerprint()) {
-    fail("the calibration profile was measured on model '{}' (fingerprint {}), not on this one (fingerprint {}); "
-         "write one for this model with `sieve calibrate`",
-         config_.calibration->model_name, config_.calibration->model_fingerprint, model_->fingerprint());
+    fail(
+        "the calibration profile was measured on model '{}' (fingerprint {}), not on this one "
+        "(fingerprint {}); "
+        "write one for this model with `sieve calibrate`",
+        config_.calibration->model_name, config_.calibration->model_fingerprint,
+        model_->fingerprint());
   }
   published_stats_.kv = kv_.stats();
 }
@@ -159,24 +168,29 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
   const int64_t context = model_->config().context_length;
   const auto prompt_len = static_cast<int64_t>(request.prompt.size());
   if (prompt_len == 0) return Rejection{SubmitError::kEmptyPrompt, "the prompt is empty"};
-  if (auto problem = check_sampling_params(request.params, static_cast<int32_t>(model_->config().vocab_size))) {
+  if (auto problem = check_sampling_params(request.params,
+                                           static_cast<int32_t>(model_->config().vocab_size))) {
     return Rejection{SubmitError::kInvalidParams, *problem};
   }
   for (TokenId token : request.prompt) {
     if (token < 0 || token >= model_->config().vocab_size) {
-      return Rejection{SubmitError::kInvalidParams, fmt::format("prompt token id {} is outside the vocabulary", token)};
+      return Rejection{SubmitError::kInvalidParams,
+                       fmt::format("prompt token id {} is outside the vocabulary", token)};
     }
   }
   if (prompt_len >= context) {
     return Rejection{SubmitError::kTooLong,
                      fmt::format("the prompt has {} tokens but the context is {} (at least one "
-                                 "token must be generated)", prompt_len, context)};
+                                 "token must be generated)",
+                                 prompt_len, context)};
   }
-  if (!request.params.max_tokens) request.params.max_tokens = static_cast<int32_t>(context - prompt_len);
+  if (!request.params.max_tokens)
+    request.params.max_tokens = static_cast<int32_t>(context - prompt_len);
   if (prompt_len + *request.params.max_tokens > context) {
-    return Rejection{SubmitError::kTooLong,
-                     fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
-                                 prompt_len, *request.params.max_tokens, context)};
+    return Rejection{
+        SubmitError::kTooLong,
+        fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
+                    prompt_len, *request.params.max_tokens, context)};
   }
   // A sliding-window model (Mistral 7B v0.1) never attends to keys older than its window, so a
   // dense request keeps just the window (sink-free streaming): the pages of older keys go back to
@@ -186,7 +200,8 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
     request.kv_policy.policy = sparsity::StreamingSpec{.num_sinks = 0, .window = *window};
   }
   std::shared_ptr<SparsityState> sparsity;
-  int64_t pages_needed = (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
+  int64_t pages_needed =
+      (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
   if (!std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {
     sparsity = std::make_shared<SparsityState>();
     try {
@@ -203,7 +218,8 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
         bounds.push_back(int64_t{h.num_sinks} + h.window);
       } else if (std::holds_alternative<sparsity::ObservationTopHead>(head)) {
         // SnapKV keeps its top-B + window of the prompt and every generated token.
-        bounds.push_back(sparsity::max_kept_tokens(head).value_or(prompt_len) + *request.params.max_tokens);
+        bounds.push_back(sparsity::max_kept_tokens(head).value_or(prompt_len) +
+                         *request.params.max_tokens);
       } else if (const auto* h2o = std::get_if<sparsity::HeavyHitterHead>(&head)) {
         sparsity->has_heavy_hitters = true;
         bounds.push_back(h2o->heavy_budget + h2o->window + 1);
@@ -213,7 +229,8 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
       } else if (std::holds_alternative<sparsity::DenseHead>(head)) {
         bounds.push_back(std::nullopt);
       } else {
-        static_assert(std::variant_size_v<sparsity::HeadPolicy> == 6, "a new head policy needs a branch here");
+        static_assert(std::variant_size_v<sparsity::HeadPolicy> == 6,
+                      "a new head policy needs a branch here");
         // Quest (PageSelectHead) keeps every key (no memory is freed); its decode rows read the
         // chosen pages.
         sparsity->has_page_select = true;
@@ -223,28 +240,34 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
     if (sparsity->plan.is_dense()) {
       sparsity.reset();
     } else {
-      const bool bounded = std::any_of(bounds.begin(), bounds.end(), [](const auto& b) { return b.has_value(); });
+      const bool bounded =
+          std::any_of(bounds.begin(), bounds.end(), [](const auto& b) { return b.has_value(); });
       if (bounded && config_.sparse_prefill_chunk > 0) {
         // The observation window must lie inside the chunk it scores, and chunks end on pages
         // (a prefix-cache hit is capped at the first one).
         const int32_t chunk = std::max(config_.sparse_prefill_chunk, sparsity->observation_rows);
-        sparsity->chunk_boundary = (chunk + config_.page_size - 1) / config_.page_size * config_.page_size;
+        sparsity->chunk_boundary =
+            (chunk + config_.page_size - 1) / config_.page_size * config_.page_size;
       }
-      const int64_t first_chunk = sparsity->chunk_boundary > 0 ? std::min<int64_t>(prompt_len, sparsity->chunk_boundary)
-                                                               : prompt_len;
+      const int64_t first_chunk = sparsity->chunk_boundary > 0
+                                      ? std::min<int64_t>(prompt_len, sparsity->chunk_boundary)
+                                      : prompt_len;
       sparsity->private_kv = sparsity->chunk_boundary == 0 && request.params.n <= 1;
-      pages_needed = kv::sparse_peak_pages({.shape = kv_.slice_shape(),
-                                            .max_kept_tokens = bounds,
-                                            .chunk_size = first_chunk,
-                                            .max_total_tokens = prompt_len + *request.params.max_tokens,
-                                            .dense_tokens_at_first_compression = first_chunk,
-                                            .in_place = sparsity->private_kv});
+      pages_needed =
+          kv::sparse_peak_pages({.shape = kv_.slice_shape(),
+                                 .max_kept_tokens = bounds,
+                                 .chunk_size = first_chunk,
+                                 .max_total_tokens = prompt_len + *request.params.max_tokens,
+                                 .dense_tokens_at_first_compression = first_chunk,
+                                 .in_place = sparsity->private_kv});
     }
   }
   if (pages_needed > config_.num_kv_pages) {
-    return Rejection{SubmitError::kNeverFits,
-                     fmt::format("the request needs {} KV pages but the pool has {}; lower max_tokens "
-                                 "or give the server more --kv-memory", pages_needed, config_.num_kv_pages)};
+    return Rejection{
+        SubmitError::kNeverFits,
+        fmt::format("the request needs {} KV pages but the pool has {}; lower max_tokens "
+                    "or give the server more --kv-memory",
+                    pages_needed, config_.num_kv_pages)};
   }
   std::lock_guard lock(mutex_);
   if (published_stats_.num_waiting + static_cast<int64_t>(pending_.size()) >= config_.max_queued) {
@@ -273,17 +296,23 @@ sparsity::SparsityPlan Engine::resolve_policy(const sparsity::PolicySpec& policy
   } catch (const Error& e) {
     if (config_.calibration) fail("kv_policy '{}': {}", sparsity::to_string(policy), e.what());
     // Would any profile do? Then the missing one is the problem.
-    const sparsity::CalibrationProfile any{.model_name = "any", .model_fingerprint = "any",
-                                           .num_layers = mc.num_layers, .num_kv_heads = mc.num_kv_heads,
-                                           .streaming_scores = std::vector<double>(
-                                               static_cast<size_t>(mc.num_layers * mc.num_kv_heads), 0.5)};
+    const sparsity::CalibrationProfile any{
+        .model_name = "any",
+        .model_fingerprint = "any",
+        .num_layers = mc.num_layers,
+        .num_kv_heads = mc.num_kv_heads,
+        .streaming_scores =
+            std::vector<double>(static_cast<size_t>(mc.num_layers * mc.num_kv_heads), 0.5)};
     try {
       sparsity::resolve(policy, shape, &any);
     } catch (const Error&) {
       fail("kv_policy '{}': {}", sparsity::to_string(policy), e.what());
     }
-    fail("kv_policy '{}' needs a calibration profile of the model's heads, and this server has none: start it "
-         "with --calibration FILE (written by `sieve calibrate`)", sparsity::to_string(policy));
+    fail(
+        "kv_policy '{}' needs a calibration profile of the model's heads, and this server has "
+        "none: start it "
+        "with --calibration FILE (written by `sieve calibrate`)",
+        sparsity::to_string(policy));
   }
 }
 
@@ -302,21 +331,24 @@ void Engine::admit_pending() {
   for (auto& p : pending) {
     const sched::SeqId seq{next_seq_id_++};
     const int32_t n = std::max(1, p->request.params.n);
-    auto sample = std::make_unique<Sample>(p->id, 0, p->sink, params_for_sample(p->request.params, 0), eos_ids_,
-                                           static_cast<int32_t>(p->request.prompt.size()), p->arrival);
+    auto sample = std::make_unique<Sample>(
+        p->id, 0, p->sink, params_for_sample(p->request.params, 0), eos_ids_,
+        static_cast<int32_t>(p->request.prompt.size()), p->arrival);
     sample->num_samples_to_fork = n - 1;
     sample->sparsity = p->sparsity;
     const int32_t max_new = *p->request.params.max_tokens;
-    const sched::AddResult added = scheduler_.add(
-        seq, std::move(p->request.prompt), max_new,
-        {.max_pages = p->max_pages,
-         .chunk_boundary = p->sparsity ? p->sparsity->chunk_boundary : 0,
-         .private_kv = p->sparsity && p->sparsity->private_kv});
+    const sched::AddResult added =
+        scheduler_.add(seq, std::move(p->request.prompt), max_new,
+                       {.max_pages = p->max_pages,
+                        .chunk_boundary = p->sparsity ? p->sparsity->chunk_boundary : 0,
+                        .private_kv = p->sparsity && p->sparsity->private_kv});
     if (added != sched::AddResult::kQueued) {
       RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
       const bool queue_full = added == sched::AddResult::kQueueFull;
-      event.error = queue_full ? "the server is at its queue limit; retry later" : "the request cannot fit in the KV cache";
-      event.error_kind = queue_full ? RequestEvent::ErrorKind::kQueueFull : RequestEvent::ErrorKind::kNeverFits;
+      event.error = queue_full ? "the server is at its queue limit; retry later"
+                               : "the request cannot fit in the KV cache";
+      event.error_kind =
+          queue_full ? RequestEvent::ErrorKind::kQueueFull : RequestEvent::ErrorKind::kNeverFits;
       (*p->sink)(event);
       continue;
     }
@@ -338,8 +370,10 @@ void Engine::apply_cancellations() {
       }
       scheduler_.finish(it->first);
       runner_.forget(it->first);
-      RequestEvent event{.request_id = id, .sample_idx = it->second->sample_idx,
-                         .finish = Finish{FinishReason::kStop}, .error = "cancelled",
+      RequestEvent event{.request_id = id,
+                         .sample_idx = it->second->sample_idx,
+                         .finish = Finish{FinishReason::kStop},
+                         .error = "cancelled",
                          .error_kind = RequestEvent::ErrorKind::kCancelled};
       (*it->second->sink)(event);
       it = samples_.erase(it);
@@ -357,7 +391,8 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
                  .cached_prompt_tokens = sample.cached_prompt_tokens,
                  .kv_pages = static_cast<int32_t>(kv_.is_sparse(seq) ? kv_.owned_pages(seq).size()
                                                                      : kv_.block_table(seq).size()),
-                 .kv_dense_pages = static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) / config_.page_size),
+                 .kv_dense_pages = static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) /
+                                                        config_.page_size),
                  .attention_recovery = sample.attention_recovery};
   event.timings = std::move(sample.timings);
   runner_.forget(seq);
@@ -376,13 +411,15 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
       first.cached_prompt_tokens = scheduled.num_computed_before;
     }
     if (scheduled.num_computed_before < first.num_prompt_tokens) {
-      num_prompt_tokens_computed_ += std::min(scheduled.num_new_tokens, first.num_prompt_tokens - scheduled.num_computed_before);
+      num_prompt_tokens_computed_ += std::min(
+          scheduled.num_new_tokens, first.num_prompt_tokens - scheduled.num_computed_before);
     }
     if (!scheduled.samples) {
       // A prefill chunk of a sparse request ended on a boundary: compress before the next one.
       const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
       const int32_t boundary = first.sparsity ? first.sparsity->chunk_boundary : 0;
-      if (boundary > 0 && computed % boundary == 0 && !first.compressed) to_compress_.push_back(scheduled.seq_id);
+      if (boundary > 0 && computed % boundary == 0 && !first.compressed)
+        to_compress_.push_back(scheduled.seq_id);
       continue;
     }
     std::span<const float> row_logits(&logits[row++ * vocab], vocab);
@@ -398,13 +435,15 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
       const sched::SeqId child{next_seq_id_++};
       // A compressed parent's child gets copies of its slices (before anything changes them).
       runner_.copy_slices(scheduler_.fork(scheduled.seq_id, child));
-      auto sample = std::make_unique<Sample>(first.request_id, i, first.sink, params_for_sample(request_params, i),
-                                             eos_ids_, first.num_prompt_tokens, first.arrival);
+      auto sample = std::make_unique<Sample>(first.request_id, i, first.sink,
+                                             params_for_sample(request_params, i), eos_ids_,
+                                             first.num_prompt_tokens, first.arrival);
       sample->first_scheduled = first.first_scheduled;
       sample->timings.queue_seconds = first.timings.queue_seconds;
       sample->cached_prompt_tokens = first.cached_prompt_tokens;
       sample->sparsity = first.sparsity;
-      sample->compressed_through = first.compressed_through;  // a sparse parent's child has its keys
+      sample->compressed_through =
+          first.compressed_through;  // a sparse parent's child has its keys
       sample->heavy = first.heavy;
       sample->fastgen = first.fastgen;
       sample->fastgen_positions = first.fastgen_positions;
@@ -423,16 +462,20 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
       scheduler_.append_token(seq, result.token);
       ++num_generated_tokens_;
       sample.timings.token_seconds.push_back(seconds_between(sample.arrival, now));
-      if (sample.timings.token_seconds.size() == 1) sample.timings.first_token_seconds = sample.timings.token_seconds[0];
+      if (sample.timings.token_seconds.size() == 1)
+        sample.timings.first_token_seconds = sample.timings.token_seconds[0];
 
       StopUpdate update = sample.stop.push(result.token, tokenizer_->token_to_piece(result.token));
-      if (!update.finish && static_cast<int64_t>(scheduler_.tokens(seq).size()) >= model_->config().context_length) {
+      if (!update.finish &&
+          static_cast<int64_t>(scheduler_.tokens(seq).size()) >= model_->config().context_length) {
         StopUpdate rest = sample.stop.finish(FinishReason::kLength);
         update.text += rest.text;
         update.finish = rest.finish;
       }
-      RequestEvent event{.request_id = sample.request_id, .sample_idx = sample.sample_idx,
-                         .tokens = {result.token}, .text = std::move(update.text)};
+      RequestEvent event{.request_id = sample.request_id,
+                         .sample_idx = sample.sample_idx,
+                         .tokens = {result.token},
+                         .text = std::move(update.text)};
       if (sample.params.logprobs) event.logprobs.push_back(std::move(result));
       event.finish = update.finish;
       if (update.finish) finish_sample(seq, event);
@@ -523,8 +566,9 @@ void Engine::apply_sparsity() {
     if (it != samples_.end() && !it->second->compressed) compress(seq, *it->second);
   }
   for (auto& [seq, sample] : samples_) {
-    if (sample->compressed && (sample->sparsity->has_windows || sample->sparsity->has_heavy_hitters ||
-                               sample->sparsity->has_fastgen)) {
+    if (sample->compressed &&
+        (sample->sparsity->has_windows || sample->sparsity->has_heavy_hitters ||
+         sample->sparsity->has_fastgen)) {
       drop_out_of_window(seq, *sample);
     }
   }
@@ -546,7 +590,8 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
   }
   if (n <= sample.compressed_through && !last) return;
   const ModelRunner::ObservationScores* scores = nullptr;
-  if (state.observation_rows > 0) scores = &runner_.observe(seq, scheduler_.tokens(seq).first(n), state.observation_rows);
+  if (state.observation_rows > 0)
+    scores = &runner_.observe(seq, scheduler_.tokens(seq).first(n), state.observation_rows);
   kv::KeepSets keep(state.plan.heads.size());
   double fastgen_recovery = 0.0;
   int num_fastgen = 0;
@@ -568,14 +613,17 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
       // far, then the new chunk), in position order like the keys.
       if (sample.heavy.empty()) sample.heavy.resize(keep.size());
       std::vector<int32_t> positions;
-      if (sample.heavy[s]) positions.assign(sample.heavy[s]->kept_positions().begin(), sample.heavy[s]->kept_positions().end());
+      if (sample.heavy[s])
+        positions.assign(sample.heavy[s]->kept_positions().begin(),
+                         sample.heavy[s]->kept_positions().end());
       for (int32_t p = sample.compressed_through; p < n; ++p) positions.push_back(p);
       sparsity::HeavyHitterState& heavy = sample.heavy[s].emplace(*h2o);
       heavy.start(positions, scores->stream(s));
       const std::span<const int32_t> kept = heavy.kept_positions();
       keep[s].emplace();
       for (int32_t p : kept) {
-        keep[s]->push_back(static_cast<int32_t>(std::lower_bound(positions.begin(), positions.end(), p) - positions.begin()));
+        keep[s]->push_back(static_cast<int32_t>(
+            std::lower_bound(positions.begin(), positions.end(), p) - positions.begin()));
       }
     } else if (const auto* fastgen = std::get_if<sparsity::FastGenPendingHead>(&head)) {
       // FastGen decides at the prompt's end, from all of it (its streams keep every key until
@@ -588,7 +636,8 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
         }
       }
       const std::span<const float> row = scores->stream(s);
-      const sparsity::FastGenDecision decision = sparsity::select_fastgen(row, prompt_classes, *fastgen);
+      const sparsity::FastGenDecision decision =
+          sparsity::select_fastgen(row, prompt_classes, *fastgen);
       fastgen_recovery += decision.recovery;
       ++num_fastgen;
       sample.fastgen[s].emplace(*fastgen, decision, prompt_positions, prompt_classes, row);
@@ -599,8 +648,9 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
     double recovery = fastgen_recovery;  // FastGen's own ratio, also for heads that chose full
     int num_scored = num_fastgen;
     for (size_t s = 0; s < keep.size(); ++s) {
-      const bool scored = std::holds_alternative<sparsity::ObservationTopHead>(state.plan.heads[s]) ||
-                          std::holds_alternative<sparsity::HeavyHitterHead>(state.plan.heads[s]);
+      const bool scored =
+          std::holds_alternative<sparsity::ObservationTopHead>(state.plan.heads[s]) ||
+          std::holds_alternative<sparsity::HeavyHitterHead>(state.plan.heads[s]);
       if (!scored || !keep[s]) continue;
       const std::span<const float> row = scores->stream(s);
       double total = 0.0, kept = 0.0;
@@ -611,7 +661,8 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
     }
     if (num_scored > 0) sample.attention_recovery = static_cast<float>(recovery / num_scored);
   }
-  if (!state.has_page_select && std::none_of(keep.begin(), keep.end(), [](const auto& k) { return k.has_value(); })) {
+  if (!state.has_page_select &&
+      std::none_of(keep.begin(), keep.end(), [](const auto& k) { return k.has_value(); })) {
     // Every stream keeps everything for good (FastGen heads that chose full): stay as it is
     // (page selection, though, reads per-stream slices, so Quest streams do turn sparse).
     sample.compressed_through = n;
@@ -639,9 +690,10 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
   std::vector<uint8_t> wanted(keep.size());
   bool any_wanted = false;
   for (size_t s = 0; s < wanted.size(); ++s) {
-    wanted[s] = (s < sample.heavy.size() && sample.heavy[s]) ||
-                (s < sample.fastgen.size() && sample.fastgen[s] &&
-                 sample.fastgen[s]->choice() == sparsity::FastGenChoice::kSpecialPunctLocalFrequent);
+    wanted[s] =
+        (s < sample.heavy.size() && sample.heavy[s]) ||
+        (s < sample.fastgen.size() && sample.fastgen[s] &&
+         sample.fastgen[s]->choice() == sparsity::FastGenChoice::kSpecialPunctLocalFrequent);
     any_wanted = any_wanted || wanted[s];
   }
   if (any_wanted) runner_.want_attention(seq, std::move(wanted));
@@ -656,7 +708,8 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
   const std::vector<std::vector<float>>* attention = runner_.attention(seq);
   const int32_t new_position = layout.num_positions - 1;
   // FastGen steps once per new position (not on the step that compressed the prompt).
-  const bool fastgen_steps = !sample.fastgen.empty() && layout.num_positions > sample.fastgen_positions;
+  const bool fastgen_steps =
+      !sample.fastgen.empty() && layout.num_positions > sample.fastgen_positions;
   // Decode adds one position a step, so a state's keys are its kept positions plus this one.
   assert(!fastgen_steps || layout.num_positions == sample.fastgen_positions + 1);
   if (fastgen_steps) sample.fastgen_positions = layout.num_positions;
@@ -665,8 +718,9 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
       // A head that chose full keeps everything: nothing to track.
       if (!fastgen_steps || sample.fastgen[s]->choice() == sparsity::FastGenChoice::kFull) continue;
       const std::vector<float>* weights = attention ? &(*attention)[s] : nullptr;
-      drops[s] = fastgen_step(*sample.fastgen[s], new_position,
-                              token_class(*tokenizer_, scheduler_.tokens(seq)[new_position]), weights);
+      drops[s] =
+          fastgen_step(*sample.fastgen[s], new_position,
+                       token_class(*tokenizer_, scheduler_.tokens(seq)[new_position]), weights);
       any = any || !drops[s].empty();
       continue;
     }
@@ -675,7 +729,8 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
       // the recent window).
       sparsity::HeavyHitterState& h2o = *sample.heavy[s];
       if (const std::optional<int32_t> evicted = h2o.step(new_position, (*attention)[s])) {
-        drops[s] = key_indices_of_dropped(h2o.kept_positions(), std::span<const int32_t>(&*evicted, 1));
+        drops[s] =
+            key_indices_of_dropped(h2o.kept_positions(), std::span<const int32_t>(&*evicted, 1));
         any = true;
       }
       continue;
@@ -683,7 +738,8 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
     const auto* window = std::get_if<sparsity::SinkWindowHead>(&sample.sparsity->plan.heads[s]);
     if (!window) continue;
     const int32_t held = layout.streams[s].num_tokens;
-    const auto keep_end = static_cast<int32_t>(held - window->window);  // keys [sinks, keep_end) fall out
+    const auto keep_end =
+        static_cast<int32_t>(held - window->window);  // keys [sinks, keep_end) fall out
     for (auto j = static_cast<int32_t>(window->num_sinks); j < keep_end; ++j) drops[s].push_back(j);
     any = any || !drops[s].empty();
   }

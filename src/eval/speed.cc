@@ -24,34 +24,41 @@ BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t bytes, int rep
   const int num_threads = pool.num_threads();
   const int64_t per_thread = static_cast<int64_t>((num_words + num_threads - 1) / num_threads);
   // First touch from the thread that will read each part (NUMA placement), nonzero content.
-  pool.parallel_for(num_threads, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words, lo + per_thread);
-      for (uint64_t i = lo; i < hi; ++i) buffer[i] = i;
-    }
-  }, 1);
+  pool.parallel_for(
+      num_threads,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words, lo + per_thread);
+          for (uint64_t i = lo; i < hi; ++i) buffer[i] = i;
+        }
+      },
+      1);
   std::vector<uint64_t> sums(num_threads);
   BandwidthResult result{.bytes = num_words * sizeof(uint64_t), .repetitions = repetitions};
   double total = 0.0;
   for (int rep = 0; rep < repetitions; ++rep) {
     const auto start = Clock::now();
-    pool.parallel_for(num_threads, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words, lo + per_thread);
-        // Four independent accumulators; integer adds vectorise without reassociation flags.
-        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        uint64_t i = lo;
-        for (; i + 4 <= hi; i += 4) {
-          s0 += buffer[i];
-          s1 += buffer[i + 1];
-          s2 += buffer[i + 2];
-          s3 += buffer[i + 3];
-        }
-        for (; i < hi; ++i) s0 += buffer[i];
-        sums[t] = s0 + s1 + s2 + s3;
-      }
-    }, 1);
-    const double gbps = static_cast<double>(result.bytes) / seconds_between(start, Clock::now()) / 1e9;
+    pool.parallel_for(
+        num_threads,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words, lo + per_thread);
+            // Four independent accumulators; integer adds vectorise without reassociation flags.
+            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            uint64_t i = lo;
+            for (; i + 4 <= hi; i += 4) {
+              s0 += buffer[i];
+              s1 += buffer[i + 1];
+              s2 += buffer[i + 2];
+              s3 += buffer[i + 3];
+            }
+            for (; i < hi; ++i) s0 += buffer[i];
+            sums[t] = s0 + s1 + s2 + s3;
+          }
+        },
+        1);
+    const double gbps =
+        static_cast<double>(result.bytes) / seconds_between(start, Clock::now()) / 1e9;
     result.best_gb_per_s = std::max(result.best_gb_per_s, gbps);
     total += gbps;
   }
@@ -66,8 +73,8 @@ uint64_t layer_matmul_params(const model::Weights& weights) {
   auto params = [](const kernels::MatrixView& m) { return static_cast<uint64_t>(m.rows) * m.cols; };
   uint64_t total = 0;
   for (const model::LayerWeights& layer : weights.layers) {
-    total += params(layer.wq) + params(layer.wk) + params(layer.wv) + params(layer.wo) + params(layer.w_gate) +
-             params(layer.w_up) + params(layer.w_down);
+    total += params(layer.wq) + params(layer.wk) + params(layer.wv) + params(layer.wo) +
+             params(layer.w_gate) + params(layer.w_up) + params(layer.w_down);
   }
   return total;
 }
@@ -76,7 +83,8 @@ ModelSpeed measure_model_speed(const model::LlamaModel& model, ThreadPool& pool,
                                int64_t prompt_tokens, int64_t decode_tokens) {
   const int64_t vocab = model.config().vocab_size;
   std::vector<int32_t> prompt(prompt_tokens);
-  for (int64_t i = 0; i < prompt_tokens; ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
+  for (int64_t i = 0; i < prompt_tokens; ++i)
+    prompt[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
   engine::GenerateOptions options{.max_tokens = static_cast<int32_t>(decode_tokens + 1),
                                   .sampling = {.temperature = 0.0f}};
   // The first sampled token comes from the prompt's logits; decode speed counts the steps
@@ -94,7 +102,9 @@ ModelSpeed measure_model_speed(const model::LlamaModel& model, ThreadPool& pool,
   speed.prompt_tokens_per_s = stats.prompt_tokens_per_second();
   speed.decode_tokens = generated - 1;
   speed.decode_tokens_per_s =
-      speed.decode_tokens > 0 ? speed.decode_tokens / seconds_between(first_token_time, last_token_time) : 0.0;
+      speed.decode_tokens > 0
+          ? speed.decode_tokens / seconds_between(first_token_time, last_token_time)
+          : 0.0;
   speed.bytes_per_token = model.weights().bytes_per_token();
   speed.decode_gb_per_s = speed.bytes_per_token * speed.decode_tokens_per_s / 1e9;
   speed.matmul_params_per_token = layer_matmul_params(model.weights());

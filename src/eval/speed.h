@@ -26,13 +26,14 @@ struct ModelSpeed {
   double prompt_tokens_per_s = 0.0;
   int64_t decode_tokens = 0;
   double decode_tokens_per_s = 0.0;
-  uint64_t bytes_per_token = 0;        // weights read per decoded token
-  double decode_gb_per_s = 0.0;        // bytes_per_token * decode_tokens_per_s / 1e9
+  uint64_t bytes_per_token = 0;  // weights read per decoded token
+  double decode_gb_per_s = 0.0;  // bytes_per_token * decode_tokens_per_s / 1e9
   // Weights every prompt token is multiplied by: q, k, v, o, gate, up, down of every layer.
   // Not counted: the embedding table (a row lookup), the output matrix (prefill applies it to
   // the last prompt token only) and attention's q·k / p·v products (they grow with position).
   uint64_t matmul_params_per_token = 0;
-  double prompt_gflop_per_s = 0.0;     // 2 * matmul_params_per_token * prompt_tokens / prompt time / 1e9
+  double prompt_gflop_per_s =
+      0.0;  // 2 * matmul_params_per_token * prompt_tokens / prompt time / 1e9
 };
 // Parameters of the matrices each token passes through in every layer (see ModelSpeed).
 uint64_t layer_matmul_params(const model::Weights& weights);

@@ -178,12 +178,13 @@ uint64_t tensor_num_bytes(TensorType type, std::span<const uint64_t> shape) {
   }
   if (shape[0] % traits.block_size != 0) {
     // K-quant super-blocks are 256 values: say what such rows take instead.
-    format::format_error("row length {} is not a multiple of the {} block size {}{}", shape[0], traits.name,
-                         traits.block_size,
-                         traits.block_size == 256 && shape[0] % 32 == 0
-                             ? " (rows of this length need a type with 32-value blocks, e.g. Q8_0, Q5_0 or IQ4_NL, "
-                               "which llama-quantize falls back to; re-quantize the model)"
-                             : "");
+    format::format_error(
+        "row length {} is not a multiple of the {} block size {}{}", shape[0], traits.name,
+        traits.block_size,
+        traits.block_size == 256 && shape[0] % 32 == 0
+            ? " (rows of this length need a type with 32-value blocks, e.g. Q8_0, Q5_0 or IQ4_NL, "
+              "which llama-quantize falls back to; re-quantize the model)"
+            : "");
   }
   if (has_zero_dim) return 0;
   // The element count must fit too (TensorInfo::num_elements relies on it): some types store

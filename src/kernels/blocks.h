@@ -90,8 +90,8 @@ struct BlockQ5_K {
 static_assert(sizeof(BlockQ5_K) == 176);
 
 struct BlockQ6_K {
-  uint8_t ql[kQKBlock / 2];     // low 4 bits
-  uint8_t qh[kQKBlock / 4];     // high 2 bits
+  uint8_t ql[kQKBlock / 2];  // low 4 bits
+  uint8_t qh[kQKBlock / 4];  // high 2 bits
   int8_t scales[kQKBlock / 16];
   uint16_t d;
 };
@@ -99,7 +99,7 @@ static_assert(sizeof(BlockQ6_K) == 210);
 
 struct BlockIQ4_XS {
   uint16_t d;
-  uint16_t scales_h;              // high 2 bits of the 8 6-bit scales
+  uint16_t scales_h;                // high 2 bits of the 8 6-bit scales
   uint8_t scales_l[kQKBlock / 64];  // low 4 bits, two per byte
   uint8_t qs[kQKBlock / 2];
 };

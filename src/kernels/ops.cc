@@ -325,14 +325,16 @@ std::vector<uint8_t> pack_q8_0_for_matmul(const MatrixView& w) {
   // Padding rows: scale 0, weights 0 (stored as 0x80).
   std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * kBlockBytes), 0x80);
   for (int64_t r = 0; r < w.rows; ++r) {
-    const auto* row = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
+    const auto* row =
+        reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
     for (int64_t b = 0; b < num_blocks; ++b) {
       uint8_t* out = packed.data() + (g * num_blocks + b) * kBlockBytes;
       std::memcpy(out + 2 * lane, &row[b].d, 2);
       for (int64_t k = 0; k < kQBlock / 4; ++k) {
         for (int64_t j = 0; j < 4; ++j) {
-          out[32 + (k * kGroupRows + lane) * 4 + j] = static_cast<uint8_t>(row[b].qs[4 * k + j]) ^ 0x80;
+          out[32 + (k * kGroupRows + lane) * 4 + j] =
+              static_cast<uint8_t>(row[b].qs[4 * k + j]) ^ 0x80;
         }
       }
     }

@@ -27,20 +27,32 @@ class ThreadPool;
 namespace sieve::kernels {
 
 enum class DType : uint8_t {
-  kF32, kF16, kBF16, kQ8_0, kQ4_0,
-  kQ4_1, kQ5_0, kQ5_1, kIQ4_NL,                // blocks of 32
-  kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kIQ4_XS,  // super-blocks of 256
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kIQ4_NL,  // blocks of 32
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kIQ4_XS,  // super-blocks of 256
 };
 // Every dtype, in enum order (for loops in tests, parsers and error messages).
 inline constexpr DType kAllDTypes[] = {
-    DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+    DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,   DType::kQ4_0,
     DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL, DType::kQ2_K,
-    DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS,
+    DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,   DType::kIQ4_XS,
 };
 std::string_view to_string(DType dtype);
-int64_t block_elems(DType dtype);   // 1 for float types, 32 or 256 for quantized ones
-size_t block_bytes(DType dtype);    // 4, 2, 2, 34, 18, ...
-bool is_quantized(DType dtype);     // block_elems > 1
+int64_t block_elems(DType dtype);                 // 1 for float types, 32 or 256 for quantized ones
+size_t block_bytes(DType dtype);                  // 4, 2, 2, 34, 18, ...
+bool is_quantized(DType dtype);                   // block_elems > 1
 size_t row_bytes(DType dtype, int64_t num_cols);  // num_cols must be a multiple of block_elems
 
 // A row-major weight matrix [rows][cols] stored in `dtype`; a row is row_bytes(dtype, cols).
@@ -56,7 +68,7 @@ struct MatrixView {
 
 // --- conversions (scalar, exact ggml rounding) ---
 float f16_to_f32(uint16_t h);
-uint16_t f32_to_f16(float f);   // round to nearest even
+uint16_t f32_to_f16(float f);  // round to nearest even
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  // round to nearest even, NaN preserved
 // f32 -> dtype and back for one row of n values (n a multiple of block_elems(dtype)).

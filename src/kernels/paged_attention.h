@@ -96,9 +96,9 @@ struct AttentionOutput {
                              // so p_t = exp(score_t - lse) is the attention weight of key t
 };
 
-// Requirements: kv.dtype is kF32 or kF16; the K/V of every attended position (positions[i] included) are in the pages;
-// positions[i] < block_table.size() * page_size; num_heads % num_kv_heads == 0. Parallel on
-// `pool` over (query-row tiles x kv heads x key splits).
+// Requirements: kv.dtype is kF32 or kF16; the K/V of every attended position (positions[i]
+// included) are in the pages; positions[i] < block_table.size() * page_size; num_heads %
+// num_kv_heads == 0. Parallel on `pool` over (query-row tiles x kv heads x key splits).
 void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,
                      ThreadPool& pool);
 

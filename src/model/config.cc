@@ -15,7 +15,8 @@ namespace {
 int64_t require_int(const gguf::File& file, const std::string& key) {
   std::optional<uint64_t> value = file.get_u64(key);
   if (!value) fail("model metadata is missing required key '{}'", key);
-  if (*value > (uint64_t{1} << 40)) fail("model metadata key '{}' has absurd value {}", key, *value);
+  if (*value > (uint64_t{1} << 40))
+    fail("model metadata key '{}' has absurd value {}", key, *value);
   return static_cast<int64_t>(*value);
 }
 
@@ -44,11 +45,14 @@ void ModelConfig::validate() const {
     fail("rope_freqs has {} entries, expected {}", rope.freq_factors.size(), rope.num_dims / 2);
   }
   if (!(rms_eps > 0.0f)) fail("RMSNorm epsilon must be positive");
-  if (!(rope.freq_base > 0.0f) || !(rope.freq_scale > 0.0f)) fail("RoPE base and scale must be positive");
+  if (!(rope.freq_base > 0.0f) || !(rope.freq_scale > 0.0f))
+    fail("RoPE base and scale must be positive");
   if (rope.yarn.ext_factor != 0.0f && rope.yarn.original_context <= 0) {
-    fail("YaRN RoPE scaling needs a positive original context length, got {}", rope.yarn.original_context);
+    fail("YaRN RoPE scaling needs a positive original context length, got {}",
+         rope.yarn.original_context);
   }
-  if (sliding_window && *sliding_window <= 0) fail("sliding window must be positive, got {}", *sliding_window);
+  if (sliding_window && *sliding_window <= 0)
+    fail("sliding window must be positive, got {}", *sliding_window);
 }
 
 kernels::RopeParams RopeConfig::params(int64_t head_dim) const {
@@ -66,21 +70,22 @@ std::string ModelConfig::summary() const {
   return fmt::format(
       "{} '{}': dim {}, {} layers, {} heads / {} KV heads (head size {}), ffn {}, vocab {}, "
       "context {}, rope base {} ({}{}){}",
-      architecture, name, dim, num_layers, num_heads, num_kv_heads, head_dim, ffn_dim,
-      vocab_size, context_length, rope.freq_base,
-      rope.ordering == RopeOrdering::kNormal ? "normal" : "neox",
+      architecture, name, dim, num_layers, num_heads, num_kv_heads, head_dim, ffn_dim, vocab_size,
+      context_length, rope.freq_base, rope.ordering == RopeOrdering::kNormal ? "normal" : "neox",
       rope.scaling == RopeScaling::kLinear ? fmt::format(", linear x{}", 1.0f / rope.freq_scale)
-      : rope.scaling == RopeScaling::kYarn ? fmt::format(", yarn x{} from {}", 1.0f / rope.freq_scale,
-                                                         rope.yarn.original_context)
-      : !rope.freq_factors.empty()         ? ", rope_freqs"
-                                           : "",
+      : rope.scaling == RopeScaling::kYarn
+          ? fmt::format(", yarn x{} from {}", 1.0f / rope.freq_scale, rope.yarn.original_context)
+      : !rope.freq_factors.empty() ? ", rope_freqs"
+                                   : "",
       sliding_window ? fmt::format(", sliding window {}", *sliding_window) : "");
 }
 
 ModelConfig config_from_gguf(const gguf::File& file) {
   ModelConfig config;
   std::optional<std::string> arch_name = file.get_string("general.architecture");
-  if (!arch_name) fail("model metadata has no 'general.architecture' (sieve runs: {})", supported_architectures());
+  if (!arch_name)
+    fail("model metadata has no 'general.architecture' (sieve runs: {})",
+         supported_architectures());
   const Architecture& arch = find_architecture(*arch_name);
   config.architecture = *arch_name;
   config.name = file.get_string("general.name").value_or("");
@@ -88,8 +93,8 @@ ModelConfig config_from_gguf(const gguf::File& file) {
   config.dim = require_int(file, prefix + "embedding_length");
   config.num_layers = require_int(file, prefix + "block_count");
   config.num_heads = require_int(file, prefix + "attention.head_count");
-  config.num_kv_heads =
-      static_cast<int64_t>(file.get_u64(prefix + "attention.head_count_kv").value_or(config.num_heads));
+  config.num_kv_heads = static_cast<int64_t>(
+      file.get_u64(prefix + "attention.head_count_kv").value_or(config.num_heads));
   config.ffn_dim = require_int(file, prefix + "feed_forward_length");
   config.context_length = require_int(file, prefix + "context_length");
   if (config.num_heads <= 0) fail("'{}attention.head_count' must be positive", prefix);
@@ -100,8 +105,8 @@ ModelConfig config_from_gguf(const gguf::File& file) {
       value_length && static_cast<int64_t>(*value_length) != config.head_dim) {
     fail("key length {} != value length {} is not supported", config.head_dim, *value_length);
   }
-  config.rms_eps = static_cast<float>(
-      file.get_f64(prefix + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  config.rms_eps =
+      static_cast<float>(file.get_f64(prefix + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   if (arch.honours_sliding_window) {
     if (auto window = file.get_u64(prefix + "attention.sliding_window"); window && *window > 0) {
       config.sliding_window = static_cast<int64_t>(*window);
@@ -110,9 +115,11 @@ ModelConfig config_from_gguf(const gguf::File& file) {
 
   RopeConfig& rope = config.rope;
   rope.ordering = arch.rope_ordering;
-  rope.num_dims = static_cast<int64_t>(file.get_u64(prefix + "rope.dimension_count").value_or(config.head_dim));
+  rope.num_dims =
+      static_cast<int64_t>(file.get_u64(prefix + "rope.dimension_count").value_or(config.head_dim));
   rope.freq_base = static_cast<float>(file.get_f64(prefix + "rope.freq_base").value_or(10000.0));
-  rope.attn_factor = static_cast<float>(file.get_f64(prefix + "rope.scaling.attn_factor").value_or(1.0));
+  rope.attn_factor =
+      static_cast<float>(file.get_f64(prefix + "rope.scaling.attn_factor").value_or(1.0));
   std::string scaling_type = file.get_string(prefix + "rope.scaling.type").value_or("none");
   double scaling_factor = file.get_f64(prefix + "rope.scaling.factor").value_or(0.0);
   if (auto legacy = file.get_f64(prefix + "rope.scale_linear")) {
@@ -124,17 +131,23 @@ ModelConfig config_from_gguf(const gguf::File& file) {
     if (scaling_factor > 0.0) rope.freq_scale = static_cast<float>(1.0 / scaling_factor);
     rope.scaling = scaling_type == "linear" ? RopeScaling::kLinear : RopeScaling::kYarn;
   } else if (scaling_type != "none" && !scaling_type.empty()) {
-    fail("RoPE scaling type '{}' ({}rope.scaling.type) is not supported (supported: none, linear, yarn; Llama 3.1 "
-         "scaling comes as a rope_freqs tensor)",
-         scaling_type, prefix);
+    fail(
+        "RoPE scaling type '{}' ({}rope.scaling.type) is not supported (supported: none, linear, "
+        "yarn; Llama 3.1 "
+        "scaling comes as a rope_freqs tensor)",
+        scaling_type, prefix);
   }
   if (rope.scaling == RopeScaling::kYarn) {
     // llama.cpp's defaults; the optional keys override them.
-    rope.yarn.ext_factor = static_cast<float>(file.get_f64(prefix + "rope.scaling.yarn_ext_factor").value_or(1.0));
-    rope.yarn.beta_fast = static_cast<float>(file.get_f64(prefix + "rope.scaling.yarn_beta_fast").value_or(32.0));
-    rope.yarn.beta_slow = static_cast<float>(file.get_f64(prefix + "rope.scaling.yarn_beta_slow").value_or(1.0));
-    rope.yarn.original_context = static_cast<int64_t>(
-        file.get_u64(prefix + "rope.scaling.original_context_length").value_or(config.context_length));
+    rope.yarn.ext_factor =
+        static_cast<float>(file.get_f64(prefix + "rope.scaling.yarn_ext_factor").value_or(1.0));
+    rope.yarn.beta_fast =
+        static_cast<float>(file.get_f64(prefix + "rope.scaling.yarn_beta_fast").value_or(32.0));
+    rope.yarn.beta_slow =
+        static_cast<float>(file.get_f64(prefix + "rope.scaling.yarn_beta_slow").value_or(1.0));
+    rope.yarn.original_context =
+        static_cast<int64_t>(file.get_u64(prefix + "rope.scaling.original_context_length")
+                                 .value_or(config.context_length));
   }
 
   if (auto tokens = file.find("tokenizer.ggml.tokens");

@@ -22,7 +22,7 @@ enum class RopeScaling : uint8_t { kNone, kLinear, kYarn };
 
 struct RopeConfig {
   RopeOrdering ordering = RopeOrdering::kNormal;
-  int64_t num_dims = 0;     // rotated dimensions per head (<= head_dim)
+  int64_t num_dims = 0;  // rotated dimensions per head (<= head_dim)
   float freq_base = 10000.0f;
   RopeScaling scaling = RopeScaling::kNone;
   float freq_scale = 1.0f;  // linear and YaRN: 1 / rope.scaling.factor
@@ -38,7 +38,7 @@ struct RopeConfig {
 struct ModelConfig {
   std::string architecture;  // general.architecture, one of supported_architectures()
   std::string name;
-  int64_t dim = 0;           // embedding size
+  int64_t dim = 0;  // embedding size
   int64_t num_layers = 0;
   int64_t num_heads = 0;     // query heads
   int64_t num_kv_heads = 0;  // key/value heads (GQA: num_heads % num_kv_heads == 0)
@@ -62,8 +62,8 @@ struct ModelConfig {
 };
 
 // Reads `general.architecture` and the `<arch>.*` keys (see model/architecture.h). Unknown
-// architectures and missing required keys are errors naming the key. The vocabulary size comes from the tokenizer
-// tokens array (or `<arch>.vocab_size`).
+// architectures and missing required keys are errors naming the key. The vocabulary size comes from
+// the tokenizer tokens array (or `<arch>.vocab_size`).
 ModelConfig config_from_gguf(const gguf::File& file);
 
 }  // namespace sieve::model

@@ -37,8 +37,8 @@ void pack_q8_0_matrices(Weights& weights) {
   }
   pack(weights.output);
   if (buffers->empty()) return;
-  weights.storage =
-      std::make_shared<std::pair<std::shared_ptr<const void>, decltype(buffers)>>(weights.storage, buffers);
+  weights.storage = std::make_shared<std::pair<std::shared_ptr<const void>, decltype(buffers)>>(
+      weights.storage, buffers);
 }
 
 }  // namespace
@@ -52,11 +52,13 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights)
   for (const LayerWeights& w : weights_.layers) {  // shapes the forward pass relies on
     const bool fused_ok = !w.wqkv || w.wqkv->rows == q_dim + 2 * kv_dim;
     const bool bias_ok = (w.bq.empty() || std::ssize(w.bq) == q_dim) &&
-                         (w.bk.empty() || std::ssize(w.bk) == kv_dim) && (w.bv.empty() || std::ssize(w.bv) == kv_dim);
+                         (w.bk.empty() || std::ssize(w.bk) == kv_dim) &&
+                         (w.bv.empty() || std::ssize(w.bv) == kv_dim);
     const bool norm_ok = (w.q_norm.empty() || std::ssize(w.q_norm) == config_.head_dim) &&
                          (w.k_norm.empty() || std::ssize(w.k_norm) == config_.head_dim);
     const bool ffn_ok = !w.w_gate_up || w.w_gate_up->rows == 2 * config_.ffn_dim;
-    if (!fused_ok || !bias_ok || !norm_ok || !ffn_ok) fail("layer weights do not match the model's shape");
+    if (!fused_ok || !bias_ok || !norm_ok || !ffn_ok)
+      fail("layer weights do not match the model's shape");
   }
 }
 
@@ -76,7 +78,9 @@ std::string LlamaModel::fingerprint() const {
     mix(m.data, edge);
     mix(static_cast<const uint8_t*>(m.data) + bytes - edge, edge);
   };
-  const auto mix_floats = [&](const std::vector<float>& v) { mix(v.data(), v.size() * sizeof(float)); };
+  const auto mix_floats = [&](const std::vector<float>& v) {
+    mix(v.data(), v.size() * sizeof(float));
+  };
   mix_matrix(weights_.token_embd);
   for (const LayerWeights& w : weights_.layers) {
     mix_floats(w.attn_norm);
@@ -101,19 +105,25 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
       if (static_cast<int64_t>(streams.size()) != config_.num_layers * config_.num_kv_heads) {
         fail("a sparse sequence needs one stream per layer and KV head");
       }
-      const int64_t num_slices = int64_t{cache.num_pages()} * config_.num_layers * config_.num_kv_heads;
+      const int64_t num_slices =
+          int64_t{cache.num_pages()} * config_.num_layers * config_.num_kv_heads;
       for (const SparseStream& stream : streams) {
-        if (static_cast<int32_t>(stream.new_rows.size()) != seq.num_tokens) fail("a sparse stream misses new rows");
-        if (int64_t{stream.key_offset} + stream.num_keys > static_cast<int64_t>(stream.slices.size()) * cache.page_size()) {
+        if (static_cast<int32_t>(stream.new_rows.size()) != seq.num_tokens)
+          fail("a sparse stream misses new rows");
+        if (int64_t{stream.key_offset} + stream.num_keys >
+            static_cast<int64_t>(stream.slices.size()) * cache.page_size()) {
           fail("a sparse stream has more keys than slots");
         }
         for (int32_t slice : stream.slices) {
           if (slice < 0 || slice >= num_slices) fail("slice {} is outside the KV cache", slice);
         }
         if (stream.selection) {
-          if (stream.key_offset != 0 || stream.num_dropped != 0) fail("a Quest stream must hold every key");
-          if (stream.selection->choose && !seq.sparse->choose_slices) fail("a choosing Quest stream needs choose_slices");
-          if (stream.selection->choose && stream.selection->num_summarized > 0 && !stream.selection->summaries) {
+          if (stream.key_offset != 0 || stream.num_dropped != 0)
+            fail("a Quest stream must hold every key");
+          if (stream.selection->choose && !seq.sparse->choose_slices)
+            fail("a choosing Quest stream needs choose_slices");
+          if (stream.selection->choose && stream.selection->num_summarized > 0 &&
+              !stream.selection->summaries) {
             fail("a choosing Quest stream needs its slice summaries");
           }
         }
@@ -121,7 +131,8 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
       continue;
     }
     for (int32_t page : seq.block_table) {
-      if (page < 0 || page >= cache.num_pages()) fail("page id {} is outside the KV cache ({} pages)", page, cache.num_pages());
+      if (page < 0 || page >= cache.num_pages())
+        fail("page id {} is outside the KV cache ({} pages)", page, cache.num_pages());
     }
     const int64_t capacity = static_cast<int64_t>(seq.block_table.size()) * cache.page_size();
     for (int32_t i = seq.first_token; i < seq.first_token + seq.num_tokens; ++i) {
@@ -151,8 +162,8 @@ void LlamaModel::embed(std::span<const TokenId> tokens, ForwardScratch& s) const
   }
 }
 
-void LlamaModel::project_qkv(const LayerWeights& w, int64_t n, const int32_t* positions, bool with_kv,
-                             ThreadPool& pool, ForwardScratch& s) const {
+void LlamaModel::project_qkv(const LayerWeights& w, int64_t n, const int32_t* positions,
+                             bool with_kv, ThreadPool& pool, ForwardScratch& s) const {
   const ModelConfig& c = config_;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
   if (w.wqkv) {  // one pass over the fused weights; row t is [q | k | v]
@@ -174,8 +185,8 @@ void LlamaModel::project_qkv(const LayerWeights& w, int64_t n, const int32_t* po
     }
   }
   // Bias, then each head's RMSNorm, then RoPE (the order of qwen2 / qwen3).
-  auto finish = [&](float* x, const std::vector<float>& bias, const std::vector<float>& head_norm, int64_t num_heads,
-                    int32_t position, std::vector<float>& head) {
+  auto finish = [&](float* x, const std::vector<float>& bias, const std::vector<float>& head_norm,
+                    int64_t num_heads, int32_t position, std::vector<float>& head) {
     for (size_t i = 0; i < bias.size(); ++i) x[i] += bias[i];
     if (!head_norm.empty()) {
       for (int64_t h = 0; h < num_heads; ++h) {
@@ -198,12 +209,14 @@ void LlamaModel::project_qkv(const LayerWeights& w, int64_t n, const int32_t* po
 
 // After a layer's attention (s.attn): x += Wo·attn, then x += Wdown·(silu(Wgate·n) * Wup·n)
 // with n = norm(x).
-void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const {
+void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool,
+                              ForwardScratch& s) const {
   const ModelConfig& c = config_;
   const int64_t dim = c.dim;
   kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
   for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
-  for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.ffn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
+  for (int64_t t = 0; t < n; ++t)
+    kernels::rmsnorm(&s.x[t * dim], w.ffn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
   const int64_t ffn = c.ffn_dim;
   if (w.w_gate_up) {  // one pass over the fused weights; row t is [gate | up]
     s.fused.resize(static_cast<size_t>(n * 2 * ffn));
@@ -222,8 +235,8 @@ void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool
   for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
 }
 
-void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
-                         ForwardScratch& s, std::vector<float>& logits) const {
+void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& s,
+                         std::vector<float>& logits) const {
   check_batch(batch, cache);
   const int64_t n = batch.size();
   const ModelConfig& c = config_;
@@ -264,16 +277,18 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
             continue;
           }
           for (int64_t h = 0; h < c.num_kv_heads; ++h) {  // each head's stream has its own slots
-            const auto [slice, slot] = seq.sparse->streams[l * c.num_kv_heads + h].new_rows[t - seq.first_token];
-            cache.write_row(slice, slot, &s.k[t * kv_dim + h * head_dim], &s.v[t * kv_dim + h * head_dim]);
+            const auto [slice, slot] =
+                seq.sparse->streams[l * c.num_kv_heads + h].new_rows[t - seq.first_token];
+            cache.write_row(slice, slot, &s.k[t * kv_dim + h * head_dim],
+                            &s.v[t * kv_dim + h * head_dim]);
           }
         }
       });
     }
     auto attend = [&](const BatchSequence& seq, ThreadPool& attention_pool) {
       if (seq.sparse) {
-        return attend_sparse(*seq.sparse, l, seq.first_token, seq.num_tokens, &batch.positions[seq.first_token],
-                             cache, attention_pool, s);
+        return attend_sparse(*seq.sparse, l, seq.first_token, seq.num_tokens,
+                             &batch.positions[seq.first_token], cache, attention_pool, s);
       }
       kernels::AttentionQuery query{
           .q = &s.q[seq.first_token * q_dim],
@@ -288,10 +303,13 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
     // attention single-threaded, instead of one pool dispatch (and key split + merge) per
     // sequence. Prefill chunks use the whole pool each.
     if (short_sequences.size() >= 2 * static_cast<size_t>(pool.num_threads())) {
-      pool.parallel_for(static_cast<int64_t>(short_sequences.size()), [&](int64_t begin, int64_t end) {
-        thread_local ThreadPool inline_pool(1);
-        for (int64_t i = begin; i < end; ++i) attend(*short_sequences[i], inline_pool);
-      }, 1);
+      pool.parallel_for(
+          static_cast<int64_t>(short_sequences.size()),
+          [&](int64_t begin, int64_t end) {
+            thread_local ThreadPool inline_pool(1);
+            for (int64_t i = begin; i < end; ++i) attend(*short_sequences[i], inline_pool);
+          },
+          1);
     } else {
       for (const BatchSequence* seq : short_sequences) attend(*seq, pool);
     }
@@ -305,7 +323,8 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool,
   int64_t out_idx = 0;
   for (int64_t t = 0; t < n; ++t) {
     if (!batch.want_logits[t]) continue;
-    kernels::rmsnorm(&s.x[t * dim], weights_.output_norm.data(), c.rms_eps, &s.rows[out_idx * dim], dim);
+    kernels::rmsnorm(&s.x[t * dim], weights_.output_norm.data(), c.rms_eps, &s.rows[out_idx * dim],
+                     dim);
     ++out_idx;
   }
   logits.resize(num_out * c.vocab_size);
@@ -333,21 +352,24 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
     const SparseStream& stream = sparse.streams[stream_idx];
     // Observation scores: each stream's after the ones before it in the layer.
     float* head_scores = scores;
-    for (int64_t h = 0; head_scores && h < g; ++h) head_scores += sparse.streams[stream_idx - g + h].num_keys;
+    for (int64_t h = 0; head_scores && h < g; ++h)
+      head_scores += sparse.streams[stream_idx - g + h].num_keys;
     float* q_group = &s.q_group[g * q_floats];
     float* out_group = &s.out_group[g * q_floats];
     int32_t* head_positions = &s.positions[g * num_tokens];
     float* lse = &s.lse[g * num_tokens * group];
     for (int32_t i = 0; i < num_tokens; ++i) {
-      std::memcpy(&q_group[i * group * head_dim], &s.q[(first_token + i) * q_dim + g * group * head_dim],
+      std::memcpy(&q_group[i * group * head_dim],
+                  &s.q[(first_token + i) * q_dim + g * group * head_dim],
                   group * head_dim * sizeof(float));
       head_positions[i] = positions[i] - stream.num_dropped;
     }
-    const kernels::AttentionQuery query{.q = q_group,
-                                        .positions = std::span<const int32_t>(head_positions, num_tokens),
-                                        .num_heads = group,
-                                        .scale = scale,
-          .window = window()};
+    const kernels::AttentionQuery query{
+        .q = q_group,
+        .positions = std::span<const int32_t>(head_positions, num_tokens),
+        .num_heads = group,
+        .scale = scale,
+        .window = window()};
     std::span<const int32_t> slices = stream.slices;
     if (stream.selection && num_tokens == 1) {
       slices = select_slices(sparse, stream_idx, q_group, group, cache.page_size(), s.slices[g]);
@@ -355,9 +377,10 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
                                                (stream.num_keys - 1) % cache.page_size());
     }
     const kernels::PagedKv kv = cache.slice_view(slices, stream.key_offset);
-    const bool want = !sparse.want_attention.empty() && sparse.want_attention[stream_idx] && num_tokens == 1;
-    kernels::paged_attention(kv, query, {.out = out_group, .row_lse = want || head_scores ? lse : nullptr},
-                             head_pool);
+    const bool want =
+        !sparse.want_attention.empty() && sparse.want_attention[stream_idx] && num_tokens == 1;
+    kernels::paged_attention(
+        kv, query, {.out = out_group, .row_lse = want || head_scores ? lse : nullptr}, head_pool);
     if (head_scores) {  // observation pass: every row's attention over this stream's keys
       kernels::observation_scores(kv, query, lse, stream.num_keys, head_scores, head_pool);
     }
@@ -367,8 +390,8 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
       kernels::observation_scores(kv, query, lse, stream.num_keys, weights.data(), head_pool);
     }
     for (int32_t i = 0; i < num_tokens; ++i) {
-      std::memcpy(&s.attn[(first_token + i) * q_dim + g * group * head_dim], &out_group[i * group * head_dim],
-                  group * head_dim * sizeof(float));
+      std::memcpy(&s.attn[(first_token + i) * q_dim + g * group * head_dim],
+                  &out_group[i * group * head_dim], group * head_dim * sizeof(float));
     }
   };
 
@@ -377,16 +400,19 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
   if (num_tokens == 1 && pool.num_threads() > 1 && c.num_kv_heads >= pool.num_threads()) {
     std::vector<std::exception_ptr>& errors = s.head_errors;
     errors.assign(static_cast<size_t>(c.num_kv_heads), nullptr);
-    pool.parallel_for(c.num_kv_heads, [&](int64_t begin, int64_t end) {
-      thread_local ThreadPool inline_pool(1);
-      for (int64_t g = begin; g < end; ++g) {
-        try {
-          attend_head(g, inline_pool);
-        } catch (...) {  // a worker must not throw: rethrown on the caller's thread below
-          errors[g] = std::current_exception();
-        }
-      }
-    }, 1);
+    pool.parallel_for(
+        c.num_kv_heads,
+        [&](int64_t begin, int64_t end) {
+          thread_local ThreadPool inline_pool(1);
+          for (int64_t g = begin; g < end; ++g) {
+            try {
+              attend_head(g, inline_pool);
+            } catch (...) {  // a worker must not throw: rethrown on the caller's thread below
+              errors[g] = std::current_exception();
+            }
+          }
+        },
+        1);
     for (const std::exception_ptr& error : errors) {
       if (error) std::rethrow_exception(error);
     }
@@ -399,8 +425,8 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
 // q_group). Every slice keeps its place in key order, so the row sees the chosen keys in order
 // and itself last: its position among them is computed by the caller.
 std::span<const int32_t> LlamaModel::select_slices(const SparseSequence& sparse, size_t stream_idx,
-                                                   const float* q_group, int64_t group, int32_t page_size,
-                                                   SliceScratch& s) const {
+                                                   const float* q_group, int64_t group,
+                                                   int32_t page_size, SliceScratch& s) const {
   const SparseStream& stream = sparse.streams[stream_idx];
   const SliceSelection& selection = *stream.selection;
   const auto num_slices = static_cast<int32_t>(stream.slices.size());
@@ -410,31 +436,38 @@ std::span<const int32_t> LlamaModel::select_slices(const SparseSequence& sparse,
     s.slice_ids.resize(static_cast<size_t>(num_summarized));
     for (int32_t b = 0; b < num_summarized; ++b) s.slice_ids[b] = b;
     s.slice_bounds.assign(static_cast<size_t>(num_slices), std::numeric_limits<float>::infinity());
-    const kernels::PagedKv summary_view{.page_size = page_size, .head_dim = config_.head_dim, .num_kv_heads = 1,
+    const kernels::PagedKv summary_view{.page_size = page_size,
+                                        .head_dim = config_.head_dim,
+                                        .num_kv_heads = 1,
                                         .block_table = s.slice_ids};
-    kernels::page_upper_bounds(summary_view, {.data = selection.summaries, .page_stride = 2 * config_.head_dim},
+    kernels::page_upper_bounds(summary_view,
+                               {.data = selection.summaries, .page_stride = 2 * config_.head_dim},
                                q_group, group, num_summarized, s.slice_bounds.data());
     s.chosen = sparse.choose_slices(stream_idx, s.slice_bounds);
   } else {
     s.chosen = selection.reuse;
   }
-  if (s.chosen.empty() || s.chosen.back() != num_slices - 1) fail("a Quest selection must read the newest slice");
+  if (s.chosen.empty() || s.chosen.back() != num_slices - 1)
+    fail("a Quest selection must read the newest slice");
   if (std::ssize(s.chosen) == num_slices) return stream.slices;
   s.read_slices.resize(s.chosen.size());
   for (size_t i = 0; i < s.chosen.size(); ++i) {
     const int32_t b = s.chosen[i];
-    if (b < 0 || b >= num_slices || (i > 0 && b <= s.chosen[i - 1])) fail("a Quest selection must be ascending slice indices");
+    if (b < 0 || b >= num_slices || (i > 0 && b <= s.chosen[i - 1]))
+      fail("a Quest selection must be ascending slice indices");
     s.read_slices[i] = stream.slices[static_cast<size_t>(b)];
   }
   return s.read_slices;
 }
 
-void LlamaModel::observe_rows(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-                              ThreadPool& pool, ForwardScratch& s,
+void LlamaModel::observe_rows(std::span<const TokenId> window_tokens,
+                              std::span<const int32_t> window_positions, ThreadPool& pool,
+                              ForwardScratch& s,
                               const std::function<void(int64_t layer)>& attend_and_score) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(window_tokens.size());
-  if (n == 0 || static_cast<int64_t>(window_positions.size()) != n) fail("observe needs window tokens and positions");
+  if (n == 0 || static_cast<int64_t>(window_positions.size()) != n)
+    fail("observe needs window tokens and positions");
   const int64_t dim = c.dim, q_dim = c.q_dim();
   s.x.resize(n * dim);
   s.norm.resize(n * dim);
@@ -446,7 +479,8 @@ void LlamaModel::observe_rows(std::span<const TokenId> window_tokens, std::span<
   embed(window_tokens, s);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = weights_.layers[l];
-    for (int64_t t = 0; t < n; ++t) kernels::rmsnorm(&s.x[t * dim], w.attn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
+    for (int64_t t = 0; t < n; ++t)
+      kernels::rmsnorm(&s.x[t * dim], w.attn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
     // Only Q: the window's K/V are in the cache already.
     project_qkv(w, n, window_positions.data(), /*with_kv=*/false, pool, s);
     attend_and_score(l);
@@ -455,39 +489,47 @@ void LlamaModel::observe_rows(std::span<const TokenId> window_tokens, std::span<
   }
 }
 
-void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-                         std::span<const int32_t> block_table, const KvCache& cache, ThreadPool& pool,
-                         ForwardScratch& s, std::vector<float>& scores) const {
+void LlamaModel::observe(std::span<const TokenId> window_tokens,
+                         std::span<const int32_t> window_positions,
+                         std::span<const int32_t> block_table, const KvCache& cache,
+                         ThreadPool& pool, ForwardScratch& s, std::vector<float>& scores) const {
   const ModelConfig& c = config_;
   if (window_positions.empty()) fail("observe needs window tokens and positions");
   const int64_t num_keys = int64_t{window_positions.back()} + 1;
-  if (num_keys > static_cast<int64_t>(block_table.size()) * cache.page_size()) fail("observe window is outside the block table");
+  if (num_keys > static_cast<int64_t>(block_table.size()) * cache.page_size())
+    fail("observe window is outside the block table");
   scores.assign(static_cast<size_t>(c.num_layers * c.num_kv_heads * num_keys), 0.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
-    const kernels::AttentionQuery query{.q = s.q.data(), .positions = window_positions, .num_heads = c.num_heads,
+    const kernels::AttentionQuery query{.q = s.q.data(),
+                                        .positions = window_positions,
+                                        .num_heads = c.num_heads,
                                         .scale = scale,
-          .window = window()};
+                                        .window = window()};
     const kernels::PagedKv kv = cache.layer_view(l, block_table);
     kernels::paged_attention(kv, query, {.out = s.attn.data(), .row_lse = s.lse.data()}, pool);
-    kernels::observation_scores(kv, query, s.lse.data(), num_keys, &scores[l * c.num_kv_heads * num_keys], pool);
+    kernels::observation_scores(kv, query, s.lse.data(), num_keys,
+                                &scores[l * c.num_kv_heads * num_keys], pool);
   });
 }
 
-void LlamaModel::observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-                         const SparseSequence& sparse, const KvCache& cache, ThreadPool& pool,
-                         ForwardScratch& s, std::vector<float>& scores) const {
+void LlamaModel::observe(std::span<const TokenId> window_tokens,
+                         std::span<const int32_t> window_positions, const SparseSequence& sparse,
+                         const KvCache& cache, ThreadPool& pool, ForwardScratch& s,
+                         std::vector<float>& scores) const {
   const ModelConfig& c = config_;
-  if (static_cast<int64_t>(sparse.streams.size()) != c.num_layers * c.num_kv_heads) fail("observe: wrong stream count");
+  if (static_cast<int64_t>(sparse.streams.size()) != c.num_layers * c.num_kv_heads)
+    fail("observe: wrong stream count");
   std::vector<size_t> layer_offsets(static_cast<size_t>(c.num_layers) + 1, 0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     layer_offsets[l + 1] = layer_offsets[l];
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) layer_offsets[l + 1] += sparse.streams[l * c.num_kv_heads + h].num_keys;
+    for (int64_t h = 0; h < c.num_kv_heads; ++h)
+      layer_offsets[l + 1] += sparse.streams[l * c.num_kv_heads + h].num_keys;
   }
   scores.assign(layer_offsets.back(), 0.0f);
   observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
-    attend_sparse(sparse, l, 0, static_cast<int32_t>(window_tokens.size()), window_positions.data(), cache, pool, s,
-                  scores.data() + layer_offsets[l]);
+    attend_sparse(sparse, l, 0, static_cast<int32_t>(window_tokens.size()), window_positions.data(),
+                  cache, pool, s, scores.data() + layer_offsets[l]);
   });
 }
 

@@ -47,7 +47,7 @@ struct ForwardScratch {
   std::vector<float> fused;  // a fused projection's output rows before they are split
   std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes, per KV head
   std::vector<int32_t> positions;
-  std::vector<SliceScratch> slices;            // [kv head]
+  std::vector<SliceScratch> slices;             // [kv head]
   std::vector<std::exception_ptr> head_errors;  // [kv head], from heads attended on workers
 };
 
@@ -85,8 +85,8 @@ class LlamaModel {
   // scores: per stream [layer * num_kv_heads + kv_head], streams[s].num_keys values, stream
   // after stream.
   void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-               const SparseSequence& sparse, const KvCache& cache, ThreadPool& pool, ForwardScratch& scratch,
-               std::vector<float>& scores) const;
+               const SparseSequence& sparse, const KvCache& cache, ThreadPool& pool,
+               ForwardScratch& scratch, std::vector<float>& scores) const;
 
  private:
   void check_batch(const Batch& batch, const KvCache& cache) const;
@@ -98,22 +98,24 @@ class LlamaModel {
   void embed(std::span<const TokenId> tokens, ForwardScratch& s) const;  // rows of s.x
   // s.norm ([n][dim]) -> s.q [n][q_dim] and, with_kv, s.k, s.v [n][kv_dim]: the projection (one
   // matmul over a fused QKV matrix, split after), biases, per-head Q/K RMSNorm, RoPE at positions.
-  void project_qkv(const LayerWeights& w, int64_t n, const int32_t* positions, bool with_kv, ThreadPool& pool,
-                   ForwardScratch& s) const;
+  void project_qkv(const LayerWeights& w, int64_t n, const int32_t* positions, bool with_kv,
+                   ThreadPool& pool, ForwardScratch& s) const;
   // After the attention (s.attn): x += Wo·attn, then the FFN on norm(x) (SwiGLU; gate and up
   // from one fused matrix or two).
   void finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const;
   // scores (may be null): each of the layer's streams' observation scores over all rows, one
   // stream after the other (num_keys each).
-  void attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token, int32_t num_tokens,
-                     const int32_t* positions, const KvCache& cache, ThreadPool& pool, ForwardScratch& s,
-                     float* scores = nullptr) const;
+  void attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token,
+                     int32_t num_tokens, const int32_t* positions, const KvCache& cache,
+                     ThreadPool& pool, ForwardScratch& s, float* scores = nullptr) const;
   // The observation passes' shared part: embeds the window rows and runs every layer, calling
   // attend_and_score(layer) where the rows' attention output (s.attn) is due.
-  void observe_rows(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-                    ThreadPool& pool, ForwardScratch& s, const std::function<void(int64_t layer)>& attend_and_score) const;
-  std::span<const int32_t> select_slices(const SparseSequence& sparse, size_t stream_idx, const float* q_group,
-                                         int64_t group, int32_t page_size, SliceScratch& s) const;
+  void observe_rows(std::span<const TokenId> window_tokens,
+                    std::span<const int32_t> window_positions, ThreadPool& pool, ForwardScratch& s,
+                    const std::function<void(int64_t layer)>& attend_and_score) const;
+  std::span<const int32_t> select_slices(const SparseSequence& sparse, size_t stream_idx,
+                                         const float* q_group, int64_t group, int32_t page_size,
+                                         SliceScratch& s) const;
 
   ModelConfig config_;
   Weights weights_;

@@ -18,21 +18,36 @@ namespace {
 // llama.cpp's general.file_type values ("mostly X").
 uint32_t file_type(kernels::DType dtype) {
   switch (dtype) {
-    case kernels::DType::kF32: return 0;
-    case kernels::DType::kF16: return 1;
-    case kernels::DType::kQ4_0: return 2;
-    case kernels::DType::kQ8_0: return 7;
-    case kernels::DType::kBF16: return 32;
-    case kernels::DType::kQ4_1: return 3;
-    case kernels::DType::kQ5_0: return 8;
-    case kernels::DType::kQ5_1: return 9;
-    case kernels::DType::kQ2_K: return 10;
-    case kernels::DType::kQ3_K: return 12;  // Q3_K_M
-    case kernels::DType::kQ4_K: return 15;  // Q4_K_M
-    case kernels::DType::kQ5_K: return 17;  // Q5_K_M
-    case kernels::DType::kQ6_K: return 18;
-    case kernels::DType::kIQ4_NL: return 25;
-    case kernels::DType::kIQ4_XS: return 30;
+    case kernels::DType::kF32:
+      return 0;
+    case kernels::DType::kF16:
+      return 1;
+    case kernels::DType::kQ4_0:
+      return 2;
+    case kernels::DType::kQ8_0:
+      return 7;
+    case kernels::DType::kBF16:
+      return 32;
+    case kernels::DType::kQ4_1:
+      return 3;
+    case kernels::DType::kQ5_0:
+      return 8;
+    case kernels::DType::kQ5_1:
+      return 9;
+    case kernels::DType::kQ2_K:
+      return 10;
+    case kernels::DType::kQ3_K:
+      return 12;  // Q3_K_M
+    case kernels::DType::kQ4_K:
+      return 15;  // Q4_K_M
+    case kernels::DType::kQ5_K:
+      return 17;  // Q5_K_M
+    case kernels::DType::kQ6_K:
+      return 18;
+    case kernels::DType::kIQ4_NL:
+      return 25;
+    case kernels::DType::kIQ4_XS:
+      return 30;
   }
   return 0;
 }
@@ -57,17 +72,20 @@ std::vector<uint8_t> random_matrix(std::string_view name, int64_t rows, int64_t 
   std::vector<uint8_t> data(row_size * rows);
   const uint64_t tensor_seed = seed ^ hash_name(name);
   const float half_width = stddev * std::sqrt(3.0f);  // uniform[-a, a] has stddev a/sqrt(3)
-  pool.parallel_for(rows, [&](int64_t begin, int64_t end) {
-    std::vector<float> values(cols);
-    for (int64_t r = begin; r < end; ++r) {
-      uint64_t state = tensor_seed + static_cast<uint64_t>(r) * 0x632BE59BD9B4E019ull;
-      for (int64_t c = 0; c < cols; ++c) {
-        const double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
-        values[c] = static_cast<float>((2.0 * unit - 1.0) * half_width);
-      }
-      kernels::quantize_row(dtype, values.data(), data.data() + r * row_size, cols);
-    }
-  }, 16);
+  pool.parallel_for(
+      rows,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> values(cols);
+        for (int64_t r = begin; r < end; ++r) {
+          uint64_t state = tensor_seed + static_cast<uint64_t>(r) * 0x632BE59BD9B4E019ull;
+          for (int64_t c = 0; c < cols; ++c) {
+            const double unit = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+            values[c] = static_cast<float>((2.0 * unit - 1.0) * half_width);
+          }
+          kernels::quantize_row(dtype, values.data(), data.data() + r * row_size, cols);
+        }
+      },
+      16);
   return data;
 }
 
@@ -81,7 +99,8 @@ std::vector<uint8_t> f32_bytes(const std::vector<float>& values) {
 
 std::optional<kernels::DType> parse_dtype(std::string_view name) {
   std::string lower(name);
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   for (kernels::DType dtype : kernels::kAllDTypes) {
     std::string candidate(kernels::to_string(dtype));
     std::transform(candidate.begin(), candidate.end(), candidate.begin(),
@@ -91,12 +110,14 @@ std::optional<kernels::DType> parse_dtype(std::string_view name) {
   return std::nullopt;
 }
 
-void write_random_model(const RandomModelSpec& spec, const std::string& out_path, ThreadPool& pool) {
+void write_random_model(const RandomModelSpec& spec, const std::string& out_path,
+                        ThreadPool& pool) {
   if (spec.dim <= 0 || spec.num_layers <= 0 || spec.num_heads <= 0 || spec.num_kv_heads <= 0 ||
       spec.ffn_dim <= 0 || spec.context_length <= 0) {
     fail("model dimensions must be positive");
   }
-  if (spec.dim % spec.num_heads != 0) fail("dim {} is not a multiple of heads {}", spec.dim, spec.num_heads);
+  if (spec.dim % spec.num_heads != 0)
+    fail("dim {} is not a multiple of heads {}", spec.dim, spec.num_heads);
   if (spec.num_heads % spec.num_kv_heads != 0) {
     fail("heads {} is not a multiple of KV heads {}", spec.num_heads, spec.num_kv_heads);
   }
@@ -105,7 +126,8 @@ void write_random_model(const RandomModelSpec& spec, const std::string& out_path
     fail("dim and ffn must be multiples of {} for {}", block, kernels::to_string(spec.dtype));
   }
   const gguf::File vocab_file = gguf::File::open(spec.vocab_path);
-  const std::optional<std::vector<std::string>> tokens = vocab_file.get_string_array("tokenizer.ggml.tokens");
+  const std::optional<std::vector<std::string>> tokens =
+      vocab_file.get_string_array("tokenizer.ggml.tokens");
   if (!tokens || tokens->empty()) fail("'{}' has no tokenizer.ggml.tokens", spec.vocab_path);
   const int64_t vocab_size = static_cast<int64_t>(tokens->size());
   const int64_t head_dim = spec.dim / spec.num_heads;
@@ -113,8 +135,8 @@ void write_random_model(const RandomModelSpec& spec, const std::string& out_path
 
   gguf::Writer writer;
   writer.set_string("general.architecture", "llama");
-  writer.set_string("general.name", fmt::format("sieve-random-{}d-{}l-{}", spec.dim, spec.num_layers,
-                                                kernels::to_string(spec.dtype)));
+  writer.set_string("general.name", fmt::format("sieve-random-{}d-{}l-{}", spec.dim,
+                                                spec.num_layers, kernels::to_string(spec.dtype)));
   writer.set_u32("general.file_type", file_type(spec.dtype));
   writer.set_u32("llama.context_length", static_cast<uint32_t>(spec.context_length));
   writer.set_u32("llama.embedding_length", static_cast<uint32_t>(spec.dim));
@@ -155,7 +177,8 @@ void write_random_model(const RandomModelSpec& spec, const std::string& out_path
     add_ones(p + "ffn_norm.weight", spec.dim);
     add_matrix(p + "ffn_gate.weight", spec.ffn_dim, spec.dim, fan_in(spec.dim));
     add_matrix(p + "ffn_up.weight", spec.ffn_dim, spec.dim, fan_in(spec.dim));
-    add_matrix(p + "ffn_down.weight", spec.dim, spec.ffn_dim, 2.0f * residual_scale * fan_in(spec.ffn_dim));
+    add_matrix(p + "ffn_down.weight", spec.dim, spec.ffn_dim,
+               2.0f * residual_scale * fan_in(spec.ffn_dim));
   }
   add_ones("output_norm.weight", spec.dim);
   add_matrix("output.weight", vocab_size, spec.dim, 4.0f * fan_in(spec.dim));
@@ -167,18 +190,19 @@ namespace {
 using kernels::DType;
 
 constexpr QuantMix kQuantMixes[] = {
-    {"F32", DType::kF32, 0},       {"F16", DType::kF16, 1},       {"Q4_0", DType::kQ4_0, 2},
-    {"Q4_1", DType::kQ4_1, 3},     {"Q8_0", DType::kQ8_0, 7},     {"Q5_0", DType::kQ5_0, 8},
-    {"Q5_1", DType::kQ5_1, 9},     {"Q2_K", DType::kQ2_K, 10},    {"Q3_K_S", DType::kQ3_K, 11},
-    {"Q3_K_M", DType::kQ3_K, 12},  {"Q3_K_L", DType::kQ3_K, 13},  {"Q4_K_S", DType::kQ4_K, 14},
-    {"Q4_K_M", DType::kQ4_K, 15},  {"Q5_K_S", DType::kQ5_K, 16},  {"Q5_K_M", DType::kQ5_K, 17},
-    {"Q6_K", DType::kQ6_K, 18},    {"IQ4_NL", DType::kIQ4_NL, 25}, {"IQ4_XS", DType::kIQ4_XS, 30},
+    {"F32", DType::kF32, 0},      {"F16", DType::kF16, 1},        {"Q4_0", DType::kQ4_0, 2},
+    {"Q4_1", DType::kQ4_1, 3},    {"Q8_0", DType::kQ8_0, 7},      {"Q5_0", DType::kQ5_0, 8},
+    {"Q5_1", DType::kQ5_1, 9},    {"Q2_K", DType::kQ2_K, 10},     {"Q3_K_S", DType::kQ3_K, 11},
+    {"Q3_K_M", DType::kQ3_K, 12}, {"Q3_K_L", DType::kQ3_K, 13},   {"Q4_K_S", DType::kQ4_K, 14},
+    {"Q4_K_M", DType::kQ4_K, 15}, {"Q5_K_S", DType::kQ5_K, 16},   {"Q5_K_M", DType::kQ5_K, 17},
+    {"Q6_K", DType::kQ6_K, 18},   {"IQ4_NL", DType::kIQ4_NL, 25}, {"IQ4_XS", DType::kIQ4_XS, 30},
     {"BF16", DType::kBF16, 32},
 };
 
 std::string lowercase(std::string_view text) {
   std::string lower(text);
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return lower;
 }
 
@@ -202,12 +226,14 @@ bool use_more_bits(int64_t layer, int64_t num_layers) {
 }
 
 // The type a mix chooses for a tensor by its role, before the shape is checked.
-DType mix_rule(const QuantMix& mix, const QuantModelInfo& model, std::string_view name, uint64_t row_length) {
+DType mix_rule(const QuantMix& mix, const QuantModelInfo& model, std::string_view name,
+               uint64_t row_length) {
   const std::string_view ftype = mix.name;
   const DType base = mix.base;
   const int64_t layer = layer_index(name).value_or(0);
   const int64_t num_layers = std::max<int64_t>(model.num_layers, 1);
-  const bool is_output = name == "output.weight" || (!model.has_output && name == "token_embd.weight");
+  const bool is_output =
+      name == "output.weight" || (!model.has_output && name == "token_embd.weight");
   if (is_output) {
     if (row_length % kernels::block_elems(base) != 0) return DType::kQ8_0;
     return base == DType::kQ8_0 ? DType::kQ8_0 : DType::kQ6_K;
@@ -229,7 +255,8 @@ DType mix_rule(const QuantMix& mix, const QuantModelInfo& model, std::string_vie
       type = DType::kQ5_K;
     }
     // llama.cpp's 70B rule: 8 query heads share each attn_v, so it is small and worth more bits.
-    const bool llama_70b = model.architecture == "llama" && model.num_layers == 80 && model.num_gqa > 1;
+    const bool llama_70b =
+        model.architecture == "llama" && model.num_layers == 80 && model.num_gqa > 1;
     if (llama_70b && (type == DType::kQ3_K || type == DType::kQ4_K)) type = DType::kQ5_K;
     return type;
   }
@@ -262,11 +289,16 @@ std::optional<DType> shape_fallback(DType type) {
   switch (type) {
     case DType::kQ2_K:
     case DType::kQ3_K:
-    case DType::kIQ4_XS: return DType::kIQ4_NL;
-    case DType::kQ4_K: return DType::kQ5_0;
-    case DType::kQ5_K: return DType::kQ5_1;
-    case DType::kQ6_K: return DType::kQ8_0;
-    default: return std::nullopt;
+    case DType::kIQ4_XS:
+      return DType::kIQ4_NL;
+    case DType::kQ4_K:
+      return DType::kQ5_0;
+    case DType::kQ5_K:
+      return DType::kQ5_1;
+    case DType::kQ6_K:
+      return DType::kQ8_0;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -303,8 +335,8 @@ QuantModelInfo quant_model_info(const gguf::File& file) {
   return info;
 }
 
-PlannedType plan_tensor_type(const QuantMix& mix, const QuantModelInfo& model, std::string_view name,
-                             std::span<const uint64_t> shape, bool pure) {
+PlannedType plan_tensor_type(const QuantMix& mix, const QuantModelInfo& model,
+                             std::string_view name, std::span<const uint64_t> shape, bool pure) {
   if (shape.size() != 2) return {DType::kF32, ""};  // norms, biases and rope factors stay exact
   const uint64_t row_length = shape[0];
   DType chosen = mix.base;
@@ -312,13 +344,13 @@ PlannedType plan_tensor_type(const QuantMix& mix, const QuantModelInfo& model, s
   if (row_length % kernels::block_elems(chosen) == 0) return {chosen, ""};
   DType fallback = shape_fallback(chosen).value_or(DType::kF16);
   if (row_length % kernels::block_elems(fallback) != 0) fallback = DType::kF16;
-  return {fallback, fmt::format("row length {} is not a multiple of {} for {}: {} instead", row_length,
-                                kernels::block_elems(chosen), kernels::to_string(chosen),
-                                kernels::to_string(fallback))};
+  return {fallback, fmt::format("row length {} is not a multiple of {} for {}: {} instead",
+                                row_length, kernels::block_elems(chosen),
+                                kernels::to_string(chosen), kernels::to_string(fallback))};
 }
 
-QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path, const QuantMix& mix,
-                              ThreadPool& pool, bool pure) {
+QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
+                              const QuantMix& mix, ThreadPool& pool, bool pure) {
   const gguf::File input = gguf::File::open(in_path);
   const QuantModelInfo model = quant_model_info(input);
 
@@ -331,7 +363,8 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
   for (const gguf::TensorInfo& info : input.tensors()) {
     std::optional<DType> from = to_dtype(info.type);
     if (!from) {
-      fail("tensor '{}' has type {}, which sieve cannot convert", info.name, gguf::to_string(info.type));
+      fail("tensor '{}' has type {}, which sieve cannot convert", info.name,
+           gguf::to_string(info.type));
     }
     steps.push_back({&info, *from, plan_tensor_type(mix, model, info.name, info.shape, pure)});
   }
@@ -339,9 +372,11 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
   // this build cannot (de)quantize is a clear error before any work or output.
   for (const Step& step : steps) {
     if (step.from == step.to.dtype) continue;
-    const int64_t n = std::max(kernels::block_elems(step.from), kernels::block_elems(step.to.dtype));
+    const int64_t n =
+        std::max(kernels::block_elems(step.from), kernels::block_elems(step.to.dtype));
     std::vector<float> values(n, 0.0f);
-    std::vector<uint8_t> in_bytes(kernels::row_bytes(step.from, n)), out_bytes(kernels::row_bytes(step.to.dtype, n));
+    std::vector<uint8_t> in_bytes(kernels::row_bytes(step.from, n)),
+        out_bytes(kernels::row_bytes(step.to.dtype, n));
     kernels::dequantize_row(step.from, in_bytes.data(), values.data(), n);
     kernels::quantize_row(step.to.dtype, values.data(), out_bytes.data(), n);
   }
@@ -377,8 +412,8 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
     report.bytes_in += src.size();
     report.bytes_out += data.size();
     writer.add_tensor(info.name, to_tensor_type(to), info.shape, std::move(data));
-    report.tensors.push_back(
-        {info.name, std::string(kernels::to_string(from)), std::string(kernels::to_string(to)), step.to.note});
+    report.tensors.push_back({info.name, std::string(kernels::to_string(from)),
+                              std::string(kernels::to_string(to)), step.to.note});
   }
   writer.write(out_path);
   return report;

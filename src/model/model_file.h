@@ -41,9 +41,9 @@ void write_random_model(const RandomModelSpec& spec, const std::string& out_path
 // A target of `sieve quantize`: one weight type for every matrix (Q8_0, Q4_0, Q6_K, ...) or
 // one of llama.cpp's mixes (Q4_K_M, Q5_K_M, ...), where some matrices get more bits.
 struct QuantMix {
-  std::string_view name;      // as llama-quantize spells it: "Q4_K_M"
-  kernels::DType base;        // the type of most matrices
-  uint32_t file_type;         // llama.cpp's general.file_type (llama_ftype) for the mix
+  std::string_view name;  // as llama-quantize spells it: "Q4_K_M"
+  kernels::DType base;    // the type of most matrices
+  uint32_t file_type;     // llama.cpp's general.file_type (llama_ftype) for the mix
 };
 // Every target sieve knows, in llama_ftype order.
 std::span<const QuantMix> quant_mixes();
@@ -85,8 +85,9 @@ struct PlannedType {
 //     llama-quantize does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS -> IQ4_NL,
 //     then F16 if still not a multiple (llama-quantize refuses the file there; sieve keeps F16).
 // `pure` (llama-quantize --pure) skips the mix rules: every matrix gets the base type.
-PlannedType plan_tensor_type(const QuantMix& mix, const QuantModelInfo& model, std::string_view name,
-                             std::span<const uint64_t> shape, bool pure = false);
+PlannedType plan_tensor_type(const QuantMix& mix, const QuantModelInfo& model,
+                             std::string_view name, std::span<const uint64_t> shape,
+                             bool pure = false);
 
 struct QuantizeReport {
   struct Tensor {
@@ -103,8 +104,8 @@ struct QuantizeReport {
 // Converts every 2-D weight of a GGUF model as plan_tensor_type() says. All metadata is
 // copied; general.file_type becomes the mix's. Fails before writing anything when a planned
 // type cannot be quantized by this build.
-QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path, const QuantMix& mix,
-                              ThreadPool& pool, bool pure = false);
+QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
+                              const QuantMix& mix, ThreadPool& pool, bool pure = false);
 
 std::optional<kernels::DType> parse_dtype(std::string_view name);  // "f32", "Q8_0", ...
 

@@ -14,42 +14,73 @@ namespace sieve::model {
 
 std::optional<kernels::DType> to_dtype(gguf::TensorType type) {
   switch (type) {
-    case gguf::TensorType::kF32: return kernels::DType::kF32;
-    case gguf::TensorType::kF16: return kernels::DType::kF16;
-    case gguf::TensorType::kBF16: return kernels::DType::kBF16;
-    case gguf::TensorType::kQ8_0: return kernels::DType::kQ8_0;
-    case gguf::TensorType::kQ4_0: return kernels::DType::kQ4_0;
-    case gguf::TensorType::kQ4_1: return kernels::DType::kQ4_1;
-    case gguf::TensorType::kQ5_0: return kernels::DType::kQ5_0;
-    case gguf::TensorType::kQ5_1: return kernels::DType::kQ5_1;
-    case gguf::TensorType::kIQ4_NL: return kernels::DType::kIQ4_NL;
-    case gguf::TensorType::kQ2_K: return kernels::DType::kQ2_K;
-    case gguf::TensorType::kQ3_K: return kernels::DType::kQ3_K;
-    case gguf::TensorType::kQ4_K: return kernels::DType::kQ4_K;
-    case gguf::TensorType::kQ5_K: return kernels::DType::kQ5_K;
-    case gguf::TensorType::kQ6_K: return kernels::DType::kQ6_K;
-    case gguf::TensorType::kIQ4_XS: return kernels::DType::kIQ4_XS;
-    default: return std::nullopt;
+    case gguf::TensorType::kF32:
+      return kernels::DType::kF32;
+    case gguf::TensorType::kF16:
+      return kernels::DType::kF16;
+    case gguf::TensorType::kBF16:
+      return kernels::DType::kBF16;
+    case gguf::TensorType::kQ8_0:
+      return kernels::DType::kQ8_0;
+    case gguf::TensorType::kQ4_0:
+      return kernels::DType::kQ4_0;
+    case gguf::TensorType::kQ4_1:
+      return kernels::DType::kQ4_1;
+    case gguf::TensorType::kQ5_0:
+      return kernels::DType::kQ5_0;
+    case gguf::TensorType::kQ5_1:
+      return kernels::DType::kQ5_1;
+    case gguf::TensorType::kIQ4_NL:
+      return kernels::DType::kIQ4_NL;
+    case gguf::TensorType::kQ2_K:
+      return kernels::DType::kQ2_K;
+    case gguf::TensorType::kQ3_K:
+      return kernels::DType::kQ3_K;
+    case gguf::TensorType::kQ4_K:
+      return kernels::DType::kQ4_K;
+    case gguf::TensorType::kQ5_K:
+      return kernels::DType::kQ5_K;
+    case gguf::TensorType::kQ6_K:
+      return kernels::DType::kQ6_K;
+    case gguf::TensorType::kIQ4_XS:
+      return kernels::DType::kIQ4_XS;
+    default:
+      return std::nullopt;
   }
 }
 
 gguf::TensorType to_tensor_type(kernels::DType dtype) {
   switch (dtype) {
-    case kernels::DType::kF32: return gguf::TensorType::kF32;
-    case kernels::DType::kF16: return gguf::TensorType::kF16;
-    case kernels::DType::kBF16: return gguf::TensorType::kBF16;
-    case kernels::DType::kQ8_0: return gguf::TensorType::kQ8_0;
-    case kernels::DType::kQ4_0: return gguf::TensorType::kQ4_0;
-    case kernels::DType::kQ4_1: return gguf::TensorType::kQ4_1;
-    case kernels::DType::kQ5_0: return gguf::TensorType::kQ5_0;
-    case kernels::DType::kQ5_1: return gguf::TensorType::kQ5_1;
-    case kernels::DType::kIQ4_NL: return gguf::TensorType::kIQ4_NL;
-    case kernels::DType::kQ2_K: return gguf::TensorType::kQ2_K;
-    case kernels::DType::kQ3_K: return gguf::TensorType::kQ3_K;
-    case kernels::DType::kQ4_K: return gguf::TensorType::kQ4_K;
-    case kernels::DType::kQ5_K: return gguf::TensorType::kQ5_K;
-    case kernels::DType::kQ6_K: return gguf::TensorType::kQ6_K;
-    case kernels::DType::kIQ4_XS: return gguf::TensorType::kIQ4_XS;
+    case kernels::DType::kF32:
+      return gguf::TensorType::kF32;
+    case kernels::DType::kF16:
+      return gguf::TensorType::kF16;
+    case kernels::DType::kBF16:
+      return gguf::TensorType::kBF16;
+    case kernels::DType::kQ8_0:
+      return gguf::TensorType::kQ8_0;
+    case kernels::DType::kQ4_0:
+      return gguf::TensorType::kQ4_0;
+    case kernels::DType::kQ4_1:
+      return gguf::TensorType::kQ4_1;
+    case kernels::DType::kQ5_0:
+      return gguf::TensorType::kQ5_0;
+    case kernels::DType::kQ5_1:
+      return gguf::TensorType::kQ5_1;
+    case kernels::DType::kIQ4_NL:
+      return gguf::TensorType::kIQ4_NL;
+    case kernels::DType::kQ2_K:
+      return gguf::TensorType::kQ2_K;
+    case kernels::DType::kQ3_K:
+      return gguf::TensorType::kQ3_K;
+    case kernels::DType::kQ4_K:
+      return gguf::TensorType::kQ4_K;
+    case kernels::DType::kQ5_K:
+      return gguf::TensorType::kQ5_K;
+    case kernels::DType::kQ6_K:
+      return gguf::TensorType::kQ6_K;
+    case kernels::DType::kIQ4_XS:
+      return gguf::TensorType::kIQ4_XS;
   }
   return gguf::TensorType::kF32;
 }
@@ -92,9 +123,10 @@ class GgufTensors {
     const gguf::TensorInfo& info = require(name);
     std::optional<kernels::DType> dtype = to_dtype(info.type);
     if (!dtype) {
-      fail("tensor '{}' has type {}, which sieve cannot compute with (supported: {}); convert "
-           "the model with `sieve quantize` or llama.cpp's llama-quantize",
-           name, gguf::to_string(info.type), supported_type_list());
+      fail(
+          "tensor '{}' has type {}, which sieve cannot compute with (supported: {}); convert "
+          "the model with `sieve quantize` or llama.cpp's llama-quantize",
+          name, gguf::to_string(info.type), supported_type_list());
     }
     if (info.shape.size() != 2 || info.shape[0] != static_cast<uint64_t>(cols) ||
         info.shape[1] != static_cast<uint64_t>(rows)) {
@@ -184,12 +216,14 @@ Weights weights_from_gguf(std::shared_ptr<const gguf::File> file, ModelConfig& c
   GgufTensors tensors(*file);
   const std::string rope_freqs(tn::kRopeFreqs);
   if (const gguf::TensorInfo* freqs = tensors.find(rope_freqs)) {
-    config.rope.freq_factors = tensors.vector(rope_freqs, freqs->shape.empty() ? 0 : freqs->shape[0]);
+    config.rope.freq_factors =
+        tensors.vector(rope_freqs, freqs->shape.empty() ? 0 : freqs->shape[0]);
   } else if (arch.long_rope_factors != TensorPresence::kAbsent) {
     const std::string long_factors(tn::kRopeFactorsLong), short_factors(tn::kRopeFactorsShort);
     if (tensors.find(long_factors) != nullptr) {
       config.rope.freq_factors = tensors.vector(long_factors, config.rope.num_dims / 2);
-      tensors.vector(short_factors, config.rope.num_dims / 2);  // required with the long ones (unused)
+      tensors.vector(short_factors,
+                     config.rope.num_dims / 2);  // required with the long ones (unused)
     }
   }
   const std::string token_embd(tn::kTokenEmbd);
@@ -199,7 +233,8 @@ Weights weights_from_gguf(std::shared_ptr<const gguf::File> file, ModelConfig& c
   }
   config.validate();
 
-  const int64_t dim = config.dim, q_dim = config.q_dim(), kv_dim = config.kv_dim(), ffn_dim = config.ffn_dim;
+  const int64_t dim = config.dim, q_dim = config.q_dim(), kv_dim = config.kv_dim(),
+                ffn_dim = config.ffn_dim;
   Weights weights;
   weights.token_embd = tensors.matrix(token_embd, config.vocab_size, dim);
   weights.layers.resize(config.num_layers);
@@ -242,9 +277,11 @@ Weights weights_from_gguf(std::shared_ptr<const gguf::File> file, ModelConfig& c
     std::string list;
     for (size_t k = 0; k < unused.size() && k < 8; ++k) list += (k ? ", " : "") + unused[k];
     if (unused.size() > 8) list += fmt::format(", ... ({} in all)", unused.size());
-    fail("model file has tensors sieve's '{}' architecture does not use: {}; this variant of the architecture is "
-         "not supported",
-         config.architecture, list);
+    fail(
+        "model file has tensors sieve's '{}' architecture does not use: {}; this variant of the "
+        "architecture is "
+        "not supported",
+        config.architecture, list);
   }
   weights.storage = std::move(file);
   return weights;
@@ -268,10 +305,11 @@ Llama2cModel load_llama2c_checkpoint(const std::string& path) {
   int32_t header[7];
   std::memcpy(header, bytes.data(), kHeaderBytes);
   const auto [dim, hidden_dim, n_layers, n_heads, n_kv_heads, signed_vocab, seq_len] =
-      std::array<int32_t, 7>{header[0], header[1], header[2], header[3], header[4], header[5],
-                             header[6]};
+      std::array<int32_t, 7>{header[0], header[1], header[2], header[3],
+                             header[4], header[5], header[6]};
   for (int32_t value : {dim, hidden_dim, n_layers, n_heads, n_kv_heads, seq_len}) {
-    if (value <= 0 || value > (1 << 20)) fail("'{}': implausible llama2.c header value {}", path, value);
+    if (value <= 0 || value > (1 << 20))
+      fail("'{}': implausible llama2.c header value {}", path, value);
   }
   const bool shared_classifier = signed_vocab > 0;
   const int64_t vocab = signed_vocab > 0 ? signed_vocab : -static_cast<int64_t>(signed_vocab);

@@ -27,13 +27,15 @@ struct LayerWeights {
   kernels::MatrixView wv;                   // [kv_dim][dim]
   std::optional<kernels::MatrixView> wqkv;  // [q_dim + 2 kv_dim][dim], rows Q, K, V; wq/wk/wv unset
   std::vector<float> bq, bk, bv;            // [q_dim], [kv_dim], [kv_dim]; empty: no bias
-  std::vector<float> q_norm, k_norm;        // [head_dim]: RMSNorm of each Q/K head before RoPE; empty: none
-  kernels::MatrixView wo;                   // [dim][q_dim]
-  std::vector<float> ffn_norm;              // [dim]
-  kernels::MatrixView w_gate;                   // [ffn_dim][dim]
-  kernels::MatrixView w_up;                     // [ffn_dim][dim]
-  std::optional<kernels::MatrixView> w_gate_up;  // [2 ffn_dim][dim], rows gate then up; w_gate/w_up unset
-  kernels::MatrixView w_down;                   // [dim][ffn_dim]
+  std::vector<float> q_norm,
+      k_norm;                   // [head_dim]: RMSNorm of each Q/K head before RoPE; empty: none
+  kernels::MatrixView wo;       // [dim][q_dim]
+  std::vector<float> ffn_norm;  // [dim]
+  kernels::MatrixView w_gate;   // [ffn_dim][dim]
+  kernels::MatrixView w_up;     // [ffn_dim][dim]
+  std::optional<kernels::MatrixView>
+      w_gate_up;               // [2 ffn_dim][dim], rows gate then up; w_gate/w_up unset
+  kernels::MatrixView w_down;  // [dim][ffn_dim]
 
   // The matrices the forward pass multiplies by (the fused ones in place of their parts).
   std::vector<kernels::MatrixView*> matrices();

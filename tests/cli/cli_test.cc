@@ -23,13 +23,15 @@ struct Result {
 };
 
 Result run(const std::string& args, bool merge_stderr = false) {
-  std::string command = std::string(SIEVE_BINARY_DIR) + "/sieve " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  std::string command =
+      std::string(SIEVE_BINARY_DIR) + "/sieve " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* pipe = ::popen(command.c_str(), "r");
   Result result;
   if (pipe == nullptr) return result;
   std::array<char, 4096> buffer{};
   size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.out.append(buffer.data(), n);
   int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
@@ -40,7 +42,8 @@ std::string model() { return testing::shared_path("models/stories260K.gguf"); }
 TEST(Cli, HelpForEveryCommand) {
   Result top = run("--help");
   EXPECT_EQ(top.exit_code, 0);
-  for (const char* command : {"run", "batch", "tokenize", "perplexity", "quantize", "gen-model", "bench", "bench-engine", "bench-serve", "calibrate"}) {
+  for (const char* command : {"run", "batch", "tokenize", "perplexity", "quantize", "gen-model",
+                              "bench", "bench-engine", "bench-serve", "calibrate"}) {
     EXPECT_NE(top.out.find(command), std::string::npos) << command;
     Result help = run(std::string(command) + " --help");
     EXPECT_EQ(help.exit_code, 0) << command;
@@ -57,7 +60,8 @@ TEST(Cli, RunGreedyJsonMatchesGolden) {
   std::vector<int> want = golden[0]["tokens"].get<std::vector<int>>();
   want.resize(16);
   EXPECT_EQ(out["tokens"].get<std::vector<int>>(), want);
-  EXPECT_EQ(out["prompt_tokens"].get<std::vector<int>>(), golden[0]["prompt_tokens"].get<std::vector<int>>());
+  EXPECT_EQ(out["prompt_tokens"].get<std::vector<int>>(),
+            golden[0]["prompt_tokens"].get<std::vector<int>>());
   EXPECT_GT(out["generated_tokens_per_second"].get<double>(), 0.0);
 }
 
@@ -69,10 +73,12 @@ TEST(Cli, RunStreamsTextAndReportsSpeedOnStderr) {
 }
 
 TEST(Cli, BatchRunsEveryPromptAndMatchesRun) {
-  const std::string path = (std::filesystem::temp_directory_path() / "sieve_cli_prompts.txt").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "sieve_cli_prompts.txt").string();
   {
     std::ofstream out(path);
-    out << "Once upon a time\n\n{\"prompt\": \"The little dog\", \"max_tokens\": 5}\nLily and Ben\n";
+    out << "Once upon a time\n\n{\"prompt\": \"The little dog\", \"max_tokens\": 5}\nLily and "
+           "Ben\n";
   }
   Result r = run("batch -m " + model() + " -f " + path + " -n 12 --json --kv-tokens 512");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -92,14 +98,16 @@ TEST(Cli, BatchRunsEveryPromptAndMatchesRun) {
 }
 
 TEST(Cli, TokenizeVocabOnlyFile) {
-  Result r = run("tokenize -m " + testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf") +
-                 " --ids 'Hello world'");
+  Result r =
+      run("tokenize -m " + testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf") +
+          " --ids 'Hello world'");
   ASSERT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.out, "[1, 15043, 3186]\n");
   r = run("tokenize -m " + testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf") +
           " --no-bos --json 'Hello world'");
   ASSERT_EQ(r.exit_code, 0);
-  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int>>(), (std::vector<int>{15043, 3186}));
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int>>(),
+            (std::vector<int>{15043, 3186}));
 }
 
 TEST(Cli, BadModelFileIsAClearError) {
@@ -127,19 +135,24 @@ TEST(Cli, PromptLongerThanContextIsRejected) {
 
 TEST(Cli, ServeRefusesADefaultPolicyItCannotRun) {
   // Checked at start, not left to fail every request: an lserve default needs a profile.
-  Result r = run("serve -m " + model() + " --port 0 -t 2 --kv-policy lserve:K=4", /*merge_stderr=*/true);
+  Result r =
+      run("serve -m " + model() + " --port 0 -t 2 --kv-policy lserve:K=4", /*merge_stderr=*/true);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("--calibration"), std::string::npos) << r.out;
-  Result bad = run("serve -m " + model() + " --port 0 -t 2 --kv-policy snapkv:B=", /*merge_stderr=*/true);
+  Result bad =
+      run("serve -m " + model() + " --port 0 -t 2 --kv-policy snapkv:B=", /*merge_stderr=*/true);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("snapkv"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
-  const std::string path = (std::filesystem::temp_directory_path() / "sieve_cli_calibration.json").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "sieve_cli_calibration.json").string();
   std::filesystem::remove(path);
-  Result r = run("calibrate -m " + model() + " -f " + testing::shared_path("golden/stories260K/tinystories_valid.txt") +
-                 " --samples 3 --prompt-len 120 --sinks 4 --window 16 -t 2 -o " + path, true);
+  Result r = run("calibrate -m " + model() + " -f " +
+                     testing::shared_path("golden/stories260K/tinystories_valid.txt") +
+                     " --samples 3 --prompt-len 120 --sinks 4 --window 16 -t 2 -o " + path,
+                 true);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::ifstream in(path);
   const nlohmann::json profile = nlohmann::json::parse(in);
@@ -159,7 +172,8 @@ TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
   }
   EXPECT_LT(spread_min, spread_max) << "heads differ in how local their attention is";
   // Too little text for the samples asked is a clear error.
-  Result short_text = run("calibrate -m " + model() + " -f " + model() + " --samples 100000 -o " + path, true);
+  Result short_text =
+      run("calibrate -m " + model() + " -f " + model() + " --samples 100000 -o " + path, true);
   EXPECT_NE(short_text.exit_code, 0);
   std::filesystem::remove(path);
 }
@@ -178,7 +192,8 @@ TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
   EXPECT_EQ(m["matmul_params_per_token"], 5 * 45312);
   EXPECT_EQ(m["prompt_tokens"], 32);
   const double expected_gflops = 2.0 * 5 * 45312 * m["prompt_tokens_per_s"].get<double>() / 1e9;
-  EXPECT_NEAR(m["prompt_gflop_per_s"].get<double>(), expected_gflops, 1e-9 * expected_gflops + 1e-12);
+  EXPECT_NEAR(m["prompt_gflop_per_s"].get<double>(), expected_gflops,
+              1e-9 * expected_gflops + 1e-12);
   EXPECT_GT(m["prompt_gflop_per_s"].get<double>(), 0.0);
   EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0.0);
 }
@@ -191,7 +206,8 @@ std::string read_file(const std::string& path) {
 }
 
 std::string write_temp(const std::string& name, const std::string& bytes) {
-  const std::string path = (std::filesystem::temp_directory_path() / ("sieve_cli_" + name)).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("sieve_cli_" + name)).string();
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }
@@ -222,20 +238,23 @@ void set_architecture(std::string& gguf, const std::string& arch) {
 
 // Both `run` and `serve` stop at load with the message, exit code 1, before any request.
 void expect_refused_at_load(const std::string& path, const std::vector<std::string>& wanted) {
-  for (const std::string& command : {"run -m " + path + " -p hi -n 1", "serve -m " + path + " --port 0 -t 2"}) {
+  for (const std::string& command :
+       {"run -m " + path + " -p hi -n 1", "serve -m " + path + " --port 0 -t 2"}) {
     SCOPED_TRACE(command);
     Result r = run(command, /*merge_stderr=*/true);
     EXPECT_EQ(r.exit_code, 1) << r.out;
     EXPECT_NE(r.out.find("error:"), std::string::npos) << r.out;
-    for (const std::string& part : wanted) EXPECT_NE(r.out.find(part), std::string::npos) << part << " in " << r.out;
+    for (const std::string& part : wanted)
+      EXPECT_NE(r.out.find(part), std::string::npos) << part << " in " << r.out;
   }
 }
 
 // A real llama.cpp file whose layer matrices are TQ2_0 (ternary), a type sieve does not run.
 TEST(Cli, UnsupportedTensorTypeIsRefusedAtLoad) {
-  expect_refused_at_load(testing::shared_path("golden/quant/base-TQ2_0.gguf"),
-                         {"'blk.0.attn_q.weight'", "type TQ2_0", "supported: F32, F16, BF16, Q8_0, Q4_0", "Q4_K",
-                          "Q6_K", "IQ4_XS", "sieve quantize"});
+  expect_refused_at_load(
+      testing::shared_path("golden/quant/base-TQ2_0.gguf"),
+      {"'blk.0.attn_q.weight'", "type TQ2_0", "supported: F32, F16, BF16, Q8_0, Q4_0", "Q4_K",
+       "Q6_K", "IQ4_XS", "sieve quantize"});
   // IQ2_XXS (ggml type 16) in place of one F16 matrix: its 256x256 values take fewer bytes,
   // so the file stays valid GGUF.
   std::string bytes = read_file(testing::shared_path("golden/quant/base-F16.gguf"));
@@ -250,9 +269,9 @@ TEST(Cli, KQuantRowsThatAreNotWholeBlocksAreRefusedAtLoad) {
   std::string bytes = read_file(model());
   set_tensor_type(bytes, "blk.0.attn_q.weight", 12);  // Q4_K
   const std::string path = write_temp("q4k_rows.gguf", bytes);
-  expect_refused_at_load(path, {"'blk.0.attn_q.weight'", "row length 64",
-                                "not a multiple of the Q4_K block size 256",
-                                "32-value blocks", "re-quantize"});
+  expect_refused_at_load(
+      path, {"'blk.0.attn_q.weight'", "row length 64", "not a multiple of the Q4_K block size 256",
+             "32-value blocks", "re-quantize"});
   std::filesystem::remove(path);
 }
 
@@ -277,7 +296,8 @@ TEST(Cli, QuantizeRefusesUnknownTypesListingTheChoices) {
 // Works with this build's quantizers: Q8_0 keeps every matrix Q8_0 (output included).
 TEST(Cli, QuantizeQ8_0ComparesAgainstTheInput) {
   const std::string out = (std::filesystem::temp_directory_path() / "sieve_cli_q8_0.gguf").string();
-  Result r = run("quantize " + model() + " " + out + " q8_0 --compare --compare-tokens 16 -t 2 --json");
+  Result r =
+      run("quantize " + model() + " " + out + " q8_0 --compare --compare-tokens 16 -t 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json report = nlohmann::json::parse(r.out);
   EXPECT_EQ(report["type"], "Q8_0");
@@ -294,8 +314,10 @@ TEST(Cli, QuantizeQ8_0ComparesAgainstTheInput) {
 // --compare. Waits for the Q4_K / Q6_K quantizers and matmuls of the kernel branches.
 TEST(Cli, QuantizeQ4KMFollowsLlamaQuantizeAndTheInput) {
   const std::string input = testing::shared_path("golden/quant/base-F16.gguf");
-  const std::string out = (std::filesystem::temp_directory_path() / "sieve_cli_q4_k_m.gguf").string();
-  Result r = run("quantize " + input + " " + out + " Q4_K_M --compare --compare-tokens 16 -t 2 --json", true);
+  const std::string out =
+      (std::filesystem::temp_directory_path() / "sieve_cli_q4_k_m.gguf").string();
+  Result r = run(
+      "quantize " + input + " " + out + " Q4_K_M --compare --compare-tokens 16 -t 2 --json", true);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json report = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   EXPECT_EQ(report["type"], "Q4_K_M");

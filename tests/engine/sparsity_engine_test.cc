@@ -21,7 +21,9 @@
 namespace sieve::engine {
 namespace {
 
-model::LoadedModel load_stories() { return model::load_model({testing::shared_path("models/stories260K.gguf"), ""}); }
+model::LoadedModel load_stories() {
+  return model::load_model({testing::shared_path("models/stories260K.gguf"), ""});
+}
 
 // Long prompts (sparsity needs something to drop): consecutive TinyStories text.
 std::vector<std::vector<TokenId>> long_prompts(const tok::Tokenizer& tokenizer, size_t count) {
@@ -69,9 +71,16 @@ Request greedy(std::vector<TokenId> prompt, const std::string& policy, int32_t m
   return request;
 }
 
-EngineConfig config(int32_t num_pages, std::shared_ptr<const sparsity::CalibrationProfile> calibration = nullptr) {
-  return {.num_kv_pages = num_pages, .page_size = 16, .max_batch_tokens = 128, .max_num_seqs = 64,
-          .max_queued = 256, .enable_prefix_caching = true, .threads = 2, .calibration = std::move(calibration)};
+EngineConfig config(int32_t num_pages,
+                    std::shared_ptr<const sparsity::CalibrationProfile> calibration = nullptr) {
+  return {.num_kv_pages = num_pages,
+          .page_size = 16,
+          .max_batch_tokens = 128,
+          .max_num_seqs = 64,
+          .max_queued = 256,
+          .enable_prefix_caching = true,
+          .threads = 2,
+          .calibration = std::move(calibration)};
 }
 
 void expect_all_pages_free(const Engine& engine) {
@@ -95,7 +104,9 @@ const std::vector<std::string> kPolicies = {
     "lserve:K=3,R=3,S=4,W=32,f=0.5",
 };
 
-bool keeps_everything(const std::string& policy) { return policy == "full" || policy == "fastgen:T=0,W=16"; }
+bool keeps_everything(const std::string& policy) {
+  return policy == "full" || policy == "fastgen:T=0,W=16";
+}
 
 // A profile rating KV heads 0 and 2 of every layer the most streaming-like (lserve's f=0.5).
 std::shared_ptr<const sparsity::CalibrationProfile> profile_for(const model::LlamaModel& model) {
@@ -128,7 +139,8 @@ TEST_P(SparseEngineOnModel, MixedBatchGivesEachRequestItsTokensAlone) {
   const int64_t num_layers = loaded.model->config().num_layers;
   const auto prompts = long_prompts(*loaded.tokenizer, 12);
   std::vector<Request> requests;
-  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
 
   const auto profile = profile_for(*loaded.model);
   // A small max_batch_tokens chunks the prompts differently together than alone.
@@ -159,18 +171,20 @@ TEST_P(SparseEngineOnModel, MixedBatchGivesEachRequestItsTokensAlone) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, SparseEngineOnModel,
-                         ::testing::Values(ModelCase{"llama", "models/stories260K.gguf"},
-                                           ModelCase{"qwen2", "golden/quant/arch-qwen2-F16.gguf", true},
-                                           ModelCase{"phi3", "golden/quant/arch-phi3-F16.gguf", true},
-                                           ModelCase{"qwen3", "golden/quant/arch-qwen3-F16.gguf", true}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Architectures, SparseEngineOnModel,
+    ::testing::Values(ModelCase{"llama", "models/stories260K.gguf"},
+                      ModelCase{"qwen2", "golden/quant/arch-qwen2-F16.gguf", true},
+                      ModelCase{"phi3", "golden/quant/arch-phi3-F16.gguf", true},
+                      ModelCase{"qwen3", "golden/quant/arch-qwen3-F16.gguf", true}),
+    [](const auto& info) { return info.param.name; });
 
 TEST(SparseEngine, F16KvCacheRunsTheSamePolicies) {
   model::LoadedModel loaded = load_stories();
   const auto prompts = long_prompts(*loaded.tokenizer, kPolicies.size());
   std::vector<Request> requests;
-  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
   EngineConfig c = config(1024, profile_for(*loaded.model));
   c.kv_dtype = kernels::DType::kF16;
   Engine together(c, loaded.model, loaded.tokenizer);
@@ -178,7 +192,8 @@ TEST(SparseEngine, F16KvCacheRunsTheSamePolicies) {
   expect_all_pages_free(together);
   for (size_t i = 0; i < requests.size(); ++i) {
     Engine alone(c, loaded.model, loaded.tokenizer);
-    EXPECT_EQ(batched[i].tokens, run(alone, {requests[i]})[0].tokens) << kPolicies[i % kPolicies.size()];
+    EXPECT_EQ(batched[i].tokens, run(alone, {requests[i]})[0].tokens)
+        << kPolicies[i % kPolicies.size()];
   }
 }
 
@@ -192,7 +207,8 @@ TEST(SparseEngine, SparsePoliciesChangeTheOutputButStayCloseToDense) {
   const auto keep_all = run(engine, {greedy(prompt, "snapkv:B=4096,W=8")})[0].tokens;
   const auto tight = run(engine, {greedy(prompt, "streaming:S=2,W=8")})[0].tokens;
   EXPECT_EQ(keep_all, dense) << "a budget above the prompt keeps every token";
-  EXPECT_NE(tight, dense) << "a 10-token cache must change a 40-token continuation of a long prompt";
+  EXPECT_NE(tight, dense)
+      << "a 10-token cache must change a 40-token continuation of a long prompt";
   expect_all_pages_free(engine);
 }
 
@@ -234,7 +250,8 @@ TEST(SparseEngine, SlidingWindowModelDropsKeysOutsideTheWindowExactly) {
   model::LoadedModel loaded = load_stories();
   model::ModelConfig windowed_config = loaded.model->config();
   windowed_config.sliding_window = 24;
-  const auto windowed = std::make_shared<const model::LlamaModel>(windowed_config, loaded.model->weights());
+  const auto windowed =
+      std::make_shared<const model::LlamaModel>(windowed_config, loaded.model->weights());
   const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
   ASSERT_GT(prompt.size(), 48u);
 
@@ -274,7 +291,8 @@ TEST(SparseEngine, FastGenRecoversWhatItsThresholdAsks) {
   EXPECT_NEAR(*all.usage.attention_recovery, 1.0f, 1e-6f);
   int32_t previous_pages = all.usage.kv_pages;
   for (const double threshold : {0.1, 0.3, 0.6}) {
-    const auto outcome = run(engine, {greedy(prompt, fmt::format("fastgen:T={},W=8,F=0.05", threshold), 60)})[0];
+    const auto outcome =
+        run(engine, {greedy(prompt, fmt::format("fastgen:T={},W=8,F=0.05", threshold), 60)})[0];
     ASSERT_EQ(outcome.tokens.size(), 60u);
     ASSERT_TRUE(outcome.usage.attention_recovery.has_value()) << threshold;
     // Every head's recovery is >= 1 - T, so their mean is too.
@@ -326,13 +344,15 @@ TEST(SparseEngine, CompressedRequestsFitWhereDenseOnesDoNot) {
   Engine sparse_engine(config(34), loaded.model, loaded.tokenizer);
   for (const auto& o : run(sparse_engine, sparse)) EXPECT_EQ(o.tokens.size(), 250u);
   EXPECT_LT(sparse_engine.stats().num_preemptions, dense_preemptions + 1);
-  EXPECT_LT(sparse_engine.stats().num_steps, dense_engine.stats().num_steps) << "more requests ran at once";
+  EXPECT_LT(sparse_engine.stats().num_steps, dense_engine.stats().num_steps)
+      << "more requests ran at once";
   expect_all_pages_free(dense_engine);
   expect_all_pages_free(sparse_engine);
 }
 
 // Prompts of `length` tokens (most of the 512-token context), from consecutive text.
-std::vector<std::vector<TokenId>> very_long_prompts(const tok::Tokenizer& tokenizer, size_t count, size_t length) {
+std::vector<std::vector<TokenId>> very_long_prompts(const tok::Tokenizer& tokenizer, size_t count,
+                                                    size_t length) {
   std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"));
   std::stringstream buffer;
   buffer << in.rdbuf();
@@ -346,8 +366,9 @@ std::vector<std::vector<TokenId>> very_long_prompts(const tok::Tokenizer& tokeni
   return out;
 }
 
-EngineConfig chunked_config(int32_t num_pages, int32_t chunk,
-                            std::shared_ptr<const sparsity::CalibrationProfile> calibration = nullptr) {
+EngineConfig chunked_config(
+    int32_t num_pages, int32_t chunk,
+    std::shared_ptr<const sparsity::CalibrationProfile> calibration = nullptr) {
   EngineConfig c = config(num_pages, std::move(calibration));
   c.sparse_prefill_chunk = chunk;
   return c;
@@ -358,10 +379,12 @@ TEST(SparseEngine, ChunkByChunkCompressionGivesEachRequestItsTokensAlone) {
   // the batch and however max_batch_tokens splits the prefill.
   model::LoadedModel loaded = load_stories();
   std::vector<std::string> policies = kPolicies;
-  policies.push_back("heads:(fastgen:T=0.3,W=16)@kv=0+1,rest=snapkv:B=40,W=8");  // FastGen beside chunked heads
+  policies.push_back(
+      "heads:(fastgen:T=0.3,W=16)@kv=0+1,rest=snapkv:B=40,W=8");  // FastGen beside chunked heads
   const auto prompts = very_long_prompts(*loaded.tokenizer, policies.size(), 300);
   std::vector<Request> requests;
-  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], policies[i], 24));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    requests.push_back(greedy(prompts[i], policies[i], 24));
   const auto profile = profile_for(*loaded.model);  // lserve's
   Engine together(chunked_config(1024, 48, profile), loaded.model, loaded.tokenizer);
   const std::vector<Outcome> batched = run(together, requests);
@@ -393,12 +416,15 @@ TEST(SparseEngine, ChunkByChunkCompressionWithEverythingKeptEqualsDense) {
 }
 
 // The most pages `request` holds at any step when run alone.
-int32_t peak_pages(const model::LoadedModel& loaded, const EngineConfig& c, const Request& request) {
+int32_t peak_pages(const model::LoadedModel& loaded, const EngineConfig& c,
+                   const Request& request) {
   Engine engine(c, loaded.model, loaded.tokenizer);
   int32_t peak = 0;
   bool finished = false;
-  EXPECT_TRUE(std::holds_alternative<RequestId>(
-      engine.submit(request, [&](const RequestEvent& event) { finished = finished || event.finish.has_value(); })));
+  EXPECT_TRUE(
+      std::holds_alternative<RequestId>(engine.submit(request, [&](const RequestEvent& event) {
+        finished = finished || event.finish.has_value();
+      })));
   while (!finished) {
     engine.step();
     const EngineStats stats = engine.stats();
@@ -470,8 +496,8 @@ TEST(SparseEngine, LServeNeedsACalibrationProfileForTheModel) {
     EXPECT_NE(message.find("kv_policy"), std::string::npos) << message;
     EXPECT_NE(message.find("--calibration"), std::string::npos) << message;
     // f=0 needs no profile.
-    EXPECT_TRUE(std::holds_alternative<RequestId>(engine.submit(greedy({1, 2, 3}, "lserve:K=4,f=0"),
-                                                                [](const RequestEvent&) {})));
+    EXPECT_TRUE(std::holds_alternative<RequestId>(
+        engine.submit(greedy({1, 2, 3}, "lserve:K=4,f=0"), [](const RequestEvent&) {})));
     engine.run_until_idle();
   }
   auto other = std::make_shared<sparsity::CalibrationProfile>(*profile_for(*loaded.model));
@@ -495,17 +521,21 @@ TEST(SparseEngine, LServeRunsWithAMeasuredProfile) {
   model::LoadedModel loaded = load_stories();
   const auto prompts = long_prompts(*loaded.tokenizer, 3);
   const sparsity::CalibrationProfile measured =
-      eval::calibrate(*loaded.model, loaded.name, prompts, {.num_sinks = 4, .window = 16, .observation_rows = 8, .threads = 2});
-  const std::string path = (std::filesystem::temp_directory_path() / "sieve_lserve_profile.json").string();
+      eval::calibrate(*loaded.model, loaded.name, prompts,
+                      {.num_sinks = 4, .window = 16, .observation_rows = 8, .threads = 2});
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "sieve_lserve_profile.json").string();
   sparsity::save_calibration(measured, path);
-  auto profile = std::make_shared<const sparsity::CalibrationProfile>(sparsity::load_calibration(path));
+  auto profile =
+      std::make_shared<const sparsity::CalibrationProfile>(sparsity::load_calibration(path));
   std::filesystem::remove(path);
   EXPECT_EQ(*profile, measured);
   Engine engine(config(512, profile), loaded.model, loaded.tokenizer);
   const auto outcome = run(engine, {greedy(prompts[0], "lserve:K=4,R=2,S=4,W=16,f=0.5", 50)})[0];
   EXPECT_FALSE(outcome.error.has_value());
   EXPECT_EQ(outcome.tokens.size(), 50u);
-  EXPECT_LT(outcome.usage.kv_pages, outcome.usage.kv_dense_pages) << "half the heads keep sinks + window";
+  EXPECT_LT(outcome.usage.kv_pages, outcome.usage.kv_dense_pages)
+      << "half the heads keep sinks + window";
   expect_all_pages_free(engine);
 }
 
@@ -514,18 +544,20 @@ TEST(SparseEngine, ParallelSamplesOfACompressedPromptEachEqualItsSeedAlone) {
   // parent is already sparse: its children get copies of its slices and carry its state on).
   model::LoadedModel loaded = load_stories();
   const auto prompt = very_long_prompts(*loaded.tokenizer, 1, 300)[0];
-  for (const char* policy : {"snapkv:B=40,W=8", "h2o:B=32,W=16", "streaming:S=4,W=48", "fastgen:T=0.3,W=16"}) {
+  for (const char* policy :
+       {"snapkv:B=40,W=8", "h2o:B=32,W=16", "streaming:S=4,W=48", "fastgen:T=0.3,W=16"}) {
     Request request = greedy(prompt, policy, 24);
     request.params.temperature = 0.9f;
     request.params.seed = 99;
     request.params.n = 3;
     Engine engine(chunked_config(512, 64), loaded.model, loaded.tokenizer);
     std::map<int32_t, std::vector<TokenId>> samples;
-    ASSERT_TRUE(std::holds_alternative<RequestId>(engine.submit(request, [&](const RequestEvent& event) {
-      EXPECT_FALSE(event.error.has_value()) << policy << ": " << event.error.value_or("");
-      auto& tokens = samples[event.sample_idx];
-      tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
-    })));
+    ASSERT_TRUE(
+        std::holds_alternative<RequestId>(engine.submit(request, [&](const RequestEvent& event) {
+          EXPECT_FALSE(event.error.has_value()) << policy << ": " << event.error.value_or("");
+          auto& tokens = samples[event.sample_idx];
+          tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
+        })));
     engine.run_until_idle();
     expect_all_pages_free(engine);
     ASSERT_EQ(samples.size(), 3u) << policy;
@@ -543,9 +575,11 @@ TEST(SparseEngine, PreemptedChunkCompressedRequestsAreRecomputedAndFinish) {
   // mid-decode, recomputed (compressed again at the same chunk boundaries) and finish.
   model::LoadedModel loaded = load_stories();
   const auto prompts = very_long_prompts(*loaded.tokenizer, 6, 300);
-  const std::vector<std::string> policies = {"snapkv:B=40,W=8", "h2o:B=32,W=16", "streaming:S=4,W=48"};
+  const std::vector<std::string> policies = {"snapkv:B=40,W=8", "h2o:B=32,W=16",
+                                             "streaming:S=4,W=48"};
   std::vector<Request> requests;
-  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], policies[i % policies.size()], 40));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    requests.push_back(greedy(prompts[i], policies[i % policies.size()], 40));
   Engine engine(chunked_config(22, 64), loaded.model, loaded.tokenizer);
   const std::vector<Outcome> outcomes = run(engine, requests);
   for (size_t i = 0; i < outcomes.size(); ++i) {
@@ -570,7 +604,8 @@ TEST(SparseEngine, ChunkCompressedRequestsShareTheFirstChunkThroughThePrefixCach
   EXPECT_EQ(second.tokens, first.tokens);
   // quest is compressed once, at the prompt's end: it keeps its pages private (in place).
   const Outcome quest_first = run(engine, {greedy(prompt, "quest:K=4,R=1,S=4,W=16", 8)})[0];
-  EXPECT_EQ(quest_first.usage.cached_prompt_tokens, 0) << "private: it does not read the cache either";
+  EXPECT_EQ(quest_first.usage.cached_prompt_tokens, 0)
+      << "private: it does not read the cache either";
   expect_all_pages_free(engine);
 }
 

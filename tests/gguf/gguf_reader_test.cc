@@ -678,12 +678,14 @@ TEST(GgufTypes, BlockLayouts) {
   }
   for (TensorType type :
        {TensorType::kF32, TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
-        TensorType::kQ4_1, TensorType::kQ5_0, TensorType::kQ5_1, TensorType::kIQ4_NL, TensorType::kQ2_K,
-        TensorType::kQ3_K, TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K, TensorType::kIQ4_XS}) {
+        TensorType::kQ4_1, TensorType::kQ5_0, TensorType::kQ5_1, TensorType::kIQ4_NL,
+        TensorType::kQ2_K, TensorType::kQ3_K, TensorType::kQ4_K, TensorType::kQ5_K,
+        TensorType::kQ6_K, TensorType::kIQ4_XS}) {
     EXPECT_TRUE(is_supported(type)) << to_string(type);
   }
-  for (TensorType type : {TensorType::kQ8_K, TensorType::kIQ2_XXS, TensorType::kIQ1_S, TensorType::kTQ1_0,
-                          TensorType::kTQ2_0, TensorType::kMXFP4, TensorType::kI32}) {
+  for (TensorType type :
+       {TensorType::kQ8_K, TensorType::kIQ2_XXS, TensorType::kIQ1_S, TensorType::kTQ1_0,
+        TensorType::kTQ2_0, TensorType::kMXFP4, TensorType::kI32}) {
     EXPECT_FALSE(is_supported(type)) << to_string(type);
   }
   const auto unknown = static_cast<TensorType>(99);

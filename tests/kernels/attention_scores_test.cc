@@ -54,7 +54,8 @@ std::vector<double> naive_window_mass(const PagedKv& kv, const AttentionQuery& w
       }
       double sum = 0;
       for (int64_t t = first; t < n; ++t) sum += std::exp(s[t] - max);
-      for (int64_t t = first; t < n; ++t) mass[kv_head * num_keys + t] += std::exp(s[t] - max) / sum;
+      for (int64_t t = first; t < n; ++t)
+        mass[kv_head * num_keys + t] += std::exp(s[t] - max) / sum;
     }
   }
   return mass;
@@ -86,7 +87,8 @@ void expect_observation_matches(const WindowCase& c, ThreadPool& pool, uint32_t 
   const std::vector<float> q =
       random_floats(num_rows * num_heads * c.shape.head_dim, seed + 1, -c.q_range, c.q_range);
   const AttentionQuery window{q.data(), c.positions, num_heads,
-                              1.0f / std::sqrt(static_cast<float>(c.shape.head_dim)), c.attention_window};
+                              1.0f / std::sqrt(static_cast<float>(c.shape.head_dim)),
+                              c.attention_window};
   // The flash kernel's LSE for the window rows, as the engine would have it after prefill.
   std::vector<float> out(static_cast<size_t>(num_rows * num_heads * c.shape.head_dim));
   std::vector<float> lse(static_cast<size_t>(num_rows * num_heads));
@@ -268,8 +270,10 @@ TEST_P(AttentionScores, OnePageSummaryIntoACallersBuffer) {
     ref::summarize_page_keys(kv, b, filled, want.view);
     std::vector<float> own(2 * 72, kNaN);
     summarize_page_keys(kv, b, filled, {own.data(), 0});
-    const float* expected = want.data.data() + kv.block_table[static_cast<size_t>(b)] * want.view.page_stride;
-    for (size_t c = 0; c < own.size(); ++c) ASSERT_EQ(own[c], expected[c]) << "block " << b << " float " << c;
+    const float* expected =
+        want.data.data() + kv.block_table[static_cast<size_t>(b)] * want.view.page_stride;
+    for (size_t c = 0; c < own.size(); ++c)
+      ASSERT_EQ(own[c], expected[c]) << "block " << b << " float " << c;
   }
 }
 

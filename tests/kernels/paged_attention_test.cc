@@ -30,8 +30,6 @@
 namespace sieve::kernels {
 namespace {
 
-
-
 struct Outputs {
   std::vector<float> out, row_max, row_lse;
   Outputs(int64_t num_q, int64_t num_heads, int64_t head_dim, float fill)
@@ -141,12 +139,14 @@ TEST_P(PagedAttention, SlidingWindowMasksOlderKeys) {
     for (int32_t window : {1, 7, 16, 33, 500, 4096}) {
       for (ThreadPool* pool : {&pool1, &pool3}) {
         expect_matches_ref(cache, position_range(0, len), 4, *pool, ++seed, -1.0f, 1.0f, window);
-        expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, 2, *pool, ++seed, -1.0f, 1.0f, window);
+        expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, 2, *pool, ++seed, -1.0f, 1.0f,
+                           window);
       }
     }
   }
   const TestCache long_cache({.num_keys = 2500, .num_kv_heads = 2, .head_dim = 64}, ++seed);
-  expect_matches_ref(long_cache, {2499}, 4, pool3, ++seed, -1.0f, 1.0f, 1500);  // split keys, some all masked
+  expect_matches_ref(long_cache, {2499}, 4, pool3, ++seed, -1.0f, 1.0f,
+                     1500);  // split keys, some all masked
 }
 
 // The window's meaning, independently of the kernels: a decode row under window W attends as a
@@ -163,7 +163,8 @@ TEST(PagedAttentionRef, SlidingWindowEqualsAttentionOverTheLastKeysAlone) {
   recent.key_offset = static_cast<int32_t>(len - window);
   const std::vector<int32_t> recent_last = {window - 1};
   ref::paged_attention(recent, {q.data(), recent_last, num_heads, 0.25f}, alone.view());
-  for (int64_t i = 0; i < num_heads * head_dim; ++i) EXPECT_NEAR(windowed.out[i], alone.out[i], 1e-6) << i;
+  for (int64_t i = 0; i < num_heads * head_dim; ++i)
+    EXPECT_NEAR(windowed.out[i], alone.out[i], 1e-6) << i;
 }
 
 // A sparse stream whose first slots were dropped: key j at slot key_offset + j of the table.
@@ -194,9 +195,11 @@ TEST_P(PagedAttention, KeyOffsetSkipsTheFirstSlots) {
             paged_attention(shifted, query, got.view(), *pool);
             ref::paged_attention(shifted, query, want.view());
             for (size_t i = 0; i < got.out.size(); ++i) {
-              ASSERT_NEAR(got.out[i], want.out[i], 1e-5) << "offset " << offset << " n " << n << " i " << i;
+              ASSERT_NEAR(got.out[i], want.out[i], 1e-5)
+                  << "offset " << offset << " n " << n << " i " << i;
             }
-            for (size_t i = 0; i < got.row_lse.size(); ++i) ASSERT_NEAR(got.row_lse[i], want.row_lse[i], 1e-4);
+            for (size_t i = 0; i < got.row_lse.size(); ++i)
+              ASSERT_NEAR(got.row_lse[i], want.row_lse[i], 1e-4);
           }
         }
       }
@@ -260,14 +263,19 @@ TEST_P(PagedAttention, F16Pool) {
       for (int64_t group : {1, 4}) {
         for (ThreadPool* pool : {&pool1, &pool3}) {
           expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, group, *pool, ++seed);
-          expect_matches_ref(cache, position_range(std::max<int64_t>(0, len - 20), len), group, *pool, ++seed);
-          expect_matches_ref(cache, position_range(0, std::min<int64_t>(len, 40)), group, *pool, ++seed);
+          expect_matches_ref(cache, position_range(std::max<int64_t>(0, len - 20), len), group,
+                             *pool, ++seed);
+          expect_matches_ref(cache, position_range(0, std::min<int64_t>(len, 40)), group, *pool,
+                             ++seed);
         }
       }
     }
   }
   for (int32_t page_size : {1, 5, 64}) {
-    const TestCache cache({.num_keys = 300, .num_kv_heads = 2, .head_dim = 64, .page_size = page_size,
+    const TestCache cache({.num_keys = 300,
+                           .num_kv_heads = 2,
+                           .head_dim = 64,
+                           .page_size = page_size,
                            .dtype = DType::kF16},
                           ++seed);
     expect_matches_ref(cache, {299}, 4, pool3, ++seed);

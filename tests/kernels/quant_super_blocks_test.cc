@@ -373,8 +373,8 @@ TEST_P(SuperBlockMatmul, DecodeMatchesReferenceAtExtremes) {
           const std::vector<double> mags = magnitudes(w, x.data(), num_x);
           for (int64_t k = 0; k < num_x * rows; ++k) {
             ASSERT_NEAR(y[k], y_ref[k], 2e-6 * mags[k] + 1e-30)
-                << to_string(dtype) << " fill=" << fill << " rows=" << rows
-                << " num_x=" << num_x << " k=" << k;
+                << to_string(dtype) << " fill=" << fill << " rows=" << rows << " num_x=" << num_x
+                << " k=" << k;
           }
           EXPECT_EQ(y[num_x * rows], 12345.0f) << "wrote past the end";
         }

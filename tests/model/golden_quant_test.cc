@@ -50,7 +50,8 @@ struct Tolerances {
   double mean;          // mean over the compared steps of a file
 };
 constexpr Tolerances kF16{.first_step = 0.02, .typical_step = 0.02, .any_step = 0.02, .mean = 0.01};
-constexpr Tolerances kQuantized{.first_step = 0.02, .typical_step = 0.1, .any_step = 0.3, .mean = 0.03};
+constexpr Tolerances kQuantized{
+    .first_step = 0.02, .typical_step = 0.1, .any_step = 0.3, .mean = 0.03};
 
 const json& golden() {
   static const json all = [] {
@@ -160,8 +161,9 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
         pool, [&](int32_t token, std::span<const float> logits) {
           double error = 0.0;
           for (const json& top : want_top[step]) {
-            error = std::max(error, std::abs(engine::token_logprob(logits, top["id"].get<int32_t>()) -
-                                             top["logprob"].get<double>()));
+            error =
+                std::max(error, std::abs(engine::token_logprob(logits, top["id"].get<int32_t>()) -
+                                         top["logprob"].get<double>()));
           }
           step_errors.push_back(error);
           // The prompt's step has no generated token in its KV: no earlier rounding can differ.
@@ -179,7 +181,8 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
         });
   }
   ASSERT_GE(step_errors.size(), 3u) << "every case compares at least its first step";
-  const double mean = std::accumulate(step_errors.begin(), step_errors.end(), 0.0) / step_errors.size();
+  const double mean =
+      std::accumulate(step_errors.begin(), step_errors.end(), 0.0) / step_errors.size();
   const double max = *std::max_element(step_errors.begin(), step_errors.end());
   const auto within = std::count_if(step_errors.begin(), step_errors.end(),
                                     [&](double e) { return e <= tol.typical_step; });
@@ -188,8 +191,8 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
   std::printf(
       "golden %s: perplexity %+.3f%%, greedy %d/%d equal, top-5 logprob |diff| mean %.4f max %.4f, "
       "%ld/%zu steps <= %.2f\n",
-      file.c_str(), 100.0 * ppl_change, greedy_equal, greedy_total, mean, max, static_cast<long>(within),
-      step_errors.size(), tol.typical_step);
+      file.c_str(), 100.0 * ppl_change, greedy_equal, greedy_total, mean, max,
+      static_cast<long>(within), step_errors.size(), tol.typical_step);
 }
 
 INSTANTIATE_TEST_SUITE_P(

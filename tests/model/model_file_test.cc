@@ -19,7 +19,9 @@ namespace sieve {
 namespace {
 
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("sieve_test_" + std::to_string(::getpid()) + "_" + name)).string();
+  return (std::filesystem::temp_directory_path() /
+          ("sieve_test_" + std::to_string(::getpid()) + "_" + name))
+      .string();
 }
 
 std::string read_bytes(const std::string& path) {
@@ -28,9 +30,16 @@ std::string read_bytes(const std::string& path) {
 }
 
 model::RandomModelSpec small_spec(kernels::DType dtype) {
-  return {.dim = 128, .num_layers = 2, .num_heads = 4, .num_kv_heads = 2, .ffn_dim = 256,
-          .context_length = 4096, .rope_base = 500000.0f, .dtype = dtype,
-          .vocab_path = testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf"), .seed = 7};
+  return {.dim = 128,
+          .num_layers = 2,
+          .num_heads = 4,
+          .num_kv_heads = 2,
+          .ffn_dim = 256,
+          .context_length = 4096,
+          .rope_base = 500000.0f,
+          .dtype = dtype,
+          .vocab_path = testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf"),
+          .seed = 7};
 }
 
 TEST(GenModel, DeterministicWhateverTheThreadCount) {
@@ -57,11 +66,13 @@ TEST(GenModel, LoadsWithRealVocabularyAndPeakedLogits) {
   EXPECT_EQ(loaded.tokenizer->encode("Hello world"),
             (std::vector<int32_t>{1, 15043, 3186}));  // the llama SPM vocabulary, copied
 
-  eval::GreedyRun run = eval::run_greedy(*loaded.model, loaded.tokenizer->encode("Hello world"), 8, pool);
+  eval::GreedyRun run =
+      eval::run_greedy(*loaded.model, loaded.tokenizer->encode("Hello world"), 8, pool);
   ASSERT_EQ(run.tokens.size(), 8u);
   // Logits far from uniform: the top two are separated by much more than rounding error.
   for (size_t step = 0; step < run.tokens.size(); ++step) {
-    std::vector<float> row(run.logits.begin() + step * 32000, run.logits.begin() + (step + 1) * 32000);
+    std::vector<float> row(run.logits.begin() + step * 32000,
+                           run.logits.begin() + (step + 1) * 32000);
     std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
     double mean = 0, sq = 0;
     for (float l : row) mean += l / row.size();
@@ -81,15 +92,17 @@ TEST(Quantize, EveryTypeLoadsAndTracksF32) {
   // Loose bounds on the error each type's rounding allows on this tiny (dim 64) model; the
   // measured figures are printed by `sieve quantize --compare`.
   const std::vector<std::pair<const char*, double>> types = {
-      {"f32", 0.0},     {"f16", 0.05},   {"bf16", 0.5},   {"q8_0", 1.5},     {"q4_0", 20.0},
-      {"q4_1", 20.0},   {"q5_0", 20.0},  {"q5_1", 20.0},  {"iq4_nl", 20.0}};
+      {"f32", 0.0},   {"f16", 0.05},  {"bf16", 0.5},  {"q8_0", 1.5},   {"q4_0", 20.0},
+      {"q4_1", 20.0}, {"q5_0", 20.0}, {"q5_1", 20.0}, {"iq4_nl", 20.0}};
   for (const auto& [type, max_error] : types) {
     SCOPED_TRACE(type);
     const std::string output = temp_path(std::string(type) + ".gguf");
-    model::QuantizeReport report = model::quantize_model(input, output, *model::parse_quant_mix(type), pool);
+    model::QuantizeReport report =
+        model::quantize_model(input, output, *model::parse_quant_mix(type), pool);
     EXPECT_EQ(report.tensors.size(), 48u);
     model::LoadedModel candidate = model::load_model({output, ""});
-    eval::ModelAgreement agreement = eval::compare_models(*reference.model, *candidate.model, prompts, 32, pool);
+    eval::ModelAgreement agreement =
+        eval::compare_models(*reference.model, *candidate.model, prompts, 32, pool);
     EXPECT_EQ(agreement.steps, 64);
     if (std::string(type) == "f32") {
       // Same weights; only the attention kernel's summation order differs between the
@@ -116,9 +129,10 @@ model::QuantMix mix(const char* name) {
   return *parsed;
 }
 
-std::string planned(const char* mix_name, const model::QuantModelInfo& info, const std::string& name,
-                    std::vector<uint64_t> shape, bool pure = false) {
-  return std::string(kernels::to_string(model::plan_tensor_type(mix(mix_name), info, name, shape, pure).dtype));
+std::string planned(const char* mix_name, const model::QuantModelInfo& info,
+                    const std::string& name, std::vector<uint64_t> shape, bool pure = false) {
+  return std::string(
+      kernels::to_string(model::plan_tensor_type(mix(mix_name), info, name, shape, pure).dtype));
 }
 
 TEST(QuantPlan, ParsesLlamaQuantizeNamesAndFileTypes) {
@@ -136,19 +150,26 @@ TEST(QuantPlan, ParsesLlamaQuantizeNamesAndFileTypes) {
 }
 
 TEST(QuantPlan, MoreBitsLayersOfTheMMixes) {
-  const model::QuantModelInfo info{.architecture = "llama", .num_layers = 32, .num_gqa = 4, .has_output = true};
+  const model::QuantModelInfo info{
+      .architecture = "llama", .num_layers = 32, .num_gqa = 4, .has_output = true};
   std::vector<int> q6_layers;
   for (int layer = 0; layer < 32; ++layer) {
-    const std::string v = planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".attn_v.weight", {4096, 1024});
+    const std::string v =
+        planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".attn_v.weight", {4096, 1024});
     const std::string down =
         planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".ffn_down.weight", {14336, 4096});
     EXPECT_EQ(v, down) << layer;
     if (v == "Q6_K") q6_layers.push_back(layer);
-    EXPECT_EQ(planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".attn_q.weight", {4096, 4096}), "Q4_K");
-    EXPECT_EQ(planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".ffn_up.weight", {4096, 14336}), "Q4_K");
+    EXPECT_EQ(
+        planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".attn_q.weight", {4096, 4096}),
+        "Q4_K");
+    EXPECT_EQ(
+        planned("Q4_K_M", info, "blk." + std::to_string(layer) + ".ffn_up.weight", {4096, 14336}),
+        "Q4_K");
   }
   // First and last eighth, and every third layer in between.
-  EXPECT_EQ(q6_layers, (std::vector<int>{0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31}));
+  EXPECT_EQ(q6_layers,
+            (std::vector<int>{0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31}));
   EXPECT_EQ(planned("Q5_K_M", info, "blk.5.attn_v.weight", {4096, 1024}), "Q5_K");
   EXPECT_EQ(planned("Q5_K_M", info, "blk.6.attn_v.weight", {4096, 1024}), "Q6_K");
   EXPECT_EQ(planned("Q4_K_S", info, "blk.3.attn_v.weight", {4096, 1024}), "Q5_K");
@@ -161,14 +182,17 @@ TEST(QuantPlan, MoreBitsLayersOfTheMMixes) {
   EXPECT_EQ(planned("Q4_K_M", info, "blk.7.attn_qkv.weight", {3072, 9216}), "Q5_K");
   EXPECT_EQ(planned("Q5_K_M", info, "blk.7.attn_qkv.weight", {3072, 9216}), "Q6_K");
   // 70B Llama: attn_v everywhere at least Q5_K.
-  const model::QuantModelInfo llama70b{.architecture = "llama", .num_layers = 80, .num_gqa = 8, .has_output = true};
+  const model::QuantModelInfo llama70b{
+      .architecture = "llama", .num_layers = 80, .num_gqa = 8, .has_output = true};
   EXPECT_EQ(planned("Q4_K_M", llama70b, "blk.11.attn_v.weight", {8192, 1024}), "Q5_K");
   EXPECT_EQ(planned("Q4_K_M", llama70b, "blk.12.attn_v.weight", {8192, 1024}), "Q6_K");
 }
 
 TEST(QuantPlan, TiedEmbeddingsPureAndFloatTargets) {
-  const model::QuantModelInfo tied{.architecture = "qwen2", .num_layers = 24, .num_gqa = 7, .has_output = false};
-  EXPECT_EQ(planned("Q4_K_M", tied, "token_embd.weight", {896, 151936}, false), "Q8_0");  // 896 % 256 != 0
+  const model::QuantModelInfo tied{
+      .architecture = "qwen2", .num_layers = 24, .num_gqa = 7, .has_output = false};
+  EXPECT_EQ(planned("Q4_K_M", tied, "token_embd.weight", {896, 151936}, false),
+            "Q8_0");  // 896 % 256 != 0
   EXPECT_EQ(planned("Q4_K_M", tied, "token_embd.weight", {1024, 151936}), "Q6_K");
   EXPECT_EQ(planned("Q8_0", tied, "token_embd.weight", {1024, 151936}), "Q8_0");
   EXPECT_EQ(planned("Q4_0", tied, "token_embd.weight", {1024, 151936}), "Q6_K");
@@ -182,7 +206,8 @@ TEST(QuantPlan, TiedEmbeddingsPureAndFloatTargets) {
 }
 
 TEST(QuantPlan, RowsThatAreNotWholeBlocksFallBackAsLlamaQuantize) {
-  const model::QuantModelInfo info{.architecture = "llama", .num_layers = 6, .num_gqa = 1, .has_output = true};
+  const model::QuantModelInfo info{
+      .architecture = "llama", .num_layers = 6, .num_gqa = 1, .has_output = true};
   // stories15M: dim 288 (not a multiple of 256), ffn 768 (a multiple).
   EXPECT_EQ(planned("Q4_K_M", info, "blk.1.attn_q.weight", {288, 288}), "Q5_0");
   EXPECT_EQ(planned("Q4_K_M", info, "blk.1.ffn_down.weight", {768, 288}), "Q4_K");
@@ -193,13 +218,14 @@ TEST(QuantPlan, RowsThatAreNotWholeBlocksFallBackAsLlamaQuantize) {
   EXPECT_EQ(planned("IQ4_XS", info, "blk.1.attn_q.weight", {288, 288}), "IQ4_NL");
   EXPECT_EQ(planned("Q4_K_M", info, "output.weight", {288, 32000}), "Q8_0");
   // Not even a multiple of 32: F16 (llama-quantize refuses such a file).
-  const model::PlannedType odd =
-      model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{100, 100});
+  const model::PlannedType odd = model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight",
+                                                         std::vector<uint64_t>{100, 100});
   EXPECT_EQ(odd.dtype, kernels::DType::kF16);
   EXPECT_NE(odd.note.find("row length 100"), std::string::npos) << odd.note;
   EXPECT_EQ(planned("Q8_0", info, "blk.0.attn_q.weight", {100, 100}), "F16");
-  EXPECT_TRUE(
-      model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight", std::vector<uint64_t>{512, 512}).note.empty());
+  EXPECT_TRUE(model::plan_tensor_type(mix("Q4_K_M"), info, "blk.0.attn_q.weight",
+                                      std::vector<uint64_t>{512, 512})
+                  .note.empty());
 }
 
 nlohmann::json quant_golden() {
@@ -222,7 +248,8 @@ std::vector<std::pair<nlohmann::json, model::QuantMix>> golden_quantized_files()
     const std::string type = file.substr(file.rfind('-') + 1, file.size() - file.rfind('-') - 6);
     if (type == "TQ2_0") continue;
     std::optional<model::QuantMix> mix = model::parse_quant_mix(type);
-    if (!mix) throw std::runtime_error("golden file " + file + " has a mix sieve does not know: " + type);
+    if (!mix)
+      throw std::runtime_error("golden file " + file + " has a mix sieve does not know: " + type);
     files.emplace_back(entry, *mix);
   }
   return files;
@@ -236,13 +263,15 @@ TEST(QuantPlan, MatchesLlamaQuantizeOnEveryGoldenFile) {
   for (const auto& [entry, quant_mix] : files) {
     SCOPED_TRACE(entry["file"].get<std::string>());
     EXPECT_EQ(quant_mix.file_type, entry["general_file_type"].get<uint32_t>());
-    const gguf::File source = gguf::File::open(testing::shared_path("golden/quant/" + golden_source(entry["file"])));
+    const gguf::File source =
+        gguf::File::open(testing::shared_path("golden/quant/" + golden_source(entry["file"])));
     const model::QuantModelInfo info = model::quant_model_info(source);
     const nlohmann::json& want = entry["tensor_type_map"];
     EXPECT_EQ(want.size(), source.tensors().size());
     for (const gguf::TensorInfo& tensor : source.tensors()) {
       ASSERT_TRUE(want.contains(tensor.name)) << tensor.name;
-      EXPECT_EQ(kernels::to_string(model::plan_tensor_type(quant_mix, info, tensor.name, tensor.shape).dtype),
+      EXPECT_EQ(kernels::to_string(
+                    model::plan_tensor_type(quant_mix, info, tensor.name, tensor.shape).dtype),
                 want[tensor.name].get<std::string>())
           << tensor.name;
     }
@@ -264,7 +293,8 @@ TEST_P(LlamaQuantizeFile, WrittenByteForByte) {
   ASSERT_TRUE(quant_mix) << file << " is not in golden.json";
   ThreadPool pool(2);
   const std::string output = temp_path("golden-" + file);
-  model::quantize_model(testing::shared_path("golden/quant/" + golden_source(file)), output, *quant_mix, pool);
+  model::quantize_model(testing::shared_path("golden/quant/" + golden_source(file)), output,
+                        *quant_mix, pool);
   const gguf::File ours = gguf::File::open(output);
   const gguf::File theirs = gguf::File::open(testing::shared_path("golden/quant/" + file));
   EXPECT_EQ(ours.get_u64("general.file_type"), theirs.get_u64("general.file_type"));
@@ -275,18 +305,19 @@ TEST_P(LlamaQuantizeFile, WrittenByteForByte) {
     EXPECT_EQ(gguf::to_string(mine->type), gguf::to_string(tensor.type)) << tensor.name;
     EXPECT_EQ(mine->shape, tensor.shape) << tensor.name;
     const std::span<const uint8_t> a = ours.tensor_data(*mine), b = theirs.tensor_data(tensor);
-    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << tensor.name << " bytes differ";
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end()))
+        << tensor.name << " bytes differ";
   }
   std::filesystem::remove(output);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Golden, LlamaQuantizeFile,
-    ::testing::Values("base-Q8_0.gguf", "base-Q4_0.gguf", "base-Q4_1.gguf", "base-Q5_0.gguf", "base-Q5_1.gguf",
-                      "base-Q2_K.gguf", "base-Q3_K_S.gguf", "base-Q3_K_M.gguf", "base-Q3_K_L.gguf",
-                      "base-Q4_K_S.gguf", "base-Q4_K_M.gguf", "base-Q5_K_S.gguf", "base-Q5_K_M.gguf",
-                      "base-Q6_K.gguf", "base-IQ4_NL.gguf", "base-IQ4_XS.gguf", "arch-qwen2-Q4_K_M.gguf",
-                      "arch-llama3rope-Q4_K_M.gguf"),
+    ::testing::Values("base-Q8_0.gguf", "base-Q4_0.gguf", "base-Q4_1.gguf", "base-Q5_0.gguf",
+                      "base-Q5_1.gguf", "base-Q2_K.gguf", "base-Q3_K_S.gguf", "base-Q3_K_M.gguf",
+                      "base-Q3_K_L.gguf", "base-Q4_K_S.gguf", "base-Q4_K_M.gguf",
+                      "base-Q5_K_S.gguf", "base-Q5_K_M.gguf", "base-Q6_K.gguf", "base-IQ4_NL.gguf",
+                      "base-IQ4_XS.gguf", "arch-qwen2-Q4_K_M.gguf", "arch-llama3rope-Q4_K_M.gguf"),
     [](const auto& info) {
       std::string name = info.param;
       name = name.substr(0, name.size() - 5);
@@ -300,7 +331,8 @@ TEST(Quantize, PureQ4_0KeepsEveryMatrixInTheBaseType) {
   const std::string input = testing::shared_path("golden/quant/base-F16.gguf");
   const std::string output = temp_path("base-Q4_0-pure.gguf");
   ThreadPool pool(2);
-  model::QuantizeReport report = model::quantize_model(input, output, mix("q4_0"), pool, /*pure=*/true);
+  model::QuantizeReport report =
+      model::quantize_model(input, output, mix("q4_0"), pool, /*pure=*/true);
   std::map<std::string, int> counts;
   for (const auto& tensor : report.tensors) {
     ++counts[tensor.to_type];
@@ -312,7 +344,8 @@ TEST(Quantize, PureQ4_0KeepsEveryMatrixInTheBaseType) {
   model::LoadedModel reference = model::load_model({input, ""});
   model::LoadedModel candidate = model::load_model({output, ""});
   std::vector<std::vector<int32_t>> prompts = {reference.tokenizer->encode("Once upon a time")};
-  eval::ModelAgreement agreement = eval::compare_models(*reference.model, *candidate.model, prompts, 24, pool);
+  eval::ModelAgreement agreement =
+      eval::compare_models(*reference.model, *candidate.model, prompts, 24, pool);
   EXPECT_EQ(agreement.steps, 24);
   EXPECT_GT(agreement.max_abs_logit_error, 0.0);
   EXPECT_GT(agreement.top1_agreement(), 0.5);
@@ -334,7 +367,8 @@ TEST(Quantize, Q4KMFollowsF16Model) {
   for (const gguf::TensorInfo& tensor : source.tensors()) {
     const gguf::TensorInfo* out = written.find_tensor(tensor.name);
     ASSERT_NE(out, nullptr) << tensor.name;
-    const kernels::DType want = model::plan_tensor_type(mix("Q4_K_M"), info, tensor.name, tensor.shape).dtype;
+    const kernels::DType want =
+        model::plan_tensor_type(mix("Q4_K_M"), info, tensor.name, tensor.shape).dtype;
     EXPECT_EQ(gguf::to_string(out->type), kernels::to_string(want)) << tensor.name;
     ++counts[std::string(gguf::to_string(out->type))];
   }
@@ -345,7 +379,8 @@ TEST(Quantize, Q4KMFollowsF16Model) {
   model::LoadedModel candidate = model::load_model({output, ""});
   std::vector<std::vector<int32_t>> prompts = {reference.tokenizer->encode("Once upon a time"),
                                                reference.tokenizer->encode("The little dog")};
-  eval::ModelAgreement agreement = eval::compare_models(*reference.model, *candidate.model, prompts, 24, pool);
+  eval::ModelAgreement agreement =
+      eval::compare_models(*reference.model, *candidate.model, prompts, 24, pool);
   EXPECT_EQ(agreement.steps, 48);
   EXPECT_GT(agreement.max_abs_logit_error, 0.0);
   // About 4.8 bits per weight on a 256-wide random model: most top-1 choices survive.

@@ -347,7 +347,8 @@ std::vector<FamilyCase> family_cases() {
        "<|im_start|>assistant\n"},
       // ... and its default system message names Qwen.
       {"Qwen25DefaultSystem", k_qwen25, false, json(), "<|im_end|>", true,
-       "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+       "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+       "assistant.<|im_end|>\n"
        "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n Hi! <|im_end|>\n"
        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"},
       // Qwen3: the assistant turn comes before the last user query (index 3), so it is printed
@@ -459,11 +460,13 @@ std::string qwen_tools_system(const std::string& system_prefix) {
   return "<|im_start|>system\n" + system_prefix +
          "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
          "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-         "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get the "
+         "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+         "\"Get the "
          "weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
          "\"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\n"
          "For each function call, return a json object with function name and arguments within "
-         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+         "\"arguments\": "
          "<args-json-object>}\n</tool_call><|im_end|>\n";
 }
 
@@ -479,18 +482,20 @@ TEST(ChatTemplate, Qwen25ToolCalling) {
     {"role": "tool", "content": "sunny"}
   ], "add_generation_prompt": true})");
   ctx["tools"] = weather_tool();
-  const std::string expected = qwen_tools_system("You are terse.\n\n") +
-                               "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
-                               "<|im_start|>assistant\n<tool_call>\n"
-                               "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
-                               "</tool_call><|im_end|>\n"
-                               "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
-                               "<|im_start|>assistant\n";
+  const std::string expected =
+      qwen_tools_system("You are terse.\n\n") +
+      "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+      "<|im_start|>assistant\n<tool_call>\n"
+      "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+      "</tool_call><|im_end|>\n"
+      "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
+      "<|im_start|>assistant\n";
   EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen25)).render(ctx), expected);
   // Without a system message the tools section follows Qwen2.5's default one.
   ctx["messages"].erase(ctx["messages"].begin());
   EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen25)).render(ctx),
-            qwen_tools_system("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n") +
+            qwen_tools_system(
+                "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n") +
                 expected.substr(qwen_tools_system("You are terse.\n\n").size()));
 }
 
@@ -512,7 +517,8 @@ TEST(ChatTemplate, Qwen3ToolCallingWithThinking) {
             qwen_tools_system("") +
                 "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
                 "<|im_start|>assistant\n<think>\nNeed the weather.\n</think>\n\n<tool_call>\n"
-                "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
+                "{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                "\"Paris\"}}\n</tool_call><|im_end|>\n"
                 "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
                 "<tool_response>\n22 C\n</tool_response><|im_end|>\n"
                 "<|im_start|>assistant\n<think>\n\n</think>\n\nIt is sunny.<|im_end|>\n");

@@ -260,7 +260,8 @@ HWY_NOINLINE void QkRows(const float* HWY_RESTRICT q, int64_t dp, const KeyRun<T
 }
 
 template <typename T>
-HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs, int64_t num_runs) {
+HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
+                   int64_t num_runs) {
   for (int64_t m = 0; m < block.num_rows; m += kQkRows) {
     const float* q = block.q + m * p.dp;
     float* s = block.s + m * p.tp;
@@ -290,15 +291,16 @@ HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* ru
 // Online softmax step for one tile of num_keys keys starting at position key0. Query vector m
 // (row m / group) sees keys < limit[m / group]. Leaves probabilities in S (0 for masked keys)
 // and each row's acc rescale factor in alpha.
-HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first, const int64_t* limit,
-                            int64_t key0, int64_t num_keys) {
+HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first,
+                            const int64_t* limit, int64_t key0, int64_t num_keys) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = (num_keys + N - 1) / N * N;  // <= tp: this tile's scores, whole vectors
   for (int64_t m = 0; m < block.num_rows; ++m) {
     float* HWY_RESTRICT s = block.s + m * p.tp;
     const int64_t num_valid = std::clamp<int64_t>(limit[m / p.group] - key0, 0, num_keys);
-    const int64_t num_before = std::clamp<int64_t>(first[m / p.group] - key0, 0, num_keys);  // sliding window
+    const int64_t num_before =
+        std::clamp<int64_t>(first[m / p.group] - key0, 0, num_keys);  // sliding window
     if (num_valid <= num_before) {  // nothing to see in this tile: P = 0, acc unchanged
       std::fill(s, s + p.tp, 0.0f);
       block.alpha[m] = 1.0f;
@@ -392,7 +394,8 @@ HWY_NOINLINE void PvRows(const float* HWY_RESTRICT prob, int64_t tp, const KeyRu
 }
 
 template <typename T>
-HWY_INLINE void Pv(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs, int64_t num_runs) {
+HWY_INLINE void Pv(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
+                   int64_t num_runs) {
   static_assert(kPvRows == 2);
   for (int64_t m = 0; m < block.num_rows; m += kPvRows) {
     const float* prob = block.s + m * p.tp;
@@ -487,7 +490,8 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
     sc.max[v] = kNegInf;
     sc.sum[v] = 0.0f;
   }
-  int64_t first[kAttentionQueryVectorsPerTask];  // per query row: keys in [first, limit) are visible
+  int64_t
+      first[kAttentionQueryVectorsPerTask];  // per query row: keys in [first, limit) are visible
   int64_t limit[kAttentionQueryVectorsPerTask];
   for (int64_t r = 0; r < num_rows; ++r) {
     first[r] = first_visible_key(p.q, static_cast<size_t>(task.row_begin + r));

@@ -75,7 +75,8 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
         num_splits = ceil_div(tile_keys, chunk);
       }
       if (num_splits == 1) {
-        plan.tasks.push_back({tile.begin, tile.end, h0, h1, tile.first_key, tile.num_keys, std::nullopt});
+        plan.tasks.push_back(
+            {tile.begin, tile.end, h0, h1, tile.first_key, tile.num_keys, std::nullopt});
         continue;
       }
       for (int64_t h = h0; h < h1; ++h) {

@@ -166,8 +166,10 @@ HWY_NOINLINE void ObservationTask(const ObservationProblem& p, int64_t kv_head, 
       if (num_valid == 0) continue;
       DotsWithTile(sc.q + m * p.dp, sc.keys, num_valid, p.dp, sc.s);
       std::fill(sc.s + num_valid, sc.s + p.tp, -std::numeric_limits<float>::infinity());
-      const int64_t num_before = std::clamp<int64_t>(sc.first[static_cast<size_t>(m)] - key0, 0, num_valid);
-      std::fill(sc.s, sc.s + num_before, -std::numeric_limits<float>::infinity());  // older than the window
+      const int64_t num_before =
+          std::clamp<int64_t>(sc.first[static_cast<size_t>(m)] - key0, 0, num_valid);
+      std::fill(sc.s, sc.s + num_before,
+                -std::numeric_limits<float>::infinity());  // older than the window
       const VF shift = hn::Set(d, sc.lse[static_cast<size_t>(m)]);
       for (int64_t i = 0; i < p.tp; i += N) {
         const VF prob = hn::Exp(d, hn::Sub(hn::Load(d, sc.s + i), shift));  // exp(-inf) = 0

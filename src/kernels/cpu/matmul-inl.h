@@ -383,7 +383,9 @@ inline constexpr bool kRowHasMin = requires(const typename Row::Block& block) {
 
 // Whether the weight type has prefill tiles for AVX-512 VNNI (Row::kVnniFormat).
 template <class Row>
-inline constexpr bool kRowHasVnni = requires { Row::kVnniFormat; };
+inline constexpr bool kRowHasVnni = requires {
+  Row::kVnniFormat;
+};
 
 // ----------------------------------------------------------------------------- tiles
 
@@ -546,7 +548,8 @@ struct PackedQ8_0VnniKernel {
   size_t row_bytes;
   int64_t rows, cols;
   void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
-    vnni::packed_q8_0_groups(problem, r_begin / kRowAlign, (r_end + kRowAlign - 1) / kRowAlign, num_x);
+    vnni::packed_q8_0_groups(problem, r_begin / kRowAlign, (r_end + kRowAlign - 1) / kRowAlign,
+                             num_x);
   }
 };
 #endif
@@ -643,7 +646,8 @@ void Run(const Kernel& kernel, int64_t num_x, ThreadPool& pool) {
     // Decode streams from DRAM: each thread walks one contiguous run of tasks in order, which
     // keeps the hardware prefetchers on long linear streams. Prefill tasks are cache-blocked
     // and uneven, so they are handed out one at a time.
-    const int64_t grain = num_x == 1 ? (num_tasks + pool.num_threads() - 1) / pool.num_threads() : 1;
+    const int64_t grain =
+        num_x == 1 ? (num_tasks + pool.num_threads() - 1) / pool.num_threads() : 1;
     pool.parallel_for(num_tasks, run_tasks, grain);
   } else {
     run_tasks(0, num_tasks);
@@ -687,16 +691,20 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
         for (int64_t j = 0; j < kQBlock; ++j) sum += q[k * kQBlock + j];
         xsum[k] = -128 * sum;
       }
-      const PackedQ8_0VnniKernel kernel{
-          {static_cast<const uint8_t*>(w.packed), w.rows, w.cols, q.data(), d.data(), xsum.data(), y},
-          row_bytes(w.dtype, w.cols), w.rows, w.cols};
+      const PackedQ8_0VnniKernel kernel{{static_cast<const uint8_t*>(w.packed), w.rows, w.cols,
+                                         q.data(), d.data(), xsum.data(), y},
+                                        row_bytes(w.dtype, w.cols),
+                                        w.rows,
+                                        w.cols};
       return Run(kernel, num_x, pool);
     }
     if (num_x >= 2 && vnni::supported()) {
       const size_t bytes = row_bytes(w.dtype, w.cols);
       const Q8_0VnniKernel kernel{
           {static_cast<const uint8_t*>(w.data), bytes, w.rows, w.cols, q.data(), d.data(), y},
-          bytes, w.rows, w.cols};
+          bytes,
+          w.rows,
+          w.cols};
       return Run(kernel, num_x, pool);
     }
   }
@@ -706,9 +714,10 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
     if (vnni::supported()) {
       const size_t bytes = row_bytes(w.dtype, w.cols);
       const SmallBlockVnniKernel kernel{{Row::kVnniFormat, static_cast<const uint8_t*>(w.data),
-                                         bytes, w.rows, w.cols, q.data(), d.data(), sums.data(),
-                                         y},
-                                        bytes, w.rows, w.cols};
+                                         bytes, w.rows, w.cols, q.data(), d.data(), sums.data(), y},
+                                        bytes,
+                                        w.rows,
+                                        w.cols};
       return Run(kernel, num_x, pool);
     }
   }

@@ -8,8 +8,10 @@
 namespace sieve::kernels {
 
 // Q4_1, Q5_0, Q5_1, IQ4_NL: activations quantized to Q8_0 (cpu/matmul_small_blocks.cc).
-void matmul_small_block(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool);
+void matmul_small_block(const MatrixView& w, const float* x, int64_t num_x, float* y,
+                        ThreadPool& pool);
 // Q2_K .. Q6_K, IQ4_XS: activations quantized to Q8_K (cpu/matmul_super_blocks.cc).
-void matmul_super_block(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool);
+void matmul_super_block(const MatrixView& w, const float* x, int64_t num_x, float* y,
+                        ThreadPool& pool);
 
 }  // namespace sieve::kernels

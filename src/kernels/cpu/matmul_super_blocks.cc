@@ -398,10 +398,10 @@ struct SuperBlockKernel {
 };
 
 #if HWY_TARGET <= HWY_AVX3
-// Decode (fewer than kVnniMinRows activation rows) of Q2_K, Q4_K, Q5_K, Q6_K and IQ4_XS, 512 bits wide on the
-// GGUF layout. Per weight super-block: four 512-bit vectors of 64 u8 levels straight from the
-// loads (one AND / shift per vector, no 256-bit recombination), four vectors of i16 sub-block
-// scales from one in-lane byte shuffle (or vpermw) each, then per activation row four
+// Decode (fewer than kVnniMinRows activation rows) of Q2_K, Q4_K, Q5_K, Q6_K and IQ4_XS, 512 bits
+// wide on the GGUF layout. Per weight super-block: four 512-bit vectors of 64 u8 levels straight
+// from the loads (one AND / shift per vector, no 256-bit recombination), four vectors of i16
+// sub-block scales from one in-lane byte shuffle (or vpermw) each, then per activation row four
 // pmaddubsw + pmaddwd. The activation row is reordered once per matmul to the weights' order:
 // a 512-bit load of Q4_K / Q5_K qs holds 32-byte chunks c and c + 1, so its low nibbles are
 // levels 2c and 2c + 2 (values 64c + l and 64c + 64 + l), its high nibbles levels 2c + 1 and
@@ -512,10 +512,14 @@ struct Q5_KDecode {
     // same byte). Vector j holds levels lo(j) (lanes 0-15) and lo(j) + 2 (lanes 16-31).
     const __m512i qh =
         _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh)));
-    out->u[0] = _mm512_or_si512(out->u[0], _mm512_and_si512(_mm512_sllv_epi16(qh, Counts(4, 2)), bit4));
-    out->u[1] = _mm512_or_si512(out->u[1], _mm512_and_si512(_mm512_sllv_epi16(qh, Counts(3, 1)), bit4));
-    out->u[2] = _mm512_or_si512(out->u[2], _mm512_and_si512(_mm512_srlv_epi16(qh, Counts(0, 2)), bit4));
-    out->u[3] = _mm512_or_si512(out->u[3], _mm512_and_si512(_mm512_srlv_epi16(qh, Counts(1, 3)), bit4));
+    out->u[0] =
+        _mm512_or_si512(out->u[0], _mm512_and_si512(_mm512_sllv_epi16(qh, Counts(4, 2)), bit4));
+    out->u[1] =
+        _mm512_or_si512(out->u[1], _mm512_and_si512(_mm512_sllv_epi16(qh, Counts(3, 1)), bit4));
+    out->u[2] =
+        _mm512_or_si512(out->u[2], _mm512_and_si512(_mm512_srlv_epi16(qh, Counts(0, 2)), bit4));
+    out->u[3] =
+        _mm512_or_si512(out->u[3], _mm512_and_si512(_mm512_srlv_epi16(qh, Counts(1, 3)), bit4));
     DecodeK4Scales(b.scales, out);
     out->d = HalfToFloat(b.d);
     out->dmin = HalfToFloat(b.dmin);
@@ -535,8 +539,9 @@ struct Q6_KDecode {
       const __m512i q = _mm512_loadu_si512(b.ql + 64 * h);
       const __m512i hb = _mm512_broadcast_i64x4(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * h)));
-      out->u[2 * h] = _mm512_or_si512(
-          _mm512_and_si512(q, nibble), _mm512_and_si512(_mm512_sllv_epi16(hb, Counts(4, 2)), bits45));
+      out->u[2 * h] =
+          _mm512_or_si512(_mm512_and_si512(q, nibble),
+                          _mm512_and_si512(_mm512_sllv_epi16(hb, Counts(4, 2)), bits45));
       out->u[2 * h + 1] =
           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), nibble),
                           _mm512_and_si512(_mm512_srlv_epi16(hb, Counts(0, 2)), bits45));
@@ -577,8 +582,8 @@ struct IQ4_XSDecode {
     }
   }
   static HWY_INLINE void Decode(const Block& b, Decoded512* out) {
-    const __m512i table = _mm512_broadcast_i32x4(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues)));
+    const __m512i table =
+        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4NLValues)));
     const __m512i nibble = _mm512_set1_epi8(0xF);
     for (int h = 0; h < 2; ++h) {
       const __m512i q = _mm512_loadu_si512(b.qs + 64 * h);
@@ -637,9 +642,9 @@ struct Q2_KDecode {
     for (int k = 0; k < 4; ++k) {
       const int a = 2 * k, c = 8 + 2 * k;
       const __m512i pattern = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_set_m128i(
-              _mm_set1_epi16(static_cast<int16_t>(0x8000 | (a + 1))),
-              _mm_set1_epi16(static_cast<int16_t>(0x8000 | a)))),
+          _mm512_castsi256_si512(
+              _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x8000 | (a + 1))),
+                               _mm_set1_epi16(static_cast<int16_t>(0x8000 | a)))),
           _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(0x8000 | (c + 1))),
                            _mm_set1_epi16(static_cast<int16_t>(0x8000 | c))),
           1);
@@ -698,26 +703,26 @@ struct DecodeKernel512 {
           if constexpr (Row::kMins32) {
             const __m128i mins = _mm_madd_epi16(
                 dec.mins32, _mm_load_si128(reinterpret_cast<const __m128i*>(xb.sums32)));
-            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
-                                        acc[i][r]);
-            min_acc[i][r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(-dec.dmin * xb.d),
-                                         min_acc[i][r]);
+            acc[i][r] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d), acc[i][r]);
+            min_acc[i][r] =
+                _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(-dec.dmin * xb.d), min_acc[i][r]);
           } else if constexpr (Row::kOffsets16) {
             const __m256i offsets = _mm256_madd_epi16(
                 dec.mins16, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
             sum = _mm512_sub_epi32(sum, _mm512_zextsi256_si512(offsets));
-            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
-                                        acc[i][r]);
+            acc[i][r] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d), acc[i][r]);
           } else if constexpr (Row::kMins16) {
             const __m256i mins = _mm256_madd_epi16(
                 dec.mins16, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.bsums)));
-            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
-                                        acc[i][r]);
+            acc[i][r] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d), acc[i][r]);
             acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mins)),
                                         _mm512_set1_ps(-dec.dmin * xb.d), acc[i][r]);
           } else {
-            acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d),
-                                        acc[i][r]);
+            acc[i][r] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dec.d * xb.d), acc[i][r]);
           }
         }
       }
@@ -750,9 +755,12 @@ void MatmulDecode512(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, fl
       out.sums32[g] = static_cast<int16_t>(in.bsums[2 * g] + in.bsums[2 * g + 1]);
     out.d = in.d;
   }
-  const DecodeKernel512<Row> kernel{
-      static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols,
-      xd.data(), y};
+  const DecodeKernel512<Row> kernel{static_cast<const uint8_t*>(w.data),
+                                    row_bytes(w.dtype, w.cols),
+                                    w.rows,
+                                    w.cols,
+                                    xd.data(),
+                                    y};
   Run(kernel, num_x, pool);
 }
 

@@ -27,7 +27,8 @@ namespace sieve::kernels::vnni {
 
 bool supported() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vnni");
   return has;
 }
@@ -45,7 +46,8 @@ template <int kW, int kX>
 SIEVE_VNNI_ATTR inline void Tile(const Q8_0Problem& p, int64_t r0, int64_t x0, const Slice& s) {
   const int64_t num_blocks = p.cols / kQBlock;
   const BlockQ8_0* w[kW];
-  for (int r = 0; r < kW; ++r) w[r] = reinterpret_cast<const BlockQ8_0*>(p.w + (r0 + r) * p.row_bytes);
+  for (int r = 0; r < kW; ++r)
+    w[r] = reinterpret_cast<const BlockQ8_0*>(p.w + (r0 + r) * p.row_bytes);
   const int8_t* xq[kX];
   const float* xd[kX];
   for (int i = 0; i < kX; ++i) {
@@ -67,7 +69,8 @@ SIEVE_VNNI_ATTR inline void Tile(const Q8_0Problem& p, int64_t r0, int64_t x0, c
       uint32_t scales = block[0].d;
       if (pair) {
         wv = _mm512_inserti64x4(_mm512_zextsi256_si512(low),
-                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block[1].qs)), 1);
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block[1].qs)),
+                                1);
         scales |= static_cast<uint32_t>(block[1].d) << 16;
       } else {
         wv = _mm512_zextsi256_si512(low);
@@ -94,9 +97,9 @@ SIEVE_VNNI_ATTR inline void Tile(const Q8_0Problem& p, int64_t r0, int64_t x0, c
     __m512i xu[kX];
     __m512 xs[kX];
     for (int i = 0; i < kX; ++i) {
-      xu[i] = _mm512_xor_si512(
-          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + b * kQBlock))),
-          bias);
+      xu[i] = _mm512_xor_si512(_mm512_zextsi256_si512(_mm256_loadu_si256(
+                                   reinterpret_cast<const __m256i*>(xq[i] + b * kQBlock))),
+                               bias);
       xs[i] = SpreadPair(_mm_load_ss(xd[i] + b));
     }
     step(xu, xs, b, false);
@@ -112,19 +115,28 @@ SIEVE_VNNI_ATTR inline void Tile(const Q8_0Problem& p, int64_t r0, int64_t x0, c
 
 // Weight rows [r0, r0 + kW) against every activation row.
 template <int kW>
-SIEVE_VNNI_ATTR inline void WeightTile(const Q8_0Problem& p, int64_t r0, int64_t num_x, const Slice& s) {
+SIEVE_VNNI_ATTR inline void WeightTile(const Q8_0Problem& p, int64_t r0, int64_t num_x,
+                                       const Slice& s) {
   int64_t x0 = 0;
   for (; x0 + kRowsX <= num_x; x0 += kRowsX) Tile<kW, kRowsX>(p, r0, x0, s);
   switch (num_x - x0) {
-    case 3: Tile<kW, 3>(p, r0, x0, s); break;
-    case 2: Tile<kW, 2>(p, r0, x0, s); break;
-    case 1: Tile<kW, 1>(p, r0, x0, s); break;
-    default: break;
+    case 3:
+      Tile<kW, 3>(p, r0, x0, s);
+      break;
+    case 2:
+      Tile<kW, 2>(p, r0, x0, s);
+      break;
+    case 1:
+      Tile<kW, 1>(p, r0, x0, s);
+      break;
+    default:
+      break;
   }
 }
 
 // The slice's bytes of weight rows [r0, r1) into L1, ahead of use.
-SIEVE_VNNI_ATTR inline void PrefetchRows(const Q8_0Problem& p, int64_t r0, int64_t r1, const Slice& s) {
+SIEVE_VNNI_ATTR inline void PrefetchRows(const Q8_0Problem& p, int64_t r0, int64_t r1,
+                                         const Slice& s) {
   for (int64_t r = r0; r < r1; ++r) {
     const char* row = reinterpret_cast<const char*>(p.w + r * p.row_bytes);
     const char* end = row + s.end * sizeof(BlockQ8_0);
@@ -150,11 +162,13 @@ SIEVE_VNNI_ATTR inline void PackedTile(const PackedQ8_0Problem& p, int64_t g, in
       const int32_t* x4 = reinterpret_cast<const int32_t*>(p.xq + xb * kQBlock);
       __m512i dot = _mm512_set1_epi32(p.xsum[xb]);
       for (int k = 0; k < 8; ++k) dot = _mm512_dpbusd_epi32(dot, w[k], _mm512_set1_epi32(x4[k]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(p.xd[xb])), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(p.xd[xb])),
+                               acc[i]);
     }
   }
   const int64_t r0 = g * 16;
-  const __mmask16 rows = p.rows - r0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (p.rows - r0)) - 1);
+  const __mmask16 rows =
+      p.rows - r0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (p.rows - r0)) - 1);
   for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(p.y + (x0 + i) * p.rows + r0, rows, acc[i]);
 }
 
@@ -167,19 +181,35 @@ SIEVE_VNNI_ATTR void packed_q8_0_groups(const PackedQ8_0Problem& p, int64_t g_be
     int64_t x0 = 0;
     for (; x0 + kX <= num_x; x0 += kX) PackedTile<kX>(p, g, x0);
     switch (num_x - x0) {
-      case 7: PackedTile<7>(p, g, x0); break;
-      case 6: PackedTile<6>(p, g, x0); break;
-      case 5: PackedTile<5>(p, g, x0); break;
-      case 4: PackedTile<4>(p, g, x0); break;
-      case 3: PackedTile<3>(p, g, x0); break;
-      case 2: PackedTile<2>(p, g, x0); break;
-      case 1: PackedTile<1>(p, g, x0); break;
-      default: break;
+      case 7:
+        PackedTile<7>(p, g, x0);
+        break;
+      case 6:
+        PackedTile<6>(p, g, x0);
+        break;
+      case 5:
+        PackedTile<5>(p, g, x0);
+        break;
+      case 4:
+        PackedTile<4>(p, g, x0);
+        break;
+      case 3:
+        PackedTile<3>(p, g, x0);
+        break;
+      case 2:
+        PackedTile<2>(p, g, x0);
+        break;
+      case 1:
+        PackedTile<1>(p, g, x0);
+        break;
+      default:
+        break;
     }
   }
 }
 
-SIEVE_VNNI_ATTR void q8_0_rows(const Q8_0Problem& p, int64_t r_begin, int64_t r_end, int64_t num_x) {
+SIEVE_VNNI_ATTR void q8_0_rows(const Q8_0Problem& p, int64_t r_begin, int64_t r_end,
+                               int64_t num_x) {
   const int64_t num_blocks = p.cols / kQBlock;
   for (int64_t b0 = 0; b0 < num_blocks; b0 += kSliceBlocks) {
     const Slice s{b0, std::min(num_blocks, b0 + kSliceBlocks), b0 != 0};

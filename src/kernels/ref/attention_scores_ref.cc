@@ -31,7 +31,8 @@ void observation_scores(const PagedKv& kv, const AttentionQuery& window, const f
     for (int64_t t = 0; t < num_keys; ++t) {
       double sum = 0.0;
       for (int64_t i = 0; i < num_rows; ++i) {
-        if (window.positions[i] < t || t < first_visible_key(window, static_cast<size_t>(i))) continue;
+        if (window.positions[i] < t || t < first_visible_key(window, static_cast<size_t>(i)))
+          continue;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kv_head * group + g;
           const float* q = window.q + (i * window.num_heads + h) * kv.head_dim;
