@@ -4,7 +4,7 @@
 #include <cassert>
 #include <fmt/format.h>
 
-#include "sparsity/selection.h"
+#include "sparsity/controller.h"
 #include "util/error.h"
 
 namespace sieve::engine {
@@ -34,49 +34,10 @@ sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token)
   return sparsity::TokenClass::kOther;
 }
 
-// The key indices, before a step, of the positions `dropped` (ascending) from a stream whose keys
-// are its kept positions in order; `kept_after`: the positions still kept after it. A dropped
-// key's index is its rank then: the kept positions below it plus the dropped ones below it.
-std::vector<int32_t> key_indices_of_dropped(std::span<const int32_t> kept_after,
-                                            std::span<const int32_t> dropped) {
-  std::vector<int32_t> indices(dropped.size());
-  for (size_t j = 0; j < dropped.size(); ++j) {
-    indices[j] =
-        static_cast<int32_t>(std::lower_bound(kept_after.begin(), kept_after.end(), dropped[j]) -
-                             kept_after.begin() + static_cast<ptrdiff_t>(j));
-  }
-  return indices;
-}
-
-// One decode step of a FastGen stream whose keys are its state's kept positions followed by the
-// new token. attention: this step's weights when the stream asked for them (a frequent set
-// ranks by them); otherwise zeros stand in, as the other choices keep by class and position
-// only. Returns the key indices to drop now (ascending).
-std::vector<int32_t> fastgen_step(sparsity::FastGenState& state, int32_t new_position,
-                                  sparsity::TokenClass new_class,
-                                  const std::vector<float>* attention) {
-  std::vector<float> zeros;
-  std::span<const float> weights;
-  if (attention && attention->size() == state.kept_positions().size() + 1) {
-    weights = *attention;
-  } else {
-    zeros.assign(state.kept_positions().size() + 1, 0.0f);
-    weights = zeros;
-  }
-  const std::vector<int32_t> dropped = state.step(new_position, new_class, weights);
-  return key_indices_of_dropped(state.kept_positions(), dropped);
-}
-
 }  // namespace
 
-// What the engine runs of a request's sparsity plan, per stream [layer * num_kv_heads + kv_head].
-struct SparsityState {
-  sparsity::SparsityPlan plan;
-  int32_t observation_rows = 0;    // 0: no stream needs scores
-  bool has_windows = false;        // some stream is sink + window (drops every step)
-  bool has_heavy_hitters = false;  // some stream is H2O (needs decode attention weights)
-  bool has_fastgen = false;        // some stream is FastGen (drops by its choice every step)
-  bool has_page_select = false;    // some stream is Quest (decode reads selected pages)
+// A sparse request's admission terms, shared by its samples.
+struct SparseAdmission {
   // Prefill is compressed at every multiple of this many positions (0: only at its end), so
   // the prompt never holds more than the policy's budget + one chunk.
   int32_t chunk_boundary = 0;
@@ -89,8 +50,9 @@ struct SparsityState {
 struct Engine::PendingRequest {
   RequestId id = 0;
   Request request;
-  std::shared_ptr<const SparsityState> sparsity;  // null: dense
-  std::optional<int64_t> max_pages;               // sparse admission bound
+  std::unique_ptr<sparsity::SparsityController> sparsity;  // null: dense
+  SparseAdmission admission;
+  std::optional<int64_t> max_pages;  // sparse admission bound
   std::shared_ptr<EventSink> sink;
   Clock::time_point arrival;
 };
@@ -109,13 +71,9 @@ struct Engine::Sample {
   std::optional<Clock::time_point> first_scheduled;
   int32_t cached_prompt_tokens = 0;
   Timings timings;
-  std::shared_ptr<const SparsityState> sparsity;  // null: dense
-  bool compressed = false;         // the prompt's last compression is done: decode policies run
-  int32_t compressed_through = 0;  // positions the latest compression covered
-  std::vector<std::optional<sparsity::HeavyHitterState>> heavy;  // [stream], H2O streams only
-  std::vector<std::optional<sparsity::FastGenState>> fastgen;    // [stream], FastGen streams only
-  int32_t fastgen_positions = 0;            // positions the FastGen states have seen
-  std::optional<float> attention_recovery;  // from the compression
+  std::unique_ptr<sparsity::SparsityController> sparsity;  // null: dense
+  int32_t chunk_boundary = 0;                              // SparseAdmission's
+  std::optional<float> attention_recovery;                 // from the compression
 
   Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink,
          const SamplingParams& p, std::span<const TokenId> eos, int32_t prompt_tokens,
@@ -199,67 +157,41 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
       window && std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {
     request.kv_policy.policy = sparsity::StreamingSpec{.num_sinks = 0, .window = *window};
   }
-  std::shared_ptr<SparsityState> sparsity;
+  std::unique_ptr<sparsity::SparsityController> sparsity;
+  SparseAdmission admission;
   int64_t pages_needed =
       (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
   if (!std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {
-    sparsity = std::make_shared<SparsityState>();
     try {
-      sparsity->plan = resolve_policy(request.kv_policy);
+      sparsity = std::make_unique<sparsity::SparsityController>(resolve_policy(request.kv_policy));
     } catch (const Error& e) {
       return Rejection{SubmitError::kInvalidParams, e.what()};
     }
-    sparsity->observation_rows = static_cast<int32_t>(sparsity->plan.observation_rows());
-    std::vector<std::optional<int64_t>> bounds;
-    for (const sparsity::HeadPolicy& head : sparsity->plan.heads) {
-      if (std::holds_alternative<sparsity::SinkWindowHead>(head)) {
-        const auto& h = std::get<sparsity::SinkWindowHead>(head);
-        sparsity->has_windows = true;
-        bounds.push_back(int64_t{h.num_sinks} + h.window);
-      } else if (std::holds_alternative<sparsity::ObservationTopHead>(head)) {
-        // SnapKV keeps its top-B + window of the prompt and every generated token.
-        bounds.push_back(sparsity::max_kept_tokens(head).value_or(prompt_len) +
-                         *request.params.max_tokens);
-      } else if (const auto* h2o = std::get_if<sparsity::HeavyHitterHead>(&head)) {
-        sparsity->has_heavy_hitters = true;
-        bounds.push_back(h2o->heavy_budget + h2o->window + 1);
-      } else if (std::holds_alternative<sparsity::FastGenPendingHead>(head)) {
-        sparsity->has_fastgen = true;
-        bounds.push_back(std::nullopt);  // the head may choose full
-      } else if (std::holds_alternative<sparsity::DenseHead>(head)) {
-        bounds.push_back(std::nullopt);
-      } else {
-        static_assert(std::variant_size_v<sparsity::HeadPolicy> == 6,
-                      "a new head policy needs a branch here");
-        // Quest (PageSelectHead) keeps every key (no memory is freed); its decode rows read the
-        // chosen pages.
-        sparsity->has_page_select = true;
-        bounds.push_back(std::nullopt);
-      }
-    }
-    if (sparsity->plan.is_dense()) {
+    if (sparsity->is_dense()) {
       sparsity.reset();
     } else {
+      const std::vector<std::optional<int64_t>> bounds =
+          sparsity->max_kept_tokens(prompt_len, *request.params.max_tokens);
       const bool bounded =
           std::any_of(bounds.begin(), bounds.end(), [](const auto& b) { return b.has_value(); });
       if (bounded && config_.sparse_prefill_chunk > 0) {
         // The observation window must lie inside the chunk it scores, and chunks end on pages
         // (a prefix-cache hit is capped at the first one).
-        const int32_t chunk = std::max(config_.sparse_prefill_chunk, sparsity->observation_rows);
-        sparsity->chunk_boundary =
+        const int32_t chunk = std::max(config_.sparse_prefill_chunk, sparsity->observation_rows());
+        admission.chunk_boundary =
             (chunk + config_.page_size - 1) / config_.page_size * config_.page_size;
       }
-      const int64_t first_chunk = sparsity->chunk_boundary > 0
-                                      ? std::min<int64_t>(prompt_len, sparsity->chunk_boundary)
+      const int64_t first_chunk = admission.chunk_boundary > 0
+                                      ? std::min<int64_t>(prompt_len, admission.chunk_boundary)
                                       : prompt_len;
-      sparsity->private_kv = sparsity->chunk_boundary == 0 && request.params.n <= 1;
+      admission.private_kv = admission.chunk_boundary == 0 && request.params.n <= 1;
       pages_needed =
           kv::sparse_peak_pages({.shape = kv_.slice_shape(),
                                  .max_kept_tokens = bounds,
                                  .chunk_size = first_chunk,
                                  .max_total_tokens = prompt_len + *request.params.max_tokens,
                                  .dense_tokens_at_first_compression = first_chunk,
-                                 .in_place = sparsity->private_kv});
+                                 .in_place = admission.private_kv});
     }
   }
   if (pages_needed > config_.num_kv_pages) {
@@ -279,6 +211,7 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
   pending->sink = std::make_shared<EventSink>(std::move(sink));
   pending->arrival = Clock::now();
   pending->sparsity = std::move(sparsity);
+  pending->admission = admission;
   if (pending->sparsity) pending->max_pages = pages_needed;
   const RequestId id = pending->id;
   pending_.push_back(std::move(pending));
@@ -335,13 +268,14 @@ void Engine::admit_pending() {
         p->id, 0, p->sink, params_for_sample(p->request.params, 0), eos_ids_,
         static_cast<int32_t>(p->request.prompt.size()), p->arrival);
     sample->num_samples_to_fork = n - 1;
-    sample->sparsity = p->sparsity;
+    sample->sparsity = std::move(p->sparsity);
+    sample->chunk_boundary = p->admission.chunk_boundary;
     const int32_t max_new = *p->request.params.max_tokens;
     const sched::AddResult added =
         scheduler_.add(seq, std::move(p->request.prompt), max_new,
                        {.max_pages = p->max_pages,
-                        .chunk_boundary = p->sparsity ? p->sparsity->chunk_boundary : 0,
-                        .private_kv = p->sparsity && p->sparsity->private_kv});
+                        .chunk_boundary = p->admission.chunk_boundary,
+                        .private_kv = p->admission.private_kv});
     if (added != sched::AddResult::kQueued) {
       RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
       const bool queue_full = added == sched::AddResult::kQueueFull;
@@ -417,8 +351,8 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
     if (!scheduled.samples) {
       // A prefill chunk of a sparse request ended on a boundary: compress before the next one.
       const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
-      const int32_t boundary = first.sparsity ? first.sparsity->chunk_boundary : 0;
-      if (boundary > 0 && computed % boundary == 0 && !first.compressed)
+      const int32_t boundary = first.chunk_boundary;
+      if (boundary > 0 && computed % boundary == 0 && !first.sparsity->prompt_compressed())
         to_compress_.push_back(scheduled.seq_id);
       continue;
     }
@@ -441,12 +375,10 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
       sample->first_scheduled = first.first_scheduled;
       sample->timings.queue_seconds = first.timings.queue_seconds;
       sample->cached_prompt_tokens = first.cached_prompt_tokens;
-      sample->sparsity = first.sparsity;
-      sample->compressed_through =
-          first.compressed_through;  // a sparse parent's child has its keys
-      sample->heavy = first.heavy;
-      sample->fastgen = first.fastgen;
-      sample->fastgen_positions = first.fastgen_positions;
+      // A sparse parent's child has its keys, so it continues from its policies' state.
+      if (first.sparsity)
+        sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
+      sample->chunk_boundary = first.chunk_boundary;
       samples_.emplace(child, std::move(sample));
       seqs.push_back(child);
     }
@@ -454,7 +386,7 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
 
     for (sched::SeqId seq : seqs) {
       Sample& sample = *samples_.at(seq);
-      if (sample.sparsity && !sample.compressed) to_compress_.push_back(seq);
+      if (sample.sparsity && !sample.sparsity->prompt_compressed()) to_compress_.push_back(seq);
       std::span<const int32_t> tokens = scheduler_.tokens(seq);
       const SequenceTokens history{.prompt = tokens.first(sample.num_prompt_tokens),
                                    .output = tokens.subspan(sample.num_prompt_tokens)};
@@ -492,11 +424,9 @@ bool Engine::step() {
   sched::ScheduleOutput out = scheduler_.schedule();
   for (sched::SeqId seq : out.preempted) {
     // Recomputed from its tokens as a dense sequence: compress again when that is done.
-    if (auto it = samples_.find(seq); it != samples_.end() && it->second->compressed_through > 0) {
-      it->second->compressed = false;
-      it->second->compressed_through = 0;
-      it->second->heavy.clear();
-      it->second->fastgen.clear();
+    if (auto it = samples_.find(seq); it != samples_.end() && it->second->sparsity &&
+                                      it->second->sparsity->compressed_through() > 0) {
+      it->second->sparsity->restart();
       runner_.forget(seq);
     }
   }
@@ -563,187 +493,79 @@ void Engine::apply_sparsity() {
   pending.swap(to_compress_);
   for (sched::SeqId seq : pending) {
     auto it = samples_.find(seq);
-    if (it != samples_.end() && !it->second->compressed) compress(seq, *it->second);
+    if (it != samples_.end() && !it->second->sparsity->prompt_compressed())
+      compress(seq, *it->second);
   }
   for (auto& [seq, sample] : samples_) {
-    if (sample->compressed &&
-        (sample->sparsity->has_windows || sample->sparsity->has_heavy_hitters ||
-         sample->sparsity->has_fastgen)) {
-      drop_out_of_window(seq, *sample);
-    }
+    if (sample->sparsity && sample->sparsity->acts_on_decode()) drop_out_of_window(seq, *sample);
   }
 }
 
 // At each chunk boundary of the prompt (chunk_boundary) and right after the step that computed
-// the whole prompt (and sampled the first token from the cache as it was), every bounded stream
-// keeps what its head's policy selects among its current keys: those kept so far, then the new
-// chunk. The prompt's last compression also starts the decode-time policies.
+// the whole prompt (and sampled the first token from the cache as it was), every stream keeps
+// what its policy selects among its current keys: those kept so far, then the new chunk. The
+// prompt's last compression also starts the decode-time policies.
 void Engine::compress(sched::SeqId seq, Sample& sample) {
-  const SparsityState& state = *sample.sparsity;
+  sparsity::SparsityController& controller = *sample.sparsity;
   const bool last = scheduler_.num_output_tokens(seq) > 0;
   const int32_t n = scheduler_.num_computed(seq);  // the sampled token is not computed yet
   const bool sparse = kv_.is_sparse(seq);
-  if (!sparse) {  // (again) from the start: a recompute after preemption, a child that waited
-    sample.compressed_through = 0;
-    sample.heavy.clear();
-    sample.fastgen.clear();
+  // (Again) from the start: a recompute after preemption, a child that waited.
+  if (!sparse) controller.restart();
+  if (n <= controller.compressed_through() && !last) return;
+  std::vector<int32_t> num_keys(controller.num_streams(), n);
+  if (sparse) {
+    const kv::SparseLayout& layout = kv_.sparse_layout(seq);
+    for (size_t s = 0; s < num_keys.size(); ++s) num_keys[s] = layout.streams[s].num_tokens;
   }
-  if (n <= sample.compressed_through && !last) return;
-  const ModelRunner::ObservationScores* scores = nullptr;
-  if (state.observation_rows > 0)
-    scores = &runner_.observe(seq, scheduler_.tokens(seq).first(n), state.observation_rows);
-  kv::KeepSets keep(state.plan.heads.size());
-  double fastgen_recovery = 0.0;
-  int num_fastgen = 0;
-  if (state.has_fastgen && last) {
-    sample.fastgen.assign(keep.size(), std::nullopt);
-    sample.fastgen_positions = n;
+  std::vector<std::span<const float>> scores;
+  if (const int32_t rows = controller.observation_rows(); rows > 0) {
+    const ModelRunner::ObservationScores& observed =
+        runner_.observe(seq, scheduler_.tokens(seq).first(n), rows);
+    for (size_t s = 0; s < num_keys.size(); ++s) scores.push_back(observed.stream(s));
   }
-  std::vector<sparsity::TokenClass> prompt_classes;  // FastGen's, filled by its first stream
-  std::vector<int32_t> prompt_positions;
-  for (size_t s = 0; s < keep.size(); ++s) {
-    const sparsity::HeadPolicy& head = state.plan.heads[s];
-    const int32_t num_keys = sparse ? kv_.sparse_layout(seq).streams[s].num_tokens : n;
-    if (const auto* window = std::get_if<sparsity::SinkWindowHead>(&head)) {
-      keep[s] = sparsity::select_sink_window(num_keys, *window);
-    } else if (const auto* top = std::get_if<sparsity::ObservationTopHead>(&head)) {
-      keep[s] = sparsity::select_snapkv(scores->stream(s), *top);
-    } else if (const auto* h2o = std::get_if<sparsity::HeavyHitterHead>(&head)) {
-      // H2O: the observation rows seed the accumulated attention of the current keys (kept so
-      // far, then the new chunk), in position order like the keys.
-      if (sample.heavy.empty()) sample.heavy.resize(keep.size());
-      std::vector<int32_t> positions;
-      if (sample.heavy[s])
-        positions.assign(sample.heavy[s]->kept_positions().begin(),
-                         sample.heavy[s]->kept_positions().end());
-      for (int32_t p = sample.compressed_through; p < n; ++p) positions.push_back(p);
-      sparsity::HeavyHitterState& heavy = sample.heavy[s].emplace(*h2o);
-      heavy.start(positions, scores->stream(s));
-      const std::span<const int32_t> kept = heavy.kept_positions();
-      keep[s].emplace();
-      for (int32_t p : kept) {
-        keep[s]->push_back(static_cast<int32_t>(
-            std::lower_bound(positions.begin(), positions.end(), p) - positions.begin()));
-      }
-    } else if (const auto* fastgen = std::get_if<sparsity::FastGenPendingHead>(&head)) {
-      // FastGen decides at the prompt's end, from all of it (its streams keep every key until
-      // then, so positions == key indices).
-      if (!last) continue;
-      if (prompt_classes.empty()) {
-        for (int32_t i = 0; i < n; ++i) {
-          prompt_classes.push_back(token_class(*tokenizer_, scheduler_.tokens(seq)[i]));
-          prompt_positions.push_back(i);
-        }
-      }
-      const std::span<const float> row = scores->stream(s);
-      const sparsity::FastGenDecision decision =
-          sparsity::select_fastgen(row, prompt_classes, *fastgen);
-      fastgen_recovery += decision.recovery;
-      ++num_fastgen;
-      sample.fastgen[s].emplace(*fastgen, decision, prompt_positions, prompt_classes, row);
-      if (decision.choice != sparsity::FastGenChoice::kFull) keep[s] = decision.keep;
+  std::vector<sparsity::TokenClass> classes;
+  if (last && controller.needs_token_classes()) {
+    for (int32_t i = 0; i < n; ++i) classes.push_back(token_class(*tokenizer_, scheduler_.tokens(seq)[i]));
+  }
+  sparsity::SparsityController::Compression compression = controller.propose(
+      {.prompt_done = last, .num_positions = n, .num_keys = num_keys, .scores = scores, .classes = classes});
+  if (compression.attention_recovery) sample.attention_recovery = compression.attention_recovery;
+  if (compression.changes_layout) {
+    std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, compression.keep);
+    if (!plan) {  // no free page for the copy out of shared pages: stay dense, try next step
+      to_compress_.push_back(seq);
+      return;
     }
+    runner_.apply(*plan);
   }
-  if (scores) {
-    double recovery = fastgen_recovery;  // FastGen's own ratio, also for heads that chose full
-    int num_scored = num_fastgen;
-    for (size_t s = 0; s < keep.size(); ++s) {
-      const bool scored =
-          std::holds_alternative<sparsity::ObservationTopHead>(state.plan.heads[s]) ||
-          std::holds_alternative<sparsity::HeavyHitterHead>(state.plan.heads[s]);
-      if (!scored || !keep[s]) continue;
-      const std::span<const float> row = scores->stream(s);
-      double total = 0.0, kept = 0.0;
-      for (float score : row) total += score;
-      for (int32_t i : *keep[s]) kept += row[i];
-      recovery += total > 0 ? kept / total : 1.0;
-      ++num_scored;
-    }
-    if (num_scored > 0) sample.attention_recovery = static_cast<float>(recovery / num_scored);
-  }
-  if (!state.has_page_select &&
-      std::none_of(keep.begin(), keep.end(), [](const auto& k) { return k.has_value(); })) {
-    // Every stream keeps everything for good (FastGen heads that chose full): stay as it is
-    // (page selection, though, reads per-stream slices, so Quest streams do turn sparse).
-    sample.compressed_through = n;
-    sample.compressed = last;
-    return;
-  }
-  std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, keep);
-  if (!plan) {  // no free page for the copy out of shared pages: stay dense, try next step
-    to_compress_.push_back(seq);
-    return;
-  }
-  runner_.apply(*plan);
-  sample.compressed_through = n;
-  if (!last) return;
-  sample.compressed = true;
-  if (state.has_page_select) {
-    std::vector<std::optional<sparsity::PageSelectHead>> heads;
-    for (const sparsity::HeadPolicy& head : state.plan.heads) {
-      const auto* quest = std::get_if<sparsity::PageSelectHead>(&head);
-      heads.push_back(quest ? std::optional(*quest) : std::nullopt);
-    }
-    runner_.select_pages(seq, std::move(heads));
-  }
-  // Decode attention weights: H2O streams and FastGen streams that keep a frequent set.
-  std::vector<uint8_t> wanted(keep.size());
-  bool any_wanted = false;
-  for (size_t s = 0; s < wanted.size(); ++s) {
-    wanted[s] =
-        (s < sample.heavy.size() && sample.heavy[s]) ||
-        (s < sample.fastgen.size() && sample.fastgen[s] &&
-         sample.fastgen[s]->choice() == sparsity::FastGenChoice::kSpecialPunctLocalFrequent);
-    any_wanted = any_wanted || wanted[s];
-  }
-  if (any_wanted) runner_.want_attention(seq, std::move(wanted));
+  controller.commit(std::move(compression));
+  if (!last || !kv_.is_sparse(seq)) return;
+  if (controller.has_page_selection()) runner_.select_pages(seq, controller.page_selection());
+  // Decode attention weights, for the policies that rank keys by them (H2O, FastGen frequent).
+  if (std::vector<uint8_t> wanted = controller.decode_attention_streams(); !wanted.empty())
+    runner_.want_attention(seq, std::move(wanted));
 }
 
-// Sink + window streams drop the oldest non-sink keys beyond the window after every step.
+// After a decode step, each stream drops what its policy lets go (sink + window: the key that
+// left the window; H2O: the lowest accumulated; FastGen: what its choice no longer keeps).
 void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
   if (!kv_.is_sparse(seq)) return;
   const kv::SparseLayout& layout = kv_.sparse_layout(seq);
-  kv::DropSets drops(layout.streams.size());
-  bool any = false;
+  std::vector<int32_t> num_keys(layout.streams.size());
+  for (size_t s = 0; s < num_keys.size(); ++s) num_keys[s] = layout.streams[s].num_tokens;
   const std::vector<std::vector<float>>* attention = runner_.attention(seq);
   const int32_t new_position = layout.num_positions - 1;
-  // FastGen steps once per new position (not on the step that compressed the prompt).
-  const bool fastgen_steps =
-      !sample.fastgen.empty() && layout.num_positions > sample.fastgen_positions;
-  // Decode adds one position a step, so a state's keys are its kept positions plus this one.
-  assert(!fastgen_steps || layout.num_positions == sample.fastgen_positions + 1);
-  if (fastgen_steps) sample.fastgen_positions = layout.num_positions;
-  for (size_t s = 0; s < drops.size(); ++s) {
-    if (s < sample.fastgen.size() && sample.fastgen[s]) {
-      // A head that chose full keeps everything: nothing to track.
-      if (!fastgen_steps || sample.fastgen[s]->choice() == sparsity::FastGenChoice::kFull) continue;
-      const std::vector<float>* weights = attention ? &(*attention)[s] : nullptr;
-      drops[s] =
-          fastgen_step(*sample.fastgen[s], new_position,
-                       token_class(*tokenizer_, scheduler_.tokens(seq)[new_position]), weights);
-      any = any || !drops[s].empty();
-      continue;
-    }
-    if (s < sample.heavy.size() && sample.heavy[s] && attention && !(*attention)[s].empty()) {
-      // H2O: add this step's attention, evict at most one key (the lowest accumulated outside
-      // the recent window).
-      sparsity::HeavyHitterState& h2o = *sample.heavy[s];
-      if (const std::optional<int32_t> evicted = h2o.step(new_position, (*attention)[s])) {
-        drops[s] =
-            key_indices_of_dropped(h2o.kept_positions(), std::span<const int32_t>(&*evicted, 1));
-        any = true;
-      }
-      continue;
-    }
-    const auto* window = std::get_if<sparsity::SinkWindowHead>(&sample.sparsity->plan.heads[s]);
-    if (!window) continue;
-    const int32_t held = layout.streams[s].num_tokens;
-    const auto keep_end =
-        static_cast<int32_t>(held - window->window);  // keys [sinks, keep_end) fall out
-    for (auto j = static_cast<int32_t>(window->num_sinks); j < keep_end; ++j) drops[s].push_back(j);
-    any = any || !drops[s].empty();
-  }
-  if (any) runner_.apply(kv_.drop_tokens(seq, drops));
+  const sparsity::TokenClass new_class =
+      sample.sparsity->needs_token_classes()
+          ? token_class(*tokenizer_, scheduler_.tokens(seq)[new_position])
+          : sparsity::TokenClass::kOther;
+  kv::DropSets drops = sample.sparsity->after_decode_step(
+      layout.num_positions, num_keys,
+      attention ? std::span<const std::vector<float>>(*attention) : std::span<const std::vector<float>>(),
+      new_class);
+  if (std::any_of(drops.begin(), drops.end(), [](const auto& d) { return !d.empty(); }))
+    runner_.apply(kv_.drop_tokens(seq, drops));
 }
 
 }  // namespace sieve::engine

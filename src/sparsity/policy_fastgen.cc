@@ -1,0 +1,64 @@
+// FastGen: dense through the prompt; at its end, the cheapest of special / +punctuation /
+// +local / +frequent / full that recovers enough of the profiling rows' attention
+// (select_fastgen), carried on through generation by FastGenState.
+#include "sparsity/policies.h"
+
+namespace sieve::sparsity {
+
+namespace {
+
+class FastGenPolicy final : public StreamPolicy {
+ public:
+  explicit FastGenPolicy(const FastGenPendingHead& head) : head_(head) {}
+  std::unique_ptr<StreamPolicy> clone() const override {
+    return std::make_unique<FastGenPolicy>(*this);
+  }
+  std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override {
+    return std::nullopt;  // the head may choose full
+  }
+  int64_t observation_rows() const override { return head_.local_window; }
+  bool needs_token_classes() const override { return true; }
+
+  CompressResult compress(const CompressInput& in) override {
+    if (!in.prompt_done) return {};  // decides once, from the whole prompt
+    // Until now the stream kept every key, so key indices are positions.
+    std::vector<int32_t> positions(static_cast<size_t>(in.num_positions));
+    for (int32_t i = 0; i < in.num_positions; ++i) positions[i] = i;
+    const FastGenDecision decision = select_fastgen(in.scores, in.classes, head_);
+    state_.emplace(head_, decision, positions, in.classes, in.scores);
+    CompressResult result{.recovery = decision.recovery};
+    if (decision.choice != FastGenChoice::kFull) result.keep = decision.keep;
+    return result;
+  }
+
+  bool acts_on_decode() const override {
+    return state_ && state_->choice() != FastGenChoice::kFull;
+  }
+  bool wants_decode_attention() const override {
+    return state_ && state_->choice() == FastGenChoice::kSpecialPunctLocalFrequent;
+  }
+  std::vector<int32_t> after_decode_step(const DecodeInput& in) override {
+    if (!acts_on_decode()) return {};
+    // Without weights (the choice ranks nothing by them) zeros stand in.
+    std::vector<float> zeros;
+    std::span<const float> weights = in.attention;
+    if (weights.size() != state_->kept_positions().size() + 1) {
+      zeros.assign(state_->kept_positions().size() + 1, 0.0f);
+      weights = zeros;
+    }
+    const std::vector<int32_t> dropped = state_->step(in.new_position, in.new_class, weights);
+    return key_indices_of_dropped(state_->kept_positions(), dropped);
+  }
+
+ private:
+  FastGenPendingHead head_;
+  std::optional<FastGenState> state_;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamPolicy> make_fastgen_policy(const FastGenPendingHead& head) {
+  return std::make_unique<FastGenPolicy>(head);
+}
+
+}  // namespace sieve::sparsity

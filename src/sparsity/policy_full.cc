@@ -1,0 +1,22 @@
+// full: the stream keeps every key and every row reads all of them.
+#include "sparsity/policies.h"
+
+namespace sieve::sparsity {
+
+namespace {
+
+class FullPolicy final : public StreamPolicy {
+ public:
+  std::unique_ptr<StreamPolicy> clone() const override {
+    return std::make_unique<FullPolicy>(*this);
+  }
+  std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override { return std::nullopt; }
+  bool is_dense() const override { return true; }
+  CompressResult compress(const CompressInput&) override { return {}; }
+};
+
+}  // namespace
+
+std::unique_ptr<StreamPolicy> make_full_policy() { return std::make_unique<FullPolicy>(); }
+
+}  // namespace sieve::sparsity

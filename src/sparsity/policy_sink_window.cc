@@ -1,0 +1,40 @@
+// StreamingLLM (sink + window): the first S keys and the last W; each decode step drops the key
+// that left the window, so the stream never holds more than S + W.
+#include "sparsity/policies.h"
+
+namespace sieve::sparsity {
+
+namespace {
+
+class SinkWindowPolicy final : public StreamPolicy {
+ public:
+  explicit SinkWindowPolicy(const SinkWindowHead& head) : head_(head) {}
+  std::unique_ptr<StreamPolicy> clone() const override {
+    return std::make_unique<SinkWindowPolicy>(*this);
+  }
+  std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override {
+    return head_.num_sinks + head_.window;
+  }
+  CompressResult compress(const CompressInput& in) override {
+    return {.keep = select_sink_window(in.num_keys, head_)};
+  }
+  bool acts_on_decode() const override { return true; }
+  std::vector<int32_t> after_decode_step(const DecodeInput& in) override {
+    std::vector<int32_t> dropped;
+    const auto window_start = static_cast<int32_t>(in.num_keys - head_.window);
+    for (auto j = static_cast<int32_t>(head_.num_sinks); j < window_start; ++j)
+      dropped.push_back(j);
+    return dropped;
+  }
+
+ private:
+  SinkWindowHead head_;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamPolicy> make_sink_window_policy(const SinkWindowHead& head) {
+  return std::make_unique<SinkWindowPolicy>(head);
+}
+
+}  // namespace sieve::sparsity

@@ -1,0 +1,97 @@
+// make_stream_policy(): which object runs each resolved head policy.
+#include "sparsity/stream_policy.h"
+
+#include <algorithm>
+
+#include "sparsity/policies.h"
+
+namespace sieve::sparsity {
+
+namespace {
+
+// A StreamPolicy as a group of one.
+class SingleStream final : public GroupPolicy {
+ public:
+  explicit SingleStream(std::unique_ptr<StreamPolicy> policy) : policy_(std::move(policy)) {}
+  std::unique_ptr<GroupPolicy> clone() const override {
+    return std::make_unique<SingleStream>(policy_->clone());
+  }
+  size_t num_members() const override { return 1; }
+  std::optional<int64_t> max_kept_tokens(size_t, int64_t prompt_tokens,
+                                         int64_t max_new_tokens) const override {
+    return policy_->max_kept_tokens(prompt_tokens, max_new_tokens);
+  }
+  int64_t observation_rows() const override { return policy_->observation_rows(); }
+  bool needs_token_classes() const override { return policy_->needs_token_classes(); }
+  bool is_dense() const override { return policy_->is_dense(); }
+  std::optional<PageSelectHead> page_selection(size_t) const override {
+    return policy_->page_selection();
+  }
+  void compress(std::span<const CompressInput> in, std::span<CompressResult> out) override {
+    out[0] = policy_->compress(in[0]);
+  }
+  bool acts_on_decode() const override { return policy_->acts_on_decode(); }
+  bool wants_decode_attention(size_t) const override { return policy_->wants_decode_attention(); }
+  void after_decode_step(std::span<const DecodeInput> in,
+                         std::span<std::vector<int32_t>> drops) override {
+    drops[0] = policy_->after_decode_step(in[0]);
+  }
+
+ private:
+  std::unique_ptr<StreamPolicy> policy_;
+};
+
+std::unique_ptr<StreamPolicy> make_stream_policy(const HeadPolicy& head) {
+  struct Make {
+    std::unique_ptr<StreamPolicy> operator()(const DenseHead&) const { return make_full_policy(); }
+    std::unique_ptr<StreamPolicy> operator()(const SinkWindowHead& h) const {
+      return make_sink_window_policy(h);
+    }
+    std::unique_ptr<StreamPolicy> operator()(const ObservationTopHead& h) const {
+      return make_snapkv_policy(h);
+    }
+    std::unique_ptr<StreamPolicy> operator()(const HeavyHitterHead& h) const {
+      return make_h2o_policy(h);
+    }
+    std::unique_ptr<StreamPolicy> operator()(const FastGenPendingHead& h) const {
+      return make_fastgen_policy(h);
+    }
+    std::unique_ptr<StreamPolicy> operator()(const PageSelectHead& h) const {
+      return make_page_select_policy(h);
+    }
+  };
+  return std::visit(Make{}, head);
+}
+
+}  // namespace
+
+std::vector<PolicyGroup> make_policy_groups(const SparsityPlan& plan) {
+  std::vector<PolicyGroup> groups;
+  for (size_t s = 0; s < plan.heads.size(); ++s) {
+    groups.push_back({std::make_unique<SingleStream>(make_stream_policy(plan.heads[s])),
+                      {static_cast<int32_t>(s)}});
+  }
+  return groups;
+}
+
+std::vector<int32_t> key_indices_of_dropped(std::span<const int32_t> kept_after,
+                                            std::span<const int32_t> dropped) {
+  // A dropped key's index is its rank among all the keys: the kept positions below it plus
+  // the dropped ones below it.
+  std::vector<int32_t> indices(dropped.size());
+  for (size_t j = 0; j < dropped.size(); ++j) {
+    indices[j] =
+        static_cast<int32_t>(std::lower_bound(kept_after.begin(), kept_after.end(), dropped[j]) -
+                             kept_after.begin() + static_cast<ptrdiff_t>(j));
+  }
+  return indices;
+}
+
+double kept_mass_ratio(std::span<const float> scores, std::span<const int32_t> keep) {
+  double total = 0.0, kept = 0.0;
+  for (float score : scores) total += score;
+  for (int32_t i : keep) kept += scores[i];
+  return total > 0 ? kept / total : 1.0;
+}
+
+}  // namespace sieve::sparsity

@@ -1,0 +1,114 @@
+#pragma once
+// The contract of a KV policy object: what one (layer, KV head) stream keeps, with the state it
+// carries from step to step. One class per policy (policy_*.cc); SparsityController
+// (controller.h) owns a request's objects and turns their answers into the plain keep / drop
+// sets the engine hands to the KV manager. Policies see numbers only: key counts, scores,
+// attention weights, token classes. Where kept keys live is the KV manager's business.
+//
+// A stream's keys are its kept positions in position order; a "key index" is an index into
+// them. Every answer lists key indices, ascending.
+//
+// Most policies decide per stream (StreamPolicy). A policy that decides for several streams at
+// once (e.g. one budget shared among a layer's KV heads) implements GroupPolicy; the
+// controller runs every policy as a GroupPolicy (a StreamPolicy is a group of one).
+//
+// To add a policy: its head struct in policy_spec.h (what resolve() assigns to a stream) and
+// its grammar, one policy_<name>.cc implementing StreamPolicy or GroupPolicy, and its line in
+// make_policy_groups() (stream_policy.cc).
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "sparsity/policy_spec.h"
+#include "sparsity/selection.h"
+
+namespace sieve::sparsity {
+
+// A compression point: a prefill chunk boundary, or the step that completed the prompt.
+struct CompressInput {
+  bool prompt_done = false;        // the whole prompt is computed: decode-time state starts
+  int32_t num_positions = 0;       // positions computed so far
+  int32_t first_new_position = 0;  // positions [first_new_position, num_positions) are new
+  int32_t num_keys = 0;            // keys held now: those kept so far, then the new positions
+  std::span<const float> scores;   // observation scores over those keys (empty: none asked)
+  std::span<const TokenClass> classes;  // of positions [0, num_positions), when asked for
+};
+
+struct CompressResult {
+  std::optional<std::vector<int32_t>> keep;  // key indices to keep; nullopt: keep every key
+  std::optional<double> recovery;  // attention mass of the kept keys / all, when scored
+};
+
+// One decode step, after the new token's K/V was written and attended.
+struct DecodeInput {
+  int32_t new_position = 0;  // the position this step added (the stream's last key)
+  TokenClass new_class = TokenClass::kOther;
+  int32_t num_keys = 0;               // keys held, the new one included
+  std::span<const float> attention;   // this step's weights over them, if asked (else empty)
+};
+
+class StreamPolicy {
+ public:
+  virtual ~StreamPolicy() = default;
+  // A copy with the same state: a forked sample continues from its parent's.
+  virtual std::unique_ptr<StreamPolicy> clone() const = 0;
+
+  // Admission: the most keys the stream holds once its policy applies (chunks not compressed
+  // yet come on top); nullopt: it grows with the sequence.
+  virtual std::optional<int64_t> max_kept_tokens(int64_t prompt_tokens,
+                                                 int64_t max_new_tokens) const = 0;
+  // The last prompt rows whose attention compress() wants scored (0: none).
+  virtual int64_t observation_rows() const { return 0; }
+  virtual bool needs_token_classes() const { return false; }
+  // True for a policy that never drops a key nor changes what a row reads (full).
+  virtual bool is_dense() const { return false; }
+  // Quest: decode rows read the pages this picks by q·k bounds (kept keys are all of them).
+  virtual std::optional<PageSelectHead> page_selection() const { return std::nullopt; }
+
+  virtual CompressResult compress(const CompressInput& in) = 0;
+
+  // After the prompt's compression: whether decode steps call after_decode_step, and whether
+  // they must return this stream's attention weights for it.
+  virtual bool acts_on_decode() const { return false; }
+  virtual bool wants_decode_attention() const { return false; }
+  // Key indices to drop now (before the step, i.e. of in.num_keys keys).
+  virtual std::vector<int32_t> after_decode_step(const DecodeInput& in) { return {}; }
+};
+
+// A policy deciding for a group of streams at once; members are in stream order.
+class GroupPolicy {
+ public:
+  virtual ~GroupPolicy() = default;
+  virtual std::unique_ptr<GroupPolicy> clone() const = 0;
+  virtual size_t num_members() const = 0;
+  virtual std::optional<int64_t> max_kept_tokens(size_t member, int64_t prompt_tokens,
+                                                 int64_t max_new_tokens) const = 0;
+  virtual int64_t observation_rows() const { return 0; }
+  virtual bool needs_token_classes() const { return false; }
+  virtual bool is_dense() const { return false; }
+  virtual std::optional<PageSelectHead> page_selection(size_t member) const {
+    return std::nullopt;
+  }
+  // in / out: one per member.
+  virtual void compress(std::span<const CompressInput> in, std::span<CompressResult> out) = 0;
+  virtual bool acts_on_decode() const { return false; }
+  virtual bool wants_decode_attention(size_t member) const { return false; }
+  virtual void after_decode_step(std::span<const DecodeInput> in,
+                                 std::span<std::vector<int32_t>> drops) {}
+};
+
+// A resolved plan as policy objects: which streams each group covers (every stream once).
+struct PolicyGroup {
+  std::unique_ptr<GroupPolicy> policy;
+  std::vector<int32_t> streams;  // ascending; policy->num_members() of them
+};
+std::vector<PolicyGroup> make_policy_groups(const SparsityPlan& plan);
+
+// Shared by policies that track kept positions: the key indices, before a step, of the
+// positions `dropped` (ascending) from a stream whose keys were `kept_after` ∪ `dropped`.
+std::vector<int32_t> key_indices_of_dropped(std::span<const int32_t> kept_after,
+                                            std::span<const int32_t> dropped);
+
+}  // namespace sieve::sparsity
