@@ -271,6 +271,13 @@ PolicySpec parse_node(std::string_view text) {
     spec.beta = params.get_double("beta", spec.beta);
     return {spec};
   }
+  if (name == "adakv") {
+    const Params params(name, items, {"B", "W", "P", "pool", "alpha"});
+    AdaKvSpec spec;
+    spec.snapkv = parse_snapkv_params(name, params);
+    spec.alpha = params.get_double("alpha", spec.alpha);
+    return {spec};
+  }
   if (name == "fastgen") {
     const Params params(name, items, {"T", "W", "F"});
     FastGenSpec spec;
@@ -330,7 +337,7 @@ PolicySpec parse_node(std::string_view text) {
     return {std::move(spec)};
   }
   fail(
-      "unknown policy \"{}\" (expected full, streaming, h2o, snapkv, pyramidkv, layerwise, "
+      "unknown policy \"{}\" (expected full, streaming, h2o, snapkv, pyramidkv, adakv, layerwise, "
       "fastgen, quest, lserve, heads, layers)",
       name);
 }
@@ -368,6 +375,10 @@ struct Validator {
     if (!(std::isfinite(s.beta) && s.beta >= 1.0)) {
       fail("pyramidkv: beta must be >= 1 (1 = uniform budgets), got {}", s.beta);
     }
+  }
+  void operator()(const AdaKvSpec& s) const {
+    validate_snapkv(s.snapkv, "adakv");
+    check_fraction(s.alpha, "adakv", "alpha");
   }
   void operator()(const FastGenSpec& s) const {
     if (!(s.threshold >= 0.0 && s.threshold < 1.0)) {
@@ -444,6 +455,9 @@ struct Printer {
   std::string operator()(const PyramidKvSpec& s) const {
     return fmt::format("pyramidkv:{},beta={}", snapkv_params(s.snapkv), s.beta);
   }
+  std::string operator()(const AdaKvSpec& s) const {
+    return fmt::format("adakv:{},alpha={}", snapkv_params(s.snapkv), s.alpha);
+  }
   std::string operator()(const FastGenSpec& s) const {
     return fmt::format("fastgen:T={},W={},F={}", s.threshold, s.local_window, s.frequent_fraction);
   }
@@ -500,6 +514,11 @@ Json to_json_value(const PolicySpec& spec) {
     Json operator()(const PyramidKvSpec& s) const {
       Json j = snapkv("pyramidkv", s.snapkv);
       j["beta"] = s.beta;
+      return j;
+    }
+    Json operator()(const AdaKvSpec& s) const {
+      Json j = snapkv("adakv", s.snapkv);
+      j["alpha"] = s.alpha;
       return j;
     }
     Json operator()(const FastGenSpec& s) const {
@@ -725,6 +744,10 @@ class Resolver {
                                 s.snapkv.pool_kernel, s.snapkv.pooling});
     }
   }
+  void assign_node(const AdaKvSpec& s, const std::vector<Cell>& cells) {
+    set_all(cells, SharedBudgetHead{s.snapkv.budget, s.snapkv.window, s.snapkv.pool_kernel,
+                                    s.snapkv.pooling, s.alpha});
+  }
   void assign_node(const FastGenSpec& s, const std::vector<Cell>& cells) {
     set_all(cells, FastGenPendingHead{s.threshold, s.local_window, s.frequent_fraction});
   }
@@ -893,6 +916,9 @@ std::optional<int64_t> max_kept_tokens(const HeadPolicy& head) {
     }
     std::optional<int64_t> operator()(const FastGenPendingHead&) const { return std::nullopt; }
     std::optional<int64_t> operator()(const PageSelectHead&) const { return std::nullopt; }
+    std::optional<int64_t> operator()(const SharedBudgetHead&) const {
+      return std::nullopt;  // depends on the other heads of the layer (see policy_adakv.cc)
+    }
   };
   return std::visit(Visitor{}, head);
 }
@@ -900,6 +926,7 @@ std::optional<int64_t> max_kept_tokens(const HeadPolicy& head) {
 int64_t observation_rows(const HeadPolicy& head) {
   if (const auto* h = std::get_if<ObservationTopHead>(&head)) return h->window;
   if (const auto* h = std::get_if<FastGenPendingHead>(&head)) return h->local_window;
+  if (const auto* h = std::get_if<SharedBudgetHead>(&head)) return h->window;
   // H2O: the last max(W, 1) prompt rows seed the accumulated scores (HeavyHitterState).
   if (const auto* h = std::get_if<HeavyHitterHead>(&head)) return std::max<int64_t>(h->window, 1);
   return 0;
@@ -925,6 +952,10 @@ std::string describe(const HeadPolicy& head) {
     std::string operator()(const PageSelectHead& h) const {
       return fmt::format("page-select(K={},R={},S={},W={})", h.top_k_pages, h.reuse_steps,
                          h.num_sinks, h.window);
+    }
+    std::string operator()(const SharedBudgetHead& h) const {
+      return fmt::format("shared-budget(B={},W={},P={},{},alpha={})", h.budget, h.window,
+                         h.pool_kernel, pooling_name(h.pooling), h.alpha);
     }
   };
   return std::visit(Visitor{}, head);

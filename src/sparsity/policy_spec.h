@@ -22,6 +22,9 @@
 //   pyramidkv:B=512,W=32,P=7,pool=max,beta=20  snapkv with per-layer budgets B_l shrinking from
 //                                            the lowest layer to the top (B_top = B / beta),
 //                                            summing to num_layers * B
+//   adakv:B=512,W=32,P=7,pool=max,alpha=0.2  Ada-KV: snapkv whose budget is shared by a layer's
+//                                            KV heads (num_kv_heads * B, the best pooled scores
+//                                            of all of them), each head keeping at least alpha * B
 //   layerwise:L=3,rest=snapkv:B=512          the first L layers dense, the others `rest`
 //   fastgen:T=0.05,W=64,F=0.1                per head the cheapest FastGen policy recovering
 //                                            >= 1 - T of the attention; local window W tokens,
@@ -115,6 +118,11 @@ struct PyramidKvSpec {
   double beta = 20.0;  // top layer budget = B / beta; >= 1 (1 = uniform)
   friend bool operator==(const PyramidKvSpec&, const PyramidKvSpec&) = default;
 };
+struct AdaKvSpec {
+  SnapKvSpec snapkv;    // budget = the mean per-head budget of a layer
+  double alpha = 0.2;   // each head keeps at least floor(alpha * B) of its best; [0, 1]
+  friend bool operator==(const AdaKvSpec&, const AdaKvSpec&) = default;
+};
 struct FastGenSpec {
   double threshold = 0.05;          // T: choose a policy recovering >= 1 - T; [0, 1)
   int64_t local_window = 64;        // W: local window in tokens, also the profiling rows; >= 1
@@ -176,8 +184,8 @@ struct LayersSpec {
 };
 
 struct PolicySpec {
-  std::variant<FullSpec, StreamingSpec, H2OSpec, SnapKvSpec, PyramidKvSpec, FastGenSpec, QuestSpec,
-               LServeSpec, LayerwiseSpec, HeadsSpec, LayersSpec>
+  std::variant<FullSpec, StreamingSpec, H2OSpec, SnapKvSpec, PyramidKvSpec, AdaKvSpec, FastGenSpec,
+               QuestSpec, LServeSpec, LayerwiseSpec, HeadsSpec, LayersSpec>
       policy;
   friend bool operator==(const PolicySpec&, const PolicySpec&) = default;
 };
@@ -238,8 +246,19 @@ struct PageSelectHead {
   friend bool operator==(const PageSelectHead&, const PageSelectHead&) = default;
 };
 
+// Ada-KV: the heads of a layer holding the same SharedBudgetHead share num_heads * budget
+// prompt keys outside their windows, by pooled observation score (policy_adakv.cc).
+struct SharedBudgetHead {
+  int64_t budget = 0;  // per head, on average
+  int64_t window = 0;
+  int64_t pool_kernel = 1;
+  Pooling pooling = Pooling::kMax;
+  double alpha = 0.0;  // each head's floor, as a fraction of budget
+  friend bool operator==(const SharedBudgetHead&, const SharedBudgetHead&) = default;
+};
+
 using HeadPolicy = std::variant<DenseHead, SinkWindowHead, ObservationTopHead, HeavyHitterHead,
-                                FastGenPendingHead, PageSelectHead>;
+                                FastGenPendingHead, PageSelectHead, SharedBudgetHead>;
 
 // The most KV tokens the head holds at any time once its policy applies (prefill chunks and
 // decode tokens not yet compressed come on top); nullopt: grows with the sequence (dense,

@@ -59,6 +59,9 @@ std::unique_ptr<StreamPolicy> make_stream_policy(const HeadPolicy& head) {
     std::unique_ptr<StreamPolicy> operator()(const PageSelectHead& h) const {
       return make_page_select_policy(h);
     }
+    std::unique_ptr<StreamPolicy> operator()(const SharedBudgetHead&) const {
+      return nullptr;  // a group policy
+    }
   };
   return std::visit(Make{}, head);
 }
@@ -67,9 +70,35 @@ std::unique_ptr<StreamPolicy> make_stream_policy(const HeadPolicy& head) {
 
 std::vector<PolicyGroup> make_policy_groups(const SparsityPlan& plan) {
   std::vector<PolicyGroup> groups;
+  // Ada-KV: the streams of one layer with the same shared-budget head form one group.
+  std::vector<std::pair<SharedBudgetHead, size_t>> open_shared;  // this layer's: head, group
+  int64_t open_layer = -1;
   for (size_t s = 0; s < plan.heads.size(); ++s) {
+    const int64_t layer = static_cast<int64_t>(s) / plan.shape.num_kv_heads;
+    if (layer != open_layer) {
+      open_shared.clear();
+      open_layer = layer;
+    }
+    if (const auto* shared = std::get_if<SharedBudgetHead>(&plan.heads[s])) {
+      auto it = std::find_if(open_shared.begin(), open_shared.end(),
+                             [&](const auto& g) { return g.first == *shared; });
+      if (it == open_shared.end()) {
+        groups.push_back({nullptr, {}});
+        open_shared.emplace_back(*shared, groups.size() - 1);
+        it = open_shared.end() - 1;
+      }
+      groups[it->second].streams.push_back(static_cast<int32_t>(s));
+      continue;
+    }
     groups.push_back({std::make_unique<SingleStream>(make_stream_policy(plan.heads[s])),
                       {static_cast<int32_t>(s)}});
+  }
+  for (PolicyGroup& group : groups) {
+    if (!group.policy) {
+      group.policy = make_shared_budget_policy(
+          std::get<SharedBudgetHead>(plan.heads[static_cast<size_t>(group.streams[0])]),
+          group.streams.size());
+    }
   }
   return groups;
 }

@@ -9,7 +9,7 @@
 // them. Every answer lists key indices, ascending.
 //
 // Most policies decide per stream (StreamPolicy). A policy that decides for several streams at
-// once (e.g. one budget shared among a layer's KV heads) implements GroupPolicy; the
+// once (Ada-KV shares one budget among a layer's KV heads) implements GroupPolicy; the
 // controller runs every policy as a GroupPolicy (a StreamPolicy is a group of one).
 //
 // To add a policy: its head struct in policy_spec.h (what resolve() assigns to a stream) and

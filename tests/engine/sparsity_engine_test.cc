@@ -94,6 +94,7 @@ const std::vector<std::string> kPolicies = {
     "streaming:S=4,W=48",
     "snapkv:B=48,W=8",
     "pyramidkv:B=48,W=8",
+    "adakv:B=40,W=8",
     "layerwise:L=2,rest=snapkv:B=32,W=8",
     "heads:(streaming:S=4,W=32)@kv=0+1,rest=snapkv:B=40,W=8",
     "h2o:B=32,W=16",
