@@ -119,6 +119,7 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
   if (family == "streaming") return fmt::format("streaming:S=4,W={}", keep - 4);
   if (family == "snapkv") return fmt::format("snapkv:B={},W={}", keep - window, window);
   if (family == "pyramidkv") return fmt::format("pyramidkv:B={},W={}", keep - window, window);
+  if (family == "adakv") return fmt::format("adakv:B={},W={}", keep - window, window);
   if (family == "layerwise") return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
   if (family == "h2o") return fmt::format("h2o:B={},W={}", keep - window, window);
   // Quest reads K whole pages (of the eval engine's page size) per decode step.
@@ -126,7 +127,7 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
   if (family == "quest") return fmt::format("quest:K={},R=1,S=4,W={}", pages, window);
   if (family == "lserve") return fmt::format("lserve:K={},R=4,S=4,W={},f=0.5", pages, keep - 4);
   if (family == "fastgen") fail("fastgen takes a threshold, not a budget (fastgen_policy)");
-  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, layerwise, h2o, fastgen, quest, lserve)", family);
+  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, adakv, layerwise, h2o, fastgen, quest, lserve)", family);
 }
 
 std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window) {

@@ -31,7 +31,7 @@ namespace sieve::eval {
 struct SparsityEvalConfig {
   // lserve needs `calibration`; quest and lserve read about budget * prompt tokens per step
   // (whole pages) but keep every key of their dynamic heads.
-  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv", "layerwise", "fastgen", "quest"};
+  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv", "adakv", "layerwise", "fastgen", "quest"};
   std::vector<double> budgets = {0.5, 0.25, 0.125};  // kept tokens per head / prompt tokens
   std::vector<double> fastgen_thresholds = {0.02, 0.05, 0.1, 0.2};  // T, in place of budgets
   int32_t num_prompts = 8;
