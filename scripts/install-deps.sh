@@ -4,6 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev            # libFuzzer + sanitizer runtimes for the fuzz targets
+  clang-format                        # scripts/check-format.sh
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev prometheus-cpp-dev
   curl                                # end-to-end server tests
   libhwy-dev libpcre2-dev

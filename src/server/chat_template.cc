@@ -2,12 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/jinja/interp.h"
-#include "server/jinja/syntax.h"
+#include "jinja/interp.h"
+#include "jinja/syntax.h"
 
 namespace sieve::server {
 
-// The pieces live in jinja/: value (Python data model), syntax (lexer, parser, AST), interp
+// The engine lives in src/jinja/: value (Python data model), syntax (lexer, parser, AST), interp
 // (evaluation), builtins (methods, filters, tests, globals).
 struct ChatTemplate::Program {
   jinja::Body body;

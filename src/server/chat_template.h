@@ -18,33 +18,24 @@
 // A template is untrusted input (it comes from the model file): parsing bounds nesting depth, and
 // rendering bounds work, memory and output size (ChatTemplateLimits), so a hostile template
 // fails with an Error instead of hanging or exhausting the stack.
-#include <cstddef>
+//
+// The template engine itself (values, parser, interpreter, builtins) is src/jinja/; this is the
+// chat-template front end over it.
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 
-#include "util/error.h"
+#include "jinja/limits.h"
 
 namespace sieve::server {
 
-struct ChatTemplateLimits {
-  std::size_t max_output_bytes = std::size_t{16} << 20;
-  // Expression evaluations + statements + loop iterations over one render.
-  std::size_t max_steps = 10'000'000;
-  // Bytes of strings and list/dict slots created over one render (bounds the time spent copying
-  // as well as memory: `{% set s = s + s %}` in a loop stops here).
-  std::size_t max_allocated_bytes = std::size_t{512} << 20;
-  // Nested macro calls.
-  int max_call_depth = 16;
-};
+// The work, memory and output one render may spend.
+using ChatTemplateLimits = jinja::Limits;
 
 // What raise_exception("...") in a template throws: the message is the template's own, meant for
 // the client (the request's conversation does not fit the model's format: HTTP 400).
-class ChatTemplateRaised : public Error {
- public:
-  using Error::Error;
-};
+using ChatTemplateRaised = jinja::Raised;
 
 class ChatTemplate {
  public:

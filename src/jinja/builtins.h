@@ -1,13 +1,12 @@
 #pragma once
 // What templates can call: str and dict methods, filters, tests and global functions
-// (range, namespace, raise_exception, strftime_now, dict). Internal to the chat-template
-// renderer.
+// (range, namespace, raise_exception, strftime_now, dict). Internal to the template engine.
 #include <string>
 #include <string_view>
 
-#include "server/jinja/interp.h"
+#include "jinja/interp.h"
 
-namespace sieve::server::jinja {
+namespace sieve::jinja {
 
 // self.name(args) for a string or dict `self`.
 Value call_method(Interp& in, const Value& self, const std::string& name, CallArgs& args, Pos pos);
@@ -17,4 +16,4 @@ FilterFn find_filter(std::string_view name);  // null if unknown
 TestFn find_test(std::string_view name);      // null if unknown
 const Scope& builtins();                      // global functions, looked up last
 
-}  // namespace sieve::server::jinja
+}  // namespace sieve::jinja

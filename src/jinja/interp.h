@@ -1,21 +1,22 @@
 #pragma once
 // Rendering state and the evaluation helpers shared by the AST (interp.cc) and the builtins
-// (builtins.cc). Internal to the chat-template renderer.
+// (builtins.cc); a caller renders a parsed Body with an Interp and render_body()
+// (see server/chat_template.cc).
 #include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 
-#include "server/chat_template.h"
-#include "server/jinja/syntax.h"
+#include "jinja/limits.h"
+#include "jinja/syntax.h"
 
-namespace sieve::server::jinja {
+namespace sieve::jinja {
 
 using Scope = std::unordered_map<std::string, Value>;
 
 struct Interp {
-  const ChatTemplateLimits& limits;
+  const Limits& limits;
   // scopes[0]: the render context plus top-level {% set %}s. A for-loop iteration or a macro
   // call pushes one; a macro body sees only scopes[0] and its own (scope_base up).
   std::vector<Scope> scopes;
@@ -70,4 +71,4 @@ bool contains(const Value& container, const Value& item, Pos pos);   // item in 
 // + - * / // % ** with Python's rules.
 Value arithmetic(Interp& in, const std::string& op, const Value& l, const Value& r, Pos pos);
 
-}  // namespace sieve::server::jinja
+}  // namespace sieve::jinja

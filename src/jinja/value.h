@@ -1,7 +1,7 @@
 #pragma once
 // The values templates compute with: Python's data model as far as a template can observe it
 // (str() and repr(), == and <, truthiness, json.dumps), plus the string helpers that mirror
-// Python's str methods. Internal to the chat-template renderer.
+// Python's str methods. A render's context enters through from_json().
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,7 +14,7 @@
 
 #include "util/error.h"
 
-namespace sieve::server::jinja {
+namespace sieve::jinja {
 
 // A position in the template source, for error messages.
 struct Pos {
@@ -162,4 +162,4 @@ std::string replace_all(const std::string& s, const std::string& from, const std
 std::vector<std::string> split(const std::string& s, const std::optional<std::string>& sep,
                                int64_t max_split);
 
-}  // namespace sieve::server::jinja
+}  // namespace sieve::jinja

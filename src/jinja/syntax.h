@@ -1,16 +1,16 @@
 #pragma once
 // The template's syntax tree and the parser that builds it. Expressions evaluate to a Value,
-// statements append to the output; both are implemented in interp.cc. Internal to the
-// chat-template renderer.
+// statements append to the output; both are implemented in interp.cc. parse_template() is where
+// a caller (server/chat_template.cc) starts.
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "server/jinja/value.h"
+#include "jinja/value.h"
 
-namespace sieve::server::jinja {
+namespace sieve::jinja {
 
 struct Expr {
   Pos pos;
@@ -176,4 +176,4 @@ struct BodyNode : Node {  // {% generation %}: transformers' assistant-mask mark
 // line:column.
 Body parse_template(std::string_view source);
 
-}  // namespace sieve::server::jinja
+}  // namespace sieve::jinja

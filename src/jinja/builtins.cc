@@ -1,4 +1,4 @@
-#include "server/jinja/builtins.h"
+#include "jinja/builtins.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -9,7 +9,7 @@
 #include <limits>
 #include <unordered_map>
 
-namespace sieve::server::jinja {
+namespace sieve::jinja {
 namespace {
 
 // Largest list range() may build; larger ones are certainly hostile.
@@ -721,7 +721,7 @@ const Scope& builtins() {
     Scope s;
     s["raise_exception"] = callable("raise_exception", [](Interp&, CallArgs& args, Pos) -> Value {
       const Value* message = arg(args, 0, "message");
-      throw ChatTemplateRaised(message ? to_str(*message) : std::string("raise_exception()"));
+      throw Raised(message ? to_str(*message) : std::string("raise_exception()"));
     });
     s["range"] = callable("range", [](Interp& in, CallArgs& args, Pos pos) {
       const size_t n = args.positional.size();
@@ -788,4 +788,4 @@ const Scope& builtins() {
   return kBuiltins;
 }
 
-}  // namespace sieve::server::jinja
+}  // namespace sieve::jinja

@@ -1,13 +1,13 @@
-#include "server/jinja/syntax.h"
+#include "jinja/syntax.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <initializer_list>
 
-#include "server/jinja/builtins.h"
+#include "jinja/builtins.h"
 
-namespace sieve::server::jinja {
+namespace sieve::jinja {
 namespace {
 
 // Nesting bounds checked while parsing, so that evaluation (recursive over the AST) stays within
@@ -1121,4 +1121,4 @@ Body parse_template(std::string_view source) {
   return parser.parse_template();
 }
 
-}  // namespace sieve::server::jinja
+}  // namespace sieve::jinja

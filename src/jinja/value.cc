@@ -1,11 +1,11 @@
-#include "server/jinja/value.h"
+#include "jinja/value.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
 
-namespace sieve::server::jinja {
+namespace sieve::jinja {
 
 void fail_at(Pos pos, const std::string& message) {
   fail("chat template {}:{}: {}", pos.line, pos.column, message);
@@ -586,4 +586,4 @@ std::vector<std::string> split(const std::string& s, const std::optional<std::st
   return out;
 }
 
-}  // namespace sieve::server::jinja
+}  // namespace sieve::jinja

@@ -1,4 +1,4 @@
-#include "server/jinja/interp.h"
+#include "jinja/interp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,9 +6,9 @@
 #include <limits>
 #include <memory>
 
-#include "server/jinja/builtins.h"
+#include "jinja/builtins.h"
 
-namespace sieve::server::jinja {
+namespace sieve::jinja {
 
 Value Interp::lookup(const std::string& name) const {
   for (size_t i = scopes.size(); i-- > scope_base;) {
@@ -616,4 +616,4 @@ Flow FilterBlockNode::render(Interp& in, std::string& out) const {
 
 Flow BodyNode::render(Interp& in, std::string& out) const { return render_body(body, in, out); }
 
-}  // namespace sieve::server::jinja
+}  // namespace sieve::jinja
