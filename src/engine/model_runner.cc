@@ -22,10 +22,8 @@ std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::Seq
   PageSelectState* page_select = nullptr;
   if (auto it = page_select_.find(seq); it != page_select_.end()) page_select = &it->second;
   view->streams.resize(layout.streams.size());
-  if (auto it = want_attention_.find(seq); it != want_attention_.end()) {
+  if (auto it = want_attention_.find(seq); it != want_attention_.end())
     view->want_attention = it->second;
-    view->attention.resize(layout.streams.size());
-  }
   for (size_t s = 0; s < layout.streams.size(); ++s) {
     const kv::SparseStream& from = layout.streams[s];
     model::SparseStream& to = view->streams[s];
@@ -47,15 +45,7 @@ std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::Seq
       plan_page_reads(*page_select, s, to, first);
     }
   }
-  if (page_select && append) {
-    ++page_select->num_decode_steps;
-    view->choose_slices = [this, page_select](size_t stream, std::span<const float> bounds) {
-      PageSelectStream& p = *page_select->streams[stream];
-      p.chosen = sparsity::select_pages(bounds, p.num_keys, cache_.page_size(), p.head);
-      p.num_slices_at_choice = static_cast<int32_t>(bounds.size());
-      return p.chosen;
-    };
-  }
+  if (page_select && append) ++page_select->num_decode_steps;
   return view;
 }
 
@@ -92,6 +82,8 @@ void ModelRunner::plan_page_reads(PageSelectState& state, size_t stream_idx, mod
     selection.choose = true;
     selection.summaries = p.summaries.data();
     selection.num_summarized = p.num_summarized;
+    selection.top_k = static_cast<int32_t>(p.head.top_k_pages);
+    selection.forced = sparsity::forced_pages(p.num_keys, page_size, p.head);
   } else {
     selection.reuse = p.chosen;
     for (int32_t b = std::max(p.num_slices_at_choice - 1, 0); b < num_slices; ++b) {
@@ -113,7 +105,7 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out, con
     batch_.begin_sequence(std::move(table));
     if (s.sparse_append) {
       batch_.sequences.back().sparse = sparse_view(s.seq_id, &*s.sparse_append);
-      step_views_[s.seq_id] = batch_.sequences.back().sparse;
+      step_views_[s.seq_id] = batch_.sequences.size() - 1;
     }
     std::span<const int32_t> tokens = tokens_of(s.seq_id);
     for (int32_t i = 0; i < s.num_new_tokens; ++i) {
@@ -122,7 +114,21 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out, con
     }
   }
   logits_.clear();
-  if (batch_.size() > 0) model_.forward(batch_, cache_, pool_, scratch_, logits_);
+  if (batch_.size() > 0) model_.forward(batch_, cache_, pool_, scratch_, logits_, &sparse_outputs_);
+  // Quest: the choices made this step are reused until the next one.
+  for (const auto& [seq, index] : step_views_) {
+    auto it = page_select_.find(seq);
+    if (it == page_select_.end()) continue;
+    const model::SparseSequence& view = *batch_.sequences[index].sparse;
+    const model::SparseStepOutput& step = sparse_outputs_[index];
+    for (size_t stream = 0; stream < step.chosen_slices.size(); ++stream) {
+      const model::SparseStream& sparse_stream = view.streams[stream];
+      if (!sparse_stream.selection || !sparse_stream.selection->choose) continue;
+      PageSelectStream& p = *it->second.streams[stream];
+      p.chosen = step.chosen_slices[stream];
+      p.num_slices_at_choice = static_cast<int32_t>(sparse_stream.slices.size());
+    }
+  }
   return logits_;
 }
 
@@ -160,7 +166,8 @@ const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq, std
 
 const std::vector<std::vector<float>>* ModelRunner::attention(sched::SeqId seq) const {
   auto it = step_views_.find(seq);
-  return it == step_views_.end() || it->second->want_attention.empty() ? nullptr : &it->second->attention;
+  if (it == step_views_.end() || batch_.sequences[it->second].sparse->want_attention.empty()) return nullptr;
+  return &sparse_outputs_[it->second].attention;
 }
 
 }  // namespace sieve::engine

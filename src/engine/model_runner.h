@@ -88,8 +88,9 @@ class ModelRunner {
   ObservationScores scores_;
   std::unordered_map<sched::SeqId, std::vector<uint8_t>> want_attention_;
   std::unordered_map<sched::SeqId, PageSelectState> page_select_;
-  std::unordered_map<sched::SeqId, std::shared_ptr<const model::SparseSequence>> step_views_;
+  std::unordered_map<sched::SeqId, size_t> step_views_;  // this step's sparse sequences' index in batch_
   model::Batch batch_;
+  std::vector<model::SparseStepOutput> sparse_outputs_;  // [batch_ sequence]
   model::ForwardScratch scratch_;
   std::vector<float> logits_;
 };

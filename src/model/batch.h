@@ -6,7 +6,6 @@
 //   sequences  [ {first 0, count 3, pages a}, {first 3, count 1, pages b}, {first 4, count 2, pages c} ]
 #include <cassert>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,16 +20,24 @@ using TokenId = int32_t;
 // slices. Only for streams that hold every key of the sequence (key_offset 0, num_dropped 0), so
 // slice b holds keys [b * page_size, (b + 1) * page_size) and a slice is a Quest "page".
 struct SliceSelection {
-  // choose: compute each summarized slice's upper bound of the group's q·k from `summaries` and
-  // ask SparseSequence::choose_slices which slices to read. Slices from num_summarized on (the
-  // newest, not summarized yet) get +inf bounds.
+  // choose: compute each summarized slice's upper bound of the group's q·k from `summaries`
+  // and read the `forced` slices plus the best others by bound, top_k in all (top_slices()).
+  // Slices from num_summarized on (the newest, not summarized yet) get +inf bounds.
   bool choose = false;
-  float* summaries = nullptr;  // [num_summarized][2][head_dim]: per-channel key min, then max
+  float* summaries = nullptr;  // [num_summarized][2][head_dim]: key min, then max
   int32_t num_summarized = 0;
+  int32_t top_k = 0;
+  std::vector<int32_t> forced;  // ascending slice indices (the sinks' and the window's)
   // !choose: read these slices (indices into SparseStream::slices, ascending, the last one
   // included), chosen at an earlier step.
   std::vector<int32_t> reuse;
 };
+
+// The slices a choosing row reads: every slice when there are at most top_k; else `forced`
+// plus the others with the highest bounds (ties: the lower index; NaN lowest) up to top_k.
+// Ascending. The engine's sparsity::select_pages() is the same rule on Quest's pages.
+std::vector<int32_t> top_slices(std::span<const float> bounds, std::span<const int32_t> forced,
+                                int32_t top_k);
 
 // The K/V of a compressed (sparse) sequence: one stream per (layer, KV head), each holding that
 // head's kept keys in order in slices of KvCache (KvCache::slice_index), as the KV manager laid
@@ -46,15 +53,18 @@ struct SparseStream {
 };
 struct SparseSequence {
   std::vector<SparseStream> streams;  // [layer * num_kv_heads + kv_head]
-  // H2O: streams whose decode row's attention weights the caller wants back (summed over the
-  // group's query heads, one per key in key order, the new token last). Filled by forward;
-  // mutable because it is the one output of an otherwise read-only description.
-  std::vector<uint8_t> want_attention;                   // [stream], empty: none
-  mutable std::vector<std::vector<float>> attention;     // [stream]
-  // Quest: which slices a choosing stream's decode row reads, from its bounds ([num slices],
-  // upper bounds of q·k summed over the group) -> slice indices, ascending, the last included.
-  // The policy is the caller's (the model knows none); called on the forward thread.
-  std::function<std::vector<int32_t>(size_t stream, std::span<const float> bounds)> choose_slices;
+  // Streams whose decode row's attention weights the caller wants back (H2O, FastGen's
+  // frequent set): SparseStepOutput::attention.
+  std::vector<uint8_t> want_attention;  // [stream], empty: none
+};
+
+// What a forward step hands back for one sparse sequence.
+struct SparseStepOutput {
+  // [stream]: the decode row's attention weights (summed over the group's query heads, one per
+  // key in key order, the new token last) where want_attention asked; else empty.
+  std::vector<std::vector<float>> attention;
+  // [stream]: the slices a choosing Quest row read (SliceSelection::choose); else empty.
+  std::vector<std::vector<int32_t>> chosen_slices;
 };
 
 struct BatchSequence {

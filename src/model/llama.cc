@@ -120,8 +120,8 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
         if (stream.selection) {
           if (stream.key_offset != 0 || stream.num_dropped != 0)
             fail("a Quest stream must hold every key");
-          if (stream.selection->choose && !seq.sparse->choose_slices)
-            fail("a choosing Quest stream needs choose_slices");
+          if (stream.selection->choose && stream.selection->top_k < 1)
+            fail("a choosing Quest stream must read at least one slice");
           if (stream.selection->choose && stream.selection->num_summarized > 0 &&
               !stream.selection->summaries) {
             fail("a choosing Quest stream needs its slice summaries");
@@ -236,8 +236,18 @@ void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool
 }
 
 void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& s,
-                         std::vector<float>& logits) const {
+                         std::vector<float>& logits,
+                         std::vector<SparseStepOutput>* sparse_outputs) const {
   check_batch(batch, cache);
+  if (sparse_outputs) {
+    sparse_outputs->assign(batch.sequences.size(), {});
+    for (size_t i = 0; i < batch.sequences.size(); ++i) {
+      if (!batch.sequences[i].sparse) continue;
+      const size_t num_streams = batch.sequences[i].sparse->streams.size();
+      (*sparse_outputs)[i].attention.resize(num_streams);
+      (*sparse_outputs)[i].chosen_slices.resize(num_streams);
+    }
+  }
   const int64_t n = batch.size();
   const ModelConfig& c = config_;
   const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
@@ -287,8 +297,10 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, F
     }
     auto attend = [&](const BatchSequence& seq, ThreadPool& attention_pool) {
       if (seq.sparse) {
+        SparseStepOutput* out =
+            sparse_outputs ? &(*sparse_outputs)[&seq - batch.sequences.data()] : nullptr;
         return attend_sparse(*seq.sparse, l, seq.first_token, seq.num_tokens,
-                             &batch.positions[seq.first_token], cache, attention_pool, s);
+                             &batch.positions[seq.first_token], cache, attention_pool, s, out);
       }
       kernels::AttentionQuery query{
           .q = &s.q[seq.first_token * q_dim],
@@ -333,7 +345,8 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, F
 
 void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token,
                                int32_t num_tokens, const int32_t* positions, const KvCache& cache,
-                               ThreadPool& pool, ForwardScratch& s, float* scores) const {
+                               ThreadPool& pool, ForwardScratch& s, SparseStepOutput* out,
+                               float* scores) const {
   // Each KV head has its own stream (its own kept keys), so the query heads of one group are
   // gathered into a [num_tokens][group][head_dim] block per head and attended against that
   // stream.
@@ -372,7 +385,11 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
         .window = window()};
     std::span<const int32_t> slices = stream.slices;
     if (stream.selection && num_tokens == 1) {
-      slices = select_slices(sparse, stream_idx, q_group, group, cache.page_size(), s.slices[g]);
+      slices = select_slices(stream, q_group, group, cache.page_size(), s.slices[g]);
+      if (stream.selection->choose) {
+        if (!out) fail("a choosing Quest stream needs an output for its choice");
+        out->chosen_slices[stream_idx] = s.slices[g].chosen;
+      }
       head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * cache.page_size() +
                                                (stream.num_keys - 1) % cache.page_size());
     }
@@ -385,7 +402,8 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
       kernels::observation_scores(kv, query, lse, stream.num_keys, head_scores, head_pool);
     }
     if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
-      std::vector<float>& weights = sparse.attention[stream_idx];
+      if (!out) fail("a sparse sequence that wants attention weights needs an output for them");
+      std::vector<float>& weights = out->attention[stream_idx];
       weights.assign(static_cast<size_t>(stream.num_keys), 0.0f);
       kernels::observation_scores(kv, query, lse, stream.num_keys, weights.data(), head_pool);
     }
@@ -421,13 +439,42 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
   }
 }
 
-// Quest: the slices one decode row of stream `stream_idx` reads (its query heads at
+std::vector<int32_t> top_slices(std::span<const float> bounds, std::span<const int32_t> forced,
+                                int32_t top_k) {
+  const auto num_slices = static_cast<int32_t>(bounds.size());
+  std::vector<int32_t> chosen;
+  if (num_slices <= top_k) {
+    for (int32_t b = 0; b < num_slices; ++b) chosen.push_back(b);
+    return chosen;
+  }
+  std::vector<uint8_t> taken(bounds.size(), 0);
+  for (int32_t b : forced) {
+    if (b < 0 || b >= num_slices) fail("forced slice {} is outside the stream", b);
+    taken[b] = 1;
+  }
+  std::vector<int32_t> others;
+  for (int32_t b = 0; b < num_slices; ++b)
+    (taken[b] ? chosen : others).push_back(b);
+  const auto room = std::max<int64_t>(0, top_k - std::ssize(chosen));
+  const auto better = [&](int32_t a, int32_t b) {
+    const bool a_nan = std::isnan(bounds[a]), b_nan = std::isnan(bounds[b]);
+    if (a_nan != b_nan) return b_nan;
+    if (!a_nan && bounds[a] != bounds[b]) return bounds[a] > bounds[b];
+    return a < b;
+  };
+  const auto take = std::min<int64_t>(room, std::ssize(others));
+  std::partial_sort(others.begin(), others.begin() + take, others.end(), better);
+  chosen.insert(chosen.end(), others.begin(), others.begin() + take);
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+// Quest: the slices one decode row of `stream` reads (its query heads at
 // q_group). Every slice keeps its place in key order, so the row sees the chosen keys in order
 // and itself last: its position among them is computed by the caller.
-std::span<const int32_t> LlamaModel::select_slices(const SparseSequence& sparse, size_t stream_idx,
+std::span<const int32_t> LlamaModel::select_slices(const SparseStream& stream,
                                                    const float* q_group, int64_t group,
                                                    int32_t page_size, SliceScratch& s) const {
-  const SparseStream& stream = sparse.streams[stream_idx];
   const SliceSelection& selection = *stream.selection;
   const auto num_slices = static_cast<int32_t>(stream.slices.size());
   if (selection.choose) {
@@ -443,7 +490,7 @@ std::span<const int32_t> LlamaModel::select_slices(const SparseSequence& sparse,
     kernels::page_upper_bounds(summary_view,
                                {.data = selection.summaries, .page_stride = 2 * config_.head_dim},
                                q_group, group, num_summarized, s.slice_bounds.data());
-    s.chosen = sparse.choose_slices(stream_idx, s.slice_bounds);
+    s.chosen = top_slices(s.slice_bounds, selection.forced, selection.top_k);
   } else {
     s.chosen = selection.reuse;
   }
@@ -529,7 +576,7 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens,
   scores.assign(layer_offsets.back(), 0.0f);
   observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
     attend_sparse(sparse, l, 0, static_cast<int32_t>(window_tokens.size()), window_positions.data(),
-                  cache, pool, s, scores.data() + layer_offsets[l]);
+                  cache, pool, s, /*out=*/nullptr, scores.data() + layer_offsets[l]);
   });
 }
 

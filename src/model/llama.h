@@ -67,8 +67,10 @@ class LlamaModel {
   // [batch.num_logits()][vocab] rows, in batch order of the tokens that asked for them. Throws
   // sieve::Error for tokens outside the vocabulary, pages outside the cache or positions
   // outside the block table.
+  // sparse_outputs (may be null): [batch sequence] what sparse sequences' rows hand back.
   void forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& scratch,
-               std::vector<float>& logits) const;
+               std::vector<float>& logits,
+               std::vector<SparseStepOutput>* sparse_outputs = nullptr) const;
 
   // KV sparsity's observation pass (SnapKV): how much attention every cached key of one dense
   // sequence receives from the query rows of `window_tokens` at `window_positions` (its last
@@ -105,17 +107,18 @@ class LlamaModel {
   void finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const;
   // scores (may be null): each of the layer's streams' observation scores over all rows, one
   // stream after the other (num_keys each).
+  // out (may be null without want_attention or choosing selections): what the rows hand back.
   void attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token,
                      int32_t num_tokens, const int32_t* positions, const KvCache& cache,
-                     ThreadPool& pool, ForwardScratch& s, float* scores = nullptr) const;
+                     ThreadPool& pool, ForwardScratch& s, SparseStepOutput* out,
+                     float* scores = nullptr) const;
   // The observation passes' shared part: embeds the window rows and runs every layer, calling
   // attend_and_score(layer) where the rows' attention output (s.attn) is due.
   void observe_rows(std::span<const TokenId> window_tokens,
                     std::span<const int32_t> window_positions, ThreadPool& pool, ForwardScratch& s,
                     const std::function<void(int64_t layer)>& attend_and_score) const;
-  std::span<const int32_t> select_slices(const SparseSequence& sparse, size_t stream_idx,
-                                         const float* q_group, int64_t group, int32_t page_size,
-                                         SliceScratch& s) const;
+  std::span<const int32_t> select_slices(const SparseStream& stream, const float* q_group,
+                                         int64_t group, int32_t page_size, SliceScratch& s) const;
 
   ModelConfig config_;
   Weights weights_;

@@ -282,12 +282,7 @@ std::vector<int32_t> select_pages(std::span<const float> page_bounds, int64_t nu
   assert(std::ssize(page_bounds) == num_pages);
   if (num_pages <= head.top_k_pages) return iota_indices(0, num_pages);
   std::vector<bool> forced(static_cast<size_t>(num_pages), false);
-  const int64_t sink_end = std::min(num_tokens, std::max<int64_t>(head.num_sinks, 1));
-  for (int64_t p = 0; p * page_size < sink_end; ++p) forced[static_cast<size_t>(p)] = true;
-  const int64_t window_begin = std::max<int64_t>(0, num_tokens - std::max<int64_t>(head.window, 1));
-  for (int64_t p = window_begin / page_size; p < num_pages; ++p) {
-    forced[static_cast<size_t>(p)] = true;
-  }
+  for (int32_t p : forced_pages(num_tokens, page_size, head)) forced[static_cast<size_t>(p)] = true;
   std::vector<int32_t> selected, others;
   for (int64_t p = 0; p < num_pages; ++p) {
     (forced[static_cast<size_t>(p)] ? selected : others).push_back(static_cast<int32_t>(p));
@@ -299,6 +294,19 @@ std::vector<int32_t> select_pages(std::span<const float> page_bounds, int64_t nu
   }
   std::sort(selected.begin(), selected.end());
   return selected;
+}
+
+std::vector<int32_t> forced_pages(int64_t num_tokens, int32_t page_size,
+                                  const PageSelectHead& head) {
+  const int64_t num_pages = (num_tokens + page_size - 1) / page_size;
+  const int64_t sink_end = std::min(num_tokens, std::max<int64_t>(head.num_sinks, 1));
+  const int64_t window_begin = std::max<int64_t>(0, num_tokens - std::max<int64_t>(head.window, 1));
+  std::vector<int32_t> pages;
+  for (int64_t p = 0; p < num_pages; ++p) {
+    if (p * page_size < sink_end || p >= window_begin / page_size)
+      pages.push_back(static_cast<int32_t>(p));
+  }
+  return pages;
 }
 
 double streaming_score(std::span<const float> scores, int64_t num_sinks, int64_t window) {

@@ -133,6 +133,9 @@ class FastGenState {
 // (block) indices, ascending; more than top_k_pages only when the forced pages alone are more.
 std::vector<int32_t> select_pages(std::span<const float> page_bounds, int64_t num_tokens,
                                   int32_t page_size, const PageSelectHead& head);
+// The pages select_pages() always selects (the sinks' and the window's), ascending.
+std::vector<int32_t> forced_pages(int64_t num_tokens, int32_t page_size,
+                                  const PageSelectHead& head);
 
 // Calibration: the fraction of a head's attention mass (scores over n tokens) that falls on the
 // first num_sinks and the last window tokens; 1 when the total is 0. The streaming score a

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "engine/engine.h"
@@ -16,6 +17,7 @@
 #include "model/model_file.h"
 #include "shared_data.h"
 #include "sparsity/policy_spec.h"
+#include "sparsity/selection.h"
 #include "util/thread_pool.h"
 
 namespace sieve::engine {
@@ -608,6 +610,29 @@ TEST(SparseEngine, ChunkCompressedRequestsShareTheFirstChunkThroughThePrefixCach
   EXPECT_EQ(quest_first.usage.cached_prompt_tokens, 0)
       << "private: it does not read the cache either";
   expect_all_pages_free(engine);
+}
+
+// Quest's page choice is made inside the forward pass (it needs this step's queries) from plain
+// data: the model's rule (forced slices + the best others by bound) must be the policy's.
+TEST(QuestPageChoice, TheModelsRuleIsSparsitySelectPages) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> bound(-2.0f, 2.0f);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int32_t page_size = 1 + static_cast<int32_t>(rng() % 16);
+    const int64_t num_tokens = 1 + static_cast<int64_t>(rng() % 400);
+    const int64_t num_pages = (num_tokens + page_size - 1) / page_size;
+    const sparsity::PageSelectHead head{.top_k_pages = 1 + static_cast<int64_t>(rng() % 12),
+                                        .reuse_steps = 1,
+                                        .num_sinks = static_cast<int64_t>(rng() % 20),
+                                        .window = static_cast<int64_t>(rng() % 40)};
+    std::vector<float> bounds(static_cast<size_t>(num_pages));
+    for (float& b : bounds) b = trial % 3 == 0 ? std::round(bound(rng)) : bound(rng);  // ties too
+    if (trial % 7 == 0) bounds[rng() % bounds.size()] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(model::top_slices(bounds, sparsity::forced_pages(num_tokens, page_size, head),
+                                static_cast<int32_t>(head.top_k_pages)),
+              sparsity::select_pages(bounds, num_tokens, page_size, head))
+        << "trial " << trial;
+  }
 }
 
 }  // namespace
