@@ -7,12 +7,9 @@ namespace sieve::sparsity {
 
 namespace {
 
-class FastGenPolicy final : public StreamPolicy {
+class FastGenPolicy final : public CopyableStreamPolicy<FastGenPolicy> {
  public:
   explicit FastGenPolicy(const FastGenPendingHead& head) : head_(head) {}
-  std::unique_ptr<StreamPolicy> clone() const override {
-    return std::make_unique<FastGenPolicy>(*this);
-  }
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override {
     return std::nullopt;  // the head may choose full
   }

@@ -5,11 +5,8 @@ namespace sieve::sparsity {
 
 namespace {
 
-class FullPolicy final : public StreamPolicy {
+class FullPolicy final : public CopyableStreamPolicy<FullPolicy> {
  public:
-  std::unique_ptr<StreamPolicy> clone() const override {
-    return std::make_unique<FullPolicy>(*this);
-  }
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override { return std::nullopt; }
   bool is_dense() const override { return true; }
   CompressResult compress(const CompressInput&) override { return {}; }

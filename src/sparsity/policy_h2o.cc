@@ -9,12 +9,9 @@ namespace sieve::sparsity {
 
 namespace {
 
-class HeavyHitterPolicy final : public StreamPolicy {
+class HeavyHitterPolicy final : public CopyableStreamPolicy<HeavyHitterPolicy> {
  public:
   explicit HeavyHitterPolicy(const HeavyHitterHead& head) : head_(head) {}
-  std::unique_ptr<StreamPolicy> clone() const override {
-    return std::make_unique<HeavyHitterPolicy>(*this);
-  }
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override {
     return head_.heavy_budget + head_.window + 1;  // + the new token before its step evicts
   }

@@ -7,12 +7,9 @@ namespace sieve::sparsity {
 
 namespace {
 
-class PageSelectPolicy final : public StreamPolicy {
+class PageSelectPolicy final : public CopyableStreamPolicy<PageSelectPolicy> {
  public:
   explicit PageSelectPolicy(const PageSelectHead& head) : head_(head) {}
-  std::unique_ptr<StreamPolicy> clone() const override {
-    return std::make_unique<PageSelectPolicy>(*this);
-  }
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override { return std::nullopt; }
   std::optional<PageSelectHead> page_selection() const override { return head_; }
   CompressResult compress(const CompressInput&) override { return {}; }

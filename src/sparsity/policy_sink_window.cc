@@ -6,12 +6,9 @@ namespace sieve::sparsity {
 
 namespace {
 
-class SinkWindowPolicy final : public StreamPolicy {
+class SinkWindowPolicy final : public CopyableStreamPolicy<SinkWindowPolicy> {
  public:
   explicit SinkWindowPolicy(const SinkWindowHead& head) : head_(head) {}
-  std::unique_ptr<StreamPolicy> clone() const override {
-    return std::make_unique<SinkWindowPolicy>(*this);
-  }
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override {
     return head_.num_sinks + head_.window;
   }

@@ -6,12 +6,9 @@ namespace sieve::sparsity {
 
 namespace {
 
-class SnapKvPolicy final : public StreamPolicy {
+class SnapKvPolicy final : public CopyableStreamPolicy<SnapKvPolicy> {
  public:
   explicit SnapKvPolicy(const ObservationTopHead& head) : head_(head) {}
-  std::unique_ptr<StreamPolicy> clone() const override {
-    return std::make_unique<SnapKvPolicy>(*this);
-  }
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t max_new_tokens) const override {
     return head_.budget + head_.window + max_new_tokens;
   }

@@ -1,4 +1,5 @@
-// make_stream_policy(): which object runs each resolved head policy.
+// make_policy_groups(): which policy object runs each resolved head policy, and which streams
+// decide together.
 #include "sparsity/stream_policy.h"
 
 #include <algorithm>

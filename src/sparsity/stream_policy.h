@@ -77,6 +77,15 @@ class StreamPolicy {
   virtual std::vector<int32_t> after_decode_step(const DecodeInput& in) { return {}; }
 };
 
+// The policies derive from this: clone() copies the policy, state included.
+template <typename Derived>
+class CopyableStreamPolicy : public StreamPolicy {
+ public:
+  std::unique_ptr<StreamPolicy> clone() const final {
+    return std::make_unique<Derived>(static_cast<const Derived&>(*this));
+  }
+};
+
 // A policy deciding for a group of streams at once; members are in stream order.
 class GroupPolicy {
  public:
