@@ -902,74 +902,9 @@ SparsityPlan resolve(const PolicySpec& spec, const ModelShape& shape,
   return resolver.finish();
 }
 
-std::optional<int64_t> max_kept_tokens(const HeadPolicy& head) {
-  struct Visitor {
-    std::optional<int64_t> operator()(const DenseHead&) const { return std::nullopt; }
-    std::optional<int64_t> operator()(const SinkWindowHead& h) const {
-      return h.num_sinks + h.window;
-    }
-    std::optional<int64_t> operator()(const ObservationTopHead& h) const {
-      return h.budget + h.window;
-    }
-    std::optional<int64_t> operator()(const HeavyHitterHead& h) const {
-      return h.heavy_budget + h.window;
-    }
-    std::optional<int64_t> operator()(const FastGenPendingHead&) const { return std::nullopt; }
-    std::optional<int64_t> operator()(const PageSelectHead&) const { return std::nullopt; }
-    std::optional<int64_t> operator()(const SharedBudgetHead&) const {
-      return std::nullopt;  // depends on the other heads of the layer (see policy_adakv.cc)
-    }
-  };
-  return std::visit(Visitor{}, head);
-}
-
-int64_t observation_rows(const HeadPolicy& head) {
-  if (const auto* h = std::get_if<ObservationTopHead>(&head)) return h->window;
-  if (const auto* h = std::get_if<FastGenPendingHead>(&head)) return h->local_window;
-  if (const auto* h = std::get_if<SharedBudgetHead>(&head)) return h->window;
-  // H2O: the last max(W, 1) prompt rows seed the accumulated scores (HeavyHitterState).
-  if (const auto* h = std::get_if<HeavyHitterHead>(&head)) return std::max<int64_t>(h->window, 1);
-  return 0;
-}
-
-std::string describe(const HeadPolicy& head) {
-  struct Visitor {
-    std::string operator()(const DenseHead&) const { return "dense"; }
-    std::string operator()(const SinkWindowHead& h) const {
-      return fmt::format("sink-window(S={},W={})", h.num_sinks, h.window);
-    }
-    std::string operator()(const ObservationTopHead& h) const {
-      return fmt::format("observation-top(B={},W={},P={},{})", h.budget, h.window, h.pool_kernel,
-                         pooling_name(h.pooling));
-    }
-    std::string operator()(const HeavyHitterHead& h) const {
-      return fmt::format("heavy-hitter(B={},W={})", h.heavy_budget, h.window);
-    }
-    std::string operator()(const FastGenPendingHead& h) const {
-      return fmt::format("fastgen-pending(T={},W={},F={})", h.threshold, h.local_window,
-                         h.frequent_fraction);
-    }
-    std::string operator()(const PageSelectHead& h) const {
-      return fmt::format("page-select(K={},R={},S={},W={})", h.top_k_pages, h.reuse_steps,
-                         h.num_sinks, h.window);
-    }
-    std::string operator()(const SharedBudgetHead& h) const {
-      return fmt::format("shared-budget(B={},W={},P={},{},alpha={})", h.budget, h.window,
-                         h.pool_kernel, pooling_name(h.pooling), h.alpha);
-    }
-  };
-  return std::visit(Visitor{}, head);
-}
-
 bool SparsityPlan::is_dense() const {
   return std::all_of(heads.begin(), heads.end(),
                      [](const HeadPolicy& h) { return std::holds_alternative<DenseHead>(h); });
-}
-
-int64_t SparsityPlan::observation_rows() const {
-  int64_t rows = 0;
-  for (const HeadPolicy& h : heads) rows = std::max(rows, sparsity::observation_rows(h));
-  return rows;
 }
 
 }  // namespace sieve::sparsity

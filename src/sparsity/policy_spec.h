@@ -260,14 +260,6 @@ struct SharedBudgetHead {
 using HeadPolicy = std::variant<DenseHead, SinkWindowHead, ObservationTopHead, HeavyHitterHead,
                                 FastGenPendingHead, PageSelectHead, SharedBudgetHead>;
 
-// The most KV tokens the head holds at any time once its policy applies (prefill chunks and
-// decode tokens not yet compressed come on top); nullopt: grows with the sequence (dense,
-// page selection, FastGen until profiled).
-std::optional<int64_t> max_kept_tokens(const HeadPolicy& head);
-// Prompt rows (the last ones) whose attention the head's decision needs scored; 0 for none.
-int64_t observation_rows(const HeadPolicy& head);
-std::string describe(const HeadPolicy& head);  // e.g. "snapkv-top(B=120,W=32,P=7,max)"
-
 struct ModelShape {
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
@@ -283,8 +275,7 @@ struct SparsityPlan {
   const HeadPolicy& at(int64_t layer, int64_t kv_head) const {
     return heads[static_cast<size_t>(layer * shape.num_kv_heads + kv_head)];
   }
-  bool is_dense() const;             // every head dense
-  int64_t observation_rows() const;  // the max over the heads
+  bool is_dense() const;  // every head dense
 };
 
 // Per-(layer, KV head) plan. `profile` (may be null) is needed by profile selectors and lserve
