@@ -20,6 +20,8 @@ class BpeTokenizer final : public TokenizerBase {
   std::string normal_piece(std::string_view token_text) const override;
   // word: in the GPT-2 byte alphabet. key: scratch space for merge lookups.
   void encode_word(std::string_view word, std::string& key, std::vector<TokenId>& out) const;
+  // One merged symbol's token (or, in a broken vocabulary, its characters' tokens).
+  void append_symbol(std::string_view symbol, std::vector<TokenId>& out) const;
 
   PreTokenizer pre_tokenizer_;
   // "left right" -> rank (index in tokenizer.ggml.merges; the first of duplicates wins).
