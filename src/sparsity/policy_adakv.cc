@@ -43,20 +43,20 @@ class SharedBudgetPolicy final : public GroupPolicy {
                                          int64_t max_new_tokens) const override {
     // One head may take everything the others leave above their floors.
     const auto others = static_cast<int64_t>(num_members_) - 1;
-    return static_cast<int64_t>(num_members_) * head_.budget - others * floor_keys() +
-           head_.window + max_new_tokens;
+    return static_cast<int64_t>(num_members_) * head_.snapkv.budget - others * floor_keys() +
+           head_.snapkv.window + max_new_tokens;
   }
-  int64_t observation_rows() const override { return head_.window; }
+  int64_t observation_rows() const override { return head_.snapkv.window; }
 
   void compress(std::span<const CompressInput> in, std::span<CompressResult> out) override {
-    const ObservationTopHead pooling{head_.budget, head_.window, head_.pool_kernel, head_.pooling};
+    const SnapKvSpec& pooling = head_.snapkv;
     std::vector<std::vector<float>> pooled(in.size());
     int64_t num_candidates = 0;
     for (size_t m = 0; m < in.size(); ++m) {
       pooled[m] = pool_scores(in[m].scores, pooling);
       num_candidates += static_cast<int64_t>(pooled[m].size());
     }
-    const int64_t shared_budget = static_cast<int64_t>(in.size()) * head_.budget;
+    const int64_t shared_budget = static_cast<int64_t>(in.size()) * head_.snapkv.budget;
     std::vector<std::vector<int32_t>> chosen(in.size());
     if (num_candidates <= shared_budget) {
       for (size_t m = 0; m < in.size(); ++m) {
@@ -95,7 +95,7 @@ class SharedBudgetPolicy final : public GroupPolicy {
 
  private:
   int64_t floor_keys() const {
-    return static_cast<int64_t>(std::floor(head_.alpha * static_cast<double>(head_.budget)));
+    return static_cast<int64_t>(std::floor(head_.alpha * static_cast<double>(head_.snapkv.budget)));
   }
 
   SharedBudgetHead head_;

@@ -721,16 +721,14 @@ class Resolver {
     return out;
   }
 
-  void assign_node(const FullSpec&, const std::vector<Cell>& cells) { set_all(cells, DenseHead{}); }
-  void assign_node(const StreamingSpec& s, const std::vector<Cell>& cells) {
-    set_all(cells, SinkWindowHead{s.num_sinks, s.window});
-  }
-  void assign_node(const H2OSpec& s, const std::vector<Cell>& cells) {
-    set_all(cells, HeavyHitterHead{s.heavy_budget, s.window});
-  }
-  void assign_node(const SnapKvSpec& s, const std::vector<Cell>& cells) {
-    set_all(cells, ObservationTopHead{s.budget, s.window, s.pool_kernel, s.pooling});
-  }
+  // The leaf policies are their own head policies.
+  void assign_node(const FullSpec& s, const std::vector<Cell>& cells) { set_all(cells, s); }
+  void assign_node(const StreamingSpec& s, const std::vector<Cell>& cells) { set_all(cells, s); }
+  void assign_node(const H2OSpec& s, const std::vector<Cell>& cells) { set_all(cells, s); }
+  void assign_node(const SnapKvSpec& s, const std::vector<Cell>& cells) { set_all(cells, s); }
+  void assign_node(const AdaKvSpec& s, const std::vector<Cell>& cells) { set_all(cells, s); }
+  void assign_node(const FastGenSpec& s, const std::vector<Cell>& cells) { set_all(cells, s); }
+  void assign_node(const QuestSpec& s, const std::vector<Cell>& cells) { set_all(cells, s); }
   void assign_node(const PyramidKvSpec& s, const std::vector<Cell>& cells) {
     std::vector<int64_t> layers;
     for (const Cell& c : cells) layers.push_back(c.layer);
@@ -740,28 +738,16 @@ class Resolver {
         pyramid_budgets(s.snapkv.budget, s.beta, static_cast<int64_t>(layers.size()));
     for (const Cell& c : cells) {
       const auto rank = std::lower_bound(layers.begin(), layers.end(), c.layer) - layers.begin();
-      set(c, ObservationTopHead{budgets[static_cast<size_t>(rank)], s.snapkv.window,
-                                s.snapkv.pool_kernel, s.snapkv.pooling});
+      SnapKvSpec layer_spec = s.snapkv;
+      layer_spec.budget = budgets[static_cast<size_t>(rank)];
+      set(c, layer_spec);
     }
-  }
-  void assign_node(const AdaKvSpec& s, const std::vector<Cell>& cells) {
-    set_all(cells, SharedBudgetHead{s.snapkv.budget, s.snapkv.window, s.snapkv.pool_kernel,
-                                    s.snapkv.pooling, s.alpha});
-  }
-  void assign_node(const FastGenSpec& s, const std::vector<Cell>& cells) {
-    set_all(cells, FastGenPendingHead{s.threshold, s.local_window, s.frequent_fraction});
-  }
-  static PageSelectHead page_select(const QuestSpec& s) {
-    return {s.top_k_pages, s.reuse_steps, s.num_sinks, s.window};
-  }
-  void assign_node(const QuestSpec& s, const std::vector<Cell>& cells) {
-    set_all(cells, page_select(s));
   }
   void assign_node(const LServeSpec& s, const std::vector<Cell>& cells) {
     const std::vector<Cell> streaming =
         most_streaming(cells, s.streaming_fraction, cells.size(), "lserve");
-    set_all(streaming, SinkWindowHead{s.quest.num_sinks, s.quest.window});
-    set_all(without(cells, streaming), page_select(s.quest));
+    set_all(streaming, StreamingSpec{.num_sinks = s.quest.num_sinks, .window = s.quest.window});
+    set_all(without(cells, streaming), s.quest);
   }
   void assign_node(const LayerwiseSpec& s, const std::vector<Cell>& cells) {
     std::vector<Cell> dense, rest;

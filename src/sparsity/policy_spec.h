@@ -202,60 +202,26 @@ void validate(const PolicySpec& spec);
 // =============================================================================================
 // Resolution: what each (layer, KV head) does.
 
-// Keep everything.
-struct DenseHead {
-  friend bool operator==(const DenseHead&, const DenseHead&) = default;
-};
+// A head's policy is its leaf spec, with the parameters resolve() gave that head (pyramidkv's
+// per-layer budgets, lserve's split into streaming and quest heads):
+using DenseHead = FullSpec;  // keep everything
 // Keep the first num_sinks and the last window tokens; drop tokens as they leave the window.
-struct SinkWindowHead {
-  int64_t num_sinks = 0;
-  int64_t window = 0;
-  friend bool operator==(const SinkWindowHead&, const SinkWindowHead&) = default;
-};
+using SinkWindowHead = StreamingSpec;
 // At the end of (each chunk of) prefill: the last `window` tokens are the observation window;
 // keep the top `budget` others by pooled window score (select_snapkv) plus the window. Decode
-// tokens are appended; whether to re-compress when over budget + window is the caller's call.
-struct ObservationTopHead {
-  int64_t budget = 0;
-  int64_t window = 0;
-  int64_t pool_kernel = 1;
-  Pooling pooling = Pooling::kMax;
-  friend bool operator==(const ObservationTopHead&, const ObservationTopHead&) = default;
-};
+// tokens are appended.
+using ObservationTopHead = SnapKvSpec;
 // Heavy hitters by attention accumulated over the decode steps (HeavyHitterState), seeded at
 // the end of prefill with the observation scores of the last max(window, 1) prompt rows.
-struct HeavyHitterHead {
-  int64_t heavy_budget = 0;
-  int64_t window = 0;
-  friend bool operator==(const HeavyHitterHead&, const HeavyHitterHead&) = default;
-};
+using HeavyHitterHead = H2OSpec;
 // Dense until the end of prefill, then select_fastgen() on the last local_window rows' scores
 // decides the head's policy.
-struct FastGenPendingHead {
-  double threshold = 0.0;
-  int64_t local_window = 0;
-  double frequent_fraction = 0.0;
-  friend bool operator==(const FastGenPendingHead&, const FastGenPendingHead&) = default;
-};
+using FastGenPendingHead = FastGenSpec;
 // All KV kept; each decode step reads select_pages() of the page bounds (memory is not freed).
-struct PageSelectHead {
-  int64_t top_k_pages = 0;
-  int64_t reuse_steps = 1;
-  int64_t num_sinks = 0;
-  int64_t window = 0;
-  friend bool operator==(const PageSelectHead&, const PageSelectHead&) = default;
-};
-
+using PageSelectHead = QuestSpec;
 // Ada-KV: the heads of a layer holding the same SharedBudgetHead share num_heads * budget
 // prompt keys outside their windows, by pooled observation score (policy_adakv.cc).
-struct SharedBudgetHead {
-  int64_t budget = 0;  // per head, on average
-  int64_t window = 0;
-  int64_t pool_kernel = 1;
-  Pooling pooling = Pooling::kMax;
-  double alpha = 0.0;  // each head's floor, as a fraction of budget
-  friend bool operator==(const SharedBudgetHead&, const SharedBudgetHead&) = default;
-};
+using SharedBudgetHead = AdaKvSpec;
 
 using HeadPolicy = std::variant<DenseHead, SinkWindowHead, ObservationTopHead, HeavyHitterHead,
                                 FastGenPendingHead, PageSelectHead, SharedBudgetHead>;

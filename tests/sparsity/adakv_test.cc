@@ -40,7 +40,7 @@ TEST(AdaKvSpec, RefusesBadParametersNamingThem) {
 TEST(AdaKvSpec, ResolvesToOneSharedBudgetHeadPerStream) {
   const SparsityPlan plan = resolve(parse_policy("layerwise:L=1,rest=adakv:B=16,W=4"), {3, 2});
   EXPECT_TRUE(std::holds_alternative<DenseHead>(plan.at(0, 1)));
-  EXPECT_EQ(plan.at(2, 1), (HeadPolicy{SharedBudgetHead{16, 4, 7, Pooling::kMax, 0.2}}));
+  EXPECT_EQ(plan.at(2, 1), (HeadPolicy{SharedBudgetHead{SnapKvSpec{16, 4, 7, Pooling::kMax}, 0.2}}));
   EXPECT_EQ(SparsityController(plan).observation_rows(), 4);
 }
 
