@@ -34,6 +34,8 @@ sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token)
   return sparsity::TokenClass::kOther;
 }
 
+constexpr const char* kQueueFullMessage = "the server is at its queue limit; retry later";
+
 }  // namespace
 
 // A sparse request's admission terms, shared by its samples.
@@ -122,31 +124,32 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
 
 Engine::~Engine() { stop(); }
 
-std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sink) {
+std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSink sink) {
+  using Kind = AdmissionError::Kind;
   const int64_t context = model_->config().context_length;
   const auto prompt_len = static_cast<int64_t>(request.prompt.size());
-  if (prompt_len == 0) return Rejection{SubmitError::kEmptyPrompt, "the prompt is empty"};
+  if (prompt_len == 0) return AdmissionError::invalid("prompt", "the prompt is empty");
   if (auto problem = check_sampling_params(request.params,
                                            static_cast<int32_t>(model_->config().vocab_size))) {
-    return Rejection{SubmitError::kInvalidParams, *problem};
+    return *std::move(problem);
   }
   for (TokenId token : request.prompt) {
     if (token < 0 || token >= model_->config().vocab_size) {
-      return Rejection{SubmitError::kInvalidParams,
-                       fmt::format("prompt token id {} is outside the vocabulary", token)};
+      return AdmissionError::invalid(
+          "prompt", fmt::format("prompt token id {} is outside the vocabulary", token));
     }
   }
   if (prompt_len >= context) {
-    return Rejection{SubmitError::kTooLong,
-                     fmt::format("the prompt has {} tokens but the context is {} (at least one "
-                                 "token must be generated)",
-                                 prompt_len, context)};
+    return AdmissionError{Kind::kTooLong, "prompt",
+                          fmt::format("the prompt has {} tokens but the context is {} (at least "
+                                      "one token must be generated)",
+                                      prompt_len, context)};
   }
   if (!request.params.max_tokens)
     request.params.max_tokens = static_cast<int32_t>(context - prompt_len);
   if (prompt_len + *request.params.max_tokens > context) {
-    return Rejection{
-        SubmitError::kTooLong,
+    return AdmissionError{
+        Kind::kTooLong, "max_tokens",
         fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
                     prompt_len, *request.params.max_tokens, context)};
   }
@@ -165,7 +168,7 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
     try {
       sparsity = std::make_unique<sparsity::SparsityController>(resolve_policy(request.kv_policy));
     } catch (const Error& e) {
-      return Rejection{SubmitError::kInvalidParams, e.what()};
+      return AdmissionError::invalid("kv_policy", e.what());
     }
     if (sparsity->is_dense()) {
       sparsity.reset();
@@ -195,15 +198,15 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
     }
   }
   if (pages_needed > config_.num_kv_pages) {
-    return Rejection{
-        SubmitError::kNeverFits,
+    return AdmissionError{
+        Kind::kNeverFits, std::nullopt,
         fmt::format("the request needs {} KV pages but the pool has {}; lower max_tokens "
                     "or give the server more --kv-memory",
                     pages_needed, config_.num_kv_pages)};
   }
   std::lock_guard lock(mutex_);
   if (published_stats_.num_waiting + static_cast<int64_t>(pending_.size()) >= config_.max_queued) {
-    return Rejection{SubmitError::kQueueFull, "the server is at its queue limit; retry later"};
+    return AdmissionError{Kind::kQueueFull, std::nullopt, kQueueFullMessage};
   }
   auto pending = std::make_unique<PendingRequest>();
   pending->id = next_request_id_++;
@@ -278,11 +281,12 @@ void Engine::admit_pending() {
                         .private_kv = p->admission.private_kv});
     if (added != sched::AddResult::kQueued) {
       RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
-      const bool queue_full = added == sched::AddResult::kQueueFull;
-      event.error = queue_full ? "the server is at its queue limit; retry later"
-                               : "the request cannot fit in the KV cache";
-      event.error_kind =
-          queue_full ? RequestEvent::ErrorKind::kQueueFull : RequestEvent::ErrorKind::kNeverFits;
+      event.refused =
+          added == sched::AddResult::kQueueFull
+              ? AdmissionError{AdmissionError::Kind::kQueueFull, std::nullopt, kQueueFullMessage}
+              : AdmissionError{AdmissionError::Kind::kNeverFits, std::nullopt,
+                               "the request cannot fit in the KV cache"};
+      event.error = event.refused->message;
       (*p->sink)(event);
       continue;
     }
@@ -308,7 +312,7 @@ void Engine::apply_cancellations() {
                          .sample_idx = it->second->sample_idx,
                          .finish = Finish{FinishReason::kStop},
                          .error = "cancelled",
-                         .error_kind = RequestEvent::ErrorKind::kCancelled};
+                         .cancelled = true};
       (*it->second->sink)(event);
       it = samples_.erase(it);
     }

@@ -27,6 +27,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/admission.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -103,19 +104,14 @@ struct RequestEvent {
   std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
   std::optional<Finish> finish;
   std::optional<std::string> error;  // the request failed; finish is set too
-  // Why, when error is set: cancel(), or an admission failure found after submit() accepted it.
-  enum class ErrorKind { kCancelled, kQueueFull, kNeverFits };
-  std::optional<ErrorKind> error_kind;
+  bool cancelled = false;            // the error is cancel()'s
+  // The error is a refusal found when the engine came to admit the request after submit()
+  // accepted it (the queue filled meanwhile): what submit() would have returned.
+  std::optional<AdmissionError> refused;
   Usage usage;                       // meaningful with finish
   Timings timings;                   // meaningful with finish
 };
 using EventSink = std::function<void(const RequestEvent&)>;
-
-enum class SubmitError { kInvalidParams, kEmptyPrompt, kTooLong, kNeverFits, kQueueFull };
-struct Rejection {
-  SubmitError error;
-  std::string message;
-};
 
 struct EngineStats {
   int32_t num_running = 0;
@@ -134,7 +130,7 @@ class Engine {
   ~Engine();
 
   // Validates and queues a request; its events go to `sink`.
-  std::variant<RequestId, Rejection> submit(Request request, EventSink sink);
+  std::variant<RequestId, AdmissionError> submit(Request request, EventSink sink);
   // Stops a request; its pages are freed at the start of the next step. Unknown ids are ignored.
   void cancel(RequestId id);
 
