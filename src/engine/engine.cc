@@ -105,7 +105,6 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
       cache_(model_->config(), kv_.num_pages(), config.page_size, config.kv_dtype),
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
                                         .max_num_seqs = config.max_num_seqs,
-                                        .max_queued = config.max_queued,
                                         .max_model_len =
                                             static_cast<int32_t>(model_->config().context_length)},
                  kv_),
@@ -265,6 +264,16 @@ void Engine::admit_pending() {
     pending.swap(pending_);
   }
   for (auto& p : pending) {
+    // submit() counted the queue from the last step's stats; this is the scheduler's own count.
+    if (scheduler_.stats().num_waiting >= config_.max_queued) {
+      const AdmissionError refused{AdmissionError::Kind::kQueueFull, std::nullopt,
+                                   kQueueFullMessage};
+      (*p->sink)(RequestEvent{.request_id = p->id,
+                              .finish = Finish{FinishReason::kStop},
+                              .error = refused.message,
+                              .refused = refused});
+      continue;
+    }
     const sched::SeqId seq{next_seq_id_++};
     const int32_t n = std::max(1, p->request.params.n);
     auto sample = std::make_unique<Sample>(
@@ -274,22 +283,10 @@ void Engine::admit_pending() {
     sample->sparsity = std::move(p->sparsity);
     sample->chunk_boundary = p->admission.chunk_boundary;
     const int32_t max_new = *p->request.params.max_tokens;
-    const sched::AddResult added =
-        scheduler_.add(seq, std::move(p->request.prompt), max_new,
-                       {.max_pages = p->max_pages,
-                        .chunk_boundary = p->admission.chunk_boundary,
-                        .private_kv = p->admission.private_kv});
-    if (added != sched::AddResult::kQueued) {
-      RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
-      event.refused =
-          added == sched::AddResult::kQueueFull
-              ? AdmissionError{AdmissionError::Kind::kQueueFull, std::nullopt, kQueueFullMessage}
-              : AdmissionError{AdmissionError::Kind::kNeverFits, std::nullopt,
-                               "the request cannot fit in the KV cache"};
-      event.error = event.refused->message;
-      (*p->sink)(event);
-      continue;
-    }
+    scheduler_.add(seq, std::move(p->request.prompt), max_new,
+                   {.max_pages = p->max_pages,
+                    .chunk_boundary = p->admission.chunk_boundary,
+                    .private_kv = p->admission.private_kv});
     samples_.emplace(seq, std::move(sample));
   }
 }
