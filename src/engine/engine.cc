@@ -257,7 +257,8 @@ void Engine::cancel(RequestId id) {
   work_available_.notify_one();
 }
 
-void Engine::admit_pending() {
+// Pending requests become waiting sequences; submit() decided everything but the queue limit.
+void Engine::admit() {
   std::vector<std::unique_ptr<PendingRequest>> pending;
   {
     std::lock_guard lock(mutex_);
@@ -334,7 +335,36 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
   scheduler_.finish(seq);
 }
 
-void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<float>& logits) {
+std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) {
+  std::vector<sched::SeqId> seqs = {seq};
+  // The request's parameters (sample 0 has its seed, but n = 1).
+  SamplingParams request_params = first.params;
+  request_params.n = first.num_samples_to_fork + 1;
+  for (int32_t i = 1; i <= first.num_samples_to_fork; ++i) {
+    const sched::SeqId child{next_seq_id_++};
+    // A compressed parent's child gets copies of its slices (before anything changes them).
+    runner_.copy_slices(scheduler_.fork(seq, child));
+    auto sample = std::make_unique<Sample>(first.request_id, i, first.sink,
+                                           params_for_sample(request_params, i), eos_ids_,
+                                           first.num_prompt_tokens, first.arrival);
+    sample->first_scheduled = first.first_scheduled;
+    sample->timings.queue_seconds = first.timings.queue_seconds;
+    sample->cached_prompt_tokens = first.cached_prompt_tokens;
+    // A sparse parent's child has its keys, so it continues from its policies' state.
+    if (first.sparsity)
+      sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
+    sample->chunk_boundary = first.chunk_boundary;
+    samples_.emplace(child, std::move(sample));
+    seqs.push_back(child);
+  }
+  first.num_samples_to_fork = 0;
+  return seqs;
+}
+
+// For each scheduled sequence: timings and prompt accounting; a prefill chunk that ended on a
+// chunk boundary is marked for compression; a sampling row gives each of the request's samples
+// its token: sample → stop → event.
+void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits) {
   const int64_t vocab = model_->config().vocab_size;
   const auto now = Clock::now();
   int64_t row = 0;
@@ -360,31 +390,9 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
     std::span<const float> row_logits(&logits[row++ * vocab], vocab);
 
     // n > 1: the other samples start here, sharing every prompt page, from the same logits.
-    std::vector<sched::SeqId> seqs = {scheduled.seq_id};
-    SamplingParams request_params;  // the request's (sample 0 has its seed, but n = 1)
-    if (first.num_samples_to_fork > 0) {
-      request_params = first.params;
-      request_params.n = first.num_samples_to_fork + 1;
-    }
-    for (int32_t i = 1; i <= first.num_samples_to_fork; ++i) {
-      const sched::SeqId child{next_seq_id_++};
-      // A compressed parent's child gets copies of its slices (before anything changes them).
-      runner_.copy_slices(scheduler_.fork(scheduled.seq_id, child));
-      auto sample = std::make_unique<Sample>(first.request_id, i, first.sink,
-                                             params_for_sample(request_params, i), eos_ids_,
-                                             first.num_prompt_tokens, first.arrival);
-      sample->first_scheduled = first.first_scheduled;
-      sample->timings.queue_seconds = first.timings.queue_seconds;
-      sample->cached_prompt_tokens = first.cached_prompt_tokens;
-      // A sparse parent's child has its keys, so it continues from its policies' state.
-      if (first.sparsity)
-        sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
-      sample->chunk_boundary = first.chunk_boundary;
-      samples_.emplace(child, std::move(sample));
-      seqs.push_back(child);
-    }
-    first.num_samples_to_fork = 0;
-
+    const std::vector<sched::SeqId> seqs = first.num_samples_to_fork > 0
+                                               ? fork_samples(scheduled.seq_id, first)
+                                               : std::vector<sched::SeqId>{scheduled.seq_id};
     for (sched::SeqId seq : seqs) {
       Sample& sample = *samples_.at(seq);
       if (sample.sparsity && !sample.sparsity->prompt_compressed()) to_compress_.push_back(seq);
@@ -418,28 +426,38 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
   }
 }
 
-bool Engine::step() {
-  // Admit first, so that a request cancelled before its first step is found and stopped.
-  admit_pending();
-  apply_cancellations();
-  sched::ScheduleOutput out = scheduler_.schedule();
-  for (sched::SeqId seq : out.preempted) {
-    // Recomputed from its tokens as a dense sequence: compress again when that is done.
+// A preempted sequence is recomputed from its tokens as a dense one: compress again when that is
+// done.
+void Engine::restart_preempted(const std::vector<sched::SeqId>& preempted) {
+  for (sched::SeqId seq : preempted) {
     if (auto it = samples_.find(seq); it != samples_.end() && it->second->sparsity &&
                                       it->second->sparsity->compressed_through() > 0) {
       it->second->sparsity->restart();
       runner_.forget(seq);
     }
   }
-  bool did_work = !out.empty();
+}
+
+bool Engine::step() {
+  // Admit first, so that a request cancelled before its first step is found and stopped.
+  admit();
+  apply_cancellations();
+  sched::ScheduleOutput out = scheduler_.schedule();
+  restart_preempted(out.preempted);
+  const bool did_work = !out.empty();
   if (did_work) {
     const std::vector<float>& logits =
         runner_.run(out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); });
     scheduler_.on_step_done(out);
-    postprocess(out, logits);
+    process_outputs(out, logits);
     apply_sparsity();
     ++num_steps_;
   }
+  publish_stats();
+  return did_work;
+}
+
+void Engine::publish_stats() {
   EngineStats stats{.num_running = scheduler_.stats().num_running,
                     .num_waiting = scheduler_.stats().num_waiting,
                     .num_preemptions = scheduler_.stats().num_preemptions,
@@ -449,7 +467,6 @@ bool Engine::step() {
                     .kv = kv_.stats()};
   std::lock_guard lock(mutex_);
   published_stats_ = stats;
-  return did_work;
 }
 
 void Engine::run_until_idle() {

@@ -2,12 +2,16 @@
 // The serving engine: continuous batching over a paged KV cache.
 //
 // The path of one request:
-//   Request (prompt ids + SamplingParams)
-//     └─ Engine::submit ──► Scheduler waiting queue (one sequence per sample)
-//   Engine::step():
-//     out    = scheduler.schedule()             ids and counts: who computes which tokens
-//     logits = runner.run(out)                  block tables → Batch → LlamaModel::forward
-//     postprocess(out, logits)                  Sampler → StopMatcher → RequestEvent → sink
+//   Request (prompt ids + SamplingParams + kv_policy)
+//     └─ Engine::submit ──► checked and planned, or refused: AdmissionError (engine/admission.h)
+//   Engine::step(), a pipeline:
+//     admit()                        pending ──► Scheduler waiting queue (one sequence), or
+//                                    refused at the queue limit (RequestEvent::refused)
+//     out    = scheduler.schedule()  ids and counts: who computes which tokens
+//     logits = runner.run(out)       block tables → Batch → LlamaModel::forward
+//     process_outputs(out, logits)   fork the n - 1 other samples (first token only), then per
+//                                    sample Sampler → StopMatcher → RequestEvent → sink
+//     apply_sparsity()               compress completed prompts, drop keys that left a window
 //   finished or cancelled ──► Scheduler::finish ──► pages back to the pool in the same step
 //
 // Threading: submit() and cancel() may be called from any thread; step() runs on one thread
@@ -151,9 +155,15 @@ class Engine {
  private:
   struct Sample;
   struct PendingRequest;
-  void admit_pending();
+  // The stages of step(), in order.
+  void admit();
   void apply_cancellations();
-  void postprocess(const sched::ScheduleOutput& out, const std::vector<float>& logits);
+  void restart_preempted(const std::vector<sched::SeqId>& preempted);
+  void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
+  void publish_stats();
+  // Parallel sampling: starts the n - 1 other samples of `seq`'s request, which sampled its
+  // first token this step; returns all of the request's sequences, `seq` first.
+  std::vector<sched::SeqId> fork_samples(sched::SeqId seq, Sample& first);
   void finish_sample(sched::SeqId seq, RequestEvent& event);
   // KV sparsity after a step: compress sequences whose prompt is now complete, and keep the
   // windows of sink + window streams at their size.
