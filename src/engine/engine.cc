@@ -257,7 +257,7 @@ void Engine::cancel(RequestId id) {
   work_available_.notify_one();
 }
 
-// Pending requests become waiting sequences; submit() decided everything but the queue limit.
+// Pending requests become waiting sequences: submit() checked and planned them already.
 void Engine::admit() {
   std::vector<std::unique_ptr<PendingRequest>> pending;
   {
