@@ -80,7 +80,8 @@ void run_batch(const BatchOptions& options) {
       r.text += event.text;
       if (event.finish) r.last = event;
     });
-    if (const auto* rejection = std::get_if<engine::Rejection>(&submitted)) rejections[i] = rejection->message;
+    if (const auto* rejection = std::get_if<engine::AdmissionError>(&submitted))
+      rejections[i] = rejection->message;
   }
   engine.run_until_idle();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

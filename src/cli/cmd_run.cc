@@ -60,7 +60,8 @@ void run(RunOptions options) {
     }
     if (event.finish) last = event;
   });
-  if (const auto* rejection = std::get_if<engine::Rejection>(&submitted)) fail("{}", rejection->message);
+  if (const auto* rejection = std::get_if<engine::AdmissionError>(&submitted))
+    fail("{}", rejection->message);
   engine.run_until_idle();
   if (last.error) fail("{}", *last.error);
 

@@ -34,6 +34,8 @@ sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token)
   return sparsity::TokenClass::kOther;
 }
 
+constexpr const char* kQueueFullMessage = "the server is at its queue limit; retry later";
+
 }  // namespace
 
 // A sparse request's admission terms, shared by its samples.
@@ -103,7 +105,6 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
       cache_(model_->config(), kv_.num_pages(), config.page_size, config.kv_dtype),
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
                                         .max_num_seqs = config.max_num_seqs,
-                                        .max_queued = config.max_queued,
                                         .max_model_len =
                                             static_cast<int32_t>(model_->config().context_length)},
                  kv_),
@@ -122,31 +123,32 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
 
 Engine::~Engine() { stop(); }
 
-std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sink) {
+std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSink sink) {
+  using Kind = AdmissionError::Kind;
   const int64_t context = model_->config().context_length;
   const auto prompt_len = static_cast<int64_t>(request.prompt.size());
-  if (prompt_len == 0) return Rejection{SubmitError::kEmptyPrompt, "the prompt is empty"};
+  if (prompt_len == 0) return AdmissionError::invalid("prompt", "the prompt is empty");
   if (auto problem = check_sampling_params(request.params,
                                            static_cast<int32_t>(model_->config().vocab_size))) {
-    return Rejection{SubmitError::kInvalidParams, *problem};
+    return *std::move(problem);
   }
   for (TokenId token : request.prompt) {
     if (token < 0 || token >= model_->config().vocab_size) {
-      return Rejection{SubmitError::kInvalidParams,
-                       fmt::format("prompt token id {} is outside the vocabulary", token)};
+      return AdmissionError::invalid(
+          "prompt", fmt::format("prompt token id {} is outside the vocabulary", token));
     }
   }
   if (prompt_len >= context) {
-    return Rejection{SubmitError::kTooLong,
-                     fmt::format("the prompt has {} tokens but the context is {} (at least one "
-                                 "token must be generated)",
-                                 prompt_len, context)};
+    return AdmissionError{Kind::kTooLong, "prompt",
+                          fmt::format("the prompt has {} tokens but the context is {} (at least "
+                                      "one token must be generated)",
+                                      prompt_len, context)};
   }
   if (!request.params.max_tokens)
     request.params.max_tokens = static_cast<int32_t>(context - prompt_len);
   if (prompt_len + *request.params.max_tokens > context) {
-    return Rejection{
-        SubmitError::kTooLong,
+    return AdmissionError{
+        Kind::kTooLong, "max_tokens",
         fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
                     prompt_len, *request.params.max_tokens, context)};
   }
@@ -165,7 +167,7 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
     try {
       sparsity = std::make_unique<sparsity::SparsityController>(resolve_policy(request.kv_policy));
     } catch (const Error& e) {
-      return Rejection{SubmitError::kInvalidParams, e.what()};
+      return AdmissionError::invalid("kv_policy", e.what());
     }
     if (sparsity->is_dense()) {
       sparsity.reset();
@@ -195,15 +197,15 @@ std::variant<RequestId, Rejection> Engine::submit(Request request, EventSink sin
     }
   }
   if (pages_needed > config_.num_kv_pages) {
-    return Rejection{
-        SubmitError::kNeverFits,
+    return AdmissionError{
+        Kind::kNeverFits, std::nullopt,
         fmt::format("the request needs {} KV pages but the pool has {}; lower max_tokens "
                     "or give the server more --kv-memory",
                     pages_needed, config_.num_kv_pages)};
   }
   std::lock_guard lock(mutex_);
   if (published_stats_.num_waiting + static_cast<int64_t>(pending_.size()) >= config_.max_queued) {
-    return Rejection{SubmitError::kQueueFull, "the server is at its queue limit; retry later"};
+    return AdmissionError{Kind::kQueueFull, std::nullopt, kQueueFullMessage};
   }
   auto pending = std::make_unique<PendingRequest>();
   pending->id = next_request_id_++;
@@ -255,13 +257,24 @@ void Engine::cancel(RequestId id) {
   work_available_.notify_one();
 }
 
-void Engine::admit_pending() {
+// Pending requests become waiting sequences: submit() checked and planned them already.
+void Engine::admit() {
   std::vector<std::unique_ptr<PendingRequest>> pending;
   {
     std::lock_guard lock(mutex_);
     pending.swap(pending_);
   }
   for (auto& p : pending) {
+    // submit() counted the queue from the last step's stats; this is the scheduler's own count.
+    if (scheduler_.stats().num_waiting >= config_.max_queued) {
+      const AdmissionError refused{AdmissionError::Kind::kQueueFull, std::nullopt,
+                                   kQueueFullMessage};
+      (*p->sink)(RequestEvent{.request_id = p->id,
+                              .finish = Finish{FinishReason::kStop},
+                              .error = refused.message,
+                              .refused = refused});
+      continue;
+    }
     const sched::SeqId seq{next_seq_id_++};
     const int32_t n = std::max(1, p->request.params.n);
     auto sample = std::make_unique<Sample>(
@@ -271,21 +284,10 @@ void Engine::admit_pending() {
     sample->sparsity = std::move(p->sparsity);
     sample->chunk_boundary = p->admission.chunk_boundary;
     const int32_t max_new = *p->request.params.max_tokens;
-    const sched::AddResult added =
-        scheduler_.add(seq, std::move(p->request.prompt), max_new,
-                       {.max_pages = p->max_pages,
-                        .chunk_boundary = p->admission.chunk_boundary,
-                        .private_kv = p->admission.private_kv});
-    if (added != sched::AddResult::kQueued) {
-      RequestEvent event{.request_id = p->id, .finish = Finish{FinishReason::kStop}};
-      const bool queue_full = added == sched::AddResult::kQueueFull;
-      event.error = queue_full ? "the server is at its queue limit; retry later"
-                               : "the request cannot fit in the KV cache";
-      event.error_kind =
-          queue_full ? RequestEvent::ErrorKind::kQueueFull : RequestEvent::ErrorKind::kNeverFits;
-      (*p->sink)(event);
-      continue;
-    }
+    scheduler_.add(seq, std::move(p->request.prompt), max_new,
+                   {.max_pages = p->max_pages,
+                    .chunk_boundary = p->admission.chunk_boundary,
+                    .private_kv = p->admission.private_kv});
     samples_.emplace(seq, std::move(sample));
   }
 }
@@ -308,7 +310,7 @@ void Engine::apply_cancellations() {
                          .sample_idx = it->second->sample_idx,
                          .finish = Finish{FinishReason::kStop},
                          .error = "cancelled",
-                         .error_kind = RequestEvent::ErrorKind::kCancelled};
+                         .cancelled = true};
       (*it->second->sink)(event);
       it = samples_.erase(it);
     }
@@ -333,7 +335,36 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
   scheduler_.finish(seq);
 }
 
-void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<float>& logits) {
+std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) {
+  std::vector<sched::SeqId> seqs = {seq};
+  // The request's parameters (sample 0 has its seed, but n = 1).
+  SamplingParams request_params = first.params;
+  request_params.n = first.num_samples_to_fork + 1;
+  for (int32_t i = 1; i <= first.num_samples_to_fork; ++i) {
+    const sched::SeqId child{next_seq_id_++};
+    // A compressed parent's child gets copies of its slices (before anything changes them).
+    runner_.copy_slices(scheduler_.fork(seq, child));
+    auto sample = std::make_unique<Sample>(first.request_id, i, first.sink,
+                                           params_for_sample(request_params, i), eos_ids_,
+                                           first.num_prompt_tokens, first.arrival);
+    sample->first_scheduled = first.first_scheduled;
+    sample->timings.queue_seconds = first.timings.queue_seconds;
+    sample->cached_prompt_tokens = first.cached_prompt_tokens;
+    // A sparse parent's child has its keys, so it continues from its policies' state.
+    if (first.sparsity)
+      sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
+    sample->chunk_boundary = first.chunk_boundary;
+    samples_.emplace(child, std::move(sample));
+    seqs.push_back(child);
+  }
+  first.num_samples_to_fork = 0;
+  return seqs;
+}
+
+// For each scheduled sequence: timings and prompt accounting; a prefill chunk that ended on a
+// chunk boundary is marked for compression; a sampling row gives each of the request's samples
+// its token: sample → stop → event.
+void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits) {
   const int64_t vocab = model_->config().vocab_size;
   const auto now = Clock::now();
   int64_t row = 0;
@@ -359,31 +390,9 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
     std::span<const float> row_logits(&logits[row++ * vocab], vocab);
 
     // n > 1: the other samples start here, sharing every prompt page, from the same logits.
-    std::vector<sched::SeqId> seqs = {scheduled.seq_id};
-    SamplingParams request_params;  // the request's (sample 0 has its seed, but n = 1)
-    if (first.num_samples_to_fork > 0) {
-      request_params = first.params;
-      request_params.n = first.num_samples_to_fork + 1;
-    }
-    for (int32_t i = 1; i <= first.num_samples_to_fork; ++i) {
-      const sched::SeqId child{next_seq_id_++};
-      // A compressed parent's child gets copies of its slices (before anything changes them).
-      runner_.copy_slices(scheduler_.fork(scheduled.seq_id, child));
-      auto sample = std::make_unique<Sample>(first.request_id, i, first.sink,
-                                             params_for_sample(request_params, i), eos_ids_,
-                                             first.num_prompt_tokens, first.arrival);
-      sample->first_scheduled = first.first_scheduled;
-      sample->timings.queue_seconds = first.timings.queue_seconds;
-      sample->cached_prompt_tokens = first.cached_prompt_tokens;
-      // A sparse parent's child has its keys, so it continues from its policies' state.
-      if (first.sparsity)
-        sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
-      sample->chunk_boundary = first.chunk_boundary;
-      samples_.emplace(child, std::move(sample));
-      seqs.push_back(child);
-    }
-    first.num_samples_to_fork = 0;
-
+    const std::vector<sched::SeqId> seqs = first.num_samples_to_fork > 0
+                                               ? fork_samples(scheduled.seq_id, first)
+                                               : std::vector<sched::SeqId>{scheduled.seq_id};
     for (sched::SeqId seq : seqs) {
       Sample& sample = *samples_.at(seq);
       if (sample.sparsity && !sample.sparsity->prompt_compressed()) to_compress_.push_back(seq);
@@ -417,28 +426,38 @@ void Engine::postprocess(const sched::ScheduleOutput& out, const std::vector<flo
   }
 }
 
-bool Engine::step() {
-  // Admit first, so that a request cancelled before its first step is found and stopped.
-  admit_pending();
-  apply_cancellations();
-  sched::ScheduleOutput out = scheduler_.schedule();
-  for (sched::SeqId seq : out.preempted) {
-    // Recomputed from its tokens as a dense sequence: compress again when that is done.
+// A preempted sequence is recomputed from its tokens as a dense one: compress again when that is
+// done.
+void Engine::restart_preempted(const std::vector<sched::SeqId>& preempted) {
+  for (sched::SeqId seq : preempted) {
     if (auto it = samples_.find(seq); it != samples_.end() && it->second->sparsity &&
                                       it->second->sparsity->compressed_through() > 0) {
       it->second->sparsity->restart();
       runner_.forget(seq);
     }
   }
-  bool did_work = !out.empty();
+}
+
+bool Engine::step() {
+  // Admit first, so that a request cancelled before its first step is found and stopped.
+  admit();
+  apply_cancellations();
+  sched::ScheduleOutput out = scheduler_.schedule();
+  restart_preempted(out.preempted);
+  const bool did_work = !out.empty();
   if (did_work) {
     const std::vector<float>& logits =
         runner_.run(out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); });
     scheduler_.on_step_done(out);
-    postprocess(out, logits);
+    process_outputs(out, logits);
     apply_sparsity();
     ++num_steps_;
   }
+  publish_stats();
+  return did_work;
+}
+
+void Engine::publish_stats() {
   EngineStats stats{.num_running = scheduler_.stats().num_running,
                     .num_waiting = scheduler_.stats().num_waiting,
                     .num_preemptions = scheduler_.stats().num_preemptions,
@@ -448,7 +467,6 @@ bool Engine::step() {
                     .kv = kv_.stats()};
   std::lock_guard lock(mutex_);
   published_stats_ = stats;
-  return did_work;
 }
 
 void Engine::run_until_idle() {

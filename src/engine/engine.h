@@ -2,12 +2,16 @@
 // The serving engine: continuous batching over a paged KV cache.
 //
 // The path of one request:
-//   Request (prompt ids + SamplingParams)
-//     └─ Engine::submit ──► Scheduler waiting queue (one sequence per sample)
-//   Engine::step():
-//     out    = scheduler.schedule()             ids and counts: who computes which tokens
-//     logits = runner.run(out)                  block tables → Batch → LlamaModel::forward
-//     postprocess(out, logits)                  Sampler → StopMatcher → RequestEvent → sink
+//   Request (prompt ids + SamplingParams + kv_policy)
+//     └─ Engine::submit ──► checked and planned, or refused: AdmissionError (engine/admission.h)
+//   Engine::step(), a pipeline:
+//     admit()                        pending ──► Scheduler waiting queue (one sequence), or
+//                                    refused at the queue limit (RequestEvent::refused)
+//     out    = scheduler.schedule()  ids and counts: who computes which tokens
+//     logits = runner.run(out)       block tables → Batch → LlamaModel::forward
+//     process_outputs(out, logits)   fork the n - 1 other samples (first token only), then per
+//                                    sample Sampler → StopMatcher → RequestEvent → sink
+//     apply_sparsity()               compress completed prompts, drop keys that left a window
 //   finished or cancelled ──► Scheduler::finish ──► pages back to the pool in the same step
 //
 // Threading: submit() and cancel() may be called from any thread; step() runs on one thread
@@ -27,6 +31,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/admission.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -103,19 +108,14 @@ struct RequestEvent {
   std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
   std::optional<Finish> finish;
   std::optional<std::string> error;  // the request failed; finish is set too
-  // Why, when error is set: cancel(), or an admission failure found after submit() accepted it.
-  enum class ErrorKind { kCancelled, kQueueFull, kNeverFits };
-  std::optional<ErrorKind> error_kind;
+  bool cancelled = false;            // the error is cancel()'s
+  // The error is a refusal found when the engine came to admit the request after submit()
+  // accepted it (the queue filled meanwhile): what submit() would have returned.
+  std::optional<AdmissionError> refused;
   Usage usage;                       // meaningful with finish
   Timings timings;                   // meaningful with finish
 };
 using EventSink = std::function<void(const RequestEvent&)>;
-
-enum class SubmitError { kInvalidParams, kEmptyPrompt, kTooLong, kNeverFits, kQueueFull };
-struct Rejection {
-  SubmitError error;
-  std::string message;
-};
 
 struct EngineStats {
   int32_t num_running = 0;
@@ -134,7 +134,7 @@ class Engine {
   ~Engine();
 
   // Validates and queues a request; its events go to `sink`.
-  std::variant<RequestId, Rejection> submit(Request request, EventSink sink);
+  std::variant<RequestId, AdmissionError> submit(Request request, EventSink sink);
   // Stops a request; its pages are freed at the start of the next step. Unknown ids are ignored.
   void cancel(RequestId id);
 
@@ -155,9 +155,15 @@ class Engine {
  private:
   struct Sample;
   struct PendingRequest;
-  void admit_pending();
+  // The stages of step(), in order.
+  void admit();
   void apply_cancellations();
-  void postprocess(const sched::ScheduleOutput& out, const std::vector<float>& logits);
+  void restart_preempted(const std::vector<sched::SeqId>& preempted);
+  void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
+  void publish_stats();
+  // Parallel sampling: starts the n - 1 other samples of `seq`'s request, which sampled its
+  // first token this step; returns all of the request's sequences, `seq` first.
+  std::vector<sched::SeqId> fork_samples(sched::SeqId seq, Sample& first);
   void finish_sample(sched::SeqId seq, RequestEvent& event);
   // KV sparsity after a step: compress sequences whose prompt is now complete, and keep the
   // windows of sink + window streams at their size.

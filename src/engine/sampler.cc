@@ -73,59 +73,88 @@ bool in_range(TokenId id, int32_t vocab_size) { return id >= 0 && id < vocab_siz
 
 }  // namespace
 
-std::optional<std::string> check_sampling_params(const SamplingParams& p, int32_t vocab_size) {
+std::optional<AdmissionError> check_sampling_params(const SamplingParams& p, int32_t vocab_size) {
   if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
-    return fmt::format("temperature must be a number >= 0 (0 is greedy), got {}", p.temperature);
+    return AdmissionError::invalid(
+        "temperature",
+        fmt::format("temperature must be a number >= 0 (0 is greedy), got {}", p.temperature));
   }
-  if (p.top_k < 0) return fmt::format("top_k must be >= 0 (0 keeps all tokens), got {}", p.top_k);
+  if (p.top_k < 0) {
+    return AdmissionError::invalid(
+        "top_k", fmt::format("top_k must be >= 0 (0 keeps all tokens), got {}", p.top_k));
+  }
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
-    return fmt::format("top_p must be in (0, 1] (1 keeps all tokens), got {}", p.top_p);
+    return AdmissionError::invalid(
+        "top_p", fmt::format("top_p must be in (0, 1] (1 keeps all tokens), got {}", p.top_p));
   }
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
-    return fmt::format("min_p must be in [0, 1] (0 keeps all tokens), got {}", p.min_p);
+    return AdmissionError::invalid(
+        "min_p", fmt::format("min_p must be in [0, 1] (0 keeps all tokens), got {}", p.min_p));
   }
   if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) {
-    return fmt::format("repetition_penalty must be > 0 (1 is none), got {}", p.repetition_penalty);
+    return AdmissionError::invalid(
+        "repetition_penalty",
+        fmt::format("repetition_penalty must be > 0 (1 is none), got {}", p.repetition_penalty));
   }
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
-    return fmt::format("presence_penalty must be in [-2, 2], got {}", p.presence_penalty);
+    return AdmissionError::invalid(
+        "presence_penalty",
+        fmt::format("presence_penalty must be in [-2, 2], got {}", p.presence_penalty));
   }
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
-    return fmt::format("frequency_penalty must be in [-2, 2], got {}", p.frequency_penalty);
+    return AdmissionError::invalid(
+        "frequency_penalty",
+        fmt::format("frequency_penalty must be in [-2, 2], got {}", p.frequency_penalty));
   }
   for (const auto& [id, bias] : p.logit_bias) {
     if (!in_range(id, vocab_size)) {
-      return fmt::format("logit_bias has token id {}, but the vocabulary has ids 0..{}", id,
-                         vocab_size - 1);
+      return AdmissionError::invalid(
+          "logit_bias", fmt::format("logit_bias has token id {}, but the vocabulary has ids 0..{}",
+                                    id, vocab_size - 1));
     }
     if (!(bias >= -100.0f && bias <= 100.0f)) {
-      return fmt::format("logit_bias for token {} must be in [-100, 100], got {}", id, bias);
+      return AdmissionError::invalid(
+          "logit_bias",
+          fmt::format("logit_bias for token {} must be in [-100, 100], got {}", id, bias));
     }
   }
-  if (p.min_tokens < 0) return fmt::format("min_tokens must be >= 0, got {}", p.min_tokens);
+  if (p.min_tokens < 0) {
+    return AdmissionError::invalid("min_tokens",
+                                   fmt::format("min_tokens must be >= 0, got {}", p.min_tokens));
+  }
   if (p.max_tokens) {
-    if (*p.max_tokens < 1) return fmt::format("max_tokens must be >= 1, got {}", *p.max_tokens);
+    if (*p.max_tokens < 1) {
+      return AdmissionError::invalid("max_tokens",
+                                     fmt::format("max_tokens must be >= 1, got {}", *p.max_tokens));
+    }
     if (p.min_tokens > *p.max_tokens) {
-      return fmt::format("min_tokens ({}) must not exceed max_tokens ({})", p.min_tokens,
-                         *p.max_tokens);
+      return AdmissionError::invalid(
+          "min_tokens", fmt::format("min_tokens ({}) must not exceed max_tokens ({})", p.min_tokens,
+                                    *p.max_tokens));
     }
   }
   for (TokenId id : p.stop_token_ids) {
     if (!in_range(id, vocab_size)) {
-      return fmt::format("stop_token_ids has token id {}, but the vocabulary has ids 0..{}", id,
-                         vocab_size - 1);
+      return AdmissionError::invalid(
+          "stop_token_ids",
+          fmt::format("stop_token_ids has token id {}, but the vocabulary has ids 0..{}", id,
+                      vocab_size - 1));
     }
   }
   for (const std::string& stop : p.stop_strings) {
-    if (stop.empty()) return "stop strings must not be empty";
+    if (stop.empty()) return AdmissionError::invalid("stop", "stop strings must not be empty");
   }
   for (TokenId t : p.forced_tokens) {
-    if (t < 0 || t >= vocab_size) return fmt::format("forced token {} is outside the vocabulary", t);
+    if (t < 0 || t >= vocab_size) {
+      return AdmissionError::invalid("forced_tokens",
+                                     fmt::format("forced token {} is outside the vocabulary", t));
+    }
   }
   if (p.logprobs && (*p.logprobs < 0 || *p.logprobs > kMaxTopLogprobs)) {
-    return fmt::format("logprobs must be in [0, {}], got {}", kMaxTopLogprobs, *p.logprobs);
+    return AdmissionError::invalid("logprobs", fmt::format("logprobs must be in [0, {}], got {}",
+                                                           kMaxTopLogprobs, *p.logprobs));
   }
-  if (p.n < 1) return fmt::format("n must be >= 1, got {}", p.n);
+  if (p.n < 1) return AdmissionError::invalid("n", fmt::format("n must be >= 1, got {}", p.n));
   return std::nullopt;
 }
 

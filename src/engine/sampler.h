@@ -29,6 +29,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/admission.h"
+
 namespace sieve::engine {
 
 using TokenId = int32_t;
@@ -73,9 +75,10 @@ struct SamplingParams {
   bool full_logprobs = false;
 };
 
-// What is wrong with `params` for a model with `vocab_size` tokens, in words a user can act
-// on; nullopt when the parameters are valid.
-std::optional<std::string> check_sampling_params(const SamplingParams& params, int32_t vocab_size);
+// What is wrong with `params` for a model with `vocab_size` tokens (kInvalidParams, naming the
+// field); nullopt when the parameters are valid.
+std::optional<AdmissionError> check_sampling_params(const SamplingParams& params,
+                                                    int32_t vocab_size);
 
 // The parameters of sample `sample_idx` in [0, n) of an n > 1 request: a copy with n = 1 and
 // seed = request seed + sample_idx (as vLLM), so every sample is reproducible on its own.

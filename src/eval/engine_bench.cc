@@ -75,7 +75,7 @@ engine::RequestId submit_or_fail(engine::Engine& engine, engine::Request request
     slot.usage = event.usage;
     slot.timings = event.timings;
   });
-  if (auto* rejection = std::get_if<engine::Rejection>(&submitted)) {
+  if (auto* rejection = std::get_if<engine::AdmissionError>(&submitted)) {
     fail("bench-engine: the engine refused a request: {}", rejection->message);
   }
   return std::get<engine::RequestId>(submitted);

@@ -92,7 +92,7 @@ std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model, st
       if (event.finish) r.usage = event.usage;
       if (event.error) r.error = event.error;
     });
-    if (const auto* rejection = std::get_if<engine::Rejection>(&submitted)) {
+    if (const auto* rejection = std::get_if<engine::AdmissionError>(&submitted)) {
       fail("policy '{}' refused: {}", policies[i], rejection->message);
     }
     index[std::get<engine::RequestId>(submitted)] = i;

@@ -7,21 +7,20 @@ namespace sieve::sched {
 
 Scheduler::Scheduler(const SchedulerConfig& config, kv::KvManager& kv) : config_(config), kv_(kv) {}
 
-AddResult Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens,
-                         const SequenceOptions& options) {
+void Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens,
+                    const SequenceOptions& options) {
   assert(!seqs_.contains(seq) && !prompt.empty());
   const int64_t max_total = static_cast<int64_t>(prompt.size()) + std::max(0, max_new_tokens);
-  if (config_.max_model_len > 0 && max_total > config_.max_model_len) return AddResult::kTooLong;
-  const int64_t peak_pages = options.max_pages ? *options.max_pages : kv_.num_pages_for(static_cast<int32_t>(max_total));
-  if (peak_pages > kv_.num_pages()) return AddResult::kNeverFits;
-  if (static_cast<int32_t>(waiting_.size()) >= config_.max_queued) return AddResult::kQueueFull;
+  assert(config_.max_model_len <= 0 || max_total <= config_.max_model_len);
+  [[maybe_unused]] const int64_t peak_pages =
+      options.max_pages ? *options.max_pages : kv_.num_pages_for(static_cast<int32_t>(max_total));
+  assert(peak_pages <= kv_.num_pages());
   Sequence& s = seqs_[seq];
   s.num_prompt_tokens = static_cast<int32_t>(prompt.size());
   s.tokens = std::move(prompt);
   s.max_total_tokens = static_cast<int32_t>(max_total);
   s.options = options;
   waiting_.push_back(seq);
-  return AddResult::kQueued;
 }
 
 std::vector<kv::SliceMove> Scheduler::fork(SeqId parent, SeqId child) {

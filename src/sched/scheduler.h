@@ -10,8 +10,8 @@
 //   3. waiting sequences, FIFO, while pages and the sequence limit allow (prefix-cache hits
 //      count as computed and cost no budget).
 // When pages run out, the most recently admitted running sequence is preempted: its pages are
-// freed and it goes back to the front of the queue to be recomputed later. A sequence that
-// could not fit even in an empty pool is rejected instead of waiting forever.
+// freed and it goes back to the front of the queue to be recomputed later. Admission is the
+// engine's: add() takes only sequences that fit in an empty pool, so none waits forever.
 //
 // Sparse sequences (kv/sparse_layout.h): once the engine has compressed a running sequence
 // (KvManager::compress), its steps take slots with KvManager::append_sparse instead of
@@ -36,15 +36,7 @@ using kv::SeqId;
 struct SchedulerConfig {
   int32_t max_batch_tokens = 512;  // tokens computed per step, over all sequences
   int32_t max_num_seqs = 64;       // running sequences at most
-  int32_t max_queued = 1024;       // waiting sequences at most (add() refuses beyond)
   int32_t max_model_len = 0;       // context length: prompt + output tokens at most
-};
-
-enum class AddResult {
-  kQueued,
-  kQueueFull,    // load shedding: max_queued sequences are already waiting
-  kTooLong,      // prompt + max_new_tokens exceeds max_model_len
-  kNeverFits,    // needs more pages than the whole pool has
 };
 
 struct ScheduledSequence {
@@ -87,7 +79,7 @@ class Scheduler {
   struct SequenceOptions {
     uint64_t extra_key = 0;  // separates prefix-cache namespaces (see kv::BlockHash)
     // The most pages the sequence can ever hold, for a request that will be compressed
-    // (kv::sparse_peak_pages); nullopt: its dense size. Rejects what can never fit (kNeverFits).
+    // (kv::sparse_peak_pages); nullopt: its dense size. At most the pool's pages.
     std::optional<int64_t> max_pages;
     // > 0 (a multiple of the page size): no step computes tokens across a multiple of it and a
     // prefix-cache hit covers at most its first chunk, so a request compressed chunk by chunk is
@@ -97,10 +89,12 @@ class Scheduler {
     // it turns them sparse in place instead of copying.
     bool private_kv = false;
   };
-  // Queues a new sequence.
-  AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens, const SequenceOptions& options);
-  AddResult add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens) {
-    return add(seq, std::move(prompt), max_new_tokens, SequenceOptions{});
+  // Queues a new sequence that the caller has admitted (engine::Engine decides admission):
+  // prompt + max_new_tokens within max_model_len, its peak pages within the pool. Asserted.
+  void add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens,
+           const SequenceOptions& options);
+  void add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_tokens) {
+    add(seq, std::move(prompt), max_new_tokens, SequenceOptions{});
   }
   // Starts `child` as a running copy of running sequence `parent` (parallel sampling, n > 1):
   // a dense child shares every page, its own writes go through copy-on-write. Call right after

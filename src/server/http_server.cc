@@ -402,16 +402,13 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   ChoiceState& choice = ex.choices.at(index);
   if (choice.finish) return;  // a late event of a choice that has ended (e.g. after a cancel)
   if (event.error) {
-    using Kind = engine::RequestEvent::ErrorKind;
-    if (event.error_kind == Kind::kCancelled) {  // counted as an abort by finish_exchange
+    if (event.cancelled) {  // counted as an abort by finish_exchange
       choice.finish = engine::Finish{engine::FinishReason::kStop};
       ++ex.num_finished;
       return;
     }
-    if (event.error_kind) {  // admission failed after submit(): the same answer as a rejection
-      ex.error = rejection_error({event.error_kind == Kind::kQueueFull ? engine::SubmitError::kQueueFull
-                                                                       : engine::SubmitError::kNeverFits,
-                                  *event.error});
+    if (event.refused) {  // admission failed after submit(): the same answer as a refusal
+      ex.error = admission_api_error(*event.refused);
     } else {
       ex.error = ApiError{.status = 500, .message = *event.error, .type = "internal_server_error"};
     }
@@ -512,9 +509,9 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
                                       [weak](const engine::RequestEvent& event) {
                                         if (auto alive = weak.lock()) alive->push(event);
                                       });
-    if (const auto* rejection = std::get_if<engine::Rejection>(&submitted)) {
+    if (const auto* refusal = std::get_if<engine::AdmissionError>(&submitted)) {
       ex->cancel();
-      const ApiError error = rejection_error(*rejection);
+      const ApiError error = admission_api_error(*refusal);
       finish_exchange(*ex, std::to_string(error.status));
       return send_error(res, error);
     }

@@ -437,7 +437,7 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
                                             request.params.min_tokens, *request.params.max_tokens));
   }
   if (auto problem = engine::check_sampling_params(request.params, static_cast<int32_t>(vocab))) {
-    throw ApiException(ApiError{.status = 400, .message = *problem});
+    throw ApiException(admission_api_error(*problem));
   }
   return request;
 }
@@ -465,21 +465,23 @@ json stop_reason_json(const std::optional<engine::Finish>& finish) {
   return nullptr;
 }
 
-ApiError rejection_error(const engine::Rejection& rejection) {
-  switch (rejection.error) {
-    case engine::SubmitError::kQueueFull:
-      return {.status = 503, .message = rejection.message, .type = "server_overloaded", .code = "queue_full"};
-    case engine::SubmitError::kTooLong:
-      return {.status = 400, .message = rejection.message, .code = "context_length_exceeded"};
-    case engine::SubmitError::kNeverFits:
-      return {.status = 400, .message = rejection.message, .code = "kv_cache_too_small"};
-    case engine::SubmitError::kEmptyPrompt:
-      return {.status = 400, .message = rejection.message, .param = "prompt"};
-    case engine::SubmitError::kInvalidParams:
+ApiError admission_api_error(const engine::AdmissionError& refusal) {
+  ApiError error{.status = 400, .message = refusal.message, .param = refusal.param};
+  switch (refusal.kind) {
+    case engine::AdmissionError::Kind::kQueueFull:
+      error.status = 503;
+      error.type = "server_overloaded";
+      error.code = "queue_full";
+      break;
+    case engine::AdmissionError::Kind::kTooLong:
+      error.code = "context_length_exceeded";
+      break;
+    case engine::AdmissionError::Kind::kNeverFits:
+      error.code = "kv_cache_too_small";
+      break;
+    case engine::AdmissionError::Kind::kInvalidParams:
       break;
   }
-  ApiError error{.status = 400, .message = rejection.message};
-  if (rejection.message.starts_with("kv_policy")) error.param = "kv_policy";
   return error;
 }
 

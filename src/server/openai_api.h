@@ -132,7 +132,7 @@ class ResponseWriter {
 json finish_reason_json(const std::optional<engine::Finish>& finish);
 json stop_reason_json(const std::optional<engine::Finish>& finish);
 
-// The error of an engine rejection, in OpenAI's terms.
-ApiError rejection_error(const engine::Rejection& rejection);
+// The engine's refusal of a request, in OpenAI's terms: status and type by kind, its param.
+ApiError admission_api_error(const engine::AdmissionError& refusal);
 
 }  // namespace sieve::server

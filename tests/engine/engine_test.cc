@@ -204,12 +204,19 @@ TEST(Engine, CancelFreesPagesAndRejectionsAreClear) {
   model::LoadedModel loaded = load_stories();
   Engine engine(config(8), loaded.model, loaded.tokenizer);  // 128 tokens of KV
   auto too_big = engine.submit(greedy(std::vector<TokenId>(100, 5), 100), [](const RequestEvent&) {});
-  ASSERT_TRUE(std::holds_alternative<Rejection>(too_big));
-  EXPECT_EQ(std::get<Rejection>(too_big).error, SubmitError::kNeverFits);
+  ASSERT_TRUE(std::holds_alternative<AdmissionError>(too_big));
+  EXPECT_EQ(std::get<AdmissionError>(too_big).kind, AdmissionError::Kind::kNeverFits);
   auto too_long = engine.submit(greedy(std::vector<TokenId>(600, 5), 1), [](const RequestEvent&) {});
-  ASSERT_TRUE(std::holds_alternative<Rejection>(too_long));
-  EXPECT_EQ(std::get<Rejection>(too_long).error, SubmitError::kTooLong);
-  EXPECT_NE(std::get<Rejection>(too_long).message.find("600"), std::string::npos);
+  ASSERT_TRUE(std::holds_alternative<AdmissionError>(too_long));
+  EXPECT_EQ(std::get<AdmissionError>(too_long).kind, AdmissionError::Kind::kTooLong);
+  EXPECT_EQ(std::get<AdmissionError>(too_long).param, "prompt");
+  EXPECT_NE(std::get<AdmissionError>(too_long).message.find("600"), std::string::npos);
+  Request hot = greedy({1, 2, 3}, 4);
+  hot.params.temperature = -1.0f;
+  auto invalid = engine.submit(hot, [](const RequestEvent&) {});
+  ASSERT_TRUE(std::holds_alternative<AdmissionError>(invalid));
+  EXPECT_EQ(std::get<AdmissionError>(invalid).kind, AdmissionError::Kind::kInvalidParams);
+  EXPECT_EQ(std::get<AdmissionError>(invalid).param, "temperature");
 
   std::optional<std::string> error;
   int tokens = 0;
@@ -224,6 +231,26 @@ TEST(Engine, CancelFreesPagesAndRejectionsAreClear) {
   engine.run_until_idle();
   EXPECT_EQ(error, "cancelled");
   EXPECT_EQ(tokens, 2);
+  expect_all_pages_free(engine);
+}
+
+TEST(Engine, SubmitRefusesBeyondTheQueueLimit) {
+  model::LoadedModel loaded = load_stories();
+  EngineConfig queue_of_two = config(64);
+  queue_of_two.max_queued = 2;
+  Engine engine(queue_of_two, loaded.model, loaded.tokenizer);
+  const auto submit = [&] {
+    return engine.submit(greedy({1, 2, 3}, 2), [](const RequestEvent&) {});
+  };
+  EXPECT_TRUE(std::holds_alternative<RequestId>(submit()));
+  EXPECT_TRUE(std::holds_alternative<RequestId>(submit()));
+  auto refused = submit();
+  ASSERT_TRUE(std::holds_alternative<AdmissionError>(refused));
+  EXPECT_EQ(std::get<AdmissionError>(refused).kind, AdmissionError::Kind::kQueueFull);
+  EXPECT_EQ(std::get<AdmissionError>(refused).param, std::nullopt);
+  engine.run_until_idle();
+  EXPECT_TRUE(std::holds_alternative<RequestId>(submit()));  // room again once drained
+  engine.run_until_idle();
   expect_all_pages_free(engine);
 }
 

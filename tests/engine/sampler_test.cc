@@ -471,41 +471,45 @@ TEST(Logprobs, SampleReturnsRawLogprobsOnRequest) {
 // Validation.
 
 TEST(SamplingParamsCheck, AcceptsDefaultsAndRejectsNonsense) {
-  EXPECT_EQ(check_sampling_params({}, 100), std::nullopt);
-  EXPECT_EQ(check_sampling_params({.temperature = 0.7f,
-                                   .top_k = 40,
-                                   .top_p = 0.9f,
-                                   .min_p = 0.05f,
-                                   .repetition_penalty = 1.1f,
-                                   .logit_bias = {{99, -100.0f}},
-                                   .min_tokens = 4,
-                                   .max_tokens = 4,
-                                   .stop_strings = {"\n\n"},
-                                   .logprobs = 20,
-                                   .n = 2},
-                                  100),
-            std::nullopt);
-  const std::vector<SamplingParams> bad = {
-      {.temperature = -1.0f},
-      {.top_k = -1},
-      {.top_p = 0.0f},
-      {.top_p = 1.5f},
-      {.min_p = 2.0f},
-      {.repetition_penalty = 0.0f},
-      {.presence_penalty = 3.0f},
-      {.frequency_penalty = -2.5f},
-      {.logit_bias = {{100, 1.0f}}},
-      {.logit_bias = {{1, 101.0f}}},
-      {.min_tokens = -1},
-      {.max_tokens = 0},
-      {.min_tokens = 5, .max_tokens = 4},
-      {.stop_token_ids = {-1}},
-      {.stop_strings = {""}},
-      {.logprobs = 21},
-      {.n = 0},
+  EXPECT_FALSE(check_sampling_params({}, 100).has_value());
+  EXPECT_FALSE(check_sampling_params({.temperature = 0.7f,
+                                      .top_k = 40,
+                                      .top_p = 0.9f,
+                                      .min_p = 0.05f,
+                                      .repetition_penalty = 1.1f,
+                                      .logit_bias = {{99, -100.0f}},
+                                      .min_tokens = 4,
+                                      .max_tokens = 4,
+                                      .stop_strings = {"\n\n"},
+                                      .logprobs = 20,
+                                      .n = 2},
+                                     100)
+                   .has_value());
+  const std::vector<std::pair<SamplingParams, std::string>> bad = {
+      {{.temperature = -1.0f}, "temperature"},
+      {{.top_k = -1}, "top_k"},
+      {{.top_p = 0.0f}, "top_p"},
+      {{.top_p = 1.5f}, "top_p"},
+      {{.min_p = 2.0f}, "min_p"},
+      {{.repetition_penalty = 0.0f}, "repetition_penalty"},
+      {{.presence_penalty = 3.0f}, "presence_penalty"},
+      {{.frequency_penalty = -2.5f}, "frequency_penalty"},
+      {{.logit_bias = {{100, 1.0f}}}, "logit_bias"},
+      {{.logit_bias = {{1, 101.0f}}}, "logit_bias"},
+      {{.min_tokens = -1}, "min_tokens"},
+      {{.max_tokens = 0}, "max_tokens"},
+      {{.min_tokens = 5, .max_tokens = 4}, "min_tokens"},
+      {{.stop_token_ids = {-1}}, "stop_token_ids"},
+      {{.stop_strings = {""}}, "stop"},
+      {{.logprobs = 21}, "logprobs"},
+      {{.n = 0}, "n"},
   };
   for (size_t i = 0; i < bad.size(); ++i) {
-    EXPECT_NE(check_sampling_params(bad[i], 100), std::nullopt) << "case " << i;
+    const std::optional<AdmissionError> problem = check_sampling_params(bad[i].first, 100);
+    ASSERT_TRUE(problem.has_value()) << "case " << i;
+    EXPECT_EQ(problem->kind, AdmissionError::Kind::kInvalidParams) << "case " << i;
+    EXPECT_EQ(problem->param, bad[i].second) << "case " << i;
+    EXPECT_FALSE(problem->message.empty()) << "case " << i;
   }
   EXPECT_EQ(all_stop_token_ids({.stop_token_ids = {9, 2, 9}}, std::vector<TokenId>{2, 1}),
             (std::vector<TokenId>{1, 2, 9}));

@@ -56,7 +56,7 @@ std::vector<Outcome> run(Engine& engine, const std::vector<Request>& requests) {
       if (event.finish) o.usage = event.usage;
       if (event.error) o.error = event.error;
     });
-    if (auto* rejected = std::get_if<Rejection>(&submitted)) {
+    if (auto* rejected = std::get_if<AdmissionError>(&submitted)) {
       ADD_FAILURE() << rejected->message;
       continue;
     }
@@ -494,8 +494,9 @@ TEST(SparseEngine, LServeNeedsACalibrationProfileForTheModel) {
   {
     Engine engine(config(64), loaded.model, loaded.tokenizer);
     auto submitted = engine.submit(greedy({1, 2, 3}, "lserve:K=4"), [](const RequestEvent&) {});
-    ASSERT_TRUE(std::holds_alternative<Rejection>(submitted));
-    const std::string& message = std::get<Rejection>(submitted).message;
+    ASSERT_TRUE(std::holds_alternative<AdmissionError>(submitted));
+    EXPECT_EQ(std::get<AdmissionError>(submitted).param, "kv_policy");
+    const std::string& message = std::get<AdmissionError>(submitted).message;
     EXPECT_NE(message.find("kv_policy"), std::string::npos) << message;
     EXPECT_NE(message.find("--calibration"), std::string::npos) << message;
     // f=0 needs no profile.

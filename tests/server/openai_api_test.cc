@@ -246,5 +246,27 @@ TEST_F(OpenAiApiTest, ErrorShape) {
   EXPECT_TRUE(j["error"]["code"].is_null());
 }
 
+TEST_F(OpenAiApiTest, AdmissionErrorsMapByKindAndKeepTheirParam) {
+  using Kind = engine::AdmissionError::Kind;
+  ApiError e = admission_api_error({Kind::kQueueFull, std::nullopt, "busy"});
+  EXPECT_EQ(e.status, 503);
+  EXPECT_EQ(e.type, "server_overloaded");
+  EXPECT_EQ(e.code, "queue_full");
+  EXPECT_EQ(e.message, "busy");
+  e = admission_api_error({Kind::kTooLong, "max_tokens", "long"});
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  EXPECT_EQ(e.param, "max_tokens");
+  e = admission_api_error({Kind::kNeverFits, std::nullopt, "big"});
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "kv_cache_too_small");
+  EXPECT_EQ(e.param, std::nullopt);
+  e = admission_api_error(engine::AdmissionError::invalid("kv_policy", "kv_policy 'x': no"));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.type, "invalid_request_error");
+  EXPECT_EQ(e.param, "kv_policy");
+  EXPECT_EQ(e.code, std::nullopt);
+}
+
 }  // namespace
 }  // namespace sieve::server
