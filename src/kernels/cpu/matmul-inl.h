@@ -28,12 +28,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "kernels/blocks.h"
+#include "kernels/cpu/matmul_float_avx512.h"
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
 #include "kernels/cpu/ops-inl.h"
@@ -654,8 +656,51 @@ void Run(const Kernel& kernel, int64_t num_x, ThreadPool& pool) {
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
+// F32 / F16 / BF16 prefill on AVX-512 CPUs: whole tasks run in cpu/matmul_float_avx512.cc.
+struct FloatAvx512Kernel {
+  static constexpr int64_t kRowAlign = avx512::kPanelRows;
+  avx512::FloatProblem problem;
+  size_t row_bytes;
+  int64_t rows, cols;
+  void Rows(int64_t r_begin, int64_t r_end, int64_t) const {
+    avx512::float_rows(problem, r_begin, r_end);
+  }
+};
+// From this many activation rows on (below, the dot-product tiles are as fast: the weights'
+// widening and transposing is then a larger share of the work).
+inline constexpr int64_t kMinFloatAvx512Rows = 4;
+
+template <class Row>
+inline constexpr avx512::FloatFormat kFloatFormat =
+    std::is_same_v<Row, F32Row>   ? avx512::FloatFormat::kF32
+    : std::is_same_v<Row, F16Row> ? avx512::FloatFormat::kF16
+                                  : avx512::FloatFormat::kBF16;
+#endif
+
 template <class Row>
 void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
+  if (num_x >= kMinFloatAvx512Rows && w.rows > 0 && w.cols > 0 && avx512::supported()) {
+    const auto xp = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(num_x * w.cols));
+    const int64_t num_tiles = avx512::num_activation_tiles(num_x);
+    const auto pack = [&](int64_t begin, int64_t end) HWY_ATTR {
+      avx512::pack_activations(x, num_x, w.cols, xp.get(), begin, end);
+    };
+    if (num_tiles > 1 && pool.num_threads() > 1 && num_x * w.cols >= kMinParallelQuantize) {
+      pool.parallel_for(num_tiles, pack);
+    } else {
+      pack(0, num_tiles);
+    }
+    const size_t bytes = row_bytes(w.dtype, w.cols);
+    const FloatAvx512Kernel kernel{{kFloatFormat<Row>, static_cast<const uint8_t*>(w.data), bytes,
+                                    w.rows, w.cols, xp.get(), num_x, y},
+                                   bytes,
+                                   w.rows,
+                                   w.cols};
+    return Run(kernel, num_x, pool);
+  }
+#endif
   const FloatKernel<Row> kernel{
       static_cast<const uint8_t*>(w.data), row_bytes(w.dtype, w.cols), w.rows, w.cols, x, y};
   Run(kernel, num_x, pool);
