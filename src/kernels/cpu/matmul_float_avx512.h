@@ -3,6 +3,7 @@
 // CPUs with AVX-512F, used by the AVX3 target. Plain intrinsics in their own translation unit
 // (like matmul_vnni.cc): a packed-panel GEMM with a broadcast-activation register tile, which the
 // portable dot-product tiles of matmul-inl.h cannot express.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -14,10 +15,15 @@ bool supported();
 enum class FloatFormat { kF32, kF16, kBF16 };
 
 // The activations, repacked once per matmul so the tiles broadcast them from contiguous memory:
-// tile t holds rows [t * kTileRows, t * kTileRows + m) (m = kTileRows, fewer in the last tile),
-// stored at t * kTileRows * cols as [cols][m] (column-major within the tile).
+// tile t holds rows [tile_begin(t), tile_begin(t + 1)), at most kTileRows and as even as can be
+// (64 rows: 4 x 13 + 12, not 4 x 14 + 8, whose 16 accumulators would not fill the FMA pipes),
+// stored at tile_begin(t) * cols as [cols][rows of the tile] (column-major within the tile).
 inline constexpr int64_t kTileRows = 14;
 inline int64_t num_activation_tiles(int64_t num_x) { return (num_x + kTileRows - 1) / kTileRows; }
+inline int64_t tile_begin(int64_t num_x, int64_t t) {
+  const int64_t n = num_activation_tiles(num_x);
+  return t * (num_x / n) + std::min(t, num_x % n);
+}
 // Tiles [t_begin, t_end) of x [num_x][cols] into xp (num_x * cols floats).
 void pack_activations(const float* x, int64_t num_x, int64_t cols, float* xp, int64_t t_begin,
                       int64_t t_end);
