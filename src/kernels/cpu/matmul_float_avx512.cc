@@ -39,19 +39,6 @@ bool supported() {
   return has;
 }
 
-void pack_activations(const float* x, int64_t num_x, int64_t cols, float* xp, int64_t t_begin,
-                      int64_t t_end) {
-  for (int64_t t = t_begin; t < t_end; ++t) {
-    const int64_t x0 = tile_begin(num_x, t);
-    const int64_t m = tile_begin(num_x, t + 1) - x0;
-    float* out = xp + x0 * cols;
-    for (int64_t i = 0; i < m; ++i) {
-      const float* row = x + (x0 + i) * cols;
-      for (int64_t c = 0; c < cols; ++c) out[c * m + i] = row[c];
-    }
-  }
-}
-
 namespace {
 
 // Columns per slice: the panel wp (kSliceCols * 32 floats, 256 KiB) stays in L2 while the
@@ -62,7 +49,8 @@ inline constexpr int64_t kSliceCols = 2048;
 
 // Columns [c, c + 16) of a weight row as f32 (masked-off lanes read nothing and are 0).
 template <FloatFormat F>
-SIEVE_AVX512_ATTR __attribute__((always_inline)) inline __m512 LoadRow(const uint8_t* row, int64_t c, __mmask16 mask) {
+SIEVE_AVX512_ATTR __attribute__((always_inline)) inline __m512 LoadRow(const uint8_t* row,
+                                                                       int64_t c, __mmask16 mask) {
   if constexpr (F == FloatFormat::kF32) {
     return _mm512_maskz_loadu_ps(mask, reinterpret_cast<const float*>(row) + c);
   } else {
@@ -108,6 +96,33 @@ SIEVE_AVX512_ATTR __attribute__((always_inline)) inline void Transpose16(__m512*
   }
 }
 
+}  // namespace
+
+// Per 16 columns: the tile's rows (up to 14, the rest zero) transposed by Transpose16, each
+// column's m values stored with one masked store.
+SIEVE_AVX512_ATTR void pack_activations(const float* x, int64_t num_x, int64_t cols, float* xp,
+                                        int64_t t_begin, int64_t t_end) {
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const int64_t x0 = tile_begin(num_x, t);
+    const int64_t m = tile_begin(num_x, t + 1) - x0;
+    const auto rows_mask = static_cast<__mmask16>((1u << m) - 1);
+    float* out = xp + x0 * cols;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const int64_t kn = std::min<int64_t>(16, cols - c);
+      const auto mask = static_cast<__mmask16>((1u << kn) - 1);
+      __m512 v[16];
+#pragma GCC unroll 16
+      for (int64_t i = 0; i < 16; ++i)
+        v[i] = i < m ? _mm512_maskz_loadu_ps(mask, x + (x0 + i) * cols + c) : _mm512_setzero_ps();
+      Transpose16(v);
+#pragma GCC unroll 16
+      for (int64_t j = 0; j < kn; ++j) _mm512_mask_storeu_ps(out + (c + j) * m, rows_mask, v[j]);
+    }
+  }
+}
+
+namespace {
+
 // Weight rows [r0, r0 + nr) x columns [c0, c0 + klen) -> wp[k][32] as f32; rows past nr are 0.
 template <FloatFormat F>
 SIEVE_AVX512_ATTR void PackPanel(const FloatProblem& p, int64_t r0, int64_t nr, int64_t c0,
@@ -120,8 +135,8 @@ SIEVE_AVX512_ATTR void PackPanel(const FloatProblem& p, int64_t r0, int64_t nr, 
 #pragma GCC unroll 16
       for (int64_t j = 0; j < 16; ++j) {
         const int64_t r = g + j;
-        v[j] = r < nr ? LoadRow<F>(p.w + (r0 + r) * p.row_bytes, c0 + kb, mask)
-                      : _mm512_setzero_ps();
+        v[j] =
+            r < nr ? LoadRow<F>(p.w + (r0 + r) * p.row_bytes, c0 + kb, mask) : _mm512_setzero_ps();
       }
       Transpose16(v);
 #pragma GCC unroll 16
@@ -181,9 +196,9 @@ class PanelPrefetcher {
   }
   SIEVE_AVX512_ATTR void Next() {
     for (int64_t k = 0; k < per_call_ && row_ < nr_; ++k) {
-      _mm_prefetch(reinterpret_cast<const char*>(p_.w + (r0_ + row_) * p_.row_bytes + begin_ +
-                                                 line_ * 64),
-                   _MM_HINT_T1);
+      _mm_prefetch(
+          reinterpret_cast<const char*>(p_.w + (r0_ + row_) * p_.row_bytes + begin_ + line_ * 64),
+          _MM_HINT_T1);
       if (++line_ == lines_) line_ = 0, ++row_;
     }
   }
@@ -210,14 +225,15 @@ SIEVE_AVX512_ATTR void Rows(const FloatProblem& p, int64_t r_begin, int64_t r_en
       PanelPrefetcher prefetcher(p, next_r0, std::min(kPanelRows, r_end - next_r0), next_c0,
                                  std::min(p.cols, next_c0 + kSliceCols), num_tiles);
       const auto m0 = static_cast<__mmask16>(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
-      const auto m1 =
-          static_cast<__mmask16>(nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (1u << (nr - 16)) - 1);
+      const auto m1 = static_cast<__mmask16>(nr >= 32   ? 0xFFFF
+                                             : nr <= 16 ? 0
+                                                        : (1u << (nr - 16)) - 1);
       for (int64_t t = 0; t < num_tiles; ++t) {
         prefetcher.Next();
         const int64_t x0 = tile_begin(p.num_x, t);
         const int64_t m = tile_begin(p.num_x, t + 1) - x0;
-        kTiles[m - 1](p.xp + x0 * p.cols + c0 * m, wp, klen, p.y + x0 * p.rows + r0, p.rows, m0,
-                      m1, c0 != 0);
+        kTiles[m - 1](p.xp + x0 * p.cols + c0 * m, wp, klen, p.y + x0 * p.rows + r0, p.rows, m0, m1,
+                      c0 != 0);
       }
     }
   }
