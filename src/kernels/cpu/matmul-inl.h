@@ -630,6 +630,7 @@ void Run(const Kernel& kernel, int64_t num_x, ThreadPool& pool) {
   const int64_t pass_bytes = std::max<int64_t>(
       1, static_cast<int64_t>(kernel.row_bytes) * pass_cols / std::max<int64_t>(1, kernel.cols));
   int64_t rows_per_task = std::clamp<int64_t>(kTaskBytes / pass_bytes, 1, kMaxTaskRows);
+  if constexpr (requires { Kernel::kTaskRows; }) rows_per_task = Kernel::kTaskRows;
   const bool parallel = pool.num_threads() > 1 && rows * kernel.cols * num_x >= kMinParallelMacs;
   if (parallel) {
     // At least ~4 tasks per thread, for balance on small matrices.
@@ -660,6 +661,9 @@ void Run(const Kernel& kernel, int64_t num_x, ThreadPool& pool) {
 // F32 / F16 / BF16 prefill on AVX-512 CPUs: whole tasks run in cpu/matmul_float_avx512.cc.
 struct FloatAvx512Kernel {
   static constexpr int64_t kRowAlign = avx512::kPanelRows;
+  // Tasks of 4 panels: each panel's weights are prefetched while the tiles run on the one
+  // before, so only a task's first comes from DRAM unannounced.
+  static constexpr int64_t kTaskRows = 4 * avx512::kPanelRows;
   avx512::FloatProblem problem;
   size_t row_bytes;
   int64_t rows, cols;

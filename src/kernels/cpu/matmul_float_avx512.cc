@@ -123,14 +123,28 @@ SIEVE_AVX512_ATTR void pack_activations(const float* x, int64_t num_x, int64_t c
 
 namespace {
 
+// Bytes ahead in each row that PackPanel prefetches when the panel is cold.
+inline constexpr int64_t kPackPrefetchBytes = 1024;
+
 // Weight rows [r0, r0 + nr) x columns [c0, c0 + klen) -> wp[k][32] as f32; rows past nr are 0.
+// `cold`: nothing prefetched the panel (a task's first), so it prefetches each of the 16 rows it
+// reads kPackPrefetchBytes ahead (the hardware prefetchers do not keep 16 streams going).
 template <FloatFormat F>
 SIEVE_AVX512_ATTR void PackPanel(const FloatProblem& p, int64_t r0, int64_t nr, int64_t c0,
-                                 int64_t klen, float* wp) {
+                                 int64_t klen, float* wp, bool cold) {
+  constexpr int64_t kElemBytes = F == FloatFormat::kF32 ? 4 : 2;
   for (int64_t g = 0; g < kPanelRows; g += 16) {
     for (int64_t kb = 0; kb < klen; kb += 16) {
       const int64_t kn = std::min<int64_t>(16, klen - kb);
       const __mmask16 mask = static_cast<__mmask16>((1u << kn) - 1);
+      // One prefetch per row and cache line (16 columns of F16 are half a line).
+      if (cold && (kb * kElemBytes) % 64 == 0) {
+        for (int64_t j = 0; j < 16 && g + j < nr; ++j) {
+          _mm_prefetch(reinterpret_cast<const char*>(p.w + (r0 + g + j) * p.row_bytes +
+                                                     (c0 + kb) * kElemBytes + kPackPrefetchBytes),
+                       _MM_HINT_T0);
+        }
+      }
       __m512 v[16];
 #pragma GCC unroll 16
       for (int64_t j = 0; j < 16; ++j) {
@@ -216,7 +230,7 @@ SIEVE_AVX512_ATTR void Rows(const FloatProblem& p, int64_t r_begin, int64_t r_en
     const int64_t klen = std::min(kSliceCols, p.cols - c0);
     for (int64_t r0 = r_begin; r0 < r_end; r0 += kPanelRows) {
       const int64_t nr = std::min(kPanelRows, r_end - r0);
-      PackPanel<F>(p, r0, nr, c0, klen, wp);
+      PackPanel<F>(p, r0, nr, c0, klen, wp, r0 == r_begin && c0 == 0);
       // The next panel's weights come from DRAM while the tiles run on this one: the same rows'
       // next slice, or the next rows' first.
       const bool last_panel = r0 + kPanelRows >= r_end;
