@@ -15,9 +15,10 @@
 //                     to Q8_0; int8 x int8 -> int32 per block (BlockDot), then one f32 FMA per
 //                     block with scale d_w * d_x (Q4_1 / Q5_1: plus m_w * s_x, ggml's Q8_1 sum
 //                     term f16(d_x * sum(q_x)), made with the activations). cols a multiple of 32.
-// On AVX-512 CPUs with VNNI, whole tasks run in intrinsics instead: Q8_0 prefill (num_x >= 2)
-// in cpu/matmul_vnni.cc; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL decode and prefill in
-// cpu/matmul_vnni_small_blocks.cc (Row::kVnniFormat names the layout).
+// On AVX-512 CPUs, F32 / F16 / BF16 prefill of 40 or more activation rows runs as a packed-panel
+// GEMM in cpu/matmul_float_avx512.cc. On AVX-512 CPUs with VNNI, whole tasks run in intrinsics:
+// Q8_0 prefill (num_x >= 2) in cpu/matmul_vnni.cc; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL decode and
+// prefill in cpu/matmul_vnni_small_blocks.cc (Row::kVnniFormat names the layout).
 #if defined(SIEVE_KERNELS_CPU_MATMUL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SIEVE_KERNELS_CPU_MATMUL_INL_H_
 #undef SIEVE_KERNELS_CPU_MATMUL_INL_H_
