@@ -1,6 +1,7 @@
 // matmul against ref::matmul for every dtype, on every SIMD target, over shapes that cut
-// every tile and vector width (rows 1/3/64/67, num_x 1/2/3/5/17, odd cols), with 1 and 3
-// threads; plus hand-computed values and weights beyond 2 GiB of row offsets.
+// every tile and vector width (rows 1/3/64/67, num_x 1/2/3/5/17, odd cols; float prefill with
+// num_x 40/43/71), with 1 and 3 threads; plus hand-computed values and weights beyond 2 GiB of
+// row offsets.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
@@ -46,6 +47,27 @@ TEST_P(Matmul, FloatWeightsAnyShape) {
   constexpr DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
   constexpr int64_t kCols[] = {1, 7, 8, 16, 33, 100, 172, 259};
   expect_matmul_matches_ref_any_shape(kTypes, kCols, 1, magnitudes);
+}
+
+// Prefill shapes: from 40 activation rows on, AVX-512 CPUs run F32 / F16 / BF16 in packed
+// panels of 32 weight rows and 2048 columns (cpu/matmul_float_avx512.cc); rows around the panel,
+// cols around the 16-column blocks and the slices, num_x cutting the 14-row activation tiles
+// unevenly. Elsewhere the same shapes run the dot-product tiles.
+TEST_P(Matmul, FloatWeightsManyActivationRows) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 4000;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t cols : {1, 17, 259, 2048, 4100}) {
+      for (int64_t rows : {1, 31, 33, 67}) {
+        const TestMatrix w(dtype, rows, cols, ++seed);
+        for (int64_t num_x : {40, 43, 71}) {
+          if (cols * rows * num_x > (1 << 22) && num_x != 43) continue;  // test time
+          for (ThreadPool* pool : {&pool1, &pool3})
+            expect_matmul_matches_ref(w.view, num_x, *pool, ++seed, magnitudes);
+        }
+      }
+    }
+  }
 }
 
 TEST_P(Matmul, QuantizedWeightsAnyShape) {
