@@ -224,8 +224,8 @@ struct EngineCache {
 
 // per_head: one call per KV head (what a compressed sequence's per-(layer, KV head) streams
 // do) instead of one per layer.
-void run_engine_decode(benchmark::State& state, const std::string& target, bool f16, bool layer_major,
-                       int64_t ctx, int threads, bool per_head) {
+void run_engine_decode(benchmark::State& state, const std::string& target, bool f16,
+                       bool layer_major, int64_t ctx, int threads, bool per_head) {
   if (!force_target_for_testing(target)) {
     state.SkipWithError("target not available");
     return;
@@ -247,8 +247,10 @@ void run_engine_decode(benchmark::State& state, const std::string& target, bool 
         kv.num_kv_heads = 1;
         kv.k += h * kv.head_stride;
         kv.v += h * kv.head_stride;
-        const AttentionQuery head_query{q.data() + h * kGroup * EngineCache::kDim, positions, kGroup, 0.125f};
-        paged_attention(kv, head_query, {out.data() + h * kGroup * EngineCache::kDim, nullptr, nullptr}, pool);
+        const AttentionQuery head_query{q.data() + h * kGroup * EngineCache::kDim, positions,
+                                        kGroup, 0.125f};
+        paged_attention(kv, head_query,
+                        {out.data() + h * kGroup * EngineCache::kDim, nullptr, nullptr}, pool);
       }
     }
     layer = (layer + 1) % EngineCache::kLayers;
@@ -353,8 +355,9 @@ void register_all() {
         for (int threads : thread_counts) {
           for (int64_t ctx : {16384, 1024}) {  // 1024: 2 MiB f32 in all, from L2/L3
             const std::string name = "EngineDecode/" + target + (f16 ? "/f16" : "/f32") +
-                                     (layer_major ? "/layer-major" : "/page-major") + "/ctx:" +
-                                     std::to_string(ctx) + "/threads:" + std::to_string(threads);
+                                     (layer_major ? "/layer-major" : "/page-major") +
+                                     "/ctx:" + std::to_string(ctx) +
+                                     "/threads:" + std::to_string(threads);
             benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, f16, layer_major,
                                          ctx, threads, false)
                 ->Unit(benchmark::kMillisecond);
@@ -365,9 +368,10 @@ void register_all() {
   }
   for (const std::string& target : available_targets()) {
     for (int64_t ctx : {1024, 16384}) {
-      const std::string name = "EngineDecodePerHead/" + target + "/f32/layer-major/ctx:" + std::to_string(ctx) +
-                               "/threads:1";
-      benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, false, true, ctx, 1, true)
+      const std::string name = "EngineDecodePerHead/" + target +
+                               "/f32/layer-major/ctx:" + std::to_string(ctx) + "/threads:1";
+      benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, false, true, ctx, 1,
+                                   true)
           ->Unit(benchmark::kMillisecond);
     }
   }

@@ -63,79 +63,97 @@ nlohmann::json to_json(const eval::DepthPoint& p) {
 std::string ratio(double r) { return r > 0 ? fmt::format("{:.2f}x", r) : std::string("-"); }
 
 void print_concurrency_row(const eval::ConcurrencyPoint& p) {
-  fmt::print("{:>5} {:>8} {:>9.2f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.2f} {:>11.1f} {:>6} {:>7} {:>8}\n",
-             p.concurrency, p.generated_tokens, p.wall_seconds, p.generated_tokens_per_s, p.total_tokens_per_s,
-             1e3 * p.mean_ttft_seconds, 1e3 * p.mean_tpot_seconds, p.decode_phase_tokens_per_s, p.steps,
-             p.preemptions, ratio(p.speedup_vs_c1));
+  fmt::print(
+      "{:>5} {:>8} {:>9.2f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.2f} {:>11.1f} {:>6} {:>7} {:>8}\n",
+      p.concurrency, p.generated_tokens, p.wall_seconds, p.generated_tokens_per_s,
+      p.total_tokens_per_s, 1e3 * p.mean_ttft_seconds, 1e3 * p.mean_tpot_seconds,
+      p.decode_phase_tokens_per_s, p.steps, p.preemptions, ratio(p.speedup_vs_c1));
   std::fflush(stdout);
 }
 
 void print_depth_row(const eval::DepthPoint& p) {
-  fmt::print("{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8} {:>10.3f} {:>8}  {}\n",
-             p.depth, p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens,
-             p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
-             p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
-             ratio(p.ratio_vs_baseline), 1e3 * p.itl_p50_seconds, ratio(p.itl_ratio_vs_baseline), p.policy);
+  fmt::print(
+      "{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8} {:>10.3f} "
+      "{:>8}  {}\n",
+      p.depth, p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens,
+      p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
+      p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
+      ratio(p.ratio_vs_baseline), 1e3 * p.itl_p50_seconds, ratio(p.itl_ratio_vs_baseline),
+      p.policy);
   std::fflush(stdout);
 }
 
 void bench_engine(BenchEngineOptions options) {
   eval::EngineBenchConfig& config = options.config;
-  if (options.kv_memory_mib > 0) config.kv_memory_bytes = static_cast<uint64_t>(options.kv_memory_mib) << 20;
+  if (options.kv_memory_mib > 0)
+    config.kv_memory_bytes = static_cast<uint64_t>(options.kv_memory_mib) << 20;
   model::LoadedModel loaded = model::load_model({options.model_path, ""});
   const model::ModelConfig& mc = loaded.model->config();
 
   eval::EngineBenchProgress progress;
   bool depth_header = false;
   if (!options.json) {
-    const int threads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
-    fmt::print("model {} (dim {}, {} layers, vocab {}, ctx {})\n", options.model_path, mc.dim, mc.num_layers,
-               mc.vocab_size, mc.context_length);
-    fmt::print("threads {}, SIMD target {}, page size {}, max batch tokens {}, prefix caching off\n\n", threads,
-               kernels::active_target(), config.page_size, config.max_batch_tokens);
-    fmt::print("throughput vs concurrency: {} prompt + {} generated tokens per request, greedy, ignore_eos\n",
-               config.prompt_tokens, config.output_tokens);
-    fmt::print("{:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>11} {:>6} {:>7} {:>8}\n", "C", "gen tok",
-               "wall s", "gen tok/s", "all tok/s", "TTFT ms", "TPOT ms", "dec tok/s", "steps", "preempt",
-               "vs C=1");
+    const int threads =
+        config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
+    fmt::print("model {} (dim {}, {} layers, vocab {}, ctx {})\n", options.model_path, mc.dim,
+               mc.num_layers, mc.vocab_size, mc.context_length);
+    fmt::print(
+        "threads {}, SIMD target {}, page size {}, max batch tokens {}, prefix caching off\n\n",
+        threads, kernels::active_target(), config.page_size, config.max_batch_tokens);
+    fmt::print(
+        "throughput vs concurrency: {} prompt + {} generated tokens per request, greedy, "
+        "ignore_eos\n",
+        config.prompt_tokens, config.output_tokens);
+    fmt::print("{:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>11} {:>6} {:>7} {:>8}\n", "C",
+               "gen tok", "wall s", "gen tok/s", "all tok/s", "TTFT ms", "TPOT ms", "dec tok/s",
+               "steps", "preempt", "vs C=1");
     std::fflush(stdout);
     progress.on_concurrency = print_concurrency_row;
     progress.on_depth = [&](const eval::DepthPoint& p) {
       if (!depth_header) {
-        fmt::print("\ndecode vs context depth: one sequence, {} decode tokens after the first, prefill in "
-                   "chunks of {}\n", config.depth_decode_tokens, config.max_batch_tokens);
-        fmt::print("{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8}  {}\n", "depth",
-                   "prompt", "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0", "KV MiB", "KV/dense",
-                   "vs first", "ITL p50 ms", "vs first", "kv_policy");
+        fmt::print(
+            "\ndecode vs context depth: one sequence, {} decode tokens after the first, prefill in "
+            "chunks of {}\n",
+            config.depth_decode_tokens, config.max_batch_tokens);
+        fmt::print(
+            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8}  {}\n",
+            "depth", "prompt", "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0",
+            "KV MiB", "KV/dense", "vs first", "ITL p50 ms", "vs first", "kv_policy");
         depth_header = true;
       }
       print_depth_row(p);
     };
   }
 
-  eval::EngineBenchResult result = eval::run_engine_bench(loaded.model, loaded.tokenizer, config, progress);
+  eval::EngineBenchResult result =
+      eval::run_engine_bench(loaded.model, loaded.tokenizer, config, progress);
 
   if (options.json) {
     nlohmann::json out = {
         {"model", options.model_path},
-        {"model_config", {{"dim", mc.dim}, {"layers", mc.num_layers}, {"vocab_size", mc.vocab_size},
-                          {"context_length", mc.context_length}}},
+        {"model_config",
+         {{"dim", mc.dim},
+          {"layers", mc.num_layers},
+          {"vocab_size", mc.vocab_size},
+          {"context_length", mc.context_length}}},
         {"threads", result.threads},
         {"simd_target", kernels::active_target()},
-        {"config", {{"prompt_tokens", config.prompt_tokens},
-                    {"output_tokens", config.output_tokens},
-                    {"concurrency", config.concurrency},
-                    {"depths", config.depths},
-                    {"depth_decode_tokens", config.depth_decode_tokens},
-                    {"depth_policies", config.depth_policies},
-                    {"kv_memory_mib", options.kv_memory_mib > 0 ? nlohmann::json(options.kv_memory_mib)
-                                                                : nlohmann::json(nullptr)},
-                    {"max_batch_tokens", config.max_batch_tokens},
-                    {"page_size", config.page_size},
-                    {"prefix_caching", false}}},
+        {"config",
+         {{"prompt_tokens", config.prompt_tokens},
+          {"output_tokens", config.output_tokens},
+          {"concurrency", config.concurrency},
+          {"depths", config.depths},
+          {"depth_decode_tokens", config.depth_decode_tokens},
+          {"depth_policies", config.depth_policies},
+          {"kv_memory_mib", options.kv_memory_mib > 0 ? nlohmann::json(options.kv_memory_mib)
+                                                      : nlohmann::json(nullptr)},
+          {"max_batch_tokens", config.max_batch_tokens},
+          {"page_size", config.page_size},
+          {"prefix_caching", false}}},
         {"concurrency", nlohmann::json::array()},
         {"depths", nlohmann::json::array()}};
-    for (const eval::ConcurrencyPoint& p : result.concurrency) out["concurrency"].push_back(to_json(p));
+    for (const eval::ConcurrencyPoint& p : result.concurrency)
+      out["concurrency"].push_back(to_json(p));
     for (const eval::DepthPoint& p : result.depths) out["depths"].push_back(to_json(p));
     fmt::print("{}\n", out.dump(2));
   }
@@ -147,35 +165,54 @@ void add_bench_engine_command(CLI::App& app) {
   auto options = std::make_shared<BenchEngineOptions>();
   eval::EngineBenchConfig& config = options->config;
   CLI::App* command = app.add_subcommand(
-      "bench-engine", "Measure the batching engine: throughput vs concurrency, decode speed vs context depth");
-  command->add_option("-m,--model", options->model_path, "GGUF model")->required()->check(CLI::ExistingFile);
-  command->add_option("--prompt-tokens", config.prompt_tokens, "Prompt length of each concurrent request")
+      "bench-engine",
+      "Measure the batching engine: throughput vs concurrency, decode speed vs context depth");
+  command->add_option("-m,--model", options->model_path, "GGUF model")
+      ->required()
+      ->check(CLI::ExistingFile);
+  command
+      ->add_option("--prompt-tokens", config.prompt_tokens,
+                   "Prompt length of each concurrent request")
       ->capture_default_str();
-  command->add_option("--output-tokens", config.output_tokens, "Tokens generated by each concurrent request")
+  command
+      ->add_option("--output-tokens", config.output_tokens,
+                   "Tokens generated by each concurrent request")
       ->capture_default_str();
-  command->add_option("--concurrency", config.concurrency, "Concurrent requests per point (comma list)")
+  command
+      ->add_option("--concurrency", config.concurrency,
+                   "Concurrent requests per point (comma list)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option("--depths", config.depths, "Context depths for single-sequence decode (comma list)")
+  command
+      ->add_option("--depths", config.depths,
+                   "Context depths for single-sequence decode (comma list)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option("--depth-decode-tokens", config.depth_decode_tokens, "Decode steps timed at each depth")
+  command
+      ->add_option("--depth-decode-tokens", config.depth_decode_tokens,
+                   "Decode steps timed at each depth")
       ->capture_default_str();
-  command->add_option("--kv-policy", config.depth_policies,
-                      "KV policy of the depth points (repeat for several; each depth runs each, the first is "
-                      "the baseline of the 'vs first' ratio)")
+  command
+      ->add_option(
+          "--kv-policy", config.depth_policies,
+          "KV policy of the depth points (repeat for several; each depth runs each, the first is "
+          "the baseline of the 'vs first' ratio)")
       ->capture_default_str();
   command->add_option("--kv-memory-mib", options->kv_memory_mib,
                       "KV pool size (default: exactly enough pages for each point)");
-  command->add_option("--max-batch-tokens", config.max_batch_tokens, "Tokens computed per engine step")
+  command
+      ->add_option("--max-batch-tokens", config.max_batch_tokens, "Tokens computed per engine step")
       ->capture_default_str();
-  command->add_option("--page-size", config.page_size, "KV page size in tokens")->capture_default_str();
+  command->add_option("--page-size", config.page_size, "KV page size in tokens")
+      ->capture_default_str();
   command->add_option("-t,--threads", config.threads, "Worker threads (default: all cores)");
-  command->add_option_function<std::string>(
-             "--kv-dtype", [options](const std::string& t) {
-               options->config.kv_dtype = t == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
-             },
-             "K/V element type: f32 (default) or f16")
+  command
+      ->add_option_function<std::string>(
+          "--kv-dtype",
+          [options](const std::string& t) {
+            options->config.kv_dtype = t == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
+          },
+          "K/V element type: f32 (default) or f16")
       ->check(CLI::IsMember({"f32", "f16"}));
   command->add_flag("--json", options->json, "Print the results as one JSON object");
   command->callback([options] { bench_engine(*options); });

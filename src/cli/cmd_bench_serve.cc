@@ -73,8 +73,9 @@ void compare(const BenchServeOptions& options) {
   if (!options.plot_path.empty()) {
     std::vector<loadgen::PlotSeries> series = loadgen::plot_series(a, "A ");
     for (loadgen::PlotSeries& s : loadgen::plot_series(b, "B ")) series.push_back(std::move(s));
-    write_file(options.plot_path, loadgen::render_svg(series, "A: " + options.compare[0] + "  vs  B: " +
-                                                                  options.compare[1]));
+    write_file(
+        options.plot_path,
+        loadgen::render_svg(series, "A: " + options.compare[0] + "  vs  B: " + options.compare[1]));
     fmt::print(stderr, "plot written to {}\n", options.plot_path);
   }
 }
@@ -87,7 +88,8 @@ std::vector<loadgen::RunPoint> run_points(const BenchServeOptions& options) {
   std::vector<loadgen::RunPoint> points;
   for (size_t v = 0; v < variants.size(); ++v) {
     const std::string prefix = several_variants ? fmt::format("v{} ", v) : "";
-    const auto add = [&](std::optional<int> concurrency, std::optional<double> rate, std::string label) {
+    const auto add = [&](std::optional<int> concurrency, std::optional<double> rate,
+                         std::string label) {
       loadgen::RunPoint point;
       point.label = prefix + label;
       point.request_rate = rate;
@@ -103,7 +105,8 @@ std::vector<loadgen::RunPoint> run_points(const BenchServeOptions& options) {
         add(c, std::nullopt, fmt::format("c={}", c));
       }
     } else {
-      std::string label = options.request_rate ? fmt::format("rate={:g}", *options.request_rate) : "rate=inf";
+      std::string label =
+          options.request_rate ? fmt::format("rate={:g}", *options.request_rate) : "rate=inf";
       if (options.max_concurrency) label += fmt::format(" c={}", *options.max_concurrency);
       add(options.max_concurrency, options.request_rate, label);
     }
@@ -112,14 +115,17 @@ std::vector<loadgen::RunPoint> run_points(const BenchServeOptions& options) {
 }
 
 nlohmann::json config_json(const BenchServeOptions& o, const loadgen::GoodputSlo& slo) {
-  const auto optional = [](const auto& value) { return value ? nlohmann::json(*value) : nlohmann::json(nullptr); };
+  const auto optional = [](const auto& value) {
+    return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+  };
   nlohmann::json extra = nlohmann::json::array();
   for (const std::string& text : o.extra_bodies) extra.push_back(parse_extra_body(text));
   return {{"base_url", o.base_url},
           {"model", o.model},
           {"endpoint", o.endpoint},
           {"dataset", o.dataset},
-          {"tokenizer", o.tokenizer_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.tokenizer_path)},
+          {"tokenizer",
+           o.tokenizer_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(o.tokenizer_path)},
           {"input_len", o.input_len},
           {"output_len", o.output_len},
           {"range_ratio", o.range_ratio},
@@ -129,8 +135,10 @@ nlohmann::json config_json(const BenchServeOptions& o, const loadgen::GoodputSlo
           {"burstiness", o.burstiness},
           {"max_concurrency", optional(o.max_concurrency)},
           {"sweep_concurrency", o.sweep_concurrency},
-          {"goodput", {{"ttft_ms", optional(slo.ttft_ms)}, {"tpot_ms", optional(slo.tpot_ms)},
-                       {"e2el_ms", optional(slo.e2el_ms)}}},
+          {"goodput",
+           {{"ttft_ms", optional(slo.ttft_ms)},
+            {"tpot_ms", optional(slo.tpot_ms)},
+            {"e2el_ms", optional(slo.e2el_ms)}}},
           {"warmup", o.warmup},
           {"seed", o.seed},
           {"extra_body", extra},
@@ -139,7 +147,8 @@ nlohmann::json config_json(const BenchServeOptions& o, const loadgen::GoodputSlo
 }
 
 std::string plot_title(const BenchServeOptions& options) {
-  std::string title = options.model.empty() ? options.base_url : options.model + " at " + options.base_url;
+  std::string title =
+      options.model.empty() ? options.base_url : options.model + " at " + options.base_url;
   if (options.dataset == "random") {
     title += fmt::format(", {} in / {} out tokens", options.input_len, options.output_len);
   } else {
@@ -158,9 +167,12 @@ void bench_serve(const BenchServeOptions& options) {
     fail("--endpoint must be completions or chat (got '{}')", options.endpoint);
   }
   if (!options.sweep_concurrency.empty() && (options.request_rate || options.max_concurrency)) {
-    fail("--sweep-concurrency runs its own concurrency points; drop --request-rate/--max-concurrency");
+    fail(
+        "--sweep-concurrency runs its own concurrency points; drop "
+        "--request-rate/--max-concurrency");
   }
-  if (options.num_prompts <= 0) fail("--num-prompts must be positive (got {})", options.num_prompts);
+  if (options.num_prompts <= 0)
+    fail("--num-prompts must be positive (got {})", options.num_prompts);
   if (options.warmup < 0) fail("--warmup must not be negative");
   if (!(options.timeout_s > 0)) fail("--timeout must be positive");
   const loadgen::ServerUrl url = loadgen::parse_base_url(options.base_url);
@@ -168,10 +180,12 @@ void bench_serve(const BenchServeOptions& options) {
   const std::vector<loadgen::RunPoint> points = run_points(options);
 
   std::shared_ptr<const tok::Tokenizer> tokenizer;
-  if (!options.tokenizer_path.empty()) tokenizer = model::load_tokenizer({options.tokenizer_path, ""});
+  if (!options.tokenizer_path.empty())
+    tokenizer = model::load_tokenizer({options.tokenizer_path, ""});
   loadgen::ClientConfig client;
   client.base_url = options.base_url;
-  client.endpoint = options.endpoint == "chat" ? loadgen::ApiEndpoint::kChat : loadgen::ApiEndpoint::kCompletions;
+  client.endpoint =
+      options.endpoint == "chat" ? loadgen::ApiEndpoint::kChat : loadgen::ApiEndpoint::kCompletions;
   client.model = options.model;
   client.api_key = options.api_key;
   client.force_output_len = !options.no_ignore_eos;
@@ -184,27 +198,35 @@ void bench_serve(const BenchServeOptions& options) {
   std::vector<loadgen::Prompt> dataset;
   if (options.dataset == "random") {
     if (!tokenizer) {
-      fmt::print(stderr, "note: without --tokenizer the random prompts are words of unknown token length\n");
+      fmt::print(
+          stderr,
+          "note: without --tokenizer the random prompts are words of unknown token length\n");
     }
   } else {
-    dataset = loadgen::load_jsonl_prompts(options.dataset, {options.output_len, client.endpoint}, tokenizer.get());
+    dataset = loadgen::load_jsonl_prompts(options.dataset, {options.output_len, client.endpoint},
+                                          tokenizer.get());
     const int64_t needed = prompts_per_point * static_cast<int64_t>(points.size());
     if (needed > static_cast<int64_t>(dataset.size())) {
-      fmt::print(stderr, "note: the dataset has {} prompts and the run sends {}; repeated prompts can hit the "
-                         "server's prefix cache\n", dataset.size(), needed);
+      fmt::print(
+          stderr,
+          "note: the dataset has {} prompts and the run sends {}; repeated prompts can hit the "
+          "server's prefix cache\n",
+          dataset.size(), needed);
     }
   }
   const auto point_prompts = [&](size_t point_idx) {
     if (options.dataset != "random") {
-      return loadgen::cycle_prompts(dataset, static_cast<int64_t>(point_idx) * prompts_per_point, prompts_per_point);
+      return loadgen::cycle_prompts(dataset, static_cast<int64_t>(point_idx) * prompts_per_point,
+                                    prompts_per_point);
     }
-    return loadgen::random_prompts(tokenizer.get(), {options.input_len, options.output_len, options.range_ratio,
-                                                     options.shared_prefix_len, prompts_per_point,
-                                                     options.seed + point_idx});
+    return loadgen::random_prompts(
+        tokenizer.get(), {options.input_len, options.output_len, options.range_ratio,
+                          options.shared_prefix_len, prompts_per_point, options.seed + point_idx});
   };
 
-  fmt::print(stderr, "POST {} at {} ({} point{}, {} prompts each)\n", loadgen::endpoint_path(client.endpoint),
-             url.origin() + url.path_prefix, points.size(), points.size() == 1 ? "" : "s", options.num_prompts);
+  fmt::print(stderr, "POST {} at {} ({} point{}, {} prompts each)\n",
+             loadgen::endpoint_path(client.endpoint), url.origin() + url.path_prefix, points.size(),
+             points.size() == 1 ? "" : "s", options.num_prompts);
   std::vector<loadgen::RunResult> runs;
   for (size_t point_idx = 0; point_idx < points.size(); ++point_idx) {
     const loadgen::RunPoint& point = points[point_idx];
@@ -212,11 +234,9 @@ void bench_serve(const BenchServeOptions& options) {
     const std::vector<loadgen::Prompt> warmup(prompts.begin() + options.num_prompts, prompts.end());
     prompts.resize(static_cast<size_t>(options.num_prompts));
     loadgen::ProgressDisplay display(stderr, point.label, options.num_prompts);
-    loadgen::RunResult run = loadgen::run_point(url, client, prompts, warmup, point,
-                                                {options.seed + point_idx, slo, 1024},
-                                                [&](int64_t done, int64_t, int64_t failed) {
-                                                  display.update(done, failed);
-                                                });
+    loadgen::RunResult run = loadgen::run_point(
+        url, client, prompts, warmup, point, {options.seed + point_idx, slo, 1024},
+        [&](int64_t done, int64_t, int64_t failed) { display.update(done, failed); });
     display.finish();
     runs.push_back(std::move(run));
   }
@@ -227,7 +247,8 @@ void bench_serve(const BenchServeOptions& options) {
   } else {
     fmt::print("{}", loadgen::format_sweep_table(report));
     for (const nlohmann::json& run : report["runs"]) {
-      fmt::print("{}", loadgen::format_errors(run["summary"]["errors"], run["label"].get<std::string>() + ": "));
+      fmt::print("{}", loadgen::format_errors(run["summary"]["errors"],
+                                              run["label"].get<std::string>() + ": "));
     }
   }
   int64_t counted_by_chunks = 0, short_outputs = 0;
@@ -238,12 +259,17 @@ void bench_serve(const BenchServeOptions& options) {
     }
   }
   if (counted_by_chunks > 0) {
-    fmt::print(stderr, "note: the server sent no usage for {} requests; their output tokens are counted as "
-                       "stream chunks (give --tokenizer MODEL.gguf to count tokens)\n", counted_by_chunks);
+    fmt::print(stderr,
+               "note: the server sent no usage for {} requests; their output tokens are counted as "
+               "stream chunks (give --tokenizer MODEL.gguf to count tokens)\n",
+               counted_by_chunks);
   }
   if (runs.size() > 1 && short_outputs > 0) {
-    fmt::print(stderr, "warning: {} requests did not produce the requested number of tokens; the server may not "
-                       "support ignore_eos/min_tokens\n", short_outputs);
+    fmt::print(
+        stderr,
+        "warning: {} requests did not produce the requested number of tokens; the server may not "
+        "support ignore_eos/min_tokens\n",
+        short_outputs);
   }
   if (!options.out_path.empty()) {
     write_file(options.out_path, report.dump(2) + "\n");
@@ -265,51 +291,76 @@ void bench_serve(const BenchServeOptions& options) {
 
 void add_bench_serve_command(CLI::App& app) {
   auto options = std::make_shared<BenchServeOptions>();
-  CLI::App* command = app.add_subcommand(
-      "bench-serve",
-      "Benchmark an OpenAI-compatible server: TTFT, TPOT, ITL, throughput, goodput (or --compare two results)");
+  CLI::App* command = app.add_subcommand("bench-serve",
+                                         "Benchmark an OpenAI-compatible server: TTFT, TPOT, ITL, "
+                                         "throughput, goodput (or --compare two results)");
   command->add_option("--base-url", options->base_url, "Server URL, e.g. http://127.0.0.1:8080");
   command->add_option("--api-key", options->api_key, "Sent as 'Authorization: Bearer KEY'");
   command->add_option("--model", options->model, "Model name sent in each request");
-  command->add_option("--endpoint", options->endpoint, "completions (/v1/completions) or chat (/v1/chat/completions)")
+  command
+      ->add_option("--endpoint", options->endpoint,
+                   "completions (/v1/completions) or chat (/v1/chat/completions)")
       ->check(CLI::IsMember({"completions", "chat"}))
       ->capture_default_str();
-  command->add_option("--dataset", options->dataset,
-                      "random, or a JSONL file of {\"prompt\"|\"messages\", \"output_len\"?} lines")
+  command
+      ->add_option("--dataset", options->dataset,
+                   "random, or a JSONL file of {\"prompt\"|\"messages\", \"output_len\"?} lines")
       ->capture_default_str();
-  command->add_option("--tokenizer", options->tokenizer_path,
-                      "GGUF file whose tokenizer builds exact-length prompts and counts tokens without usage")
+  command
+      ->add_option(
+          "--tokenizer", options->tokenizer_path,
+          "GGUF file whose tokenizer builds exact-length prompts and counts tokens without usage")
       ->check(CLI::ExistingFile);
-  command->add_option("--input-len", options->input_len, "Prompt tokens (random dataset)")->capture_default_str();
-  command->add_option("--output-len", options->output_len, "Output tokens to request")->capture_default_str();
-  command->add_option("--range-ratio", options->range_ratio,
-                      "Draw lengths uniformly from [len*(1-r), len*(1+r)]")->capture_default_str();
-  command->add_option("--shared-prefix-len", options->shared_prefix_len,
-                      "Tokens at the start of every random prompt that are the same (part of --input-len)")
+  command->add_option("--input-len", options->input_len, "Prompt tokens (random dataset)")
       ->capture_default_str();
-  command->add_option("--num-prompts", options->num_prompts, "Requests per point")->capture_default_str();
-  command->add_option("--request-rate", options->request_rate, "Poisson arrivals at R requests/s (default: all at once)");
-  command->add_option("--burstiness", options->burstiness, "Gamma arrivals: 1 is Poisson, <1 burstier")
+  command->add_option("--output-len", options->output_len, "Output tokens to request")
       ->capture_default_str();
-  command->add_option("--max-concurrency", options->max_concurrency, "Most requests in flight at once");
-  command->add_option("--sweep-concurrency", options->sweep_concurrency, "Run one point per concurrency (comma list)")
+  command
+      ->add_option("--range-ratio", options->range_ratio,
+                   "Draw lengths uniformly from [len*(1-r), len*(1+r)]")
+      ->capture_default_str();
+  command
+      ->add_option(
+          "--shared-prefix-len", options->shared_prefix_len,
+          "Tokens at the start of every random prompt that are the same (part of --input-len)")
+      ->capture_default_str();
+  command->add_option("--num-prompts", options->num_prompts, "Requests per point")
+      ->capture_default_str();
+  command->add_option("--request-rate", options->request_rate,
+                      "Poisson arrivals at R requests/s (default: all at once)");
+  command
+      ->add_option("--burstiness", options->burstiness, "Gamma arrivals: 1 is Poisson, <1 burstier")
+      ->capture_default_str();
+  command->add_option("--max-concurrency", options->max_concurrency,
+                      "Most requests in flight at once");
+  command
+      ->add_option("--sweep-concurrency", options->sweep_concurrency,
+                   "Run one point per concurrency (comma list)")
       ->delimiter(',');
-  command->add_option("--goodput", options->goodput, "SLOs for goodput, e.g. ttft:500 tpot:50 (also e2el:MS)");
-  command->add_option("--warmup", options->warmup, "Unmeasured requests before each point")->capture_default_str();
-  command->add_option("--seed", options->seed, "Seed of prompts and arrivals (point k uses seed + k)")
+  command->add_option("--goodput", options->goodput,
+                      "SLOs for goodput, e.g. ttft:500 tpot:50 (also e2el:MS)");
+  command->add_option("--warmup", options->warmup, "Unmeasured requests before each point")
       ->capture_default_str();
-  command->add_option("--extra-body", options->extra_bodies,
-                      "JSON merged into each request body (repeat to compare variants in one sweep)")
+  command
+      ->add_option("--seed", options->seed, "Seed of prompts and arrivals (point k uses seed + k)")
+      ->capture_default_str();
+  command
+      ->add_option("--extra-body", options->extra_bodies,
+                   "JSON merged into each request body (repeat to compare variants in one sweep)")
       ->take_all()
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  command->add_option("--timeout", options->timeout_s, "Seconds to wait for a connection or for data")
+  command
+      ->add_option("--timeout", options->timeout_s, "Seconds to wait for a connection or for data")
       ->capture_default_str();
   command->add_flag("--no-ignore-eos", options->no_ignore_eos,
                     "Do not send ignore_eos/min_tokens (for servers that reject them)");
-  command->add_option("--out", options->out_path, "JSON file with the config, summaries and every request");
-  command->add_option("--plot", options->plot_path, "SVG plot: throughput vs concurrency, TTFT/TPOT vs throughput");
-  command->add_option("--compare", options->compare, "Print two result files side by side with ratios")
+  command->add_option("--out", options->out_path,
+                      "JSON file with the config, summaries and every request");
+  command->add_option("--plot", options->plot_path,
+                      "SVG plot: throughput vs concurrency, TTFT/TPOT vs throughput");
+  command
+      ->add_option("--compare", options->compare, "Print two result files side by side with ratios")
       ->expected(2);
   command->callback([options] { bench_serve(*options); });
 }

@@ -37,35 +37,50 @@ void run_eval(EvalOptions options) {
   model::LoadedModel loaded = model::load_model(options.model.load_options());
   options.config.threads = options.model.threads;
   if (!options.calibration_path.empty()) {
-    options.config.calibration =
-        std::make_shared<const sparsity::CalibrationProfile>(sparsity::load_calibration(options.calibration_path));
+    options.config.calibration = std::make_shared<const sparsity::CalibrationProfile>(
+        sparsity::load_calibration(options.calibration_path));
   }
   const eval::SparsityEvalConfig& c = options.config;
-  fmt::print("{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {}-token span, {} given "
-             "after compression\n",
-             c.num_prompts, c.prompt_tokens, c.continuation_tokens, c.retrieval_span, c.retrieval_cue);
-  fmt::print("{:<10} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "policy", "budget", "kv kept", "top-1",
-             "KL", "ppl", "ppl delta", "retrieval", "recovery", "spec (first prompt)");
+  fmt::print(
+      "{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {}-token span, {} "
+      "given "
+      "after compression\n",
+      c.num_prompts, c.prompt_tokens, c.continuation_tokens, c.retrieval_span, c.retrieval_cue);
+  fmt::print("{:<10} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "policy", "budget",
+             "kv kept", "top-1", "KL", "ppl", "ppl delta", "retrieval", "recovery",
+             "spec (first prompt)");
   const auto results = eval::run_sparsity_eval(
-      loaded.model, loaded.tokenizer, buffer.str(), options.config, [](const eval::PolicyFidelity& f) {
-        const std::string budget =
-            f.family == "fastgen" ? fmt::format("T={:g}", f.budget) : fmt::format("{:.3f}", f.budget);
-        fmt::print("{:<10} {:>7} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f} {:>8}  {}\n", f.family,
-                   budget, f.kv_kept, f.top1_agreement, f.mean_kl, f.perplexity, f.perplexity_delta, f.retrieval,
-                   f.attention_recovery < 0 ? std::string("-") : fmt::format("{:.3f}", f.attention_recovery), f.spec);
+      loaded.model, loaded.tokenizer, buffer.str(), options.config,
+      [](const eval::PolicyFidelity& f) {
+        const std::string budget = f.family == "fastgen" ? fmt::format("T={:g}", f.budget)
+                                                         : fmt::format("{:.3f}", f.budget);
+        fmt::print(
+            "{:<10} {:>7} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f} {:>8}  {}\n",
+            f.family, budget, f.kv_kept, f.top1_agreement, f.mean_kl, f.perplexity,
+            f.perplexity_delta, f.retrieval,
+            f.attention_recovery < 0 ? std::string("-")
+                                     : fmt::format("{:.3f}", f.attention_recovery),
+            f.spec);
         std::fflush(stdout);
       });
   if (!options.json_path.empty()) {
     nlohmann::json rows = nlohmann::json::array();
     for (const auto& f : results) {
       const bool fastgen = f.family == "fastgen";  // a threshold, not a budget
-      rows.push_back({{"family", f.family}, {"budget", fastgen ? nlohmann::json(nullptr) : nlohmann::json(f.budget)},
-                      {"threshold", fastgen ? nlohmann::json(f.budget) : nlohmann::json(nullptr)}, {"spec", f.spec}, {"kv_kept", f.kv_kept},
-                      {"top1_agreement", f.top1_agreement}, {"mean_kl", f.mean_kl}, {"perplexity", f.perplexity},
-                      {"perplexity_delta", f.perplexity_delta}, {"retrieval", f.retrieval},
+      rows.push_back({{"family", f.family},
+                      {"budget", fastgen ? nlohmann::json(nullptr) : nlohmann::json(f.budget)},
+                      {"threshold", fastgen ? nlohmann::json(f.budget) : nlohmann::json(nullptr)},
+                      {"spec", f.spec},
+                      {"kv_kept", f.kv_kept},
+                      {"top1_agreement", f.top1_agreement},
+                      {"mean_kl", f.mean_kl},
+                      {"perplexity", f.perplexity},
+                      {"perplexity_delta", f.perplexity_delta},
+                      {"retrieval", f.retrieval},
                       {"retrieval_vs_dense", f.retrieval_vs_dense},
-                      {"attention_recovery", f.attention_recovery < 0 ? nlohmann::json(nullptr)
-                                                                      : nlohmann::json(f.attention_recovery)}});
+                      {"attention_recovery", f.attention_recovery < 0
+                                                 ? nlohmann::json(nullptr)
+                                                 : nlohmann::json(f.attention_recovery)}});
     }
     nlohmann::json doc = {{"model", options.model.model_path},
                           {"text", options.text_path},
@@ -76,8 +91,10 @@ void run_eval(EvalOptions options) {
     write_file(options.json_path, doc.dump(2) + "\n");
   }
   if (!options.plot_path.empty()) {
-    write_file(options.plot_path, eval::fidelity_svg(results, fmt::format("KV sparsity fidelity: {} ({} prompts of {})",
-                                                                          loaded.name, c.num_prompts, c.prompt_tokens)));
+    write_file(
+        options.plot_path,
+        eval::fidelity_svg(results, fmt::format("KV sparsity fidelity: {} ({} prompts of {})",
+                                                loaded.name, c.num_prompts, c.prompt_tokens)));
   }
 }
 
@@ -85,35 +102,49 @@ void run_eval(EvalOptions options) {
 
 void add_eval_command(CLI::App& app) {
   auto options = std::make_shared<EvalOptions>();
-  CLI::App* command = app.add_subcommand("eval", "Fidelity of KV sparsity policies against the dense cache");
+  CLI::App* command =
+      app.add_subcommand("eval", "Fidelity of KV sparsity policies against the dense cache");
   options->model.add_to(*command);
   eval::SparsityEvalConfig& c = options->config;
-  command->add_option("-f,--file", options->text_path, "Text the prompts and continuations come from")
+  command
+      ->add_option("-f,--file", options->text_path, "Text the prompts and continuations come from")
       ->required()
       ->check(CLI::ExistingFile);
-  command->add_option("--policies", c.families,
-                      "Policy families (streaming, h2o, snapkv, pyramidkv, adakv, layerwise, fastgen, quest, lserve)")
+  command
+      ->add_option("--policies", c.families,
+                   "Policy families (streaming, h2o, snapkv, pyramidkv, adakv, layerwise, fastgen, "
+                   "quest, lserve)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--budgets", c.budgets, "KV budgets as fractions of the prompt (comma list)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option("--fastgen-thresholds", c.fastgen_thresholds,
-                      "fastgen's thresholds T (it keeps what recovers >= 1 - T of the attention; no budget)")
+  command
+      ->add_option(
+          "--fastgen-thresholds", c.fastgen_thresholds,
+          "fastgen's thresholds T (it keeps what recovers >= 1 - T of the attention; no budget)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--prompts", c.num_prompts, "Prompts (each also gives one retrieval case)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  command->add_option("--prompt-tokens", c.prompt_tokens, "Tokens per prompt")->capture_default_str()->check(CLI::PositiveNumber);
-  command->add_option("--continuation", c.continuation_tokens, "Forced continuation tokens compared per prompt")
+  command->add_option("--prompt-tokens", c.prompt_tokens, "Tokens per prompt")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  command->add_option("--window", c.observation_window, "Observation window of snapkv/pyramidkv")->capture_default_str();
-  command->add_option("--calibration", options->calibration_path, "Calibration profile for lserve (sieve calibrate)")
+  command
+      ->add_option("--continuation", c.continuation_tokens,
+                   "Forced continuation tokens compared per prompt")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--window", c.observation_window, "Observation window of snapkv/pyramidkv")
+      ->capture_default_str();
+  command
+      ->add_option("--calibration", options->calibration_path,
+                   "Calibration profile for lserve (sieve calibrate)")
       ->check(CLI::ExistingFile);
   command->add_option("--json", options->json_path, "Write the results as JSON");
-  command->add_option("--plot", options->plot_path, "Write an SVG plot (top-1 agreement vs KV kept)");
+  command->add_option("--plot", options->plot_path,
+                      "Write an SVG plot (top-1 agreement vs KV kept)");
   command->callback([options] { run_eval(*options); });
 }
 

@@ -30,10 +30,17 @@ void gen_model(GenModelOptions options) {
   const uintmax_t bytes = std::filesystem::file_size(options.out_path);
   if (options.json) {
     const model::RandomModelSpec& s = options.spec;
-    nlohmann::json out = {{"path", options.out_path}, {"bytes", bytes}, {"type", kernels::to_string(s.dtype)},
-                          {"dim", s.dim}, {"layers", s.num_layers}, {"heads", s.num_heads},
-                          {"kv_heads", s.num_kv_heads}, {"ffn", s.ffn_dim}, {"ctx", s.context_length},
-                          {"rope_base", s.rope_base}, {"seed", s.seed}};
+    nlohmann::json out = {{"path", options.out_path},
+                          {"bytes", bytes},
+                          {"type", kernels::to_string(s.dtype)},
+                          {"dim", s.dim},
+                          {"layers", s.num_layers},
+                          {"heads", s.num_heads},
+                          {"kv_heads", s.num_kv_heads},
+                          {"ffn", s.ffn_dim},
+                          {"ctx", s.context_length},
+                          {"rope_base", s.rope_base},
+                          {"seed", s.seed}};
     fmt::print("{}\n", out.dump(2));
   } else {
     fmt::print(stderr, "wrote {} ({:.1f} MB)\n", options.out_path, bytes / 1e6);
@@ -50,11 +57,13 @@ void add_gen_model_command(CLI::App& app) {
   command->add_option("--dim", spec.dim, "Embedding size")->capture_default_str();
   command->add_option("--layers", spec.num_layers, "Layers")->capture_default_str();
   command->add_option("--heads", spec.num_heads, "Attention heads")->capture_default_str();
-  command->add_option("--kv-heads", spec.num_kv_heads, "Key/value heads (GQA)")->capture_default_str();
+  command->add_option("--kv-heads", spec.num_kv_heads, "Key/value heads (GQA)")
+      ->capture_default_str();
   command->add_option("--ffn", spec.ffn_dim, "Feed-forward size")->capture_default_str();
   command->add_option("--ctx", spec.context_length, "Context length")->capture_default_str();
   command->add_option("--rope-base", spec.rope_base, "RoPE frequency base")->capture_default_str();
-  command->add_option("--type", options->type, "Weight type: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
+  command->add_option("--type", options->type, "Weight type: f32, f16, bf16, q8_0, q4_0")
+      ->capture_default_str();
   command->add_option("--vocab", spec.vocab_path, "GGUF file to copy the tokenizer from")
       ->required()
       ->check(CLI::ExistingFile);

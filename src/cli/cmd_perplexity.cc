@@ -37,23 +37,27 @@ void run_perplexity(const PerplexityOptions& options) {
       loaded.tokenizer->encode(text, {.add_special = true, .parse_special = false});
   ThreadPool pool(options.model.threads);
   eval::PerplexityResult result = eval::perplexity(
-      *loaded.model, tokens, *vocab.bos, options.context, pool, [&](const eval::PerplexityResult& r) {
-        if (!options.json) fmt::print(stderr, "[{}]{:.4f} ", r.running_ppl.size(), r.running_ppl.back());
+      *loaded.model, tokens, *vocab.bos, options.context, pool,
+      [&](const eval::PerplexityResult& r) {
+        if (!options.json)
+          fmt::print(stderr, "[{}]{:.4f} ", r.running_ppl.size(), r.running_ppl.back());
       });
   const double tokens_per_second = result.num_chunks * result.context / result.seconds;
   if (options.json) {
-    nlohmann::json out = {{"n_ctx", result.context},         {"n_tokens", tokens.size()},
-                          {"n_chunks", result.num_chunks},   {"scored_tokens", result.scored_tokens},
-                          {"mean_nll", result.mean_nll},     {"ppl", result.ppl},
-                          {"ppl_stderr", result.ppl_stderr}, {"running_ppl", result.running_ppl},
-                          {"seconds", result.seconds},       {"tokens_per_second", tokens_per_second}};
+    nlohmann::json out = {
+        {"n_ctx", result.context},         {"n_tokens", tokens.size()},
+        {"n_chunks", result.num_chunks},   {"scored_tokens", result.scored_tokens},
+        {"mean_nll", result.mean_nll},     {"ppl", result.ppl},
+        {"ppl_stderr", result.ppl_stderr}, {"running_ppl", result.running_ppl},
+        {"seconds", result.seconds},       {"tokens_per_second", tokens_per_second}};
     fmt::print("{}\n", out.dump(2));
   } else {
     fmt::print(stderr, "\n");
-    fmt::print("Final estimate: PPL = {:.4f} +/- {:.5f}  ({} chunks of {}, {} scored tokens, "
-               "{:.0f} tokens/s)\n",
-               result.ppl, result.ppl_stderr, result.num_chunks, result.context,
-               result.scored_tokens, tokens_per_second);
+    fmt::print(
+        "Final estimate: PPL = {:.4f} +/- {:.5f}  ({} chunks of {}, {} scored tokens, "
+        "{:.0f} tokens/s)\n",
+        result.ppl, result.ppl_stderr, result.num_chunks, result.context, result.scored_tokens,
+        tokens_per_second);
   }
 }
 
@@ -62,9 +66,12 @@ void run_perplexity(const PerplexityOptions& options) {
 void add_perplexity_command(CLI::App& app) {
   auto options = std::make_shared<PerplexityOptions>();
   CLI::App* command = app.add_subcommand(
-      "perplexity", "Perplexity of a model on a text file (the method of llama.cpp's llama-perplexity)");
+      "perplexity",
+      "Perplexity of a model on a text file (the method of llama.cpp's llama-perplexity)");
   options->model.add_to(*command);
-  command->add_option("-f,--file", options->text_path, "Text file")->required()->check(CLI::ExistingFile);
+  command->add_option("-f,--file", options->text_path, "Text file")
+      ->required()
+      ->check(CLI::ExistingFile);
   command->add_option("-c,--ctx", options->context, "Chunk size in tokens")->capture_default_str();
   command->add_flag("--json", options->json, "Print the result as JSON");
   command->callback([options] { run_perplexity(*options); });

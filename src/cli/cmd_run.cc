@@ -36,12 +36,12 @@ void run(RunOptions options) {
   if (static_cast<int64_t>(prompt.size()) >= context) {
     fail("the prompt has {} tokens but the model's context is {}", prompt.size(), context);
   }
-  options.sampling.max_tokens =
-      static_cast<int32_t>(std::min<int64_t>(options.max_tokens, context - static_cast<int64_t>(prompt.size())));
+  options.sampling.max_tokens = static_cast<int32_t>(
+      std::min<int64_t>(options.max_tokens, context - static_cast<int64_t>(prompt.size())));
   // One sequence: the pool needs only the pages this request can fill.
   engine::EngineConfig config = options.engine.engine_config(options.model.threads);
-  config.num_kv_pages = static_cast<int32_t>((prompt.size() + *options.sampling.max_tokens + config.page_size - 1) /
-                                             config.page_size);
+  config.num_kv_pages = static_cast<int32_t>(
+      (prompt.size() + *options.sampling.max_tokens + config.page_size - 1) / config.page_size);
   engine::Engine engine(config, loaded.model, loaded.tokenizer);
 
   std::vector<tok::TokenId> generated;
@@ -51,15 +51,16 @@ void run(RunOptions options) {
     std::fputs(options.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  auto submitted = engine.submit({.prompt = prompt, .params = options.sampling}, [&](const engine::RequestEvent& event) {
-    generated.insert(generated.end(), event.tokens.begin(), event.tokens.end());
-    text += event.text;
-    if (!options.json) {
-      std::fputs(event.text.c_str(), stdout);
-      std::fflush(stdout);
-    }
-    if (event.finish) last = event;
-  });
+  auto submitted = engine.submit(
+      {.prompt = prompt, .params = options.sampling}, [&](const engine::RequestEvent& event) {
+        generated.insert(generated.end(), event.tokens.begin(), event.tokens.end());
+        text += event.text;
+        if (!options.json) {
+          std::fputs(event.text.c_str(), stdout);
+          std::fflush(stdout);
+        }
+        if (event.finish) last = event;
+      });
   if (const auto* rejection = std::get_if<engine::AdmissionError>(&submitted))
     fail("{}", rejection->message);
   engine.run_until_idle();
@@ -68,8 +69,10 @@ void run(RunOptions options) {
   const engine::Timings& t = last.timings;
   const double prompt_tps = t.first_token_seconds > 0 ? prompt.size() / t.first_token_seconds : 0.0;
   const double decode_seconds = t.total_seconds - t.first_token_seconds;
-  const double generate_tps = generated.size() > 1 && decode_seconds > 0 ? (generated.size() - 1) / decode_seconds : 0.0;
-  const std::string finish = last.finish ? std::string(engine::finish_reason_name(last.finish->reason)) : "";
+  const double generate_tps =
+      generated.size() > 1 && decode_seconds > 0 ? (generated.size() - 1) / decode_seconds : 0.0;
+  const std::string finish =
+      last.finish ? std::string(engine::finish_reason_name(last.finish->reason)) : "";
   if (options.json) {
     nlohmann::json out = {
         {"prompt_tokens", prompt},
@@ -87,10 +90,11 @@ void run(RunOptions options) {
   } else {
     fmt::print("\n");
     std::fflush(stdout);
-    fmt::print(stderr,
-               "\nprompt: {} tokens, first token after {:.3f} s ({:.1f} tokens/s) | generation: {} tokens "
-               "({:.1f} tokens/s) | finish: {}\n",
-               prompt.size(), t.first_token_seconds, prompt_tps, generated.size(), generate_tps, finish);
+    fmt::print(
+        stderr,
+        "\nprompt: {} tokens, first token after {:.3f} s ({:.1f} tokens/s) | generation: {} tokens "
+        "({:.1f} tokens/s) | finish: {}\n",
+        prompt.size(), t.first_token_seconds, prompt_tps, generated.size(), generate_tps, finish);
   }
 }
 
@@ -99,7 +103,8 @@ void run(RunOptions options) {
 void add_run_command(CLI::App& app) {
   auto options = std::make_shared<RunOptions>();
   options->sampling.seed = std::random_device{}();
-  CLI::App* command = app.add_subcommand("run", "Generate text from a prompt, streaming it to stdout");
+  CLI::App* command =
+      app.add_subcommand("run", "Generate text from a prompt, streaming it to stdout");
   options->model.add_to(*command);
   command->add_option("-p,--prompt", options->prompt, "Prompt text")->required();
   command->add_option("-n,--max-tokens", options->max_tokens, "Tokens to generate")
@@ -114,15 +119,21 @@ void add_run_command(CLI::App& app) {
   command->add_option("--top-p", options->sampling.top_p, "Nucleus sampling mass")
       ->capture_default_str()
       ->check(CLI::Range(0.0f, 1.0f));
-  command->add_option("--min-p", options->sampling.min_p, "Drop tokens below min-p times the top probability")
+  command
+      ->add_option("--min-p", options->sampling.min_p,
+                   "Drop tokens below min-p times the top probability")
       ->capture_default_str()
       ->check(CLI::Range(0.0f, 1.0f));
   command->add_option("--seed", options->sampling.seed, "Random seed (default: random)");
   command->add_flag("--no-bos", options->no_bos, "Do not add the BOS token");
-  command->add_flag("--ignore-eos", options->sampling.ignore_eos, "Keep generating after end-of-generation tokens");
-  command->add_flag("--json", options->json, "Print one JSON object (tokens, text, speeds) instead of streaming");
+  command->add_flag("--ignore-eos", options->sampling.ignore_eos,
+                    "Keep generating after end-of-generation tokens");
+  command->add_flag("--json", options->json,
+                    "Print one JSON object (tokens, text, speeds) instead of streaming");
   options->engine.add_to(*command);
-  command->add_option("--repeat-penalty", options->sampling.repetition_penalty, "Repetition penalty (1 = off)")
+  command
+      ->add_option("--repeat-penalty", options->sampling.repetition_penalty,
+                   "Repetition penalty (1 = off)")
       ->capture_default_str();
   command->add_option("--stop", options->sampling.stop_strings, "Stop string (repeatable)");
   command->callback([options] { run(*options); });

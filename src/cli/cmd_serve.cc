@@ -84,8 +84,8 @@ void serve(ServeOptions options) {
   }
   server::HttpServer http(options.server);
   http.bind();
-  spdlog::info("listening on http://{}:{} (/health answers 503 until the model is loaded)", options.server.host,
-               http.port());
+  spdlog::info("listening on http://{}:{} (/health answers 503 until the model is loaded)",
+               options.server.host, http.port());
   std::thread listener([&] { http.listen(); });
 
   try {
@@ -108,38 +108,46 @@ void serve(ServeOptions options) {
       template_source = std::string(server::chatml_template());
       template_origin = "ChatML (the model has no chat template)";
     }
-    auto chat_template = std::make_shared<const server::ChatTemplate>(server::ChatTemplate::parse(template_source));
+    auto chat_template =
+        std::make_shared<const server::ChatTemplate>(server::ChatTemplate::parse(template_source));
 
     engine::EngineConfig config = options.engine.engine_config(options.model.threads);
     auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
     engine->check_policy(default_policy);  // e.g. a default lserve needs --calibration
     engine->start();
     const engine::EngineConfig& ec = engine->config();
-    const std::string name = options.server.served_model_name.empty() ? loaded.name : options.server.served_model_name;
-    spdlog::info("model '{}' from {}: {} layers, {} heads ({} KV), vocab {}, context {} tokens", name,
-                 options.model.model_path, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.vocab_size,
-                 mc.context_length);
-    spdlog::info("KV cache: {} pages of {} tokens ({} tokens, {:.1f} MiB); max {} sequences, {} batched tokens, {} queued",
-                 ec.num_kv_pages, ec.page_size, static_cast<int64_t>(ec.num_kv_pages) * ec.page_size,
-                 static_cast<double>(model::KvCache::bytes_per_page(mc, ec.page_size)) * ec.num_kv_pages / (1 << 20),
-                 ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
+    const std::string name =
+        options.server.served_model_name.empty() ? loaded.name : options.server.served_model_name;
+    spdlog::info("model '{}' from {}: {} layers, {} heads ({} KV), vocab {}, context {} tokens",
+                 name, options.model.model_path, mc.num_layers, mc.num_heads, mc.num_kv_heads,
+                 mc.vocab_size, mc.context_length);
+    spdlog::info(
+        "KV cache: {} pages of {} tokens ({} tokens, {:.1f} MiB); max {} sequences, {} batched "
+        "tokens, {} queued",
+        ec.num_kv_pages, ec.page_size, static_cast<int64_t>(ec.num_kv_pages) * ec.page_size,
+        static_cast<double>(model::KvCache::bytes_per_page(mc, ec.page_size)) * ec.num_kv_pages /
+            (1 << 20),
+        ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
     spdlog::info("default kv_policy: {}", sparsity::to_string(default_policy));
     spdlog::info("threads: {} compute, {} HTTP; chat template: {}; API key: {}",
-                 options.model.threads > 0 ? options.model.threads : static_cast<int>(std::thread::hardware_concurrency()), options.server.http_threads, template_origin,
+                 options.model.threads > 0 ? options.model.threads
+                                           : static_cast<int>(std::thread::hardware_concurrency()),
+                 options.server.http_threads, template_origin,
                  options.server.api_key.empty() ? "none" : "required");
     http.set_backend({.engine = engine,
                       .tokenizer = loaded.tokenizer,
                       .model_name = name,
                       .context_length = mc.context_length,
-                      .render_chat = [chat_template](const nlohmann::json& context) {
-                        return chat_template->render(context);
-                      },
+                      .render_chat =
+                          [chat_template](const nlohmann::json& context) {
+                            return chat_template->render(context);
+                          },
                       .default_kv_policy = default_policy});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'", options.server.host, http.port(), name);
 
     g_signalled.acquire();
-    spdlog::info("shutting down: {} request(s) in flight, grace {:.1f} s", http.num_active_requests(),
-                 options.shutdown_grace_seconds);
+    spdlog::info("shutting down: {} request(s) in flight, grace {:.1f} s",
+                 http.num_active_requests(), options.shutdown_grace_seconds);
     http.shutdown();
     listener.join();
     engine->stop();
@@ -155,31 +163,44 @@ void serve(ServeOptions options) {
 
 void add_serve_command(CLI::App& app) {
   auto options = std::make_shared<ServeOptions>();
-  CLI::App* command = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  CLI::App* command =
+      app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
   options->model.add_to(*command);
-  command->add_option("--host", options->server.host, "Address to listen on")->capture_default_str();
+  command->add_option("--host", options->server.host, "Address to listen on")
+      ->capture_default_str();
   command->add_option("--port", options->server.port, "Port to listen on (0: any free port)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  command->add_option("--api-key", options->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
-  command->add_option("--served-model-name", options->server.served_model_name,
-                      "Model name clients use (default: general.name of the GGUF, else the file name)");
-  command->add_option("--chat-template", options->chat_template_file,
-                      "Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
+  command->add_option("--api-key", options->server.api_key,
+                      "Require 'Authorization: Bearer KEY' on every route but /health");
+  command->add_option(
+      "--served-model-name", options->server.served_model_name,
+      "Model name clients use (default: general.name of the GGUF, else the file name)");
+  command
+      ->add_option(
+          "--chat-template", options->chat_template_file,
+          "Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
       ->check(CLI::ExistingFile);
-  command->add_option("--max-body", options->max_body_mib, "Largest request body in MiB (413 above)")
+  command
+      ->add_option("--max-body", options->max_body_mib, "Largest request body in MiB (413 above)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  command->add_option("--http-threads", options->server.http_threads,
-                      "HTTP worker threads; each open stream holds one (default: 2 x max-num-seqs + 32)")
+  command
+      ->add_option(
+          "--http-threads", options->server.http_threads,
+          "HTTP worker threads; each open stream holds one (default: 2 x max-num-seqs + 32)")
       ->check(CLI::PositiveNumber);
-  command->add_option("--shutdown-grace", options->shutdown_grace_seconds,
-                      "Seconds running requests get to finish on SIGINT/SIGTERM before they are cancelled")
+  command
+      ->add_option(
+          "--shutdown-grace", options->shutdown_grace_seconds,
+          "Seconds running requests get to finish on SIGINT/SIGTERM before they are cancelled")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  command->add_option("--kv-policy", options->kv_policy,
-                      "Default KV sparsity policy for requests without \"kv_policy\" (e.g. streaming:S=4,W=1024, "
-                      "snapkv:B=1024, layerwise:L=2,rest=snapkv:B=512)")
+  command
+      ->add_option("--kv-policy", options->kv_policy,
+                   "Default KV sparsity policy for requests without \"kv_policy\" (e.g. "
+                   "streaming:S=4,W=1024, "
+                   "snapkv:B=1024, layerwise:L=2,rest=snapkv:B=512)")
       ->capture_default_str();
   options->engine.add_to(*command);
   command->callback([options] { serve(*options); });

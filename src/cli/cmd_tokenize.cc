@@ -33,7 +33,8 @@ void tokenize(const TokenizeOptions& options) {
   } else {
     for (tok::TokenId id : ids) {
       nlohmann::json piece = tokenizer->token_to_piece(id, true);
-      fmt::print("{:>7} -> {}\n", id, piece.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      fmt::print("{:>7} -> {}\n", id,
+                 piece.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     }
   }
 }
@@ -46,12 +47,15 @@ void add_tokenize_command(CLI::App& app) {
   command->add_option("-m,--model", options->model_path, "GGUF model or vocabulary-only GGUF file")
       ->required()
       ->check(CLI::ExistingFile);
-  command->add_option("--tokenizer", options->tokenizer_path, "llama2.c tokenizer file (for .bin models)")
+  command
+      ->add_option("--tokenizer", options->tokenizer_path,
+                   "llama2.c tokenizer file (for .bin models)")
       ->check(CLI::ExistingFile);
   command->add_option("text", options->text, "Text to tokenize")->required();
   command->add_flag("--no-bos", options->no_bos, "Do not add BOS/EOS tokens");
   command->add_flag("--ids", options->ids_only, "Print only the ids, as a list");
-  command->add_flag("--parse-special", options->parse_special, "Recognise special-token text such as <s>");
+  command->add_flag("--parse-special", options->parse_special,
+                    "Recognise special-token text such as <s>");
   command->add_flag("--json", options->json, "Print JSON: ids, pieces and count");
   command->callback([options] { tokenize(*options); });
 }

@@ -17,26 +17,39 @@ struct EngineOptions {
     command.add_option("--kv-memory", kv_memory_mib, "KV cache size in MiB (the page pool)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    command.add_option("--kv-tokens", kv_tokens, "KV cache size in tokens (instead of --kv-memory)")
+    command
+        .add_option("--kv-tokens", kv_tokens, "KV cache size in tokens (instead of --kv-memory)")
         ->check(CLI::PositiveNumber);
-    command.add_option("--page-size", config.page_size, "Tokens per KV page")->capture_default_str()->check(CLI::Range(1, 4096));
-    command.add_option("--max-batch-tokens", config.max_batch_tokens, "Tokens computed per engine step (chunked prefill)")
+    command.add_option("--page-size", config.page_size, "Tokens per KV page")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 4096));
+    command
+        .add_option("--max-batch-tokens", config.max_batch_tokens,
+                    "Tokens computed per engine step (chunked prefill)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    command.add_option("--sparse-prefill-chunk", config.sparse_prefill_chunk,
-                       "Compress a sparse-policy prompt every this many tokens (0: once, at its end)")
+    command
+        .add_option("--sparse-prefill-chunk", config.sparse_prefill_chunk,
+                    "Compress a sparse-policy prompt every this many tokens (0: once, at its end)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     command.add_option("--max-num-seqs", config.max_num_seqs, "Sequences running at once")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    command.add_option("--max-queued", config.max_queued, "Requests waiting at most")->capture_default_str()->check(CLI::PositiveNumber);
-    command.add_flag("--no-prefix-caching{false}", config.enable_prefix_caching, "Do not reuse KV pages of earlier prompts");
-    command.add_option("--kv-dtype", kv_dtype, "K/V element type: f32, or f16 (half the memory and decode reads)")
+    command.add_option("--max-queued", config.max_queued, "Requests waiting at most")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    command.add_flag("--no-prefix-caching{false}", config.enable_prefix_caching,
+                     "Do not reuse KV pages of earlier prompts");
+    command
+        .add_option("--kv-dtype", kv_dtype,
+                    "K/V element type: f32, or f16 (half the memory and decode reads)")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "f16"}));
-    command.add_option("--calibration", calibration_path,
-                       "Calibration profile of the model's KV heads (`sieve calibrate`), for lserve and heads:...@profile")
+    command
+        .add_option("--calibration", calibration_path,
+                    "Calibration profile of the model's KV heads (`sieve calibrate`), for lserve "
+                    "and heads:...@profile")
         ->check(CLI::ExistingFile);
   }
 
@@ -46,9 +59,11 @@ struct EngineOptions {
     c.threads = threads;
     c.kv_dtype = kv_dtype == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
     if (!calibration_path.empty()) {
-      c.calibration = std::make_shared<const sparsity::CalibrationProfile>(sparsity::load_calibration(calibration_path));
+      c.calibration = std::make_shared<const sparsity::CalibrationProfile>(
+          sparsity::load_calibration(calibration_path));
     }
-    if (kv_tokens > 0) c.num_kv_pages = static_cast<int32_t>((kv_tokens + c.page_size - 1) / c.page_size);
+    if (kv_tokens > 0)
+      c.num_kv_pages = static_cast<int32_t>((kv_tokens + c.page_size - 1) / c.page_size);
     return c;
   }
 };

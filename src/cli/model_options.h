@@ -17,8 +17,9 @@ struct ModelOptions {
     command.add_option("-m,--model", model_path, "Model file: GGUF, or a llama2.c .bin checkpoint")
         ->required()
         ->check(CLI::ExistingFile);
-    command.add_option("--tokenizer", tokenizer_path,
-                       "llama2.c tokenizer file (only for llama2.c checkpoints)")
+    command
+        .add_option("--tokenizer", tokenizer_path,
+                    "llama2.c tokenizer file (only for llama2.c checkpoints)")
         ->check(CLI::ExistingFile);
     command.add_option("-t,--threads", threads, "Worker threads (default: all cores)")
         ->check(CLI::NonNegativeNumber);

@@ -544,10 +544,14 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
   }
   std::vector<sparsity::TokenClass> classes;
   if (last && controller.needs_token_classes()) {
-    for (int32_t i = 0; i < n; ++i) classes.push_back(token_class(*tokenizer_, scheduler_.tokens(seq)[i]));
+    for (int32_t i = 0; i < n; ++i)
+      classes.push_back(token_class(*tokenizer_, scheduler_.tokens(seq)[i]));
   }
-  sparsity::SparsityController::Compression compression = controller.propose(
-      {.prompt_done = last, .num_positions = n, .num_keys = num_keys, .scores = scores, .classes = classes});
+  sparsity::SparsityController::Compression compression = controller.propose({.prompt_done = last,
+                                                                              .num_positions = n,
+                                                                              .num_keys = num_keys,
+                                                                              .scores = scores,
+                                                                              .classes = classes});
   if (compression.attention_recovery) sample.attention_recovery = compression.attention_recovery;
   if (compression.changes_layout) {
     std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, compression.keep);
@@ -578,10 +582,11 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
       sample.sparsity->needs_token_classes()
           ? token_class(*tokenizer_, scheduler_.tokens(seq)[new_position])
           : sparsity::TokenClass::kOther;
-  kv::DropSets drops = sample.sparsity->after_decode_step(
-      layout.num_positions, num_keys,
-      attention ? std::span<const std::vector<float>>(*attention) : std::span<const std::vector<float>>(),
-      new_class);
+  kv::DropSets drops =
+      sample.sparsity->after_decode_step(layout.num_positions, num_keys,
+                                         attention ? std::span<const std::vector<float>>(*attention)
+                                                   : std::span<const std::vector<float>>(),
+                                         new_class);
   if (std::any_of(drops.begin(), drops.end(), [](const auto& d) { return !d.empty(); }))
     runner_.apply(kv_.drop_tokens(seq, drops));
 }

@@ -50,7 +50,7 @@ using RequestId = uint64_t;
 using Clock = std::chrono::steady_clock;
 
 struct EngineConfig {
-  int32_t num_kv_pages = 0;          // 0: derived from kv_memory_bytes
+  int32_t num_kv_pages = 0;  // 0: derived from kv_memory_bytes
   uint64_t kv_memory_bytes = 256ull << 20;
   int32_t page_size = 16;
   int32_t max_batch_tokens = 512;
@@ -93,18 +93,18 @@ struct Usage {
 };
 
 struct Timings {
-  double queue_seconds = 0.0;        // arrival to first scheduled
-  double first_token_seconds = 0.0;  // arrival to first sampled token (TTFT)
-  double total_seconds = 0.0;        // arrival to finish
-  std::vector<double> token_seconds; // arrival to each sampled token
+  double queue_seconds = 0.0;         // arrival to first scheduled
+  double first_token_seconds = 0.0;   // arrival to first sampled token (TTFT)
+  double total_seconds = 0.0;         // arrival to finish
+  std::vector<double> token_seconds;  // arrival to each sampled token
 };
 
 // One step's news for one sample of one request.
 struct RequestEvent {
   RequestId request_id = 0;
   int32_t sample_idx = 0;
-  std::vector<TokenId> tokens;  // sampled this step (one per step today)
-  std::string text;             // text now safe to stream (may be empty: held back)
+  std::vector<TokenId> tokens;         // sampled this step (one per step today)
+  std::string text;                    // text now safe to stream (may be empty: held back)
   std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
   std::optional<Finish> finish;
   std::optional<std::string> error;  // the request failed; finish is set too
@@ -112,8 +112,8 @@ struct RequestEvent {
   // The error is a refusal found when the engine came to admit the request after submit()
   // accepted it (the queue filled meanwhile): what submit() would have returned.
   std::optional<AdmissionError> refused;
-  Usage usage;                       // meaningful with finish
-  Timings timings;                   // meaningful with finish
+  Usage usage;      // meaningful with finish
+  Timings timings;  // meaningful with finish
 };
 using EventSink = std::function<void(const RequestEvent&)>;
 

@@ -22,14 +22,17 @@ GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId
   if (static_cast<int64_t>(prompt.size()) > context) {
     fail("the prompt has {} tokens but the model's context is {}", prompt.size(), context);
   }
-  const int64_t capacity = std::min<int64_t>(context, prompt.size() + std::max(0, options.max_tokens));
-  auto [cache, block_table] = model::KvCache::for_one_sequence(model.config(), static_cast<int32_t>(capacity));
+  const int64_t capacity =
+      std::min<int64_t>(context, prompt.size() + std::max(0, options.max_tokens));
+  auto [cache, block_table] =
+      model::KvCache::for_one_sequence(model.config(), static_cast<int32_t>(capacity));
   model::ForwardScratch scratch;
   Sampler sampler(options.sampling);
   std::vector<float> logits;
   model::Batch batch;
   batch.begin_sequence(block_table);
-  for (size_t i = 0; i < prompt.size(); ++i) batch.add(prompt[i], static_cast<int32_t>(i), i + 1 == prompt.size());
+  for (size_t i = 0; i < prompt.size(); ++i)
+    batch.add(prompt[i], static_cast<int32_t>(i), i + 1 == prompt.size());
 
   GenerationStats stats;
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());

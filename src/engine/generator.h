@@ -27,7 +27,9 @@ struct GenerationStats {
   int64_t generated_tokens = 0;
   double prompt_seconds = 0.0;    // prompt evaluation up to the first logits
   double generate_seconds = 0.0;  // everything after
-  double prompt_tokens_per_second() const { return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0; }
+  double prompt_tokens_per_second() const {
+    return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0;
+  }
   double generated_tokens_per_second() const {
     return generate_seconds > 0 ? generated_tokens / generate_seconds : 0;
   }

@@ -12,11 +12,12 @@ int32_t ModelRunner::cache_slice(kv::SliceId slice) const {
   const int64_t per_page = shape.slices_per_page();
   const int32_t page = static_cast<int32_t>(slice.value / per_page);
   const int64_t stream = slice.value % per_page;
-  return static_cast<int32_t>(cache_.slice_index(page, stream / shape.num_kv_heads, stream % shape.num_kv_heads));
+  return static_cast<int32_t>(
+      cache_.slice_index(page, stream / shape.num_kv_heads, stream % shape.num_kv_heads));
 }
 
-std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::SeqId seq,
-                                                                      const kv::SparseAppend* append) {
+std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(
+    sched::SeqId seq, const kv::SparseAppend* append) {
   const kv::SparseLayout& layout = kv_.sparse_layout(seq);
   auto view = std::make_shared<model::SparseSequence>();
   PageSelectState* page_select = nullptr;
@@ -40,8 +41,8 @@ std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::Seq
       to.new_rows.emplace_back(cache_slice(at.slice), at.slot);
     }
     // Quest reads a subset of slices on decode rows of streams that hold every key.
-    if (page_select && page_select->streams[s] && from.num_tokens - first == 1 && from.first_slot == 0 &&
-        from.num_dropped == 0) {
+    if (page_select && page_select->streams[s] && from.num_tokens - first == 1 &&
+        from.first_slot == 0 && from.num_dropped == 0) {
       plan_page_reads(*page_select, s, to, first);
     }
   }
@@ -49,20 +50,23 @@ std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(sched::Seq
   return view;
 }
 
-void ModelRunner::select_pages(sched::SeqId seq, std::vector<std::optional<sparsity::PageSelectHead>> heads) {
+void ModelRunner::select_pages(sched::SeqId seq,
+                               std::vector<std::optional<sparsity::PageSelectHead>> heads) {
   PageSelectState& state = page_select_[seq];
   state = {};
   for (auto& head : heads) {
-    if (head) state.streams.emplace_back(PageSelectStream{.head = *head});
-    else state.streams.emplace_back();
+    if (head)
+      state.streams.emplace_back(PageSelectStream{.head = *head});
+    else
+      state.streams.emplace_back();
   }
 }
 
 // Brings the stream's slice summaries up to date (slices filled by earlier steps; the keys of
 // this step are not written yet) and says which slices its decode row reads: a fresh choice
 // every reuse_steps decode steps, else the last choice plus every slice new since.
-void ModelRunner::plan_page_reads(PageSelectState& state, size_t stream_idx, model::SparseStream& stream,
-                                  int32_t num_written) {
+void ModelRunner::plan_page_reads(PageSelectState& state, size_t stream_idx,
+                                  model::SparseStream& stream, int32_t num_written) {
   PageSelectStream& p = *state.streams[stream_idx];
   const int32_t page_size = cache_.page_size();
   const int64_t summary_floats = 2 * model_.config().head_dim;
@@ -71,7 +75,8 @@ void ModelRunner::plan_page_reads(PageSelectState& state, size_t stream_idx, mod
     p.summaries.resize(static_cast<size_t>(num_full * summary_floats));
     const kernels::PagedKv keys = cache_.slice_view(stream.slices, 0);
     for (int32_t b = p.num_summarized; b < num_full; ++b) {
-      kernels::summarize_page_keys(keys, b, page_size, {.data = &p.summaries[b * summary_floats], .page_stride = 0});
+      kernels::summarize_page_keys(keys, b, page_size,
+                                   {.data = &p.summaries[b * summary_floats], .page_stride = 0});
     }
     p.num_summarized = num_full;
   }
@@ -93,7 +98,8 @@ void ModelRunner::plan_page_reads(PageSelectState& state, size_t stream_idx, mod
   stream.selection = std::move(selection);
 }
 
-const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out, const TokensOf& tokens_of) {
+const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
+                                           const TokensOf& tokens_of) {
   for (const sched::ScheduledCopy& planned : out.page_copies) {
     cache_.copy_page(planned.copy.src.value, planned.copy.dst.value);
   }
@@ -134,16 +140,19 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out, con
 
 void ModelRunner::apply(const kv::CompactionPlan& plan) {
   for (const kv::TokenMove& move : plan.token_moves) {
-    cache_.copy_row(cache_slice(move.src.slice), move.src.slot, cache_slice(move.dst.slice), move.dst.slot);
+    cache_.copy_row(cache_slice(move.src.slice), move.src.slot, cache_slice(move.dst.slice),
+                    move.dst.slot);
   }
   copy_slices(plan.slice_moves);
 }
 
 void ModelRunner::copy_slices(std::span<const kv::SliceMove> moves) {
-  for (const kv::SliceMove& move : moves) cache_.copy_slice(cache_slice(move.src), cache_slice(move.dst));
+  for (const kv::SliceMove& move : moves)
+    cache_.copy_slice(cache_slice(move.src), cache_slice(move.dst));
 }
 
-const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq, std::span<const int32_t> tokens,
+const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
+                                                           std::span<const int32_t> tokens,
                                                            int32_t window) {
   const auto n = static_cast<int32_t>(tokens.size());
   window = std::min(window, n);
@@ -153,20 +162,25 @@ const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq, std
   scores_.offsets.assign(1, 0);
   if (kv_.is_sparse(seq)) {
     const std::shared_ptr<const model::SparseSequence> view = sparse_view(seq, nullptr);
-    model_.observe(tokens.subspan(n - window), positions, *view, cache_, pool_, scratch_, scores_.values);
-    for (const model::SparseStream& stream : view->streams) scores_.offsets.push_back(scores_.offsets.back() + stream.num_keys);
+    model_.observe(tokens.subspan(n - window), positions, *view, cache_, pool_, scratch_,
+                   scores_.values);
+    for (const model::SparseStream& stream : view->streams)
+      scores_.offsets.push_back(scores_.offsets.back() + stream.num_keys);
   } else {
     std::vector<int32_t> table;
     for (kv::PageId page : kv_.block_table(seq)) table.push_back(page.value);
-    model_.observe(tokens.subspan(n - window), positions, table, cache_, pool_, scratch_, scores_.values);
-    for (int32_t s = 0; s < shape.num_streams(); ++s) scores_.offsets.push_back(scores_.offsets.back() + n);
+    model_.observe(tokens.subspan(n - window), positions, table, cache_, pool_, scratch_,
+                   scores_.values);
+    for (int32_t s = 0; s < shape.num_streams(); ++s)
+      scores_.offsets.push_back(scores_.offsets.back() + n);
   }
   return scores_;
 }
 
 const std::vector<std::vector<float>>* ModelRunner::attention(sched::SeqId seq) const {
   auto it = step_views_.find(seq);
-  if (it == step_views_.end() || batch_.sequences[it->second].sparse->want_attention.empty()) return nullptr;
+  if (it == step_views_.end() || batch_.sequences[it->second].sparse->want_attention.empty())
+    return nullptr;
   return &sparse_outputs_[it->second].attention;
 }
 

@@ -22,7 +22,8 @@ namespace sieve::engine {
 
 class ModelRunner {
  public:
-  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, ThreadPool& pool, const kv::KvManager& kv)
+  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, ThreadPool& pool,
+              const kv::KvManager& kv)
       : model_(model), cache_(cache), pool_(pool), kv_(kv) {}
 
   // `tokens_of(seq)` gives a sequence's known tokens. Returns logits [num sampling seqs][vocab],
@@ -40,19 +41,23 @@ class ModelRunner {
   // attention each key of each stream receives from the last `window` tokens' rows.
   struct ObservationScores {
     std::vector<float> values;
-    std::vector<size_t> offsets;  // [num_streams + 1]: stream s is values[offsets[s], offsets[s + 1])
+    std::vector<size_t>
+        offsets;  // [num_streams + 1]: stream s is values[offsets[s], offsets[s + 1])
     std::span<const float> stream(size_t s) const {
       return std::span<const float>(values).subspan(offsets[s], offsets[s + 1] - offsets[s]);
     }
   };
-  const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens, int32_t window);
+  const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens,
+                                   int32_t window);
 
   // The KvCache slice a kv::SliceId names.
   int32_t cache_slice(kv::SliceId slice) const;
 
   // H2O: the streams of `seq` whose decode attention weights run() should return; and after
   // run(), those weights ([stream] -> one per key, the new token last; empty if not computed).
-  void want_attention(sched::SeqId seq, std::vector<uint8_t> streams) { want_attention_[seq] = std::move(streams); }
+  void want_attention(sched::SeqId seq, std::vector<uint8_t> streams) {
+    want_attention_[seq] = std::move(streams);
+  }
   // Quest: from the next step on, the decode rows of the streams with a head here read only the
   // slices sparsity::select_pages() picks by q·k bounds from per-slice key summaries (kept here,
   // per stream and logical slice, so they survive slice moves); [stream], nullopt: read all.
@@ -68,8 +73,8 @@ class ModelRunner {
     sparsity::PageSelectHead head;
     std::vector<float> summaries;  // [num_summarized][2][head_dim]: key min, max of full slices
     int32_t num_summarized = 0;
-    int32_t num_keys = 0;            // this step's, for the choice
-    std::vector<int32_t> chosen;     // slice indices read since the last choice
+    int32_t num_keys = 0;         // this step's, for the choice
+    std::vector<int32_t> chosen;  // slice indices read since the last choice
     int32_t num_slices_at_choice = 0;
   };
   struct PageSelectState {
@@ -78,8 +83,10 @@ class ModelRunner {
   };
 
   // The model's view of a sparse sequence; `append` (may be null): this step's new tokens.
-  std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq, const kv::SparseAppend* append);
-  void plan_page_reads(PageSelectState& state, size_t stream_idx, model::SparseStream& stream, int32_t num_written);
+  std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq,
+                                                           const kv::SparseAppend* append);
+  void plan_page_reads(PageSelectState& state, size_t stream_idx, model::SparseStream& stream,
+                       int32_t num_written);
 
   const model::LlamaModel& model_;
   model::KvCache& cache_;
@@ -88,7 +95,8 @@ class ModelRunner {
   ObservationScores scores_;
   std::unordered_map<sched::SeqId, std::vector<uint8_t>> want_attention_;
   std::unordered_map<sched::SeqId, PageSelectState> page_select_;
-  std::unordered_map<sched::SeqId, size_t> step_views_;  // this step's sparse sequences' index in batch_
+  std::unordered_map<sched::SeqId, size_t>
+      step_views_;  // this step's sparse sequences' index in batch_
   model::Batch batch_;
   std::vector<model::SparseStepOutput> sparse_outputs_;  // [batch_ sequence]
   model::ForwardScratch scratch_;

@@ -333,11 +333,13 @@ SampleResult Sampler::sample(std::span<const float> logits, const SequenceTokens
   // 3. Greedy is decided on the penalised logits.
   result.token =
       params_.temperature < kGreedyTemperature ? argmax(processed) : sample_truncated(processed);
-  if (num_output < static_cast<int64_t>(params_.forced_tokens.size())) result.token = params_.forced_tokens[num_output];
+  if (num_output < static_cast<int64_t>(params_.forced_tokens.size()))
+    result.token = params_.forced_tokens[num_output];
   if (params_.logprobs) {
     const double log_sum = log_sum_exp(logits);  // of the RAW logits
     result.logprob = static_cast<float>(static_cast<double>(logits[result.token]) - log_sum);
-    const size_t count = params_.full_logprobs ? logits.size() : static_cast<size_t>(*params_.logprobs);
+    const size_t count =
+        params_.full_logprobs ? logits.size() : static_cast<size_t>(*params_.logprobs);
     if (count > 0) result.top = to_logprobs(top_ranked(logits, count), log_sum);
   }
   return result;

@@ -8,7 +8,8 @@
 
 namespace sieve::eval {
 
-sparsity::CalibrationProfile calibrate(const model::LlamaModel& model, const std::string& model_name,
+sparsity::CalibrationProfile calibrate(const model::LlamaModel& model,
+                                       const std::string& model_name,
                                        std::span<const std::vector<int32_t>> prompts,
                                        const CalibrationConfig& config) {
   const model::ModelConfig& c = model.config();
@@ -32,12 +33,12 @@ sparsity::CalibrationProfile calibrate(const model::LlamaModel& model, const std
     const int32_t rows = std::min(config.observation_rows, n);
     std::vector<int32_t> positions(static_cast<size_t>(rows));
     for (int32_t i = 0; i < rows; ++i) positions[static_cast<size_t>(i)] = n - rows + i;
-    model.observe(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(n - rows)), positions,
-                  single.block_table, single.cache, pool, scratch, scores);
+    model.observe(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(n - rows)),
+                  positions, single.block_table, single.cache, pool, scratch, scores);
     for (int64_t cell = 0; cell < num_cells; ++cell) {
-      sums[static_cast<size_t>(cell)] +=
-          sparsity::streaming_score(std::span<const float>(scores.data() + cell * n, static_cast<size_t>(n)),
-                                    config.num_sinks, config.window);
+      sums[static_cast<size_t>(cell)] += sparsity::streaming_score(
+          std::span<const float>(scores.data() + cell * n, static_cast<size_t>(n)),
+          config.num_sinks, config.window);
     }
   }
   sparsity::CalibrationProfile profile{
@@ -45,10 +46,13 @@ sparsity::CalibrationProfile calibrate(const model::LlamaModel& model, const std
       .model_fingerprint = model.fingerprint(),
       .num_layers = c.num_layers,
       .num_kv_heads = c.num_kv_heads,
-      .method = fmt::format("streaming_score: attention mass of the last {} rows on the first {} and last {} tokens",
-                            config.observation_rows, config.num_sinks, config.window),
+      .method = fmt::format(
+          "streaming_score: attention mass of the last {} rows on the first {} and last {} tokens",
+          config.observation_rows, config.num_sinks, config.window),
       .num_samples = static_cast<int64_t>(prompts.size())};
-  for (double sum : sums) profile.streaming_scores.push_back(std::clamp(sum / static_cast<double>(prompts.size()), 0.0, 1.0));
+  for (double sum : sums)
+    profile.streaming_scores.push_back(
+        std::clamp(sum / static_cast<double>(prompts.size()), 0.0, 1.0));
   sparsity::validate(profile);
   return profile;
 }

@@ -24,7 +24,8 @@ struct CalibrationConfig {
 };
 
 // prompts: token ids, each at least 2 tokens and shorter than the context. Throws sieve::Error.
-sparsity::CalibrationProfile calibrate(const model::LlamaModel& model, const std::string& model_name,
+sparsity::CalibrationProfile calibrate(const model::LlamaModel& model,
+                                       const std::string& model_name,
                                        std::span<const std::vector<int32_t>> prompts,
                                        const CalibrationConfig& config);
 

@@ -20,7 +20,8 @@ GreedyRun run_greedy(const model::LlamaModel& model, std::span<const int32_t> pr
   return run;
 }
 
-ModelAgreement compare_models(const model::LlamaModel& reference, const model::LlamaModel& candidate,
+ModelAgreement compare_models(const model::LlamaModel& reference,
+                              const model::LlamaModel& candidate,
                               const std::vector<std::vector<int32_t>>& prompts, int32_t num_tokens,
                               ThreadPool& pool) {
   ModelAgreement agreement;
@@ -28,14 +29,16 @@ ModelAgreement compare_models(const model::LlamaModel& reference, const model::L
   for (const std::vector<int32_t>& prompt : prompts) {
     GreedyRun ref = run_greedy(reference, prompt, num_tokens, pool);
     GreedyRun own = run_greedy(candidate, prompt, num_tokens, pool);
-    for (size_t i = 0; i < ref.tokens.size() && i < own.tokens.size() && ref.tokens[i] == own.tokens[i]; ++i) {
+    for (size_t i = 0;
+         i < ref.tokens.size() && i < own.tokens.size() && ref.tokens[i] == own.tokens[i]; ++i) {
       ++agreement.free_run_tokens;
     }
     agreement.free_run_total += static_cast<int64_t>(ref.tokens.size());
 
     // Teacher-forced: the candidate sees the reference's tokens, one batch for all steps.
     std::vector<int32_t> sequence = prompt;
-    sequence.insert(sequence.end(), ref.tokens.begin(), ref.tokens.end() - (ref.tokens.empty() ? 0 : 1));
+    sequence.insert(sequence.end(), ref.tokens.begin(),
+                    ref.tokens.end() - (ref.tokens.empty() ? 0 : 1));
     auto [cache, block_table] =
         model::KvCache::for_one_sequence(candidate.config(), static_cast<int32_t>(sequence.size()));
     model::ForwardScratch scratch;
@@ -52,8 +55,8 @@ ModelAgreement compare_models(const model::LlamaModel& reference, const model::L
       agreement.top1_matches += engine::argmax(got) == ref.tokens[step];
       ++agreement.steps;
       for (int64_t v = 0; v < vocab; ++v) {
-        agreement.max_abs_logit_error =
-            std::max(agreement.max_abs_logit_error, std::fabs(static_cast<double>(want[v]) - got[v]));
+        agreement.max_abs_logit_error = std::max(agreement.max_abs_logit_error,
+                                                 std::fabs(static_cast<double>(want[v]) - got[v]));
       }
     }
   }

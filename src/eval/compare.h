@@ -15,9 +15,9 @@ class ThreadPool;
 namespace sieve::eval {
 
 struct ModelAgreement {
-  int64_t steps = 0;                 // predictions compared (over all prompts)
-  int64_t top1_matches = 0;          // candidate argmax == reference argmax, same context
-  int64_t free_run_tokens = 0;       // tokens the candidate generates identically on its own
+  int64_t steps = 0;            // predictions compared (over all prompts)
+  int64_t top1_matches = 0;     // candidate argmax == reference argmax, same context
+  int64_t free_run_tokens = 0;  // tokens the candidate generates identically on its own
   int64_t free_run_total = 0;
   double max_abs_logit_error = 0.0;  // over every compared vocabulary entry
   double top1_agreement() const { return steps ? static_cast<double>(top1_matches) / steps : 0.0; }
@@ -26,7 +26,8 @@ struct ModelAgreement {
   }
 };
 
-ModelAgreement compare_models(const model::LlamaModel& reference, const model::LlamaModel& candidate,
+ModelAgreement compare_models(const model::LlamaModel& reference,
+                              const model::LlamaModel& candidate,
                               const std::vector<std::vector<int32_t>>& prompts, int32_t num_tokens,
                               ThreadPool& pool);
 

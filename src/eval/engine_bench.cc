@@ -31,7 +31,8 @@ int32_t pages_for_tokens(int64_t tokens, int32_t page_size) {
   return static_cast<int32_t>((tokens + page_size - 1) / page_size);
 }
 
-engine::EngineConfig engine_config(const EngineBenchConfig& config, int32_t pages_needed, int32_t max_num_seqs) {
+engine::EngineConfig engine_config(const EngineBenchConfig& config, int32_t pages_needed,
+                                   int32_t max_num_seqs) {
   engine::EngineConfig ec;
   ec.page_size = config.page_size;
   ec.max_batch_tokens = config.max_batch_tokens;
@@ -68,7 +69,8 @@ struct Finished {
 
 engine::RequestId submit_or_fail(engine::Engine& engine, engine::Request request, Finished& slot) {
   auto submitted = engine.submit(std::move(request), [&slot](const engine::RequestEvent& event) {
-    if (!event.tokens.empty()) slot.token_times.insert(slot.token_times.end(), event.tokens.size(), Clock::now());
+    if (!event.tokens.empty())
+      slot.token_times.insert(slot.token_times.end(), event.tokens.size(), Clock::now());
     if (!event.finish) return;
     slot.done = true;
     slot.error = event.error;
@@ -99,7 +101,8 @@ void check_config(const EngineBenchConfig& config) {
     if (d < 0) fail("--depths values must be >= 0 (got {})", d);
   }
   if (config.depth_policies.empty()) fail("give at least one --kv-policy");
-  for (const std::string& policy : config.depth_policies) (void)sparsity::parse_policy(policy);  // names the problem
+  for (const std::string& policy : config.depth_policies)
+    (void)sparsity::parse_policy(policy);  // names the problem
 }
 
 }  // namespace
@@ -122,20 +125,23 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
   check_config(config);
   const int64_t vocab = model->config().vocab_size;
   const int32_t pages_needed =
-      concurrency * pages_for_tokens(int64_t{config.prompt_tokens} + config.output_tokens, config.page_size);
+      concurrency *
+      pages_for_tokens(int64_t{config.prompt_tokens} + config.output_tokens, config.page_size);
   engine::Engine engine(engine_config(config, pages_needed, concurrency), model, tokenizer);
 
   // Prompts are built before the clock starts.
   std::vector<engine::Request> requests(concurrency);
   for (int32_t i = 0; i < concurrency; ++i) {
     // Offset the indices by the concurrency so that no two points share prompts either.
-    requests[i].prompt = bench_prompt(vocab, config.prompt_tokens, (uint64_t{1} << 32) * concurrency + i);
+    requests[i].prompt =
+        bench_prompt(vocab, config.prompt_tokens, (uint64_t{1} << 32) * concurrency + i);
     requests[i].params = bench_params(config.output_tokens);
   }
   std::vector<Finished> finished(concurrency);
 
   const auto start = Clock::now();
-  for (int32_t i = 0; i < concurrency; ++i) submit_or_fail(engine, std::move(requests[i]), finished[i]);
+  for (int32_t i = 0; i < concurrency; ++i)
+    submit_or_fail(engine, std::move(requests[i]), finished[i]);
   engine.run_until_idle();
   const double wall = seconds_between(start, Clock::now());
 
@@ -151,7 +157,8 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
     point.generated_tokens += f.usage.completion_tokens;
     ttft_sum += f.timings.first_token_seconds;
     if (f.usage.completion_tokens > 1) {
-      tpot_sum += (f.timings.total_seconds - f.timings.first_token_seconds) / (f.usage.completion_tokens - 1);
+      tpot_sum += (f.timings.total_seconds - f.timings.first_token_seconds) /
+                  (f.usage.completion_tokens - 1);
       ++tpot_count;
     }
   }
@@ -168,8 +175,9 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
     last = std::max(last, f.token_times.back());
   }
   for (const Finished& f : finished) {
-    point.decode_phase_tokens += std::count_if(f.token_times.begin(), f.token_times.end(),
-                                               [&](Clock::time_point t) { return t > all_started; });
+    point.decode_phase_tokens +=
+        std::count_if(f.token_times.begin(), f.token_times.end(),
+                      [&](Clock::time_point t) { return t > all_started; });
   }
   point.decode_phase_seconds = seconds_between(all_started, last);
   point.decode_phase_tokens_per_s =
@@ -182,19 +190,22 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
 
 DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
-                         const EngineBenchConfig& config, int32_t depth, const std::string& policy) {
+                         const EngineBenchConfig& config, int32_t depth,
+                         const std::string& policy) {
   check_config(config);
   const int64_t vocab = model->config().vocab_size;
   const int32_t prompt_len = std::max(1, depth);
   const int32_t max_tokens = config.depth_decode_tokens + 1;
   const int64_t context = model->config().context_length;
   if (prompt_len + int64_t{max_tokens} > context) {
-    fail("depth {} + {} tokens exceeds the model's context of {} tokens", prompt_len, max_tokens, context);
+    fail("depth {} + {} tokens exceeds the model's context of {} tokens", prompt_len, max_tokens,
+         context);
   }
   // A sparse policy may briefly hold a chunk's dense pages and their compressed copy, and its
   // streams may start mid-slice: a chunk and a few pages more than dense.
-  const int32_t pages_needed = pages_for_tokens(int64_t{prompt_len} + max_tokens, config.page_size) +
-                               pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
+  const int32_t pages_needed =
+      pages_for_tokens(int64_t{prompt_len} + max_tokens, config.page_size) +
+      pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
   engine::Engine engine(engine_config(config, pages_needed, 1), model, tokenizer);
 
   engine::Request request{.prompt = bench_prompt(vocab, prompt_len, (uint64_t{1} << 48) + depth),
@@ -211,8 +222,9 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
   point.policy = sparsity::to_string(request_policy);
   point.kv_pages = finished.usage.kv_pages;
   point.kv_dense_pages = finished.usage.kv_dense_pages;
-  point.kv_bytes = uint64_t{static_cast<uint32_t>(point.kv_pages)} *
-                   model::KvCache::bytes_per_page(model->config(), config.page_size, config.kv_dtype);
+  point.kv_bytes =
+      uint64_t{static_cast<uint32_t>(point.kv_pages)} *
+      model::KvCache::bytes_per_page(model->config(), config.page_size, config.kv_dtype);
   point.prompt_tokens = prompt_len;
   point.num_kv_pages = engine.config().num_kv_pages;
   // Submit to the first sampled token: the whole (chunked) prefill of the prompt.
@@ -222,10 +234,12 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
   if (ts.size() >= 2) {
     point.decode_tokens = static_cast<int32_t>(ts.size() - 1);
     point.decode_seconds = ts.back() - ts.front();
-    point.decode_tokens_per_s = point.decode_seconds > 0 ? point.decode_tokens / point.decode_seconds : 0.0;
+    point.decode_tokens_per_s =
+        point.decode_seconds > 0 ? point.decode_tokens / point.decode_seconds : 0.0;
     std::vector<double> gaps;
     for (size_t i = 1; i < ts.size(); ++i) gaps.push_back(ts[i] - ts[i - 1]);
-    std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2), gaps.end());
+    std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2),
+                     gaps.end());
     point.itl_p50_seconds = gaps[gaps.size() / 2];
   }
   point.steps = engine.stats().num_steps;
@@ -234,13 +248,15 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
 
 EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel>& model,
                                    const std::shared_ptr<const tok::Tokenizer>& tokenizer,
-                                   const EngineBenchConfig& config, const EngineBenchProgress& progress) {
+                                   const EngineBenchConfig& config,
+                                   const EngineBenchProgress& progress) {
   check_config(config);
   // Fail before minutes of measuring, not after.
   const int64_t context = model->config().context_length;
   for (int32_t d : config.depths) {
     if (std::max(1, d) + int64_t{config.depth_decode_tokens} + 1 > context) {
-      fail("depth {} + {} tokens exceeds the model's context of {} tokens", d, config.depth_decode_tokens + 1, context);
+      fail("depth {} + {} tokens exceeds the model's context of {} tokens", d,
+           config.depth_decode_tokens + 1, context);
     }
   }
   if (int64_t{config.prompt_tokens} + config.output_tokens > context) {
@@ -248,8 +264,9 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel
          int64_t{config.prompt_tokens} + config.output_tokens, context);
   }
   EngineBenchResult result;
-  result.threads = config.threads > 0 ? config.threads
-                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  result.threads = config.threads > 0
+                       ? config.threads
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   // The references are the C=1 and depth-0 points, measured first when listed so the progress
   // callbacks can already show the ratios.
@@ -279,8 +296,10 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel
     for (const std::string& policy : config.depth_policies) {
       DepthPoint point = measure_depth(model, tokenizer, config, d, policy);
       if (!baseline) baseline = point;
-      if (baseline->decode_tokens_per_s > 0) point.ratio_vs_baseline = point.decode_tokens_per_s / baseline->decode_tokens_per_s;
-      if (point.itl_p50_seconds > 0) point.itl_ratio_vs_baseline = baseline->itl_p50_seconds / point.itl_p50_seconds;
+      if (baseline->decode_tokens_per_s > 0)
+        point.ratio_vs_baseline = point.decode_tokens_per_s / baseline->decode_tokens_per_s;
+      if (point.itl_p50_seconds > 0)
+        point.itl_ratio_vs_baseline = baseline->itl_p50_seconds / point.itl_p50_seconds;
       if (d == 0 && !d0) d0 = point.decode_tokens_per_s;
       if (d0 && *d0 > 0) point.ratio_vs_depth0 = point.decode_tokens_per_s / *d0;
       if (progress.on_depth) progress.on_depth(point);

@@ -26,7 +26,8 @@ struct EngineBenchConfig {
   std::vector<int32_t> concurrency = {1, 4, 16, 64};
   std::vector<int32_t> depths = {0, 2048, 8192, 16384};
   int32_t depth_decode_tokens = 32;
-  std::vector<std::string> depth_policies = {"full"};  // kv_policy strings; the first is the baseline
+  std::vector<std::string> depth_policies = {
+      "full"};                              // kv_policy strings; the first is the baseline
   std::optional<uint64_t> kv_memory_bytes;  // nullopt: exactly enough pages for each point
   int32_t max_batch_tokens = 512;
   int32_t page_size = 16;
@@ -37,13 +38,13 @@ struct EngineBenchConfig {
 struct ConcurrencyPoint {
   int32_t concurrency = 0;
   int32_t num_kv_pages = 0;
-  int64_t prompt_tokens = 0;      // over all requests
-  int64_t generated_tokens = 0;   // over all requests
-  double wall_seconds = 0.0;      // first submit to idle
+  int64_t prompt_tokens = 0;     // over all requests
+  int64_t generated_tokens = 0;  // over all requests
+  double wall_seconds = 0.0;     // first submit to idle
   double generated_tokens_per_s = 0.0;
   double total_tokens_per_s = 0.0;  // (prompt + generated) / wall
   double mean_ttft_seconds = 0.0;
-  double mean_tpot_seconds = 0.0;   // mean over requests of (total - ttft) / (completion - 1)
+  double mean_tpot_seconds = 0.0;  // mean over requests of (total - ttft) / (completion - 1)
   // Steady decode: tokens sampled after the last request's first token, over the time from
   // then to the last token (all C sequences in the cache, one token each per step).
   int64_t decode_phase_tokens = 0;
@@ -51,23 +52,23 @@ struct ConcurrencyPoint {
   double decode_phase_tokens_per_s = 0.0;
   int64_t steps = 0;
   int64_t preemptions = 0;
-  double speedup_vs_c1 = 0.0;       // generated tok/s / the C=1 figure (0 when no C=1 point)
+  double speedup_vs_c1 = 0.0;  // generated tok/s / the C=1 figure (0 when no C=1 point)
 };
 
 struct DepthPoint {
-  int32_t depth = 0;             // as asked (0: a 1-token prompt)
-  std::string policy;            // kv_policy, canonical
-  int32_t kv_pages = 0;          // KV pages the sequence held at its end
-  int32_t kv_dense_pages = 0;    // what its tokens take dense
-  uint64_t kv_bytes = 0;         // kv_pages in bytes
-  double ratio_vs_baseline = 0.0;  // decode tok/s / the first policy's at this depth
+  int32_t depth = 0;                   // as asked (0: a 1-token prompt)
+  std::string policy;                  // kv_policy, canonical
+  int32_t kv_pages = 0;                // KV pages the sequence held at its end
+  int32_t kv_dense_pages = 0;          // what its tokens take dense
+  uint64_t kv_bytes = 0;               // kv_pages in bytes
+  double ratio_vs_baseline = 0.0;      // decode tok/s / the first policy's at this depth
   double itl_ratio_vs_baseline = 0.0;  // the first policy's ITL p50 / this one's
-  int32_t prompt_tokens = 0;     // as run
+  int32_t prompt_tokens = 0;           // as run
   int32_t num_kv_pages = 0;
-  double prompt_seconds = 0.0;   // submit to first token: the chunked prefill
+  double prompt_seconds = 0.0;  // submit to first token: the chunked prefill
   double prompt_tokens_per_s = 0.0;
-  int32_t decode_tokens = 0;     // tokens after the first
-  double decode_seconds = 0.0;   // first token to last
+  int32_t decode_tokens = 0;    // tokens after the first
+  double decode_seconds = 0.0;  // first token to last
   double decode_tokens_per_s = 0.0;
   // Median time between two decode tokens: steady decode, without one-off work such as a
   // sparse policy's compression right after the first token (which the mean above includes).
@@ -91,7 +92,8 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
                                      const EngineBenchConfig& config, int32_t concurrency);
 DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
-                         const EngineBenchConfig& config, int32_t depth, const std::string& policy = "full");
+                         const EngineBenchConfig& config, int32_t depth,
+                         const std::string& policy = "full");
 
 // Both tables; `on_point` (optional) is called after each point, e.g. to print progress.
 struct EngineBenchProgress {
@@ -100,6 +102,7 @@ struct EngineBenchProgress {
 };
 EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel>& model,
                                    const std::shared_ptr<const tok::Tokenizer>& tokenizer,
-                                   const EngineBenchConfig& config, const EngineBenchProgress& progress = {});
+                                   const EngineBenchConfig& config,
+                                   const EngineBenchProgress& progress = {});
 
 }  // namespace sieve::eval

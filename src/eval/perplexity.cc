@@ -14,7 +14,8 @@ PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int3
                             const std::function<void(const PerplexityResult&)>& on_chunk) {
   const model::ModelConfig& config = model.config();
   if (context < 4 || context > config.context_length) {
-    fail("perplexity context {} must be in [4, {}] (the model's context)", context, config.context_length);
+    fail("perplexity context {} must be in [4, {}] (the model's context)", context,
+         config.context_length);
   }
   PerplexityResult result;
   result.context = context;
@@ -23,7 +24,8 @@ PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int3
     fail("the text has {} tokens, fewer than one chunk of {}", tokens.size(), context);
   }
   const auto start = std::chrono::steady_clock::now();
-  auto [cache, block_table] = model::KvCache::for_one_sequence(config, static_cast<int32_t>(context));
+  auto [cache, block_table] =
+      model::KvCache::for_one_sequence(config, static_cast<int32_t>(context));
   model::ForwardScratch scratch;
   std::vector<float> logits;
   const int64_t first_scored = context / 2;  // logits at first_scored predict token first_scored+1
@@ -39,7 +41,8 @@ PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int3
     }
     model.forward(batch, cache, pool, scratch, logits);
     for (int64_t j = first_scored; j <= context - 2; ++j) {
-      std::span<const float> row(&logits[(j - first_scored) * config.vocab_size], config.vocab_size);
+      std::span<const float> row(&logits[(j - first_scored) * config.vocab_size],
+                                 config.vocab_size);
       const double nll = -engine::token_logprob(row, window[j + 1]);
       sum_nll += nll;
       sum_nll2 += nll * nll;
@@ -52,7 +55,8 @@ PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int3
   result.mean_nll = sum_nll / count;
   result.ppl = std::exp(result.mean_nll);
   const double variance = sum_nll2 / count - result.mean_nll * result.mean_nll;
-  result.ppl_stderr = count > 1 ? result.ppl * std::sqrt(std::max(0.0, variance) / (count - 1)) : 0.0;
+  result.ppl_stderr =
+      count > 1 ? result.ppl * std::sqrt(std::max(0.0, variance) / (count - 1)) : 0.0;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

@@ -34,21 +34,24 @@ struct Result {
   std::optional<std::string> error;
 };
 
-std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos, const SparsityEvalConfig& c) {
+std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
+                             const SparsityEvalConfig& c) {
   const int64_t segment = c.prompt_tokens + c.continuation_tokens;
   const int64_t needed = 2 * c.num_prompts * segment + c.retrieval_span;
   if (static_cast<int64_t>(text.size()) < needed) {
-    fail("the text has {} tokens; {} prompts of {} + {} tokens need {}", text.size(), c.num_prompts, c.prompt_tokens,
-         c.continuation_tokens, needed);
+    fail("the text has {} tokens; {} prompts of {} + {} tokens need {}", text.size(), c.num_prompts,
+         c.prompt_tokens, c.continuation_tokens, needed);
   }
-  if (c.retrieval_cue <= 0 || c.retrieval_cue >= c.retrieval_span) fail("the retrieval cue must be shorter than the span");
+  if (c.retrieval_cue <= 0 || c.retrieval_cue >= c.retrieval_span)
+    fail("the retrieval cue must be shorter than the span");
   std::vector<Case> cases;
   for (int32_t i = 0; i < c.num_prompts; ++i) {
     const auto begin = text.begin() + i * segment;
     Case lm{.max_tokens = c.continuation_tokens};
     lm.prompt.push_back(bos);
     lm.prompt.insert(lm.prompt.end(), begin, begin + (c.prompt_tokens - 1));
-    lm.forced.assign(begin + (c.prompt_tokens - 1), begin + (c.prompt_tokens - 1 + c.continuation_tokens));
+    lm.forced.assign(begin + (c.prompt_tokens - 1),
+                     begin + (c.prompt_tokens - 1 + c.continuation_tokens));
     cases.push_back(std::move(lm));
 
     // Retrieval: the span, then filler from elsewhere in the text; the cue comes after compression.
@@ -65,19 +68,28 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos, cons
   return cases;
 }
 
-std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
-                              const std::vector<Case>& cases, const std::vector<std::string>& policies, int threads,
+std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model,
+                              std::shared_ptr<const tok::Tokenizer> tokenizer,
+                              const std::vector<Case>& cases,
+                              const std::vector<std::string>& policies, int threads,
                               std::shared_ptr<const sparsity::CalibrationProfile> calibration) {
   int64_t pages = 0;
-  for (const Case& c : cases) pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / kPageSize + 2;
-  engine::Engine engine({.num_kv_pages = static_cast<int32_t>(2 * pages), .page_size = kPageSize, .max_batch_tokens = 512,
-                         .max_num_seqs = 256, .max_queued = 4096, .enable_prefix_caching = false, .threads = threads,
+  for (const Case& c : cases)
+    pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / kPageSize + 2;
+  engine::Engine engine({.num_kv_pages = static_cast<int32_t>(2 * pages),
+                         .page_size = kPageSize,
+                         .max_batch_tokens = 512,
+                         .max_num_seqs = 256,
+                         .max_queued = 4096,
+                         .enable_prefix_caching = false,
+                         .threads = threads,
                          .calibration = std::move(calibration)},
                         std::move(model), std::move(tokenizer));
   std::vector<Result> results(cases.size());
   std::map<engine::RequestId, size_t> index;
   for (size_t i = 0; i < cases.size(); ++i) {
-    engine::Request request{.prompt = cases[i].prompt, .kv_policy = sparsity::parse_policy(policies[i])};
+    engine::Request request{.prompt = cases[i].prompt,
+                            .kv_policy = sparsity::parse_policy(policies[i])};
     request.params.max_tokens = cases[i].max_tokens;
     request.params.ignore_eos = true;
     request.params.forced_tokens = cases[i].forced;
@@ -85,13 +97,14 @@ std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model, st
       request.params.logprobs = 0;
       request.params.full_logprobs = true;
     }
-    auto submitted = engine.submit(std::move(request), [&results, &index](const engine::RequestEvent& event) {
-      Result& r = results[index.at(event.request_id)];
-      r.tokens.insert(r.tokens.end(), event.tokens.begin(), event.tokens.end());
-      r.steps.insert(r.steps.end(), event.logprobs.begin(), event.logprobs.end());
-      if (event.finish) r.usage = event.usage;
-      if (event.error) r.error = event.error;
-    });
+    auto submitted =
+        engine.submit(std::move(request), [&results, &index](const engine::RequestEvent& event) {
+          Result& r = results[index.at(event.request_id)];
+          r.tokens.insert(r.tokens.end(), event.tokens.begin(), event.tokens.end());
+          r.steps.insert(r.steps.end(), event.logprobs.begin(), event.logprobs.end());
+          if (event.finish) r.usage = event.usage;
+          if (event.error) r.error = event.error;
+        });
     if (const auto* rejection = std::get_if<engine::AdmissionError>(&submitted)) {
       fail("policy '{}' refused: {}", policies[i], rejection->message);
     }
@@ -113,37 +126,45 @@ std::vector<double> distribution(const engine::SampleResult& step, size_t vocab)
 
 }  // namespace
 
-std::string policy_for_budget(const std::string& family, double budget, int32_t prompt_len, int32_t window) {
-  const int32_t keep = std::max<int32_t>(2 * window, static_cast<int32_t>(std::lround(budget * prompt_len)));
+std::string policy_for_budget(const std::string& family, double budget, int32_t prompt_len,
+                              int32_t window) {
+  const int32_t keep =
+      std::max<int32_t>(2 * window, static_cast<int32_t>(std::lround(budget * prompt_len)));
   if (family == "full") return "full";
   if (family == "streaming") return fmt::format("streaming:S=4,W={}", keep - 4);
   if (family == "snapkv") return fmt::format("snapkv:B={},W={}", keep - window, window);
   if (family == "pyramidkv") return fmt::format("pyramidkv:B={},W={}", keep - window, window);
   if (family == "adakv") return fmt::format("adakv:B={},W={}", keep - window, window);
-  if (family == "layerwise") return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
+  if (family == "layerwise")
+    return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
   if (family == "h2o") return fmt::format("h2o:B={},W={}", keep - window, window);
   // Quest reads K whole pages (of the eval engine's page size) per decode step.
   const int32_t pages = std::max(2, (keep + kPageSize - 1) / kPageSize);
   if (family == "quest") return fmt::format("quest:K={},R=1,S=4,W={}", pages, window);
   if (family == "lserve") return fmt::format("lserve:K={},R=4,S=4,W={},f=0.5", pages, keep - 4);
   if (family == "fastgen") fail("fastgen takes a threshold, not a budget (fastgen_policy)");
-  fail("unknown policy family '{}' (streaming, snapkv, pyramidkv, adakv, layerwise, h2o, fastgen, quest, lserve)", family);
+  fail(
+      "unknown policy family '{}' (streaming, snapkv, pyramidkv, adakv, layerwise, h2o, fastgen, "
+      "quest, lserve)",
+      family);
 }
 
 std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window) {
   return fmt::format("fastgen:T={},W={},F=0.1", threshold, std::max(2 * window, prompt_len / 8));
 }
 
-std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::LlamaModel> model,
-                                              std::shared_ptr<const tok::Tokenizer> tokenizer, const std::string& text,
-                                              const SparsityEvalConfig& config,
-                                              const std::function<void(const PolicyFidelity&)>& on_result) {
+std::vector<PolicyFidelity> run_sparsity_eval(
+    std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+    const std::string& text, const SparsityEvalConfig& config,
+    const std::function<void(const PolicyFidelity&)>& on_result) {
   const tok::Vocab& vocab = tokenizer->vocab();
   if (!vocab.bos) fail("the model's vocabulary has no BOS token");
-  const std::vector<TokenId> tokens = tokenizer->encode(text, {.add_special = false, .parse_special = false});
+  const std::vector<TokenId> tokens =
+      tokenizer->encode(text, {.add_special = false, .parse_special = false});
   const std::vector<Case> cases = make_cases(tokens, *vocab.bos, config);
   const size_t vocab_size = vocab.size();
-  if (!config.calibration && std::find(config.families.begin(), config.families.end(), "lserve") != config.families.end()) {
+  if (!config.calibration && std::find(config.families.begin(), config.families.end(), "lserve") !=
+                                 config.families.end()) {
     fail("lserve needs a calibration profile (--calibration FILE, written by `sieve calibrate`)");
   }
 
@@ -151,15 +172,19 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
     std::vector<std::string> policies;
     for (const Case& c : cases) {
       const auto prompt_len = static_cast<int32_t>(c.prompt.size());
-      policies.push_back(family == "fastgen" ? fastgen_policy(budget, prompt_len, config.observation_window)
-                                             : policy_for_budget(family, budget, prompt_len, config.observation_window));
+      policies.push_back(
+          family == "fastgen"
+              ? fastgen_policy(budget, prompt_len, config.observation_window)
+              : policy_for_budget(family, budget, prompt_len, config.observation_window));
     }
-    return std::make_pair(policies, run_cases(model, tokenizer, cases, policies, config.threads, config.calibration));
+    return std::make_pair(
+        policies, run_cases(model, tokenizer, cases, policies, config.threads, config.calibration));
   };
 
   std::vector<PolicyFidelity> out;
   const auto [dense_policies, dense] = evaluate("full", 1.0);
-  auto summarize = [&](const std::string& family, double budget, const std::vector<std::string>& policies,
+  auto summarize = [&](const std::string& family, double budget,
+                       const std::vector<std::string>& policies,
                        const std::vector<Result>& results) {
     PolicyFidelity f{.family = family, .budget = budget, .spec = policies[0]};
     double kept = 0, agree = 0, kl = 0, nll = 0, retrieved = 0, dense_retrieved = 0, recovery = 0;
@@ -181,14 +206,17 @@ std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::Llama
         recovery += *r.usage.attention_recovery;
         ++num_recovery;
       }
-      kept += r.usage.kv_dense_pages > 0 ? static_cast<double>(r.usage.kv_pages) / r.usage.kv_dense_pages : 1.0;
+      kept += r.usage.kv_dense_pages > 0
+                  ? static_cast<double>(r.usage.kv_pages) / r.usage.kv_dense_pages
+                  : 1.0;
       for (size_t j = 0; j < r.steps.size() && j < dense[i].steps.size(); ++j) {
         const std::vector<double> p = distribution(dense[i].steps[j], vocab_size);
         const std::vector<double> q = distribution(r.steps[j], vocab_size);
         agree += dense[i].steps[j].top.front().id == r.steps[j].top.front().id;
         double d = 0;
         for (size_t v = 0; v < vocab_size; ++v) {
-          if (std::isfinite(p[v]) && p[v] > -50) d += std::exp(p[v]) * (p[v] - std::max(q[v], -1e4));
+          if (std::isfinite(p[v]) && p[v] > -50)
+            d += std::exp(p[v]) * (p[v] - std::max(q[v], -1e4));
         }
         kl += d;
         nll -= r.steps[j].logprob.value_or(0.0f);
@@ -234,16 +262,18 @@ std::string fidelity_svg(const std::vector<PolicyFidelity>& results, const std::
       }
       it = families.end() - 1;
     }
-    lines[static_cast<size_t>(it - families.begin())].points.emplace_back(r.kv_kept, r.top1_agreement);
+    lines[static_cast<size_t>(it - families.begin())].points.emplace_back(r.kv_kept,
+                                                                          r.top1_agreement);
   }
   for (svg::Line& line : lines) std::sort(line.points.begin(), line.points.end());
-  const double height = std::max(svg::kPanelHeight + 40, svg::kTop + 60 + 20.0 * static_cast<double>(families.size()));
+  const double height = std::max(svg::kPanelHeight + 40,
+                                 svg::kTop + 60 + 20.0 * static_cast<double>(families.size()));
   std::string out = svg::document_begin(svg::kPanelWidth + 160, height, title);
   out += svg::panel(0, 30, "top-1 agreement vs KV kept", "KV kept (fraction of dense pages)",
                     "top-1 agreement with dense", lines, false);
   for (size_t f = 0; f < families.size(); ++f) {
-    out += svg::legend_entry(svg::kPanelWidth + 10, 30 + svg::kTop + 20.0 * static_cast<double>(f), lines[f].colour,
-                             families[f]);
+    out += svg::legend_entry(svg::kPanelWidth + 10, 30 + svg::kTop + 20.0 * static_cast<double>(f),
+                             lines[f].colour, families[f]);
   }
   out += "</svg>\n";
   return out;

@@ -31,7 +31,8 @@ namespace sieve::eval {
 struct SparsityEvalConfig {
   // lserve needs `calibration`; quest and lserve read about budget * prompt tokens per step
   // (whole pages) but keep every key of their dynamic heads.
-  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv", "adakv", "layerwise", "fastgen", "quest"};
+  std::vector<std::string> families = {"streaming", "h2o",       "snapkv",  "pyramidkv",
+                                       "adakv",     "layerwise", "fastgen", "quest"};
   std::vector<double> budgets = {0.5, 0.25, 0.125};  // kept tokens per head / prompt tokens
   std::vector<double> fastgen_thresholds = {0.02, 0.05, 0.1, 0.2};  // T, in place of budgets
   int32_t num_prompts = 8;
@@ -59,17 +60,18 @@ struct PolicyFidelity {
 };
 
 // The policy string of `family` keeping about budget * prompt_len tokens per KV head.
-std::string policy_for_budget(const std::string& family, double budget, int32_t prompt_len, int32_t window);
+std::string policy_for_budget(const std::string& family, double budget, int32_t prompt_len,
+                              int32_t window);
 // FastGen at threshold T: local window (also its profiling rows) prompt_len / 8 (at least
 // 2 * window), frequent set 10% of the prompt.
 std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window);
 
 // `text`: the source of prompts and continuations (consecutive segments). Progress lines go to
 // `on_result` as each setting finishes. The first result is the dense baseline.
-std::vector<PolicyFidelity> run_sparsity_eval(std::shared_ptr<const model::LlamaModel> model,
-                                              std::shared_ptr<const tok::Tokenizer> tokenizer, const std::string& text,
-                                              const SparsityEvalConfig& config,
-                                              const std::function<void(const PolicyFidelity&)>& on_result = {});
+std::vector<PolicyFidelity> run_sparsity_eval(
+    std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+    const std::string& text, const SparsityEvalConfig& config,
+    const std::function<void(const PolicyFidelity&)>& on_result = {});
 
 // An SVG line plot: top-1 agreement (and retrieval) against KV kept, one line per family.
 std::string fidelity_svg(const std::vector<PolicyFidelity>& results, const std::string& title);

@@ -43,7 +43,9 @@ int64_t sparse_peak_pages(const SparsePeakQuery& query) {
   }
   const int64_t slices_per_page = shape.slices_per_page();
   const int64_t leave_dense =
-      dense == 0 ? 0 : ceil_div(dense, page_size) + (query.in_place ? 0 : ceil_div(copy_slices, slices_per_page));
+      dense == 0 ? 0
+                 : ceil_div(dense, page_size) +
+                       (query.in_place ? 0 : ceil_div(copy_slices, slices_per_page));
   return std::max(leave_dense, ceil_div(sparse_slices, slices_per_page) + 1);
 }
 

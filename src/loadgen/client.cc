@@ -36,7 +36,8 @@ std::string error_message(std::string_view body) {
     if (j.contains("error")) {
       const nlohmann::json& e = j["error"];
       if (e.is_string()) return e.get<std::string>();
-      if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
+      if (e.is_object() && e.contains("message") && e["message"].is_string())
+        return e["message"].get<std::string>();
     }
     if (j.contains("detail") && j["detail"].is_string()) return j["detail"].get<std::string>();
     if (j.contains("message") && j["message"].is_string()) return j["message"].get<std::string>();
@@ -108,7 +109,8 @@ class StreamReader {
         record_.prompt_tokens = usage["prompt_tokens"].get<int64_t>();
       }
     }
-    if (!chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty()) return true;
+    if (!chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty())
+      return true;
     const nlohmann::json& choice = chunk["choices"][0];
     if (!choice.is_object()) return true;
     std::string text;
@@ -153,12 +155,14 @@ std::string transport_error(httplib::Error error, const ServerUrl& url, const Cl
                             double elapsed_s, bool got_response) {
   switch (error) {
     case httplib::Error::Connection:
-      return fmt::format("cannot connect to {} (connection refused or host unreachable)", url.origin());
+      return fmt::format("cannot connect to {} (connection refused or host unreachable)",
+                         url.origin());
     case httplib::Error::ConnectionTimeout:
       return fmt::format("timed out connecting to {}", url.origin());
     case httplib::Error::Read:
       if (elapsed_s >= 0.99 * config.timeout_s) {
-        return fmt::format("timed out after {:.0f} s without data from the server (--timeout)", config.timeout_s);
+        return fmt::format("timed out after {:.0f} s without data from the server (--timeout)",
+                           config.timeout_s);
       }
       // Also what a burst of connects beyond a server's listen backlog looks like (cpp-httplib
       // servers listen with a backlog of 5): dropped, retried by TCP a second later, then reset.
@@ -180,10 +184,12 @@ std::string transport_error(httplib::Error error, const ServerUrl& url, const Cl
 std::string ServerUrl::origin() const { return fmt::format("{}://{}:{}", scheme, host, port); }
 
 ServerUrl parse_base_url(const std::string& url) {
-  static const std::regex kUrl(R"(^(https?)://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._~%-]+)(?::([0-9]{1,5}))?(/[^?#]*)?$)");
+  static const std::regex kUrl(
+      R"(^(https?)://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._~%-]+)(?::([0-9]{1,5}))?(/[^?#]*)?$)");
   std::smatch match;
   if (!std::regex_match(url, match, kUrl)) {
-    fail("bad --base-url '{}': expected http://HOST[:PORT][/PATH], e.g. http://127.0.0.1:8080", url);
+    fail("bad --base-url '{}': expected http://HOST[:PORT][/PATH], e.g. http://127.0.0.1:8080",
+         url);
   }
   ServerUrl parsed;
   parsed.scheme = match[1].str();
@@ -192,7 +198,8 @@ ServerUrl parse_base_url(const std::string& url) {
   parsed.port = parsed.scheme == "https" ? 443 : 80;
   if (match[3].matched) {
     parsed.port = std::stoi(match[3].str());
-    if (parsed.port <= 0 || parsed.port > 65535) fail("bad --base-url '{}': port out of range", url);
+    if (parsed.port <= 0 || parsed.port > 65535)
+      fail("bad --base-url '{}': port out of range", url);
   }
   std::string path = match[4].matched ? match[4].str() : "";
   while (path.ends_with('/')) path.pop_back();
@@ -208,9 +215,12 @@ std::string endpoint_path(ApiEndpoint endpoint) {
 
 const char* to_string(TokenSource source) {
   switch (source) {
-    case TokenSource::kUsage: return "usage";
-    case TokenSource::kTokenizer: return "tokenizer";
-    case TokenSource::kChunks: return "chunks";
+    case TokenSource::kUsage:
+      return "usage";
+    case TokenSource::kTokenizer:
+      return "tokenizer";
+    case TokenSource::kChunks:
+      return "chunks";
   }
   return "chunks";
 }
@@ -227,8 +237,9 @@ nlohmann::json request_body(const ClientConfig& config, const Prompt& prompt) {
                          {"temperature", 0.0}};
   if (!config.model.empty()) body["model"] = config.model;
   if (config.endpoint == ApiEndpoint::kChat) {
-    body["messages"] = prompt.messages ? *prompt.messages
-                                       : nlohmann::json::array({{{"role", "user"}, {"content", prompt.text}}});
+    body["messages"] = prompt.messages
+                           ? *prompt.messages
+                           : nlohmann::json::array({{{"role", "user"}, {"content", prompt.text}}});
   } else {
     body["prompt"] = prompt.text;
   }
@@ -242,15 +253,18 @@ nlohmann::json request_body(const ClientConfig& config, const Prompt& prompt) {
 }
 
 struct Connection::Impl {
-  Impl(const ServerUrl& url, const ClientConfig& config) : url(url), config(config), client(url.origin()) {
+  Impl(const ServerUrl& url, const ClientConfig& config)
+      : url(url), config(config), client(url.origin()) {
     const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
         std::chrono::duration<double>(config.timeout_s));
     const auto connect_timeout = std::min(timeout, std::chrono::microseconds(kMaxConnectTimeoutUs));
-    client.set_connection_timeout(connect_timeout.count() / 1000000, connect_timeout.count() % 1000000);
+    client.set_connection_timeout(connect_timeout.count() / 1000000,
+                                  connect_timeout.count() % 1000000);
     client.set_read_timeout(timeout);
     client.set_write_timeout(timeout);
     client.set_keep_alive(true);
-    client.set_tcp_nodelay(true);  // headers and body go out as two writes: no 40 ms Nagle + delayed-ACK stall
+    client.set_tcp_nodelay(
+        true);  // headers and body go out as two writes: no 40 ms Nagle + delayed-ACK stall
   }
   ServerUrl url;
   ClientConfig config;
@@ -316,12 +330,14 @@ RequestRecord Connection::send(const Prompt& prompt, Clock::time_point run_start
   } else if (!sent_ok) {
     record.error = transport_error(error, url, config, record.e2el_s, record.http_status != 0);
   } else if (record.http_status != 200) {
-    record.error = fmt::format("HTTP {}: {}", record.http_status, error_message(reader.error_body()));
+    record.error =
+        fmt::format("HTTP {}: {}", record.http_status, error_message(reader.error_body()));
   } else if (record.num_chunks == 0) {
-    record.error = reader.saw_event()
-                       ? "the stream ended without any generated text"
-                       : fmt::format("expected a text/event-stream response, got '{}' with no data events",
-                                     content_type);
+    record.error =
+        reader.saw_event()
+            ? "the stream ended without any generated text"
+            : fmt::format("expected a text/event-stream response, got '{}' with no data events",
+                          content_type);
   }
   if (!record.error.empty()) return record;
 
@@ -331,7 +347,9 @@ RequestRecord Connection::send(const Prompt& prompt, Clock::time_point run_start
     record.output_tokens_source = TokenSource::kUsage;
   } else if (config.tokenizer) {
     record.output_tokens = static_cast<int64_t>(
-        config.tokenizer->encode(record.generated_text, {.add_special = false, .parse_special = false}).size());
+        config.tokenizer
+            ->encode(record.generated_text, {.add_special = false, .parse_special = false})
+            .size());
     record.output_tokens_source = TokenSource::kTokenizer;
   } else {
     record.output_tokens = record.num_chunks;

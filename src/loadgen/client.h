@@ -25,7 +25,7 @@ struct ServerUrl {
   std::string scheme;  // http or https
   std::string host;
   int port = 0;
-  std::string path_prefix;  // "" or e.g. "/proxy"; never ends with '/'
+  std::string path_prefix;     // "" or e.g. "/proxy"; never ends with '/'
   std::string origin() const;  // scheme://host:port
 };
 
@@ -38,11 +38,11 @@ struct ClientConfig {
   std::string base_url;
   ApiEndpoint endpoint = ApiEndpoint::kCompletions;
   std::string model;
-  std::string api_key;       // sent as "Authorization: Bearer" when set
+  std::string api_key;                                   // sent as "Authorization: Bearer" when set
   nlohmann::json extra_body = nlohmann::json::object();  // merged into every request body last
   // Ask for exactly max_tokens with ignore_eos and min_tokens (vLLM, llama.cpp, sieve know them).
   bool force_output_len = true;
-  double timeout_s = 600;  // waiting for data; connecting waits at most 30 s
+  double timeout_s = 600;                     // waiting for data; connecting waits at most 30 s
   const tok::Tokenizer* tokenizer = nullptr;  // counts output tokens when the server gives no usage
 };
 
@@ -51,11 +51,11 @@ const char* to_string(TokenSource source);
 
 struct RequestRecord {
   bool ok = false;
-  std::string error;     // why it failed; empty when ok
-  int http_status = 0;   // 0 when no response arrived
-  double start_s = 0;    // when it was sent, from the start of the run
-  double ttft_s = 0;     // to the first chunk with generated text
-  double e2el_s = 0;     // to the end of the stream
+  std::string error;          // why it failed; empty when ok
+  int http_status = 0;        // 0 when no response arrived
+  double start_s = 0;         // when it was sent, from the start of the run
+  double ttft_s = 0;          // to the first chunk with generated text
+  double e2el_s = 0;          // to the end of the stream
   std::vector<double> itl_s;  // gaps between successive chunks with text
   int64_t num_chunks = 0;     // chunks that carried text
   int64_t output_tokens = 0;

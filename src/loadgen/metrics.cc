@@ -45,7 +45,8 @@ GoodputSlo parse_goodput(const std::vector<std::string>& items) {
       } catch (const std::exception&) {
       }
     }
-    if (!parsed || !(value > 0)) fail("bad --goodput item '{}': expected NAME:MS with a positive MS", item);
+    if (!parsed || !(value > 0))
+      fail("bad --goodput item '{}': expected NAME:MS with a positive MS", item);
     if (name == "ttft") {
       slo.ttft_ms = value;
     } else if (name == "tpot") {
@@ -68,7 +69,8 @@ bool meets(const RequestRecord& record, const GoodputSlo& slo) {
   return true;
 }
 
-RunSummary summarize(const std::vector<RequestRecord>& records, double duration_s, const GoodputSlo& slo) {
+RunSummary summarize(const std::vector<RequestRecord>& records, double duration_s,
+                     const GoodputSlo& slo) {
   RunSummary s;
   s.duration_s = duration_s;
   std::vector<double> ttft, tpot, itl, e2el;

@@ -33,8 +33,8 @@ bool meets(const RequestRecord& record, const GoodputSlo& slo);
 struct RunSummary {
   int64_t completed = 0;
   int64_t failed = 0;
-  double duration_s = 0;  // first send to last completion
-  int64_t input_tokens = 0;   // the server's prompt_tokens where given, else the workload's count
+  double duration_s = 0;     // first send to last completion
+  int64_t input_tokens = 0;  // the server's prompt_tokens where given, else the workload's count
   int64_t output_tokens = 0;
   double request_throughput = 0;      // completed requests / s
   double output_throughput = 0;       // output tokens / s
@@ -48,6 +48,7 @@ struct RunSummary {
   int max_in_flight = 0;
 };
 
-RunSummary summarize(const std::vector<RequestRecord>& records, double duration_s, const GoodputSlo& slo);
+RunSummary summarize(const std::vector<RequestRecord>& records, double duration_s,
+                     const GoodputSlo& slo);
 
 }  // namespace sieve::loadgen

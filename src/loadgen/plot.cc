@@ -29,11 +29,15 @@ double json_number(const nlohmann::json& j, const char* pointer) {
 std::vector<PlotSeries> plot_series(const nlohmann::json& report, const std::string& name_prefix) {
   std::map<int, PlotSeries> by_variant;
   for (const nlohmann::json& run : report.at("runs")) {
-    const int variant = run.contains("variant") && run["variant"].is_number_integer() ? run["variant"].get<int>() : -1;
+    const int variant = run.contains("variant") && run["variant"].is_number_integer()
+                            ? run["variant"].get<int>()
+                            : -1;
     PlotSeries& series = by_variant[variant];
     if (series.name.empty()) {
-      const bool has_body = run.contains("extra_body") && run["extra_body"].is_object() && !run["extra_body"].empty();
-      series.name = name_prefix + (has_body ? run["extra_body"].dump() : std::string(name_prefix.empty() ? "run" : ""));
+      const bool has_body =
+          run.contains("extra_body") && run["extra_body"].is_object() && !run["extra_body"].empty();
+      series.name = name_prefix + (has_body ? run["extra_body"].dump()
+                                            : std::string(name_prefix.empty() ? "run" : ""));
     }
     PlotPoint p;
     p.concurrency = run.contains("max_concurrency") && run["max_concurrency"].is_number()
@@ -77,17 +81,22 @@ std::string render_svg(const std::vector<PlotSeries>& series, const std::string&
   const double width = 3 * kPanelWidth, height = kPanelHeight + 36 + legend_height;
   std::string svg = svg::document_begin(width, height, title);
   svg += svg::panel(0, 30, "Output throughput vs concurrency", "concurrency", "output tokens/s",
-               lines_of([](const PlotPoint& p) { return p.concurrency; }, throughput, nullptr), true);
+                    lines_of([](const PlotPoint& p) { return p.concurrency; }, throughput, nullptr),
+                    true);
   svg += svg::panel(kPanelWidth, 30, "TTFT vs throughput", "output tokens/s", "TTFT (ms)",
-               lines_of(throughput, [](const PlotPoint& p) { return p.ttft_p50_ms; },
+                    lines_of(
+                        throughput, [](const PlotPoint& p) { return p.ttft_p50_ms; },
                         [](const PlotPoint& p) { return p.ttft_p99_ms; }),
-               false);
+                    false);
   svg += svg::panel(2 * kPanelWidth, 30, "TPOT vs throughput", "output tokens/s", "TPOT (ms)",
-               lines_of(throughput, [](const PlotPoint& p) { return p.tpot_p50_ms; },
+                    lines_of(
+                        throughput, [](const PlotPoint& p) { return p.tpot_p50_ms; },
                         [](const PlotPoint& p) { return p.tpot_p99_ms; }),
-               false);
+                    false);
   double y = kPanelHeight + 30 + 24;
-  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="12">solid: p50, dashed: p99</text>)""\n", kLeft, y);
+  svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="12">solid: p50, dashed: p99</text>)"
+                     "\n",
+                     kLeft, y);
   for (size_t i = 0; i < series.size(); ++i) {
     y += 20;
     svg += svg::legend_entry(kLeft, y, kColours[i % std::size(kColours)], series[i].name);

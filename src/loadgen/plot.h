@@ -21,7 +21,8 @@ struct PlotSeries {
 };
 
 // One series per --extra-body variant of a report (one series when there is none).
-std::vector<PlotSeries> plot_series(const nlohmann::json& report, const std::string& name_prefix = "");
+std::vector<PlotSeries> plot_series(const nlohmann::json& report,
+                                    const std::string& name_prefix = "");
 
 std::string render_svg(const std::vector<PlotSeries>& series, const std::string& title);
 

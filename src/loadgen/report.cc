@@ -21,8 +21,8 @@ nlohmann::json optional_json(const std::optional<double>& value) {
 // Statistics of no values are null, not 0 (e.g. TPOT when every output was one token).
 nlohmann::json to_json(const Distribution& d) {
   if (d.count == 0) {
-    return {{"count", 0},        {"mean", nullptr}, {"median", nullptr}, {"p90", nullptr},
-            {"p99", nullptr},    {"min", nullptr},  {"max", nullptr}};
+    return {{"count", 0},     {"mean", nullptr}, {"median", nullptr}, {"p90", nullptr},
+            {"p99", nullptr}, {"min", nullptr},  {"max", nullptr}};
   }
   return {{"count", d.count}, {"mean", d.mean}, {"median", d.median}, {"p90", d.p90},
           {"p99", d.p99},     {"min", d.min},   {"max", d.max}};
@@ -50,29 +50,34 @@ nlohmann::json to_json(const RequestRecord& r, size_t index) {
   nlohmann::json itl = nlohmann::json::array();
   for (double gap : r.itl_s) itl.push_back(gap * 1e3);
   const std::optional<double> tpot = r.tpot_s();
-  return {{"index", index},
-          {"ok", r.ok},
-          {"error", r.ok ? nlohmann::json(nullptr) : nlohmann::json(r.error)},
-          {"http_status", r.http_status == 0 ? nlohmann::json(nullptr) : nlohmann::json(r.http_status)},
-          {"start_ms", r.start_s * 1e3},
-          {"ttft_ms", r.ok ? nlohmann::json(r.ttft_s * 1e3) : nlohmann::json(nullptr)},
-          {"tpot_ms", tpot ? nlohmann::json(*tpot * 1e3) : nlohmann::json(nullptr)},
-          {"e2el_ms", r.e2el_s * 1e3},
-          {"itl_ms", itl},
-          {"num_chunks", r.num_chunks},
-          {"output_tokens", r.output_tokens},
-          {"output_tokens_source", to_string(r.output_tokens_source)},
-          {"requested_output_tokens", r.requested_output_tokens},
-          {"prompt_tokens", r.prompt_tokens ? nlohmann::json(*r.prompt_tokens) : nlohmann::json(nullptr)},
-          {"input_tokens", r.input_tokens ? nlohmann::json(*r.input_tokens) : nlohmann::json(nullptr)},
-          {"finish_reason", r.finish_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.finish_reason)}};
+  return {
+      {"index", index},
+      {"ok", r.ok},
+      {"error", r.ok ? nlohmann::json(nullptr) : nlohmann::json(r.error)},
+      {"http_status", r.http_status == 0 ? nlohmann::json(nullptr) : nlohmann::json(r.http_status)},
+      {"start_ms", r.start_s * 1e3},
+      {"ttft_ms", r.ok ? nlohmann::json(r.ttft_s * 1e3) : nlohmann::json(nullptr)},
+      {"tpot_ms", tpot ? nlohmann::json(*tpot * 1e3) : nlohmann::json(nullptr)},
+      {"e2el_ms", r.e2el_s * 1e3},
+      {"itl_ms", itl},
+      {"num_chunks", r.num_chunks},
+      {"output_tokens", r.output_tokens},
+      {"output_tokens_source", to_string(r.output_tokens_source)},
+      {"requested_output_tokens", r.requested_output_tokens},
+      {"prompt_tokens",
+       r.prompt_tokens ? nlohmann::json(*r.prompt_tokens) : nlohmann::json(nullptr)},
+      {"input_tokens", r.input_tokens ? nlohmann::json(*r.input_tokens) : nlohmann::json(nullptr)},
+      {"finish_reason",
+       r.finish_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.finish_reason)}};
 }
 
 nlohmann::json to_json(const RunSummary& s) {
   std::vector<std::pair<std::string, int64_t>> reasons(s.errors.begin(), s.errors.end());
-  std::stable_sort(reasons.begin(), reasons.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::stable_sort(reasons.begin(), reasons.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
   nlohmann::json errors = nlohmann::json::array();  // most frequent first
-  for (const auto& [reason, count] : reasons) errors.push_back({{"reason", reason}, {"count", count}});
+  for (const auto& [reason, count] : reasons)
+    errors.push_back({{"reason", reason}, {"count", count}});
   return {{"completed", s.completed},
           {"failed", s.failed},
           {"duration_s", s.duration_s},
@@ -100,7 +105,8 @@ nlohmann::json to_json(const RunResult& run) {
   return {{"label", p.label},
           {"request_rate", optional_json(p.request_rate)},
           {"burstiness", p.burstiness},
-          {"max_concurrency", p.max_concurrency ? nlohmann::json(*p.max_concurrency) : nlohmann::json(nullptr)},
+          {"max_concurrency",
+           p.max_concurrency ? nlohmann::json(*p.max_concurrency) : nlohmann::json(nullptr)},
           {"variant", p.variant ? nlohmann::json(*p.variant) : nlohmann::json(nullptr)},
           {"extra_body", p.extra_body},
           {"summary", to_json(run.summary)},
@@ -132,7 +138,8 @@ nlohmann::json read_report(const std::string& path) {
     fail("'{}' is not a sieve bench-serve result (no schema_version or runs)", path);
   }
   if (report["schema_version"] != kSchemaVersion) {
-    fail("'{}' has schema_version {}, this sieve reads {}", path, report["schema_version"].dump(), kSchemaVersion);
+    fail("'{}' has schema_version {}, this sieve reads {}", path, report["schema_version"].dump(),
+         kSchemaVersion);
   }
   return report;
 }
@@ -145,7 +152,8 @@ std::string format_errors(const nlohmann::json& errors, const std::string& prefi
                        errors[i].value("reason", std::string()));
   }
   if (errors.size() > kMaxReasons) {
-    out += fmt::format("{}... and {} other reasons (all in the JSON output)\n", prefix, errors.size() - kMaxReasons);
+    out += fmt::format("{}... and {} other reasons (all in the JSON output)\n", prefix,
+                       errors.size() - kMaxReasons);
   }
   return out;
 }
@@ -153,7 +161,8 @@ std::string format_errors(const nlohmann::json& errors, const std::string& prefi
 std::string format_run_details(const nlohmann::json& run) {
   const nlohmann::json& s = run.at("summary");
   using P = nlohmann::json::json_pointer;
-  std::string out = fmt::format("{:=^60}\n", fmt::format(" {} ", run.value("label", std::string("run"))));
+  std::string out =
+      fmt::format("{:=^60}\n", fmt::format(" {} ", run.value("label", std::string("run"))));
   const auto line = [&](const std::string& name, const std::string& value) {
     out += fmt::format("{:<44}{:>16}\n", name, value);
   };
@@ -164,7 +173,8 @@ std::string format_run_details(const nlohmann::json& run) {
   line("Total generated tokens:", fmt::format("{}", s.value("output_tokens", 0)));
   line("Request throughput (req/s):", format_number(number_at(s, P("/request_throughput"))));
   line("Output token throughput (tok/s):", format_number(number_at(s, P("/output_throughput"))));
-  line("Total token throughput (tok/s):", format_number(number_at(s, P("/total_token_throughput"))));
+  line("Total token throughput (tok/s):",
+       format_number(number_at(s, P("/total_token_throughput"))));
   if (s.contains("goodput") && !s["goodput"].is_null()) {
     line("Request goodput (req/s):", format_number(number_at(s, P("/goodput"))));
   }
@@ -174,10 +184,11 @@ std::string format_run_details(const nlohmann::json& run) {
     const char* abbreviation;
     const char* title;
   };
-  static constexpr Metric kMetrics[] = {{"ttft_ms", "TTFT", "Time to First Token"},
-                                        {"tpot_ms", "TPOT", "Time per Output Token (excl. 1st token)"},
-                                        {"itl_ms", "ITL", "Inter-token Latency"},
-                                        {"e2el_ms", "E2EL", "End-to-end Latency"}};
+  static constexpr Metric kMetrics[] = {
+      {"ttft_ms", "TTFT", "Time to First Token"},
+      {"tpot_ms", "TPOT", "Time per Output Token (excl. 1st token)"},
+      {"itl_ms", "ITL", "Inter-token Latency"},
+      {"e2el_ms", "E2EL", "End-to-end Latency"}};
   static constexpr std::pair<const char*, const char*> kStats[] = {
       {"mean", "Mean"}, {"median", "Median"}, {"p90", "P90"}, {"p99", "P99"}};
   for (const Metric& metric : kMetrics) {
@@ -202,31 +213,35 @@ std::string format_run_details(const nlohmann::json& run) {
 
 std::string format_sweep_table(const nlohmann::json& report) {
   using P = nlohmann::json::json_pointer;
-  std::string out = fmt::format("{:<24} {:>5} {:>6} {:>7} {:>8} {:>10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}\n",
-                                "point", "C", "done", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
-                                "TPOT p50", "TPOT p99", "ITL p50", "E2EL p50", "goodput");
+  std::string out = fmt::format(
+      "{:<24} {:>5} {:>6} {:>7} {:>8} {:>10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}\n", "point",
+      "C", "done", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+      "ITL p50", "E2EL p50", "goodput");
   for (const nlohmann::json& run : report.at("runs")) {
     const nlohmann::json& s = run.at("summary");
     const std::string concurrency =
-        run.contains("max_concurrency") && run["max_concurrency"].is_number() ? run["max_concurrency"].dump() : "-";
-    out += fmt::format("{:<24} {:>5} {:>6} {:>7} {:>8} {:>10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}\n",
-                       run.value("label", std::string()), concurrency, s.value("completed", 0), s.value("failed", 0),
-                       format_number(number_at(s, P("/request_throughput"))),
-                       format_number(number_at(s, P("/output_throughput")), 1),
-                       format_number(number_at(s, P("/ttft_ms/median")), 1),
-                       format_number(number_at(s, P("/ttft_ms/p99")), 1),
-                       format_number(number_at(s, P("/tpot_ms/median")), 2),
-                       format_number(number_at(s, P("/tpot_ms/p99")), 2),
-                       format_number(number_at(s, P("/itl_ms/median")), 2),
-                       format_number(number_at(s, P("/e2el_ms/median")), 1),
-                       format_number(number_at(s, P("/goodput"))));
+        run.contains("max_concurrency") && run["max_concurrency"].is_number()
+            ? run["max_concurrency"].dump()
+            : "-";
+    out += fmt::format(
+        "{:<24} {:>5} {:>6} {:>7} {:>8} {:>10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}\n",
+        run.value("label", std::string()), concurrency, s.value("completed", 0),
+        s.value("failed", 0), format_number(number_at(s, P("/request_throughput"))),
+        format_number(number_at(s, P("/output_throughput")), 1),
+        format_number(number_at(s, P("/ttft_ms/median")), 1),
+        format_number(number_at(s, P("/ttft_ms/p99")), 1),
+        format_number(number_at(s, P("/tpot_ms/median")), 2),
+        format_number(number_at(s, P("/tpot_ms/p99")), 2),
+        format_number(number_at(s, P("/itl_ms/median")), 2),
+        format_number(number_at(s, P("/e2el_ms/median")), 1),
+        format_number(number_at(s, P("/goodput"))));
   }
   out += "(latencies in ms)\n";
   return out;
 }
 
-std::string format_comparison(const nlohmann::json& a, const std::string& a_name, const nlohmann::json& b,
-                              const std::string& b_name) {
+std::string format_comparison(const nlohmann::json& a, const std::string& a_name,
+                              const nlohmann::json& b, const std::string& b_name) {
   using P = nlohmann::json::json_pointer;
   const nlohmann::json& runs_a = a.at("runs");
   const nlohmann::json& runs_b = b.at("runs");
@@ -234,7 +249,8 @@ std::string format_comparison(const nlohmann::json& a, const std::string& a_name
   bool by_label = true;
   for (const nlohmann::json& ra : runs_a) {
     bool found = false;
-    for (const nlohmann::json& rb : runs_b) found = found || rb.value("label", "") == ra.value("label", "");
+    for (const nlohmann::json& rb : runs_b)
+      found = found || rb.value("label", "") == ra.value("label", "");
     by_label = by_label && found;
   }
   struct Metric {
@@ -262,29 +278,37 @@ std::string format_comparison(const nlohmann::json& a, const std::string& a_name
     const nlohmann::json& ra = runs_a[i];
     const nlohmann::json* rb = nullptr;
     for (size_t j = 0; j < runs_b.size(); ++j) {
-      if (by_label ? runs_b[j].value("label", "") == ra.value("label", "") : j == i) rb = &runs_b[j];
+      if (by_label ? runs_b[j].value("label", "") == ra.value("label", "") : j == i)
+        rb = &runs_b[j];
     }
     if (rb == nullptr) continue;
-    out += fmt::format("\n{:<30} {:>12} {:>12} {:>8}\n", fmt::format("[{}]", ra.value("label", std::string())),
-                       "A", "B", "B/A");
+    out += fmt::format("\n{:<30} {:>12} {:>12} {:>8}\n",
+                       fmt::format("[{}]", ra.value("label", std::string())), "A", "B", "B/A");
     for (const Metric& metric : kMetrics) {
       const P pointer("/summary/" + std::string(metric.key));
       const double va = number_at(ra, pointer), vb = number_at(*rb, pointer);
-      out += fmt::format("{:<30} {:>12} {:>12} {:>8}\n", metric.name, format_number(va, metric.decimals),
-                         format_number(vb, metric.decimals), format_ratio(va, vb));
+      out += fmt::format("{:<30} {:>12} {:>12} {:>8}\n", metric.name,
+                         format_number(va, metric.decimals), format_number(vb, metric.decimals),
+                         format_ratio(va, vb));
     }
   }
-  if (runs_b.size() != runs_a.size()) out += fmt::format("\n(A has {} runs, B has {})\n", runs_a.size(), runs_b.size());
+  if (runs_b.size() != runs_a.size())
+    out += fmt::format("\n(A has {} runs, B has {})\n", runs_a.size(), runs_b.size());
   return out;
 }
 
 ProgressDisplay::ProgressDisplay(std::FILE* out, std::string label, int64_t total)
-    : out_(out), label_(std::move(label)), total_(total), tty_(::isatty(::fileno(out)) != 0),
+    : out_(out),
+      label_(std::move(label)),
+      total_(total),
+      tty_(::isatty(::fileno(out)) != 0),
       start_(std::chrono::steady_clock::now()) {}
 
 void ProgressDisplay::update(int64_t done, int64_t failed) {
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double fraction = total_ > 0 ? static_cast<double>(done) / static_cast<double>(total_) : 1.0;
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double fraction =
+      total_ > 0 ? static_cast<double>(done) / static_cast<double>(total_) : 1.0;
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(fraction * kWidth);

@@ -44,8 +44,8 @@ std::string format_run_details(const nlohmann::json& run);
 std::string format_errors(const nlohmann::json& errors, const std::string& prefix);
 std::string format_sweep_table(const nlohmann::json& report);
 // Runs are paired by label (else by position); ratios are b / a.
-std::string format_comparison(const nlohmann::json& a, const std::string& a_name, const nlohmann::json& b,
-                              const std::string& b_name);
+std::string format_comparison(const nlohmann::json& a, const std::string& a_name,
+                              const nlohmann::json& b, const std::string& b_name);
 
 // A bar redrawn in place on a terminal; on a pipe or file, a plain line every 10%.
 class ProgressDisplay {

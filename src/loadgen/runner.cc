@@ -54,8 +54,9 @@ struct Batch {
 };
 
 // Worker w sends on connections[w]; there are as many workers as connections.
-Batch send_all(std::span<const std::unique_ptr<Connection>> connections, const std::vector<Prompt>& prompts,
-               const std::vector<double>& arrivals, const ProgressCallback& progress) {
+Batch send_all(std::span<const std::unique_ptr<Connection>> connections,
+               const std::vector<Prompt>& prompts, const std::vector<double>& arrivals,
+               const ProgressCallback& progress) {
   const auto num_workers = static_cast<int>(connections.size());
   Batch batch;
   batch.records.resize(prompts.size());
@@ -73,7 +74,8 @@ Batch send_all(std::span<const std::unique_ptr<Connection>> connections, const s
           std::lock_guard lock(progress_mutex);
           batch.max_in_flight = std::max(batch.max_in_flight, ++in_flight);
         }
-        RequestRecord record = connections[static_cast<size_t>(w)]->send(prompts[*index], run_start);
+        RequestRecord record =
+            connections[static_cast<size_t>(w)]->send(prompts[*index], run_start);
         std::lock_guard lock(progress_mutex);
         --in_flight;
         ++done;
@@ -90,7 +92,8 @@ Batch send_all(std::span<const std::unique_ptr<Connection>> connections, const s
   }
   dispatch.close();
   for (std::thread& worker : workers) worker.join();
-  for (const RequestRecord& r : batch.records) batch.duration_s = std::max(batch.duration_s, r.start_s + r.e2el_s);
+  for (const RequestRecord& r : batch.records)
+    batch.duration_s = std::max(batch.duration_s, r.start_s + r.e2el_s);
   return batch;
 }
 
@@ -107,25 +110,29 @@ nlohmann::json compose_patches(const nlohmann::json& a, const nlohmann::json& b)
 
 }  // namespace
 
-RunResult run_point(const ServerUrl& url, const ClientConfig& base_config, const std::vector<Prompt>& prompts,
-                    const std::vector<Prompt>& warmup, const RunPoint& point, const RunOptions& options,
+RunResult run_point(const ServerUrl& url, const ClientConfig& base_config,
+                    const std::vector<Prompt>& prompts, const std::vector<Prompt>& warmup,
+                    const RunPoint& point, const RunOptions& options,
                     const ProgressCallback& progress) {
   if (point.max_concurrency && *point.max_concurrency <= 0) {
     fail("the concurrency must be positive (got {})", *point.max_concurrency);
   }
   ClientConfig config = base_config;
-  if (!point.extra_body.empty()) config.extra_body = compose_patches(config.extra_body, point.extra_body);
+  if (!point.extra_body.empty())
+    config.extra_body = compose_patches(config.extra_body, point.extra_body);
   const int cap = point.max_concurrency.value_or(options.max_threads);
-  const auto num_workers = static_cast<size_t>(std::clamp<size_t>(prompts.size(), 1, static_cast<size_t>(cap)));
+  const auto num_workers =
+      static_cast<size_t>(std::clamp<size_t>(prompts.size(), 1, static_cast<size_t>(cap)));
   std::vector<std::unique_ptr<Connection>> connections;
-  for (size_t w = 0; w < num_workers; ++w) connections.push_back(std::make_unique<Connection>(url, config));
+  for (size_t w = 0; w < num_workers; ++w)
+    connections.push_back(std::make_unique<Connection>(url, config));
   // Warmup requests also open the first connections of the measured run.
   if (!warmup.empty()) {
     send_all(std::span(connections).first(std::min(warmup.size(), connections.size())), warmup,
              std::vector<double>(warmup.size(), 0.0), {});
   }
-  const std::vector<double> arrivals =
-      arrival_times({point.request_rate, point.burstiness, options.seed}, static_cast<int64_t>(prompts.size()));
+  const std::vector<double> arrivals = arrival_times(
+      {point.request_rate, point.burstiness, options.seed}, static_cast<int64_t>(prompts.size()));
   Batch batch = send_all(connections, prompts, arrivals, progress);
   RunResult result;
   result.point = point;

@@ -41,8 +41,9 @@ struct RunResult {
 using ProgressCallback = std::function<void(int64_t done, int64_t total, int64_t failed)>;
 
 // Sends the warmup prompts first (not measured, same concurrency limit), then the prompts.
-RunResult run_point(const ServerUrl& url, const ClientConfig& config, const std::vector<Prompt>& prompts,
-                    const std::vector<Prompt>& warmup, const RunPoint& point, const RunOptions& options,
+RunResult run_point(const ServerUrl& url, const ClientConfig& config,
+                    const std::vector<Prompt>& prompts, const std::vector<Prompt>& warmup,
+                    const RunPoint& point, const RunOptions& options,
                     const ProgressCallback& progress = {});
 
 }  // namespace sieve::loadgen

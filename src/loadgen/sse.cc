@@ -6,7 +6,8 @@ std::vector<std::string> SseParser::feed(std::string_view bytes) {
   std::vector<std::string> events;
   pending_.append(bytes);
   size_t start = 0;
-  for (size_t newline; (newline = pending_.find('\n', start)) != std::string::npos; start = newline + 1) {
+  for (size_t newline; (newline = pending_.find('\n', start)) != std::string::npos;
+       start = newline + 1) {
     std::string_view line(pending_.data() + start, newline - start);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     take_line(line, events);

@@ -36,15 +36,19 @@ std::vector<tok::TokenId> encode_plain(const tok::Tokenizer& tokenizer, const st
 
 int64_t draw_length(int64_t length, double range_ratio, std::mt19937_64& rng) {
   if (range_ratio <= 0) return length;
-  const auto low = static_cast<int64_t>(std::floor(static_cast<double>(length) * (1.0 - range_ratio)));
-  const auto high = static_cast<int64_t>(std::ceil(static_cast<double>(length) * (1.0 + range_ratio)));
-  return std::uniform_int_distribution<int64_t>(std::max<int64_t>(low, 1), std::max<int64_t>(high, 1))(rng);
+  const auto low =
+      static_cast<int64_t>(std::floor(static_cast<double>(length) * (1.0 - range_ratio)));
+  const auto high =
+      static_cast<int64_t>(std::ceil(static_cast<double>(length) * (1.0 + range_ratio)));
+  return std::uniform_int_distribution<int64_t>(std::max<int64_t>(low, 1),
+                                                std::max<int64_t>(high, 1))(rng);
 }
 
 std::string random_words(int64_t num_words, std::mt19937_64& rng) {
   static constexpr std::array<const char*, 24> kWords = {
-      "the",   "of",    "river", "light", "stone", "quiet", "house", "under", "green", "after", "small", "road",
-      "water", "field", "north", "open",  "music", "paper", "cloud", "early", "story", "table", "winter", "bright"};
+      "the",   "of",    "river", "light", "stone", "quiet", "house",  "under",
+      "green", "after", "small", "road",  "water", "field", "north",  "open",
+      "music", "paper", "cloud", "early", "story", "table", "winter", "bright"};
   std::uniform_int_distribution<size_t> pick(0, kWords.size() - 1);
   std::string text;
   for (int64_t i = 0; i < num_words; ++i) {
@@ -54,14 +58,16 @@ std::string random_words(int64_t num_words, std::mt19937_64& rng) {
   return text;
 }
 
-std::string exact_length_text(const tok::Tokenizer& tokenizer, std::span<const tok::TokenId> candidates,
-                              int64_t num_tokens, std::mt19937_64& rng, const std::string& prefix_text) {
+std::string exact_length_text(const tok::Tokenizer& tokenizer,
+                              std::span<const tok::TokenId> candidates, int64_t num_tokens,
+                              std::mt19937_64& rng, const std::string& prefix_text) {
   if (num_tokens <= 0) return prefix_text;
   std::uniform_int_distribution<size_t> pick(0, candidates.size() - 1);
   const std::vector<tok::TokenId> prefix_ids = encode_plain(tokenizer, prefix_text);
   const auto target = static_cast<size_t>(num_tokens);
   if (!prefix_text.empty() && prefix_ids.size() >= target) {
-    fail("the shared prefix ({} tokens) must be shorter than the prompt ({} tokens)", prefix_ids.size(), target);
+    fail("the shared prefix ({} tokens) must be shorter than the prompt ({} tokens)",
+         prefix_ids.size(), target);
   }
   // Decoding random ids and encoding the text again merges or splits some pieces, so the count
   // drifts: truncate or top up and repeat until the re-encoded text has the exact length.
@@ -83,30 +89,33 @@ std::string exact_length_text(const tok::Tokenizer& tokenizer, std::span<const t
 
 }  // namespace
 
-std::string exact_length_text(const tok::Tokenizer& tokenizer, int64_t num_tokens, std::mt19937_64& rng,
-                              const std::string& prefix_text) {
+std::string exact_length_text(const tok::Tokenizer& tokenizer, int64_t num_tokens,
+                              std::mt19937_64& rng, const std::string& prefix_text) {
   return exact_length_text(tokenizer, plain_token_ids(tokenizer), num_tokens, rng, prefix_text);
 }
 
-std::vector<Prompt> random_prompts(const tok::Tokenizer* tokenizer, const RandomWorkload& workload) {
+std::vector<Prompt> random_prompts(const tok::Tokenizer* tokenizer,
+                                   const RandomWorkload& workload) {
   if (workload.input_len <= 0) fail("--input-len must be positive (got {})", workload.input_len);
   if (workload.output_len <= 0) fail("--output-len must be positive (got {})", workload.output_len);
   if (workload.range_ratio < 0 || workload.range_ratio >= 1) {
     fail("--range-ratio must be in [0, 1) (got {})", workload.range_ratio);
   }
   if (workload.shared_prefix_len < 0) fail("--shared-prefix-len must not be negative");
-  const auto min_input = static_cast<int64_t>(std::floor(workload.input_len * (1.0 - workload.range_ratio)));
+  const auto min_input =
+      static_cast<int64_t>(std::floor(workload.input_len * (1.0 - workload.range_ratio)));
   if (workload.shared_prefix_len > 0 && workload.shared_prefix_len >= min_input) {
-    fail("--shared-prefix-len {} must be shorter than the shortest prompt ({} tokens)", workload.shared_prefix_len,
-         min_input);
+    fail("--shared-prefix-len {} must be shorter than the shortest prompt ({} tokens)",
+         workload.shared_prefix_len, min_input);
   }
   std::mt19937_64 rng(workload.seed);
   std::vector<tok::TokenId> candidates;
   if (tokenizer) candidates = plain_token_ids(*tokenizer);
   std::string prefix;
   if (workload.shared_prefix_len > 0) {
-    prefix = tokenizer ? exact_length_text(*tokenizer, candidates, workload.shared_prefix_len, rng, "")
-                       : random_words(workload.shared_prefix_len, rng);
+    prefix = tokenizer
+                 ? exact_length_text(*tokenizer, candidates, workload.shared_prefix_len, rng, "")
+                 : random_words(workload.shared_prefix_len, rng);
   }
   std::vector<Prompt> prompts;
   prompts.reserve(static_cast<size_t>(std::max<int64_t>(workload.num_prompts, 0)));
@@ -145,7 +154,8 @@ std::vector<Prompt> load_jsonl_prompts(const std::string& path, const DatasetOpt
     if (row.contains("prompt")) {
       if (!row["prompt"].is_string()) fail("{}:{}: \"prompt\" must be a string", path, line_number);
       prompt.text = row["prompt"].get<std::string>();
-      if (tokenizer) prompt.input_tokens = static_cast<int64_t>(encode_plain(*tokenizer, prompt.text).size());
+      if (tokenizer)
+        prompt.input_tokens = static_cast<int64_t>(encode_plain(*tokenizer, prompt.text).size());
     } else if (row.contains("messages")) {
       if (!row["messages"].is_array() || row["messages"].empty()) {
         fail("{}:{}: \"messages\" must be a non-empty array", path, line_number);
@@ -172,11 +182,13 @@ std::vector<Prompt> load_jsonl_prompts(const std::string& path, const DatasetOpt
   return lines;
 }
 
-std::vector<Prompt> cycle_prompts(const std::vector<Prompt>& prompts, int64_t first, int64_t count) {
+std::vector<Prompt> cycle_prompts(const std::vector<Prompt>& prompts, int64_t first,
+                                  int64_t count) {
   std::vector<Prompt> out;
   if (prompts.empty()) return out;
   out.reserve(static_cast<size_t>(std::max<int64_t>(count, 0)));
-  for (int64_t i = 0; i < count; ++i) out.push_back(prompts[static_cast<size_t>(first + i) % prompts.size()]);
+  for (int64_t i = 0; i < count; ++i)
+    out.push_back(prompts[static_cast<size_t>(first + i) % prompts.size()]);
   return out;
 }
 

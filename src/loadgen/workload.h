@@ -40,8 +40,8 @@ std::vector<Prompt> random_prompts(const tok::Tokenizer* tokenizer, const Random
 
 // Text of random vocabulary pieces that encodes (add_special = false) to exactly num_tokens
 // tokens and starts with prefix_text (which must itself encode to fewer tokens).
-std::string exact_length_text(const tok::Tokenizer& tokenizer, int64_t num_tokens, std::mt19937_64& rng,
-                              const std::string& prefix_text = "");
+std::string exact_length_text(const tok::Tokenizer& tokenizer, int64_t num_tokens,
+                              std::mt19937_64& rng, const std::string& prefix_text = "");
 
 struct DatasetOptions {
   int64_t default_output_len = 128;  // for lines without an output length

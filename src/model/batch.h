@@ -3,7 +3,8 @@
 // and in position order, plus each sequence's block table (where its K/V pages are).
 //
 //   tokens     [ a3 a4 a5 | b9 | c0 c1 ]      positions [ 3 4 5 | 9 | 0 1 ]
-//   sequences  [ {first 0, count 3, pages a}, {first 3, count 1, pages b}, {first 4, count 2, pages c} ]
+//   sequences  [ {first 0, count 3, pages a}, {first 3, count 1, pages b}, {first 4, count 2, pages
+//   c} ]
 #include <cassert>
 #include <cstdint>
 #include <memory>

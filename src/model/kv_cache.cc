@@ -21,8 +21,8 @@ size_t element_bytes(kernels::DType dtype) {
 }
 
 template <typename T>
-void copy_page_of_layers(std::vector<T>& data, int64_t num_layers, int64_t layer_stride, int64_t page_stride,
-                         int32_t src, int32_t dst) {
+void copy_page_of_layers(std::vector<T>& data, int64_t num_layers, int64_t layer_stride,
+                         int64_t page_stride, int32_t src, int32_t dst) {
   for (int64_t layer = 0; layer < num_layers; ++layer) {
     const auto base = data.begin() + layer * layer_stride;
     std::copy_n(base + src * page_stride, page_stride, base + dst * page_stride);
@@ -31,7 +31,8 @@ void copy_page_of_layers(std::vector<T>& data, int64_t num_layers, int64_t layer
 
 }  // namespace
 
-KvCache::KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size, kernels::DType dtype)
+KvCache::KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size,
+                 kernels::DType dtype)
     : num_layers_(config.num_layers),
       num_kv_heads_(config.num_kv_heads),
       head_dim_(config.head_dim),
@@ -41,7 +42,8 @@ KvCache::KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size
       head_stride_(static_cast<int64_t>(page_size) * config.head_dim),
       page_stride_(head_stride_ * config.num_kv_heads),
       layer_stride_(page_stride_ * num_pages) {
-  if (num_pages <= 0 || page_size <= 0) fail("KV cache needs pages (got {} pages of {} tokens)", num_pages, page_size);
+  if (num_pages <= 0 || page_size <= 0)
+    fail("KV cache needs pages (got {} pages of {} tokens)", num_pages, page_size);
   const size_t size = static_cast<size_t>(layer_stride_) * num_layers_;
   if (element_bytes(dtype) == 2) {
     keys16_.resize(size);
@@ -53,12 +55,12 @@ KvCache::KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size
 }
 
 size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, kernels::DType dtype) {
-  return 2 * element_bytes(dtype) * static_cast<size_t>(page_size) * config.head_dim * config.num_kv_heads *
-         config.num_layers;
+  return 2 * element_bytes(dtype) * static_cast<size_t>(page_size) * config.head_dim *
+         config.num_kv_heads * config.num_layers;
 }
 
-KvCache::Single KvCache::for_one_sequence(const ModelConfig& config, int32_t num_tokens, int32_t page_size,
-                                          kernels::DType dtype) {
+KvCache::Single KvCache::for_one_sequence(const ModelConfig& config, int32_t num_tokens,
+                                          int32_t page_size, kernels::DType dtype) {
   const int32_t num_pages = std::max(1, (num_tokens + page_size - 1) / page_size);
   std::vector<int32_t> table(num_pages);
   for (int32_t i = 0; i < num_pages; ++i) table[i] = i;
@@ -69,7 +71,8 @@ void KvCache::write(int64_t layer, std::span<const int32_t> block_table, int32_t
                     const float* k, const float* v) {
   const int32_t page = block_table[position / page_size_];
   for (int64_t h = 0; h < num_kv_heads_; ++h) {
-    write_row(slice_index(page, layer, h), position % page_size_, k + h * head_dim_, v + h * head_dim_);
+    write_row(slice_index(page, layer, h), position % page_size_, k + h * head_dim_,
+              v + h * head_dim_);
   }
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// The K/V values of the whole page pool, in f32 or f16 (kKvDefaultDType). Which pages a sequence uses is decided by kv::KvManager
-// (integers only); this class only stores them. Layout (floats; V identical):
+// The K/V values of the whole page pool, in f32 or f16 (kKvDefaultDType). Which pages a sequence
+// uses is decided by kv::KvManager (integers only); this class only stores them. Layout (floats; V
+// identical):
 //
 //   k[layer][page][kv_head][slot][head_dim]      slot in [0, page_size)
 //
@@ -37,8 +38,8 @@ class KvCache {
 
   // A cache for one sequence of up to `num_tokens` tokens, and its block table (pages 0, 1, ...).
   struct Single;
-  static Single for_one_sequence(const ModelConfig& config, int32_t num_tokens, int32_t page_size = 16,
-                                 kernels::DType dtype = kKvDefaultDType);
+  static Single for_one_sequence(const ModelConfig& config, int32_t num_tokens,
+                                 int32_t page_size = 16, kernels::DType dtype = kKvDefaultDType);
 
   int32_t num_pages() const { return num_pages_; }
   int32_t page_size() const { return page_size_; }
@@ -70,9 +71,8 @@ class KvCache {
   int32_t num_pages_, page_size_;
   kernels::DType dtype_;
   int64_t head_stride_, page_stride_, layer_stride_;  // in elements
-  std::vector<float> keys_, values_;            // kF32
-  std::vector<uint16_t> keys16_, values16_;     // kF16
-
+  std::vector<float> keys_, values_;                  // kF32
+  std::vector<uint16_t> keys16_, values16_;           // kF16
 };
 
 struct KvCache::Single {

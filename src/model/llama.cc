@@ -453,8 +453,7 @@ std::vector<int32_t> top_slices(std::span<const float> bounds, std::span<const i
     taken[b] = 1;
   }
   std::vector<int32_t> others;
-  for (int32_t b = 0; b < num_slices; ++b)
-    (taken[b] ? chosen : others).push_back(b);
+  for (int32_t b = 0; b < num_slices; ++b) (taken[b] ? chosen : others).push_back(b);
   const auto room = std::max<int64_t>(0, top_k - std::ssize(chosen));
   const auto better = [&](int32_t a, int32_t b) {
     const bool a_nan = std::isnan(bounds[a]), b_nan = std::isnan(bounds[b]);
@@ -472,9 +471,9 @@ std::vector<int32_t> top_slices(std::span<const float> bounds, std::span<const i
 // Quest: the slices one decode row of `stream` reads (its query heads at
 // q_group). Every slice keeps its place in key order, so the row sees the chosen keys in order
 // and itself last: its position among them is computed by the caller.
-std::span<const int32_t> LlamaModel::select_slices(const SparseStream& stream,
-                                                   const float* q_group, int64_t group,
-                                                   int32_t page_size, SliceScratch& s) const {
+std::span<const int32_t> LlamaModel::select_slices(const SparseStream& stream, const float* q_group,
+                                                   int64_t group, int32_t page_size,
+                                                   SliceScratch& s) const {
   const SliceSelection& selection = *stream.selection;
   const auto num_slices = static_cast<int32_t>(stream.slices.size());
   if (selection.choose) {

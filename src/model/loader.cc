@@ -63,8 +63,10 @@ LoadedModel load_model(const LoadOptions& options) {
     loaded.model = std::make_shared<const LlamaModel>(std::move(config), std::move(weights));
   } else {
     if (options.tokenizer_path.empty()) {
-      fail("'{}' is not a GGUF file; for a llama2.c checkpoint also give its tokenizer file "
-           "(--tokenizer tok512.bin)", options.model_path);
+      fail(
+          "'{}' is not a GGUF file; for a llama2.c checkpoint also give its tokenizer file "
+          "(--tokenizer tok512.bin)",
+          options.model_path);
     }
     Llama2cModel checkpoint = load_llama2c_checkpoint(options.model_path);
     loaded.tokenizer = tok::Tokenizer::create(
@@ -75,7 +77,8 @@ LoadedModel load_model(const LoadOptions& options) {
   }
   const int64_t vocab = loaded.model->config().vocab_size;
   if (static_cast<int64_t>(loaded.tokenizer->vocab().size()) != vocab) {
-    fail("tokenizer has {} tokens but the model's output has {}", loaded.tokenizer->vocab().size(), vocab);
+    fail("tokenizer has {} tokens but the model's output has {}", loaded.tokenizer->vocab().size(),
+         vocab);
   }
   return loaded;
 }

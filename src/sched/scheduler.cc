@@ -51,7 +51,8 @@ int32_t Scheduler::num_output_tokens(SeqId seq) const {
 }
 
 SchedulerStats Scheduler::stats() const {
-  return {static_cast<int32_t>(running_.size()), static_cast<int32_t>(waiting_.size()), num_preemptions_};
+  return {static_cast<int32_t>(running_.size()), static_cast<int32_t>(waiting_.size()),
+          num_preemptions_};
 }
 
 void Scheduler::preempt(SeqId seq, ScheduleOutput& out) {
@@ -82,7 +83,8 @@ bool Scheduler::reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& o
       if (sparse_append) return true;
     } else if (kv_.allocate(seq, num_tokens)) {
       kv::WritePlan plan = kv_.prepare_write(seq, write_position);
-      if (const auto* copy = std::get_if<kv::PageCopy>(&plan)) out.page_copies.push_back({seq, *copy});
+      if (const auto* copy = std::get_if<kv::PageCopy>(&plan))
+        out.page_copies.push_back({seq, *copy});
       if (!std::holds_alternative<kv::NoFreePage>(plan)) return true;
     }
     // Out of pages: the most recently admitted sequence makes room (possibly `seq` itself).
@@ -97,12 +99,13 @@ void Scheduler::add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out,
   const Sequence& s = seqs_.at(seq);
   std::span<const kv::PageId> table;
   if (!kv_.is_sparse(seq)) table = kv_.block_table(seq);
-  out.scheduled.push_back({.seq_id = seq,
-                           .num_computed_before = s.num_computed,
-                           .num_new_tokens = num_new,
-                           .samples = s.num_computed + num_new == static_cast<int32_t>(s.tokens.size()),
-                           .block_table = {table.begin(), table.end()},
-                           .sparse_append = std::move(sparse_append)});
+  out.scheduled.push_back(
+      {.seq_id = seq,
+       .num_computed_before = s.num_computed,
+       .num_new_tokens = num_new,
+       .samples = s.num_computed + num_new == static_cast<int32_t>(s.tokens.size()),
+       .block_table = {table.begin(), table.end()},
+       .sparse_append = std::move(sparse_append)});
   out.num_batched_tokens += num_new;
 }
 
@@ -114,13 +117,15 @@ void Scheduler::schedule_running(bool decodes, ScheduleOutput& out) {
     if (budget == 0) return;
     auto it = seqs_.find(seq);
     if (it == seqs_.end() || !it->second.running) continue;  // preempted earlier this step
-    const int32_t remaining = static_cast<int32_t>(it->second.tokens.size()) - it->second.num_computed;
+    const int32_t remaining =
+        static_cast<int32_t>(it->second.tokens.size()) - it->second.num_computed;
     if ((remaining == 1) != decodes || remaining == 0) continue;
     if (std::any_of(out.scheduled.begin(), out.scheduled.end(),
                     [&](const ScheduledSequence& s) { return s.seq_id == seq; })) {
       continue;
     }
-    const int32_t num_new = chunk_limit(it->second, it->second.num_computed, std::min(remaining, budget));
+    const int32_t num_new =
+        chunk_limit(it->second, it->second.num_computed, std::min(remaining, budget));
     std::optional<kv::SparseAppend> sparse_append;
     if (!reserve_running(seq, it->second.num_computed + num_new, out, sparse_append)) continue;
     add_scheduled(seq, num_new, out, std::move(sparse_append));
@@ -130,12 +135,15 @@ void Scheduler::schedule_running(bool decodes, ScheduleOutput& out) {
 void Scheduler::schedule_waiting(ScheduleOutput& out) {
   for (;;) {
     const int32_t budget = config_.max_batch_tokens - out.num_batched_tokens;
-    if (budget == 0 || waiting_.empty() || static_cast<int32_t>(running_.size()) >= config_.max_num_seqs) return;
+    if (budget == 0 || waiting_.empty() ||
+        static_cast<int32_t>(running_.size()) >= config_.max_num_seqs)
+      return;
     const SeqId seq = waiting_.front();
     Sequence& s = seqs_.at(seq);
-    kv::PrefixMatch match = s.options.private_kv
-                                ? kv::PrefixMatch{.num_prompt_tokens = static_cast<int32_t>(s.tokens.size())}
-                                : kv_.lookup_prefix(s.tokens, s.options.extra_key);
+    kv::PrefixMatch match =
+        s.options.private_kv
+            ? kv::PrefixMatch{.num_prompt_tokens = static_cast<int32_t>(s.tokens.size())}
+            : kv_.lookup_prefix(s.tokens, s.options.extra_key);
     const int32_t boundary = s.options.chunk_boundary;
     if (boundary > 0 && match.num_cached_tokens > boundary) {
       const size_t blocks = static_cast<size_t>(boundary / kv_.config().page_size);
@@ -143,8 +151,9 @@ void Scheduler::schedule_waiting(ScheduleOutput& out) {
       match.hashes.resize(blocks);
       match.num_cached_tokens = boundary;
     }
-    const int32_t num_new = chunk_limit(s, match.num_cached_tokens,
-                                        std::min(static_cast<int32_t>(s.tokens.size()) - match.num_cached_tokens, budget));
+    const int32_t num_new = chunk_limit(
+        s, match.num_cached_tokens,
+        std::min(static_cast<int32_t>(s.tokens.size()) - match.num_cached_tokens, budget));
     if (!kv_.admit(seq, match, match.num_cached_tokens + num_new)) return;  // wait for pages
     waiting_.pop_front();
     s.num_computed = match.num_cached_tokens;
@@ -163,7 +172,8 @@ ScheduleOutput Scheduler::schedule() {
   // Copies planned for sequences preempted later in the step would write pages they no
   // longer own (and which may already belong to someone else).
   std::erase_if(out.page_copies, [&](const ScheduledCopy& copy) {
-    return std::find(out.preempted.begin(), out.preempted.end(), copy.seq_id) != out.preempted.end();
+    return std::find(out.preempted.begin(), out.preempted.end(), copy.seq_id) !=
+           out.preempted.end();
   });
   return out;
 }

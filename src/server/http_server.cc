@@ -33,11 +33,14 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(dump(body), kJsonType);
 }
 
-void send_error(httplib::Response& res, const ApiError& error) { send_json(res, error.status, error.to_json()); }
+void send_error(httplib::Response& res, const ApiError& error) {
+  send_json(res, error.status, error.to_json());
+}
 
 std::string numeric_host(const sockaddr_storage& addr, socklen_t len) {
   char host[NI_MAXHOST] = {};
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) {
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
+                  NI_NUMERICHOST) != 0) {
     return {};
   }
   return host;
@@ -45,7 +48,8 @@ std::string numeric_host(const sockaddr_storage& addr, socklen_t len) {
 
 int port_of(const sockaddr_storage& addr) {
   if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
-  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
+  if (addr.ss_family == AF_INET6)
+    return ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
   return -1;
 }
 
@@ -78,7 +82,8 @@ int find_client_socket(const httplib::Request& req) {
     sockaddr_storage peer{};
     socklen_t peer_len = sizeof(peer);
     if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
-    if (port_of(peer) != req.remote_port || numeric_host(peer, peer_len) != req.remote_addr) return false;
+    if (port_of(peer) != req.remote_port || numeric_host(peer, peer_len) != req.remote_addr)
+      return false;
     found = fd;
     return true;
   });
@@ -92,7 +97,8 @@ void raise_listen_backlog(int port) {
   for_each_socket([&](int fd, const sockaddr_storage& local) {
     int listening = 0;
     socklen_t flag_len = sizeof(listening);
-    if (port_of(local) == port && getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_len) == 0 && listening) {
+    if (port_of(local) == port &&
+        getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_len) == 0 && listening) {
       ::listen(fd, SOMAXCONN);
     }
     return false;
@@ -110,11 +116,15 @@ bool peer_closed(int fd) {
 std::optional<json> parse_body(const httplib::Request& req, httplib::Response& res) {
   json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
-    send_error(res, ApiError{.status = 400, .message = "the request body is not valid JSON (UTF-8)", .param = "body"});
+    send_error(res, ApiError{.status = 400,
+                             .message = "the request body is not valid JSON (UTF-8)",
+                             .param = "body"});
     return std::nullopt;
   }
   if (!body.is_object()) {
-    send_error(res, ApiError{.status = 400, .message = "the request body must be a JSON object", .param = "body"});
+    send_error(res, ApiError{.status = 400,
+                             .message = "the request body must be a JSON object",
+                             .param = "body"});
     return std::nullopt;
   }
   return body;
@@ -171,11 +181,13 @@ struct HttpServer::Exchange {
     for (engine::RequestId id : engine_ids) backend->engine->cancel(id);
   }
   int32_t choice_index(const engine::RequestEvent& event) const {
-    return static_cast<int32_t>(prompt_of.at(event.request_id) * request.params.n + event.sample_idx);
+    return static_cast<int32_t>(prompt_of.at(event.request_id) * request.params.n +
+                                event.sample_idx);
   }
 };
 
-HttpServer::HttpServer(ServerConfig config) : config_(std::move(config)), http_(std::make_unique<httplib::Server>()) {
+HttpServer::HttpServer(ServerConfig config)
+    : config_(std::move(config)), http_(std::make_unique<httplib::Server>()) {
   install_routes();
 }
 
@@ -188,7 +200,8 @@ std::shared_ptr<const Backend> HttpServer::backend() const {
 
 void HttpServer::set_backend(Backend backend) {
   const engine::EngineConfig& ec = backend.engine->config();
-  auto metrics = std::make_unique<Metrics>(backend.model_name, backend.context_length, ec.page_size, ec.num_kv_pages);
+  auto metrics = std::make_unique<Metrics>(backend.model_name, backend.context_length, ec.page_size,
+                                           ec.num_kv_pages);
   std::lock_guard lock(backend_mutex_);
   metrics_ = std::move(metrics);
   backend_ = std::make_shared<const Backend>(std::move(backend));
@@ -198,7 +211,9 @@ void HttpServer::bind() {
   // Streams hold their HTTP thread for their whole life: have one for every sequence that can
   // run or wait, plus some for health checks and metrics scrapes.
   const int threads = config_.http_threads > 0 ? config_.http_threads : 256;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->new_task_queue = [threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(threads));
+  };
   http_->set_payload_max_length(config_.max_body_bytes);
   http_->set_tcp_nodelay(true);  // stream chunks are small: send each at once (no Nagle delay)
   http_->set_keep_alive_timeout(5);
@@ -209,7 +224,8 @@ void HttpServer::bind() {
     if (bound_port_ < 0) fail("cannot bind to {} on any port", config_.host);
   } else {
     if (!http_->bind_to_port(config_.host, config_.port)) {
-      fail("cannot bind to {}:{} (in use, or not an address of this machine)", config_.host, config_.port);
+      fail("cannot bind to {}:{} (in use, or not an address of this machine)", config_.host,
+           config_.port);
     }
     bound_port_ = config_.port;
   }
@@ -226,7 +242,8 @@ void HttpServer::shutdown() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (active_requests_.load() > 0) {
-    spdlog::warn("shutdown: cancelling {} request(s) still running after the grace period", active_requests_.load());
+    spdlog::warn("shutdown: cancelling {} request(s) still running after the grace period",
+                 active_requests_.load());
     cancel_all_ = true;
     const auto hard_deadline = Clock::now() + std::chrono::seconds(5);
     while (active_requests_.load() > 0 && Clock::now() < hard_deadline) {
@@ -251,16 +268,20 @@ void HttpServer::install_routes() {
     if (!config_.api_key.empty()) {
       const std::string auth = req.get_header_value("Authorization");
       if (auth != "Bearer " + config_.api_key) {
-        send_error(res, ApiError{.status = 401,
-                                 .message = auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
-                                                         : "invalid API key",
-                                 .type = "authentication_error",
-                                 .code = "invalid_api_key"});
+        send_error(
+            res,
+            ApiError{.status = 401,
+                     .message = auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
+                                             : "invalid API key",
+                     .type = "authentication_error",
+                     .code = "invalid_api_key"});
         return httplib::Server::HandlerResponse::Handled;
       }
     }
     if (!backend()) {
-      send_error(res, ApiError{.status = 503, .message = "the model is still loading", .type = "server_unavailable"});
+      send_error(res, ApiError{.status = 503,
+                               .message = "the model is still loading",
+                               .type = "server_unavailable"});
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -268,9 +289,11 @@ void HttpServer::install_routes() {
 
   // Errors cpp-httplib produces itself (unknown route, body too large, unreadable request)
   // get the same JSON shape as ours; responses that already have a body are left alone.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                 httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError error{.status = res.status, .message = fmt::format("the request failed with HTTP status {}", res.status)};
+    ApiError error{.status = res.status,
+                   .message = fmt::format("the request failed with HTTP status {}", res.status)};
     if (res.status == 404) {
       error.message = fmt::format("no route {} {}", req.method, req.path);
       error.type = "NotFoundError";
@@ -282,17 +305,18 @@ void HttpServer::install_routes() {
     return httplib::Server::HandlerResponse::Handled;
   }));
 
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    spdlog::error("unhandled error: {}", what);
-    send_error(res, ApiError{.status = 500, .message = what, .type = "internal_server_error"});
-  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        spdlog::error("unhandled error: {}", what);
+        send_error(res, ApiError{.status = 500, .message = what, .type = "internal_server_error"});
+      });
 
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     if (!backend()) return send_json(res, 503, {{"status", "loading"}});
@@ -314,7 +338,8 @@ void HttpServer::install_routes() {
     return json{{"id", b.model_name},
                 {"object", "model"},
                 {"created", std::chrono::duration_cast<std::chrono::seconds>(
-                                std::chrono::system_clock::now().time_since_epoch()).count()},
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count()},
                 {"owned_by", "sieve"},
                 {"root", b.model_name},
                 {"parent", nullptr},
@@ -323,11 +348,13 @@ void HttpServer::install_routes() {
   http.Get("/v1/models", [this, model_card](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, {{"object", "list"}, {"data", json::array({model_card(*backend())})}});
   });
-  http.Get(R"(/v1/models/(.+))", [this, model_card](const httplib::Request& req, httplib::Response& res) {
+  http.Get(R"(/v1/models/(.+))", [this, model_card](const httplib::Request& req,
+                                                    httplib::Response& res) {
     auto b = backend();
     if (req.matches[1] != b->model_name) {
       return send_error(res, ApiError{.status = 404,
-                                      .message = fmt::format("The model `{}` does not exist.", req.matches[1].str()),
+                                      .message = fmt::format("The model `{}` does not exist.",
+                                                             req.matches[1].str()),
                                       .type = "NotFoundError",
                                       .param = "model",
                                       .code = "model_not_found"});
@@ -342,23 +369,29 @@ void HttpServer::install_routes() {
     try {
       std::vector<TokenId> ids;
       if (body->contains("messages")) {
-        ModelInfo info{.served_name = b->model_name, .context_length = b->context_length,
-                       .tokenizer = b->tokenizer.get(), .render_chat = b->render_chat};
+        ModelInfo info{.served_name = b->model_name,
+                       .context_length = b->context_length,
+                       .tokenizer = b->tokenizer.get(),
+                       .render_chat = b->render_chat};
         json chat = *body;
         chat["max_tokens"] = 1;  // tokenizing needs no room for a completion
         chat.erase("model");
         ids = parse_generation_request(ApiKind::kChat, chat, info).prompts.at(0);
       } else {
         auto it = body->find("prompt");
-        if (it == body->end() || !it->is_string()) throw_invalid("prompt", "'prompt' must be a string");
+        if (it == body->end() || !it->is_string())
+          throw_invalid("prompt", "'prompt' must be a string");
         bool add_special = true;
         if (auto a = body->find("add_special_tokens"); a != body->end() && !a->is_null()) {
-          if (!a->is_boolean()) throw_invalid("add_special_tokens", "'add_special_tokens' must be a boolean");
+          if (!a->is_boolean())
+            throw_invalid("add_special_tokens", "'add_special_tokens' must be a boolean");
           add_special = a->get<bool>();
         }
-        ids = b->tokenizer->encode(it->get<std::string>(), {.add_special = add_special, .parse_special = true});
+        ids = b->tokenizer->encode(it->get<std::string>(),
+                                   {.add_special = add_special, .parse_special = true});
       }
-      send_json(res, 200, {{"count", ids.size()}, {"max_model_len", b->context_length}, {"tokens", ids}});
+      send_json(res, 200,
+                {{"count", ids.size()}, {"max_model_len", b->context_length}, {"tokens", ids}});
     } catch (const ApiException& e) {
       send_error(res, e.error());
     }
@@ -370,16 +403,19 @@ void HttpServer::install_routes() {
     auto b = backend();
     auto it = body->find("tokens");
     if (it == body->end() || !it->is_array()) {
-      return send_error(res, ApiError{.status = 400, .message = "'tokens' must be an array of token ids", .param = "tokens"});
+      return send_error(res, ApiError{.status = 400,
+                                      .message = "'tokens' must be an array of token ids",
+                                      .param = "tokens"});
     }
     std::vector<TokenId> ids;
     for (const json& v : *it) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
           v.get<int64_t>() >= static_cast<int64_t>(b->tokenizer->vocab().size())) {
-        return send_error(res, ApiError{.status = 400,
-                                        .message = fmt::format("'tokens' must hold token ids in [0, {})",
-                                                               b->tokenizer->vocab().size()),
-                                        .param = "tokens"});
+        return send_error(res,
+                          ApiError{.status = 400,
+                                   .message = fmt::format("'tokens' must hold token ids in [0, {})",
+                                                          b->tokenizer->vocab().size()),
+                                   .param = "tokens"});
       }
       ids.push_back(static_cast<TokenId>(v.get<int64_t>()));
     }
@@ -387,7 +423,9 @@ void HttpServer::install_routes() {
   });
 
   auto generate = [this](ApiKind kind) {
-    return [this, kind](const httplib::Request& req, httplib::Response& res) { handle_generation(kind, req, res); };
+    return [this, kind](const httplib::Request& req, httplib::Response& res) {
+      handle_generation(kind, req, res);
+    };
   };
   http.Post("/v1/completions", generate(ApiKind::kCompletion));
   http.Post("/v1/chat/completions", generate(ApiKind::kChat));
@@ -435,15 +473,16 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
     ex.usage.prompt_tokens += event.usage.prompt_tokens;
     ex.usage.cached_tokens += event.usage.cached_prompt_tokens;
   }
-  SequenceRecord record{.finished_reason = std::string(engine::finish_reason_name(event.finish->reason)),
-                        .prompt_tokens = event.usage.prompt_tokens,
-                        .generation_tokens = event.usage.completion_tokens,
-                        .kv_pages = event.usage.kv_pages,
-                        .kv_dense_pages = event.usage.kv_dense_pages,
-                        .attention_recovery = event.usage.attention_recovery,
-                        .n = ex.request.params.n,
-                        .max_tokens = ex.request.params.max_tokens,
-                        .timings = event.timings};
+  SequenceRecord record{
+      .finished_reason = std::string(engine::finish_reason_name(event.finish->reason)),
+      .prompt_tokens = event.usage.prompt_tokens,
+      .generation_tokens = event.usage.completion_tokens,
+      .kv_pages = event.usage.kv_pages,
+      .kv_dense_pages = event.usage.kv_dense_pages,
+      .attention_recovery = event.usage.attention_recovery,
+      .n = ex.request.params.n,
+      .max_tokens = ex.request.params.max_tokens,
+      .timings = event.timings};
   std::lock_guard lock(backend_mutex_);
   metrics_->observe(record);
 }
@@ -455,27 +494,33 @@ void HttpServer::finish_exchange(Exchange& ex, std::string_view status) {
     // Sequences the client (or a shutdown) cut off count as vLLM's "abort".
     for (size_t i = 0; i < ex.choices.size(); ++i) {
       if (ex.observed[i]) continue;
-      SequenceRecord record{.finished_reason = "abort", .generation_tokens = ex.choices[i].completion_tokens,
+      SequenceRecord record{.finished_reason = "abort",
+                            .generation_tokens = ex.choices[i].completion_tokens,
                             .n = ex.request.params.n};
       std::lock_guard lock(backend_mutex_);
       metrics_->observe(record);
     }
   }
   const double total = std::chrono::duration<double>(Clock::now() - ex.start).count();
-  spdlog::info("request {} {} {} prompt_tokens={} output_tokens={} ttft={} total={:.3f}s{}", ex.log_id, ex.endpoint,
-               status, ex.usage.prompt_tokens, [&] {
-                 int64_t n = 0;
-                 for (const ChoiceState& c : ex.choices) n += c.completion_tokens;
-                 return n;
-               }(),
-               ex.first_token_seconds ? fmt::format("{:.3f}s", *ex.first_token_seconds) : "-", total,
-               ex.request.user.empty() ? "" : fmt::format(" user={}", ex.request.user));
+  spdlog::info(
+      "request {} {} {} prompt_tokens={} output_tokens={} ttft={} total={:.3f}s{}", ex.log_id,
+      ex.endpoint, status, ex.usage.prompt_tokens,
+      [&] {
+        int64_t n = 0;
+        for (const ChoiceState& c : ex.choices) n += c.completion_tokens;
+        return n;
+      }(),
+      ex.first_token_seconds ? fmt::format("{:.3f}s", *ex.first_token_seconds) : "-", total,
+      ex.request.user.empty() ? "" : fmt::format(" user={}", ex.request.user));
   --active_requests_;
 }
 
-void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, httplib::Response& res) {
+void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
+                                   httplib::Response& res) {
   if (draining_) {
-    return send_error(res, ApiError{.status = 503, .message = "the server is shutting down", .type = "server_unavailable"});
+    return send_error(res, ApiError{.status = 503,
+                                    .message = "the server is shutting down",
+                                    .type = "server_unavailable"});
   }
   auto body = parse_body(req, res);
   if (!body) return;
@@ -485,16 +530,20 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
   ex->log_id = next_log_id_++;
   const Backend& b = *ex->backend;
   try {
-    ModelInfo info{.served_name = b.model_name, .context_length = b.context_length,
-                   .tokenizer = b.tokenizer.get(), .render_chat = b.render_chat,
+    ModelInfo info{.served_name = b.model_name,
+                   .context_length = b.context_length,
+                   .tokenizer = b.tokenizer.get(),
+                   .render_chat = b.render_chat,
                    .default_kv_policy = b.default_kv_policy};
     ex->request = parse_generation_request(kind, *body, info);
   } catch (const ApiException& e) {
-    spdlog::info("request {} {} {} {}", ex->log_id, ex->endpoint, e.error().status, e.error().message);
+    spdlog::info("request {} {} {} {}", ex->log_id, ex->endpoint, e.error().status,
+                 e.error().message);
     return send_error(res, e.error());
   }
   const GenerationRequest& request = ex->request;
-  ex->writer = std::make_unique<ResponseWriter>(kind, b.model_name, *b.tokenizer, request.params.logprobs.has_value());
+  ex->writer = std::make_unique<ResponseWriter>(kind, b.model_name, *b.tokenizer,
+                                                request.params.logprobs.has_value());
   ex->choices.resize(request.prompts.size() * request.params.n);
   ex->stream_offsets.assign(ex->choices.size(), 0);
   ex->observed.assign(ex->choices.size(), false);
@@ -504,11 +553,11 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
   // Submit every prompt; the engine calls the sink on its own thread, which only queues.
   for (size_t i = 0; i < request.prompts.size(); ++i) {
     std::weak_ptr<Exchange> weak = ex;
-    auto submitted = b.engine->submit({.prompt = request.prompts[i], .params = request.params,
-                                       .kv_policy = request.kv_policy},
-                                      [weak](const engine::RequestEvent& event) {
-                                        if (auto alive = weak.lock()) alive->push(event);
-                                      });
+    auto submitted = b.engine->submit(
+        {.prompt = request.prompts[i], .params = request.params, .kv_policy = request.kv_policy},
+        [weak](const engine::RequestEvent& event) {
+          if (auto alive = weak.lock()) alive->push(event);
+        });
     if (const auto* refusal = std::get_if<engine::AdmissionError>(&submitted)) {
       ex->cancel();
       const ApiError error = admission_api_error(*refusal);
@@ -532,7 +581,8 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
       }
       if (cancel_all_ && !ex->cancelled) {
         ex->cancel();
-        ex->error = ApiError{.status = 503, .message = "the server shut down before the request finished",
+        ex->error = ApiError{.status = 503,
+                             .message = "the server shut down before the request finished",
                              .type = "server_unavailable"};
       }
     }
@@ -582,10 +632,11 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
         for (const auto& event : events) {
           apply(*ex, event);
           if (ex->error || event.error) continue;
-          if (event.text.empty() && event.logprobs.empty() && !event.finish) continue;  // text held back
+          if (event.text.empty() && event.logprobs.empty() && !event.finish)
+            continue;  // text held back
           const int32_t index = ex->choice_index(event);
-          const json chunk = ex->writer->delta_chunk(index, event.text, event.logprobs, event.finish,
-                                                     ex->stream_offsets[index]);
+          const json chunk = ex->writer->delta_chunk(index, event.text, event.logprobs,
+                                                     event.finish, ex->stream_offsets[index]);
           if (!write(with_usage(chunk))) return false;
         }
         if (ex->error) {
@@ -600,7 +651,8 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req, ht
         }
         if (cancel_all_) {
           ex->cancel();
-          ex->error = ApiError{.status = 503, .message = "the server shut down before the request finished",
+          ex->error = ApiError{.status = 503,
+                               .message = "the server shut down before the request finished",
                                .type = "server_unavailable"};
         }
         return !peer_closed(ex->client_fd);

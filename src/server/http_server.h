@@ -2,7 +2,8 @@
 // `sieve serve`: the OpenAI-compatible HTTP front of the engine. Thin by design:
 //
 //   HTTP thread:  body ─► parse_generation_request ─► Engine::submit (one per prompt)
-//                 wait on this exchange's event queue ─► JSON response, or SSE chunks as events come
+//                 wait on this exchange's event queue ─► JSON response, or SSE chunks as events
+//                 come
 //   engine thread (Engine::start): steps the batch; each sequence's events are pushed to its
 //                 exchange's queue (never blocks)
 //   client gone:  the HTTP thread sees the socket closed (or a write fail) ─► Engine::cancel ─►
@@ -26,17 +27,17 @@ namespace httplib {
 class Server;
 struct Request;
 struct Response;
-}
+}  // namespace httplib
 
 namespace sieve::server {
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;             // empty: no authentication
-  std::string served_model_name;   // empty: the model's name
+  std::string api_key;            // empty: no authentication
+  std::string served_model_name;  // empty: the model's name
   size_t max_body_bytes = 8u << 20;
-  int http_threads = 0;            // 0: enough for every running and queued stream
+  int http_threads = 0;  // 0: enough for every running and queued stream
   std::chrono::milliseconds shutdown_grace{10000};
 };
 

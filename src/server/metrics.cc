@@ -14,12 +14,14 @@ using prometheus::BuildHistogram;
 using Buckets = prometheus::Histogram::BucketBoundaries;
 
 // vLLM's boundaries (vllm/v1/metrics/loggers.py).
-const Buckets kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,   0.75,
-                              1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const Buckets kTtftBuckets = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                              0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                              20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
 const Buckets kTokenLatencyBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
                                       0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
-const Buckets kRequestLatencyBuckets = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
-                                        30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const Buckets kRequestLatencyBuckets = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                        5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                        60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 const Buckets kNBuckets = {1, 2, 5, 10, 20};
 
 // vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to max_value.
@@ -36,7 +38,8 @@ Buckets buckets_1_2_5(int64_t max_value) {
 
 }  // namespace
 
-Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_size, int32_t num_pages)
+Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_size,
+                 int32_t num_pages)
     : model_name_(std::move(model_name)), registry_(std::make_shared<prometheus::Registry>()) {
   const prometheus::Labels labels = {{"model_name", model_name_}};
   auto gauge = [&](const std::string& name, const std::string& help) {
@@ -51,9 +54,12 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
   running_ = gauge("vllm:num_requests_running", "Number of requests in model execution batches.");
   waiting_ = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.");
   kv_usage_ = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.");
-  kv_usage_v0_ = gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (vLLM v0 name). 1 means 100 percent usage.");
-  kv_pages_used_ = gauge("sieve:kv_pages_used", "KV pages referenced by running or waiting sequences.");
-  kv_pages_free_ = gauge("sieve:kv_pages_free", "KV pages free, including cached prefix pages that can be evicted.");
+  kv_usage_v0_ = gauge("vllm:gpu_cache_usage_perc",
+                       "KV-cache usage (vLLM v0 name). 1 means 100 percent usage.");
+  kv_pages_used_ =
+      gauge("sieve:kv_pages_used", "KV pages referenced by running or waiting sequences.");
+  kv_pages_free_ = gauge("sieve:kv_pages_free",
+                         "KV pages free, including cached prefix pages that can be evicted.");
   BuildGauge()
       .Name("vllm:cache_config_info")
       .Help("Information of the KV cache configuration.")
@@ -63,46 +69,65 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
             {"num_gpu_blocks", std::to_string(num_pages)},
             {"cache_dtype", "auto"}})
       .Set(1);
-  preemptions_ = counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.");
+  preemptions_ =
+      counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.");
   prompt_tokens_ = counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.");
-  generation_tokens_ = counter("vllm:generation_tokens_total", "Number of generation tokens processed.");
-  prefix_queries_ = counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.");
-  prefix_hits_ = counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.");
-  kv_pages_kept_ = counter("sieve:kv_pages_kept_total",
-                           "KV pages finished sequences held at their end (sparse policies hold fewer).");
+  generation_tokens_ =
+      counter("vllm:generation_tokens_total", "Number of generation tokens processed.");
+  prefix_queries_ = counter("vllm:prefix_cache_queries_total",
+                            "Prefix cache queries, in terms of number of queried tokens.");
+  prefix_hits_ = counter("vllm:prefix_cache_hits_total",
+                         "Prefix cache hits, in terms of number of cached tokens.");
+  kv_pages_kept_ =
+      counter("sieve:kv_pages_kept_total",
+              "KV pages finished sequences held at their end (sparse policies hold fewer).");
   kv_pages_dense_ = counter("sieve:kv_pages_dense_total",
                             "KV pages the same finished sequences would hold with the full cache.");
-  attention_recovery_ = histogram("sieve:attention_recovery_ratio",
-                                  "Attention mass kept by a sparse policy at compression (scored policies only).",
-                                  {0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0});
-  success_ = &BuildCounter().Name("vllm:request_success_total").Help("Count of finished requests.").Register(*registry_);
+  attention_recovery_ =
+      histogram("sieve:attention_recovery_ratio",
+                "Attention mass kept by a sparse policy at compression (scored policies only).",
+                {0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99, 1.0});
+  success_ = &BuildCounter()
+                  .Name("vllm:request_success_total")
+                  .Help("Count of finished requests.")
+                  .Register(*registry_);
   for (const char* reason : {"stop", "length", "abort"}) {
     success_->Add({{"model_name", model_name_}, {"finished_reason", reason}});
   }
-  ttft_ = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", kTtftBuckets);
-  itl_ = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", kTokenLatencyBuckets);
-  tpot_v0_ = histogram("vllm:time_per_output_token_seconds",
-                       "Histogram of time per output token in seconds (vLLM v0 name of the inter-token latency).",
-                       kTokenLatencyBuckets);
-  request_tpot_ = histogram("vllm:request_time_per_output_token_seconds",
-                            "Histogram of time per output token per request in seconds.", kTokenLatencyBuckets);
-  e2e_ = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                   kRequestLatencyBuckets);
-  queue_ = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                     kRequestLatencyBuckets);
-  inference_ = histogram("vllm:request_inference_time_seconds",
-                         "Histogram of time spent in RUNNING phase for request.", kRequestLatencyBuckets);
-  prefill_ = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-                       kRequestLatencyBuckets);
-  decode_ = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-                      kRequestLatencyBuckets);
+  ttft_ = histogram("vllm:time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.", kTtftBuckets);
+  itl_ = histogram("vllm:inter_token_latency_seconds",
+                   "Histogram of inter-token latency in seconds.", kTokenLatencyBuckets);
+  tpot_v0_ = histogram(
+      "vllm:time_per_output_token_seconds",
+      "Histogram of time per output token in seconds (vLLM v0 name of the inter-token latency).",
+      kTokenLatencyBuckets);
+  request_tpot_ =
+      histogram("vllm:request_time_per_output_token_seconds",
+                "Histogram of time per output token per request in seconds.", kTokenLatencyBuckets);
+  e2e_ = histogram("vllm:e2e_request_latency_seconds",
+                   "Histogram of e2e request latency in seconds.", kRequestLatencyBuckets);
+  queue_ =
+      histogram("vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.", kRequestLatencyBuckets);
+  inference_ =
+      histogram("vllm:request_inference_time_seconds",
+                "Histogram of time spent in RUNNING phase for request.", kRequestLatencyBuckets);
+  prefill_ =
+      histogram("vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.", kRequestLatencyBuckets);
+  decode_ =
+      histogram("vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.", kRequestLatencyBuckets);
   const Buckets token_buckets = buckets_1_2_5(max_model_len);
-  request_prompt_tokens_ = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets);
-  request_generation_tokens_ =
-      histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", token_buckets);
-  request_n_ = histogram("vllm:request_params_n", "Histogram of the n request parameter.", kNBuckets);
-  request_max_tokens_ =
-      histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", token_buckets);
+  request_prompt_tokens_ =
+      histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets);
+  request_generation_tokens_ = histogram("vllm:request_generation_tokens",
+                                         "Number of generation tokens processed.", token_buckets);
+  request_n_ =
+      histogram("vllm:request_params_n", "Histogram of the n request parameter.", kNBuckets);
+  request_max_tokens_ = histogram("vllm:request_params_max_tokens",
+                                  "Histogram of the max_tokens request parameter.", token_buckets);
 }
 
 void Metrics::observe(const SequenceRecord& r) {
@@ -130,7 +155,8 @@ void Metrics::observe(const SequenceRecord& r) {
     tpot_v0_->Observe(gap);
   }
   if (t.token_seconds.size() > 1) {
-    request_tpot_->Observe((t.token_seconds.back() - t.token_seconds.front()) / (t.token_seconds.size() - 1));
+    request_tpot_->Observe((t.token_seconds.back() - t.token_seconds.front()) /
+                           (t.token_seconds.size() - 1));
   }
 }
 

@@ -46,7 +46,8 @@ int64_t integer_of(const json& value, const std::string& param) {
   if (value.is_number_float()) {
     // 16.0 is accepted as 16 (as pydantic does); 16.5 is not.
     const double x = value.get<double>();
-    if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) <= 9007199254740992.0) return static_cast<int64_t>(x);
+    if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) <= 9007199254740992.0)
+      return static_cast<int64_t>(x);
   }
   throw_invalid(param, fmt::format("'{}' must be an integer", param));
 }
@@ -62,19 +63,22 @@ std::string string_of(const json& value, const std::string& param) {
 }
 
 void check_range(double x, double lo, double hi, const std::string& param) {
-  if (x < lo || x > hi) throw_invalid(param, fmt::format("'{}' must be in [{}, {}], got {}", param, lo, hi, x));
+  if (x < lo || x > hi)
+    throw_invalid(param, fmt::format("'{}' must be in [{}, {}], got {}", param, lo, hi, x));
 }
 
 int64_t integer_in(const json& value, int64_t lo, int64_t hi, const std::string& param) {
   const int64_t x = integer_of(value, param);
-  if (x < lo || x > hi) throw_invalid(param, fmt::format("'{}' must be in [{}, {}], got {}", param, lo, hi, x));
+  if (x < lo || x > hi)
+    throw_invalid(param, fmt::format("'{}' must be in [{}, {}], got {}", param, lo, hi, x));
   return x;
 }
 
 TokenId token_id_of(const json& value, const std::string& param, size_t vocab_size) {
   const int64_t id = integer_of(value, param);
   if (id < 0 || id >= static_cast<int64_t>(vocab_size)) {
-    throw_invalid(param, fmt::format("token id {} in '{}' is outside the vocabulary (0..{})", id, param, vocab_size - 1));
+    throw_invalid(param, fmt::format("token id {} in '{}' is outside the vocabulary (0..{})", id,
+                                     param, vocab_size - 1));
   }
   return static_cast<TokenId>(id);
 }
@@ -101,21 +105,24 @@ std::vector<std::vector<TokenId>> parse_prompts(const json& body, const tok::Tok
     if (first.is_number()) {
       prompts.push_back(token_array(*prompt, "prompt", vocab));
     } else {
-      if (prompt->size() > kMaxPrompts) throw_invalid("prompt", fmt::format("at most {} prompts per request", kMaxPrompts));
+      if (prompt->size() > kMaxPrompts)
+        throw_invalid("prompt", fmt::format("at most {} prompts per request", kMaxPrompts));
       for (const json& item : *prompt) {
         if (item.is_string()) {
           prompts.push_back(tokenizer.encode(item.get<std::string>(), encode));
         } else if (item.is_array()) {
           prompts.push_back(token_array(item, "prompt", vocab));
         } else {
-          throw_invalid("prompt", "'prompt' must be a string, an array of strings, an array of token ids, "
-                                  "or an array of token id arrays");
+          throw_invalid("prompt",
+                        "'prompt' must be a string, an array of strings, an array of token ids, "
+                        "or an array of token id arrays");
         }
       }
     }
   } else {
-    throw_invalid("prompt", "'prompt' must be a string, an array of strings, an array of token ids, "
-                            "or an array of token id arrays");
+    throw_invalid("prompt",
+                  "'prompt' must be a string, an array of strings, an array of token ids, "
+                  "or an array of token id arrays");
   }
   for (const auto& p : prompts) {
     if (p.empty()) throw_invalid("prompt", "the prompt is empty");
@@ -129,7 +136,8 @@ std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model)
   if (!messages->is_array()) throw_invalid("messages", "'messages' must be an array");
   if (messages->empty()) throw_invalid("messages", "'messages' must not be empty");
   bool add_generation_prompt = true;  // vLLM's extension; OpenAI always adds it
-  if (const json* v = field(body, "add_generation_prompt")) add_generation_prompt = bool_of(*v, "add_generation_prompt");
+  if (const json* v = field(body, "add_generation_prompt"))
+    add_generation_prompt = bool_of(*v, "add_generation_prompt");
   json context = chat_template_context(*messages, add_generation_prompt, *model.tokenizer);
   if (const json* tools = field(body, "tools")) context["tools"] = *tools;
   std::string text;
@@ -153,7 +161,8 @@ std::vector<std::string> parse_stop(const json& value) {
   if (value.is_string()) {
     stops.push_back(value.get<std::string>());
   } else if (value.is_array()) {
-    if (value.size() > kMaxStopStrings) throw_invalid("stop", fmt::format("at most {} stop strings", kMaxStopStrings));
+    if (value.size() > kMaxStopStrings)
+      throw_invalid("stop", fmt::format("at most {} stop strings", kMaxStopStrings));
     for (const json& s : value) stops.push_back(string_of(s, "stop"));
   } else {
     throw_invalid("stop", "'stop' must be a string or an array of strings");
@@ -173,7 +182,8 @@ void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::S
   }
   if (const json* v = field(body, "top_p")) {
     const double x = number_of(*v, "top_p");
-    if (!(x > 0.0 && x <= 1.0)) throw_invalid("top_p", fmt::format("'top_p' must be in (0, 1], got {}", x));
+    if (!(x > 0.0 && x <= 1.0))
+      throw_invalid("top_p", fmt::format("'top_p' must be in (0, 1], got {}", x));
     p.top_p = static_cast<float>(x);
   }
   if (const json* v = field(body, "top_k")) {
@@ -194,16 +204,22 @@ void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::S
   }
   if (const json* v = field(body, "repetition_penalty")) {
     const double x = number_of(*v, "repetition_penalty");
-    if (!(x > 0.0 && x <= 100.0)) throw_invalid("repetition_penalty", fmt::format("'repetition_penalty' must be in (0, 100], got {}", x));
+    if (!(x > 0.0 && x <= 100.0))
+      throw_invalid("repetition_penalty",
+                    fmt::format("'repetition_penalty' must be in (0, 100], got {}", x));
     p.repetition_penalty = static_cast<float>(x);
   }
   if (const json* v = field(body, "logit_bias")) {
-    if (!v->is_object()) throw_invalid("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    if (!v->is_object())
+      throw_invalid("logit_bias", "'logit_bias' must be an object of token id -> bias");
     for (const auto& [key, bias] : v->items()) {
       int64_t id = -1;
       const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
-      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= static_cast<int64_t>(vocab_size)) {
-        throw_invalid("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id of this model (0..{})", key, vocab_size - 1));
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 ||
+          id >= static_cast<int64_t>(vocab_size)) {
+        throw_invalid("logit_bias",
+                      fmt::format("'logit_bias' key '{}' is not a token id of this model (0..{})",
+                                  key, vocab_size - 1));
       }
       const double b = number_of(bias, "logit_bias");
       check_range(b, -100.0, 100.0, "logit_bias");
@@ -217,11 +233,13 @@ void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::S
   }
   if (const json* v = field(body, "n")) p.n = static_cast<int32_t>(integer_in(*v, 1, kMaxN, "n"));
   if (const json* v = field(body, "best_of")) {
-    if (integer_of(*v, "best_of") != p.n) throw_invalid("best_of", "'best_of' other than n is not supported");
+    if (integer_of(*v, "best_of") != p.n)
+      throw_invalid("best_of", "'best_of' other than n is not supported");
   }
   if (const json* v = field(body, "stop")) p.stop_strings = parse_stop(*v);
   if (const json* v = field(body, "stop_token_ids")) {
-    if (!v->is_array()) throw_invalid("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    if (!v->is_array())
+      throw_invalid("stop_token_ids", "'stop_token_ids' must be an array of token ids");
     p.stop_token_ids = token_array(*v, "stop_token_ids", vocab_size);
   }
   if (const json* v = field(body, "ignore_eos")) p.ignore_eos = bool_of(*v, "ignore_eos");
@@ -231,15 +249,18 @@ void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::S
 
   // Length: max_completion_tokens (chat) wins over the older max_tokens.
   std::optional<int64_t> max_tokens;
-  if (const json* v = field(body, "max_tokens")) max_tokens = integer_in(*v, 1, std::numeric_limits<int32_t>::max(), "max_tokens");
+  if (const json* v = field(body, "max_tokens"))
+    max_tokens = integer_in(*v, 1, std::numeric_limits<int32_t>::max(), "max_tokens");
   if (const json* v = field(body, "max_completion_tokens")) {
     max_tokens = integer_in(*v, 1, std::numeric_limits<int32_t>::max(), "max_completion_tokens");
   }
   if (max_tokens) p.max_tokens = static_cast<int32_t>(*max_tokens);
   if (const json* v = field(body, "min_tokens")) {
-    p.min_tokens = static_cast<int32_t>(integer_in(*v, 0, std::numeric_limits<int32_t>::max(), "min_tokens"));
+    p.min_tokens =
+        static_cast<int32_t>(integer_in(*v, 0, std::numeric_limits<int32_t>::max(), "min_tokens"));
     if (p.max_tokens && p.min_tokens > *p.max_tokens) {
-      throw_invalid("min_tokens", fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", p.min_tokens, *p.max_tokens));
+      throw_invalid("min_tokens", fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})",
+                                              p.min_tokens, *p.max_tokens));
     }
   }
 
@@ -252,8 +273,10 @@ void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::S
     const json* flag = field(body, "logprobs");
     const bool want = flag && bool_of(*flag, "logprobs");
     if (const json* v = field(body, "top_logprobs")) {
-      const int32_t top = static_cast<int32_t>(integer_in(*v, 0, engine::kMaxTopLogprobs, "top_logprobs"));
-      if (!want && top > 0) throw_invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
+      const int32_t top =
+          static_cast<int32_t>(integer_in(*v, 0, engine::kMaxTopLogprobs, "top_logprobs"));
+      if (!want && top > 0)
+        throw_invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
       if (want) p.logprobs = top;
     } else if (want) {
       p.logprobs = 0;
@@ -265,8 +288,10 @@ void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::S
 // answering something else than what was asked.
 void reject_unsupported(ApiKind kind, const json& body) {
   if (kind == ApiKind::kCompletion) {
-    if (const json* v = field(body, "echo"); v && bool_of(*v, "echo")) throw_invalid("echo", "'echo' is not supported");
-    if (const json* v = field(body, "suffix"); v && !(v->is_string() && v->get<std::string>().empty())) {
+    if (const json* v = field(body, "echo"); v && bool_of(*v, "echo"))
+      throw_invalid("echo", "'echo' is not supported");
+    if (const json* v = field(body, "suffix");
+        v && !(v->is_string() && v->get<std::string>().empty())) {
       throw_invalid("suffix", "'suffix' is not supported");
     }
   }
@@ -279,26 +304,29 @@ void reject_unsupported(ApiKind kind, const json& body) {
   }
 }
 
-void check_context(const std::vector<TokenId>& prompt, engine::SamplingParams& params, bool max_tokens_given,
-                   int64_t context, ApiKind kind) {
+void check_context(const std::vector<TokenId>& prompt, engine::SamplingParams& params,
+                   bool max_tokens_given, int64_t context, ApiKind kind) {
   const auto n = static_cast<int64_t>(prompt.size());
   const char* where = kind == ApiKind::kChat ? "messages" : "prompt";
   if (n >= context) {
-    throw ApiException(ApiError{
-        .status = 400,
-        .message = fmt::format("This model's maximum context length is {} tokens. However, your {} has {} "
-                               "tokens, which leaves no room for a completion. Please reduce the length of "
-                               "the {}.", context, kind == ApiKind::kChat ? "conversation" : "prompt", n, where),
-        .param = where,
-        .code = "context_length_exceeded"});
+    throw ApiException(
+        ApiError{.status = 400,
+                 .message = fmt::format(
+                     "This model's maximum context length is {} tokens. However, your {} has {} "
+                     "tokens, which leaves no room for a completion. Please reduce the length of "
+                     "the {}.",
+                     context, kind == ApiKind::kChat ? "conversation" : "prompt", n, where),
+                 .param = where,
+                 .code = "context_length_exceeded"});
   }
   if (max_tokens_given && n + *params.max_tokens > context) {
     throw ApiException(ApiError{
         .status = 400,
-        .message = fmt::format("This model's maximum context length is {} tokens. However, you requested {} "
-                               "tokens ({} in the {}, {} for the completion). Please reduce the length of the "
-                               "{} or the completion.", context, n + *params.max_tokens, n, where,
-                               *params.max_tokens, where),
+        .message = fmt::format(
+            "This model's maximum context length is {} tokens. However, you requested {} "
+            "tokens ({} in the {}, {} for the completion). Please reduce the length of the "
+            "{} or the completion.",
+            context, n + *params.max_tokens, n, where, *params.max_tokens, where),
         .param = "max_tokens",
         .code = "context_length_exceeded"});
   }
@@ -323,10 +351,12 @@ json ApiError::to_json() const {
 }
 
 void throw_invalid(std::string param, std::string message) {
-  throw ApiException(ApiError{.status = 400, .message = std::move(message), .param = std::move(param)});
+  throw ApiException(
+      ApiError{.status = 400, .message = std::move(message), .param = std::move(param)});
 }
 
-json chat_template_context(const json& messages, bool add_generation_prompt, const tok::Tokenizer& tokenizer) {
+json chat_template_context(const json& messages, bool add_generation_prompt,
+                           const tok::Tokenizer& tokenizer) {
   json flat = json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
@@ -345,7 +375,8 @@ json chat_template_context(const json& messages, bool add_generation_prompt, con
       for (size_t j = 0; j < content->size(); ++j) {
         const json& part = (*content)[j];
         const std::string part_where = fmt::format("{}.content[{}]", where, j);
-        if (!part.is_object()) throw_invalid(part_where, fmt::format("'{}' must be an object", part_where));
+        if (!part.is_object())
+          throw_invalid(part_where, fmt::format("'{}' must be an object", part_where));
         const json* type = field(part, "type");
         if (!type || string_of(*type, part_where + ".type") != "text") {
           throw_invalid(part_where, "only text content parts are supported");
@@ -357,7 +388,9 @@ json chat_template_context(const json& messages, bool add_generation_prompt, con
       }
       message["content"] = text;
     } else if (!content->is_string()) {
-      throw_invalid(where + ".content", fmt::format("'{}.content' must be a string or an array of content parts", where));
+      throw_invalid(
+          where + ".content",
+          fmt::format("'{}.content' must be a string or an array of content parts", where));
     }
     flat.push_back(std::move(message));
   }
@@ -388,9 +421,11 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
   parse_sampling(kind, body, vocab, request.params);
   if (const json* v = field(body, "stream")) request.stream = bool_of(*v, "stream");
   if (const json* v = field(body, "stream_options")) {
-    if (!request.stream) throw_invalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    if (!request.stream)
+      throw_invalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
     if (!v->is_object()) throw_invalid("stream_options", "'stream_options' must be an object");
-    if (const json* u = field(*v, "include_usage")) request.include_usage = bool_of(*u, "stream_options.include_usage");
+    if (const json* u = field(*v, "include_usage"))
+      request.include_usage = bool_of(*u, "stream_options.include_usage");
     if (const json* u = field(*v, "continuous_usage_stats")) {
       request.continuous_usage = bool_of(*u, "stream_options.continuous_usage_stats");
     }
@@ -401,8 +436,9 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
     // Parsed here so a typo is a 400 naming it; the engine refuses (400) policies it cannot run.
     try {
       request.kv_policy = v->is_string() ? sparsity::parse_policy(v->get<std::string>())
-                          : v->is_object() ? sparsity::parse_policy_json(v->dump())
-                                           : throw Error("'kv_policy' must be a string or an object");
+                          : v->is_object()
+                              ? sparsity::parse_policy_json(v->dump())
+                              : throw Error("'kv_policy' must be a string or an object");
     } catch (const Error& e) {
       throw_invalid("kv_policy", e.what());
     }
@@ -422,14 +458,16 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
   if (!max_tokens_given && kind == ApiKind::kCompletion) {
     // The legacy default of 16, cut to what the shortest remaining context allows.
     int64_t room = kCompletionsDefaultMaxTokens;
-    for (const auto& prompt : request.prompts) room = std::min<int64_t>(room, model.context_length - prompt.size());
+    for (const auto& prompt : request.prompts)
+      room = std::min<int64_t>(room, model.context_length - prompt.size());
     request.params.max_tokens = static_cast<int32_t>(room);
   }
   for (const auto& prompt : request.prompts) {
     const int64_t room = model.context_length - static_cast<int64_t>(prompt.size());
     if (request.params.min_tokens > room) {
-      throw_invalid("min_tokens", fmt::format("'min_tokens' ({}) is more than the {} tokens left in the context",
-                                              request.params.min_tokens, room));
+      throw_invalid("min_tokens",
+                    fmt::format("'min_tokens' ({}) is more than the {} tokens left in the context",
+                                request.params.min_tokens, room));
     }
   }
   if (request.params.max_tokens && request.params.min_tokens > *request.params.max_tokens) {
@@ -485,20 +523,23 @@ ApiError admission_api_error(const engine::AdmissionError& refusal) {
   return error;
 }
 
-ResponseWriter::ResponseWriter(ApiKind kind, std::string model_name, const tok::Tokenizer& tokenizer, bool want_logprobs)
+ResponseWriter::ResponseWriter(ApiKind kind, std::string model_name,
+                               const tok::Tokenizer& tokenizer, bool want_logprobs)
     : kind_(kind),
       model_(std::move(model_name)),
       tokenizer_(tokenizer),
       want_logprobs_(want_logprobs),
       id_((kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + random_hex(24)),
-      created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      created_(std::chrono::duration_cast<std::chrono::seconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
                    .count()) {}
 
 json ResponseWriter::base(std::string_view object) const {
   return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
 }
 
-json ResponseWriter::logprobs_json(std::span<const engine::SampleResult> logprobs, size_t& offset) const {
+json ResponseWriter::logprobs_json(std::span<const engine::SampleResult> logprobs,
+                                   size_t& offset) const {
   if (!want_logprobs_) return nullptr;
   auto bytes_of = [](const std::string& piece) {
     json b = json::array();
@@ -514,7 +555,9 @@ json ResponseWriter::logprobs_json(std::span<const engine::SampleResult> logprob
         const std::string p = tokenizer_.token_to_piece(t.id, true);
         top.push_back({{"token", p}, {"logprob", t.logprob}, {"bytes", bytes_of(p)}});
       }
-      content.push_back({{"token", piece}, {"logprob", r.logprob.value_or(0.0f)}, {"bytes", bytes_of(piece)},
+      content.push_back({{"token", piece},
+                         {"logprob", r.logprob.value_or(0.0f)},
+                         {"bytes", bytes_of(piece)},
                          {"top_logprobs", std::move(top)}});
     }
     return {{"content", std::move(content)}};
@@ -527,7 +570,8 @@ json ResponseWriter::logprobs_json(std::span<const engine::SampleResult> logprob
     token_logprobs.push_back(r.logprob.value_or(0.0f));
     // As vLLM: the sampled token is always among its top_logprobs.
     json top = json::object();
-    for (const engine::TokenLogprob& t : r.top) top[tokenizer_.token_to_piece(t.id, true)] = t.logprob;
+    for (const engine::TokenLogprob& t : r.top)
+      top[tokenizer_.token_to_piece(t.id, true)] = t.logprob;
     top[piece] = r.logprob.value_or(0.0f);
     top_logprobs.push_back(std::move(top));
     offsets.push_back(offset);
@@ -539,7 +583,8 @@ json ResponseWriter::logprobs_json(std::span<const engine::SampleResult> logprob
           {"text_offset", std::move(offsets)}};
 }
 
-json ResponseWriter::response(const std::vector<ChoiceState>& choices, const UsageTotals& usage) const {
+json ResponseWriter::response(const std::vector<ChoiceState>& choices,
+                              const UsageTotals& usage) const {
   json out = base(kind_ == ApiKind::kChat ? "chat.completion" : "text_completion");
   json list = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -570,8 +615,10 @@ json ResponseWriter::role_chunk(int32_t index) const {
   return out;
 }
 
-json ResponseWriter::delta_chunk(int32_t index, const std::string& text, std::span<const engine::SampleResult> logprobs,
-                                 const std::optional<engine::Finish>& finish, size_t& offset) const {
+json ResponseWriter::delta_chunk(int32_t index, const std::string& text,
+                                 std::span<const engine::SampleResult> logprobs,
+                                 const std::optional<engine::Finish>& finish,
+                                 size_t& offset) const {
   json choice = {{"index", index}};
   if (kind_ == ApiKind::kChat) {
     choice["delta"] = text.empty() && finish ? json::object() : json{{"content", text}};

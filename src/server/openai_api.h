@@ -37,7 +37,8 @@ struct ApiError {
 
 class ApiException : public std::runtime_error {
  public:
-  explicit ApiException(ApiError error) : std::runtime_error(error.message), error_(std::move(error)) {}
+  explicit ApiException(ApiError error)
+      : std::runtime_error(error.message), error_(std::move(error)) {}
   const ApiError& error() const { return error_; }
 
  private:
@@ -65,8 +66,8 @@ struct GenerationRequest {
   std::vector<std::vector<TokenId>> prompts;  // one per prompt; each runs params.n samples
   engine::SamplingParams params;
   bool stream = false;
-  bool include_usage = false;    // stream_options.include_usage
-  bool continuous_usage = false; // stream_options.continuous_usage_stats (vLLM)
+  bool include_usage = false;     // stream_options.include_usage
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM)
   std::string user;
   sparsity::PolicySpec kv_policy;  // "kv_policy": string or object (default: full)
 };
@@ -77,7 +78,8 @@ struct GenerationRequest {
 GenerationRequest parse_generation_request(ApiKind kind, const json& body, const ModelInfo& model);
 
 // Chat messages → the template's context, with each message's content flattened to text.
-json chat_template_context(const json& messages, bool add_generation_prompt, const tok::Tokenizer& tokenizer);
+json chat_template_context(const json& messages, bool add_generation_prompt,
+                           const tok::Tokenizer& tokenizer);
 
 // What one choice (one sample of one prompt) has produced so far.
 struct ChoiceState {
@@ -102,7 +104,8 @@ struct UsageTotals {
 // Builds the response objects of one request (one id, one creation time).
 class ResponseWriter {
  public:
-  ResponseWriter(ApiKind kind, std::string model_name, const tok::Tokenizer& tokenizer, bool want_logprobs);
+  ResponseWriter(ApiKind kind, std::string model_name, const tok::Tokenizer& tokenizer,
+                 bool want_logprobs);
   const std::string& id() const { return id_; }
 
   // Non-streaming response with every choice.
@@ -111,7 +114,8 @@ class ResponseWriter {
   json role_chunk(int32_t index) const;
   // A chunk with new text (and its tokens' logprobs) and, on the last one, the finish reason.
   // `offset` is the completions text offset of the first new token (updated).
-  json delta_chunk(int32_t index, const std::string& text, std::span<const engine::SampleResult> logprobs,
+  json delta_chunk(int32_t index, const std::string& text,
+                   std::span<const engine::SampleResult> logprobs,
                    const std::optional<engine::Finish>& finish, size_t& offset) const;
   // The final usage chunk (empty choices) of stream_options.include_usage.
   json usage_chunk(const UsageTotals& usage) const;

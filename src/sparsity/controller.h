@@ -32,9 +32,9 @@ class SparsityController {
 
   const SparsityPlan& plan() const { return plan_; }
   size_t num_streams() const { return plan_.heads.size(); }
-  bool is_dense() const;              // every stream keeps everything and reads everything
-  int32_t observation_rows() const;   // the most any stream needs scored (0: none)
-  bool needs_token_classes() const;   // compress / after_decode_step want TokenClass inputs
+  bool is_dense() const;             // every stream keeps everything and reads everything
+  int32_t observation_rows() const;  // the most any stream needs scored (0: none)
+  bool needs_token_classes() const;  // compress / after_decode_step want TokenClass inputs
   bool has_page_selection() const;
   // Admission: per stream, the most keys it holds once compressed (nullopt: unbounded).
   std::vector<std::optional<int64_t>> max_kept_tokens(int64_t prompt_tokens,
@@ -50,8 +50,8 @@ class SparsityController {
   struct CompressPoint {
     bool prompt_done = false;
     int32_t num_positions = 0;
-    std::span<const int32_t> num_keys;                // [stream] keys held now
-    std::span<const std::span<const float>> scores;   // [stream] observation scores, or empty
+    std::span<const int32_t> num_keys;               // [stream] keys held now
+    std::span<const std::span<const float>> scores;  // [stream] observation scores, or empty
     std::span<const TokenClass> classes;  // positions [0, num_positions), if needs_token_classes
   };
   struct Compression {

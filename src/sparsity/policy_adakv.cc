@@ -39,8 +39,7 @@ class SharedBudgetPolicy final : public GroupPolicy {
   }
   size_t num_members() const override { return num_members_; }
 
-  std::optional<int64_t> max_kept_tokens(size_t, int64_t,
-                                         int64_t max_new_tokens) const override {
+  std::optional<int64_t> max_kept_tokens(size_t, int64_t, int64_t max_new_tokens) const override {
     // One head may take everything the others leave above their floors.
     const auto others = static_cast<int64_t>(num_members_) - 1;
     return static_cast<int64_t>(num_members_) * head_.snapkv.budget - others * floor_keys() +

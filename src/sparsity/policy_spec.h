@@ -119,8 +119,8 @@ struct PyramidKvSpec {
   friend bool operator==(const PyramidKvSpec&, const PyramidKvSpec&) = default;
 };
 struct AdaKvSpec {
-  SnapKvSpec snapkv;    // budget = the mean per-head budget of a layer
-  double alpha = 0.2;   // each head keeps at least floor(alpha * B) of its best; [0, 1]
+  SnapKvSpec snapkv;   // budget = the mean per-head budget of a layer
+  double alpha = 0.2;  // each head keeps at least floor(alpha * B) of its best; [0, 1]
   friend bool operator==(const AdaKvSpec&, const AdaKvSpec&) = default;
 };
 struct FastGenSpec {

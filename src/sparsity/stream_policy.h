@@ -28,25 +28,25 @@ namespace sieve::sparsity {
 
 // A compression point: a prefill chunk boundary, or the step that completed the prompt.
 struct CompressInput {
-  bool prompt_done = false;        // the whole prompt is computed: decode-time state starts
-  int32_t num_positions = 0;       // positions computed so far
-  int32_t first_new_position = 0;  // positions [first_new_position, num_positions) are new
-  int32_t num_keys = 0;            // keys held now: those kept so far, then the new positions
-  std::span<const float> scores;   // observation scores over those keys (empty: none asked)
+  bool prompt_done = false;             // the whole prompt is computed: decode-time state starts
+  int32_t num_positions = 0;            // positions computed so far
+  int32_t first_new_position = 0;       // positions [first_new_position, num_positions) are new
+  int32_t num_keys = 0;                 // keys held now: those kept so far, then the new positions
+  std::span<const float> scores;        // observation scores over those keys (empty: none asked)
   std::span<const TokenClass> classes;  // of positions [0, num_positions), when asked for
 };
 
 struct CompressResult {
   std::optional<std::vector<int32_t>> keep;  // key indices to keep; nullopt: keep every key
-  std::optional<double> recovery;  // attention mass of the kept keys / all, when scored
+  std::optional<double> recovery;            // attention mass of the kept keys / all, when scored
 };
 
 // One decode step, after the new token's K/V was written and attended.
 struct DecodeInput {
   int32_t new_position = 0;  // the position this step added (the stream's last key)
   TokenClass new_class = TokenClass::kOther;
-  int32_t num_keys = 0;               // keys held, the new one included
-  std::span<const float> attention;   // this step's weights over them, if asked (else empty)
+  int32_t num_keys = 0;              // keys held, the new one included
+  std::span<const float> attention;  // this step's weights over them, if asked (else empty)
 };
 
 class StreamPolicy {
@@ -97,9 +97,7 @@ class GroupPolicy {
   virtual int64_t observation_rows() const { return 0; }
   virtual bool needs_token_classes() const { return false; }
   virtual bool is_dense() const { return false; }
-  virtual std::optional<PageSelectHead> page_selection(size_t member) const {
-    return std::nullopt;
-  }
+  virtual std::optional<PageSelectHead> page_selection(size_t member) const { return std::nullopt; }
   // in / out: one per member.
   virtual void compress(std::span<const CompressInput> in, std::span<CompressResult> out) = 0;
   virtual bool acts_on_decode() const { return false; }

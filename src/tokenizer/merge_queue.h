@@ -27,8 +27,7 @@ void merge_pairs(std::string_view text, Priority&& priority, Emit&& emit) {
     int32_t prev = -1;
     int32_t next = -1;
   };
-  using P = typename std::invoke_result_t<Priority, std::string_view,
-                                          std::string_view>::value_type;
+  using P = typename std::invoke_result_t<Priority, std::string_view, std::string_view>::value_type;
   // A candidate merge; stale once either side has changed length (took part in another merge).
   struct Pair {
     P priority;

@@ -9,7 +9,8 @@ namespace sieve::svg {
 
 inline constexpr double kPanelWidth = 380, kPanelHeight = 300;
 inline constexpr double kLeft = 64, kRight = 16, kTop = 40, kBottom = 48;  // margins inside a panel
-inline constexpr const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+inline constexpr const char* kColours[] = {"#1f77b4", "#d62728", "#2ca02c",
+                                           "#ff7f0e", "#9467bd", "#8c564b"};
 
 struct Line {
   std::string colour;

@@ -19,18 +19,29 @@
 namespace sieve::engine {
 namespace {
 
-model::LoadedModel load_stories() { return model::load_model({testing::shared_path("models/stories260K.gguf"), ""}); }
+model::LoadedModel load_stories() {
+  return model::load_model({testing::shared_path("models/stories260K.gguf"), ""});
+}
 
 // A generated GQA model (8 query heads / 2 KV heads) with the llama SPM vocabulary.
 model::LoadedModel load_generated() {
   static const std::string path = [] {
-    std::string p = (std::filesystem::temp_directory_path() / ("sieve_engine_test_" + std::to_string(::getpid()) + ".gguf")).string();
+    std::string p = (std::filesystem::temp_directory_path() /
+                     ("sieve_engine_test_" + std::to_string(::getpid()) + ".gguf"))
+                        .string();
     ThreadPool pool(2);
-    model::write_random_model({.dim = 128, .num_layers = 2, .num_heads = 8, .num_kv_heads = 2, .ffn_dim = 256,
-                               .context_length = 2048, .rope_base = 500000.0f, .dtype = kernels::DType::kQ8_0,
-                               .vocab_path = testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf"),
-                               .seed = 3},
-                              p, pool);
+    model::write_random_model(
+        {.dim = 128,
+         .num_layers = 2,
+         .num_heads = 8,
+         .num_kv_heads = 2,
+         .ffn_dim = 256,
+         .context_length = 2048,
+         .rope_base = 500000.0f,
+         .dtype = kernels::DType::kQ8_0,
+         .vocab_path = testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf"),
+         .seed = 3},
+        p, pool);
     return p;
   }();
   return model::load_model({path, ""});
@@ -62,7 +73,8 @@ struct Outcome {
 };
 
 // Runs requests through one engine; outcomes keyed by (request index, sample index).
-std::map<std::pair<size_t, int>, Outcome> run(Engine& engine, const std::vector<Request>& requests) {
+std::map<std::pair<size_t, int>, Outcome> run(Engine& engine,
+                                              const std::vector<Request>& requests) {
   std::map<std::pair<size_t, int>, Outcome> outcomes;
   std::map<RequestId, size_t> index;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -91,8 +103,13 @@ Request greedy(std::vector<TokenId> prompt, int32_t max_tokens) {
 }
 
 EngineConfig config(int32_t num_pages, int32_t max_batch_tokens = 256, bool prefix_caching = true) {
-  return {.num_kv_pages = num_pages, .page_size = 16, .max_batch_tokens = max_batch_tokens,
-          .max_num_seqs = 64, .max_queued = 256, .enable_prefix_caching = prefix_caching, .threads = 2};
+  return {.num_kv_pages = num_pages,
+          .page_size = 16,
+          .max_batch_tokens = max_batch_tokens,
+          .max_num_seqs = 64,
+          .max_queued = 256,
+          .enable_prefix_caching = prefix_caching,
+          .threads = 2};
 }
 
 void expect_all_pages_free(const Engine& engine) {
@@ -118,7 +135,8 @@ TEST_P(BatchedEqualsAlone, ThirtyTwoPromptsTogetherGiveTheTokensEachGivesAlone) 
   ThreadPool pool(2);
   for (size_t i = 0; i < requests.size(); ++i) {
     std::vector<TokenId> alone;
-    generate(*loaded.model, requests[i].prompt, {.max_tokens = 24, .sampling = {.temperature = 0.0f}}, pool,
+    generate(*loaded.model, requests[i].prompt,
+             {.max_tokens = 24, .sampling = {.temperature = 0.0f}}, pool,
              [&](TokenId t, std::span<const float>) {
                alone.push_back(t);
                return true;
@@ -133,7 +151,9 @@ TEST_P(BatchedEqualsAlone, ThirtyTwoPromptsTogetherGiveTheTokensEachGivesAlone) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchedEqualsAlone, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "GeneratedGqa" : "Stories260K"; });
+                         [](const auto& info) {
+                           return info.param ? "GeneratedGqa" : "Stories260K";
+                         });
 
 TEST(Engine, PreemptionUnderASmallPoolKeepsOutputsIdentical) {
   model::LoadedModel loaded = load_stories();
@@ -148,7 +168,8 @@ TEST(Engine, PreemptionUnderASmallPoolKeepsOutputsIdentical) {
   Engine tight(config(12, 64), loaded.model, loaded.tokenizer);  // 192 tokens of KV for 16 requests
   auto got = run(tight, requests);
   EXPECT_GT(tight.stats().num_preemptions, 0);
-  for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got.at({i, 0}).tokens, expected.at({i, 0}).tokens) << i;
+  for (size_t i = 0; i < requests.size(); ++i)
+    EXPECT_EQ(got.at({i, 0}).tokens, expected.at({i, 0}).tokens) << i;
   expect_all_pages_free(tight);
   expect_all_pages_free(roomy);
 }
@@ -156,7 +177,8 @@ TEST(Engine, PreemptionUnderASmallPoolKeepsOutputsIdentical) {
 TEST(Engine, RepeatedPromptHitsThePrefixCache) {
   model::LoadedModel loaded = load_stories();
   std::vector<TokenId> prompt = loaded.tokenizer->encode(
-      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog.");
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun "
+      "with her dog.");
   ASSERT_GT(prompt.size(), 32u);
   Engine engine(config(128), loaded.model, loaded.tokenizer);
   auto first = run(engine, {greedy(prompt, 16)});
@@ -174,7 +196,8 @@ TEST(Engine, RepeatedPromptHitsThePrefixCache) {
 
 TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) {
   model::LoadedModel loaded = load_stories();
-  std::vector<TokenId> prompt = loaded.tokenizer->encode("Once upon a time, there was a big dog who");
+  std::vector<TokenId> prompt =
+      loaded.tokenizer->encode("Once upon a time, there was a big dog who");
   Request request{.prompt = prompt};
   request.params.temperature = 0.9f;
   request.params.top_k = 40;
@@ -193,7 +216,8 @@ TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) {
   std::set<std::vector<TokenId>> distinct;
   for (int i = 0; i < 4; ++i) {
     Engine alone_engine(config(128, 256, false), loaded.model, loaded.tokenizer);
-    auto alone = run(alone_engine, {Request{.prompt = prompt, .params = params_for_sample(request.params, i)}});
+    auto alone = run(alone_engine,
+                     {Request{.prompt = prompt, .params = params_for_sample(request.params, i)}});
     EXPECT_EQ(together.at({0, i}).tokens, alone.at({0, 0}).tokens) << "sample " << i;
     distinct.insert(together.at({0, i}).tokens);
   }
@@ -203,10 +227,12 @@ TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) {
 TEST(Engine, CancelFreesPagesAndRejectionsAreClear) {
   model::LoadedModel loaded = load_stories();
   Engine engine(config(8), loaded.model, loaded.tokenizer);  // 128 tokens of KV
-  auto too_big = engine.submit(greedy(std::vector<TokenId>(100, 5), 100), [](const RequestEvent&) {});
+  auto too_big =
+      engine.submit(greedy(std::vector<TokenId>(100, 5), 100), [](const RequestEvent&) {});
   ASSERT_TRUE(std::holds_alternative<AdmissionError>(too_big));
   EXPECT_EQ(std::get<AdmissionError>(too_big).kind, AdmissionError::Kind::kNeverFits);
-  auto too_long = engine.submit(greedy(std::vector<TokenId>(600, 5), 1), [](const RequestEvent&) {});
+  auto too_long =
+      engine.submit(greedy(std::vector<TokenId>(600, 5), 1), [](const RequestEvent&) {});
   ASSERT_TRUE(std::holds_alternative<AdmissionError>(too_long));
   EXPECT_EQ(std::get<AdmissionError>(too_long).kind, AdmissionError::Kind::kTooLong);
   EXPECT_EQ(std::get<AdmissionError>(too_long).param, "prompt");
@@ -220,10 +246,11 @@ TEST(Engine, CancelFreesPagesAndRejectionsAreClear) {
 
   std::optional<std::string> error;
   int tokens = 0;
-  auto id = engine.submit(greedy(loaded.tokenizer->encode("Once upon a time"), 100), [&](const RequestEvent& e) {
-    tokens += static_cast<int>(e.tokens.size());
-    if (e.error) error = e.error;
-  });
+  auto id = engine.submit(greedy(loaded.tokenizer->encode("Once upon a time"), 100),
+                          [&](const RequestEvent& e) {
+                            tokens += static_cast<int>(e.tokens.size());
+                            if (e.error) error = e.error;
+                          });
   ASSERT_TRUE(std::holds_alternative<RequestId>(id));
   engine.step();
   engine.step();
@@ -264,12 +291,13 @@ TEST(Engine, BackgroundLoopServesConcurrentSubmitters) {
   std::vector<std::thread> clients;
   for (int c = 0; c < 4; ++c) {
     clients.emplace_back([&, c] {
-      auto id = engine.submit(greedy(loaded.tokenizer->encode("Lily and Ben"), 8 + c), [&](const RequestEvent& e) {
-        if (!e.finish) return;
-        std::lock_guard lock(mutex);
-        ++finished;
-        done.notify_all();
-      });
+      auto id = engine.submit(greedy(loaded.tokenizer->encode("Lily and Ben"), 8 + c),
+                              [&](const RequestEvent& e) {
+                                if (!e.finish) return;
+                                std::lock_guard lock(mutex);
+                                ++finished;
+                                done.notify_all();
+                              });
       EXPECT_TRUE(std::holds_alternative<RequestId>(id));
     });
   }

@@ -14,13 +14,19 @@ namespace sieve::eval {
 namespace {
 
 TEST(SparsityEval, DenseAgreesWithItselfAndBudgetsKeepLess) {
-  model::LoadedModel loaded = model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
+  model::LoadedModel loaded =
+      model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
   std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
   std::stringstream text;
   text << in.rdbuf();
-  SparsityEvalConfig config{.families = {"snapkv", "streaming"}, .budgets = {2.0, 0.25}, .num_prompts = 2,
-                            .prompt_tokens = 96, .continuation_tokens = 8, .threads = 2};
-  const std::vector<PolicyFidelity> results = run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  SparsityEvalConfig config{.families = {"snapkv", "streaming"},
+                            .budgets = {2.0, 0.25},
+                            .num_prompts = 2,
+                            .prompt_tokens = 96,
+                            .continuation_tokens = 8,
+                            .threads = 2};
+  const std::vector<PolicyFidelity> results =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
   ASSERT_EQ(results.size(), 5u);
   const PolicyFidelity& dense = results[0];
   EXPECT_EQ(dense.family, "full");
@@ -48,13 +54,20 @@ TEST(SparsityEval, DenseAgreesWithItselfAndBudgetsKeepLess) {
 }
 
 TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
-  model::LoadedModel loaded = model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
+  model::LoadedModel loaded =
+      model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
   std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
   std::stringstream text;
   text << in.rdbuf();
-  SparsityEvalConfig config{.families = {"fastgen"}, .budgets = {0.25}, .fastgen_thresholds = {0.0, 0.5},
-                            .num_prompts = 2, .prompt_tokens = 96, .continuation_tokens = 8, .threads = 2};
-  const std::vector<PolicyFidelity> results = run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  SparsityEvalConfig config{.families = {"fastgen"},
+                            .budgets = {0.25},
+                            .fastgen_thresholds = {0.0, 0.5},
+                            .num_prompts = 2,
+                            .prompt_tokens = 96,
+                            .continuation_tokens = 8,
+                            .threads = 2};
+  const std::vector<PolicyFidelity> results =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
   ASSERT_EQ(results.size(), 3u) << "the dense baseline and one row per threshold";
   const PolicyFidelity& dense = results[0];
   const PolicyFidelity& all = results[1];
@@ -70,13 +83,19 @@ TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
 }
 
 TEST(SparsityEval, QuestReadsFewerPagesButKeepsThemAll) {
-  model::LoadedModel loaded = model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
+  model::LoadedModel loaded =
+      model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
   std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
   std::stringstream text;
   text << in.rdbuf();
-  SparsityEvalConfig config{.families = {"quest"}, .budgets = {2.0, 0.125}, .num_prompts = 2, .prompt_tokens = 96,
-                            .continuation_tokens = 8, .threads = 2};
-  const std::vector<PolicyFidelity> results = run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  SparsityEvalConfig config{.families = {"quest"},
+                            .budgets = {2.0, 0.125},
+                            .num_prompts = 2,
+                            .prompt_tokens = 96,
+                            .continuation_tokens = 8,
+                            .threads = 2};
+  const std::vector<PolicyFidelity> results =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
   ASSERT_EQ(results.size(), 3u);
   const PolicyFidelity& dense = results[0];
   const PolicyFidelity& every_page = results[1];

@@ -20,7 +20,10 @@ std::vector<float> random_vector(size_t n, uint32_t seed) {
 
 TEST(Rope, NormalOrderingRotatesAdjacentPairs) {
   const int64_t head_dim = 8, heads = 3, pos = 17;
-  RopeParams params{.ordering = RopeOrdering::kNormal, .head_dim = head_dim, .num_dims = head_dim, .freq_base = 10000.0f};
+  RopeParams params{.ordering = RopeOrdering::kNormal,
+                    .head_dim = head_dim,
+                    .num_dims = head_dim,
+                    .freq_base = 10000.0f};
   std::vector<float> x = random_vector(head_dim * heads, 1), y = x;
   rope(params, pos, y.data(), heads);
   for (int64_t h = 0; h < heads; ++h) {
@@ -36,8 +39,12 @@ TEST(Rope, NormalOrderingRotatesAdjacentPairs) {
 TEST(Rope, NeoxPartialRotationLeavesTheTailAndScales) {
   const int64_t head_dim = 12, dims = 8, pos = 5;
   std::vector<float> factors = {1.0f, 2.0f, 4.0f, 8.0f};
-  RopeParams params{.ordering = RopeOrdering::kNeox, .head_dim = head_dim, .num_dims = dims,
-                    .freq_base = 500000.0f, .freq_scale = 0.5f, .freq_factors = factors};
+  RopeParams params{.ordering = RopeOrdering::kNeox,
+                    .head_dim = head_dim,
+                    .num_dims = dims,
+                    .freq_base = 500000.0f,
+                    .freq_scale = 0.5f,
+                    .freq_factors = factors};
   std::vector<float> x = random_vector(head_dim, 2), y = x;
   rope(params, pos, y.data(), 1);
   for (int64_t i = 0; i < dims / 2; ++i) {

@@ -25,29 +25,36 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  const std::string command = std::string(SIEVE_BINARY_DIR) + "/sieve bench-serve " + args + " 2>&1";
+  const std::string command =
+      std::string(SIEVE_BINARY_DIR) + "/sieve bench-serve " + args + " 2>&1";
   FILE* pipe = ::popen(command.c_str(), "r");
   Result result;
   if (pipe == nullptr) return result;
   std::array<char, 4096> buffer{};
   size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.out.append(buffer.data(), n);
   const int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
 }
 
-std::filesystem::path temp_path(const std::string& name) { return std::filesystem::temp_directory_path() / name; }
+std::filesystem::path temp_path(const std::string& name) {
+  return std::filesystem::temp_directory_path() / name;
+}
 
 TEST(BenchServeCli, SweepOfTwoVariantsWritesJsonPlotAndCompares) {
-  testing::FakeOpenAiServer server({.first_chunk_delay = milliseconds(5), .chunk_delay = milliseconds(2)});
+  testing::FakeOpenAiServer server(
+      {.first_chunk_delay = milliseconds(5), .chunk_delay = milliseconds(2)});
   const std::string out = temp_path("sieve_bench_serve.json").string();
   const std::string plot = temp_path("sieve_bench_serve.svg").string();
-  const Result r = run("--base-url " + server.url() + " --model stories --tokenizer " +
-                       testing::shared_path("models/stories260K.gguf") +
-                       " --input-len 32 --output-len 6 --num-prompts 6 --sweep-concurrency 1,3 --warmup 1"
-                       " --goodput ttft:5000 tpot:5000 --extra-body '{\"kv_policy\":\"dense\"}'"
-                       " --extra-body '{\"kv_policy\":\"snapkv\"}' --seed 1 --out " + out + " --plot " + plot);
+  const Result r =
+      run("--base-url " + server.url() + " --model stories --tokenizer " +
+          testing::shared_path("models/stories260K.gguf") +
+          " --input-len 32 --output-len 6 --num-prompts 6 --sweep-concurrency 1,3 --warmup 1"
+          " --goodput ttft:5000 tpot:5000 --extra-body '{\"kv_policy\":\"dense\"}'"
+          " --extra-body '{\"kv_policy\":\"snapkv\"}' --seed 1 --out " +
+          out + " --plot " + plot);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("v1 c=3"), std::string::npos) << r.out;
   EXPECT_EQ(server.num_requests(), 4 * (6 + 1));
@@ -126,7 +133,8 @@ TEST(BenchServeCli, ServerWithoutExactLengthSupportIsReported) {
   const std::string dataset = temp_path("sieve_bench_serve.jsonl").string();
   {
     std::ofstream out(dataset);
-    out << R"({"prompt": "Once upon a time"})" << "\n";
+    out << R"({"prompt": "Once upon a time"})"
+        << "\n";
   }
   const Result r = run("--base-url " + server.url() + "/v1 --dataset " + dataset +
                        " --output-len 5 --num-prompts 2 --extra-body '{\"max_tokens\": null}'");
@@ -146,8 +154,8 @@ class SieveServe {
     if (pid_ == 0) {
       std::freopen("/dev/null", "w", stdout);
       std::freopen("/dev/null", "w", stderr);
-      ::execl(binary.c_str(), binary.c_str(), "serve", "-m", model.c_str(), "--port", port.c_str(), "-t", "1",
-              "--kv-memory", "16", static_cast<char*>(nullptr));
+      ::execl(binary.c_str(), binary.c_str(), "serve", "-m", model.c_str(), "--port", port.c_str(),
+              "-t", "1", "--kv-memory", "16", static_cast<char*>(nullptr));
       std::_Exit(127);
     }
     // Wait for the model to load (/health answers 503 until then), or for the server to exit.
@@ -180,9 +188,11 @@ TEST(BenchServeCli, TokenCountsEqualSieveServeUsage) {
   SieveServe server(model);
   const std::string out = temp_path("sieve_bench_serve_real.json").string();
   for (const char* endpoint : {"completions", "chat"}) {
-    const Result r = run("--base-url " + server.url() + " --endpoint " + endpoint + " --tokenizer " + model +
-                         " --input-len 48 --output-len 12 --range-ratio 0.5 --num-prompts 6 --sweep-concurrency 1,3"
-                         " --out " + out);
+    const Result r = run(
+        "--base-url " + server.url() + " --endpoint " + endpoint + " --tokenizer " + model +
+        " --input-len 48 --output-len 12 --range-ratio 0.5 --num-prompts 6 --sweep-concurrency 1,3"
+        " --out " +
+        out);
     ASSERT_EQ(r.exit_code, 0) << r.out;
     std::ifstream in(out);
     const nlohmann::json report = nlohmann::json::parse(in);
@@ -198,7 +208,8 @@ TEST(BenchServeCli, TokenCountsEqualSieveServeUsage) {
         EXPECT_GE(request["num_chunks"].get<int>(), 1);
         EXPECT_LE(request["num_chunks"].get<int>(), request["output_tokens"].get<int>());
         if (std::string(endpoint) == "completions") {
-          EXPECT_EQ(request["prompt_tokens"].get<int>(), request["input_tokens"].get<int>() + 1);  // + BOS
+          EXPECT_EQ(request["prompt_tokens"].get<int>(),
+                    request["input_tokens"].get<int>() + 1);  // + BOS
         }
       }
     }

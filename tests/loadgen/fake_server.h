@@ -23,7 +23,7 @@ struct FakeServerOptions {
   std::chrono::milliseconds chunk_delay{0};
   int64_t default_tokens = 4;  // when the request has no max_tokens
   bool send_usage = true;
-  int status = 200;             // anything else answers with an OpenAI error body
+  int status = 200;  // anything else answers with an OpenAI error body
   std::string error_message = "the server is overloaded";
   int64_t error_after_chunks = -1;  // >= 0: send an error event after that many chunks
 };
@@ -70,7 +70,8 @@ class FakeOpenAiServer {
       socklen_t flag_length = sizeof(listening);
       if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
       if (address.sin_family != AF_INET || ntohs(address.sin_port) != port) continue;
-      if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_length) != 0 || !listening) continue;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_length) != 0 || !listening)
+        continue;
       ::listen(fd, 1024);
     }
   }
@@ -81,7 +82,8 @@ class FakeOpenAiServer {
     {
       std::lock_guard lock(mutex_);
       last_body_ = body;
-      prompts_.insert(body.contains("prompt") ? body["prompt"].dump() : body.value("messages", nlohmann::json()).dump());
+      prompts_.insert(body.contains("prompt") ? body["prompt"].dump()
+                                              : body.value("messages", nlohmann::json()).dump());
     }
     if (options_.status != 200) {
       response.status = options_.status;
@@ -91,12 +93,15 @@ class FakeOpenAiServer {
     }
     const bool chat = request.path.find("chat") != std::string::npos;
     const int64_t num_tokens = body.value("max_tokens", options_.default_tokens);
-    const int64_t prompt_tokens = chat ? 7 : static_cast<int64_t>(body.value("prompt", std::string()).size());
+    const int64_t prompt_tokens =
+        chat ? 7 : static_cast<int64_t>(body.value("prompt", std::string()).size());
     const int now_in_flight = ++in_flight_;
-    for (int seen = max_in_flight_; now_in_flight > seen && !max_in_flight_.compare_exchange_weak(seen, now_in_flight);) {
+    for (int seen = max_in_flight_;
+         now_in_flight > seen && !max_in_flight_.compare_exchange_weak(seen, now_in_flight);) {
     }
     response.set_chunked_content_provider(
-        "text/event-stream", [this, chat, num_tokens, prompt_tokens](size_t, httplib::DataSink& sink) {
+        "text/event-stream",
+        [this, chat, num_tokens, prompt_tokens](size_t, httplib::DataSink& sink) {
           const auto send = [&](const nlohmann::json& chunk) {
             const std::string event = "data: " + chunk.dump() + "\n\n";
             return sink.write(event.data(), event.size());
@@ -117,8 +122,9 @@ class FakeOpenAiServer {
             if (!send({{"object", "text_completion"}, {"choices", {choice}}})) break;
           }
           if (options_.send_usage) {
-            send({{"choices", nlohmann::json::array()},
-                  {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", num_tokens}}}});
+            send(
+                {{"choices", nlohmann::json::array()},
+                 {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", num_tokens}}}});
           }
           const std::string done = "data: [DONE]\n\n";
           sink.write(done.data(), done.size());

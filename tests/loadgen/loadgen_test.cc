@@ -53,12 +53,14 @@ RequestRecord send(const std::string& url, ClientConfig config, const Prompt& pr
 
 TEST(SseParser, EventsSplitAcrossArbitraryPieces) {
   const std::string stream =
-      "data: {\"a\":1}\n\n: a comment\r\ndata: line one\r\ndata: line two\r\n\r\nevent: x\ndata:[DONE]\n\n";
+      "data: {\"a\":1}\n\n: a comment\r\ndata: line one\r\ndata: line two\r\n\r\nevent: "
+      "x\ndata:[DONE]\n\n";
   for (size_t piece = 1; piece <= stream.size(); ++piece) {
     SseParser parser;
     std::vector<std::string> events;
     for (size_t i = 0; i < stream.size(); i += piece) {
-      for (std::string& e : parser.feed(std::string_view(stream).substr(i, piece))) events.push_back(std::move(e));
+      for (std::string& e : parser.feed(std::string_view(stream).substr(i, piece)))
+        events.push_back(std::move(e));
     }
     EXPECT_TRUE(parser.finish().empty());
     ASSERT_EQ(events.size(), 3u) << "piece size " << piece;
@@ -105,8 +107,8 @@ TEST(Metrics, SummaryTpotThroughputAndGoodput) {
   RequestRecord failed;
   failed.error = "HTTP 503: busy";
   // TPOT: (1.1 - 0.1) / 4 = 0.25 s; (2.2 - 0.2) / 4 = 0.5 s; a one-token output has none.
-  const std::vector<RequestRecord> records = {record(0.1, 1.1, 5), record(0.2, 2.2, 5), record(0.3, 0.3, 1), failed,
-                                              failed};
+  const std::vector<RequestRecord> records = {record(0.1, 1.1, 5), record(0.2, 2.2, 5),
+                                              record(0.3, 0.3, 1), failed, failed};
   GoodputSlo slo = parse_goodput({"ttft:250", "tpot:300"});
   const RunSummary s = summarize(records, 4.0, slo);
   EXPECT_EQ(s.completed, 3);
@@ -166,7 +168,8 @@ TEST(Arrivals, PoissonAndGammaHaveTheRequestedMeanRate) {
       const GapStats s = gap_stats(times);
       // Standard error of the mean gap is about 0.125 * sqrt(cv2 / 40000) < 1%.
       EXPECT_NEAR(s.mean, 1 / 8.0, 0.04 / 8.0) << "b=" << burstiness << " seed " << seed;
-      EXPECT_NEAR(s.cv2, 1 / burstiness, 0.1 / burstiness) << "b=" << burstiness << " seed " << seed;
+      EXPECT_NEAR(s.cv2, 1 / burstiness, 0.1 / burstiness)
+          << "b=" << burstiness << " seed " << seed;
     }
   }
 }
@@ -190,8 +193,8 @@ TEST(Client, ParsesBaseUrls) {
   EXPECT_EQ(parse_base_url("https://example.com/proxy/v1").origin(), "https://example.com:443");
   EXPECT_EQ(parse_base_url("https://example.com/proxy/v1").path_prefix, "/proxy");
   EXPECT_EQ(parse_base_url("http://[::1]:9000").host, "::1");
-  for (const char* bad : {"", "localhost:8080", "ftp://host", "http://", "http://host:99999", "http://host:port",
-                          "http://a b", "http://host?x=1"}) {
+  for (const char* bad : {"", "localhost:8080", "ftp://host", "http://", "http://host:99999",
+                          "http://host:port", "http://a b", "http://host?x=1"}) {
     try {
       parse_base_url(bad);
       ADD_FAILURE() << "accepted " << bad;
@@ -214,12 +217,14 @@ TEST(Client, RequestBodyForcesLengthsAndMergesExtraBody) {
   EXPECT_EQ(body["ignore_eos"], true);
 
   config.endpoint = ApiEndpoint::kChat;
-  config.extra_body = {{"kv_policy", "snapkv"}, {"min_tokens", nullptr}, {"stream_options", {{"x", 1}}}};
+  config.extra_body = {
+      {"kv_policy", "snapkv"}, {"min_tokens", nullptr}, {"stream_options", {{"x", 1}}}};
   body = request_body(config, prompt_of(8));
   EXPECT_FALSE(body.contains("prompt"));
-  EXPECT_EQ(body["messages"], nlohmann::json::parse(R"([{"role":"user","content":"Once upon a time"}])"));
+  EXPECT_EQ(body["messages"],
+            nlohmann::json::parse(R"([{"role":"user","content":"Once upon a time"}])"));
   EXPECT_EQ(body["kv_policy"], "snapkv");
-  EXPECT_FALSE(body.contains("min_tokens"));  // null removes a field
+  EXPECT_FALSE(body.contains("min_tokens"));                 // null removes a field
   EXPECT_EQ(body["stream_options"]["include_usage"], true);  // objects merge
   EXPECT_EQ(body["stream_options"]["x"], 1);
 
@@ -233,7 +238,8 @@ TEST(Client, RequestBodyForcesLengthsAndMergesExtraBody) {
 // --- against the fake server -------------------------------------------------------------------
 
 TEST(Client, MeasuresKnownDelaysOfAStreamingServer) {
-  FakeOpenAiServer server({.first_chunk_delay = milliseconds(100), .chunk_delay = milliseconds(50)});
+  FakeOpenAiServer server(
+      {.first_chunk_delay = milliseconds(100), .chunk_delay = milliseconds(50)});
   const RequestRecord r = send(server.url(), {}, prompt_of(6));
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(r.http_status, 200);
@@ -274,7 +280,9 @@ TEST(Client, ChatEndpointAndTokenCountsWithoutUsage) {
   r = send(server.url(), config, prompt_of(5));
   ASSERT_TRUE(r.ok) << r.error;
   EXPECT_EQ(r.output_tokens_source, TokenSource::kTokenizer);
-  EXPECT_EQ(r.output_tokens, static_cast<int64_t>(config.tokenizer->encode(r.generated_text, {false, false}).size()));
+  EXPECT_EQ(
+      r.output_tokens,
+      static_cast<int64_t>(config.tokenizer->encode(r.generated_text, {false, false}).size()));
 }
 
 TEST(Client, HttpErrorsCarryStatusAndMessage) {
@@ -319,8 +327,8 @@ TEST(Runner, ConcurrencyLimitHoldsAndEveryRequestIsRecorded) {
   point.max_concurrency = 4;
   point.extra_body = {{"kv_policy", "dense"}};
   std::vector<int64_t> progress;
-  const RunResult run = run_point(parse_base_url(server.url()), {}, prompts, {prompt_of(2)}, point, {},
-                                  [&](int64_t done, int64_t total, int64_t failed) {
+  const RunResult run = run_point(parse_base_url(server.url()), {}, prompts, {prompt_of(2)}, point,
+                                  {}, [&](int64_t done, int64_t total, int64_t failed) {
                                     EXPECT_EQ(total, 12);
                                     EXPECT_EQ(failed, 0);
                                     progress.push_back(done);
@@ -348,8 +356,8 @@ TEST(Runner, KeptAliveConnectionsReconnectWhenTheServerClosesThem) {
   FakeOpenAiServer server({});
   RunPoint point;
   point.max_concurrency = 2;
-  const RunResult run =
-      run_point(parse_base_url(server.url()), {}, std::vector<Prompt>(40, prompt_of(2)), {}, point, {});
+  const RunResult run = run_point(parse_base_url(server.url()), {},
+                                  std::vector<Prompt>(40, prompt_of(2)), {}, point, {});
   EXPECT_EQ(run.summary.completed, 40);
   for (const auto& [reason, count] : run.summary.errors) ADD_FAILURE() << count << " x " << reason;
 }
@@ -358,8 +366,8 @@ TEST(Runner, SixtyFourRequestsInFlight) {
   FakeOpenAiServer server({.first_chunk_delay = milliseconds(100), .chunk_delay = milliseconds(5)});
   RunPoint point;
   point.max_concurrency = 64;
-  const RunResult run =
-      run_point(parse_base_url(server.url()), {}, std::vector<Prompt>(64, prompt_of(4)), {}, point, {});
+  const RunResult run = run_point(parse_base_url(server.url()), {},
+                                  std::vector<Prompt>(64, prompt_of(4)), {}, point, {});
   EXPECT_EQ(run.summary.completed, 64);
   EXPECT_EQ(run.summary.output_tokens, 64 * 4);
   // Every request waits 100 ms for its first chunk, so they overlap unless sent one by one.
@@ -372,8 +380,8 @@ TEST(Runner, RequestRateSpacesTheSends) {
   point.request_rate = 50.0;
   RunOptions options;
   options.seed = 3;
-  const RunResult run = run_point(parse_base_url(server.url()), {}, std::vector<Prompt>(10, prompt_of(1)), {}, point,
-                                  options);
+  const RunResult run = run_point(parse_base_url(server.url()), {},
+                                  std::vector<Prompt>(10, prompt_of(1)), {}, point, options);
   const std::vector<double> arrivals = arrival_times({50.0, 1.0, 3}, 10);
   ASSERT_EQ(run.summary.completed, 10);
   for (size_t i = 0; i < 10; ++i) EXPECT_GE(run.records[i].start_s, arrivals[i]) << i;
@@ -383,9 +391,12 @@ TEST(Runner, RequestRateSpacesTheSends) {
 
 TEST(Workload, RandomPromptsHaveExactTokenLengthsAndASharedPrefix) {
   const std::shared_ptr<const tok::Tokenizer> tokenizer = stories_tokenizer();
-  const std::vector<Prompt> prompts =
-      random_prompts(tokenizer.get(), {.input_len = 96, .output_len = 20, .range_ratio = 0.25,
-                                       .shared_prefix_len = 24, .num_prompts = 16, .seed = 5});
+  const std::vector<Prompt> prompts = random_prompts(tokenizer.get(), {.input_len = 96,
+                                                                       .output_len = 20,
+                                                                       .range_ratio = 0.25,
+                                                                       .shared_prefix_len = 24,
+                                                                       .num_prompts = 16,
+                                                                       .seed = 5});
   ASSERT_EQ(prompts.size(), 16u);
   std::mt19937_64 rng(5);
   const std::string prefix = exact_length_text(*tokenizer, 24, rng);
@@ -393,7 +404,8 @@ TEST(Workload, RandomPromptsHaveExactTokenLengthsAndASharedPrefix) {
   std::set<int64_t> lengths;
   for (const Prompt& p : prompts) {
     ASSERT_TRUE(p.input_tokens);
-    EXPECT_EQ(static_cast<int64_t>(tokenizer->encode(p.text, {false, false}).size()), *p.input_tokens);
+    EXPECT_EQ(static_cast<int64_t>(tokenizer->encode(p.text, {false, false}).size()),
+              *p.input_tokens);
     EXPECT_GE(*p.input_tokens, 72);
     EXPECT_LE(*p.input_tokens, 120);
     EXPECT_GE(p.output_tokens, 15);
@@ -403,9 +415,12 @@ TEST(Workload, RandomPromptsHaveExactTokenLengthsAndASharedPrefix) {
   }
   EXPECT_GT(lengths.size(), 1u);
   // Same seed, same prompts.
-  const std::vector<Prompt> again =
-      random_prompts(tokenizer.get(), {.input_len = 96, .output_len = 20, .range_ratio = 0.25,
-                                       .shared_prefix_len = 24, .num_prompts = 16, .seed = 5});
+  const std::vector<Prompt> again = random_prompts(tokenizer.get(), {.input_len = 96,
+                                                                     .output_len = 20,
+                                                                     .range_ratio = 0.25,
+                                                                     .shared_prefix_len = 24,
+                                                                     .num_prompts = 16,
+                                                                     .seed = 5});
   EXPECT_EQ(again[7].text, prompts[7].text);
 }
 
@@ -416,29 +431,35 @@ TEST(Workload, LongExactPrompt) {
 }
 
 TEST(Workload, ExactLengthsWithByteLevelBpe) {
-  gguf::File file = gguf::File::open(testing::shared_path("golden/tokenizer/ggml-vocab-gpt-2.gguf"));
+  gguf::File file =
+      gguf::File::open(testing::shared_path("golden/tokenizer/ggml-vocab-gpt-2.gguf"));
   const std::unique_ptr<tok::Tokenizer> tokenizer = tok::Tokenizer::create(tok::load_vocab(file));
-  const std::vector<Prompt> prompts =
-      random_prompts(tokenizer.get(), {.input_len = 300, .output_len = 8, .shared_prefix_len = 50, .num_prompts = 3,
-                                       .seed = 2});
+  const std::vector<Prompt> prompts = random_prompts(
+      tokenizer.get(),
+      {.input_len = 300, .output_len = 8, .shared_prefix_len = 50, .num_prompts = 3, .seed = 2});
   for (const Prompt& p : prompts) EXPECT_EQ(tokenizer->encode(p.text, {false, false}).size(), 300u);
 }
 
 TEST(Workload, RejectsInconsistentLengths) {
   EXPECT_THROW(random_prompts(nullptr, {.input_len = 0, .num_prompts = 1}), Error);
-  EXPECT_THROW(random_prompts(nullptr, {.input_len = 10, .range_ratio = 1.0, .num_prompts = 1}), Error);
-  EXPECT_THROW(random_prompts(nullptr, {.input_len = 10, .shared_prefix_len = 10, .num_prompts = 1}), Error);
+  EXPECT_THROW(random_prompts(nullptr, {.input_len = 10, .range_ratio = 1.0, .num_prompts = 1}),
+               Error);
+  EXPECT_THROW(
+      random_prompts(nullptr, {.input_len = 10, .shared_prefix_len = 10, .num_prompts = 1}), Error);
   const std::vector<Prompt> words = random_prompts(nullptr, {.input_len = 10, .num_prompts = 2});
   EXPECT_FALSE(words[0].input_tokens);
   EXPECT_FALSE(words[0].text.empty());
 }
 
 TEST(Workload, JsonlDataset) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() / "sieve_loadgen_dataset.jsonl";
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / "sieve_loadgen_dataset.jsonl";
   {
     std::ofstream out(path);
-    out << R"({"prompt": "Once upon a time", "output_len": 7})" << "\n\n"
-        << R"({"messages": [{"role": "user", "content": "hi"}]})" << "\n";
+    out << R"({"prompt": "Once upon a time", "output_len": 7})"
+        << "\n\n"
+        << R"({"messages": [{"role": "user", "content": "hi"}]})"
+        << "\n";
   }
   const std::vector<Prompt> lines =
       load_jsonl_prompts(path.string(), {.default_output_len = 9, .endpoint = ApiEndpoint::kChat},
@@ -447,8 +468,9 @@ TEST(Workload, JsonlDataset) {
   const std::vector<Prompt> prompts = cycle_prompts(lines, 0, 3);
   ASSERT_EQ(prompts.size(), 3u);
   EXPECT_EQ(prompts[0].output_tokens, 7);
-  EXPECT_EQ(prompts[0].input_tokens,
-            static_cast<int64_t>(stories_tokenizer()->encode("Once upon a time", {false, false}).size()));
+  EXPECT_EQ(
+      prompts[0].input_tokens,
+      static_cast<int64_t>(stories_tokenizer()->encode("Once upon a time", {false, false}).size()));
   EXPECT_EQ(prompts[1].output_tokens, 9);
   EXPECT_TRUE(prompts[1].messages);
   EXPECT_EQ(prompts[2].text, prompts[0].text);  // reused in order
@@ -490,30 +512,32 @@ RunResult example_run(const std::string& label, int concurrency, double throughp
 }
 
 TEST(Report, JsonSchemaIsStable) {
-  const nlohmann::json report = make_report({{"model", "m"}}, {example_run("c=1", 1, 1), example_run("c=2", 2, 2)});
+  const nlohmann::json report =
+      make_report({{"model", "m"}}, {example_run("c=1", 1, 1), example_run("c=2", 2, 2)});
   EXPECT_EQ(report["schema_version"], kSchemaVersion);
   for (const char* key : {"schema_version", "tool", "created_at", "config", "runs"}) {
     EXPECT_TRUE(report.contains(key)) << key;
   }
   ASSERT_EQ(report["runs"].size(), 2u);
   const nlohmann::json& run = report["runs"][0];
-  for (const char* key :
-       {"label", "request_rate", "burstiness", "max_concurrency", "variant", "extra_body", "summary", "requests"}) {
+  for (const char* key : {"label", "request_rate", "burstiness", "max_concurrency", "variant",
+                          "extra_body", "summary", "requests"}) {
     EXPECT_TRUE(run.contains(key)) << key;
   }
-  for (const char* key : {"completed", "failed", "duration_s", "input_tokens", "output_tokens", "request_throughput",
-                          "output_throughput", "total_token_throughput", "goodput", "good_requests",
-                          "output_shorter", "output_longer", "max_in_flight", "ttft_ms", "tpot_ms", "itl_ms",
-                          "e2el_ms", "errors"}) {
+  for (const char* key :
+       {"completed", "failed", "duration_s", "input_tokens", "output_tokens", "request_throughput",
+        "output_throughput", "total_token_throughput", "goodput", "good_requests", "output_shorter",
+        "output_longer", "max_in_flight", "ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "errors"}) {
     EXPECT_TRUE(run["summary"].contains(key)) << key;
   }
   for (const char* key : {"count", "mean", "median", "p90", "p99", "min", "max"}) {
     EXPECT_TRUE(run["summary"]["itl_ms"].contains(key)) << key;
   }
   ASSERT_EQ(run["requests"].size(), 3u);
-  for (const char* key : {"index", "ok", "error", "http_status", "start_ms", "ttft_ms", "tpot_ms", "e2el_ms", "itl_ms",
-                          "num_chunks", "output_tokens", "output_tokens_source", "requested_output_tokens",
-                          "prompt_tokens", "input_tokens", "finish_reason"}) {
+  for (const char* key :
+       {"index", "ok", "error", "http_status", "start_ms", "ttft_ms", "tpot_ms", "e2el_ms",
+        "itl_ms", "num_chunks", "output_tokens", "output_tokens_source", "requested_output_tokens",
+        "prompt_tokens", "input_tokens", "finish_reason"}) {
     EXPECT_TRUE(run["requests"][0].contains(key)) << key;
   }
   EXPECT_EQ(run["requests"][0]["itl_ms"].size(), 3u);
@@ -528,7 +552,8 @@ TEST(Report, JsonSchemaIsStable) {
 }
 
 TEST(Report, ReadBackCompareAndPlot) {
-  const std::filesystem::path path = std::filesystem::temp_directory_path() / "sieve_loadgen_report.json";
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / "sieve_loadgen_report.json";
   const nlohmann::json a = make_report({}, {example_run("c=1", 1, 1), example_run("c=4", 4, 1)});
   const nlohmann::json b = make_report({}, {example_run("c=1", 1, 2), example_run("c=4", 4, 3)});
   {
@@ -551,9 +576,11 @@ TEST(Report, ReadBackCompareAndPlot) {
   EXPECT_NE(format_sweep_table(a).find("c=4"), std::string::npos);
   EXPECT_NE(format_run_details(a["runs"][0]).find("failed x1: cannot connect"), std::string::npos);
   nlohmann::json errors = nlohmann::json::array();
-  for (int i = 1; i <= 7; ++i) errors.push_back({{"reason", fmt::format("reason {}", i)}, {"count", 8 - i}});
+  for (int i = 1; i <= 7; ++i)
+    errors.push_back({{"reason", fmt::format("reason {}", i)}, {"count", 8 - i}});
   EXPECT_EQ(format_errors(errors, "c=1: "),
-            "c=1: failed x7: reason 1\nc=1: failed x6: reason 2\nc=1: failed x5: reason 3\nc=1: failed x4: reason 4\n"
+            "c=1: failed x7: reason 1\nc=1: failed x6: reason 2\nc=1: failed x5: reason 3\nc=1: "
+            "failed x4: reason 4\n"
             "c=1: failed x3: reason 5\nc=1: ... and 2 other reasons (all in the JSON output)\n");
 
   std::vector<PlotSeries> series = plot_series(a, "A ");
@@ -581,7 +608,8 @@ TEST(Report, ProgressWithoutATerminalPrintsPlainLines) {
   std::string text(4096, '\0');
   text.resize(std::fread(text.data(), 1, text.size(), file));
   std::fclose(file);
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 11);  // the first completion, then one per 10%
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'),
+            11);  // the first completion, then one per 10%
   EXPECT_NE(text.find("c=2: 20/20 done, 2 failed"), std::string::npos) << text;
   EXPECT_EQ(text.find('\r'), std::string::npos);
 }

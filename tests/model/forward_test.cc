@@ -17,18 +17,23 @@
 namespace sieve {
 namespace {
 
-model::LoadedModel load() { return model::load_model({testing::shared_path("models/stories260K.gguf"), ""}); }
+model::LoadedModel load() {
+  return model::load_model({testing::shared_path("models/stories260K.gguf"), ""});
+}
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   float diff = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) diff = std::max(diff, std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
   return diff;
 }
 
 // Logits of every position of `tokens`, fed one token per forward call.
-std::vector<float> token_by_token(const model::LlamaModel& m, const std::vector<int32_t>& tokens, ThreadPool& pool) {
-  auto [cache, table] = model::KvCache::for_one_sequence(m.config(), static_cast<int32_t>(tokens.size()));
+std::vector<float> token_by_token(const model::LlamaModel& m, const std::vector<int32_t>& tokens,
+                                  ThreadPool& pool) {
+  auto [cache, table] =
+      model::KvCache::for_one_sequence(m.config(), static_cast<int32_t>(tokens.size()));
   model::ForwardScratch scratch;
   std::vector<float> all, logits;
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -44,9 +49,10 @@ std::vector<float> token_by_token(const model::LlamaModel& m, const std::vector<
 TEST(Forward, PrefillBatchEqualsTokenByToken) {
   model::LoadedModel loaded = load();
   ThreadPool pool(3);
-  std::vector<int32_t> tokens = loaded.tokenizer->encode("Once upon a time there was a little girl named Lily.");
-  auto [cache, table] =
-      model::KvCache::for_one_sequence(loaded.model->config(), static_cast<int32_t>(tokens.size()), 4);
+  std::vector<int32_t> tokens =
+      loaded.tokenizer->encode("Once upon a time there was a little girl named Lily.");
+  auto [cache, table] = model::KvCache::for_one_sequence(loaded.model->config(),
+                                                         static_cast<int32_t>(tokens.size()), 4);
   model::ForwardScratch scratch;
   model::Batch batch;
   batch.begin_sequence(table);
@@ -63,7 +69,8 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   const model::LlamaModel& m = *loaded.model;
   ThreadPool pool(2);
   std::vector<int32_t> tokens = loaded.tokenizer->encode(
-      "Once upon a time there was a little girl named Lily. She liked to play outside in the park with her dog.");
+      "Once upon a time there was a little girl named Lily. She liked to play outside in the park "
+      "with her dog.");
   const auto n = static_cast<int32_t>(tokens.size());
   auto [cache, table] = model::KvCache::for_one_sequence(m.config(), n, 8);
   model::ForwardScratch scratch;
@@ -76,7 +83,8 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   const int32_t window = 6;
   std::vector<int32_t> positions;
   for (int32_t i = n - window; i < n; ++i) positions.push_back(i);
-  const std::span<const int32_t> window_tokens = std::span<const int32_t>(tokens).subspan(n - window);
+  const std::span<const int32_t> window_tokens =
+      std::span<const int32_t>(tokens).subspan(n - window);
   std::vector<float> dense, streamed;
   m.observe(window_tokens, positions, table, cache, pool, scratch, dense);
 
@@ -84,7 +92,8 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   for (int64_t l = 0; l < m.config().num_layers; ++l) {
     for (int64_t h = 0; h < m.config().num_kv_heads; ++h) {
       model::SparseStream& stream = sparse.streams.emplace_back();
-      for (int32_t page : table) stream.slices.push_back(static_cast<int32_t>(cache.slice_index(page, l, h)));
+      for (int32_t page : table)
+        stream.slices.push_back(static_cast<int32_t>(cache.slice_index(page, l, h)));
       stream.num_keys = n;
     }
   }
@@ -94,14 +103,15 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   float total = 0;
   for (float score : dense) total += score;
   // Every row's probabilities sum to 1 per query head: window rows x query heads in all.
-  EXPECT_NEAR(total, static_cast<float>(window * m.config().num_heads * m.config().num_layers), 1e-2f);
+  EXPECT_NEAR(total, static_cast<float>(window * m.config().num_heads * m.config().num_layers),
+              1e-2f);
 }
 
 TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
   model::LoadedModel loaded = load();
   ThreadPool pool(2);
-  const std::vector<std::string> prompts = {"Once upon a time", "The dog ran to the big red ball and",
-                                            "Sara"};
+  const std::vector<std::string> prompts = {"Once upon a time",
+                                            "The dog ran to the big red ball and", "Sara"};
   // Pages of 4 tokens, handed out interleaved and out of order between the sequences.
   model::KvCache cache(loaded.model->config(), 16, 4);
   const std::vector<std::vector<int32_t>> tables = {{9, 2, 14}, {5, 11, 0, 7, 3}, {12}};
@@ -112,7 +122,8 @@ TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
     encoded.push_back(loaded.tokenizer->encode(prompts[s]));
     ASSERT_LE(encoded[s].size(), tables[s].size() * 4);
     batch.begin_sequence(tables[s]);
-    for (size_t i = 0; i < encoded[s].size(); ++i) batch.add(encoded[s][i], static_cast<int32_t>(i), true);
+    for (size_t i = 0; i < encoded[s].size(); ++i)
+      batch.add(encoded[s][i], static_cast<int32_t>(i), true);
   }
   std::vector<float> batched;
   loaded.model->forward(batch, cache, pool, scratch, batched);
@@ -120,7 +131,8 @@ TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
   size_t row = 0;
   for (size_t s = 0; s < prompts.size(); ++s) {
     std::vector<float> alone = token_by_token(*loaded.model, encoded[s], pool);
-    std::vector<float> mine(batched.begin() + row * vocab, batched.begin() + (row + encoded[s].size()) * vocab);
+    std::vector<float> mine(batched.begin() + row * vocab,
+                            batched.begin() + (row + encoded[s].size()) * vocab);
     EXPECT_LT(max_abs_diff(mine, alone), 1e-4f) << prompts[s];
     row += encoded[s].size();
   }
@@ -131,7 +143,8 @@ TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
 TEST(Forward, F16KvCacheMatchesF32WithinF16Rounding) {
   model::LoadedModel loaded = load();
   ThreadPool pool(2);
-  const std::vector<std::string> prompts = {"Once upon a time there was a little girl named Lily.", "Sara"};
+  const std::vector<std::string> prompts = {"Once upon a time there was a little girl named Lily.",
+                                            "Sara"};
   const std::vector<std::vector<int32_t>> tables = {{9, 2, 14, 1, 6}, {5}};
   std::vector<float> logits[2];
   for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kF16}) {
@@ -143,7 +156,8 @@ TEST(Forward, F16KvCacheMatchesF32WithinF16Rounding) {
       const std::vector<int32_t> tokens = loaded.tokenizer->encode(prompts[s]);
       ASSERT_LE(tokens.size(), tables[s].size() * 4);
       batch.begin_sequence(tables[s]);
-      for (size_t i = 0; i < tokens.size(); ++i) batch.add(tokens[i], static_cast<int32_t>(i), true);
+      for (size_t i = 0; i < tokens.size(); ++i)
+        batch.add(tokens[i], static_cast<int32_t>(i), true);
     }
     loaded.model->forward(batch, cache, pool, scratch, logits[dtype == kernels::DType::kF16]);
   }
@@ -188,7 +202,8 @@ TEST(KvCache, CopyPageCopiesEveryLayer) {
             kernels::load_kv_row(cache.layer_view(layer, src_table), value, pos, h, want.data());
             kernels::load_kv_row(cache.layer_view(layer, dst_table), value, pos, h, got.data());
             EXPECT_EQ(want, got) << "layer " << layer << " pos " << pos << " head " << h;
-            const float first = static_cast<float>(layer * 100 + pos * 10) + h * config.head_dim * 0.25f;
+            const float first =
+                static_cast<float>(layer * 100 + pos * 10) + h * config.head_dim * 0.25f;
             EXPECT_EQ(got[0], value ? -first : first);
           }
         }
@@ -234,7 +249,8 @@ TEST(Forward, NeoxOrderingOnPermutedWeightsMatchesNormal) {
     for (int64_t h = 0; h < num_heads; ++h) {
       for (int64_t i = 0; i < half; ++i) {
         std::copy_n(src + (h * hd + 2 * i) * m.cols, m.cols, out.data() + (h * hd + i) * m.cols);
-        std::copy_n(src + (h * hd + 2 * i + 1) * m.cols, m.cols, out.data() + (h * hd + i + half) * m.cols);
+        std::copy_n(src + (h * hd + 2 * i + 1) * m.cols, m.cols,
+                    out.data() + (h * hd + i + half) * m.cols);
       }
     }
     buffers->push_back(std::move(out));
@@ -245,11 +261,14 @@ TEST(Forward, NeoxOrderingOnPermutedWeightsMatchesNormal) {
     layer.wq = permute(layer.wq, config.num_heads);
     layer.wk = permute(layer.wk, config.num_kv_heads);
   }
-  weights.storage = std::make_shared<std::pair<std::shared_ptr<const void>, decltype(buffers)>>(weights.storage, buffers);
+  weights.storage = std::make_shared<std::pair<std::shared_ptr<const void>, decltype(buffers)>>(
+      weights.storage, buffers);
   model::LlamaModel neox(config, weights);
   ThreadPool pool(2);
   std::vector<int32_t> tokens = loaded.tokenizer->encode("Once upon a time, in a small town");
-  EXPECT_LT(max_abs_diff(token_by_token(neox, tokens, pool), token_by_token(original, tokens, pool)), 1e-4f);
+  EXPECT_LT(
+      max_abs_diff(token_by_token(neox, tokens, pool), token_by_token(original, tokens, pool)),
+      1e-4f);
 }
 
 }  // namespace

@@ -24,16 +24,19 @@ json read_json(const std::string& relative) {
   return json::parse(in);
 }
 
-model::LoadedModel load_gguf() { return model::load_model({testing::shared_path("models/stories260K.gguf"), ""}); }
+model::LoadedModel load_gguf() {
+  return model::load_model({testing::shared_path("models/stories260K.gguf"), ""});
+}
 model::LoadedModel load_llama2c() {
-  return model::load_model({testing::shared_path("models/stories260K.bin"), testing::shared_path("models/tok512.bin")});
+  return model::load_model(
+      {testing::shared_path("models/stories260K.bin"), testing::shared_path("models/tok512.bin")});
 }
 
-std::vector<int32_t> greedy(const model::LoadedModel& loaded, const std::vector<int32_t>& prompt, int n,
-                            ThreadPool& pool) {
+std::vector<int32_t> greedy(const model::LoadedModel& loaded, const std::vector<int32_t>& prompt,
+                            int n, ThreadPool& pool) {
   std::vector<int32_t> out;
-  engine::generate(*loaded.model, prompt, {.max_tokens = n, .sampling = {.temperature = 0.0f}}, pool,
-                   [&](int32_t token, std::span<const float>) {
+  engine::generate(*loaded.model, prompt, {.max_tokens = n, .sampling = {.temperature = 0.0f}},
+                   pool, [&](int32_t token, std::span<const float>) {
                      out.push_back(token);
                      return true;
                    });
@@ -49,7 +52,8 @@ TEST_P(GoldenGreedy, ReproducesEveryCaseTokenForToken) {
   json cases = read_json("golden/stories260K/greedy.json");
   ASSERT_EQ(cases.size(), 7u);
   for (const json& c : cases) {
-    SCOPED_TRACE(c["prompt"].get<std::string>() + " n=" + std::to_string(c["n_predict"].get<int>()));
+    SCOPED_TRACE(c["prompt"].get<std::string>() +
+                 " n=" + std::to_string(c["n_predict"].get<int>()));
     std::vector<int32_t> prompt = loaded.tokenizer->encode(c["prompt"].get<std::string>());
     EXPECT_EQ(prompt, c["prompt_tokens"].get<std::vector<int32_t>>());
     std::vector<int32_t> tokens = greedy(loaded, prompt, c["n_predict"].get<int>(), pool);
@@ -72,8 +76,8 @@ TEST(Golden, TopLogprobsWithin1e3) {
     std::vector<int32_t> prompt = c["prompt_tokens"].get<std::vector<int32_t>>();
     std::vector<std::vector<engine::TokenLogprob>> steps;
     engine::generate(*loaded.model, prompt,
-                     {.max_tokens = c["n_steps"].get<int>(), .sampling = {.temperature = 0.0f}}, pool,
-                     [&](int32_t, std::span<const float> logits) {
+                     {.max_tokens = c["n_steps"].get<int>(), .sampling = {.temperature = 0.0f}},
+                     pool, [&](int32_t, std::span<const float> logits) {
                        steps.push_back(engine::top_logprobs(logits, 5));
                        return true;
                      });
@@ -98,12 +102,14 @@ TEST_P(GoldenPerplexity, Within0Point5Percent) {
   const int context = GetParam();
   model::LoadedModel loaded = load_gguf();
   json golden = read_json("golden/stories260K/perplexity.json");
-  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"), std::ios::binary);
+  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"),
+                   std::ios::binary);
   std::stringstream buffer;
   buffer << in.rdbuf();
   std::string text = buffer.str();
   text.pop_back();  // exactly one trailing newline removed, as llama.cpp's -f does
-  std::vector<int32_t> tokens = loaded.tokenizer->encode(text, {.add_special = true, .parse_special = false});
+  std::vector<int32_t> tokens =
+      loaded.tokenizer->encode(text, {.add_special = true, .parse_special = false});
   EXPECT_EQ(tokens, golden["tokens"].get<std::vector<int32_t>>());
 
   ThreadPool pool(2);
@@ -120,7 +126,8 @@ TEST_P(GoldenPerplexity, Within0Point5Percent) {
   // In fact it agrees to the printed precision; the running values must track too.
   const auto running = (*expected)["running_ppl"].get<std::vector<double>>();
   ASSERT_EQ(result.running_ppl.size(), running.size());
-  for (size_t i = 0; i < running.size(); ++i) EXPECT_NEAR(result.running_ppl[i], running[i], 0.005 * running[i]);
+  for (size_t i = 0; i < running.size(); ++i)
+    EXPECT_NEAR(result.running_ppl[i], running[i], 0.005 * running[i]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stories260K, GoldenPerplexity, ::testing::Values(128, 512));

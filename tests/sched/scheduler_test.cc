@@ -16,7 +16,8 @@ namespace {
 
 class Simulation {
  public:
-  Simulation(SchedulerConfig config, kv::KvConfig kv_config) : kv_(kv_config), scheduler_(config, kv_) {}
+  Simulation(SchedulerConfig config, kv::KvConfig kv_config)
+      : kv_(kv_config), scheduler_(config, kv_) {}
 
   void add(char name, std::vector<int32_t> prompt, int32_t max_new, int32_t chunk_boundary = 0) {
     max_new_[name] = max_new;
@@ -35,8 +36,8 @@ class Simulation {
     std::string text;
     for (const ScheduledSequence& s : out.scheduled) {
       if (!text.empty()) text += ' ';
-      text += name(s.seq_id) + std::to_string(s.num_computed_before) + "+" + std::to_string(s.num_new_tokens) +
-              (s.samples ? "*" : "");
+      text += name(s.seq_id) + std::to_string(s.num_computed_before) + "+" +
+              std::to_string(s.num_new_tokens) + (s.samples ? "*" : "");
       EXPECT_EQ(static_cast<int32_t>(s.block_table.size()),
                 kv_.num_pages_for(s.num_computed_before + s.num_new_tokens));
     }
@@ -45,7 +46,8 @@ class Simulation {
     for (const ScheduledSequence& s : out.scheduled) {
       if (!s.samples) continue;
       scheduler_.append_token(s.seq_id, 7);
-      if (scheduler_.num_output_tokens(s.seq_id) == max_new_[name(s.seq_id)[0]]) scheduler_.finish(s.seq_id);
+      if (scheduler_.num_output_tokens(s.seq_id) == max_new_[name(s.seq_id)[0]])
+        scheduler_.finish(s.seq_id);
     }
     EXPECT_EQ(kv_.invariant_violation(), std::nullopt);
     return text;
@@ -100,17 +102,18 @@ TEST(Scheduler, PreemptsTheMostRecentAndRecomputesIt) {
   Simulation sim(config(16), pool(4));
   sim.add('A', 6, 6);
   sim.add('B', 6, 6);
-  EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{
-                                      "A0+6* B0+6*",
-                                      "A6+1* B6+1*",
-                                      "A7+1* B7+1*",
-                                      "A8+1* | pre B",  // position 8 needs A's third page: B gives up its two
-                                      "A9+1*",          // B waits: 1 page free, it needs 3 for 9 tokens
-                                      "A10+1*",
-                                      "B0+9*",          // recomputes prompt + its 3 outputs
-                                      "B9+1*",
-                                      "B10+1*",
-                                  }));
+  EXPECT_EQ(sim.run_until_idle(),
+            (std::vector<std::string>{
+                "A0+6* B0+6*",
+                "A6+1* B6+1*",
+                "A7+1* B7+1*",
+                "A8+1* | pre B",  // position 8 needs A's third page: B gives up its two
+                "A9+1*",          // B waits: 1 page free, it needs 3 for 9 tokens
+                "A10+1*",
+                "B0+9*",  // recomputes prompt + its 3 outputs
+                "B9+1*",
+                "B10+1*",
+            }));
   EXPECT_EQ(sim.scheduler().stats().num_preemptions, 1);
   EXPECT_EQ(sim.kv().num_free_pages(), 4);
 }
@@ -126,7 +129,8 @@ TEST(Scheduler, RandomWorkloadsAlwaysFinishAndFreeEveryPage) {
         const char name = static_cast<char>('A' + next++);
         // Shared prefixes between some requests exercise the prefix cache.
         std::vector<int32_t> prompt(1 + rng() % 20);
-        for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = i < 8 ? static_cast<int32_t>(i) : name;
+        for (size_t i = 0; i < prompt.size(); ++i)
+          prompt[i] = i < 8 ? static_cast<int32_t>(i) : name;
         sim.add(name, std::move(prompt), 1 + rng() % 12);
       }
       if (next == 24 && sim.scheduler().idle()) break;
@@ -192,14 +196,19 @@ class StreamingEngine {
   static constexpr int32_t kSinks = 2, kWindow = 6, kStreams = 4;
 
   StreamingEngine(int32_t num_pages)
-      : kv_(kv::KvConfig{.num_pages = num_pages, .page_size = 4, .enable_prefix_caching = true,
-                         .num_layers = 2, .num_kv_heads = 2}),
+      : kv_(kv::KvConfig{.num_pages = num_pages,
+                         .page_size = 4,
+                         .enable_prefix_caching = true,
+                         .num_layers = 2,
+                         .num_kv_heads = 2}),
         scheduler_(config(8), kv_) {}
 
   int64_t peak_pages(int32_t total_tokens) const {
     const std::vector<std::optional<int64_t>> bounds(kStreams, kSinks + kWindow);
-    return kv::sparse_peak_pages({.shape = kv_.slice_shape(), .max_kept_tokens = bounds,
-                                  .chunk_size = 8, .max_total_tokens = total_tokens,
+    return kv::sparse_peak_pages({.shape = kv_.slice_shape(),
+                                  .max_kept_tokens = bounds,
+                                  .chunk_size = 8,
+                                  .max_total_tokens = total_tokens,
                                   .dense_tokens_at_first_compression = 8});
   }
   void add(char name, int32_t prompt_len, int32_t max_new, bool with_peak = true) {
@@ -266,7 +275,8 @@ class StreamingEngine {
 
   std::vector<kv::SliceMove> fork(char parent, char child) {
     max_new_[child] = max_new_[parent];
-    return scheduler_.fork(SeqId{static_cast<uint64_t>(parent)}, SeqId{static_cast<uint64_t>(child)});
+    return scheduler_.fork(SeqId{static_cast<uint64_t>(parent)},
+                           SeqId{static_cast<uint64_t>(child)});
   }
 
   Scheduler& scheduler() { return scheduler_; }
@@ -290,8 +300,8 @@ TEST(Scheduler, CompressedRequestsAppendToStreamsAndFitTheirPeak) {
   std::vector<std::string> steps;
   while (!engine.scheduler().idle() && steps.size() < 100) steps.push_back(engine.step());
   ASSERT_EQ(steps.size(), 32u);
-  EXPECT_EQ(steps[0], "A0+8");    // dense first chunk, then compressed (copied: published pages)
-  EXPECT_EQ(steps[1], "A8+8s");   // appended to the streams
+  EXPECT_EQ(steps[0], "A0+8");   // dense first chunk, then compressed (copied: published pages)
+  EXPECT_EQ(steps[1], "A8+8s");  // appended to the streams
   EXPECT_EQ(steps[2], "A16+4*s");
   EXPECT_EQ(steps[3], "A20+1*s");
   EXPECT_EQ(steps[31], "A48+1*s");

@@ -29,9 +29,10 @@ TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedThenServes) {
   EXPECT_EQ(models->status, 503);
   EXPECT_EQ(json::parse(models->body)["error"]["message"], "the model is still loading");
 
-  model::LoadedModel loaded = model::load_model({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
-  auto engine = std::make_shared<engine::Engine>(engine::EngineConfig{.num_kv_pages = 64, .threads = 1}, loaded.model,
-                                                 loaded.tokenizer);
+  model::LoadedModel loaded =
+      model::load_model({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
+  auto engine = std::make_shared<engine::Engine>(
+      engine::EngineConfig{.num_kv_pages = 64, .threads = 1}, loaded.model, loaded.tokenizer);
   engine->start();
   auto chatml = std::make_shared<const ChatTemplate>(ChatTemplate::parse(chatml_template()));
   server.set_backend({.engine = engine,
@@ -43,7 +44,8 @@ TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedThenServes) {
   httplib::Client anonymous("127.0.0.1", server.port());
   EXPECT_EQ(anonymous.Get("/health")->status, 200);  // /health needs no key
   EXPECT_EQ(anonymous.Get("/v1/models")->status, 401);
-  auto reply = client.Post("/v1/completions", R"({"prompt":"Once upon a time","max_tokens":8,"temperature":0})",
+  auto reply = client.Post("/v1/completions",
+                           R"({"prompt":"Once upon a time","max_tokens":8,"temperature":0})",
                            "application/json");
   ASSERT_TRUE(reply);
   ASSERT_EQ(reply->status, 200) << reply->body;

@@ -13,7 +13,8 @@ namespace {
 class OpenAiApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    holder_ = model::load_tokenizer({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
+    holder_ = model::load_tokenizer(
+        {.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
     tokenizer_ = holder_.get();
   }
   ModelInfo info() const {
@@ -43,11 +44,14 @@ class OpenAiApiTest : public ::testing::Test {
 };
 
 TEST_F(OpenAiApiTest, PromptFormsTokenizeLikeTheTokenizer) {
-  const auto once = tokenizer_->encode("Once upon a time", {.add_special = true, .parse_special = true});
+  const auto once =
+      tokenizer_->encode("Once upon a time", {.add_special = true, .parse_special = true});
   EXPECT_EQ(parse(ApiKind::kCompletion, R"({"prompt":"Once upon a time"})").prompts,
             std::vector<std::vector<TokenId>>{once});
-  EXPECT_EQ(parse(ApiKind::kCompletion, R"({"prompt":[1, 5, 9]})").prompts, (std::vector<std::vector<TokenId>>{{1, 5, 9}}));
-  const auto two = parse(ApiKind::kCompletion, R"({"prompt":["Once upon a time", [1, 2]]})").prompts;
+  EXPECT_EQ(parse(ApiKind::kCompletion, R"({"prompt":[1, 5, 9]})").prompts,
+            (std::vector<std::vector<TokenId>>{{1, 5, 9}}));
+  const auto two =
+      parse(ApiKind::kCompletion, R"({"prompt":["Once upon a time", [1, 2]]})").prompts;
   ASSERT_EQ(two.size(), 2u);
   EXPECT_EQ(two[0], once);
   EXPECT_EQ(two[1], (std::vector<TokenId>{1, 2}));
@@ -59,7 +63,8 @@ TEST_F(OpenAiApiTest, DefaultsFollowOpenAi) {
   EXPECT_FLOAT_EQ(c.params.temperature, 1.0f);
   EXPECT_FALSE(c.stream);
   EXPECT_FALSE(c.params.logprobs.has_value());
-  const GenerationRequest chat = parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}]})");
+  const GenerationRequest chat =
+      parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}]})");
   EXPECT_FALSE(chat.params.max_tokens.has_value());  // chat: until the context is full
 }
 
@@ -88,7 +93,8 @@ TEST_F(OpenAiApiTest, ParametersMapToSamplingParams) {
   EXPECT_TRUE(r.include_usage);
   EXPECT_EQ(r.user, "u1");
 
-  const GenerationRequest chat = parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}],
+  const GenerationRequest chat =
+      parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}],
       "max_tokens": 50, "max_completion_tokens": 30, "logprobs": true, "top_logprobs": 2})");
   EXPECT_EQ(chat.params.max_tokens, 30);  // max_completion_tokens wins
   EXPECT_EQ(chat.params.logprobs, 2);
@@ -109,14 +115,16 @@ TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
       {ApiKind::kCompletion, R"({"prompt":"x","max_tokens":0})", "max_tokens"},
       {ApiKind::kCompletion, R"({"prompt":"x","max_tokens":1e30})", "max_tokens"},
       {ApiKind::kCompletion, R"({"prompt":"x","min_tokens":10,"max_tokens":5})", "min_tokens"},
-      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"min_tokens":100000})", "min_tokens"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"min_tokens":100000})",
+       "min_tokens"},
       {ApiKind::kCompletion, R"({"prompt":"x","logprobs":21})", "logprobs"},
       {ApiKind::kCompletion, R"({"prompt":"x","stop":[""]})", "stop"},
       {ApiKind::kCompletion, R"({"prompt":"x","stop":[1]})", "stop"},
       {ApiKind::kCompletion, R"({"prompt":"x","logit_bias":{"abc":1}})", "logit_bias"},
       {ApiKind::kCompletion, R"({"prompt":"x","logit_bias":{"512":1}})", "logit_bias"},
       {ApiKind::kCompletion, R"({"prompt":"x","logit_bias":{"5":101}})", "logit_bias"},
-      {ApiKind::kCompletion, R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
+      {ApiKind::kCompletion, R"({"prompt":"x","stream_options":{"include_usage":true}})",
+       "stream_options"},
       {ApiKind::kCompletion, R"({"prompt":[1, 512]})", "prompt"},
       {ApiKind::kCompletion, R"({"prompt":[]})", "prompt"},
       {ApiKind::kCompletion, R"({"prompt":5})", "prompt"},
@@ -126,10 +134,13 @@ TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
       {ApiKind::kChat, R"({"messages":"hi"})", "messages"},
       {ApiKind::kChat, R"({"messages":[{"content":"hi"}]})", "messages[0].role"},
       {ApiKind::kChat, R"({"messages":[{"role":"user","content":7}]})", "messages[0].content"},
-      {ApiKind::kChat, R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages[0].content[0]"},
-      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+       "messages[0].content[0]"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})",
+       "top_logprobs"},
       {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},
-      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+      {ApiKind::kChat,
+       R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
        "response_format"},
       {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"snapkv:B=oops"})", "kv_policy"},
       {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"nonsense"})", "kv_policy"},
@@ -159,10 +170,13 @@ TEST_F(OpenAiApiTest, ContextLengthExceededSaysTheSizes) {
 }
 
 TEST_F(OpenAiApiTest, KvPolicyIsParsed) {
-  EXPECT_TRUE(std::holds_alternative<sparsity::FullSpec>(parse(ApiKind::kCompletion, R"({"prompt":"x"})").kv_policy.policy));
   EXPECT_TRUE(std::holds_alternative<sparsity::FullSpec>(
-      parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":{"name":"full"}})").kv_policy.policy));
-  const GenerationRequest r = parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"snapkv:B=64"})");
+      parse(ApiKind::kCompletion, R"({"prompt":"x"})").kv_policy.policy));
+  EXPECT_TRUE(std::holds_alternative<sparsity::FullSpec>(
+      parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":{"name":"full"}})")
+          .kv_policy.policy));
+  const GenerationRequest r =
+      parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"snapkv:B=64"})");
   EXPECT_EQ(r.kv_policy, sparsity::parse_policy("snapkv:B=64"));
 }
 
@@ -178,8 +192,10 @@ TEST_F(OpenAiApiTest, ChatRendersTheTemplateAndAddsBos) {
       {"role":"system","content":"Be brief."},
       {"role":"user","content":[{"type":"text","text":"Hello"},{"type":"text","text":"there"}]}]})");
   const std::string expected_text =
-      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello\nthere<|im_end|>\n<|im_start|>assistant\n";
-  std::vector<TokenId> expected = tokenizer_->encode(expected_text, {.add_special = false, .parse_special = true});
+      "<|im_start|>system\nBe "
+      "brief.<|im_end|>\n<|im_start|>user\nHello\nthere<|im_end|>\n<|im_start|>assistant\n";
+  std::vector<TokenId> expected =
+      tokenizer_->encode(expected_text, {.add_special = false, .parse_special = true});
   expected.insert(expected.begin(), *tokenizer_->vocab().bos);  // stories260K's vocabulary adds BOS
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(r.prompts[0], expected);
@@ -189,12 +205,14 @@ TEST_F(OpenAiApiTest, TemplateErrorsAre400OnMessages) {
   ModelInfo strict = info();
   strict.render_chat = [](const json& context) {
     static const ChatTemplate t = ChatTemplate::parse(
-        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}"
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') "
+        "}}"
         "{% endif %}{{ m['content'] }}{% endfor %}");
     return t.render(context);
   };
   try {
-    parse_generation_request(ApiKind::kChat, json::parse(R"({"messages":[{"role":"system","content":"x"}]})"), strict);
+    parse_generation_request(
+        ApiKind::kChat, json::parse(R"({"messages":[{"role":"system","content":"x"}]})"), strict);
     FAIL() << "accepted";
   } catch (const ApiException& e) {
     EXPECT_EQ(e.error().status, 400);

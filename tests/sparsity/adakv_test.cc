@@ -40,7 +40,8 @@ TEST(AdaKvSpec, RefusesBadParametersNamingThem) {
 TEST(AdaKvSpec, ResolvesToOneSharedBudgetHeadPerStream) {
   const SparsityPlan plan = resolve(parse_policy("layerwise:L=1,rest=adakv:B=16,W=4"), {3, 2});
   EXPECT_TRUE(std::holds_alternative<DenseHead>(plan.at(0, 1)));
-  EXPECT_EQ(plan.at(2, 1), (HeadPolicy{SharedBudgetHead{SnapKvSpec{16, 4, 7, Pooling::kMax}, 0.2}}));
+  EXPECT_EQ(plan.at(2, 1),
+            (HeadPolicy{SharedBudgetHead{SnapKvSpec{16, 4, 7, Pooling::kMax}, 0.2}}));
   EXPECT_EQ(SparsityController(plan).observation_rows(), 4);
 }
 
@@ -55,10 +56,8 @@ SparsityController::Compression compress(const std::string& policy,
     num_keys.push_back(static_cast<int32_t>(s.size()));
     spans.emplace_back(s);
   }
-  return controller.propose({.prompt_done = true,
-                             .num_positions = num_keys[0],
-                             .num_keys = num_keys,
-                             .scores = spans});
+  return controller.propose(
+      {.prompt_done = true, .num_positions = num_keys[0], .num_keys = num_keys, .scores = spans});
 }
 
 std::vector<int32_t> range(int32_t begin, int32_t end) {

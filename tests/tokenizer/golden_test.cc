@@ -222,8 +222,9 @@ TEST(Stories260K, SpecialAndPunctuationTokens) {
       testing::load_gguf_vocab(sieve::testing::shared_path("models/stories260K.gguf")));
   const std::string ascii_punctuation = "!\"#%&'()*,-./:;?@[\\]_{}";
   const std::set<std::string> punctuation_pieces = {
-      " \"", ".", ",", "\"", "'", "!", "?", "-", "\u201C", "\u201D", ":", "\u2019", ";",
-      "\u2013", "\u2014", "\u2018", "\u2026", ")", "(", "/", "*", "&", "\\", "%", "[", "]"};
+      " \"",    ".", ",",      "\"", "'",      "!",      "?",      "-",      "\u201C",
+      "\u201D", ":", "\u2019", ";",  "\u2013", "\u2014", "\u2018", "\u2026", ")",
+      "(",      "/", "*",      "&",  "\\",     "%",      "[",      "]"};
   const Vocab& vocab = tokenizer->vocab();
   size_t num_punctuation = 0, num_special = 0;
   for (TokenId id = 0; id < static_cast<TokenId>(vocab.size()); ++id) {
@@ -253,9 +254,9 @@ TEST(Stories260K, SpecialAndPunctuationTokens) {
   std::string want_classes;
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::string piece = tokenizer->token_to_piece(ids[i]);
-    want_classes += i == 0 ? 'S'
+    want_classes += i == 0                                                   ? 'S'
                     : piece.find_first_not_of(" ,:\"!") == std::string::npos ? 'P'
-                                                                              : '-';
+                                                                             : '-';
   }
   EXPECT_EQ(classes, want_classes);
   EXPECT_EQ(std::count(classes.begin(), classes.end(), 'P'), 5);  // , : " ! "

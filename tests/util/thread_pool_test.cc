@@ -28,7 +28,8 @@ TEST(ThreadPool, ManyBackToBackLoops) {
   ThreadPool pool(3);
   std::atomic<int64_t> total{0};
   for (int round = 0; round < 2000; ++round) {
-    pool.parallel_for(10, [&](int64_t begin, int64_t end) { total.fetch_add(end - begin); }, 1);
+    pool.parallel_for(
+        10, [&](int64_t begin, int64_t end) { total.fetch_add(end - begin); }, 1);
   }
   EXPECT_EQ(total.load(), 20000);
 }

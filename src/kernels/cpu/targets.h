@@ -6,8 +6,8 @@
 
 namespace sieve::kernels {
 
-std::string_view matmul_target_name();   // cpu/matmul.cc
-std::string_view vec_ops_target_name();  // cpu/vec_ops.cc
+std::string_view matmul_target_name();            // cpu/matmul.cc
+std::string_view vec_ops_target_name();           // cpu/vec_ops.cc
 std::string_view attention_scores_target_name();  // cpu/attention_scores.cc
 
 }  // namespace sieve::kernels
