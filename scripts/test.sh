@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone:
+#   0. every tracked C++ file formatted as .clang-format says (scripts/check-format.sh);
 #   1. install dependencies, build Release, run every unit/golden/CLI test (ctest);
 #   2. build the input-parsing code (GGUF reader, tokenizers) with AddressSanitizer +
 #      UndefinedBehaviorSanitizer and run its tests;
@@ -19,6 +20,9 @@ fi
 scripts/install-deps.sh
 # The end-to-end server tests use the official openai client from npm (versions pinned by the lock file).
 npm ci --prefix tests/server/e2e --no-audit --no-fund --loglevel=error
+
+echo "== [0/3] clang-format check (scripts/check-format.sh --fix formats)"
+scripts/check-format.sh
 
 echo "== [1/3] Release build and full test suite"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIEVE_SHARED_DIR="$shared"
