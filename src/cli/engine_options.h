@@ -1,5 +1,5 @@
 #pragma once
-// Options of the commands that run the serving engine (run, batch, and later serve).
+// Options of the commands that run the serving engine (run, batch, serve).
 #include <CLI/CLI.hpp>
 
 #include "engine/engine.h"

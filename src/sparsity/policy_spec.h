@@ -33,7 +33,7 @@
 //                                            reads the top-K pages by a q·k upper bound (pages
 //                                            holding the first S and last W tokens always), the
 //                                            choice reused for R steps
-//   lserve:K=64,R=4,S=4,W=256,f=0.5          the fraction f of KV heads that a calibration
+//   lserve:K=64,R=4,S=4,W=32,f=0.5           the fraction f of KV heads that a calibration
 //                                            profile rates most streaming-like keep S sinks + W
 //                                            window; the others are quest heads (R defaults
 //                                            to 4 here, f to 0.5)
