@@ -193,6 +193,17 @@ SnapKvSpec parse_snapkv_params(std::string_view name, const Params& params) {
   return spec;
 }
 
+// snapkv's parameters plus one of the policy's own (pyramidkv's beta, adakv's alpha).
+template <typename Spec>
+Spec parse_snapkv_plus(std::string_view name, const std::vector<Item>& items, std::string_view key,
+                       double Spec::*extra) {
+  const Params params(name, items, {"B", "W", "P", "pool", key});
+  Spec spec;
+  spec.snapkv = parse_snapkv_params(name, params);
+  spec.*extra = params.get_double(key, spec.*extra);
+  return spec;
+}
+
 QuestSpec parse_quest_params(const Params& params) {
   QuestSpec spec;
   spec.top_k_pages = params.get_int("K", std::nullopt, "pages read per decode step");
@@ -264,20 +275,8 @@ PolicySpec parse_node(std::string_view text) {
   if (name == "snapkv") {
     return {parse_snapkv_params(name, Params(name, items, {"B", "W", "P", "pool"}))};
   }
-  if (name == "pyramidkv") {
-    const Params params(name, items, {"B", "W", "P", "pool", "beta"});
-    PyramidKvSpec spec;
-    spec.snapkv = parse_snapkv_params(name, params);
-    spec.beta = params.get_double("beta", spec.beta);
-    return {spec};
-  }
-  if (name == "adakv") {
-    const Params params(name, items, {"B", "W", "P", "pool", "alpha"});
-    AdaKvSpec spec;
-    spec.snapkv = parse_snapkv_params(name, params);
-    spec.alpha = params.get_double("alpha", spec.alpha);
-    return {spec};
-  }
+  if (name == "pyramidkv") return {parse_snapkv_plus(name, items, "beta", &PyramidKvSpec::beta)};
+  if (name == "adakv") return {parse_snapkv_plus(name, items, "alpha", &AdaKvSpec::alpha)};
   if (name == "fastgen") {
     const Params params(name, items, {"T", "W", "F"});
     FastGenSpec spec;
