@@ -325,8 +325,7 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
   event.usage = {.prompt_tokens = sample.num_prompt_tokens,
                  .completion_tokens = scheduler_.num_output_tokens(seq),
                  .cached_prompt_tokens = sample.cached_prompt_tokens,
-                 .kv_pages = static_cast<int32_t>(kv_.is_sparse(seq) ? kv_.owned_pages(seq).size()
-                                                                     : kv_.block_table(seq).size()),
+                 .kv_pages = kv_.num_pages_held(seq),
                  .kv_dense_pages = static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) /
                                                         config_.page_size),
                  .attention_recovery = sample.attention_recovery};
@@ -531,11 +530,7 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
   // (Again) from the start: a recompute after preemption, a child that waited.
   if (!sparse) controller.restart();
   if (n <= controller.compressed_through() && !last) return;
-  std::vector<int32_t> num_keys(controller.num_streams(), n);
-  if (sparse) {
-    const kv::SparseLayout& layout = kv_.sparse_layout(seq);
-    for (size_t s = 0; s < num_keys.size(); ++s) num_keys[s] = layout.streams[s].num_tokens;
-  }
+  const std::vector<int32_t> num_keys = kv_.stream_lengths(seq, n);
   std::vector<std::span<const float>> scores;
   if (const int32_t rows = controller.observation_rows(); rows > 0) {
     const ModelRunner::ObservationScores& observed =

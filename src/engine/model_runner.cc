@@ -7,29 +7,23 @@
 
 namespace sieve::engine {
 
-int32_t ModelRunner::cache_slice(kv::SliceId slice) const {
-  const kv::SliceShape shape = kv_.slice_shape();
-  const int64_t per_page = shape.slices_per_page();
-  const int32_t page = static_cast<int32_t>(slice.value / per_page);
-  const int64_t stream = slice.value % per_page;
-  return static_cast<int32_t>(
-      cache_.slice_index(page, stream / shape.num_kv_heads, stream % shape.num_kv_heads));
-}
-
-std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(
-    sched::SeqId seq, const kv::SparseAppend* append) {
+model::SequenceKv ModelRunner::sequence_kv(sched::SeqId seq, const kv::SparseAppend* append) {
+  model::SequenceKv view;
+  if (auto it = want_attention_.find(seq); it != want_attention_.end())
+    view.want_attention = it->second;
+  if (!kv_.is_sparse(seq)) {
+    for (kv::PageId page : kv_.block_table(seq)) view.block_table.push_back(page.value);
+    return view;
+  }
   const kv::SparseLayout& layout = kv_.sparse_layout(seq);
-  auto view = std::make_shared<model::SparseSequence>();
   PageSelectState* page_select = nullptr;
   if (auto it = page_select_.find(seq); it != page_select_.end()) page_select = &it->second;
-  view->streams.resize(layout.streams.size());
-  if (auto it = want_attention_.find(seq); it != want_attention_.end())
-    view->want_attention = it->second;
+  view.streams.resize(layout.streams.size());
   for (size_t s = 0; s < layout.streams.size(); ++s) {
     const kv::SparseStream& from = layout.streams[s];
-    model::SparseStream& to = view->streams[s];
+    model::KvStream& to = view.streams[s];
     to.slices.reserve(from.slices.size());
-    for (kv::SliceId slice : from.slices) to.slices.push_back(cache_slice(slice));
+    for (kv::SliceId slice : from.slices) to.slices.push_back(static_cast<int32_t>(slice.value));
     to.key_offset = from.first_slot;
     to.num_keys = from.num_tokens;
     to.num_dropped = from.num_dropped;
@@ -38,7 +32,7 @@ std::shared_ptr<const model::SparseSequence> ModelRunner::sparse_view(
     const int32_t first = append->first_index.at(s).value();
     for (int32_t i = first; i < from.num_tokens; ++i) {
       const kv::SlotAddress at = layout.address(static_cast<int32_t>(s), i);
-      to.new_rows.emplace_back(cache_slice(at.slice), at.slot);
+      to.new_rows.emplace_back(static_cast<int32_t>(at.slice.value), at.slot);
     }
     // Quest reads a subset of slices on decode rows of streams that hold every key.
     if (page_select && page_select->streams[s] && from.num_tokens - first == 1 &&
@@ -66,7 +60,7 @@ void ModelRunner::select_pages(sched::SeqId seq,
 // this step are not written yet) and says which slices its decode row reads: a fresh choice
 // every reuse_steps decode steps, else the last choice plus every slice new since.
 void ModelRunner::plan_page_reads(PageSelectState& state, size_t stream_idx,
-                                  model::SparseStream& stream, int32_t num_written) {
+                                  model::KvStream& stream, int32_t num_written) {
   PageSelectStream& p = *state.streams[stream_idx];
   const int32_t page_size = cache_.page_size();
   const int64_t summary_floats = 2 * model_.config().head_dim;
@@ -104,15 +98,10 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
     cache_.copy_page(planned.copy.src.value, planned.copy.dst.value);
   }
   batch_.clear();
-  step_views_.clear();
+  step_index_.clear();
   for (const sched::ScheduledSequence& s : out.scheduled) {
-    std::vector<int32_t> table(s.block_table.size());
-    for (size_t i = 0; i < table.size(); ++i) table[i] = s.block_table[i].value;
-    batch_.begin_sequence(std::move(table));
-    if (s.sparse_append) {
-      batch_.sequences.back().sparse = sparse_view(s.seq_id, &*s.sparse_append);
-      step_views_[s.seq_id] = batch_.sequences.size() - 1;
-    }
+    step_index_[s.seq_id] = batch_.sequences.size();
+    batch_.begin_sequence(sequence_kv(s.seq_id, s.stream_slots ? &*s.stream_slots : nullptr));
     std::span<const int32_t> tokens = tokens_of(s.seq_id);
     for (int32_t i = 0; i < s.num_new_tokens; ++i) {
       const int32_t position = s.num_computed_before + i;
@@ -120,19 +109,19 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
     }
   }
   logits_.clear();
-  if (batch_.size() > 0) model_.forward(batch_, cache_, pool_, scratch_, logits_, &sparse_outputs_);
+  if (batch_.size() > 0) model_.forward(batch_, cache_, pool_, scratch_, logits_, &outputs_);
   // Quest: the choices made this step are reused until the next one.
-  for (const auto& [seq, index] : step_views_) {
-    auto it = page_select_.find(seq);
+  for (size_t index = 0; index < out.scheduled.size(); ++index) {
+    auto it = page_select_.find(out.scheduled[index].seq_id);
     if (it == page_select_.end()) continue;
-    const model::SparseSequence& view = *batch_.sequences[index].sparse;
-    const model::SparseStepOutput& step = sparse_outputs_[index];
-    for (size_t stream = 0; stream < step.chosen_slices.size(); ++stream) {
-      const model::SparseStream& sparse_stream = view.streams[stream];
-      if (!sparse_stream.selection || !sparse_stream.selection->choose) continue;
+    const model::SequenceKv& view = batch_.sequences[index].kv;
+    const model::StreamOutputs& step = outputs_[index];
+    for (size_t stream = 0; stream < view.streams.size(); ++stream) {
+      const model::KvStream& kv_stream = view.streams[stream];
+      if (!kv_stream.selection || !kv_stream.selection->choose) continue;
       PageSelectStream& p = *it->second.streams[stream];
       p.chosen = step.chosen_slices[stream];
-      p.num_slices_at_choice = static_cast<int32_t>(sparse_stream.slices.size());
+      p.num_slices_at_choice = static_cast<int32_t>(kv_stream.slices.size());
     }
   }
   return logits_;
@@ -140,15 +129,13 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
 
 void ModelRunner::apply(const kv::CompactionPlan& plan) {
   for (const kv::TokenMove& move : plan.token_moves) {
-    cache_.copy_row(cache_slice(move.src.slice), move.src.slot, cache_slice(move.dst.slice),
-                    move.dst.slot);
+    cache_.copy_row(move.src.slice.value, move.src.slot, move.dst.slice.value, move.dst.slot);
   }
   copy_slices(plan.slice_moves);
 }
 
 void ModelRunner::copy_slices(std::span<const kv::SliceMove> moves) {
-  for (const kv::SliceMove& move : moves)
-    cache_.copy_slice(cache_slice(move.src), cache_slice(move.dst));
+  for (const kv::SliceMove& move : moves) cache_.copy_slice(move.src.value, move.dst.value);
 }
 
 const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
@@ -158,30 +145,20 @@ const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
   window = std::min(window, n);
   std::vector<int32_t> positions(static_cast<size_t>(window));
   for (int32_t i = 0; i < window; ++i) positions[i] = n - window + i;
-  const kv::SliceShape shape = kv_.slice_shape();
+  const model::SequenceKv view = sequence_kv(seq, nullptr);
+  model_.observe(tokens.subspan(n - window), positions, view, cache_, pool_, scratch_,
+                 scores_.values);
   scores_.offsets.assign(1, 0);
-  if (kv_.is_sparse(seq)) {
-    const std::shared_ptr<const model::SparseSequence> view = sparse_view(seq, nullptr);
-    model_.observe(tokens.subspan(n - window), positions, *view, cache_, pool_, scratch_,
-                   scores_.values);
-    for (const model::SparseStream& stream : view->streams)
-      scores_.offsets.push_back(scores_.offsets.back() + stream.num_keys);
-  } else {
-    std::vector<int32_t> table;
-    for (kv::PageId page : kv_.block_table(seq)) table.push_back(page.value);
-    model_.observe(tokens.subspan(n - window), positions, table, cache_, pool_, scratch_,
-                   scores_.values);
-    for (int32_t s = 0; s < shape.num_streams(); ++s)
-      scores_.offsets.push_back(scores_.offsets.back() + n);
-  }
+  for (int32_t length : kv_.stream_lengths(seq, n))
+    scores_.offsets.push_back(scores_.offsets.back() + static_cast<size_t>(length));
   return scores_;
 }
 
 const std::vector<std::vector<float>>* ModelRunner::attention(sched::SeqId seq) const {
-  auto it = step_views_.find(seq);
-  if (it == step_views_.end() || batch_.sequences[it->second].sparse->want_attention.empty())
+  auto it = step_index_.find(seq);
+  if (it == step_index_.end() || batch_.sequences[it->second].kv.want_attention.empty())
     return nullptr;
-  return &sparse_outputs_[it->second].attention;
+  return &outputs_[it->second].attention;
 }
 
 }  // namespace sieve::engine

@@ -1,10 +1,9 @@
 #pragma once
 // Turns the scheduler's plain ScheduleOutput into model inputs and runs one batched forward
 // step: copy-on-write page copies, then one ragged Batch (each scheduled sequence's new
-// tokens, its positions and its block table), then LlamaModel::forward. Only sequences that
-// sample this step ask for logits.
+// tokens, its positions and where its streams' K/V live), then LlamaModel::forward. Only sequences
+// that sample this step ask for logits.
 #include <functional>
-#include <memory>
 #include <unordered_map>
 #include <span>
 #include <vector>
@@ -36,9 +35,9 @@ class ModelRunner {
   void apply(const kv::CompactionPlan& plan);
   void copy_slices(std::span<const kv::SliceMove> moves);
 
-  // Observation scores (model::LlamaModel::observe) of a sequence whose K/V holds exactly the
-  // positions of `tokens` (dense) or whose sparse layout has tokens.size() positions: how much
-  // attention each key of each stream receives from the last `window` tokens' rows.
+  // Observation scores (model::LlamaModel::observe) of a sequence that has computed exactly
+  // `tokens`: how much attention each key of each stream receives from the last `window` tokens'
+  // rows.
   struct ObservationScores {
     std::vector<float> values;
     std::vector<size_t>
@@ -49,9 +48,6 @@ class ModelRunner {
   };
   const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens,
                                    int32_t window);
-
-  // The KvCache slice a kv::SliceId names.
-  int32_t cache_slice(kv::SliceId slice) const;
 
   // H2O: the streams of `seq` whose decode attention weights run() should return; and after
   // run(), those weights ([stream] -> one per key, the new token last; empty if not computed).
@@ -82,10 +78,10 @@ class ModelRunner {
     int64_t num_decode_steps = 0;                          // since select_pages()
   };
 
-  // The model's view of a sparse sequence; `append` (may be null): this step's new tokens.
-  std::shared_ptr<const model::SparseSequence> sparse_view(sched::SeqId seq,
-                                                           const kv::SparseAppend* append);
-  void plan_page_reads(PageSelectState& state, size_t stream_idx, model::SparseStream& stream,
+  // The model's view of a sequence's streams (its block table, or each stream's slices);
+  // `append` (may be null): where this step's new tokens go in streams of their own.
+  model::SequenceKv sequence_kv(sched::SeqId seq, const kv::SparseAppend* append);
+  void plan_page_reads(PageSelectState& state, size_t stream_idx, model::KvStream& stream,
                        int32_t num_written);
 
   const model::LlamaModel& model_;
@@ -95,10 +91,9 @@ class ModelRunner {
   ObservationScores scores_;
   std::unordered_map<sched::SeqId, std::vector<uint8_t>> want_attention_;
   std::unordered_map<sched::SeqId, PageSelectState> page_select_;
-  std::unordered_map<sched::SeqId, size_t>
-      step_views_;  // this step's sparse sequences' index in batch_
+  std::unordered_map<sched::SeqId, size_t> step_index_;  // this step's sequences in batch_
   model::Batch batch_;
-  std::vector<model::SparseStepOutput> sparse_outputs_;  // [batch_ sequence]
+  std::vector<model::StreamOutputs> outputs_;  // [batch_ sequence]
   model::ForwardScratch scratch_;
   std::vector<float> logits_;
 };

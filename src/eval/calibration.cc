@@ -34,7 +34,8 @@ sparsity::CalibrationProfile calibrate(const model::LlamaModel& model,
     std::vector<int32_t> positions(static_cast<size_t>(rows));
     for (int32_t i = 0; i < rows; ++i) positions[static_cast<size_t>(i)] = n - rows + i;
     model.observe(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(n - rows)),
-                  positions, single.block_table, single.cache, pool, scratch, scores);
+                  positions, {.block_table = single.block_table}, single.cache, pool, scratch,
+                  scores);
     for (int64_t cell = 0; cell < num_cells; ++cell) {
       sums[static_cast<size_t>(cell)] += sparsity::streaming_score(
           std::span<const float>(scores.data() + cell * n, static_cast<size_t>(n)),

@@ -165,11 +165,52 @@ WritePlan KvManager::prepare_write(SeqId seq, int32_t position) {
   return plan;
 }
 
-void KvManager::fork(SeqId parent, SeqId child) {
+std::optional<std::vector<SliceMove>> KvManager::fork(SeqId parent, SeqId child) {
   assert(!contains(child) && "SeqId already in use");
+  if (auto it = sparse_.find(parent); it != sparse_.end()) {
+    std::vector<SliceMove> copies;
+    std::optional<SparseSequence> copy = it->second.copy_to_fresh_pages(pool_, copies);
+    if (!copy) return std::nullopt;
+    sparse_.emplace(child, std::move(*copy));
+    return copies;
+  }
   SeqState copy = state(parent);
   for (PageId page : copy.pages) pool_.retain(page);
   seqs_.emplace(child, std::move(copy));
+  return std::vector<SliceMove>{};
+}
+
+std::optional<StepSlots> KvManager::reserve(SeqId seq, int32_t num_computed, int32_t num_tokens) {
+  assert(num_tokens > num_computed);
+  if (auto it = sparse_.find(seq); it != sparse_.end()) {
+    assert(num_computed == it->second.layout().num_positions);
+    std::optional<SparseAppend> append = it->second.append(num_tokens - num_computed, {}, pool_);
+    if (!append) return std::nullopt;
+    return StepSlots{.append = std::move(*append)};
+  }
+  if (!allocate(seq, num_tokens)) return std::nullopt;
+  const WritePlan plan = prepare_write(seq, num_computed);
+  if (std::holds_alternative<NoFreePage>(plan)) return std::nullopt;
+  StepSlots slots;
+  if (const auto* copy = std::get_if<PageCopy>(&plan)) slots.page_copy = *copy;
+  return slots;
+}
+
+int32_t KvManager::num_pages_held(SeqId seq) const {
+  if (auto it = sparse_.find(seq); it != sparse_.end())
+    return static_cast<int32_t>(it->second.pages().size());
+  return static_cast<int32_t>(state(seq).pages.size());
+}
+
+std::vector<int32_t> KvManager::stream_lengths(SeqId seq, int32_t num_tokens) const {
+  if (auto it = sparse_.find(seq); it != sparse_.end()) {
+    const SparseLayout& layout = it->second.layout();
+    assert(num_tokens == layout.num_positions);
+    std::vector<int32_t> lengths;
+    for (const SparseStream& stream : layout.streams) lengths.push_back(stream.num_tokens);
+    return lengths;
+  }
+  return std::vector<int32_t>(static_cast<size_t>(slice_shape().num_streams()), num_tokens);
 }
 
 void KvManager::free(SeqId seq) {
@@ -287,17 +328,6 @@ CompactionPlan KvManager::drop_tokens(SeqId seq, const DropSets& drop) {
   CompactionPlan plan;
   it->second.drop(drop, pool_, plan);
   return plan;
-}
-
-std::optional<std::vector<SliceMove>> KvManager::fork_sparse(SeqId parent, SeqId child) {
-  assert(!contains(child) && "SeqId already in use");
-  auto it = sparse_.find(parent);
-  assert(it != sparse_.end() && "fork_sparse from a sequence that is not sparse");
-  std::vector<SliceMove> copies;
-  std::optional<SparseSequence> copy = it->second.copy_to_fresh_pages(pool_, copies);
-  if (!copy) return std::nullopt;
-  sparse_.emplace(child, std::move(*copy));
-  return copies;
 }
 
 const SparseLayout& KvManager::sparse_layout(SeqId seq) const {

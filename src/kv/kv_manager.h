@@ -13,27 +13,24 @@
 //
 // Position t of a sequence lives in page block_table[t / page_size], slot t % page_size.
 //
-// One engine step, vLLM v1 style (a request carries only num_computed_tokens and its tokens):
+// Every sequence is one stream per (layer, KV head) (sparse_layout.h). A sequence starts with
+// its streams sharing one block table (a "dense" sequence: prefix sharing, fork by reference,
+// copy-on-write); once its sparsity policy drops tokens, each stream owns its slices in whole
+// pages the sequence owns alone (a "sparse" sequence: never published, never shared). The
+// scheduler does not tell the two apart:
 //   waiting:  match = lookup_prefix(prompt, extra_key);   // no state change
 //             num_computed = match.num_cached_tokens;     // choose n new tokens for the budget
 //             admit(seq, match, num_computed + n)         // nullopt: does not fit, keep waiting
-//   running:  allocate(seq, num_computed + n)             // nullopt: preempt someone, retry
-//             prepare_write(seq, num_computed)            // copy-on-write after fork
+//             (or start_sparse(seq): streams of their own from the first token, no cache)
+//   running:  reserve(seq, num_computed, num_computed + n)  // nullopt: preempt someone, retry
 //   after the forward pass:
-//             commit_full_blocks(seq, tokens, num_computed + n)   // publish for reuse
-//   finished, preempted or cancelled: free(seq)
-//
-// Sparse sequences (sparse_layout.h): a sequence whose sparsity policy dropped tokens keeps one
-// stream per (layer, KV head) in whole pages it owns alone. It gets there from a dense sequence
-// through compress(), or starts sparse with start_sparse(); it then grows with append_sparse(),
-// loses tokens with compress() (a policy's keep-set) and drop_tokens() (evictions during decode),
-// and ends with free(). One step of a sparse sequence:
-//   allocate:  append_sparse(seq, n)                     // nullopt: preempt someone, retry
-//   forward pass, writing token i of stream s at layout.address(s, first_index[s] + i)
-//   compress(seq, num_positions, keep)  or  drop_tokens(seq, drops)
-//              -> CompactionPlan: the runner performs it before any later K/V write
-// block_table(), allocate(), prepare_write() and fork() are for dense sequences only;
-// commit_full_blocks() does nothing for a sparse one (it is never published).
+//             commit_full_blocks(seq, tokens, num_computed + n)   // publish for reuse (dense)
+//   fork(parent, child) for n > 1; free(seq) when finished, preempted or cancelled.
+// The engine's sparsity step changes a sequence's streams: compress(seq, num_positions, keep)
+// (a policy's keep-sets; a dense sequence turns sparse) and drop_tokens(seq, drops) (evictions
+// during decode), each returning a CompactionPlan the runner performs before any later K/V
+// write. block_table(), allocate() and prepare_write() are for streams sharing a block table;
+// sparse_layout() and owned_pages() for streams of their own.
 //
 // Expected failures (no free page) are return values and leave the state unchanged; misuse
 // (unknown or duplicate SeqId, out-of-range positions, stale match) is an assert.
@@ -103,6 +100,13 @@ struct NoFreePage {
 };
 using WritePlan = std::variant<WriteInPlace, PageCopy, NoFreePage>;
 
+// Where one step's new tokens of a running sequence go (KvManager::reserve). Read the block table
+// or the sparse layout for the addresses before the next call that changes the sequence.
+struct StepSlots {
+  std::optional<PageCopy> page_copy;   // copy-on-write: perform it before the forward pass
+  std::optional<SparseAppend> append;  // streams of their own: each stream's first new key
+};
+
 struct KvStats {
   int32_t num_pages = 0;
   int32_t num_free_pages = 0;     // ref count 0, including cached-free (evictable) pages
@@ -160,9 +164,19 @@ class KvManager {
   // the sequence gets a fresh page holding a copy (PageCopy, which the runner must perform
   // before the forward pass); the old page keeps serving its other users and the cache.
   WritePlan prepare_write(SeqId seq, int32_t position);
-  // Parallel sampling: `child` (new SeqId) starts as a copy of `parent` sharing all its pages.
-  // Writes to shared pages then go through prepare_write's copy-on-write.
-  void fork(SeqId parent, SeqId child);
+  // Makes room for a running sequence's tokens [num_computed, num_tokens) (this step's new
+  // tokens), for either kind: streams sharing a block table grow it (allocate) and make the
+  // page written first private (prepare_write); streams of their own take slots
+  // (append_sparse; num_computed must be the layout's num_positions). nullopt if the pool lacks
+  // pages (a sparse sequence is unchanged; a block table may have grown): preempt someone and
+  // retry.
+  std::optional<StepSlots> reserve(SeqId seq, int32_t num_computed, int32_t num_tokens);
+  // Parallel sampling: `child` (new SeqId) starts as a copy of `parent`. Streams sharing a block
+  // table share all its pages (writes to shared pages then go through copy-on-write; returns no
+  // copies). Streams of their own get fresh pages holding a copy of every used slice: perform
+  // the returned copies before either sequence writes or compacts (the layouts are equal but for
+  // slice ids); nullopt, nothing changed, if the pool lacks the pages.
+  std::optional<std::vector<SliceMove>> fork(SeqId parent, SeqId child);
   // Releases the sequence's pages, last block first, so that the tail of a cached prefix is
   // evicted before its head.
   void free(SeqId seq);
@@ -173,7 +187,8 @@ class KvManager {
   SliceShape slice_shape() const {
     return {.num_layers = config_.num_layers,
             .num_kv_heads = config_.num_kv_heads,
-            .page_size = config_.page_size};
+            .page_size = config_.page_size,
+            .num_pages = config_.num_pages};
   }
   // Starts a sequence (new SeqId) that is sparse from its first token: no pages, no prefix
   // cache, every stream empty. Costs no page; append_sparse() allocates.
@@ -209,16 +224,17 @@ class KvManager {
   // the pool; when 2S - 1 slices are free the pages are packed (S = num_layers * num_kv_heads).
   // Never needs a page.
   CompactionPlan drop_tokens(SeqId seq, const DropSets& drop);
-  // Parallel sampling from a sparse parent: `child` (new SeqId) gets fresh pages holding a copy
-  // of every used slice (`slice_copies`, to perform before either writes); the layouts are
-  // equal but for slice ids. nullopt, nothing changed, if the pool lacks the pages.
-  std::optional<std::vector<SliceMove>> fork_sparse(SeqId parent, SeqId child);
   bool is_sparse(SeqId seq) const { return sparse_.contains(seq); }
   // Valid until the next call that changes this sequence.
   const SparseLayout& sparse_layout(SeqId seq) const;
   std::span<const PageId> owned_pages(SeqId seq) const;  // a sparse sequence's pages
 
   bool contains(SeqId seq) const { return seqs_.contains(seq) || sparse_.contains(seq); }
+  // Pages the sequence holds (its block table's, shared ones included, or the ones it owns).
+  int32_t num_pages_held(SeqId seq) const;
+  // Keys each stream holds [layer * num_kv_heads + kv_head] when the sequence has computed
+  // num_tokens tokens: num_tokens each for streams sharing a block table.
+  std::vector<int32_t> stream_lengths(SeqId seq, int32_t num_tokens) const;
   int32_t num_seqs() const { return static_cast<int32_t>(seqs_.size() + sparse_.size()); }
   // A dense sequence's block table. Valid until the next call that changes this sequence.
   std::span<const PageId> block_table(SeqId seq) const;

@@ -2,15 +2,15 @@
 // Sparse KV layout: where the kept tokens of a compressed sequence live, per (layer, KV head).
 // Integers only; the model runner owns the K/V values and performs the moves planned here.
 //
-// The model runner's storage is k[page][layer][kv_head][slot][head_dim] (v the same), so a page
-// is S = num_layers * num_kv_heads equal "slices" of page_size slots, and the whole pool is one
-// flat array of slices:
+// The pool is one flat array of equal *slices*: a slice is page_size K rows (and the same V rows)
+// of one (layer, page, kv head). This file owns their numbering, layer-major like the storage
+// (model::KvCache stores slice v at rows [v * page_size, (v + 1) * page_size) of its K and V):
 //
-//   SliceId v = page * S + layer * num_kv_heads + kv_head     rows k[v * page_size + slot]
+//   SliceId v = (layer * num_pages + page) * num_kv_heads + kv_head    rows k[v * page_size + slot]
 //
-// (v * page_size * head_dim is exactly page * page_stride + layer * layer_stride + head *
-// head_stride of model::KvCache, so an attention kernel reads a stream through a per-stream
-// table of slice ids where a dense head reads a block table of pages.)
+// so a page is S = num_layers * num_kv_heads slices (one per stream, spread over the layers), an
+// attention kernel reads a stream through a table of slice ids where a dense head reads a block
+// table of pages, and one layer's pages stay contiguous in memory.
 //
 // A dense sequence uses slice (layer, kv_head) of each page of its block table for that head.
 // A sparse sequence instead has one *stream* per (layer, KV head): the head's kept tokens, in
@@ -43,17 +43,29 @@ struct SliceShape {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
   int32_t page_size = 0;  // slots per slice = tokens per page
+  int32_t num_pages = 0;  // of the pool: the numbering's layer stride
   int32_t slices_per_page() const { return num_layers * num_kv_heads; }
   int32_t num_streams() const { return num_layers * num_kv_heads; }
   int32_t stream_index(int32_t layer, int32_t kv_head) const {
     return layer * num_kv_heads + kv_head;
   }
-  PageId page_of(SliceId slice) const {
-    return PageId{static_cast<int32_t>(slice.value / slices_per_page())};
-  }
-  // The slice a dense sequence uses for stream `stream` in page `page`.
+  // The slice of stream `stream` (= layer * num_kv_heads + kv_head) in page `page`: the slice a
+  // dense sequence reads for that stream; also the page's slices, for s < slices_per_page().
   SliceId dense_slice(PageId page, int32_t stream) const {
-    return SliceId{int64_t{page.value} * slices_per_page() + stream};
+    const int64_t layer = stream / num_kv_heads, kv_head = stream % num_kv_heads;
+    return SliceId{(layer * num_pages + page.value) * num_kv_heads + kv_head};
+  }
+  PageId page_of(SliceId slice) const {
+    return PageId{static_cast<int32_t>((slice.value / num_kv_heads) % num_pages)};
+  }
+  int32_t stream_of(SliceId slice) const {
+    return static_cast<int32_t>(slice.value / num_kv_heads / num_pages * num_kv_heads +
+                                slice.value % num_kv_heads);
+  }
+  // Page order: by page, then by stream. A sequence hands out its free slices in this order,
+  // so it fills one page before it starts the next.
+  int64_t page_order(SliceId slice) const {
+    return int64_t{page_of(slice).value} * slices_per_page() + stream_of(slice);
   }
   bool operator==(const SliceShape&) const = default;
 };

@@ -21,6 +21,11 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
   return true;
 }
 
+void sort_in_page_order(const SliceShape& shape, std::vector<SliceId>& slices) {
+  std::sort(slices.begin(), slices.end(),
+            [&](SliceId a, SliceId b) { return shape.page_order(a) < shape.page_order(b); });
+}
+
 }  // namespace
 
 SparseSequence::SparseSequence(const SliceShape& shape) {
@@ -50,7 +55,7 @@ SparseSequence SparseSequence::adopt_dense(const SliceShape& shape,
       seq.free_slices_.push_back(shape.dense_slice(block_table[b], s));
     }
   }
-  std::sort(seq.free_slices_.begin(), seq.free_slices_.end());
+  sort_in_page_order(shape, seq.free_slices_);
   return seq;
 }
 
@@ -81,7 +86,7 @@ std::optional<SparseSequence> SparseSequence::copy_from_dense(const SliceShape& 
       fresh.push_back(shape.dense_slice(*page, s));
     }
   }
-  std::sort(fresh.begin(), fresh.end());
+  sort_in_page_order(shape, fresh);
   size_t next_fresh = 0;
   seq.layout_.num_positions = num_tokens;
   const int32_t page_size = shape.page_size;
@@ -123,7 +128,12 @@ SliceId SparseSequence::take_free_slice() {
 }
 
 void SparseSequence::give_back_slice(SliceId slice) {
-  free_slices_.insert(std::lower_bound(free_slices_.begin(), free_slices_.end(), slice), slice);
+  const SliceShape& shape = layout_.shape;
+  free_slices_.insert(std::lower_bound(free_slices_.begin(), free_slices_.end(), slice,
+                                       [&](SliceId a, SliceId b) {
+                                         return shape.page_order(a) < shape.page_order(b);
+                                       }),
+                      slice);
 }
 
 void SparseSequence::trim_stream(SparseStream& stream) {
@@ -209,7 +219,7 @@ std::optional<SparseAppend> SparseSequence::append(int32_t num_tokens,
       free_slices_.push_back(shape.dense_slice(*page, s));
     }
   }
-  std::sort(free_slices_.begin(), free_slices_.end());
+  sort_in_page_order(shape, free_slices_);
   result.first_index.resize(layout_.streams.size());
   result.first_slot.resize(layout_.streams.size());
   for (size_t s = 0; s < layout_.streams.size(); ++s) {
@@ -284,18 +294,14 @@ void SparseSequence::drop(const DropSets& drop, PagePool& pool, CompactionPlan& 
 void SparseSequence::release_empty_pages(PagePool& pool, CompactionPlan& plan) {
   const int32_t slices_per_page = layout_.shape.slices_per_page();
   if (num_free_slices() < slices_per_page) return;
-  // free_slices_ is ascending, so a page's free slices are one run.
+  // A page is empty when all of its slices are free (they are spread over the layers).
+  std::unordered_map<int32_t, int32_t> free_in_page;
+  for (SliceId slice : free_slices_) ++free_in_page[layout_.shape.page_of(slice).value];
   std::vector<PageId> empty;
-  for (size_t i = 0; i + static_cast<size_t>(slices_per_page) <= free_slices_.size();) {
-    const PageId page = layout_.shape.page_of(free_slices_[i]);
-    const size_t last = i + static_cast<size_t>(slices_per_page) - 1;
-    if (layout_.shape.page_of(free_slices_[last]) == page) {
-      empty.push_back(page);
-      i = last + 1;
-    } else {
-      ++i;
-    }
+  for (const auto& [page, num_free] : free_in_page) {
+    if (num_free == slices_per_page) empty.push_back(PageId{page});
   }
+  std::sort(empty.begin(), empty.end());
   if (empty.empty()) return;
   std::erase_if(free_slices_, [&](SliceId slice) {
     return std::find(empty.begin(), empty.end(), layout_.shape.page_of(slice)) != empty.end();
@@ -326,7 +332,7 @@ void SparseSequence::pack(PagePool& pool, CompactionPlan& plan) {
   std::unordered_set<int32_t> released;
   for (size_t i = num_target; i < by_use.size(); ++i) released.insert(by_use[i].value);
 
-  std::vector<SliceId> destinations;  // free slices of kept pages, ascending
+  std::vector<SliceId> destinations;  // free slices of kept pages, in page order
   for (SliceId slice : free_slices_) {
     if (!released.contains(shape.page_of(slice).value)) destinations.push_back(slice);
   }
@@ -364,7 +370,7 @@ std::optional<SparseSequence> SparseSequence::copy_to_fresh_pages(
     for (int32_t s = 0; s < shape.slices_per_page(); ++s)
       fresh.push_back(shape.dense_slice(*page, s));
   }
-  std::sort(fresh.begin(), fresh.end());
+  sort_in_page_order(shape, fresh);
   size_t next = 0;
   for (SparseStream& stream : copy.layout_.streams) {
     for (SliceId& slice : stream.slices) {
@@ -435,7 +441,9 @@ std::optional<std::string> SparseSequence::invariant_violation(
     }
   }
   for (size_t i = 0; i < free_slices_.size(); ++i) {
-    if (i > 0 && free_slices_[i] <= free_slices_[i - 1]) return "free slices not ascending";
+    if (i > 0 &&
+        layout_.shape.page_order(free_slices_[i]) <= layout_.shape.page_order(free_slices_[i - 1]))
+      return "free slices not in page order";
     if (auto violation = claim(free_slices_[i])) return fmt::format("free list {}", *violation);
   }
   if (static_cast<int64_t>(seen.size()) !=

@@ -3,11 +3,12 @@
 // header is the kv layer's own). It owns whole pages of the shared PagePool and places each
 // stream's slices in them (see sparse_layout.h).
 //
-//   owned pages  p4            p9                      S = 4 slices per page (L=2, H=2)
-//   slices       16 17 18 19   36 37 38 39
-//   used by      s0 s0 s1 s3   s2 .  .  .              free slices: 37 38 39 (ascending)
+//   owned pages  p4            p9                  S = 4 slices per page (L=2, H=2), 16 pages
+//   page slice   0  1  2  3    0  1  2  3          (slice s of page p: SliceShape::dense_slice)
+//   used by      s0 s0 s1 s3   s2 .  .  .          free slices: p9's 1, 2, 3 (page order)
 //
-// Free slices are handed out lowest id first. Pages are packed (used slices moved so that the
+// Free slices are handed out in page order (SliceShape::page_order), so the pages fill one
+// after the other. Pages are packed (used slices moved so that the
 // sequence owns ceil(used / S) pages) after every compact(), and after drop() when 2S - 1 or
 // more slices are free; a page all of whose slices are free is returned at once. So a sequence
 // owns at most ceil(used / S) + 1 pages, and packing costs at most one slice move per slice
@@ -77,7 +78,7 @@ class SparseSequence {
 
   SparseLayout layout_;
   std::vector<PageId> pages_;         // owned, in the order taken
-  std::vector<SliceId> free_slices_;  // owned and unused, ascending
+  std::vector<SliceId> free_slices_;  // owned and unused, in page order (SliceShape::page_order)
 };
 
 }  // namespace sieve::kv

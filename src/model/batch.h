@@ -1,13 +1,13 @@
 #pragma once
 // A ragged batch: the new tokens of any number of sequences, each sequence's tokens contiguous
-// and in position order, plus each sequence's block table (where its K/V pages are).
+// and in position order, plus where each sequence's K/V lives (SequenceKv: a block table, or a
+// slice table per stream).
 //
 //   tokens     [ a3 a4 a5 | b9 | c0 c1 ]      positions [ 3 4 5 | 9 | 0 1 ]
 //   sequences  [ {first 0, count 3, pages a}, {first 3, count 1, pages b}, {first 4, count 2, pages
 //   c} ]
 #include <cassert>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
@@ -40,10 +40,16 @@ struct SliceSelection {
 std::vector<int32_t> top_slices(std::span<const float> bounds, std::span<const int32_t> forced,
                                 int32_t top_k);
 
-// The K/V of a compressed (sparse) sequence: one stream per (layer, KV head), each holding that
-// head's kept keys in order in slices of KvCache (KvCache::slice_index), as the KV manager laid
-// them out (kv/sparse_layout.h). The engine fills it; the model only reads and writes rows.
-struct SparseStream {
+// Where one sequence's K/V lives: one stream per (layer, KV head), [layer * num_kv_heads +
+// kv_head], each a table of KvCache slices (kv/sparse_layout.h's numbering: slice v is rows
+// [v * page_size, (v + 1) * page_size) of the cache). Two shapes of the same thing:
+//  - streams sharing one block table (a dense sequence): position t of stream s is slot
+//    t % page_size of slice kv::SliceShape::dense_slice(block_table[t / page_size], s). The
+//    kernels read all of a layer's heads through the one table (each page once, all heads).
+//  - streams of their own (a compressed sequence): `streams[s]` lists the slices holding the
+//    stream's kept keys in order, as the KV manager laid them out.
+// The engine fills it; the model only reads and writes rows.
+struct KvStream {
   std::vector<int32_t> slices;  // KvCache slice indices, in key order
   int32_t key_offset = 0;       // slots of slices[0] before key 0
   int32_t num_keys = 0;         // keys after this step's new tokens are written
@@ -52,15 +58,17 @@ struct SparseStream {
   std::vector<std::pair<int32_t, int32_t>> new_rows;  // (slice, slot) of each new token
   std::optional<SliceSelection> selection;            // Quest; unset: read every slice
 };
-struct SparseSequence {
-  std::vector<SparseStream> streams;  // [layer * num_kv_heads + kv_head]
+struct SequenceKv {
+  std::vector<int32_t> block_table;  // shared by every stream; empty when `streams` is set
+  std::vector<KvStream> streams;     // empty when the streams share `block_table`
   // Streams whose decode row's attention weights the caller wants back (H2O, FastGen's
-  // frequent set): SparseStepOutput::attention.
+  // frequent set): StreamOutputs::attention.
   std::vector<uint8_t> want_attention;  // [stream], empty: none
+  bool shares_block_table() const { return streams.empty(); }
 };
 
-// What a forward step hands back for one sparse sequence.
-struct SparseStepOutput {
+// What a forward step hands back for one sequence's streams.
+struct StreamOutputs {
   // [stream]: the decode row's attention weights (summed over the group's query heads, one per
   // key in key order, the new token last) where want_attention asked; else empty.
   std::vector<std::vector<float>> attention;
@@ -71,8 +79,7 @@ struct SparseStepOutput {
 struct BatchSequence {
   int32_t first_token = 0;  // index into Batch::tokens
   int32_t num_tokens = 0;
-  std::vector<int32_t> block_table;  // page ids; position t is in block_table[t / page_size]
-  std::shared_ptr<const SparseSequence> sparse;  // set: a compressed sequence (no block table)
+  SequenceKv kv;
 };
 
 struct Batch {
@@ -82,8 +89,12 @@ struct Batch {
   std::vector<BatchSequence> sequences;
 
   // Starts the next sequence; its tokens follow with add().
+  void begin_sequence(SequenceKv kv) {
+    sequences.push_back({static_cast<int32_t>(tokens.size()), 0, std::move(kv)});
+  }
+  // A sequence whose streams share one block table.
   void begin_sequence(std::vector<int32_t> block_table) {
-    sequences.push_back({static_cast<int32_t>(tokens.size()), 0, std::move(block_table)});
+    begin_sequence(SequenceKv{.block_table = std::move(block_table)});
   }
   void add(TokenId token, int32_t position, bool logits) {
     assert(!sequences.empty());

@@ -69,10 +69,11 @@ KvCache::Single KvCache::for_one_sequence(const ModelConfig& config, int32_t num
 
 void KvCache::write(int64_t layer, std::span<const int32_t> block_table, int32_t position,
                     const float* k, const float* v) {
-  const int32_t page = block_table[position / page_size_];
-  for (int64_t h = 0; h < num_kv_heads_; ++h) {
-    write_row(slice_index(page, layer, h), position % page_size_, k + h * head_dim_,
-              v + h * head_dim_);
+  const kv::SliceShape shape = slice_shape();
+  const kv::PageId page{block_table[position / page_size_]};
+  for (int32_t h = 0; h < shape.num_kv_heads; ++h) {
+    const kv::SliceId slice = shape.dense_slice(page, shape.stream_index(layer, h));
+    write_row(slice.value, position % page_size_, k + h * head_dim_, v + h * head_dim_);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/paged_attention.h"
+#include "kv/sparse_layout.h"
 #include "model/config.h"
 
 namespace sieve::model {
@@ -53,11 +54,14 @@ class KvCache {
   // Copy-on-write support: page `dst` becomes a copy of page `src` (all layers).
   void copy_page(int32_t src, int32_t dst);
 
-  // Sparse streams see the pool as one flat array of equal slices: page_size rows of one
-  // (layer, page, kv head). Index (layer * num_pages + page) * num_kv_heads + kv_head: with the
-  // layer-major layout above, slice i is rows [i * page_size, (i + 1) * page_size) of k and v.
-  int64_t slice_index(int32_t page, int64_t layer, int64_t kv_head) const {
-    return (layer * num_pages_ + page) * num_kv_heads_ + kv_head;
+  // Streams see the pool as one flat array of equal slices: page_size rows of one (layer, page,
+  // kv head), numbered as kv/sparse_layout.h says, which is this layout: slice i is rows
+  // [i * page_size, (i + 1) * page_size) of k and v.
+  kv::SliceShape slice_shape() const {
+    return {.num_layers = static_cast<int32_t>(num_layers_),
+            .num_kv_heads = static_cast<int32_t>(num_kv_heads_),
+            .page_size = page_size_,
+            .num_pages = num_pages_};
   }
   // The kernel's view of one stream: one kv head whose "pages" are the given slices.
   kernels::PagedKv slice_view(std::span<const int32_t> slices, int32_t key_offset) const;

@@ -93,6 +93,16 @@ std::string LlamaModel::fingerprint() const {
   return fmt::format("{:016x}", hash);
 }
 
+// Where new token i (at `position`) of stream (layer, kv_head) goes: (slice, slot).
+std::pair<int32_t, int32_t> new_row(const SequenceKv& kv, const KvCache& cache, int64_t layer,
+                                    int32_t kv_head, int32_t i, int32_t position) {
+  const kv::SliceShape shape = cache.slice_shape();
+  const int32_t stream = shape.stream_index(static_cast<int32_t>(layer), kv_head);
+  if (!kv.shares_block_table()) return kv.streams[static_cast<size_t>(stream)].new_rows[i];
+  const kv::PageId page{kv.block_table[static_cast<size_t>(position / shape.page_size)]};
+  return {static_cast<int32_t>(shape.dense_slice(page, stream).value), position % shape.page_size};
+}
+
 void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
   int64_t expected_first = 0;
   for (const BatchSequence& seq : batch.sequences) {
@@ -100,22 +110,26 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
       fail("batch sequences must cover the tokens contiguously, in order");
     }
     expected_first += seq.num_tokens;
-    if (seq.sparse) {
-      const auto& streams = seq.sparse->streams;
+    if (!seq.kv.shares_block_table()) {
+      const auto& streams = seq.kv.streams;
       if (static_cast<int64_t>(streams.size()) != config_.num_layers * config_.num_kv_heads) {
-        fail("a sparse sequence needs one stream per layer and KV head");
+        fail("a sequence with streams of its own needs one per layer and KV head");
       }
       const int64_t num_slices =
           int64_t{cache.num_pages()} * config_.num_layers * config_.num_kv_heads;
-      for (const SparseStream& stream : streams) {
+      for (const KvStream& stream : streams) {
         if (static_cast<int32_t>(stream.new_rows.size()) != seq.num_tokens)
-          fail("a sparse stream misses new rows");
+          fail("a stream misses new rows");
         if (int64_t{stream.key_offset} + stream.num_keys >
             static_cast<int64_t>(stream.slices.size()) * cache.page_size()) {
-          fail("a sparse stream has more keys than slots");
+          fail("a stream has more keys than slots");
         }
         for (int32_t slice : stream.slices) {
           if (slice < 0 || slice >= num_slices) fail("slice {} is outside the KV cache", slice);
+        }
+        for (const auto& [slice, slot] : stream.new_rows) {
+          if (slice < 0 || slice >= num_slices || slot < 0 || slot >= cache.page_size())
+            fail("new row (slice {}, slot {}) is outside the KV cache", slice, slot);
         }
         if (stream.selection) {
           if (stream.key_offset != 0 || stream.num_dropped != 0)
@@ -130,11 +144,11 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
       }
       continue;
     }
-    for (int32_t page : seq.block_table) {
+    for (int32_t page : seq.kv.block_table) {
       if (page < 0 || page >= cache.num_pages())
         fail("page id {} is outside the KV cache ({} pages)", page, cache.num_pages());
     }
-    const int64_t capacity = static_cast<int64_t>(seq.block_table.size()) * cache.page_size();
+    const int64_t capacity = static_cast<int64_t>(seq.kv.block_table.size()) * cache.page_size();
     for (int32_t i = seq.first_token; i < seq.first_token + seq.num_tokens; ++i) {
       if (batch.positions[i] < 0 || batch.positions[i] >= capacity) {
         fail("position {} is outside the sequence's {} KV slots", batch.positions[i], capacity);
@@ -237,15 +251,14 @@ void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool
 
 void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& s,
                          std::vector<float>& logits,
-                         std::vector<SparseStepOutput>* sparse_outputs) const {
+                         std::vector<StreamOutputs>* stream_outputs) const {
   check_batch(batch, cache);
-  if (sparse_outputs) {
-    sparse_outputs->assign(batch.sequences.size(), {});
-    for (size_t i = 0; i < batch.sequences.size(); ++i) {
-      if (!batch.sequences[i].sparse) continue;
-      const size_t num_streams = batch.sequences[i].sparse->streams.size();
-      (*sparse_outputs)[i].attention.resize(num_streams);
-      (*sparse_outputs)[i].chosen_slices.resize(num_streams);
+  if (stream_outputs) {
+    const auto num_streams = static_cast<size_t>(config_.num_layers * config_.num_kv_heads);
+    stream_outputs->assign(batch.sequences.size(), {});
+    for (StreamOutputs& outputs : *stream_outputs) {
+      outputs.attention.resize(num_streams);
+      outputs.chosen_slices.resize(num_streams);
     }
   }
   const int64_t n = batch.size();
@@ -268,11 +281,12 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, F
     }
   };
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<const BatchSequence*> short_sequences, long_sequences;
   for (const BatchSequence& seq : batch.sequences) {
-    // Sparse sequences share scratch buffers in attend_sparse: they run one at a time.
-    (seq.num_tokens <= 4 && !seq.sparse ? short_sequences : long_sequences).push_back(&seq);
+    // Short ones attend concurrently; attend's scratch buffers (streams of their own, attention
+    // weights) are shared, so those run one at a time.
+    const bool shared_scratch = !seq.kv.shares_block_table() || !seq.kv.want_attention.empty();
+    (seq.num_tokens <= 4 && !shared_scratch ? short_sequences : long_sequences).push_back(&seq);
   }
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -282,34 +296,20 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, F
     for (const BatchSequence& seq : batch.sequences) {
       pool.parallel_for(seq.num_tokens, [&](int64_t begin, int64_t end) {
         for (int64_t t = seq.first_token + begin; t < seq.first_token + end; ++t) {
-          if (!seq.sparse) {
-            cache.write(l, seq.block_table, batch.positions[t], &s.k[t * kv_dim], &s.v[t * kv_dim]);
-            continue;
-          }
-          for (int64_t h = 0; h < c.num_kv_heads; ++h) {  // each head's stream has its own slots
+          for (int32_t h = 0; h < c.num_kv_heads; ++h) {
             const auto [slice, slot] =
-                seq.sparse->streams[l * c.num_kv_heads + h].new_rows[t - seq.first_token];
+                new_row(seq.kv, cache, l, h, t - seq.first_token, batch.positions[t]);
             cache.write_row(slice, slot, &s.k[t * kv_dim + h * head_dim],
                             &s.v[t * kv_dim + h * head_dim]);
           }
         }
       });
     }
-    auto attend = [&](const BatchSequence& seq, ThreadPool& attention_pool) {
-      if (seq.sparse) {
-        SparseStepOutput* out =
-            sparse_outputs ? &(*sparse_outputs)[&seq - batch.sequences.data()] : nullptr;
-        return attend_sparse(*seq.sparse, l, seq.first_token, seq.num_tokens,
-                             &batch.positions[seq.first_token], cache, attention_pool, s, out);
-      }
-      kernels::AttentionQuery query{
-          .q = &s.q[seq.first_token * q_dim],
-          .positions = std::span<const int32_t>(&batch.positions[seq.first_token], seq.num_tokens),
-          .num_heads = c.num_heads,
-          .scale = scale,
-          .window = window()};
-      kernels::paged_attention(cache.layer_view(l, seq.block_table), query,
-                               {.out = &s.attn[seq.first_token * q_dim]}, attention_pool);
+    auto attend_sequence = [&](const BatchSequence& seq, ThreadPool& attention_pool) {
+      StreamOutputs* out =
+          stream_outputs ? &(*stream_outputs)[&seq - batch.sequences.data()] : nullptr;
+      attend(seq.kv, l, seq.first_token, seq.num_tokens, &batch.positions[seq.first_token], cache,
+             attention_pool, s, out);
     };
     // Short sequences (decodes), when there are enough of them: one sequence per task, each
     // attention single-threaded, instead of one pool dispatch (and key split + merge) per
@@ -319,13 +319,13 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, F
           static_cast<int64_t>(short_sequences.size()),
           [&](int64_t begin, int64_t end) {
             thread_local ThreadPool inline_pool(1);
-            for (int64_t i = begin; i < end; ++i) attend(*short_sequences[i], inline_pool);
+            for (int64_t i = begin; i < end; ++i) attend_sequence(*short_sequences[i], inline_pool);
           },
           1);
     } else {
-      for (const BatchSequence* seq : short_sequences) attend(*seq, pool);
+      for (const BatchSequence* seq : short_sequences) attend_sequence(*seq, pool);
     }
-    for (const BatchSequence* seq : long_sequences) attend(*seq, pool);
+    for (const BatchSequence* seq : long_sequences) attend_sequence(*seq, pool);
     finish_layer(w, n, pool, s);
   }
 
@@ -343,17 +343,58 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, F
   kernels::matmul(weights_.output, s.rows.data(), num_out, logits.data(), pool);
 }
 
-void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token,
-                               int32_t num_tokens, const int32_t* positions, const KvCache& cache,
-                               ThreadPool& pool, ForwardScratch& s, SparseStepOutput* out,
-                               float* scores) const {
-  // Each KV head has its own stream (its own kept keys), so the query heads of one group are
-  // gathered into a [num_tokens][group][head_dim] block per head and attended against that
-  // stream.
+void LlamaModel::attend(const SequenceKv& kv, int64_t layer, int32_t first_token,
+                        int32_t num_tokens, const int32_t* positions, const KvCache& cache,
+                        ThreadPool& pool, ForwardScratch& s, StreamOutputs* out,
+                        float* scores) const {
   const ModelConfig& c = config_;
   const int64_t head_dim = c.head_dim, q_dim = c.q_dim();
   const int64_t group = c.num_heads / c.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const int64_t first_stream = layer * c.num_kv_heads;
+  const auto wants_attention = [&](int64_t stream) {
+    return !kv.want_attention.empty() && kv.want_attention[stream] && num_tokens == 1;
+  };
+  const auto need_output = [&] {
+    if (!out) fail("attention weights or a Quest choice need an output to go to");
+  };
+
+  if (kv.shares_block_table()) {
+    // Every stream of the layer reads one block table: one kernel call for all heads reads
+    // each page once, through all its heads.
+    const kernels::AttentionQuery query{
+        .q = &s.q[first_token * q_dim],
+        .positions = std::span<const int32_t>(positions, num_tokens),
+        .num_heads = c.num_heads,
+        .scale = scale,
+        .window = window()};
+    const kernels::PagedKv view = cache.layer_view(layer, kv.block_table);
+    bool want = false;
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) want = want || wants_attention(first_stream + h);
+    // (Short sequences attend concurrently on shared scratch; they never get here with either.)
+    if (want || scores) s.lse.resize(static_cast<size_t>(num_tokens * c.num_heads));
+    kernels::paged_attention(
+        view, query,
+        {.out = &s.attn[first_token * q_dim], .row_lse = want || scores ? s.lse.data() : nullptr},
+        pool);
+    const int64_t num_keys = int64_t{positions[num_tokens - 1]} + 1;
+    if (scores) kernels::observation_scores(view, query, s.lse.data(), num_keys, scores, pool);
+    if (want) {  // one extra pass over the row's keys, reusing its log-sum-exp
+      need_output();
+      s.out_group.assign(static_cast<size_t>(c.num_kv_heads * num_keys), 0.0f);
+      kernels::observation_scores(view, query, s.lse.data(), num_keys, s.out_group.data(), pool);
+      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+        if (!wants_attention(first_stream + h)) continue;
+        const float* head = &s.out_group[h * num_keys];
+        out->attention[first_stream + h].assign(head, head + num_keys);
+      }
+    }
+    return;
+  }
+
+  // Streams of their own: each KV head has its own kept keys, so the query heads of one group
+  // are gathered into a [num_tokens][group][head_dim] block per head and attended against that
+  // stream.
   const int64_t q_floats = num_tokens * group * head_dim;  // per KV head
   s.q_group.resize(static_cast<size_t>(c.num_kv_heads * q_floats));
   s.out_group.resize(s.q_group.size());
@@ -361,12 +402,12 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
   s.lse.resize(static_cast<size_t>(c.num_kv_heads * num_tokens * group));
   s.slices.resize(static_cast<size_t>(c.num_kv_heads));
   auto attend_head = [&](int64_t g, ThreadPool& head_pool) {
-    const size_t stream_idx = static_cast<size_t>(layer * c.num_kv_heads + g);
-    const SparseStream& stream = sparse.streams[stream_idx];
+    const size_t stream_idx = static_cast<size_t>(first_stream + g);
+    const KvStream& stream = kv.streams[stream_idx];
     // Observation scores: each stream's after the ones before it in the layer.
     float* head_scores = scores;
     for (int64_t h = 0; head_scores && h < g; ++h)
-      head_scores += sparse.streams[stream_idx - g + h].num_keys;
+      head_scores += kv.streams[stream_idx - g + h].num_keys;
     float* q_group = &s.q_group[g * q_floats];
     float* out_group = &s.out_group[g * q_floats];
     int32_t* head_positions = &s.positions[g * num_tokens];
@@ -387,25 +428,24 @@ void LlamaModel::attend_sparse(const SparseSequence& sparse, int64_t layer, int3
     if (stream.selection && num_tokens == 1) {
       slices = select_slices(stream, q_group, group, cache.page_size(), s.slices[g]);
       if (stream.selection->choose) {
-        if (!out) fail("a choosing Quest stream needs an output for its choice");
+        need_output();
         out->chosen_slices[stream_idx] = s.slices[g].chosen;
       }
       head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * cache.page_size() +
                                                (stream.num_keys - 1) % cache.page_size());
     }
-    const kernels::PagedKv kv = cache.slice_view(slices, stream.key_offset);
-    const bool want =
-        !sparse.want_attention.empty() && sparse.want_attention[stream_idx] && num_tokens == 1;
+    const kernels::PagedKv view = cache.slice_view(slices, stream.key_offset);
+    const bool want = wants_attention(static_cast<int64_t>(stream_idx));
     kernels::paged_attention(
-        kv, query, {.out = out_group, .row_lse = want || head_scores ? lse : nullptr}, head_pool);
+        view, query, {.out = out_group, .row_lse = want || head_scores ? lse : nullptr}, head_pool);
     if (head_scores) {  // observation pass: every row's attention over this stream's keys
-      kernels::observation_scores(kv, query, lse, stream.num_keys, head_scores, head_pool);
+      kernels::observation_scores(view, query, lse, stream.num_keys, head_scores, head_pool);
     }
     if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
-      if (!out) fail("a sparse sequence that wants attention weights needs an output for them");
+      need_output();
       std::vector<float>& weights = out->attention[stream_idx];
       weights.assign(static_cast<size_t>(stream.num_keys), 0.0f);
-      kernels::observation_scores(kv, query, lse, stream.num_keys, weights.data(), head_pool);
+      kernels::observation_scores(view, query, lse, stream.num_keys, weights.data(), head_pool);
     }
     for (int32_t i = 0; i < num_tokens; ++i) {
       std::memcpy(&s.attn[(first_token + i) * q_dim + g * group * head_dim],
@@ -471,7 +511,7 @@ std::vector<int32_t> top_slices(std::span<const float> bounds, std::span<const i
 // Quest: the slices one decode row of `stream` reads (its query heads at
 // q_group). Every slice keeps its place in key order, so the row sees the chosen keys in order
 // and itself last: its position among them is computed by the caller.
-std::span<const int32_t> LlamaModel::select_slices(const SparseStream& stream, const float* q_group,
+std::span<const int32_t> LlamaModel::select_slices(const KvStream& stream, const float* q_group,
                                                    int64_t group, int32_t page_size,
                                                    SliceScratch& s) const {
   const SliceSelection& selection = *stream.selection;
@@ -536,46 +576,32 @@ void LlamaModel::observe_rows(std::span<const TokenId> window_tokens,
 }
 
 void LlamaModel::observe(std::span<const TokenId> window_tokens,
-                         std::span<const int32_t> window_positions,
-                         std::span<const int32_t> block_table, const KvCache& cache,
-                         ThreadPool& pool, ForwardScratch& s, std::vector<float>& scores) const {
-  const ModelConfig& c = config_;
-  if (window_positions.empty()) fail("observe needs window tokens and positions");
-  const int64_t num_keys = int64_t{window_positions.back()} + 1;
-  if (num_keys > static_cast<int64_t>(block_table.size()) * cache.page_size())
-    fail("observe window is outside the block table");
-  scores.assign(static_cast<size_t>(c.num_layers * c.num_kv_heads * num_keys), 0.0f);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
-    const kernels::AttentionQuery query{.q = s.q.data(),
-                                        .positions = window_positions,
-                                        .num_heads = c.num_heads,
-                                        .scale = scale,
-                                        .window = window()};
-    const kernels::PagedKv kv = cache.layer_view(l, block_table);
-    kernels::paged_attention(kv, query, {.out = s.attn.data(), .row_lse = s.lse.data()}, pool);
-    kernels::observation_scores(kv, query, s.lse.data(), num_keys,
-                                &scores[l * c.num_kv_heads * num_keys], pool);
-  });
-}
-
-void LlamaModel::observe(std::span<const TokenId> window_tokens,
-                         std::span<const int32_t> window_positions, const SparseSequence& sparse,
+                         std::span<const int32_t> window_positions, const SequenceKv& kv,
                          const KvCache& cache, ThreadPool& pool, ForwardScratch& s,
                          std::vector<float>& scores) const {
   const ModelConfig& c = config_;
-  if (static_cast<int64_t>(sparse.streams.size()) != c.num_layers * c.num_kv_heads)
-    fail("observe: wrong stream count");
+  if (window_positions.empty()) fail("observe needs window tokens and positions");
+  // Scores go stream after stream; a layer's streams are consecutive.
   std::vector<size_t> layer_offsets(static_cast<size_t>(c.num_layers) + 1, 0);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    layer_offsets[l + 1] = layer_offsets[l];
-    for (int64_t h = 0; h < c.num_kv_heads; ++h)
-      layer_offsets[l + 1] += sparse.streams[l * c.num_kv_heads + h].num_keys;
+  if (kv.shares_block_table()) {
+    const int64_t num_keys = int64_t{window_positions.back()} + 1;
+    if (num_keys > static_cast<int64_t>(kv.block_table.size()) * cache.page_size())
+      fail("observe window is outside the block table");
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      layer_offsets[l + 1] = layer_offsets[l] + static_cast<size_t>(c.num_kv_heads * num_keys);
+  } else {
+    if (static_cast<int64_t>(kv.streams.size()) != c.num_layers * c.num_kv_heads)
+      fail("observe: wrong stream count");
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      layer_offsets[l + 1] = layer_offsets[l];
+      for (int64_t h = 0; h < c.num_kv_heads; ++h)
+        layer_offsets[l + 1] += kv.streams[l * c.num_kv_heads + h].num_keys;
+    }
   }
   scores.assign(layer_offsets.back(), 0.0f);
   observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
-    attend_sparse(sparse, l, 0, static_cast<int32_t>(window_tokens.size()), window_positions.data(),
-                  cache, pool, s, /*out=*/nullptr, scores.data() + layer_offsets[l]);
+    attend(kv, l, 0, static_cast<int32_t>(window_tokens.size()), window_positions.data(), cache,
+           pool, s, /*out=*/nullptr, scores.data() + layer_offsets[l]);
   });
 }
 

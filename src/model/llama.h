@@ -35,17 +35,17 @@ class ThreadPool;
 
 namespace sieve::model {
 
-// Activation buffers reused across forward calls (grown on demand). One per caller thread.
 // Quest's page choice for one stream.
 struct SliceScratch {
   std::vector<float> slice_bounds;
   std::vector<int32_t> slice_ids, chosen, read_slices;
 };
 
+// Activation buffers reused across forward calls (grown on demand). One per caller thread.
 struct ForwardScratch {
   std::vector<float> x, norm, q, k, v, attn, gate, up, rows;
   std::vector<float> fused;  // a fused projection's output rows before they are split
-  std::vector<float> q_group, out_group, lse;  // sparse streams and observation passes, per KV head
+  std::vector<float> q_group, out_group, lse;  // attend: per KV head, attention weights, LSE
   std::vector<int32_t> positions;
   std::vector<SliceScratch> slices;             // [kv head]
   std::vector<std::exception_ptr> head_errors;  // [kv head], from heads attended on workers
@@ -67,27 +67,23 @@ class LlamaModel {
   // [batch.num_logits()][vocab] rows, in batch order of the tokens that asked for them. Throws
   // sieve::Error for tokens outside the vocabulary, pages outside the cache or positions
   // outside the block table.
-  // sparse_outputs (may be null): [batch sequence] what sparse sequences' rows hand back.
+  // stream_outputs (may be null): [batch sequence] what the streams' rows hand back (attention
+  // weights, Quest choices).
   void forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& scratch,
                std::vector<float>& logits,
-               std::vector<SparseStepOutput>* sparse_outputs = nullptr) const;
+               std::vector<StreamOutputs>* stream_outputs = nullptr) const;
 
-  // KV sparsity's observation pass (SnapKV): how much attention every cached key of one dense
+  // KV sparsity's observation pass (SnapKV): how much attention every cached key of one
   // sequence receives from the query rows of `window_tokens` at `window_positions` (its last
-  // prompt tokens, already in the cache). Recomputes those rows through every layer (their K/V
-  // are not written again) and, per layer, sums the attention probabilities over the rows and
-  // over each KV head's query heads, from the flash kernel's LSE (kernels::observation_scores).
-  // scores: [num_layers][num_kv_heads][num_keys], num_keys = last window position + 1. The
-  // result depends only on the window and the cache, not on how the prompt was chunked.
+  // tokens, already in the cache). Recomputes those rows through every layer (their K/V are not
+  // written again) and, per layer, sums the attention probabilities over the rows and over each
+  // KV head's query heads, from the flash kernel's LSE (kernels::observation_scores).
+  // scores: per stream [layer * num_kv_heads + kv_head], stream after stream, one per key:
+  // num_keys = last window position + 1 for streams sharing a block table, else each stream's
+  // num_keys (its kept keys, with their causal visibility as in forward). The result depends
+  // only on the window and the cache, not on how the prompt was chunked.
   void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-               std::span<const int32_t> block_table, const KvCache& cache, ThreadPool& pool,
-               ForwardScratch& scratch, std::vector<float>& scores) const;
-  // The same for a compressed sequence (chunk-by-chunk compression during prefill): each
-  // stream's kept keys are scored by the window rows (their causal visibility as in forward).
-  // scores: per stream [layer * num_kv_heads + kv_head], streams[s].num_keys values, stream
-  // after stream.
-  void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-               const SparseSequence& sparse, const KvCache& cache, ThreadPool& pool,
+               const SequenceKv& kv, const KvCache& cache, ThreadPool& pool,
                ForwardScratch& scratch, std::vector<float>& scores) const;
 
  private:
@@ -105,19 +101,19 @@ class LlamaModel {
   // After the attention (s.attn): x += Wo·attn, then the FFN on norm(x) (SwiGLU; gate and up
   // from one fused matrix or two).
   void finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const;
-  // scores (may be null): each of the layer's streams' observation scores over all rows, one
-  // stream after the other (num_keys each).
-  // out (may be null without want_attention or choosing selections): what the rows hand back.
-  void attend_sparse(const SparseSequence& sparse, int64_t layer, int32_t first_token,
-                     int32_t num_tokens, const int32_t* positions, const KvCache& cache,
-                     ThreadPool& pool, ForwardScratch& s, SparseStepOutput* out,
-                     float* scores = nullptr) const;
+  // One sequence's rows (s.q from first_token) attend over layer `layer` of its streams into
+  // s.attn. scores (may be null): each of the layer's streams' observation scores over all rows,
+  // one stream after the other. out (may be null without want_attention or choosing
+  // selections): what the rows hand back.
+  void attend(const SequenceKv& kv, int64_t layer, int32_t first_token, int32_t num_tokens,
+              const int32_t* positions, const KvCache& cache, ThreadPool& pool, ForwardScratch& s,
+              StreamOutputs* out, float* scores = nullptr) const;
   // The observation passes' shared part: embeds the window rows and runs every layer, calling
   // attend_and_score(layer) where the rows' attention output (s.attn) is due.
   void observe_rows(std::span<const TokenId> window_tokens,
                     std::span<const int32_t> window_positions, ThreadPool& pool, ForwardScratch& s,
                     const std::function<void(int64_t layer)>& attend_and_score) const;
-  std::span<const int32_t> select_slices(const SparseStream& stream, const float* q_group,
+  std::span<const int32_t> select_slices(const KvStream& stream, const float* q_group,
                                          int64_t group, int32_t page_size, SliceScratch& s) const;
 
   ModelConfig config_;

@@ -27,12 +27,7 @@ std::vector<kv::SliceMove> Scheduler::fork(SeqId parent, SeqId child) {
   const Sequence& p = seqs_.at(parent);
   assert(p.running && !seqs_.contains(child));
   Sequence& c = seqs_.emplace(child, p).first->second;
-  if (!kv_.is_sparse(parent)) {
-    kv_.fork(parent, child);
-    running_.push_back(child);
-    return {};
-  }
-  std::optional<std::vector<kv::SliceMove>> copies = kv_.fork_sparse(parent, child);
+  std::optional<std::vector<kv::SliceMove>> copies = kv_.fork(parent, child);
   if (copies) {
     running_.push_back(child);
     return std::move(*copies);
@@ -75,17 +70,13 @@ void Scheduler::preempt(SeqId seq, ScheduleOutput& out) {
 }
 
 bool Scheduler::reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out,
-                                std::optional<kv::SparseAppend>& sparse_append) {
-  const int32_t write_position = seqs_.at(seq).num_computed;
+                                std::optional<kv::SparseAppend>& stream_slots) {
+  const int32_t num_computed = seqs_.at(seq).num_computed;
   for (;;) {
-    if (kv_.is_sparse(seq)) {
-      sparse_append = kv_.append_sparse(seq, num_tokens - write_position);
-      if (sparse_append) return true;
-    } else if (kv_.allocate(seq, num_tokens)) {
-      kv::WritePlan plan = kv_.prepare_write(seq, write_position);
-      if (const auto* copy = std::get_if<kv::PageCopy>(&plan))
-        out.page_copies.push_back({seq, *copy});
-      if (!std::holds_alternative<kv::NoFreePage>(plan)) return true;
+    if (std::optional<kv::StepSlots> slots = kv_.reserve(seq, num_computed, num_tokens)) {
+      if (slots->page_copy) out.page_copies.push_back({seq, *slots->page_copy});
+      stream_slots = std::move(slots->append);
+      return true;
     }
     // Out of pages: the most recently admitted sequence makes room (possibly `seq` itself).
     const SeqId victim = running_.back();
@@ -95,17 +86,14 @@ bool Scheduler::reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& o
 }
 
 void Scheduler::add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out,
-                              std::optional<kv::SparseAppend> sparse_append) {
+                              std::optional<kv::SparseAppend> stream_slots) {
   const Sequence& s = seqs_.at(seq);
-  std::span<const kv::PageId> table;
-  if (!kv_.is_sparse(seq)) table = kv_.block_table(seq);
   out.scheduled.push_back(
       {.seq_id = seq,
        .num_computed_before = s.num_computed,
        .num_new_tokens = num_new,
        .samples = s.num_computed + num_new == static_cast<int32_t>(s.tokens.size()),
-       .block_table = {table.begin(), table.end()},
-       .sparse_append = std::move(sparse_append)});
+       .stream_slots = std::move(stream_slots)});
   out.num_batched_tokens += num_new;
 }
 
@@ -126,9 +114,9 @@ void Scheduler::schedule_running(bool decodes, ScheduleOutput& out) {
     }
     const int32_t num_new =
         chunk_limit(it->second, it->second.num_computed, std::min(remaining, budget));
-    std::optional<kv::SparseAppend> sparse_append;
-    if (!reserve_running(seq, it->second.num_computed + num_new, out, sparse_append)) continue;
-    add_scheduled(seq, num_new, out, std::move(sparse_append));
+    std::optional<kv::SparseAppend> stream_slots;
+    if (!reserve_running(seq, it->second.num_computed + num_new, out, stream_slots)) continue;
+    add_scheduled(seq, num_new, out, std::move(stream_slots));
   }
 }
 

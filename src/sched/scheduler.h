@@ -13,10 +13,10 @@
 // freed and it goes back to the front of the queue to be recomputed later. Admission is the
 // engine's: add() takes only sequences that fit in an empty pool, so none waits forever.
 //
-// Sparse sequences (kv/sparse_layout.h): once the engine has compressed a running sequence
-// (KvManager::compress), its steps take slots with KvManager::append_sparse instead of
-// allocate/prepare_write, and its ScheduledSequence carries the append instead of a block
-// table. Preemption frees it like any other; it is recomputed from its tokens, dense at first.
+// Dense or compressed by a sparsity policy (kv/kv_manager.h), a running sequence takes its
+// step's room with one KvManager::reserve; a compressed one's ScheduledSequence carries where its
+// streams' new tokens go. Preemption frees it like any other; it is recomputed from its tokens,
+// dense at first.
 //
 // The scheduler deals in ids and counts only; it emits one plain ScheduleOutput that the model
 // runner turns into batch inputs (block tables, positions).
@@ -45,11 +45,11 @@ struct ScheduledSequence {
   int32_t num_new_tokens = 0;
   // The step computes the sequence's last known token, so its logits give the next token.
   bool samples = false;
-  std::vector<kv::PageId> block_table;  // after this step's allocation; empty when sparse
-  // A sparse sequence: where each stream's new tokens go (kv::SparseLayout::address with
-  // first_index[s] + i), read with KvManager::sparse_layout() before the next call that changes
-  // the sequence.
-  std::optional<kv::SparseAppend> sparse_append;
+  // Streams of their own (a sparse sequence): where each stream's new tokens go
+  // (kv::SparseLayout::address with first_index[s] + i). Streams sharing a block table write
+  // position t at block_table(seq)[t / page_size]. Read either from the KvManager before the
+  // next call that changes the sequence.
+  std::optional<kv::SparseAppend> stream_slots;
 };
 
 // Copy-on-write for a sequence that shares the page it is about to write.
@@ -134,15 +134,15 @@ class Scheduler {
   // Makes room for `seq` to hold `num_tokens` tokens and have its next write page private,
   // preempting the most recently admitted other sequences as needed. False if `seq` itself
   // had to be preempted.
-  // A sparse sequence appends its new tokens instead (`sparse_append`).
+  // Streams of their own get their slots in `stream_slots`.
   bool reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out,
-                       std::optional<kv::SparseAppend>& sparse_append);
+                       std::optional<kv::SparseAppend>& stream_slots);
   void preempt(SeqId seq, ScheduleOutput& out);
   // The step's remaining budget is max_batch_tokens - out.num_batched_tokens.
   void schedule_running(bool decodes, ScheduleOutput& out);
   void schedule_waiting(ScheduleOutput& out);
   void add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out,
-                     std::optional<kv::SparseAppend> sparse_append);
+                     std::optional<kv::SparseAppend> stream_slots);
 
   SchedulerConfig config_;
   kv::KvManager& kv_;

@@ -28,12 +28,15 @@ std::vector<PageId> Owned(const KvManager& kv, SeqId seq) {
   return {pages.begin(), pages.end()};
 }
 
+// Also makes V() name this pool's slices.
 KvConfig TinyConfig(int32_t num_pages, bool prefix_caching = true) {
-  return KvConfig{.num_pages = num_pages,
-                  .page_size = 4,
-                  .enable_prefix_caching = prefix_caching,
-                  .num_layers = 2,
-                  .num_kv_heads = 2};
+  const KvConfig config{.num_pages = num_pages,
+                        .page_size = 4,
+                        .enable_prefix_caching = prefix_caching,
+                        .num_layers = 2,
+                        .num_kv_heads = 2};
+  Numbering::use(KvManager(config).slice_shape());
+  return config;
 }
 
 // The tag of position `position` of stream `stream` of a sequence.
@@ -410,7 +413,7 @@ TEST(SparseLayoutTest, ForkCopiesEverySliceIntoFreshPages) {
       {std::vector<int32_t>{4}, std::nullopt, std::vector<int32_t>{}, std::vector<int32_t>{0}}));
   // Stream 0 in slice 0, stream 1 in 2 and 3, stream 3 moved from 6 to 1: one page.
   EXPECT_EQ(kv.owned_pages(SeqId{1}).size(), 1u);
-  std::optional<std::vector<SliceMove>> copies = kv.fork_sparse(SeqId{1}, SeqId{2});
+  std::optional<std::vector<SliceMove>> copies = kv.fork(SeqId{1}, SeqId{2});
   ASSERT_TRUE(copies);
   runner.run_slices(*copies);
   const SparseLayout& parent = kv.sparse_layout(SeqId{1});

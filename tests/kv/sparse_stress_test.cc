@@ -277,12 +277,12 @@ class SparseSimulation {
     const SeqId child{next_id_++};
     SimSeq copy = seqs_.at(parent);
     if (copy.sparse) {
-      std::optional<std::vector<SliceMove>> copies = kv_.fork_sparse(parent, child);
+      std::optional<std::vector<SliceMove>> copies = kv_.fork(parent, child);
       if (!copies) return;
       runner_.run_slices(*copies);
       ++counters_.sparse_forks;
     } else {
-      kv_.fork(parent, child);
+      ASSERT_EQ(kv_.fork(parent, child), std::vector<SliceMove>{});  // shares every page
       ++counters_.forks;
     }
     seqs_.emplace(child, std::move(copy));

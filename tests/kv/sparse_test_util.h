@@ -1,9 +1,9 @@
 #pragma once
 // A fake model runner for sparse KV tests: one 64-bit tag per K/V row instead of head_dim floats,
-// laid out like model::KvCache (slice v = page * S + layer * H + kv_head, rows v * page_size +
-// slot). It performs plans exactly as the contract in sparse_layout.h says, and refuses (test
-// failure) to write a row of a page that is not private to the writer (ref count != 1 or
-// published).
+// laid out like model::KvCache (rows v * page_size + slot of slice v, numbered as
+// sparse_layout.h says). It performs plans exactly as the contract in sparse_layout.h says, and
+// refuses (test failure) to write a row of a page that is not private to the writer (ref count != 1
+// or published).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,9 +18,22 @@
 
 namespace sieve::kv {
 
-inline void PrintTo(SliceId slice, std::ostream* os) { *os << "v" << slice.value; }
+// The tests name slices in page order, as the pages fill: literal n is slice n % S of page
+// n / S (S slices per page), whatever kv's numbering of it. Call Numbering::use(shape) first.
+struct Numbering {
+  static SliceShape& shape() {
+    static SliceShape current;
+    return current;
+  }
+  static void use(const SliceShape& shape) { Numbering::shape() = shape; }
+};
+// Slices print as the tests name them (page order), so failures read like the expectations.
+inline void PrintTo(SliceId slice, std::ostream* os) {
+  *os << "v" << Numbering::shape().page_order(slice);
+}
 inline void PrintTo(const SlotAddress& a, std::ostream* os) {
-  *os << "{v" << a.slice.value << ":" << a.slot << "}";
+  PrintTo(a.slice, os);
+  *os << ":" << a.slot;
 }
 inline void PrintTo(const TokenMove& m, std::ostream* os) {
   PrintTo(m.src, os);
@@ -28,19 +41,25 @@ inline void PrintTo(const TokenMove& m, std::ostream* os) {
   PrintTo(m.dst, os);
 }
 inline void PrintTo(const SliceMove& m, std::ostream* os) {
-  *os << "v" << m.src.value << "->v" << m.dst.value;
+  PrintTo(m.src, os);
+  *os << "->";
+  PrintTo(m.dst, os);
 }
 
 namespace test {
 
-inline SliceId V(int64_t value) { return SliceId{value}; }
-inline SlotAddress A(int64_t slice, int32_t slot) { return SlotAddress{SliceId{slice}, slot}; }
+inline SliceId V(int64_t n) {
+  const SliceShape& shape = Numbering::shape();
+  return shape.dense_slice(PageId{static_cast<int32_t>(n / shape.slices_per_page())},
+                           static_cast<int32_t>(n % shape.slices_per_page()));
+}
+inline SlotAddress A(int64_t slice, int32_t slot) { return SlotAddress{V(slice), slot}; }
 inline TokenMove M(int64_t src_slice, int32_t src_slot, int64_t dst_slice, int32_t dst_slot) {
   return TokenMove{A(src_slice, src_slot), A(dst_slice, dst_slot)};
 }
 inline std::vector<SliceId> Slices(std::initializer_list<int64_t> values) {
   std::vector<SliceId> slices;
-  for (int64_t v : values) slices.push_back(SliceId{v});
+  for (int64_t v : values) slices.push_back(V(v));
   return slices;
 }
 

@@ -86,16 +86,15 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   const std::span<const int32_t> window_tokens =
       std::span<const int32_t>(tokens).subspan(n - window);
   std::vector<float> dense, streamed;
-  m.observe(window_tokens, positions, table, cache, pool, scratch, dense);
+  m.observe(window_tokens, positions, {.block_table = table}, cache, pool, scratch, dense);
 
-  model::SparseSequence sparse;
-  for (int64_t l = 0; l < m.config().num_layers; ++l) {
-    for (int64_t h = 0; h < m.config().num_kv_heads; ++h) {
-      model::SparseStream& stream = sparse.streams.emplace_back();
-      for (int32_t page : table)
-        stream.slices.push_back(static_cast<int32_t>(cache.slice_index(page, l, h)));
-      stream.num_keys = n;
-    }
+  model::SequenceKv sparse;
+  const kv::SliceShape shape = cache.slice_shape();
+  for (int32_t s = 0; s < shape.num_streams(); ++s) {
+    model::KvStream& stream = sparse.streams.emplace_back();
+    for (int32_t page : table)
+      stream.slices.push_back(static_cast<int32_t>(shape.dense_slice(kv::PageId{page}, s).value));
+    stream.num_keys = n;
   }
   m.observe(window_tokens, positions, sparse, cache, pool, scratch, streamed);
   ASSERT_EQ(streamed.size(), dense.size());

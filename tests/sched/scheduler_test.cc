@@ -38,7 +38,7 @@ class Simulation {
       if (!text.empty()) text += ' ';
       text += name(s.seq_id) + std::to_string(s.num_computed_before) + "+" +
               std::to_string(s.num_new_tokens) + (s.samples ? "*" : "");
-      EXPECT_EQ(static_cast<int32_t>(s.block_table.size()),
+      EXPECT_EQ(static_cast<int32_t>(kv_.block_table(s.seq_id).size()),
                 kv_.num_pages_for(s.num_computed_before + s.num_new_tokens));
     }
     for (SeqId seq : out.preempted) text += " | pre " + name(seq);
@@ -231,9 +231,8 @@ class StreamingEngine {
       text += '+';
       text += std::to_string(s.num_new_tokens);
       if (s.samples) text += '*';
-      if (s.sparse_append) text += 's';
-      EXPECT_EQ(s.sparse_append.has_value(), kv_.is_sparse(s.seq_id));
-      EXPECT_EQ(s.block_table.empty(), kv_.is_sparse(s.seq_id));
+      if (s.stream_slots) text += 's';
+      EXPECT_EQ(s.stream_slots.has_value(), kv_.is_sparse(s.seq_id));
     }
     for (SeqId seq : out.preempted) {
       text += " | pre ";
