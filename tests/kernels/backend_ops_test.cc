@@ -162,9 +162,9 @@ void check_memory(Backend& tested, Backend&, std::mt19937& rng) {
 
 void check_get_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
   const DType dtype = kWeightTypes[uniform(rng, 0, std::size(kWeightTypes) - 1)];
-  const int64_t rows = uniform(rng, 3, 40), cols = 256 * uniform(rng, 1, 2);
+  const int64_t rows = uniform(rng, 3, 40), cols = 256 * pick<int64_t>(rng, {1, 2, 16});
   const TestMatrix table(dtype, rows, cols, next_seed(rng));
-  std::vector<int32_t> ids(odd(rng, 1, 19));
+  std::vector<int32_t> ids(odd(rng, 1, 41));
   for (int32_t& id : ids) id = static_cast<int32_t>(uniform(rng, 0, rows - 1));
   const auto run = [&](Backend& b) {
     DeviceBuffer out = b.allocate(ids.size() * cols * sizeof(float));
@@ -237,7 +237,7 @@ void check_add(Backend& tested, Backend& ref, std::mt19937& rng) {
 }
 
 void check_add_bias(Backend& tested, Backend& ref, std::mt19937& rng) {
-  const int64_t num_rows = odd(rng, 1, 41), n = uniform(rng, 1, 600);
+  const int64_t num_rows = odd(rng, 1, 41), n = uniform(rng, 1, pick<int64_t>(rng, {600, 4096}));
   const int64_t stride = n + uniform(rng, 0, 5);
   const std::vector<float> x = random_floats(num_rows * stride, next_seed(rng)),
                            bias = random_floats(n, next_seed(rng));
@@ -274,7 +274,7 @@ void check_silu_mul(Backend& tested, Backend& ref, std::mt19937& rng) {
 
 // A fused QKV output's split, or one GQA group's query heads gathered out of the q rows.
 void check_copy_rows_2d(Backend& tested, Backend& ref, std::mt19937& rng) {
-  const int64_t num_rows = odd(rng, 1, 41), n = uniform(rng, 1, 300);
+  const int64_t num_rows = odd(rng, 1, 41), n = uniform(rng, 1, pick<int64_t>(rng, {300, 2048}));
   const int64_t src_stride = n + uniform(rng, 0, 200), dst_stride = n + uniform(rng, 0, 3);
   const int64_t src_offset = src_stride - n;  // the last n floats of each source row
   const std::vector<float> src = random_floats(num_rows * src_stride, next_seed(rng));
@@ -291,7 +291,7 @@ void check_copy_rows_2d(Backend& tested, Backend& ref, std::mt19937& rng) {
 }
 
 void check_gather_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
-  const int64_t num_src = uniform(rng, 1, 40), n = uniform(rng, 1, 600);
+  const int64_t num_src = uniform(rng, 1, 40), n = uniform(rng, 1, pick<int64_t>(rng, {600, 4096}));
   const int64_t src_stride = n + uniform(rng, 0, 3);
   std::vector<int32_t> ids(odd(rng, 1, 19));
   for (int32_t& id : ids) id = static_cast<int32_t>(uniform(rng, 0, num_src - 1));
@@ -307,7 +307,7 @@ void check_gather_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
 
 void check_rope(Backend& tested, Backend& ref, std::mt19937& rng) {
   const int64_t head_dim = pick<int64_t>(rng, {8, 64, 80, 128});
-  const int64_t num_heads = pick<int64_t>(rng, {1, 4, 7}), num_rows = odd(rng, 1, 41);
+  const int64_t num_heads = pick<int64_t>(rng, {1, 4, 7}), num_rows = odd(rng, 1, 65);
   const int64_t stride = num_heads * head_dim + uniform(rng, 0, 5);
   RopeParams params{.ordering = pick(rng, {RopeOrdering::kNormal, RopeOrdering::kNeox}),
                     .head_dim = head_dim,
@@ -338,7 +338,8 @@ void check_rope(Backend& tested, Backend& ref, std::mt19937& rng) {
 void check_store_kv_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
   const DType dtype = pick(rng, {DType::kF32, DType::kF16});
   const int64_t head_dim = pick<int64_t>(rng, {8, 64, 72, 128});
-  const int64_t num_slots = uniform(rng, 20, 200), num_rows = odd(rng, 1, 19);
+  const int64_t num_rows = odd(rng, 1, pick<int64_t>(rng, {19, 301}));
+  const int64_t num_slots = num_rows + uniform(rng, 0, 200);
   const int64_t src_stride = head_dim + uniform(rng, 0, 3);
   std::vector<int64_t> slots(num_slots);
   std::iota(slots.begin(), slots.end(), 0);
@@ -354,7 +355,18 @@ void check_store_kv_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
                     offsets);
     return to_host<uint8_t>(b, storage);
   };
-  EXPECT_EQ(run(tested), run(ref)) << to_string(dtype) << " head_dim=" << head_dim;  // bitwise
+  // Bitwise; the reference against the rows converted here.
+  std::vector<uint8_t> want(num_slots * head_dim * element_bytes, 0);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const float value = src[r * src_stride + d];
+      const uint16_t half = f32_to_f16(value);
+      std::memcpy(&want[(offsets[r] + d) * element_bytes],
+                  dtype == DType::kF16 ? static_cast<const void*>(&half) : &value, element_bytes);
+    }
+  }
+  EXPECT_EQ(run(ref), want) << to_string(dtype) << " head_dim=" << head_dim << ": reference";
+  EXPECT_EQ(run(tested), want) << to_string(dtype) << " head_dim=" << head_dim;
 }
 
 // Random queries for a cache: the last num_q positions (a prefill chunk, or one decode row),
@@ -587,7 +599,7 @@ constexpr OpCase kOps[] = {
     {"summarize_page_keys", check_summarize_page_keys},
     {"page_upper_bounds", check_page_upper_bounds},
 };
-constexpr uint32_t kNumSeeds = 6;
+constexpr uint32_t kNumSeeds = 10;
 
 class BackendOps : public ::testing::TestWithParam<BackendCase> {
  protected:
