@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <span>
 #include <string>
@@ -34,6 +35,8 @@ struct BackendCase {
   std::string target;  // the SIMD target forced while it runs; empty: none
   std::function<std::unique_ptr<Backend>(ThreadPool&)> make;
 };
+
+void PrintTo(const BackendCase& c, std::ostream* os) { *os << c.name; }  // names in ctest
 
 std::vector<BackendCase> backend_cases() {
   std::vector<BackendCase> cases;
