@@ -27,7 +27,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -43,8 +42,6 @@ class ThreadPool;
 }
 
 namespace sieve::kernels {
-
-class Backend;
 
 // Owns `bytes` bytes of one backend's memory; move-only. Zero-filled when allocated; on CPU
 // backends host memory aligned to 64 bytes.
@@ -104,11 +101,12 @@ struct Rows {
   }
 };
 
-// One sequence's (or one KV head's stream's) attention, for paged_attention_batch().
-struct ObservationOutput {  // observation_scores() over the job's query rows, after attention
+// observation_scores() over an attention job's query rows, after its attention.
+struct ObservationOutput {
   int64_t num_keys = 0;
   float* scores = nullptr;  // [kv.num_kv_heads][num_keys]
 };
+// One sequence's (or one KV head's stream's) attention, for paged_attention_batch().
 struct AttentionJob {
   PagedKv kv;
   AttentionQuery query;
