@@ -79,6 +79,8 @@ class TestCache {
                    shape_.page_size, shape_.head_dim, shape_.num_kv_heads, block_table_};
   }
   const CacheShape& shape() const { return shape_; }
+  // Elements of the whole K (or V) pool that view() points into, gaps included.
+  size_t num_elements() const { return k_.size(); }
 
  private:
   CacheShape shape_;

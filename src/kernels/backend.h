@@ -1,0 +1,191 @@
+#pragma once
+// A backend: one device's memory and every op the forward pass runs on it. The model (src/model)
+// is its only caller: it allocates its KV pages and scratch here, and runs embedding, matmuls,
+// norms, RoPE, KV writes and attention through these calls, never through the free functions of
+// ops.h. Like ops.h, it sees pointers, shapes and dtypes only: no request, sequence or scheduler
+// type. A backend owns its parallelism (the CPU one its ThreadPool): callers pass no pool.
+//
+// Implementations: make_cpu_backend() (the Highway kernels of ops.h, paged_attention.h, ...,
+// dispatched to the best SIMD target) and make_reference_backend() (the scalar ref:: functions,
+// single-threaded; the definition of correct). tests/kernels/backend_ops_test.cc runs every op
+// of every backend against the reference; a new backend is one line in its factory list.
+//
+// A CUDA backend implements this class: allocate() is device memory, upload() / download() are
+// host <-> device copies, prepare_weights() uploads a weight matrix once, and each op is a
+// kernel launch. Nothing above src/model changes when it is added.
+//
+// Memory rules:
+// - Float pointers passed to ops, and the K/V pointers inside a PagedKv, are device memory: in
+//   a DeviceBuffer from this backend's allocate(), or (CPU backends) any host memory. Only this
+//   backend's ops and copies dereference them; the caller reads results through download().
+// - Integer spans (token ids, positions, row offsets, block tables) and ops' small parameter
+//   structs are host memory, read during the call; a device backend uploads what it needs.
+// - A DeviceBuffer is owned by whoever holds it and must not outlive its backend. Weight views
+//   returned by prepare_weights() stay valid as long as the backend and the original view do.
+// - Ops return when their results may be read by the next op or by download(); a device backend
+//   may queue work, as long as download() waits for it.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "kernels/attention_scores.h"
+#include "kernels/ops.h"
+#include "kernels/paged_attention.h"
+#include "kernels/rope.h"
+
+namespace sieve {
+class ThreadPool;
+}
+
+namespace sieve::kernels {
+
+// Owns `bytes` bytes of one backend's memory; move-only. Zero-filled when allocated; on CPU
+// backends host memory aligned to 64 bytes.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)),
+        release_(std::exchange(other.release_, nullptr)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+      release_ = std::exchange(other.release_, nullptr);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  friend class Backend;
+  using ReleaseFn = void (*)(void* data);
+  DeviceBuffer(void* data, size_t bytes, ReleaseFn release)
+      : data_(data), bytes_(bytes), release_(release) {}
+  void reset() {
+    if (data_ && release_) release_(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  ReleaseFn release_ = nullptr;
+};
+
+// Rows of floats in device memory: row r starts at data + r * stride (stride in floats, >= the
+// row length the op is given).
+template <typename T>
+struct Rows {
+  T* data = nullptr;
+  int64_t stride = 0;
+  T* row(int64_t r) const { return data + r * stride; }
+  operator Rows<const T>() const  // NOLINT(google-explicit-constructor): rows are readable
+      requires(!std::is_const_v<T>) {
+    return {data, stride};
+  }
+};
+
+// observation_scores() over an attention job's query rows, after its attention.
+struct ObservationOutput {
+  int64_t num_keys = 0;
+  float* scores = nullptr;  // [kv.num_kv_heads][num_keys]
+};
+// One sequence's (or one KV head's stream's) attention, for paged_attention_batch().
+struct AttentionJob {
+  PagedKv kv;
+  AttentionQuery query;
+  AttentionOutput out;
+  // Each needs out.row_lse; they run after the attention, on the same threads.
+  std::span<const ObservationOutput> observations;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // --- memory ---
+  virtual DeviceBuffer allocate(size_t bytes) = 0;                      // zero-filled
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> device
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;  // device -> host
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;      // device -> device
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // The view matmul() and get_rows() should be given for a weight matrix of the (mapped) model
+  // file; the backend keeps what it makes alive. CPU: the same bytes, plus a Q8_0 repacking
+  // where packed_q8_0_matmul_supported(); a device backend: a copy in device memory.
+  virtual MatrixView prepare_weights(const MatrixView& w) = 0;
+
+  // --- ops on rows of activations (y, x: device memory; see ops.h for each formula) ---
+  // out[i] = row ids[i] of `table`, dequantized: [ids.size()][table.cols] (embedding lookup).
+  virtual void get_rows(const MatrixView& table, std::span<const int32_t> ids, float* out) = 0;
+  // y[i * w.rows + r] = sum_c x[i * w.cols + c] * w[r][c]; as kernels::matmul().
+  virtual void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y) = 0;
+  // out[r] = rmsnorm(x[r]) * weight for num_rows contiguous rows of n; out == x is allowed
+  // (in place). A per-head norm is rows of head_dim.
+  virtual void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t num_rows,
+                       int64_t n) = 0;
+  virtual void add(const float* x, float* y, int64_t n) = 0;  // y += x (residual)
+  // x[r] += bias for num_rows rows of n (bias: [n]).
+  virtual void add_bias(const float* bias, Rows<float> x, int64_t num_rows, int64_t n) = 0;
+  // out[r] = silu(gate[r]) * up[r], n per row; out may be gate, not up.
+  virtual void silu_mul(Rows<const float> gate, Rows<const float> up, Rows<float> out,
+                        int64_t num_rows, int64_t n) = 0;
+  // dst[r][0, n) = src[r][0, n): splitting a fused output, gathering one GQA group's heads.
+  virtual void copy_rows_2d(Rows<const float> src, Rows<float> dst, int64_t num_rows,
+                            int64_t n) = 0;
+  // dst[i][0, n) = src[src_rows[i]][0, n): e.g. the rows that want logits.
+  virtual void gather_rows(Rows<const float> src, std::span<const int32_t> src_rows,
+                           Rows<float> dst, int64_t n) = 0;
+  // Row t of x holds num_heads heads of params.head_dim, rotated for positions[t].
+  virtual void rope(const RopeParams& params, std::span<const int32_t> positions, Rows<float> x,
+                    int64_t num_heads) = 0;
+
+  // --- KV storage (layout: paged_attention.h) ---
+  // Writes row r of src (head_dim floats) at element offset dst_offsets[r] of `dst`, storage of
+  // `dtype` (kF32: floats; kF16: halves, rounded as f32_to_f16). One call per K or V.
+  virtual void store_kv_rows(Rows<const float> src, int64_t head_dim, DType dtype, void* dst,
+                             std::span<const int64_t> dst_offsets) = 0;
+
+  // --- attention and its scores (paged_attention.h, attention_scores.h) ---
+  virtual void paged_attention(const PagedKv& kv, const AttentionQuery& q,
+                               const AttentionOutput& out) = 0;
+  // Runs every job, in any order or concurrently (their outputs must not overlap); the
+  // backend decides how to spread them over its threads. Rethrows a job's exception.
+  virtual void paged_attention_batch(std::span<const AttentionJob> jobs) = 0;
+  virtual void observation_scores(const PagedKv& kv, const AttentionQuery& window,
+                                  const float* row_lse, int64_t num_keys, float* scores) = 0;
+  virtual void summarize_page_keys(const PagedKv& kv, int64_t block, int64_t num_filled,
+                                   const KeySummaries& summaries) = 0;
+  virtual void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
+                                 int64_t num_heads, int64_t num_blocks, float* bounds) = 0;
+
+ protected:
+  // For implementations: a buffer that `release` frees when its owner drops it.
+  static DeviceBuffer wrap_buffer(void* data, size_t bytes, DeviceBuffer::ReleaseFn release) {
+    return DeviceBuffer(data, bytes, release);
+  }
+};
+
+// The Highway kernels on `pool` (which must outlive the backend), on the SIMD target
+// active_target() names at each call.
+std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool);
+// The scalar references, single-threaded.
+std::unique_ptr<Backend> make_reference_backend();
+
+}  // namespace sieve::kernels

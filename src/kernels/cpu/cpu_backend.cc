@@ -1,0 +1,204 @@
+// The CPU backend: the Highway-dispatched kernels of ops.h, paged_attention.h and
+// attention_scores.h on one ThreadPool. The small row ops (residual add, bias, copies, KV
+// stores) are memory-bound: SIMD where a dispatched kernel exists (axpy, rmsnorm, silu_mul),
+// plain loops otherwise, split over the pool only when the rows are big enough to pay for a
+// dispatch.
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/host_backend.h"
+#include "util/thread_pool.h"
+
+namespace sieve::kernels {
+
+namespace {
+
+// Below this many floats touched, a pool dispatch (~microseconds) costs more than it saves.
+constexpr int64_t kMinParallelFloats = 1 << 15;
+// Query rows up to which an attention job is "short" (decode, a few speculative rows): many
+// short jobs run one per thread, each single-threaded.
+constexpr int64_t kShortJobRows = 4;
+
+class CpuBackend final : public HostMemoryBackend {
+ public:
+  explicit CpuBackend(ThreadPool& pool) : pool_(pool) {}
+
+  std::string_view name() const override { return "cpu"; }
+
+  MatrixView prepare_weights(const MatrixView& w) override {
+    if (w.dtype != DType::kQ8_0 || w.packed != nullptr || !packed_q8_0_matmul_supported()) return w;
+    std::vector<uint8_t> packed = pack_q8_0_for_matmul(w);
+    MatrixView view = w;
+    view.packed = packed.data();  // stays put when packed_ grows (moved, not copied)
+    const std::lock_guard lock(packed_mutex_);
+    packed_.push_back(std::move(packed));
+    return view;
+  }
+
+  void get_rows(const MatrixView& table, std::span<const int32_t> ids, float* out) override {
+    const size_t table_row_bytes = row_bytes(table.dtype, table.cols);
+    for_rows(std::ssize(ids), table.cols, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const auto* row = static_cast<const uint8_t*>(table.data) + ids[i] * table_row_bytes;
+        dequantize_row(table.dtype, row, out + i * table.cols, table.cols);
+      }
+    });
+  }
+
+  void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y) override {
+    kernels::matmul(w, x, num_x, y, pool_);
+  }
+
+  void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t num_rows,
+               int64_t n) override {
+    for_rows(num_rows, n, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> row;  // in place: the kernel's x and out do not alias
+      for (int64_t r = begin; r < end; ++r) {
+        const float* in = x + r * n;
+        if (in == out + r * n) {
+          row.assign(in, in + n);
+          in = row.data();
+        }
+        kernels::rmsnorm(in, weight, eps, out + r * n, n);
+      }
+    });
+  }
+
+  void add(const float* x, float* y, int64_t n) override {
+    constexpr int64_t kChunk = 4096;  // floats per task
+    for_rows((n + kChunk - 1) / kChunk, kChunk, [&](int64_t begin, int64_t end) {
+      const int64_t first = begin * kChunk, last = std::min(n, end * kChunk);
+      axpy(1.0f, x + first, y + first, last - first);  // fma(1, x, y) rounds as x + y
+    });
+  }
+
+  void add_bias(const float* bias, Rows<float> x, int64_t num_rows, int64_t n) override {
+    for_rows(num_rows, n, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) axpy(1.0f, bias, x.row(r), n);
+    });
+  }
+
+  void silu_mul(Rows<const float> gate, Rows<const float> up, Rows<float> out, int64_t num_rows,
+                int64_t n) override {
+    for_rows(num_rows, 2 * n, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        if (out.row(r) != gate.row(r)) std::memcpy(out.row(r), gate.row(r), n * sizeof(float));
+        kernels::silu_mul(out.row(r), up.row(r), n);
+      }
+    });
+  }
+
+  void copy_rows_2d(Rows<const float> src, Rows<float> dst, int64_t num_rows, int64_t n) override {
+    for_rows(num_rows, n,
+             [&](int64_t begin, int64_t end) { host_rows::copy_rows_2d(src, dst, begin, end, n); });
+  }
+
+  void gather_rows(Rows<const float> src, std::span<const int32_t> src_rows, Rows<float> dst,
+                   int64_t n) override {
+    for_rows(std::ssize(src_rows), n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        std::memcpy(dst.row(i), src.row(src_rows[i]), n * sizeof(float));
+    });
+  }
+
+  void rope(const RopeParams& params, std::span<const int32_t> positions, Rows<float> x,
+            int64_t num_heads) override {
+    // Each row also computes its cos/sin table: count it as a few floats per pair.
+    for_rows(std::ssize(positions), num_heads * params.head_dim + 8 * params.num_dims,
+             [&](int64_t begin, int64_t end) {
+               for (int64_t t = begin; t < end; ++t)
+                 kernels::rope(params, positions[t], x.row(t), num_heads);
+             });
+  }
+
+  void store_kv_rows(Rows<const float> src, int64_t head_dim, DType dtype, void* dst,
+                     std::span<const int64_t> dst_offsets) override {
+    host_rows::check_kv_dtype(dtype);
+    for_rows(std::ssize(dst_offsets), head_dim, [&](int64_t begin, int64_t end) {
+      host_rows::store_kv_rows(src, head_dim, dtype, dst, dst_offsets.data(), begin, end);
+    });
+  }
+
+  void paged_attention(const PagedKv& kv, const AttentionQuery& q,
+                       const AttentionOutput& out) override {
+    kernels::paged_attention(kv, q, out, pool_);
+  }
+
+  // Many short jobs (decode rows of many sequences, or one row's KV-head streams): one job per
+  // task, each attention single-threaded, instead of one pool dispatch (and key split + merge)
+  // per job. Longer jobs (prefill chunks) take the whole pool each, one after another.
+  void paged_attention_batch(std::span<const AttentionJob> jobs) override {
+    std::vector<const AttentionJob*> short_jobs, long_jobs;
+    for (const AttentionJob& job : jobs)
+      (std::ssize(job.query.positions) <= kShortJobRows ? short_jobs : long_jobs).push_back(&job);
+    if (pool_.num_threads() > 1 && std::ssize(short_jobs) >= pool_.num_threads()) {
+      std::vector<std::exception_ptr> errors(short_jobs.size());
+      pool_.parallel_for(
+          std::ssize(short_jobs),
+          [&](int64_t begin, int64_t end) {
+            thread_local ThreadPool inline_pool(1);
+            for (int64_t i = begin; i < end; ++i) {
+              try {
+                run_job(*short_jobs[i], inline_pool);
+              } catch (...) {  // a worker must not throw: rethrown on the caller's thread below
+                errors[i] = std::current_exception();
+              }
+            }
+          },
+          1);
+      for (const std::exception_ptr& error : errors) {
+        if (error) std::rethrow_exception(error);
+      }
+    } else {
+      long_jobs.insert(long_jobs.begin(), short_jobs.begin(), short_jobs.end());
+    }
+    for (const AttentionJob* job : long_jobs) run_job(*job, pool_);
+  }
+
+  void observation_scores(const PagedKv& kv, const AttentionQuery& window, const float* row_lse,
+                          int64_t num_keys, float* scores) override {
+    kernels::observation_scores(kv, window, row_lse, num_keys, scores, pool_);
+  }
+
+  void summarize_page_keys(const PagedKv& kv, int64_t block, int64_t num_filled,
+                           const KeySummaries& summaries) override {
+    kernels::summarize_page_keys(kv, block, num_filled, summaries);
+  }
+
+  void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
+                         int64_t num_heads, int64_t num_blocks, float* bounds) override {
+    kernels::page_upper_bounds(kv, summaries, q, num_heads, num_blocks, bounds);
+  }
+
+ private:
+  static void run_job(const AttentionJob& job, ThreadPool& pool) {
+    kernels::paged_attention(job.kv, job.query, job.out, pool);
+    for (const ObservationOutput& o : job.observations)
+      kernels::observation_scores(job.kv, job.query, job.out.row_lse, o.num_keys, o.scores, pool);
+  }
+
+  // fn(begin, end) over [0, num_rows): on the pool when the rows are worth a dispatch.
+  template <typename Fn>
+  void for_rows(int64_t num_rows, int64_t floats_per_row, const Fn& fn) {
+    if (num_rows > 1 && pool_.num_threads() > 1 && num_rows * floats_per_row >= kMinParallelFloats)
+      pool_.parallel_for(num_rows, fn);
+    else if (num_rows > 0)
+      fn(0, num_rows);
+  }
+
+  ThreadPool& pool_;
+  std::mutex packed_mutex_;
+  std::vector<std::vector<uint8_t>> packed_;  // Q8_0 repackings handed out by prepare_weights
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool) {
+  return std::make_unique<CpuBackend>(pool);
+}
+
+}  // namespace sieve::kernels
