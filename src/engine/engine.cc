@@ -437,6 +437,26 @@ void Engine::restart_preempted(const std::vector<sched::SeqId>& preempted) {
   }
 }
 
+// Sequences whose prompt was compressed: their controllers say which slices each stream's decode
+// row reads (Quest) and which streams return attention weights (H2O, FastGen's frequent set).
+void Engine::plan_row_requests(const sched::ScheduleOutput& out) {
+  row_requests_.clear();
+  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
+    const Sample& sample = *samples_.at(scheduled.seq_id);
+    if (!sample.sparsity || !sample.sparsity->prompt_compressed() || !scheduled.stream_slots)
+      continue;
+    const sparsity::SparsityController& controller = *sample.sparsity;
+    ModelRunner::RowRequests requests{.want_attention = controller.decode_attention_streams()};
+    if (controller.selects_pages()) {
+      const std::vector<int32_t> num_keys = kv_.stream_lengths(
+          scheduled.seq_id, scheduled.num_computed_before + scheduled.num_new_tokens);
+      requests.page_reads = controller.decode_reads(num_keys, config_.page_size);
+    }
+    if (requests.want_attention.empty() && requests.page_reads.empty()) continue;
+    row_requests_.emplace(scheduled.seq_id, std::move(requests));
+  }
+}
+
 bool Engine::step() {
   // Admit first, so that a request cancelled before its first step is found and stopped.
   admit();
@@ -445,8 +465,13 @@ bool Engine::step() {
   restart_preempted(out.preempted);
   const bool did_work = !out.empty();
   if (did_work) {
-    const std::vector<float>& logits =
-        runner_.run(out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); });
+    plan_row_requests(out);
+    const std::vector<float>& logits = runner_.run(
+        out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); },
+        [&](sched::SeqId seq) -> const ModelRunner::RowRequests* {
+          auto it = row_requests_.find(seq);
+          return it == row_requests_.end() ? nullptr : &it->second;
+        });
     scheduler_.on_step_done(out);
     process_outputs(out, logits);
     apply_sparsity();
@@ -557,31 +582,28 @@ void Engine::compress(sched::SeqId seq, Sample& sample) {
     runner_.apply(*plan);
   }
   controller.commit(std::move(compression));
-  if (!last || !kv_.is_sparse(seq)) return;
-  if (controller.has_page_selection()) runner_.select_pages(seq, controller.page_selection());
-  // Decode attention weights, for the policies that rank keys by them (H2O, FastGen frequent).
-  if (std::vector<uint8_t> wanted = controller.decode_attention_streams(); !wanted.empty())
-    runner_.want_attention(seq, std::move(wanted));
 }
 
 // After a decode step, each stream drops what its policy lets go (sink + window: the key that
-// left the window; H2O: the lowest accumulated; FastGen: what its choice no longer keeps).
+// left the window; H2O: the lowest accumulated; FastGen: what its choice no longer keeps), and
+// learns what the step's rows handed back (attention weights, Quest's slice choices).
 void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
   if (!kv_.is_sparse(seq)) return;
   const kv::SparseLayout& layout = kv_.sparse_layout(seq);
-  std::vector<int32_t> num_keys(layout.streams.size());
-  for (size_t s = 0; s < num_keys.size(); ++s) num_keys[s] = layout.streams[s].num_tokens;
-  const std::vector<std::vector<float>>* attention = runner_.attention(seq);
+  const std::vector<int32_t> num_keys = kv_.stream_lengths(seq, layout.num_positions);
+  const model::StreamOutputs* outputs = runner_.outputs(seq);
   const int32_t new_position = layout.num_positions - 1;
   const sparsity::TokenClass new_class =
       sample.sparsity->needs_token_classes()
           ? token_class(*tokenizer_, scheduler_.tokens(seq)[new_position])
           : sparsity::TokenClass::kOther;
-  kv::DropSets drops =
-      sample.sparsity->after_decode_step(layout.num_positions, num_keys,
-                                         attention ? std::span<const std::vector<float>>(*attention)
-                                                   : std::span<const std::vector<float>>(),
-                                         new_class);
+  kv::DropSets drops = sample.sparsity->after_decode_step(
+      layout.num_positions, num_keys,
+      outputs ? std::span<const std::vector<float>>(outputs->attention)
+              : std::span<const std::vector<float>>(),
+      outputs ? std::span<const std::vector<int32_t>>(outputs->chosen_slices)
+              : std::span<const std::vector<int32_t>>(),
+      new_class);
   if (std::any_of(drops.begin(), drops.end(), [](const auto& d) { return !d.empty(); }))
     runner_.apply(kv_.drop_tokens(seq, drops));
 }

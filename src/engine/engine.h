@@ -8,7 +8,9 @@
 //     admit()                        pending ──► Scheduler waiting queue (one sequence), or
 //                                    refused at the queue limit (RequestEvent::refused)
 //     out    = scheduler.schedule()  ids and counts: who computes which tokens
-//     logits = runner.run(out)       block tables → Batch → LlamaModel::forward
+//     plan_row_requests(out)         what sparse sequences' decode rows must do (Quest slice
+//                                    reads, attention weights), from their controllers
+//     logits = runner.run(out)       streams' tables → Batch → LlamaModel::forward
 //     process_outputs(out, logits)   fork the n - 1 other samples (first token only), then per
 //                                    sample Sampler → StopMatcher → RequestEvent → sink
 //     apply_sparsity()               compress completed prompts, drop keys that left a window
@@ -159,6 +161,7 @@ class Engine {
   void admit();
   void apply_cancellations();
   void restart_preempted(const std::vector<sched::SeqId>& preempted);
+  void plan_row_requests(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
   void publish_stats();
   // Parallel sampling: starts the n - 1 other samples of `seq`'s request, which sampled its
@@ -185,6 +188,7 @@ class Engine {
   // Owned by the stepping thread.
   std::unordered_map<sched::SeqId, std::unique_ptr<Sample>> samples_;
   std::vector<sched::SeqId> to_compress_;  // prompt complete this step, sparse plan
+  std::unordered_map<sched::SeqId, ModelRunner::RowRequests> row_requests_;  // this step's
   uint64_t next_seq_id_ = 1;
   int64_t num_steps_ = 0;
   int64_t num_prompt_tokens_computed_ = 0;

@@ -4,6 +4,7 @@
 // tokens, its positions and where its streams' K/V live), then LlamaModel::forward. Only sequences
 // that sample this step ask for logits.
 #include <functional>
+#include <optional>
 #include <unordered_map>
 #include <span>
 #include <vector>
@@ -11,7 +12,7 @@
 #include "model/kv_cache.h"
 #include "model/llama.h"
 #include "sched/scheduler.h"
-#include "sparsity/policy_spec.h"
+#include "sparsity/stream_policy.h"
 
 namespace sieve {
 class ThreadPool;
@@ -25,10 +26,21 @@ class ModelRunner {
               const kv::KvManager& kv)
       : model_(model), cache_(cache), pool_(pool), kv_(kv) {}
 
-  // `tokens_of(seq)` gives a sequence's known tokens. Returns logits [num sampling seqs][vocab],
-  // rows in the order of `out.scheduled` entries with samples == true.
+  // What a sequence's sparsity controller asks of this step's rows (streams of their own only).
+  struct RowRequests {
+    std::vector<uint8_t> want_attention;                         // [stream], empty: none
+    std::vector<std::optional<sparsity::PageReads>> page_reads;  // [stream], empty: read all
+  };
+  // `tokens_of(seq)` gives a sequence's known tokens; `requests_of(seq)` (may be empty, or return
+  // null) what its sparsity asks. Returns logits [num sampling seqs][vocab], rows in the order
+  // of `out.scheduled` entries with samples == true.
   using TokensOf = std::function<std::span<const int32_t>(sched::SeqId)>;
-  const std::vector<float>& run(const sched::ScheduleOutput& out, const TokensOf& tokens_of);
+  using RequestsOf = std::function<const RowRequests*(sched::SeqId)>;
+  const std::vector<float>& run(const sched::ScheduleOutput& out, const TokensOf& tokens_of,
+                                const RequestsOf& requests_of = {});
+  // After run(): what the sequence's rows handed back (attention weights, Quest choices); null
+  // if it was not in the step.
+  const model::StreamOutputs* outputs(sched::SeqId seq) const;
 
   // Performs a KV manager plan (compression or drops of a sparse sequence, or a sparse fork's
   // slice copies): token moves in order, then slice moves.
@@ -49,48 +61,32 @@ class ModelRunner {
   const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens,
                                    int32_t window);
 
-  // H2O: the streams of `seq` whose decode attention weights run() should return; and after
-  // run(), those weights ([stream] -> one per key, the new token last; empty if not computed).
-  void want_attention(sched::SeqId seq, std::vector<uint8_t> streams) {
-    want_attention_[seq] = std::move(streams);
-  }
-  // Quest: from the next step on, the decode rows of the streams with a head here read only the
-  // slices sparsity::select_pages() picks by q·k bounds from per-slice key summaries (kept here,
-  // per stream and logical slice, so they survive slice moves); [stream], nullopt: read all.
-  void select_pages(sched::SeqId seq, std::vector<std::optional<sparsity::PageSelectHead>> heads);
-  void forget(sched::SeqId seq) {
-    want_attention_.erase(seq);
-    page_select_.erase(seq);
-  }
-  const std::vector<std::vector<float>>* attention(sched::SeqId seq) const;
+  // Drops what the runner keeps for a sequence (Quest's slice key summaries): it finished, or
+  // its K/V is recomputed.
+  void forget(sched::SeqId seq) { summaries_.erase(seq); }
 
  private:
-  struct PageSelectStream {
-    sparsity::PageSelectHead head;
-    std::vector<float> summaries;  // [num_summarized][2][head_dim]: key min, max of full slices
+  // Quest: one stream's key min / max per full slice, by slice index in the stream (so they
+  // survive slice moves): [num_summarized][2][head_dim].
+  struct SliceSummaries {
+    std::vector<float> values;
     int32_t num_summarized = 0;
-    int32_t num_keys = 0;         // this step's, for the choice
-    std::vector<int32_t> chosen;  // slice indices read since the last choice
-    int32_t num_slices_at_choice = 0;
-  };
-  struct PageSelectState {
-    std::vector<std::optional<PageSelectStream>> streams;  // [stream]
-    int64_t num_decode_steps = 0;                          // since select_pages()
   };
 
   // The model's view of a sequence's streams (its block table, or each stream's slices);
   // `append` (may be null): where this step's new tokens go in streams of their own.
-  model::SequenceKv sequence_kv(sched::SeqId seq, const kv::SparseAppend* append);
-  void plan_page_reads(PageSelectState& state, size_t stream_idx, model::KvStream& stream,
-                       int32_t num_written);
+  model::SequenceKv sequence_kv(sched::SeqId seq, const kv::SparseAppend* append,
+                                const RowRequests* requests);
+  model::SliceSelection slice_selection(const sparsity::PageReads& reads,
+                                        std::vector<SliceSummaries>& summaries, size_t stream_idx,
+                                        const model::KvStream& stream, int32_t num_written);
 
   const model::LlamaModel& model_;
   model::KvCache& cache_;
   ThreadPool& pool_;
   const kv::KvManager& kv_;
   ObservationScores scores_;
-  std::unordered_map<sched::SeqId, std::vector<uint8_t>> want_attention_;
-  std::unordered_map<sched::SeqId, PageSelectState> page_select_;
+  std::unordered_map<sched::SeqId, std::vector<SliceSummaries>> summaries_;  // [stream]
   std::unordered_map<sched::SeqId, size_t> step_index_;  // this step's sequences in batch_
   model::Batch batch_;
   std::vector<model::StreamOutputs> outputs_;  // [batch_ sequence]

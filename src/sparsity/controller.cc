@@ -51,10 +51,10 @@ bool SparsityController::needs_token_classes() const {
   return any_group([](const GroupPolicy& p) { return p.needs_token_classes(); });
 }
 
-bool SparsityController::has_page_selection() const {
+bool SparsityController::selects_pages() const {
   for (const PolicyGroup& g : groups_) {
     for (size_t m = 0; m < g.streams.size(); ++m)
-      if (g.policy->page_selection(m)) return true;
+      if (g.policy->selects_pages(m)) return true;
   }
   return false;
 }
@@ -103,7 +103,7 @@ SparsityController::Compression SparsityController::propose(const CompressPoint&
     }
   }
   // Page selection reads per-stream slices, so a Quest stream turns the sequence sparse.
-  out.changes_layout = out.changes_layout || has_page_selection();
+  out.changes_layout = out.changes_layout || selects_pages();
   if (num_scored > 0) out.attention_recovery = static_cast<float>(recovery / num_scored);
   return out;
 }
@@ -117,12 +117,17 @@ void SparsityController::commit(Compression&& compression) {
   }
 }
 
-std::vector<std::optional<PageSelectHead>> SparsityController::page_selection() const {
-  std::vector<std::optional<PageSelectHead>> heads(num_streams());
+std::vector<std::optional<PageReads>> SparsityController::decode_reads(
+    std::span<const int32_t> num_keys, int32_t page_size) const {
+  std::vector<std::optional<PageReads>> reads(num_streams());
+  if (!prompt_compressed_) return reads;
   for (const PolicyGroup& g : groups_) {
-    for (size_t m = 0; m < g.streams.size(); ++m) heads[g.streams[m]] = g.policy->page_selection(m);
+    for (size_t m = 0; m < g.streams.size(); ++m) {
+      const int32_t s = g.streams[m];
+      reads[s] = g.policy->decode_reads(m, num_keys[s], page_size);
+    }
   }
-  return heads;
+  return reads;
 }
 
 std::vector<uint8_t> SparsityController::decode_attention_streams() const {
@@ -145,6 +150,7 @@ bool SparsityController::acts_on_decode() const {
 DropPerStream SparsityController::after_decode_step(int32_t num_positions,
                                                     std::span<const int32_t> num_keys,
                                                     std::span<const std::vector<float>> attention,
+                                                    std::span<const std::vector<int32_t>> chosen,
                                                     TokenClass new_class) {
   DropPerStream drops(num_streams());
   // Once per new position: not on the step that compressed the prompt.
@@ -162,7 +168,10 @@ DropPerStream SparsityController::after_decode_step(int32_t num_positions,
                     .num_keys = num_keys[s],
                     .attention = static_cast<size_t>(s) < attention.size()
                                      ? std::span<const float>(attention[s])
-                                     : std::span<const float>()});
+                                     : std::span<const float>(),
+                    .chosen_slices = static_cast<size_t>(s) < chosen.size()
+                                         ? std::span<const int32_t>(chosen[s])
+                                         : std::span<const int32_t>()});
     }
     out.assign(in.size(), {});
     group.policy->after_decode_step(in, out);

@@ -35,7 +35,7 @@ class SparsityController {
   bool is_dense() const;             // every stream keeps everything and reads everything
   int32_t observation_rows() const;  // the most any stream needs scored (0: none)
   bool needs_token_classes() const;  // compress / after_decode_step want TokenClass inputs
-  bool has_page_selection() const;
+  bool selects_pages() const;        // some stream's decode rows read only some slices
   // Admission: per stream, the most keys it holds once compressed (nullopt: unbounded).
   std::vector<std::optional<int64_t>> max_kept_tokens(int64_t prompt_tokens,
                                                       int64_t max_new_tokens) const;
@@ -69,16 +69,20 @@ class SparsityController {
   Compression propose(const CompressPoint& point) const;
   void commit(Compression&& compression);
 
-  // After the prompt's compression: per stream, the Quest head whose page choice its decode
-  // rows follow (nullopt: reads all), and whether decode steps return its attention weights.
-  std::vector<std::optional<PageSelectHead>> page_selection() const;
+  // After the prompt's compression, before a decode step that brings stream s to num_keys[s]
+  // keys: per stream, which slices its row reads (nullopt: all); and whether decode steps
+  // return its attention weights.
+  std::vector<std::optional<PageReads>> decode_reads(std::span<const int32_t> num_keys,
+                                                     int32_t page_size) const;
   std::vector<uint8_t> decode_attention_streams() const;  // empty when no stream wants them
   bool acts_on_decode() const;
 
   // After a step that added position num_positions - 1 to every stream: the keys each stream
-  // drops. attention: [stream] this step's weights (empty span or entries: none computed).
+  // drops. attention: [stream] this step's weights; chosen: [stream] the slices a choosing row
+  // read (empty span or entries: none).
   DropPerStream after_decode_step(int32_t num_positions, std::span<const int32_t> num_keys,
                                   std::span<const std::vector<float>> attention,
+                                  std::span<const std::vector<int32_t>> chosen,
                                   TokenClass new_class);
 
  private:

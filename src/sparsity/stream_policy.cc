@@ -25,8 +25,10 @@ class SingleStream final : public GroupPolicy {
   int64_t observation_rows() const override { return policy_->observation_rows(); }
   bool needs_token_classes() const override { return policy_->needs_token_classes(); }
   bool is_dense() const override { return policy_->is_dense(); }
-  std::optional<PageSelectHead> page_selection(size_t) const override {
-    return policy_->page_selection();
+  bool selects_pages(size_t) const override { return policy_->selects_pages(); }
+  std::optional<PageReads> decode_reads(size_t, int32_t num_keys,
+                                        int32_t page_size) const override {
+    return policy_->decode_reads(num_keys, page_size);
   }
   void compress(std::span<const CompressInput> in, std::span<CompressResult> out) override {
     out[0] = policy_->compress(in[0]);

@@ -45,8 +45,21 @@ struct CompressResult {
 struct DecodeInput {
   int32_t new_position = 0;  // the position this step added (the stream's last key)
   TokenClass new_class = TokenClass::kOther;
-  int32_t num_keys = 0;              // keys held, the new one included
-  std::span<const float> attention;  // this step's weights over them, if asked (else empty)
+  int32_t num_keys = 0;                    // keys held, the new one included
+  std::span<const float> attention;        // this step's weights over them, if asked (else empty)
+  std::span<const int32_t> chosen_slices;  // the slices the row chose (PageReads::choose)
+};
+
+// Quest: which of a stream's slices one decode row reads. The stream holds every key, so slice b
+// holds keys [b * page_size, (b + 1) * page_size) and is one Quest page.
+struct PageReads {
+  // Choose by the q·k upper bounds of the slices' key summaries: `forced` plus the best others,
+  // top_k in all (model::top_slices). The row reports its choice back (DecodeInput).
+  bool choose = false;
+  int32_t top_k = 0;
+  std::vector<int32_t> forced;  // ascending
+  std::vector<int32_t> reuse;   // !choose: read these (ascending, the newest slice included)
+  bool operator==(const PageReads&) const = default;
 };
 
 class StreamPolicy {
@@ -64,8 +77,12 @@ class StreamPolicy {
   virtual bool needs_token_classes() const { return false; }
   // True for a policy that never drops a key nor changes what a row reads (full).
   virtual bool is_dense() const { return false; }
-  // Quest: decode rows read the pages this picks by q·k bounds (kept keys are all of them).
-  virtual std::optional<PageSelectHead> page_selection() const { return std::nullopt; }
+  // Quest: decode rows read only some slices (kept keys are all of them): decode_reads() says
+  // which, before each decode step that brings the stream to num_keys keys.
+  virtual bool selects_pages() const { return false; }
+  virtual std::optional<PageReads> decode_reads(int32_t num_keys, int32_t page_size) const {
+    return std::nullopt;
+  }
 
   virtual CompressResult compress(const CompressInput& in) = 0;
 
@@ -97,7 +114,11 @@ class GroupPolicy {
   virtual int64_t observation_rows() const { return 0; }
   virtual bool needs_token_classes() const { return false; }
   virtual bool is_dense() const { return false; }
-  virtual std::optional<PageSelectHead> page_selection(size_t member) const { return std::nullopt; }
+  virtual bool selects_pages(size_t member) const { return false; }
+  virtual std::optional<PageReads> decode_reads(size_t member, int32_t num_keys,
+                                                int32_t page_size) const {
+    return std::nullopt;
+  }
   // in / out: one per member.
   virtual void compress(std::span<const CompressInput> in, std::span<CompressResult> out) = 0;
   virtual bool acts_on_decode() const { return false; }
