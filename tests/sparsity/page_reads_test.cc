@@ -50,8 +50,9 @@ TEST(PageReads, ChoiceIsReusedForRStepsWithTheSlicesStartedSince) {
   ASSERT_TRUE(reads[0]);
   EXPECT_TRUE(reads[0]->choose);
   EXPECT_EQ(reads[0]->top_k, 3);
-  EXPECT_EQ(reads[0]->forced, forced_pages(31, kPageSize, {.top_k_pages = 3, .reuse_steps = 3,
-                                                           .num_sinks = 4, .window = 4}));
+  EXPECT_EQ(reads[0]->forced,
+            forced_pages(31, kPageSize,
+                         {.top_k_pages = 3, .reuse_steps = 3, .num_sinks = 4, .window = 4}));
   // Steps 1 and 2 reuse it; key 32 (step 1) starts slice 8, which is read from then on.
   reads = step(controller, 32, {});
   ASSERT_TRUE(reads[0]);
