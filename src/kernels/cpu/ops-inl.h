@@ -216,6 +216,38 @@ HWY_INLINE float Softmax(float* HWY_RESTRICT x, int64_t n) {
   return max;
 }
 
+// x <- H x / sqrt(n) in place for one head of n (a power of two) values, H the Walsh–Hadamard
+// matrix in Sylvester order: log2(n) butterfly stages (a, b) -> (a + b, a - b) at strides 1, 2,
+// 4, ...; strides of a vector or more run on whole vectors, the smaller ones on scalars (log2
+// Lanes stages), then one scaling pass. Cost n log2(n) adds.
+HWY_INLINE void RotateHead(float* HWY_RESTRICT x, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t h = 1;
+  for (; h < n && h < N; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  for (; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; j += N) {
+        const auto a = hn::LoadU(d, x + j), b = hn::LoadU(d, x + j + h);
+        hn::StoreU(hn::Add(a, b), d, x + j);
+        hn::StoreU(hn::Sub(a, b), d, x + j + h);
+      }
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), hn::Set(d, scale)), d, x + i);
+  for (; i < n; ++i) x[i] *= scale;
+}
+
 }  // namespace sieve::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
