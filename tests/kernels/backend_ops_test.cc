@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "kernels_test_util.h"
 #include "paged_kv_test_util.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace sieve::kernels {
@@ -660,6 +661,25 @@ TEST_P(BackendOps, EveryOpMatchesReference) {
       op.check(*tested, *ref, rng);
       if (HasFatalFailure()) return;
     }
+  }
+}
+
+// KV storage a backend cannot write is a user-facing error (the KV dtype is a server option):
+// dtypes other than F32 / F16 / Q8_0 / Q4_1, and block dtypes with a head_dim that is not a
+// multiple of 32.
+TEST(BackendKvStorage, UnsupportedDtypesAndHeadDimsFailWithAMessage) {
+  ThreadPool pool(1);
+  for (const std::unique_ptr<Backend>& b : {make_cpu_backend(pool), make_reference_backend()}) {
+    std::vector<float> row(72, 1.0f);
+    std::vector<uint8_t> storage(1024);
+    const std::vector<int64_t> offsets = {0};
+    const auto store = [&](DType dtype, int64_t head_dim) {
+      b->store_kv_rows({row.data(), head_dim}, head_dim, dtype, storage.data(), offsets);
+    };
+    EXPECT_THROW(store(DType::kQ8_0, 72), Error) << b->name();
+    EXPECT_THROW(store(DType::kQ4_1, 8), Error) << b->name();
+    EXPECT_THROW(store(DType::kQ4_0, 64), Error) << b->name();
+    EXPECT_NO_THROW(store(DType::kQ4_1, 64)) << b->name();
   }
 }
 
