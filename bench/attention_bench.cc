@@ -19,14 +19,16 @@
 //                                            its time with Prefill/n:N
 //   PageBounds/<target>/ctx:C                page_upper_bounds() of one decode row over C / 16
 //                                            pages (Quest)
-//   EngineDecode/<target>/<f32|f16>/<layout>/ctx:{16384,1024}/threads:T
+//   EngineDecode/<target>/<f32|f16|q8|q4>/<layout>/ctx:{16384,1024}/threads:T
 //                                            bench-engine's model at depth 16k: 8 layers, 8 heads,
 //                                            2 kv heads, head_dim 64, one sequence on pages
 //                                            0, 1, 2, ... of a pool laid out layer-major (as
 //                                            model::KvCache) or page-major (every layer of a page
 //                                            together); each call runs the next layer. GB/s of K+V
 //                                            per CPU second of the calling thread (threads:1 is
-//                                            then little disturbed by other load)
+//                                            then little disturbed by other load); q8 / q4 are
+//                                            Q8_0 / Q4_1 rows (68 / 40 bytes per token per kv
+//                                            head, f16: 128), B/token/head counts K+V
 //
 //   EngineDecodePerHead/<target>/f32/layer-major/ctx:C/threads:1
 //                                            the same as one call per KV head (a compressed
@@ -181,17 +183,25 @@ struct EngineCache {
   static constexpr int64_t kLayers = 8, kKv = 2, kHeadsQ = 8, kDim = 64;
   std::vector<float> k, v;
   std::vector<uint16_t> k16, v16;
+  std::vector<uint8_t> kq, vq;  // Q8_0 / Q4_1: row-local blocks (paged_attention.h)
   std::vector<int32_t> table;
   int64_t num_keys, page_stride, layer_stride;
+  DType dtype;
   bool f16;
 
-  EngineCache(int64_t keys, bool half, bool layer_major) : num_keys(keys), f16(half) {
+  EngineCache(int64_t keys, DType type, bool layer_major)
+      : num_keys(keys), dtype(type), f16(type == DType::kF16) {
     const int64_t num_pages = (keys + kPageSize - 1) / kPageSize;
     const int64_t page_block = kKv * kPageSize * kDim;  // one layer of one page
     page_stride = layer_major ? page_block : kLayers * page_block;
     layer_stride = layer_major ? num_pages * page_block : page_block;
     const int64_t total = kLayers * num_pages * page_block;
-    if (half) {
+    if (is_block_kv_dtype(dtype)) {  // rows of whole blocks: one long row quantizes the same
+      kq.resize(row_bytes(dtype, total));
+      vq.resize(kq.size());
+      quantize_row(dtype, random_floats(total, 3).data(), kq.data(), total);
+      quantize_row(dtype, random_floats(total, 4).data(), vq.data(), total);
+    } else if (f16) {
       const std::vector<float> values = random_floats(total, 3);
       for (float f : values) k16.push_back(f32_to_f16(f));
       v16 = k16;
@@ -209,8 +219,11 @@ struct EngineCache {
                .head_dim = kDim,
                .num_kv_heads = kKv,
                .block_table = table,
-               .dtype = f16 ? DType::kF16 : DType::kF32};
-    if (f16) {
+               .dtype = dtype};
+    if (is_block_kv_dtype(dtype)) {
+      kv.k_q = kq.data() + row_bytes(dtype, l * layer_stride);
+      kv.v_q = vq.data() + row_bytes(dtype, l * layer_stride);
+    } else if (f16) {
       kv.k_f16 = k16.data() + l * layer_stride;
       kv.v_f16 = v16.data() + l * layer_stride;
     } else {
@@ -219,18 +232,20 @@ struct EngineCache {
     }
     return kv;
   }
-  double bytes_per_layer() const { return 2.0 * num_keys * kKv * kDim * (f16 ? 2 : 4); }
+  double bytes_per_layer() const {
+    return 2.0 * static_cast<double>(num_keys * kKv * row_bytes(dtype, kDim));
+  }
 };
 
 // per_head: one call per KV head (what a compressed sequence's per-(layer, KV head) streams
 // do) instead of one per layer.
-void run_engine_decode(benchmark::State& state, const std::string& target, bool f16,
+void run_engine_decode(benchmark::State& state, const std::string& target, DType dtype,
                        bool layer_major, int64_t ctx, int threads, bool per_head) {
   if (!force_target_for_testing(target)) {
     state.SkipWithError("target not available");
     return;
   }
-  const EngineCache cache(ctx, f16, layer_major);
+  const EngineCache cache(ctx, dtype, layer_major);
   const std::vector<float> q = random_floats(EngineCache::kHeadsQ * EngineCache::kDim, 7);
   const std::vector<int32_t> positions = {static_cast<int32_t>(ctx - 1)};
   const AttentionQuery query{q.data(), positions, EngineCache::kHeadsQ, 0.125f};
@@ -259,6 +274,10 @@ void run_engine_decode(benchmark::State& state, const std::string& target, bool 
   }
   state.counters["GB/s"] = benchmark::Counter(cache.bytes_per_layer() * state.iterations() / 1e9,
                                               benchmark::Counter::kIsRate);
+  // K+V bytes per token and kv head, and keys (per kv head) attended per second.
+  state.counters["B/token/head"] = 2.0 * static_cast<double>(row_bytes(dtype, EngineCache::kDim));
+  state.counters["keys/s"] = benchmark::Counter(static_cast<double>(ctx) * state.iterations(),
+                                                benchmark::Counter::kIsRate);
   force_target_for_testing("");
 }
 
@@ -345,21 +364,34 @@ void run_mem_bandwidth(benchmark::State& state, int threads) {
       static_cast<double>(kBytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 
+std::string kv_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return "f16";
+    case DType::kQ8_0:
+      return "q8";
+    case DType::kQ4_1:
+      return "q4";
+    default:
+      return "f32";
+  }
+}
+
 void register_all() {
   const int max_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<int> thread_counts = {1};
   if (max_threads > 1) thread_counts.push_back(max_threads);
   for (const std::string& target : available_targets()) {
-    for (bool f16 : {false, true}) {
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1}) {
       for (bool layer_major : {true, false}) {
         for (int threads : thread_counts) {
           for (int64_t ctx : {16384, 1024}) {  // 1024: 2 MiB f32 in all, from L2/L3
-            const std::string name = "EngineDecode/" + target + (f16 ? "/f16" : "/f32") +
+            const std::string name = "EngineDecode/" + target + "/" + kv_dtype_name(dtype) +
                                      (layer_major ? "/layer-major" : "/page-major") +
                                      "/ctx:" + std::to_string(ctx) +
                                      "/threads:" + std::to_string(threads);
-            benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, f16, layer_major,
-                                         ctx, threads, false)
+            benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, dtype,
+                                         layer_major, ctx, threads, false)
                 ->Unit(benchmark::kMillisecond);
           }
         }
@@ -370,8 +402,8 @@ void register_all() {
     for (int64_t ctx : {1024, 16384}) {
       const std::string name = "EngineDecodePerHead/" + target +
                                "/f32/layer-major/ctx:" + std::to_string(ctx) + "/threads:1";
-      benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, false, true, ctx, 1,
-                                   true)
+      benchmark::RegisterBenchmark(name.c_str(), run_engine_decode, target, DType::kF32, true, ctx,
+                                   1, true)
           ->Unit(benchmark::kMillisecond);
     }
   }

@@ -15,8 +15,10 @@
 //
 // GQA: every result is per KV head, summed over the query heads of its group.
 //
-// All key reads go through one gather (cpu/attention_scores.cc: GatherKeys; ref: key_at), so
-// that another KV dtype only changes that place.
+// All key reads go through one gather (cpu/attention_scores.cc: GatherKeys; ref: key_row), so
+// that another KV dtype only changes that place. Every KV dtype of paged_attention.h is read,
+// Q8_0 / Q4_1 rows dequantized there: scores, summaries and bounds are those of the keys the
+// attention sees.
 #include <cstdint>
 
 #include "kernels/paged_attention.h"

@@ -158,7 +158,9 @@ class Backend {
 
   // --- KV storage (layout: paged_attention.h) ---
   // Writes row r of src (head_dim floats) at element offset dst_offsets[r] of `dst`, storage of
-  // `dtype` (kF32: floats; kF16: halves, rounded as f32_to_f16). One call per K or V.
+  // `dtype` (kF32: floats; kF16: halves, rounded as f32_to_f16; kQ8_0 / kQ4_1: the row's blocks
+  // as quantize_row writes them, at byte row_bytes(dtype, dst_offsets[r]), head_dim a multiple
+  // of 32). One call per K or V.
   virtual void store_kv_rows(Rows<const float> src, int64_t head_dim, DType dtype, void* dst,
                              std::span<const int64_t> dst_offsets) = 0;
 
@@ -174,6 +176,13 @@ class Backend {
                                    const KeySummaries& summaries) = 0;
   virtual void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
                                  int64_t num_heads, int64_t num_blocks, float* bounds) = 0;
+
+  // --- appended ops ---
+  // Each of the num_heads heads of head_dim (a power of two) in rows 0..num_rows-1 of x, in
+  // place: x <- H x / sqrt(head_dim) (kernels::rotate_heads, ops.h): applied to the queries and
+  // keys of a layer before a quantized KV cache stores / attends, q·k unchanged.
+  virtual void rotate_heads(Rows<float> x, int64_t num_rows, int64_t num_heads,
+                            int64_t head_dim) = 0;
 
  protected:
   // For implementations: a buffer that `release` frees when its owner drops it.

@@ -40,9 +40,12 @@ inline void copy_rows_2d(Rows<const float> src, Rows<float> dst, int64_t begin, 
     std::memmove(dst.row(r), src.row(r), static_cast<size_t>(n) * sizeof(float));
 }
 
-inline void check_kv_dtype(DType dtype) {
-  if (dtype != DType::kF32 && dtype != DType::kF16)
-    fail("KV storage must be f32 or f16 (got {})", to_string(dtype));
+inline void check_kv_dtype(DType dtype, int64_t head_dim) {
+  if (!is_kv_dtype(dtype))
+    fail("KV storage must be F32, F16, Q8_0 or Q4_1 (got {})", to_string(dtype));
+  if (is_block_kv_dtype(dtype) && head_dim % block_elems(dtype) != 0)
+    fail("{} KV storage needs a head_dim that is a multiple of {} (got {}); use f16 or f32",
+         to_string(dtype), block_elems(dtype), head_dim);
 }
 
 // Rows [begin, end) of Backend::store_kv_rows; dtype checked by check_kv_dtype.
@@ -50,7 +53,10 @@ inline void store_kv_rows(Rows<const float> src, int64_t head_dim, DType dtype, 
                           const int64_t* dst_offsets, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     const float* row = src.row(r);
-    if (dtype == DType::kF16) {
+    if (is_block_kv_dtype(dtype)) {  // element offset o at byte row_bytes(dtype, o)
+      quantize_row(dtype, row, static_cast<uint8_t*>(dst) + row_bytes(dtype, dst_offsets[r]),
+                   head_dim);
+    } else if (dtype == DType::kF16) {
       uint16_t* out = static_cast<uint16_t*>(dst) + dst_offsets[r];
       for (int64_t d = 0; d < head_dim; ++d) out[d] = f32_to_f16(row[d]);
     } else {

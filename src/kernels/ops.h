@@ -109,6 +109,13 @@ void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t
 void silu_mul(float* gate, const float* up, int64_t n);
 // In place; returns the maximum (before exponentiation) and writes nothing else.
 float softmax(float* x, int64_t n);
+// In place, every head of head_dim values (a power of two) of num_rows contiguous rows of
+// num_heads heads: x <- H x / sqrt(head_dim), H the Walsh–Hadamard matrix in Sylvester order
+// (H[i][j] = (-1)^popcount(i & j)). Orthonormal and symmetric, so it is its own inverse, and
+// rotating both q and k leaves q·k unchanged while spreading a channel outlier over all
+// channels (what a quantized KV cache wants of its keys, paged_attention.h). Cost head_dim *
+// log2(head_dim) adds per head.
+void rotate_heads(float* x, int64_t num_rows, int64_t num_heads, int64_t head_dim);
 
 namespace ref {
 void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y);
@@ -117,6 +124,7 @@ void axpy(float alpha, const float* x, float* y, int64_t n);
 void rmsnorm(const float* x, const float* weight, float eps, float* out, int64_t n);
 void silu_mul(float* gate, const float* up, int64_t n);
 float softmax(float* x, int64_t n);
+void rotate_heads(float* x, int64_t num_rows, int64_t num_heads, int64_t head_dim);  // in double
 }  // namespace ref
 
 // --- SIMD target selection ---

@@ -5,15 +5,33 @@
 // (logical block i -> page id). One layer's K (and, with the same strides, V):
 //
 //   k ─┬─ page 0 ─┬─ kv head 0: slot 0 [head_dim] slot 1 [head_dim] ... slot page_size-1
-//      │          ├─ kv head 1: ...                          (head_stride floats apart)
+//      │          ├─ kv head 1: ...                          (head_stride elements apart)
 //      │          └─ ...
-//      ├─ page 1 ─ ...                                       (page_stride floats apart)
+//      ├─ page 1 ─ ...                                       (page_stride elements apart)
 //      └─ ...
 //   block_table = {7, 2, 9}:  positions 0..15 -> page 7, 16..31 -> page 2, 32..47 -> page 9
 //
-// Key position t of kv head h is at k[page * page_stride + h * head_stride + slot * head_dim]
-// with page = block_table[t / page_size], slot = t % page_size (kv_offset() below). Only the
-// pages of attended positions are read.
+// Key position t of kv head h is at element offset page * page_stride + h * head_stride + slot *
+// head_dim from the K base, with page = block_table[t / page_size], slot = t % page_size
+// (kv_offset() below). Only the pages of attended positions are read.
+//
+// Element types (PagedKv::dtype); bytes per token per kv head at head_dim 64 / 128:
+//   kF32   floats                                                     256 / 512
+//   kF16   IEEE halves                                                128 / 256
+//   kQ8_0  per row, blocks of 32 along head_dim: {f16 d; int8 q[32]}    68 / 136   x = d * q
+//   kQ4_1  per row, blocks of 32: {f16 d, m; uint8 nibbles[16]}         40 /  80   x = d * q + m
+// Offsets and strides count elements (values) for every dtype. For the block dtypes an element
+// offset o (always a multiple of 32: head_dim, head_stride and page_stride must be multiples of
+// 32) is at byte o / 32 * block_bytes(dtype) = row_bytes(dtype, o) of the K (V) base, so a pool
+// of E elements is row_bytes(dtype, E) bytes and every KV row (one token, one kv head) carries
+// its own scales: moving a token, a slice or a page is a plain byte copy. Rows are written with
+// quantize_row(dtype, ...) (ggml's reference rounding: Q8_0 d = max|x| / 127, q = round(x / d);
+// Q4_1 m = min, d = (max - min) / 15, q = trunc((x - m) / d + 0.5)), e.g. by
+// Backend::store_kv_rows. The kernels dequantize a tile of rows at a time into a small per-thread
+// buffer (never a full-precision copy of the KV). Keys are quantized without per-channel scales:
+// the model rotates each key and query head by rotate_heads() (ops.h) before storing keys /
+// attending, which leaves q·k unchanged and spreads channel outliers over the group; the
+// kernels here know nothing of it.
 //
 // Algorithm (FlashAttention-2 style, see cpu/attention-inl.h): work items are (query-row tile,
 // kv heads, key range). Each runs all query heads of a kv head's GQA group and several query
@@ -23,8 +41,9 @@
 // turn, and splits the key range across threads (flash-decoding), merging the partial
 // (max, sum, acc) states at the end; so do short chunks over long contexts.
 // Cost: 2 * head_dim multiply-adds per (query row, query head, attended key) for q·k, the same
-// for p·v; K/V traffic ~ num_row_tiles * attended keys * num_kv_heads * head_dim * 8 bytes
-// (num_row_tiles = 1 for decode; rows per tile = 32 / group).
+// for p·v; K/V traffic ~ num_row_tiles * attended keys * num_kv_heads * 2 * row_bytes(dtype,
+// head_dim) bytes (num_row_tiles = 1 for decode; rows per tile = 32 / group); quantized rows add
+// their dequantization, once per (row tile, key, kv head).
 // Results are deterministic for a given pool size (the key splits depend on it).
 #include <algorithm>
 #include <cstdint>
@@ -39,8 +58,8 @@ class ThreadPool;
 
 namespace sieve::kernels {
 
-// Where one layer's K/V of one sequence lives (layout above). Strides are in elements: floats,
-// or halves for an F16 pool.
+// Where one layer's K/V of one sequence lives (layout above). Strides are in elements (values)
+// for every dtype.
 struct PagedKv {
   const float* k = nullptr;  // F32 pool: the K base (page id 0); null for an F16 pool
   const float* v = nullptr;  // F32 pool: the V base, same strides as k
@@ -58,7 +77,25 @@ struct PagedKv {
   DType dtype = DType::kF32;
   const uint16_t* k_f16 = nullptr;
   const uint16_t* v_f16 = nullptr;
+  // kQ8_0 / kQ4_1 pools: the K and V bases (bytes; element offset o at byte row_bytes(dtype, o)).
+  const void* k_q = nullptr;
+  const void* v_q = nullptr;
 };
+
+// The dtypes a KV pool may have.
+inline bool is_kv_dtype(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kQ8_0 ||
+         dtype == DType::kQ4_1;
+}
+// kQ8_0 / kQ4_1: rows of head_dim values in blocks of 32.
+inline bool is_block_kv_dtype(DType dtype) {
+  return dtype == DType::kQ8_0 || dtype == DType::kQ4_1;
+}
+
+// Block dtypes: the bytes of the K (value = false) or V row at element offset `offset`.
+inline const uint8_t* kv_block_row(const PagedKv& kv, bool value, int64_t offset) {
+  return static_cast<const uint8_t*>(value ? kv.v_q : kv.k_q) + row_bytes(kv.dtype, offset);
+}
 
 // The K (or V) row of position `position`, kv head `kv_head`, as f32 (any dtype).
 void load_kv_row(const PagedKv& kv, bool value, int64_t position, int64_t kv_head, float* out);
@@ -96,9 +133,10 @@ struct AttentionOutput {
                              // so p_t = exp(score_t - lse) is the attention weight of key t
 };
 
-// Requirements: kv.dtype is kF32 or kF16; the K/V of every attended position (positions[i]
-// included) are in the pages; positions[i] < block_table.size() * page_size; num_heads %
-// num_kv_heads == 0. Parallel on `pool` over (query-row tiles x kv heads x key splits).
+// Requirements: is_kv_dtype(kv.dtype) (head_dim a multiple of 32 for the block dtypes); the K/V of
+// every attended position (positions[i] included) are in the pages; positions[i] <
+// block_table.size() * page_size; num_heads % num_kv_heads == 0. Parallel on `pool` over (query-row
+// tiles x kv heads x key splits).
 void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,
                      ThreadPool& pool);
 

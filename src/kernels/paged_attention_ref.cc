@@ -1,4 +1,5 @@
 // ref::paged_attention: per (query row, query head), every score, one softmax, all in double.
+// K/V rows are read through load_kv_row (scalar dequantize_row for the block dtypes).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -11,7 +12,10 @@ namespace sieve::kernels {
 
 void load_kv_row(const PagedKv& kv, bool value, int64_t position, int64_t kv_head, float* out) {
   const int64_t offset = kv_offset(kv, position, kv_head);
-  if (kv.dtype == DType::kF16) {
+  if (is_block_kv_dtype(kv.dtype)) {
+    assert(kv.head_dim % block_elems(kv.dtype) == 0);
+    dequantize_row(kv.dtype, kv_block_row(kv, value, offset), out, kv.head_dim);
+  } else if (kv.dtype == DType::kF16) {
     const uint16_t* row = (value ? kv.v_f16 : kv.k_f16) + offset;
     for (int64_t d = 0; d < kv.head_dim; ++d) out[d] = f16_to_f32(row[d]);
   } else {

@@ -45,8 +45,9 @@ std::vector<double> naive_window_mass(const PagedKv& kv, const AttentionQuery& w
       const float* q = w.q + (static_cast<int64_t>(i) * w.num_heads + h) * kv.head_dim;
       std::vector<double> s(static_cast<size_t>(n));
       double max = -std::numeric_limits<double>::infinity();
+      std::vector<float> k(static_cast<size_t>(kv.head_dim));
       for (int64_t t = first; t < n; ++t) {
-        const float* k = kv.k + kv_offset(kv, t, kv_head);
+        load_kv_row(kv, /*value=*/false, t, kv_head, k.data());
         double dot = 0;
         for (int64_t c = 0; c < kv.head_dim; ++c) dot += double{q[c]} * k[c];
         s[t] = w.scale * dot;
@@ -302,10 +303,73 @@ TEST_P(AttentionScores, PageUpperBoundsMatchTheReferenceAndBoundEveryKey) {
           for (int64_t t = b * shape.page_size;
                t < std::min<int64_t>(shape.num_keys, (b + 1) * shape.page_size); ++t) {
             double dot = 0;
+            std::vector<float> k(static_cast<size_t>(head_dim));
+            load_kv_row(kv, /*value=*/false, t, h, k.data());
             for (int64_t g = 0; g < group; ++g) {
               const float* qh = q.data() + (h * group + g) * head_dim;
-              const float* k = kv.k + kv_offset(kv, t, h);
               for (int64_t c = 0; c < head_dim; ++c) dot += double{qh[c]} * k[c];
+            }
+            ASSERT_LE(dot, bound + 1e-4 * (1 + std::fabs(bound))) << "key " << t;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Q8_0 / Q4_1 pools: observation scores (against the reference and the naive softmax of the
+// dequantized keys), page summaries (bit for bit: min/max of the same dequantized values, whole
+// pages and key by key) and page bounds (against the reference; each bounds every dequantized
+// key of its page), on shuffled pages with 0xFF (NaN-scaled) bytes everywhere not written.
+TEST_P(AttentionScores, QuantizedPools) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 1200;
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_1}) {
+    for (int64_t head_dim : {32, 64, 128}) {
+      for (int32_t page_size : {1, 5, 16}) {
+        for (ThreadPool* pool : {&pool1, &pool3}) {
+          WindowCase c;
+          c.shape = {.num_keys = 301,
+                     .num_kv_heads = 2,
+                     .head_dim = head_dim,
+                     .page_size = page_size,
+                     .dtype = dtype};
+          c.positions = position_range(301 - 20, 301);
+          c.num_keys = 301 + 3;  // keys past every row: not read
+          expect_observation_matches(c, *pool, ++seed);
+        }
+      }
+      const CacheShape shape{
+          .num_keys = 83, .num_kv_heads = 2, .head_dim = head_dim, .page_size = 16, .dtype = dtype};
+      const TestCache cache(shape, ++seed);
+      const PagedKv kv = cache.view();
+      const int64_t num_pages = max_page_id(kv);
+      SummaryBuffer got(kv, num_pages, 5.0f), want(kv, num_pages, 5.0f),
+          extended(kv, num_pages, 5.0f);
+      const int64_t num_blocks = (shape.num_keys + 15) / 16;
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        const int64_t filled = std::min<int64_t>(16, shape.num_keys - b * 16);
+        summarize_page_keys(kv, b, filled, got.view);
+        ref::summarize_page_keys(kv, b, filled, want.view);
+      }
+      for (int64_t t = 0; t < shape.num_keys; ++t) extend_page_key_summary(kv, t, extended.view);
+      ASSERT_EQ(got.data, want.data) << to_string(dtype) << " head_dim " << head_dim;
+      ASSERT_EQ(extended.data, want.data) << to_string(dtype) << " head_dim " << head_dim;
+      const std::vector<float> q = random_floats(8 * head_dim, ++seed, -2.0f, 2.0f);
+      std::vector<float> bounds(static_cast<size_t>(2 * num_blocks)), ref_bounds(bounds.size());
+      page_upper_bounds(kv, got.view, q.data(), 8, num_blocks, bounds.data());
+      ref::page_upper_bounds(kv, want.view, q.data(), 8, num_blocks, ref_bounds.data());
+      std::vector<float> k(static_cast<size_t>(head_dim));
+      for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t b = 0; b < num_blocks; ++b) {
+          const float bound = bounds[h * num_blocks + b];
+          ASSERT_NEAR(bound, ref_bounds[h * num_blocks + b], 1e-4 * (1 + std::fabs(bound)));
+          for (int64_t t = b * 16; t < std::min<int64_t>(shape.num_keys, (b + 1) * 16); ++t) {
+            load_kv_row(kv, /*value=*/false, t, h, k.data());
+            double dot = 0;
+            for (int64_t g = 0; g < 4; ++g) {
+              for (int64_t ch = 0; ch < head_dim; ++ch)
+                dot += double{q[(h * 4 + g) * head_dim + ch]} * k[ch];
             }
             ASSERT_LE(dot, bound + 1e-4 * (1 + std::fabs(bound))) << "key " << t;
           }

@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "kernels_test_util.h"
 #include "paged_kv_test_util.h"
+#include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace sieve::kernels {
@@ -96,6 +97,15 @@ void expect_near(std::span<const float> got, std::span<const float> want, double
 class DeviceKv {
  public:
   DeviceKv(Backend& backend, const TestCache& cache) : view_(cache.view()) {
+    if (is_block_kv_dtype(view_.dtype)) {
+      k_ = backend.allocate(cache.num_bytes());
+      v_ = backend.allocate(cache.num_bytes());
+      backend.upload(k_.data(), view_.k_q, cache.num_bytes());
+      backend.upload(v_.data(), view_.v_q, cache.num_bytes());
+      view_.k_q = k_.data();
+      view_.v_q = v_.data();
+      return;
+    }
     const bool f16 = view_.dtype == DType::kF16;
     const size_t bytes = cache.num_elements() * (f16 ? sizeof(uint16_t) : sizeof(float));
     k_ = backend.allocate(bytes);
@@ -118,11 +128,14 @@ class DeviceKv {
 };
 
 CacheShape random_cache_shape(std::mt19937& rng, int64_t min_keys = 1) {
-  return {.num_keys = uniform(rng, min_keys, 300),
-          .num_kv_heads = pick<int64_t>(rng, {1, 2, 3}),
-          .head_dim = pick<int64_t>(rng, {8, 64, 72, 128}),
-          .page_size = pick<int32_t>(rng, {1, 5, 16, 32}),
-          .dtype = pick(rng, {DType::kF32, DType::kF16})};
+  CacheShape shape;
+  shape.num_keys = uniform(rng, min_keys, 300);
+  shape.num_kv_heads = pick<int64_t>(rng, {1, 2, 3});
+  shape.dtype = pick(rng, {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1});
+  shape.head_dim = is_block_kv_dtype(shape.dtype) ? pick<int64_t>(rng, {32, 64, 128})
+                                                  : pick<int64_t>(rng, {8, 64, 72, 128});
+  shape.page_size = pick<int32_t>(rng, {1, 5, 16, 32});
+  return shape;
 }
 
 std::string describe(const CacheShape& s, int64_t group, int64_t num_q) {
@@ -337,10 +350,11 @@ void check_rope(Backend& tested, Backend& ref, std::mt19937& rng) {
               "head_dim=" + std::to_string(head_dim) + " dims=" + std::to_string(params.num_dims));
 }
 
-// K rows of several tokens and KV heads into scattered slots of F32 or F16 storage.
+// K rows of several tokens and KV heads into scattered slots of F32, F16, Q8_0 or Q4_1 storage.
 void check_store_kv_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
-  const DType dtype = pick(rng, {DType::kF32, DType::kF16});
-  const int64_t head_dim = pick<int64_t>(rng, {8, 64, 72, 128});
+  const DType dtype = pick(rng, {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1});
+  const int64_t head_dim = is_block_kv_dtype(dtype) ? pick<int64_t>(rng, {32, 64, 128})
+                                                    : pick<int64_t>(rng, {8, 64, 72, 128});
   const int64_t num_rows = odd(rng, 1, pick<int64_t>(rng, {19, 301}));
   const int64_t num_slots = num_rows + uniform(rng, 0, 200);
   const int64_t src_stride = head_dim + uniform(rng, 0, 3);
@@ -350,16 +364,24 @@ void check_store_kv_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
   std::vector<int64_t> offsets(num_rows);
   for (int64_t r = 0; r < num_rows; ++r) offsets[r] = slots[r] * head_dim;
   const std::vector<float> src = random_floats(num_rows * src_stride, next_seed(rng));
-  const size_t element_bytes = dtype == DType::kF16 ? 2 : 4;
+  const size_t storage_bytes = row_bytes(dtype, num_slots * head_dim);
   const auto run = [&](Backend& b) {
     const DeviceBuffer src_dev = to_device(b, src);
-    DeviceBuffer storage = b.allocate(num_slots * head_dim * element_bytes);
+    DeviceBuffer storage = b.allocate(storage_bytes);
     b.store_kv_rows({src_dev.as<const float>(), src_stride}, head_dim, dtype, storage.data(),
                     offsets);
     return to_host<uint8_t>(b, storage);
   };
   // Bitwise; the reference against the rows converted here.
-  std::vector<uint8_t> want(num_slots * head_dim * element_bytes, 0);
+  std::vector<uint8_t> want(storage_bytes, 0);
+  if (is_block_kv_dtype(dtype)) {  // each row's own blocks, at byte row_bytes(dtype, offset)
+    for (int64_t r = 0; r < num_rows; ++r)
+      quantize_row(dtype, &src[r * src_stride], &want[row_bytes(dtype, offsets[r])], head_dim);
+    EXPECT_EQ(run(ref), want) << to_string(dtype) << " head_dim=" << head_dim << ": reference";
+    EXPECT_EQ(run(tested), want) << to_string(dtype) << " head_dim=" << head_dim;
+    return;
+  }
+  const size_t element_bytes = dtype == DType::kF16 ? 2 : 4;
   for (int64_t r = 0; r < num_rows; ++r) {
     for (int64_t d = 0; d < head_dim; ++d) {
       const float value = src[r * src_stride + d];
@@ -579,6 +601,20 @@ void check_page_upper_bounds(Backend& tested, Backend& ref, std::mt19937& rng) {
   expect_near(run(tested), run(ref), 1e-4, 1e-4, describe(shape, group, 1));
 }
 
+// Heads of rows with a padded stride rotated in place (the padding must stay as it is).
+void check_rotate_heads(Backend& tested, Backend& ref, std::mt19937& rng) {
+  const int64_t head_dim = pick<int64_t>(rng, {1, 2, 8, 32, 64, 128, 256});
+  const int64_t num_heads = pick<int64_t>(rng, {1, 4, 7}), num_rows = odd(rng, 1, 65);
+  const int64_t stride = num_heads * head_dim + uniform(rng, 0, 5);
+  const std::vector<float> x = random_floats(num_rows * stride, next_seed(rng));
+  const auto run = [&](Backend& b) {
+    DeviceBuffer x_dev = to_device(b, x);
+    b.rotate_heads({x_dev.as<float>(), stride}, num_rows, num_heads, head_dim);
+    return to_host<float>(b, x_dev);
+  };
+  expect_near(run(tested), run(ref), 1e-5, 1e-5, "head_dim=" + std::to_string(head_dim));
+}
+
 struct OpCase {
   const char* name;
   OpCheck check;
@@ -601,6 +637,7 @@ constexpr OpCase kOps[] = {
     {"observation_scores", check_observation_scores},
     {"summarize_page_keys", check_summarize_page_keys},
     {"page_upper_bounds", check_page_upper_bounds},
+    {"rotate_heads", check_rotate_heads},
 };
 constexpr uint32_t kNumSeeds = 10;
 
@@ -624,6 +661,25 @@ TEST_P(BackendOps, EveryOpMatchesReference) {
       op.check(*tested, *ref, rng);
       if (HasFatalFailure()) return;
     }
+  }
+}
+
+// KV storage a backend cannot write is a user-facing error (the KV dtype is a server option):
+// dtypes other than F32 / F16 / Q8_0 / Q4_1, and block dtypes with a head_dim that is not a
+// multiple of 32.
+TEST(BackendKvStorage, UnsupportedDtypesAndHeadDimsFailWithAMessage) {
+  ThreadPool pool(1);
+  for (const std::unique_ptr<Backend>& b : {make_cpu_backend(pool), make_reference_backend()}) {
+    std::vector<float> row(72, 1.0f);
+    std::vector<uint8_t> storage(1024);
+    const std::vector<int64_t> offsets = {0};
+    const auto store = [&](DType dtype, int64_t head_dim) {
+      b->store_kv_rows({row.data(), head_dim}, head_dim, dtype, storage.data(), offsets);
+    };
+    EXPECT_THROW(store(DType::kQ8_0, 72), Error) << b->name();
+    EXPECT_THROW(store(DType::kQ4_1, 8), Error) << b->name();
+    EXPECT_THROW(store(DType::kQ4_0, 64), Error) << b->name();
+    EXPECT_NO_THROW(store(DType::kQ4_1, 64)) << b->name();
   }
 }
 

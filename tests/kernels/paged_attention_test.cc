@@ -16,6 +16,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <span>
+#include <cstdio>
 #include <sstream>
 #include <optional>
 #include <string>
@@ -280,6 +282,143 @@ TEST_P(PagedAttention, F16Pool) {
                           ++seed);
     expect_matches_ref(cache, {299}, 4, pool3, ++seed);
     expect_matches_ref(cache, position_range(250, 300), 2, pool3, ++seed);
+  }
+}
+
+// Q8_0 and Q4_1 pools (row-local blocks of 32): prefill, chunks, decode (split across 3 threads
+// at 600+ keys), page sizes that cut tiles, GQA groups, a key offset. The reference reads the
+// same quantized rows (scalar dequantize_row), so the tolerance is that of f32.
+TEST_P(PagedAttention, QuantizedPools) {
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 2500;
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_1}) {
+    for (int64_t len : {1, 17, 100, 700}) {
+      for (int64_t head_dim : {32, 64, 128}) {
+        const TestCache cache(
+            {.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim, .dtype = dtype}, ++seed);
+        for (int64_t group : {1, 4}) {
+          for (ThreadPool* pool : {&pool1, &pool3}) {
+            expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, group, *pool, ++seed);
+            expect_matches_ref(cache, position_range(std::max<int64_t>(0, len - 20), len), group,
+                               *pool, ++seed);
+            expect_matches_ref(cache, position_range(0, std::min<int64_t>(len, 40)), group, *pool,
+                               ++seed);
+          }
+        }
+      }
+    }
+    for (int32_t page_size : {1, 5, 16, 64}) {
+      const TestCache cache({.num_keys = 300,
+                             .num_kv_heads = 3,
+                             .head_dim = 96,
+                             .page_size = page_size,
+                             .dtype = dtype},
+                            ++seed);
+      expect_matches_ref(cache, {299}, 2, pool3, ++seed);
+      expect_matches_ref(cache, position_range(250, 300), 2, pool3, ++seed);
+      expect_matches_ref(cache, {299}, 8, pool1, ++seed, -1.0f, 1.0f, 40);  // sliding window
+    }
+    const TestCache cache({.num_keys = 2500, .num_kv_heads = 2, .head_dim = 64, .dtype = dtype},
+                          ++seed);
+    expect_matches_ref(cache, {2499}, 4, pool3, ++seed, -8.0f, 8.0f);  // wide scores, split
+    PagedKv shifted = cache.view();
+    shifted.key_offset = 7;
+    const std::vector<int32_t> last = {2000};
+    const std::vector<float> q = random_floats(8 * 64, ++seed);
+    const AttentionQuery query{q.data(), last, 8, 0.125f};
+    Outputs got(1, 8, 64, 0.0f), want(1, 8, 64, 0.0f);
+    paged_attention(shifted, query, got.view(), pool3);
+    ref::paged_attention(shifted, query, want.view());
+    for (size_t i = 0; i < got.out.size(); ++i) ASSERT_NEAR(got.out[i], want.out[i], 1e-5) << i;
+  }
+}
+
+// What quantization costs, against f32 attention over the unquantized data (out relative L2
+// error over all outputs, printed). Gaussian K/V (sd 1), queries sd 1, head_dim 128, 2 kv
+// heads x group 4, a decode row and a 32-row chunk at 1024 keys. With one key channel an
+// outlier (+20: channel outliers of real keys), keys quantize badly where the outlier's block
+// sets the scale; rotate_heads on queries and keys (q·k unchanged) spreads it over all blocks.
+// Sanity bounds: q8 < 1e-2 and q4 < 1.5e-1 on Gaussian data (rotated or not); rotation lowers
+// the error of both with the outlier channel. Measured (this test's printout): q8 7.7e-3,
+// q4 1.1e-1 (Q4_1's step on 32 Gaussian values is ~4.1 / 15, an rms error of ~8% of the
+// values' sd in V alone); with the outlier channel q8 2.5e-2 -> 1.0e-2 rotated, q4 2.5e-1 ->
+// 1.5e-1.
+TEST(PagedAttentionQuantized, CloseToF32AndRotationHelpsWithOutlierChannels) {
+  constexpr int64_t kKeys = 1024, kKvHeads = 2, kHeadDim = 128, kHeads = 8;  // group 4
+  ThreadPool pool(3);
+  const std::vector<int32_t> positions = position_range(kKeys - 32, kKeys);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto gaussian = [&](int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& f : x) f = normal(rng);
+    return x;
+  };
+  const std::vector<float> q = gaussian(32 * kHeads * kHeadDim);
+  const std::vector<float> v = gaussian(kKeys * kKvHeads * kHeadDim);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  const auto at = [](int64_t t, int64_t h, int64_t d) { return (t * kKvHeads + h) * kHeadDim + d; };
+  const KvFill v_fill = [&](int64_t t, int64_t h, int64_t d) { return v[at(t, h, d)]; };
+  struct Errors {
+    double out = 0, lse = 0;
+  };
+  // Attention of `rows` query rows (the last ones, or only the last) on `dtype` pages of keys k
+  // (rotated with the queries when `rotate`), against f32 attention on the unrotated keys.
+  const auto measure = [&](const std::vector<float>& k, DType dtype, bool rotate, bool decode) {
+    std::vector<float> k_stored = k, q_used = q;
+    if (rotate) {
+      rotate_heads(k_stored.data(), kKeys, kKvHeads, kHeadDim);
+      rotate_heads(q_used.data(), 32, kHeads, kHeadDim);
+    }
+    const KvFill k_fill = [&](int64_t t, int64_t h, int64_t d) { return k_stored[at(t, h, d)]; };
+    const KvFill k_plain = [&](int64_t t, int64_t h, int64_t d) { return k[at(t, h, d)]; };
+    const CacheShape shape{.num_keys = kKeys, .num_kv_heads = kKvHeads, .head_dim = kHeadDim};
+    CacheShape quantized = shape;
+    quantized.dtype = dtype;
+    const TestCache truth(shape, 1, k_plain, v_fill), cache(quantized, 1, k_fill, v_fill);
+    const std::span<const int32_t> rows =
+        decode ? std::span<const int32_t>(positions).last(1) : std::span<const int32_t>(positions);
+    const int64_t first_row = decode ? 31 : 0;
+    const auto num_q = static_cast<int64_t>(rows.size());
+    Outputs got(num_q, kHeads, kHeadDim, 0.0f), want(num_q, kHeads, kHeadDim, 0.0f);
+    paged_attention(cache.view(),
+                    {q_used.data() + first_row * kHeads * kHeadDim, rows, kHeads, scale},
+                    got.view(), pool);
+    ref::paged_attention(
+        truth.view(), {q.data() + first_row * kHeads * kHeadDim, rows, kHeads, scale}, want.view());
+    double err = 0, norm = 0, lse_err = 0;
+    for (int64_t i = 0; i < num_q * kHeads * kHeadDim; ++i) {
+      err += std::pow(double{got.out[i]} - want.out[i], 2);
+      norm += std::pow(double{want.out[i]}, 2);
+    }
+    for (int64_t i = 0; i < num_q * kHeads; ++i)
+      lse_err = std::max(lse_err, std::fabs(double{got.row_lse[i]} - want.row_lse[i]));
+    return Errors{std::sqrt(err / norm), lse_err};
+  };
+  const std::vector<float> k_gauss = gaussian(kKeys * kKvHeads * kHeadDim);
+  std::vector<float> k_outlier = k_gauss;
+  for (int64_t t = 0; t < kKeys; ++t) {
+    for (int64_t h = 0; h < kKvHeads; ++h) k_outlier[at(t, h, 5)] += 20.0f;
+  }
+  for (DType dtype : {DType::kF16, DType::kQ8_0, DType::kQ4_1}) {
+    for (bool decode : {true, false}) {
+      const Errors plain = measure(k_gauss, dtype, false, decode);
+      const Errors rotated = measure(k_gauss, dtype, true, decode);
+      const Errors outlier = measure(k_outlier, dtype, false, decode);
+      const Errors outlier_rotated = measure(k_outlier, dtype, true, decode);
+      std::printf(
+          "[ measured ] %-5s %-6s out rel L2 err (max |lse err|): gaussian %.2e (%.1e), rotated "
+          "%.2e (%.1e); outlier channel %.2e (%.1e), rotated %.2e (%.1e)\n",
+          std::string(to_string(dtype)).c_str(), decode ? "decode" : "chunk", plain.out, plain.lse,
+          rotated.out, rotated.lse, outlier.out, outlier.lse, outlier_rotated.out,
+          outlier_rotated.lse);
+      const double bound = dtype == DType::kQ4_1 ? 1.5e-1 : 1e-2;
+      EXPECT_LT(plain.out, bound) << to_string(dtype);
+      EXPECT_LT(rotated.out, bound) << to_string(dtype);
+      if (dtype != DType::kF16) {
+        EXPECT_LT(outlier_rotated.out, outlier.out) << to_string(dtype);
+      }
+    }
   }
 }
 

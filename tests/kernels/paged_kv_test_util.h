@@ -21,7 +21,9 @@ struct CacheShape {
   int64_t num_kv_heads = 2;
   int64_t head_dim = 64;
   int32_t page_size = 16;
-  DType dtype = DType::kF32;  // kF16: the pool holds halves (the values are rounded to f16)
+  // kF16: the pool holds halves (the values are rounded to f16); kQ8_0 / kQ4_1: each row
+  // quantized by quantize_row (head_dim a multiple of 32).
+  DType dtype = DType::kF32;
 };
 
 // value(position, kv_head, dim) for K or V.
@@ -29,7 +31,8 @@ using KvFill = std::function<float(int64_t, int64_t, int64_t)>;
 
 // One sequence's K/V in a pool of 2 * num_blocks + 3 pages. The block table has one entry
 // more than the sequence needs (room to grow), pointing at a NaN page. Strides leave NaN gaps
-// between heads (3 floats) and pages (5 floats).
+// between heads (3 floats) and pages (5 floats); for the block dtypes 32 and 64 elements, and
+// every byte outside the written rows is 0xFF (a NaN f16 scale: a stray read gives NaN).
 class TestCache {
  public:
   TestCache(const CacheShape& shape, uint32_t seed, const KvFill& k_fill = {},
@@ -37,8 +40,9 @@ class TestCache {
       : shape_(shape) {
     const int64_t num_blocks = (shape.num_keys + shape.page_size - 1) / shape.page_size;
     const int64_t num_pages = 2 * num_blocks + 3;
-    head_stride_ = shape.page_size * shape.head_dim + 3;
-    page_stride_ = shape.num_kv_heads * head_stride_ + 5;
+    const bool blocks = is_block_kv_dtype(shape.dtype);
+    head_stride_ = shape.page_size * shape.head_dim + (blocks ? 32 : 3);
+    page_stride_ = shape.num_kv_heads * head_stride_ + (blocks ? 64 : 5);
     k_.assign(static_cast<size_t>(num_pages * page_stride_), kNaN);
     v_ = k_;
     std::vector<int32_t> pages(static_cast<size_t>(num_pages));
@@ -61,9 +65,32 @@ class TestCache {
       for (float f : k_) k16_.push_back(f32_to_f16(f));
       for (float f : v_) v16_.push_back(f32_to_f16(f));
     }
+    if (blocks) {
+      kq_.assign(row_bytes(shape.dtype, static_cast<int64_t>(k_.size())), 0xFF);
+      vq_ = kq_;
+      for (int64_t t = 0; t < shape.num_keys; ++t) {
+        for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+          const int64_t offset = kv_offset(kv, t, h);
+          const size_t at = row_bytes(shape.dtype, offset);
+          quantize_row(shape.dtype, &k_[offset], kq_.data() + at, shape.head_dim);
+          quantize_row(shape.dtype, &v_[offset], vq_.data() + at, shape.head_dim);
+        }
+      }
+    }
   }
 
   PagedKv view() const {
+    if (is_block_kv_dtype(shape_.dtype)) {
+      return PagedKv{.page_stride = page_stride_,
+                     .head_stride = head_stride_,
+                     .page_size = shape_.page_size,
+                     .head_dim = shape_.head_dim,
+                     .num_kv_heads = shape_.num_kv_heads,
+                     .block_table = block_table_,
+                     .dtype = shape_.dtype,
+                     .k_q = kq_.data(),
+                     .v_q = vq_.data()};
+    }
     if (shape_.dtype == DType::kF16) {
       return PagedKv{.page_stride = page_stride_,
                      .head_stride = head_stride_,
@@ -78,15 +105,23 @@ class TestCache {
     return PagedKv{k_.data(),        v_.data(),       page_stride_,        head_stride_,
                    shape_.page_size, shape_.head_dim, shape_.num_kv_heads, block_table_};
   }
+  // The same keys and values in f32, before any rounding to the pool's dtype.
+  PagedKv f32_view() const {
+    return PagedKv{k_.data(),        v_.data(),       page_stride_,        head_stride_,
+                   shape_.page_size, shape_.head_dim, shape_.num_kv_heads, block_table_};
+  }
   const CacheShape& shape() const { return shape_; }
   // Elements of the whole K (or V) pool that view() points into, gaps included.
   size_t num_elements() const { return k_.size(); }
+  // Bytes of the whole K (or V) pool that view() points into.
+  size_t num_bytes() const { return row_bytes(shape_.dtype, static_cast<int64_t>(k_.size())); }
 
  private:
   CacheShape shape_;
   int64_t head_stride_ = 0, page_stride_ = 0;
   std::vector<float> k_, v_;
   std::vector<uint16_t> k16_, v16_;  // F16 pools only
+  std::vector<uint8_t> kq_, vq_;     // Q8_0 / Q4_1 pools only
   std::vector<int32_t> block_table_;
 };
 

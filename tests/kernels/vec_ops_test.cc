@@ -112,6 +112,35 @@ TEST_P(VecOps, Softmax) {
   EXPECT_EQ(untouched, 1.0f);
 }
 
+// rotate_heads against the O(n^2) definition, for every power of two up to 512; and its
+// properties: applied twice it gives x back, and dot products of rotated heads are unchanged.
+TEST_P(VecOps, RotateHeads) {
+  for (int64_t head_dim = 1; head_dim <= 512; head_dim *= 2) {
+    for (int64_t num_heads : {1, 3}) {
+      const int64_t n = 2 * num_heads * head_dim;  // 2 rows
+      auto x = random_floats(n + 1, 11);           // +1: a sentinel that must stay untouched
+      auto y = random_floats(n, 12);
+      const auto x0 = x, y0 = y;
+      auto x_ref = x;
+      rotate_heads(x.data(), 2, num_heads, head_dim);
+      ref::rotate_heads(x_ref.data(), 2, num_heads, head_dim);
+      ASSERT_EQ(x[n], x0[n]) << "wrote past the rows";
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(x[i], x_ref[i], 1e-5) << "head_dim=" << head_dim << " i=" << i;
+      rotate_heads(y.data(), 2, num_heads, head_dim);
+      for (int64_t h = 0; h < 2 * num_heads; ++h) {
+        const int64_t at = h * head_dim;
+        EXPECT_NEAR(ref::dot(x.data() + at, y.data() + at, head_dim),
+                    ref::dot(x0.data() + at, y0.data() + at, head_dim), 1e-4)
+            << "head_dim=" << head_dim << " head " << h;
+      }
+      rotate_heads(x.data(), 2, num_heads, head_dim);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_NEAR(x[i], x0[i], 1e-5) << "twice: head_dim=" << head_dim << " i=" << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTargets, VecOps, ::testing::ValuesIn(available_targets()),
                          target_test_name);
 

@@ -24,9 +24,14 @@
 //   max = max_j max_j,  w_j = exp(max_j - max),  sum = sum_j w_j sum_j,
 //   out = sum_j w_j acc_j / sum
 //
+// Quantized pools (kQ8_0 / kQ4_1, layout in paged_attention.h): each unit first dequantizes its
+// tile's K and V rows (SIMD, DequantizeKvRow) into two per-thread [kTileKeys][head_dim] buffers
+// and runs the above on them as one run; the rest is the f32 path. The dequantization costs
+// ~2-3 vector ops per Lanes values per unit, shared by all query vectors of the kv head.
+//
 // Cost per unit and query vector: 2 * tile keys * head_dim FMAs + one Exp per tile vector.
 // Memory: scratch of vectors * (2 * dp + tp + 3) floats per thread (~40 KiB at 32 vectors,
-// head_dim 128).
+// head_dim 128), + 2 * kTileKeys * head_dim floats for quantized pools (32 KiB at 128).
 #if defined(SIEVE_KERNELS_CPU_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SIEVE_KERNELS_CPU_ATTENTION_INL_H_
 #undef SIEVE_KERNELS_CPU_ATTENTION_INL_H_
@@ -127,6 +132,7 @@ struct Problem {
   int64_t tp;        // kTileKeys rounded up to whole vectors
   int64_t max_rows;  // query vectors per task at most (AttentionPlan::max_query_vectors)
   float* partials;   // num_slots slots of SlotFloats() floats
+  bool quantized;    // kQ8_0 / kQ4_1: tiles are dequantized into Scratch::k_tile / v_tile
   // A partial slot: [max_rows][dp] acc, [max_rows] max, [max_rows] sum; whole cache lines, so
   // every slot's acc is vector-aligned.
   int64_t SlotFloats() const { return (max_rows * (dp + 2) + 15) / 16 * 16; }
@@ -135,24 +141,30 @@ struct Problem {
 // Per-thread buffers for one task at a time (aligned, whole vectors).
 struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> buffer;
-  float* q;      // [max_rows][dp] staged queries, scale applied, zero padding
-  float* acc;    // [max_rows][dp] unnormalized outputs
-  float* s;      // [max_rows][tp] scores, then probabilities
-  float* max;    // [max_rows] running max of scores
-  float* sum;    // [max_rows] running sum of exp(score - max)
-  float* alpha;  // [max_rows] this tile's rescale factor of acc
+  float* q;       // [max_rows][dp] staged queries, scale applied, zero padding
+  float* acc;     // [max_rows][dp] unnormalized outputs
+  float* s;       // [max_rows][tp] scores, then probabilities
+  float* max;     // [max_rows] running max of scores
+  float* sum;     // [max_rows] running sum of exp(score - max)
+  float* alpha;   // [max_rows] this tile's rescale factor of acc
+  float* k_tile;  // quantized pools: [kTileKeys][head_dim] one unit's K rows, dequantized
+  float* v_tile;  // ... and V rows
 
   explicit Scratch(const Problem& p) {
     const int64_t n = p.max_rows;
     const int64_t floats_per_vec = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t small = (n + floats_per_vec - 1) / floats_per_vec * floats_per_vec;
-    buffer = hwy::AllocateAligned<float>(static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small));
+    const int64_t tile = p.quantized ? kTileKeys * p.kv.head_dim : 0;
+    buffer = hwy::AllocateAligned<float>(
+        static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small + 2 * tile));
     q = buffer.get();
     acc = q + n * p.dp;
     s = acc + n * p.dp;
     max = s + n * p.tp;
     sum = max + small;
     alpha = sum + small;
+    k_tile = alpha + small;
+    v_tile = k_tile + tile;
   }
 };
 
@@ -426,6 +438,23 @@ HWY_INLINE int64_t TileRuns(const PagedKv& kv, int64_t kv_head, int64_t key0, in
   return num_runs;
 }
 
+// Quantized pools: the K and V rows of keys [key0, key1) of kv_head dequantized into
+// sc.k_tile / sc.v_tile (key key0 + j at j * head_dim), as one run; returns 1.
+HWY_INLINE int64_t DequantizeTile(const PagedKv& kv, int64_t kv_head, int64_t key0, int64_t key1,
+                                  const Scratch& sc, KeyRun<float>* runs) {
+  for (int64_t t = key0; t < key1;) {
+    const int64_t slot = (t + kv.key_offset) % kv.page_size;
+    const int64_t count = std::min(key1 - t, kv.page_size - slot);
+    const int64_t offset = kv_offset(kv, t, kv_head);  // count rows, contiguous in the page
+    const int64_t at = (t - key0) * kv.head_dim;
+    DequantizeKvRow(kv.dtype, kv_block_row(kv, false, offset), sc.k_tile + at, count * kv.head_dim);
+    DequantizeKvRow(kv.dtype, kv_block_row(kv, true, offset), sc.v_tile + at, count * kv.head_dim);
+    t += count;
+  }
+  runs[0] = KeyRun<float>{sc.k_tile, sc.v_tile, 0, key1 - key0};
+  return 1;
+}
+
 // out row = acc / sum (head_dim floats, acc padded to whole vectors).
 HWY_INLINE void StoreNormalized(const float* HWY_RESTRICT acc, float inv_sum, int64_t head_dim,
                                 float* HWY_RESTRICT out) {
@@ -504,7 +533,13 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   for (int64_t key0 = task.key_begin; key0 < task.key_end; key0 += tile_keys) {
     const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
     for (int64_t b = 0; b < num_heads; ++b) {
-      const int64_t num_runs = TileRuns(p.kv, task.kv_head_begin + b, key0, key1, runs);
+      int64_t num_runs;
+      if constexpr (std::is_same_v<T, float>) {
+        num_runs = p.quantized ? DequantizeTile(p.kv, task.kv_head_begin + b, key0, key1, sc, runs)
+                               : TileRuns(p.kv, task.kv_head_begin + b, key0, key1, runs);
+      } else {
+        num_runs = TileRuns(p.kv, task.kv_head_begin + b, key0, key1, runs);
+      }
       const HeadBlock block{sc.q + b * per_head * p.dp,
                             sc.acc + b * per_head * p.dp,
                             sc.max + b * per_head,
@@ -581,7 +616,8 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
                   (kv.head_dim + N - 1) / N * N,
                   (kTileKeys + N - 1) / N * N,
                   plan.max_query_vectors,
-                  nullptr};
+                  nullptr,
+                  is_block_kv_dtype(kv.dtype)};
   hwy::AlignedFreeUniquePtr<float[]> partials;
   if (plan.num_slots > 0) {
     partials =
@@ -594,7 +630,7 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
     for (int64_t t = begin; t < end; ++t) {
       if (kv.dtype == DType::kF16) {
         RunTask<uint16_t>(problem, plan.tasks[t], scratch);
-      } else {
+      } else {  // f32, or quantized tiles dequantized to f32
         RunTask<float>(problem, plan.tasks[t], scratch);
       }
     }

@@ -18,6 +18,8 @@ const char* AttentionTargetName() { return hwy::TargetName(HWY_TARGET); }
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <cassert>
+
 namespace sieve::kernels {
 
 HWY_EXPORT(PagedAttentionImpl);
@@ -25,6 +27,8 @@ HWY_EXPORT(AttentionTargetName);
 
 void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,
                      ThreadPool& pool) {
+  assert(is_kv_dtype(kv.dtype));
+  assert(!is_block_kv_dtype(kv.dtype) || kv.head_dim % block_elems(kv.dtype) == 0);
   HWY_DYNAMIC_DISPATCH(PagedAttentionImpl)(kv, q, out, pool);
 }
 

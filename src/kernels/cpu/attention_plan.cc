@@ -58,8 +58,10 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
   int64_t split_key_heads = std::numeric_limits<int64_t>::max();
   const int64_t wanted_tasks = kAttentionTasksPerThread * num_threads;
   if (num_threads > 1 && static_cast<int64_t>(tiles.size()) * num_head_groups < wanted_tasks) {
-    const int64_t row_bytes = 2 * kv.head_dim * (kv.dtype == DType::kF16 ? 2 : 4);
-    split_key_heads = std::max(ceil_div(kAttentionMinTaskBytes, row_bytes),
+    // K+V bytes per key and head; quantized rows count as f16 ones (their dequantization makes
+    // a key cost about as much as an f16 key, so the same key count pays for a task).
+    const int64_t kv_row_bytes = 2 * kv.head_dim * (kv.dtype == DType::kF32 ? 4 : 2);
+    split_key_heads = std::max(ceil_div(kAttentionMinTaskBytes, kv_row_bytes),
                                ceil_div(total_key_heads, wanted_tasks));
   }
   for (const RowTile& tile : tiles) {

@@ -9,6 +9,8 @@
 //   p[j] = exp(s[j] - lse_m)      vector Exp over the tile; keys past row m's position -> 0
 //   acc[j] += p[j]
 // Each key's sum is formed in query-vector order inside one task: deterministic for any pool.
+// Quantized pools (kQ8_0 / kQ4_1): the gather dequantizes the tile's rows (SIMD), so the scores
+// and the page summaries below are those of the dequantized keys the attention sees.
 // Cost per key and query vector: head_dim FMAs + one Exp lane; K read once per key (+ a copy
 // into the tile buffer, a fraction of the α * group dot products that reuse it).
 #undef HWY_TARGET_INCLUDE
@@ -52,7 +54,9 @@ HWY_INLINE void GatherKeys(const PagedKv& kv, int64_t kv_head, int64_t key0, int
                            int64_t dp, float* HWY_RESTRICT dst) {
   for (int64_t j = 0; j < count; ++j) {
     const int64_t offset = kv_offset(kv, key0 + j, kv_head);
-    if (kv.dtype == DType::kF16) {
+    if (is_block_kv_dtype(kv.dtype)) {  // row-local Q8_0 / Q4_1 blocks
+      DequantizeKvRow(kv.dtype, kv_block_row(kv, false, offset), dst + j * dp, kv.head_dim);
+    } else if (kv.dtype == DType::kF16) {
       for (int64_t c = 0; c < kv.head_dim; ++c) dst[j * dp + c] = f16_to_f32(kv.k_f16[offset + c]);
     } else {
       std::memcpy(dst + j * dp, kv.k + offset, static_cast<size_t>(kv.head_dim) * sizeof(float));

@@ -117,7 +117,7 @@ class CpuBackend final : public HostMemoryBackend {
 
   void store_kv_rows(Rows<const float> src, int64_t head_dim, DType dtype, void* dst,
                      std::span<const int64_t> dst_offsets) override {
-    host_rows::check_kv_dtype(dtype);
+    host_rows::check_kv_dtype(dtype, head_dim);
     for_rows(std::ssize(dst_offsets), head_dim, [&](int64_t begin, int64_t end) {
       host_rows::store_kv_rows(src, head_dim, dtype, dst, dst_offsets.data(), begin, end);
     });
@@ -172,6 +172,12 @@ class CpuBackend final : public HostMemoryBackend {
   void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
                          int64_t num_heads, int64_t num_blocks, float* bounds) override {
     kernels::page_upper_bounds(kv, summaries, q, num_heads, num_blocks, bounds);
+  }
+
+  void rotate_heads(Rows<float> x, int64_t num_rows, int64_t num_heads, int64_t head_dim) override {
+    for_rows(num_rows, num_heads * head_dim, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) kernels::rotate_heads(x.row(r), 1, num_heads, head_dim);
+    });
   }
 
  private:

@@ -15,6 +15,8 @@
 
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "kernels/blocks.h"
+#include "kernels/ops.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sieve::kernels::HWY_NAMESPACE {
@@ -82,6 +84,48 @@ HWY_INLINE hn::Vec<DF> PromoteBF16(DF df, const uint16_t* HWY_RESTRICT p) {
 HWY_INLINE float F16ToF32(const uint16_t* p) {
   const hn::CappedTag<float, 4> d4;
   return hn::GetLane(PromoteF16(d4, p));
+}
+
+// ----------------------------------------------------------------------------- KV blocks
+
+// n values (a multiple of 32) of Q8_0 (x = d * q) or Q4_1 (x = d * q + m) blocks at src -> f32
+// at dst; bit-identical to dequantize_row (the same float operations, no FMA). Lanes of at most
+// 16 floats, so that a block is whole vectors on every target. ~2 (Q8_0) / 3 (Q4_1) vector ops
+// per Lanes values plus one f16 conversion per block.
+HWY_INLINE void DequantizeKvRow(DType dtype, const uint8_t* HWY_RESTRICT src,
+                                float* HWY_RESTRICT dst, int64_t n) {
+  const hn::CappedTag<float, 16> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t num_blocks = n / kQBlock;
+  if (dtype == DType::kQ8_0) {
+    const hn::Rebind<int8_t, decltype(df)> d8;
+    for (int64_t b = 0; b < num_blocks; ++b, src += sizeof(BlockQ8_0), dst += kQBlock) {
+      // d is followed by the 32 quants: F16ToF32's 8-byte read stays inside the block.
+      const auto d = hn::Set(df, F16ToF32(reinterpret_cast<const uint16_t*>(src)));
+      const auto* qs = reinterpret_cast<const int8_t*>(src + offsetof(BlockQ8_0, qs));
+      for (int64_t i = 0; i < kQBlock; i += N) {
+        const auto q = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, qs + i)));
+        hn::StoreU(hn::Mul(q, d), df, dst + i);
+      }
+    }
+    return;
+  }
+  const hn::Rebind<uint8_t, decltype(df)> du8;
+  const auto low_mask = hn::Set(du8, uint8_t{0xF});
+  for (int64_t b = 0; b < num_blocks; ++b, src += sizeof(BlockQ4_1), dst += kQBlock) {
+    const auto* dm = reinterpret_cast<const uint16_t*>(src);  // d, m, then 16 bytes of quants
+    const auto d = hn::Set(df, F16ToF32(dm));
+    const auto m = hn::Set(df, F16ToF32(dm + 1));
+    const uint8_t* qs = src + offsetof(BlockQ4_1, qs);
+    for (int64_t i = 0; i < kQBlock / 2; i += N) {
+      const auto bytes = hn::LoadU(du8, qs + i);
+      const auto lo = hn::ConvertTo(df, hn::PromoteTo(di, hn::And(bytes, low_mask)));
+      const auto hi = hn::ConvertTo(df, hn::PromoteTo(di, hn::ShiftRight<4>(bytes)));
+      hn::StoreU(hn::Add(hn::Mul(lo, d), m), df, dst + i);
+      hn::StoreU(hn::Add(hn::Mul(hi, d), m), df, dst + kQBlock / 2 + i);
+    }
+  }
 }
 
 template <class D>
@@ -214,6 +258,38 @@ HWY_INLINE float Softmax(float* HWY_RESTRICT x, int64_t n) {
     StoreTail(d, hn::Mul(LoadTail(d, x + n_full, rest, 0.0f), vscale), x + n_full, rest);
   }
   return max;
+}
+
+// x <- H x / sqrt(n) in place for one head of n (a power of two) values, H the Walsh–Hadamard
+// matrix in Sylvester order: log2(n) butterfly stages (a, b) -> (a + b, a - b) at strides 1, 2,
+// 4, ...; strides of a vector or more run on whole vectors, the smaller ones on scalars (log2
+// Lanes stages), then one scaling pass. Cost n log2(n) adds.
+HWY_INLINE void RotateHead(float* HWY_RESTRICT x, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t h = 1;
+  for (; h < n && h < N; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  for (; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      for (int64_t j = i; j < i + h; j += N) {
+        const auto a = hn::LoadU(d, x + j), b = hn::LoadU(d, x + j + h);
+        hn::StoreU(hn::Add(a, b), d, x + j);
+        hn::StoreU(hn::Sub(a, b), d, x + j + h);
+      }
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), hn::Set(d, scale)), d, x + i);
+  for (; i < n; ++i) x[i] *= scale;
 }
 
 }  // namespace sieve::kernels::HWY_NAMESPACE

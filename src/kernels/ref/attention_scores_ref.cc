@@ -3,6 +3,7 @@
 #include <cassert>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/attention_scores.h"
 
@@ -10,10 +11,11 @@ namespace sieve::kernels::ref {
 
 namespace {
 
-// The one place the references read K.
-double key_at(const PagedKv& kv, int64_t position, int64_t kv_head, int64_t c) {
-  const int64_t offset = kv_offset(kv, position, kv_head) + c;
-  return kv.dtype == DType::kF16 ? f16_to_f32(kv.k_f16[offset]) : kv.k[offset];
+// The one place the references read K: the row of `position`, every dtype (load_kv_row).
+std::vector<float> key_row(const PagedKv& kv, int64_t position, int64_t kv_head) {
+  std::vector<float> row(static_cast<size_t>(kv.head_dim));
+  load_kv_row(kv, /*value=*/false, position, kv_head, row.data());
+  return row;
 }
 
 float* summary_min(const KeySummaries& s, int64_t page, int64_t kv_head, int64_t head_dim) {
@@ -30,14 +32,16 @@ void observation_scores(const PagedKv& kv, const AttentionQuery& window, const f
   for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
     for (int64_t t = 0; t < num_keys; ++t) {
       double sum = 0.0;
+      std::vector<float> k;  // read when some row sees key t
       for (int64_t i = 0; i < num_rows; ++i) {
         if (window.positions[i] < t || t < first_visible_key(window, static_cast<size_t>(i)))
           continue;
+        if (k.empty()) k = key_row(kv, t, kv_head);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kv_head * group + g;
           const float* q = window.q + (i * window.num_heads + h) * kv.head_dim;
           double dot = 0.0;
-          for (int64_t c = 0; c < kv.head_dim; ++c) dot += q[c] * key_at(kv, t, kv_head, c);
+          for (int64_t c = 0; c < kv.head_dim; ++c) dot += double{q[c]} * k[c];
           sum += std::exp(window.scale * dot - row_lse[i * window.num_heads + h]);
         }
       }
@@ -53,15 +57,19 @@ void summarize_page_keys(const PagedKv& kv, int64_t block, int64_t num_filled,
   for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
     float* min = summary_min(summaries, page, h, kv.head_dim);
     float* max = min + kv.head_dim;
-    for (int64_t c = 0; c < kv.head_dim; ++c) {
-      double lo = std::numeric_limits<double>::infinity(), hi = -lo;
-      for (int64_t slot = 0; slot < num_filled; ++slot) {
-        const double k = key_at(kv, block * kv.page_size + slot, h, c);
-        lo = std::min(lo, k);
-        hi = std::max(hi, k);
+    std::vector<double> lo(static_cast<size_t>(kv.head_dim),
+                           std::numeric_limits<double>::infinity());
+    std::vector<double> hi(lo.size(), -std::numeric_limits<double>::infinity());
+    for (int64_t slot = 0; slot < num_filled; ++slot) {
+      const std::vector<float> k = key_row(kv, block * kv.page_size + slot, h);
+      for (size_t c = 0; c < lo.size(); ++c) {
+        lo[c] = std::min(lo[c], double{k[c]});
+        hi[c] = std::max(hi[c], double{k[c]});
       }
-      min[c] = static_cast<float>(lo);
-      max[c] = static_cast<float>(hi);
+    }
+    for (size_t c = 0; c < lo.size(); ++c) {
+      min[c] = static_cast<float>(lo[c]);
+      max[c] = static_cast<float>(hi[c]);
     }
   }
 }

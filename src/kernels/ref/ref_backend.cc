@@ -77,7 +77,7 @@ class ReferenceBackend final : public HostMemoryBackend {
 
   void store_kv_rows(Rows<const float> src, int64_t head_dim, DType dtype, void* dst,
                      std::span<const int64_t> dst_offsets) override {
-    host_rows::check_kv_dtype(dtype);
+    host_rows::check_kv_dtype(dtype, head_dim);
     host_rows::store_kv_rows(src, head_dim, dtype, dst, dst_offsets.data(), 0,
                              std::ssize(dst_offsets));
   }
@@ -108,6 +108,10 @@ class ReferenceBackend final : public HostMemoryBackend {
   void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
                          int64_t num_heads, int64_t num_blocks, float* bounds) override {
     ref::page_upper_bounds(kv, summaries, q, num_heads, num_blocks, bounds);
+  }
+
+  void rotate_heads(Rows<float> x, int64_t num_rows, int64_t num_heads, int64_t head_dim) override {
+    for (int64_t r = 0; r < num_rows; ++r) ref::rotate_heads(x.row(r), 1, num_heads, head_dim);
   }
 };
 

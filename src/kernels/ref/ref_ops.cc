@@ -1,6 +1,7 @@
 // Scalar references: plain loops in double precision, the definition of correct. Each SIMD
 // kernel in cpu/ is tested against these on every target. Slow by design.
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cmath>
 #include <limits>
@@ -110,6 +111,25 @@ float softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     x[i] = static_cast<float>(std::exp(static_cast<double>(x[i]) - max) / sum);
   return max;
+}
+
+// The definition: y[i] = sum_j (-1)^popcount(i & j) x[j] / sqrt(head_dim), O(head_dim^2).
+void rotate_heads(float* x, int64_t num_rows, int64_t num_heads, int64_t head_dim) {
+  assert(head_dim > 0 && (head_dim & (head_dim - 1)) == 0);
+  std::vector<double> y(static_cast<size_t>(head_dim));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  for (int64_t h = 0; h < num_rows * num_heads; ++h) {
+    float* head = x + h * head_dim;
+    for (int64_t i = 0; i < head_dim; ++i) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < head_dim; ++j) {
+        const bool odd = std::popcount(static_cast<uint64_t>(i & j)) % 2 != 0;
+        sum += odd ? -double{head[j]} : double{head[j]};
+      }
+      y[static_cast<size_t>(i)] = sum * scale;
+    }
+    for (int64_t i = 0; i < head_dim; ++i) head[i] = static_cast<float>(y[static_cast<size_t>(i)]);
+  }
 }
 
 }  // namespace sieve::kernels::ref
