@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "kernels/attention_scores.h"
 #include "sparsity/selection.h"
 
 namespace sieve::engine {
@@ -67,11 +66,7 @@ void ModelRunner::plan_page_reads(PageSelectState& state, size_t stream_idx,
   const int32_t num_full = num_written / page_size;
   if (num_full > p.num_summarized) {
     p.summaries.resize(static_cast<size_t>(num_full * summary_floats));
-    const kernels::PagedKv keys = cache_.slice_view(stream.slices, 0);
-    for (int32_t b = p.num_summarized; b < num_full; ++b) {
-      kernels::summarize_page_keys(keys, b, page_size,
-                                   {.data = &p.summaries[b * summary_floats], .page_stride = 0});
-    }
+    cache_.summarize_slices(stream.slices, p.num_summarized, num_full, p.summaries.data());
     p.num_summarized = num_full;
   }
   p.num_keys = stream.num_keys;
@@ -109,7 +104,7 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
     }
   }
   logits_.clear();
-  if (batch_.size() > 0) model_.forward(batch_, cache_, pool_, scratch_, logits_, &outputs_);
+  if (batch_.size() > 0) model_.forward(batch_, cache_, backend_, scratch_, logits_, &outputs_);
   // Quest: the choices made this step are reused until the next one.
   for (size_t index = 0; index < out.scheduled.size(); ++index) {
     auto it = page_select_.find(out.scheduled[index].seq_id);
@@ -146,7 +141,7 @@ const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
   std::vector<int32_t> positions(static_cast<size_t>(window));
   for (int32_t i = 0; i < window; ++i) positions[i] = n - window + i;
   const model::SequenceKv view = sequence_kv(seq, nullptr);
-  model_.observe(tokens.subspan(n - window), positions, view, cache_, pool_, scratch_,
+  model_.observe(tokens.subspan(n - window), positions, view, cache_, backend_, scratch_,
                  scores_.values);
   scores_.offsets.assign(1, 0);
   for (int32_t length : kv_.stream_lengths(seq, n))

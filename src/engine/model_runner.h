@@ -13,17 +13,14 @@
 #include "sched/scheduler.h"
 #include "sparsity/policy_spec.h"
 
-namespace sieve {
-class ThreadPool;
-}
-
 namespace sieve::engine {
 
 class ModelRunner {
  public:
-  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, ThreadPool& pool,
+  // backend: runs the model (and allocated `cache`); must outlive the runner.
+  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, kernels::Backend& backend,
               const kv::KvManager& kv)
-      : model_(model), cache_(cache), pool_(pool), kv_(kv) {}
+      : model_(model), cache_(cache), backend_(backend), kv_(kv) {}
 
   // `tokens_of(seq)` gives a sequence's known tokens. Returns logits [num sampling seqs][vocab],
   // rows in the order of `out.scheduled` entries with samples == true.
@@ -86,7 +83,7 @@ class ModelRunner {
 
   const model::LlamaModel& model_;
   model::KvCache& cache_;
-  ThreadPool& pool_;
+  kernels::Backend& backend_;
   const kv::KvManager& kv_;
   ObservationScores scores_;
   std::unordered_map<sched::SeqId, std::vector<uint8_t>> want_attention_;
