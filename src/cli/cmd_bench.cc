@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "eval/speed.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "model/loader.h"
 #include "util/thread_pool.h"
@@ -41,6 +42,7 @@ std::string weight_type_name(const model::LlamaModel& model) {
 
 void bench(const BenchOptions& options) {
   ThreadPool pool(options.threads);
+  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   if (!options.json) {
     fmt::print("threads {}, SIMD target {}\n", pool.num_threads(), kernels::active_target());
   }
@@ -62,8 +64,8 @@ void bench(const BenchOptions& options) {
   }
   for (const std::string& path : options.model_paths) {
     model::LoadedModel loaded = model::load_model({path, ""});
-    eval::ModelSpeed speed = eval::measure_model_speed(*loaded.model, pool, options.prompt_tokens,
-                                                       options.decode_tokens);
+    eval::ModelSpeed speed = eval::measure_model_speed(
+        *loaded.model, *backend, options.prompt_tokens, options.decode_tokens);
     const double utilisation = speed.decode_gb_per_s / bandwidth.best_gb_per_s;
     const std::string file_type = weight_type_name(*loaded.model);
     out["models"].push_back({{"path", path},

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "eval/compare.h"
+#include "kernels/backend.h"
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "util/error.h"
@@ -70,8 +71,9 @@ void quantize(const QuantizeOptions& options) {
     std::vector<std::vector<int32_t>> prompts;
     for (const std::string& text : options.prompts)
       prompts.push_back(reference.tokenizer->encode(text));
-    eval::ModelAgreement agreement = eval::compare_models(*reference.model, *candidate.model,
-                                                          prompts, options.compare_tokens, pool);
+    const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
+    eval::ModelAgreement agreement = eval::compare_models(
+        *reference.model, *candidate.model, prompts, options.compare_tokens, *backend);
     out["comparison"] = {{"prompts", options.prompts.size()},
                          {"tokens_per_prompt", options.compare_tokens},
                          {"top1_agreement", agreement.top1_agreement()},

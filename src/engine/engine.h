@@ -37,6 +37,7 @@
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
+#include "kernels/backend.h"
 #include "kv/kv_manager.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
@@ -180,6 +181,7 @@ class Engine {
   std::shared_ptr<const tok::Tokenizer> tokenizer_;
   std::vector<TokenId> eos_ids_;
   ThreadPool pool_;
+  std::unique_ptr<kernels::Backend> backend_;  // on pool_: the forward pass and cache_'s memory
   kv::KvManager kv_;
   model::KvCache cache_;
   sched::Scheduler scheduler_;

@@ -7,11 +7,8 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "kernels/backend.h"
 #include "model/llama.h"
-
-namespace sieve {
-class ThreadPool;
-}
 
 namespace sieve::engine {
 
@@ -40,7 +37,7 @@ using TokenCallback = std::function<bool(TokenId token, std::span<const float> l
 
 // Throws sieve::Error if the prompt is empty or prompt + max_tokens exceeds the context.
 GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId> prompt,
-                         const GenerateOptions& options, ThreadPool& pool,
+                         const GenerateOptions& options, kernels::Backend& backend,
                          const TokenCallback& on_token);
 
 }  // namespace sieve::engine

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "kernels/attention_scores.h"
 #include "sparsity/selection.h"
 
 namespace sieve::engine {
@@ -54,11 +53,7 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
   const int32_t num_full = num_written / page_size;
   if (num_full > summary.num_summarized) {
     summary.values.resize(static_cast<size_t>(num_full * summary_floats));
-    const kernels::PagedKv keys = cache_.slice_view(stream.slices, 0);
-    for (int32_t b = summary.num_summarized; b < num_full; ++b) {
-      kernels::summarize_page_keys(keys, b, page_size,
-                                   {.data = &summary.values[b * summary_floats], .page_stride = 0});
-    }
+    cache_.summarize_slices(stream.slices, summary.num_summarized, num_full, summary.values.data());
     summary.num_summarized = num_full;
   }
   return {.choose = reads.choose,
@@ -88,7 +83,7 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
     }
   }
   logits_.clear();
-  if (batch_.size() > 0) model_.forward(batch_, cache_, pool_, scratch_, logits_, &outputs_);
+  if (batch_.size() > 0) model_.forward(batch_, cache_, backend_, scratch_, logits_, &outputs_);
   return logits_;
 }
 
@@ -111,7 +106,7 @@ const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
   std::vector<int32_t> positions(static_cast<size_t>(window));
   for (int32_t i = 0; i < window; ++i) positions[i] = n - window + i;
   const model::SequenceKv view = sequence_kv(seq, nullptr, nullptr);
-  model_.observe(tokens.subspan(n - window), positions, view, cache_, pool_, scratch_,
+  model_.observe(tokens.subspan(n - window), positions, view, cache_, backend_, scratch_,
                  scores_.values);
   scores_.offsets.assign(1, 0);
   for (int32_t length : kv_.stream_lengths(seq, n))

@@ -14,17 +14,14 @@
 #include "sched/scheduler.h"
 #include "sparsity/stream_policy.h"
 
-namespace sieve {
-class ThreadPool;
-}
-
 namespace sieve::engine {
 
 class ModelRunner {
  public:
-  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, ThreadPool& pool,
+  // backend: runs the model (and allocated `cache`); must outlive the runner.
+  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, kernels::Backend& backend,
               const kv::KvManager& kv)
-      : model_(model), cache_(cache), pool_(pool), kv_(kv) {}
+      : model_(model), cache_(cache), backend_(backend), kv_(kv) {}
 
   // What a sequence's sparsity controller asks of this step's rows (streams of their own only).
   struct RowRequests {
@@ -83,7 +80,7 @@ class ModelRunner {
 
   const model::LlamaModel& model_;
   model::KvCache& cache_;
-  ThreadPool& pool_;
+  kernels::Backend& backend_;
   const kv::KvManager& kv_;
   ObservationScores scores_;
   std::unordered_map<sched::SeqId, std::vector<SliceSummaries>> summaries_;  // [stream]

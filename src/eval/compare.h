@@ -8,10 +8,6 @@
 
 #include "model/llama.h"
 
-namespace sieve {
-class ThreadPool;
-}
-
 namespace sieve::eval {
 
 struct ModelAgreement {
@@ -29,7 +25,7 @@ struct ModelAgreement {
 ModelAgreement compare_models(const model::LlamaModel& reference,
                               const model::LlamaModel& candidate,
                               const std::vector<std::vector<int32_t>>& prompts, int32_t num_tokens,
-                              ThreadPool& pool);
+                              kernels::Backend& backend);
 
 // Greedy continuation of `prompt` (num_tokens tokens) with all the logits it saw.
 struct GreedyRun {
@@ -37,6 +33,6 @@ struct GreedyRun {
   std::vector<float> logits;  // [num_tokens][vocab]
 };
 GreedyRun run_greedy(const model::LlamaModel& model, std::span<const int32_t> prompt,
-                     int32_t num_tokens, ThreadPool& pool);
+                     int32_t num_tokens, kernels::Backend& backend);
 
 }  // namespace sieve::eval

@@ -2,8 +2,9 @@
 // A backend: one device's memory and every op the forward pass runs on it. The model (src/model)
 // is its only caller: it allocates its KV pages and scratch here, and runs embedding, matmuls,
 // norms, RoPE, KV writes and attention through these calls, never through the free functions of
-// ops.h. Like ops.h, it sees pointers, shapes and dtypes only: no request, sequence or scheduler
-// type. A backend owns its parallelism (the CPU one its ThreadPool): callers pass no pool.
+// ops.h. Whoever runs a model (the engine, eval, the CLI) creates one and hands it down. Like
+// ops.h, it sees pointers, shapes and dtypes only: no request, sequence or scheduler type. A
+// backend owns its parallelism (the CPU one its ThreadPool): callers pass no pool.
 //
 // Implementations: make_cpu_backend() (the Highway kernels of ops.h, paged_attention.h, ...,
 // dispatched to the best SIMD target) and make_reference_backend() (the scalar ref:: functions,
@@ -21,7 +22,10 @@
 // - Integer spans (token ids, positions, row offsets, block tables) and ops' small parameter
 //   structs are host memory, read during the call; a device backend uploads what it needs.
 // - A DeviceBuffer is owned by whoever holds it and must not outlive its backend. Weight views
-//   returned by prepare_weights() stay valid as long as the backend and the original view do.
+//   returned by prepare_weights() stay valid as long as the backend and the original view do
+//   (model::LlamaModel holds the backend its weights were prepared on). Backends that share a
+//   memory read each other's buffers and views: every CPU backend and the reference read host
+//   memory, so a model prepared on one CPU backend runs on another (the engine's, on its pool).
 // - Ops return when their results may be read by the next op or by download(); a device backend
 //   may queue work, as long as download() waits for it.
 #include <cstddef>
@@ -130,6 +134,9 @@ class Backend {
   // file; the backend keeps what it makes alive. CPU: the same bytes, plus a Q8_0 repacking
   // where packed_q8_0_matmul_supported(); a device backend: a copy in device memory.
   virtual MatrixView prepare_weights(const MatrixView& w) = 0;
+  // The same for a matrix only get_rows() reads (an untied embedding table): CPU: the same
+  // bytes, no repacking; a device backend: a copy in device memory.
+  virtual MatrixView prepare_lookup_table(const MatrixView& w) = 0;
 
   // --- ops on rows of activations (y, x: device memory; see ops.h for each formula) ---
   // out[i] = row ids[i] of `table`, dequantized: [ids.size()][table.cols] (embedding lookup).
@@ -194,6 +201,8 @@ class Backend {
 // The Highway kernels on `pool` (which must outlive the backend), on the SIMD target
 // active_target() names at each call.
 std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool);
+// The same on a pool of its own of num_threads threads (<= 0: one per hardware thread).
+std::unique_ptr<Backend> make_cpu_backend(int num_threads);
 // The scalar references, single-threaded.
 std::unique_ptr<Backend> make_reference_backend();
 

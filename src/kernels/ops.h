@@ -3,7 +3,9 @@
 // a sequence or a scheduler type. Each op has a scalar reference in namespace `ref` (plain
 // loops, the definition of correct) and a SIMD implementation chosen at run time for the
 // best instruction set the CPU has (Highway dynamic dispatch: AVX2, AVX-512, ...).
-// A CUDA backend will be a second implementation of this same interface.
+// The model does not call these free functions: it runs them through a kernels::Backend
+// (backend.h), whose CPU implementation wraps them; a CUDA backend will be a second
+// implementation of that interface.
 //
 // Weight block layouts are exactly ggml's (GGUF):
 //   F32   4 bytes/value            F16  IEEE half          BF16  upper half of an f32

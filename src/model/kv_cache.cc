@@ -1,8 +1,8 @@
 #include "model/kv_cache.h"
 
 #include <algorithm>
-#include <cstring>
 
+#include "kernels/attention_scores.h"
 #include "util/error.h"
 
 namespace sieve::model {
@@ -20,20 +20,12 @@ size_t element_bytes(kernels::DType dtype) {
   }
 }
 
-template <typename T>
-void copy_page_of_layers(std::vector<T>& data, int64_t num_layers, int64_t layer_stride,
-                         int64_t page_stride, int32_t src, int32_t dst) {
-  for (int64_t layer = 0; layer < num_layers; ++layer) {
-    const auto base = data.begin() + layer * layer_stride;
-    std::copy_n(base + src * page_stride, page_stride, base + dst * page_stride);
-  }
-}
-
 }  // namespace
 
-KvCache::KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size,
-                 kernels::DType dtype)
-    : num_layers_(config.num_layers),
+KvCache::KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t num_pages,
+                 int32_t page_size, kernels::DType dtype)
+    : backend_(&backend),
+      num_layers_(config.num_layers),
       num_kv_heads_(config.num_kv_heads),
       head_dim_(config.head_dim),
       num_pages_(num_pages),
@@ -44,14 +36,9 @@ KvCache::KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size
       layer_stride_(page_stride_ * num_pages) {
   if (num_pages <= 0 || page_size <= 0)
     fail("KV cache needs pages (got {} pages of {} tokens)", num_pages, page_size);
-  const size_t size = static_cast<size_t>(layer_stride_) * num_layers_;
-  if (element_bytes(dtype) == 2) {
-    keys16_.resize(size);
-    values16_.resize(size);
-  } else {
-    keys_.resize(size);
-    values_.resize(size);
-  }
+  const size_t bytes = static_cast<size_t>(layer_stride_) * num_layers_ * element_bytes(dtype);
+  keys_ = backend.allocate(bytes);
+  values_ = backend.allocate(bytes);
 }
 
 size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, kernels::DType dtype) {
@@ -59,22 +46,35 @@ size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, ker
          config.num_kv_heads * config.num_layers;
 }
 
-KvCache::Single KvCache::for_one_sequence(const ModelConfig& config, int32_t num_tokens,
-                                          int32_t page_size, kernels::DType dtype) {
+KvCache::Single KvCache::for_one_sequence(kernels::Backend& backend, const ModelConfig& config,
+                                          int32_t num_tokens, int32_t page_size,
+                                          kernels::DType dtype) {
   const int32_t num_pages = std::max(1, (num_tokens + page_size - 1) / page_size);
   std::vector<int32_t> table(num_pages);
   for (int32_t i = 0; i < num_pages; ++i) table[i] = i;
-  return {KvCache(config, num_pages, page_size, dtype), std::move(table)};
+  return {KvCache(backend, config, num_pages, page_size, dtype), std::move(table)};
+}
+
+void KvCache::set_bases(kernels::PagedKv& view, int64_t offset) const {
+  if (dtype_ == kernels::DType::kF16) {
+    view.k_f16 = keys_.as<const uint16_t>() + offset;
+    view.v_f16 = values_.as<const uint16_t>() + offset;
+  } else {
+    view.k = keys_.as<const float>() + offset;
+    view.v = values_.as<const float>() + offset;
+  }
 }
 
 void KvCache::write(int64_t layer, std::span<const int32_t> block_table, int32_t position,
                     const float* k, const float* v) {
   const kv::SliceShape shape = slice_shape();
   const kv::PageId page{block_table[position / page_size_]};
+  std::vector<int64_t> offsets(static_cast<size_t>(shape.num_kv_heads));
   for (int32_t h = 0; h < shape.num_kv_heads; ++h) {
     const kv::SliceId slice = shape.dense_slice(page, shape.stream_index(layer, h));
-    write_row(slice.value, position % page_size_, k + h * head_dim_, v + h * head_dim_);
+    offsets[h] = row_offset(slice.value, position % page_size_);
   }
+  write_rows({k, head_dim_}, {v, head_dim_}, offsets);
 }
 
 kernels::PagedKv KvCache::layer_view(int64_t layer, std::span<const int32_t> block_table) const {
@@ -85,23 +85,18 @@ kernels::PagedKv KvCache::layer_view(int64_t layer, std::span<const int32_t> blo
                         .num_kv_heads = num_kv_heads_,
                         .block_table = block_table,
                         .dtype = dtype_};
-  if (dtype_ == kernels::DType::kF16) {
-    view.k_f16 = keys16_.data() + layer * layer_stride_;
-    view.v_f16 = values16_.data() + layer * layer_stride_;
-  } else {
-    view.k = keys_.data() + layer * layer_stride_;
-    view.v = values_.data() + layer * layer_stride_;
-  }
+  set_bases(view, layer * layer_stride_);
   return view;
 }
 
 void KvCache::copy_page(int32_t src, int32_t dst) {
-  if (dtype_ == kernels::DType::kF16) {
-    copy_page_of_layers(keys16_, num_layers_, layer_stride_, page_stride_, src, dst);
-    copy_page_of_layers(values16_, num_layers_, layer_stride_, page_stride_, src, dst);
-  } else {
-    copy_page_of_layers(keys_, num_layers_, layer_stride_, page_stride_, src, dst);
-    copy_page_of_layers(values_, num_layers_, layer_stride_, page_stride_, src, dst);
+  const size_t page_bytes = static_cast<size_t>(page_stride_) * element_size();
+  for (int64_t layer = 0; layer < num_layers_; ++layer) {
+    const size_t layer_base = static_cast<size_t>(layer * layer_stride_) * element_size();
+    for (const kernels::DeviceBuffer* data : {&keys_, &values_}) {
+      auto* base = static_cast<uint8_t*>(data->data()) + layer_base;
+      backend_->copy(base + dst * page_bytes, base + src * page_bytes, page_bytes);
+    }
   }
 }
 
@@ -114,43 +109,50 @@ kernels::PagedKv KvCache::slice_view(std::span<const int32_t> slices, int32_t ke
                       .block_table = slices,
                       .key_offset = key_offset,
                       .dtype = dtype_};
-  if (dtype_ == kernels::DType::kF16) {
-    kv.k_f16 = keys16_.data();
-    kv.v_f16 = values16_.data();
-  } else {
-    kv.k = keys_.data();
-    kv.v = values_.data();
-  }
+  set_bases(kv, 0);
   return kv;
 }
 
 void KvCache::write_row(int64_t slice, int32_t slot, const float* k, const float* v) {
-  const int64_t offset = slice * head_stride_ + static_cast<int64_t>(slot) * head_dim_;
-  if (dtype_ == kernels::DType::kF16) {
-    for (int64_t d = 0; d < head_dim_; ++d) {
-      keys16_[offset + d] = kernels::f32_to_f16(k[d]);
-      values16_[offset + d] = kernels::f32_to_f16(v[d]);
-    }
-  } else {
-    std::copy_n(k, head_dim_, keys_.begin() + offset);
-    std::copy_n(v, head_dim_, values_.begin() + offset);
-  }
+  const int64_t offset = row_offset(slice, slot);
+  write_rows({k, head_dim_}, {v, head_dim_}, std::span<const int64_t>(&offset, 1));
+}
+
+void KvCache::write_rows(kernels::Rows<const float> k, kernels::Rows<const float> v,
+                         std::span<const int64_t> offsets) {
+  backend_->store_kv_rows(k, head_dim_, dtype_, keys_.data(), offsets);
+  backend_->store_kv_rows(v, head_dim_, dtype_, values_.data(), offsets);
 }
 
 void KvCache::copy_row(int64_t src_slice, int32_t src_slot, int64_t dst_slice, int32_t dst_slot) {
-  const int64_t src = src_slice * head_stride_ + static_cast<int64_t>(src_slot) * head_dim_;
-  const int64_t dst = dst_slice * head_stride_ + static_cast<int64_t>(dst_slot) * head_dim_;
-  if (dtype_ == kernels::DType::kF16) {
-    std::copy_n(keys16_.begin() + src, head_dim_, keys16_.begin() + dst);
-    std::copy_n(values16_.begin() + src, head_dim_, values16_.begin() + dst);
-  } else {
-    std::copy_n(keys_.begin() + src, head_dim_, keys_.begin() + dst);
-    std::copy_n(values_.begin() + src, head_dim_, values_.begin() + dst);
+  const size_t src = static_cast<size_t>(row_offset(src_slice, src_slot)) * element_size();
+  const size_t dst = static_cast<size_t>(row_offset(dst_slice, dst_slot)) * element_size();
+  const size_t bytes = static_cast<size_t>(head_dim_) * element_size();
+  for (const kernels::DeviceBuffer* data : {&keys_, &values_}) {
+    auto* base = static_cast<uint8_t*>(data->data());
+    backend_->copy(base + dst, base + src, bytes);
   }
 }
 
 void KvCache::copy_slice(int64_t src_slice, int64_t dst_slice) {
-  for (int32_t slot = 0; slot < page_size_; ++slot) copy_row(src_slice, slot, dst_slice, slot);
+  // A slice's page_size rows are contiguous: one copy per K and V.
+  const size_t src = static_cast<size_t>(row_offset(src_slice, 0)) * element_size();
+  const size_t dst = static_cast<size_t>(row_offset(dst_slice, 0)) * element_size();
+  const size_t bytes = static_cast<size_t>(head_stride_) * element_size();
+  for (const kernels::DeviceBuffer* data : {&keys_, &values_}) {
+    auto* base = static_cast<uint8_t*>(data->data());
+    backend_->copy(base + dst, base + src, bytes);
+  }
+}
+
+void KvCache::summarize_slices(std::span<const int32_t> slices, int32_t first, int32_t end,
+                               float* summaries) const {
+  const kernels::PagedKv keys = slice_view(slices, 0);
+  const int64_t summary_floats = 2 * head_dim_;
+  for (int32_t b = first; b < end; ++b) {
+    backend_->summarize_page_keys(keys, b, page_size_,
+                                  {.data = summaries + b * summary_floats, .page_stride = 0});
+  }
 }
 
 }  // namespace sieve::model

@@ -11,10 +11,15 @@
 // layer's attention as one linear stream (with pages interleaved across layers, each page
 // was a separate 8 KiB stream that the hardware prefetchers restart on: decode at 8k depth ran
 // at ~1/3 of the plain read bandwidth).
+//
+// K and V live in the backend's memory (two DeviceBuffers); every write and copy here is a
+// backend call (store_kv_rows, copy), so the host never touches them. The backend must outlive
+// the cache.
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/paged_attention.h"
 #include "kv/sparse_layout.h"
 #include "model/config.h"
@@ -29,9 +34,9 @@ inline constexpr kernels::DType kKvDefaultDType = kernels::DType::kF32;
 
 class KvCache {
  public:
-  // dtype: kF32 or kF16.
-  KvCache(const ModelConfig& config, int32_t num_pages, int32_t page_size,
-          kernels::DType dtype = kKvDefaultDType);
+  // dtype: kF32 or kF16. K and V are allocated (zero-filled) through `backend`.
+  KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t num_pages,
+          int32_t page_size, kernels::DType dtype = kKvDefaultDType);
 
   // Bytes of K and V one page takes (the unit of --kv-memory accounting).
   static size_t bytes_per_page(const ModelConfig& config, int32_t page_size,
@@ -39,14 +44,16 @@ class KvCache {
 
   // A cache for one sequence of up to `num_tokens` tokens, and its block table (pages 0, 1, ...).
   struct Single;
-  static Single for_one_sequence(const ModelConfig& config, int32_t num_tokens,
-                                 int32_t page_size = 16, kernels::DType dtype = kKvDefaultDType);
+  static Single for_one_sequence(kernels::Backend& backend, const ModelConfig& config,
+                                 int32_t num_tokens, int32_t page_size = 16,
+                                 kernels::DType dtype = kKvDefaultDType);
 
   int32_t num_pages() const { return num_pages_; }
   int32_t page_size() const { return page_size_; }
   kernels::DType dtype() const { return dtype_; }
 
-  // Writes one token's K and V ([num_kv_heads][head_dim] each) for `layer` at `position`.
+  // Writes one token's K and V ([num_kv_heads][head_dim] each, backend memory) for `layer` at
+  // `position`.
   void write(int64_t layer, std::span<const int32_t> block_table, int32_t position, const float* k,
              const float* v);
   // The kernel's view of one layer of one sequence.
@@ -65,18 +72,34 @@ class KvCache {
   }
   // The kernel's view of one stream: one kv head whose "pages" are the given slices.
   kernels::PagedKv slice_view(std::span<const int32_t> slices, int32_t key_offset) const;
-  // One head's K and V row ([head_dim] each) into slot `slot` of slice `slice`.
+  // One head's K and V row ([head_dim] each, backend memory) into slot `slot` of slice `slice`.
   void write_row(int64_t slice, int32_t slot, const float* k, const float* v);
+  // Many rows at once: row r of k and v (head_dim floats each, backend memory) goes to element
+  // offset offsets[r] (row_offset()) of K and V. One store_kv_rows per K and V.
+  void write_rows(kernels::Rows<const float> k, kernels::Rows<const float> v,
+                  std::span<const int64_t> offsets);
+  int64_t row_offset(int64_t slice, int32_t slot) const {
+    return slice * head_stride_ + int64_t{slot} * head_dim_;
+  }
   void copy_row(int64_t src_slice, int32_t src_slot, int64_t dst_slice, int32_t dst_slot);
   void copy_slice(int64_t src_slice, int64_t dst_slice);
+  // Quest: the key summaries (kernels::KeySummaries: per channel min, then max) of slices
+  // [first, end) of a stream, each full (page_size keys): slice b's 2 * head_dim floats go to
+  // summaries + b * 2 * head_dim (backend memory).
+  void summarize_slices(std::span<const int32_t> slices, int32_t first, int32_t end,
+                        float* summaries) const;
 
  private:
+  size_t element_size() const { return dtype_ == kernels::DType::kF16 ? 2 : 4; }
+  // The K/V view of the element at `offset`: k/v (kF32) or k_f16/v_f16 (kF16).
+  void set_bases(kernels::PagedKv& view, int64_t offset) const;
+
+  kernels::Backend* backend_;
   int64_t num_layers_, num_kv_heads_, head_dim_;
   int32_t num_pages_, page_size_;
   kernels::DType dtype_;
   int64_t head_stride_, page_stride_, layer_stride_;  // in elements
-  std::vector<float> keys_, values_;                  // kF32
-  std::vector<uint16_t> keys16_, values16_;           // kF16
+  kernels::DeviceBuffer keys_, values_;  // [num_layers * layer_stride] elements of dtype_
 };
 
 struct KvCache::Single {

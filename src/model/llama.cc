@@ -14,39 +14,30 @@
 #include "kernels/paged_attention.h"
 #include "kernels/ops.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace sieve::model {
 
 namespace {
 
-// Attaches a packed copy (kernels::pack_q8_0_for_matmul) to every Q8_0 matrix the forward
-// pass multiplies by; the copies live in weights.storage. matmul() on them runs 2.7x the
-// multiply-adds per second of the plain Q8_0 VNNI kernel (bench-engine's shapes, 16-512 rows)
-// and streams decode's weights faster; it costs a second copy of those weights in memory
-// (the mapped originals are no longer read) and a pass over them at load.
-void pack_q8_0_matrices(Weights& weights) {
-  auto buffers = std::make_shared<std::vector<std::vector<uint8_t>>>();
-  const auto pack = [&](kernels::MatrixView& m) {
-    if (m.dtype != kernels::DType::kQ8_0 || m.packed != nullptr) return;
-    buffers->push_back(kernels::pack_q8_0_for_matmul(m));
-    m.packed = buffers->back().data();  // stays valid when *buffers grows (moved, not copied)
-  };
-  for (LayerWeights& layer : weights.layers) {
-    for (kernels::MatrixView* m : layer.matrices()) pack(*m);
-  }
-  pack(weights.output);
-  if (buffers->empty()) return;
-  weights.storage = std::make_shared<std::pair<std::shared_ptr<const void>, decltype(buffers)>>(
-      weights.storage, buffers);
+// Grows `buffer` (backend memory) to hold at least `floats` floats; its contents are scratch.
+float* grow(kernels::Backend& backend, kernels::DeviceBuffer& buffer, int64_t floats) {
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(floats, 1)) * sizeof(float);
+  if (buffer.bytes() < bytes) buffer = backend.allocate(std::max(bytes, buffer.bytes() * 3 / 2));
+  return buffer.as<float>();
 }
 
 }  // namespace
 
-LlamaModel::LlamaModel(ModelConfig config, Weights weights)
-    : config_(std::move(config)), weights_(std::move(weights)) {
+// Every Q8_0 matrix the forward pass multiplies by gets the CPU backend's packed copy
+// (kernels::pack_q8_0_for_matmul, where packed_q8_0_matmul_supported()): matmul() on it runs
+// 2.7x the multiply-adds per second of the plain Q8_0 VNNI kernel (bench-engine's shapes,
+// 16-512 rows) and streams decode's weights faster; it costs a second copy of those weights
+// in memory (the mapped originals are no longer read) and a pass over them at load.
+LlamaModel::LlamaModel(ModelConfig config, Weights weights,
+                       std::shared_ptr<kernels::Backend> backend)
+    : config_(std::move(config)), weights_(std::move(weights)), backend_(std::move(backend)) {
   config_.validate();
-  if (kernels::packed_q8_0_matmul_supported()) pack_q8_0_matrices(weights_);
+  if (!backend_) fail("a model needs a backend for its weights");
   rope_ = config_.rope.params(config_.head_dim);
   const int64_t q_dim = config_.q_dim(), kv_dim = config_.kv_dim();
   for (const LayerWeights& w : weights_.layers) {  // shapes the forward pass relies on
@@ -60,6 +51,51 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights)
     if (!fused_ok || !bias_ok || !norm_ok || !ffn_ok)
       fail("layer weights do not match the model's shape");
   }
+
+  // Norms and biases: one buffer in the backend's memory.
+  kernels::Backend& b = *backend_;
+  size_t num_floats = weights_.output_norm.size();
+  for (const LayerWeights& w : weights_.layers) {
+    for (const std::vector<float>* v :
+         {&w.attn_norm, &w.ffn_norm, &w.bq, &w.bk, &w.bv, &w.q_norm, &w.k_norm})
+      num_floats += v->size();
+  }
+  vectors_ = b.allocate(num_floats * sizeof(float));
+  size_t offset = 0;
+  const auto upload = [&](const std::vector<float>& v) -> const float* {
+    if (v.empty()) return nullptr;
+    float* at = vectors_.as<float>() + offset;
+    b.upload(at, v.data(), v.size() * sizeof(float));
+    offset += v.size();
+    return at;
+  };
+  const auto prepare = [&](const kernels::MatrixView& m) {
+    return m.data ? b.prepare_weights(m) : m;
+  };
+  for (const LayerWeights& w : weights_.layers) {
+    DeviceLayer& d = layers_.emplace_back();
+    d.wq = prepare(w.wq);
+    d.wk = prepare(w.wk);
+    d.wv = prepare(w.wv);
+    d.wo = prepare(w.wo);
+    d.w_gate = prepare(w.w_gate);
+    d.w_up = prepare(w.w_up);
+    d.w_down = prepare(w.w_down);
+    if (w.wqkv) d.wqkv = prepare(*w.wqkv);
+    if (w.w_gate_up) d.w_gate_up = prepare(*w.w_gate_up);
+    d.attn_norm = upload(w.attn_norm);
+    d.ffn_norm = upload(w.ffn_norm);
+    d.bq = upload(w.bq);
+    d.bk = upload(w.bk);
+    d.bv = upload(w.bv);
+    d.q_norm = upload(w.q_norm);
+    d.k_norm = upload(w.k_norm);
+  }
+  output_norm_ = upload(weights_.output_norm);
+  output_ = prepare(weights_.output);
+  // A tied embedding is the output matrix: one prepared copy serves both.
+  const bool tied = weights_.token_embd.data == weights_.output.data;
+  token_embd_ = tied ? output_ : b.prepare_lookup_table(weights_.token_embd);
 }
 
 std::string LlamaModel::fingerprint() const {
@@ -166,91 +202,92 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
   }
 }
 
-void LlamaModel::embed(std::span<const TokenId> tokens, ForwardScratch& s) const {
-  const kernels::MatrixView& embd = weights_.token_embd;
-  const size_t embd_row_bytes = kernels::row_bytes(embd.dtype, embd.cols);
-  const int64_t dim = config_.dim;
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    const auto* row = static_cast<const uint8_t*>(embd.data) + tokens[t] * embd_row_bytes;
-    kernels::dequantize_row(embd.dtype, row, &s.x[t * dim], dim);
+void LlamaModel::reserve(kernels::Backend& backend, int64_t n, ForwardScratch& s) const {
+  const ModelConfig& c = config_;
+  grow(backend, s.x, n * c.dim);
+  grow(backend, s.norm, n * c.dim);
+  grow(backend, s.q, n * c.q_dim());
+  grow(backend, s.k, n * c.kv_dim());
+  grow(backend, s.v, n * c.kv_dim());
+  grow(backend, s.attn, n * c.q_dim());
+  grow(backend, s.gate, n * c.ffn_dim);
+  grow(backend, s.up, n * c.ffn_dim);
+  grow(backend, s.q_group, n * c.q_dim());
+  grow(backend, s.out_group, n * c.q_dim());
+  grow(backend, s.lse, n * c.num_heads);
+  int64_t fused = 0;
+  for (const DeviceLayer& w : layers_) {
+    if (w.wqkv) fused = std::max(fused, w.wqkv->rows);
+    if (w.w_gate_up) fused = std::max(fused, w.w_gate_up->rows);
   }
+  if (fused > 0) grow(backend, s.fused, n * fused);
 }
 
-void LlamaModel::project_qkv(const LayerWeights& w, int64_t n, const int32_t* positions,
-                             bool with_kv, ThreadPool& pool, ForwardScratch& s) const {
+void LlamaModel::project_qkv(kernels::Backend& backend, const DeviceLayer& w, int64_t n,
+                             const int32_t* positions, bool with_kv, ForwardScratch& s) const {
   const ModelConfig& c = config_;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
+  float* q = s.q.as<float>();
+  float* k = s.k.as<float>();
+  float* v = s.v.as<float>();
   if (w.wqkv) {  // one pass over the fused weights; row t is [q | k | v]
     const int64_t qkv_dim = q_dim + 2 * kv_dim;
-    s.fused.resize(static_cast<size_t>(n * qkv_dim));
-    kernels::matmul(*w.wqkv, s.norm.data(), n, s.fused.data(), pool);
-    for (int64_t t = 0; t < n; ++t) {
-      const float* row = &s.fused[t * qkv_dim];
-      std::memcpy(&s.q[t * q_dim], row, q_dim * sizeof(float));
-      if (!with_kv) continue;
-      std::memcpy(&s.k[t * kv_dim], row + q_dim, kv_dim * sizeof(float));
-      std::memcpy(&s.v[t * kv_dim], row + q_dim + kv_dim, kv_dim * sizeof(float));
+    float* fused = s.fused.as<float>();
+    backend.matmul(*w.wqkv, s.norm.as<const float>(), n, fused);
+    backend.copy_rows_2d({fused, qkv_dim}, {q, q_dim}, n, q_dim);
+    if (with_kv) {
+      backend.copy_rows_2d({fused + q_dim, qkv_dim}, {k, kv_dim}, n, kv_dim);
+      backend.copy_rows_2d({fused + q_dim + kv_dim, qkv_dim}, {v, kv_dim}, n, kv_dim);
     }
   } else {
-    kernels::matmul(w.wq, s.norm.data(), n, s.q.data(), pool);
+    backend.matmul(w.wq, s.norm.as<const float>(), n, q);
     if (with_kv) {
-      kernels::matmul(w.wk, s.norm.data(), n, s.k.data(), pool);
-      kernels::matmul(w.wv, s.norm.data(), n, s.v.data(), pool);
+      backend.matmul(w.wk, s.norm.as<const float>(), n, k);
+      backend.matmul(w.wv, s.norm.as<const float>(), n, v);
     }
   }
   // Bias, then each head's RMSNorm, then RoPE (the order of qwen2 / qwen3).
-  auto finish = [&](float* x, const std::vector<float>& bias, const std::vector<float>& head_norm,
-                    int64_t num_heads, int32_t position, std::vector<float>& head) {
-    for (size_t i = 0; i < bias.size(); ++i) x[i] += bias[i];
-    if (!head_norm.empty()) {
-      for (int64_t h = 0; h < num_heads; ++h) {
-        head.assign(x + h * head_dim, x + (h + 1) * head_dim);
-        kernels::rmsnorm(head.data(), head_norm.data(), c.rms_eps, x + h * head_dim, head_dim);
-      }
-    }
-    kernels::rope(rope_, position, x, num_heads);
+  const std::span<const int32_t> row_positions(positions, static_cast<size_t>(n));
+  const auto finish = [&](float* x, int64_t dim, const float* bias, const float* head_norm,
+                          int64_t num_heads) {
+    if (bias) backend.add_bias(bias, {x, dim}, n, dim);
+    if (head_norm) backend.rmsnorm(x, head_norm, c.rms_eps, x, n * num_heads, head_dim);
+    backend.rope(rope_, row_positions, {x, dim}, num_heads);
   };
-  pool.parallel_for(n, [&](int64_t begin, int64_t end) {
-    std::vector<float> head;
-    for (int64_t t = begin; t < end; ++t) {
-      finish(&s.q[t * q_dim], w.bq, w.q_norm, c.num_heads, positions[t], head);
-      if (!with_kv) continue;
-      finish(&s.k[t * kv_dim], w.bk, w.k_norm, c.num_kv_heads, positions[t], head);
-      for (size_t i = 0; i < w.bv.size(); ++i) s.v[t * kv_dim + i] += w.bv[i];
-    }
-  });
+  finish(q, q_dim, w.bq, w.q_norm, c.num_heads);
+  if (!with_kv) return;
+  finish(k, kv_dim, w.bk, w.k_norm, c.num_kv_heads);
+  if (w.bv) backend.add_bias(w.bv, {v, kv_dim}, n, kv_dim);
 }
 
 // After a layer's attention (s.attn): x += Wo·attn, then x += Wdown·(silu(Wgate·n) * Wup·n)
 // with n = norm(x).
-void LlamaModel::finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool,
+void LlamaModel::finish_layer(kernels::Backend& backend, const DeviceLayer& w, int64_t n,
                               ForwardScratch& s) const {
   const ModelConfig& c = config_;
-  const int64_t dim = c.dim;
-  kernels::matmul(w.wo, s.attn.data(), n, s.norm.data(), pool);
-  for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
-  for (int64_t t = 0; t < n; ++t)
-    kernels::rmsnorm(&s.x[t * dim], w.ffn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
-  const int64_t ffn = c.ffn_dim;
+  const int64_t dim = c.dim, ffn = c.ffn_dim;
+  float* x = s.x.as<float>();
+  float* norm = s.norm.as<float>();
+  float* gate = s.gate.as<float>();
+  backend.matmul(w.wo, s.attn.as<const float>(), n, norm);
+  backend.add(norm, x, n * dim);
+  backend.rmsnorm(x, w.ffn_norm, c.rms_eps, norm, n, dim);
   if (w.w_gate_up) {  // one pass over the fused weights; row t is [gate | up]
-    s.fused.resize(static_cast<size_t>(n * 2 * ffn));
-    kernels::matmul(*w.w_gate_up, s.norm.data(), n, s.fused.data(), pool);
-    for (int64_t t = 0; t < n; ++t) {
-      float* gate = &s.fused[t * 2 * ffn];
-      kernels::silu_mul(gate, gate + ffn, ffn);
-      std::memcpy(&s.gate[t * ffn], gate, ffn * sizeof(float));
-    }
+    float* fused = s.fused.as<float>();
+    backend.matmul(*w.w_gate_up, norm, n, fused);
+    backend.silu_mul({fused, 2 * ffn}, {fused + ffn, 2 * ffn}, {gate, ffn}, n, ffn);
   } else {
-    kernels::matmul(w.w_gate, s.norm.data(), n, s.gate.data(), pool);
-    kernels::matmul(w.w_up, s.norm.data(), n, s.up.data(), pool);
-    for (int64_t t = 0; t < n; ++t) kernels::silu_mul(&s.gate[t * ffn], &s.up[t * ffn], ffn);
+    float* up = s.up.as<float>();
+    backend.matmul(w.w_gate, norm, n, gate);
+    backend.matmul(w.w_up, norm, n, up);
+    backend.silu_mul({gate, ffn}, {up, ffn}, {gate, ffn}, n, ffn);
   }
-  kernels::matmul(w.w_down, s.gate.data(), n, s.norm.data(), pool);
-  for (int64_t i = 0; i < n * dim; ++i) s.x[i] += s.norm[i];
+  backend.matmul(w.w_down, gate, n, norm);
+  backend.add(norm, x, n * dim);
 }
 
-void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& s,
-                         std::vector<float>& logits,
+void LlamaModel::forward(const Batch& batch, KvCache& cache, kernels::Backend& backend,
+                         ForwardScratch& s, std::vector<float>& logits,
                          std::vector<StreamOutputs>* stream_outputs) const {
   check_batch(batch, cache);
   if (stream_outputs) {
@@ -263,219 +300,294 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ThreadPool& pool, F
   }
   const int64_t n = batch.size();
   const ModelConfig& c = config_;
-  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
-  s.x.resize(n * dim);
-  s.norm.resize(n * dim);
-  s.q.resize(n * q_dim);
-  s.k.resize(n * kv_dim);
-  s.v.resize(n * kv_dim);
-  s.attn.resize(n * q_dim);
-  s.gate.resize(n * c.ffn_dim);
-  s.up.resize(n * c.ffn_dim);
+  const int64_t dim = c.dim, head_dim = c.head_dim;
+  reserve(backend, n, s);
+  float* x = s.x.as<float>();
+  float* norm = s.norm.as<float>();
 
-  embed(batch.tokens, s);
+  backend.get_rows(token_embd_, batch.tokens, x);
 
-  auto norm_all = [&](const std::vector<float>& weight) {
-    for (int64_t t = 0; t < n; ++t) {
-      kernels::rmsnorm(&s.x[t * dim], weight.data(), c.rms_eps, &s.norm[t * dim], dim);
-    }
-  };
-
-  std::vector<const BatchSequence*> short_sequences, long_sequences;
+  std::vector<SequenceRows> sequences;
+  sequences.reserve(batch.sequences.size());
   for (const BatchSequence& seq : batch.sequences) {
-    // Short ones attend concurrently; attend's scratch buffers (streams of their own, attention
-    // weights) are shared, so those run one at a time.
-    const bool shared_scratch = !seq.kv.shares_block_table() || !seq.kv.want_attention.empty();
-    (seq.num_tokens <= 4 && !shared_scratch ? short_sequences : long_sequences).push_back(&seq);
+    sequences.push_back(
+        {.kv = &seq.kv,
+         .first_token = seq.first_token,
+         .num_tokens = seq.num_tokens,
+         .positions = &batch.positions[seq.first_token],
+         .out = stream_outputs ? &(*stream_outputs)[&seq - batch.sequences.data()] : nullptr});
   }
 
+  s.kv_offsets.resize(static_cast<size_t>(n * c.num_kv_heads));
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = weights_.layers[l];
-    norm_all(w.attn_norm);
-    project_qkv(w, n, batch.positions.data(), /*with_kv=*/true, pool, s);
+    const DeviceLayer& w = layers_[l];
+    backend.rmsnorm(x, w.attn_norm, c.rms_eps, norm, n, dim);
+    project_qkv(backend, w, n, batch.positions.data(), /*with_kv=*/true, s);
+    // Every new token's K/V, row (token t, kv head h) of s.k / s.v: one store per K and V.
     for (const BatchSequence& seq : batch.sequences) {
-      pool.parallel_for(seq.num_tokens, [&](int64_t begin, int64_t end) {
-        for (int64_t t = seq.first_token + begin; t < seq.first_token + end; ++t) {
-          for (int32_t h = 0; h < c.num_kv_heads; ++h) {
-            const auto [slice, slot] =
-                new_row(seq.kv, cache, l, h, t - seq.first_token, batch.positions[t]);
-            cache.write_row(slice, slot, &s.k[t * kv_dim + h * head_dim],
-                            &s.v[t * kv_dim + h * head_dim]);
-          }
+      for (int32_t t = seq.first_token; t < seq.first_token + seq.num_tokens; ++t) {
+        for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+          const auto [slice, slot] =
+              new_row(seq.kv, cache, l, h, t - seq.first_token, batch.positions[t]);
+          s.kv_offsets[t * c.num_kv_heads + h] = cache.row_offset(slice, slot);
         }
-      });
+      }
     }
-    auto attend_sequence = [&](const BatchSequence& seq, ThreadPool& attention_pool) {
-      StreamOutputs* out =
-          stream_outputs ? &(*stream_outputs)[&seq - batch.sequences.data()] : nullptr;
-      attend(seq.kv, l, seq.first_token, seq.num_tokens, &batch.positions[seq.first_token], cache,
-             attention_pool, s, out);
-    };
-    // Short sequences (decodes), when there are enough of them: one sequence per task, each
-    // attention single-threaded, instead of one pool dispatch (and key split + merge) per
-    // sequence. Prefill chunks use the whole pool each.
-    if (short_sequences.size() >= 2 * static_cast<size_t>(pool.num_threads())) {
-      pool.parallel_for(
-          static_cast<int64_t>(short_sequences.size()),
-          [&](int64_t begin, int64_t end) {
-            thread_local ThreadPool inline_pool(1);
-            for (int64_t i = begin; i < end; ++i) attend_sequence(*short_sequences[i], inline_pool);
-          },
-          1);
-    } else {
-      for (const BatchSequence* seq : short_sequences) attend_sequence(*seq, pool);
-    }
-    for (const BatchSequence* seq : long_sequences) attend_sequence(*seq, pool);
-    finish_layer(w, n, pool, s);
+    cache.write_rows({s.k.as<const float>(), head_dim}, {s.v.as<const float>(), head_dim},
+                     s.kv_offsets);
+    attend(backend, sequences, l, cache, s);
+    finish_layer(backend, w, n, s);
   }
 
   // Final norm and output head, only for the tokens that want logits.
-  const int64_t num_out = batch.num_logits();
-  s.rows.resize(num_out * dim);
-  int64_t out_idx = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    if (!batch.want_logits[t]) continue;
-    kernels::rmsnorm(&s.x[t * dim], weights_.output_norm.data(), c.rms_eps, &s.rows[out_idx * dim],
-                     dim);
-    ++out_idx;
+  s.row_ids.clear();
+  for (int32_t t = 0; t < n; ++t) {
+    if (batch.want_logits[t]) s.row_ids.push_back(t);
   }
-  logits.resize(num_out * c.vocab_size);
-  kernels::matmul(weights_.output, s.rows.data(), num_out, logits.data(), pool);
+  const auto num_out = static_cast<int64_t>(s.row_ids.size());
+  float* rows = grow(backend, s.rows, num_out * dim);
+  float* out = grow(backend, s.logits, num_out * c.vocab_size);
+  backend.gather_rows({x, dim}, s.row_ids, {rows, dim}, dim);
+  backend.rmsnorm(rows, output_norm_, c.rms_eps, rows, num_out, dim);
+  backend.matmul(output_, rows, num_out, out);
+  logits.resize(static_cast<size_t>(num_out * c.vocab_size));
+  backend.download(logits.data(), out, logits.size() * sizeof(float));
 }
 
-void LlamaModel::attend(const SequenceKv& kv, int64_t layer, int32_t first_token,
-                        int32_t num_tokens, const int32_t* positions, const KvCache& cache,
-                        ThreadPool& pool, ForwardScratch& s, StreamOutputs* out,
+// Per layer, one paged_attention_batch() over every sequence (and, for streams of their own,
+// every KV head): the backend decides how to spread them over its threads. Around it, host
+// work on integers only, and these backend steps:
+//   1. streams of their own: gather each KV head's query heads (s.q -> s.q_group);
+//   2. Quest rows that choose: page_upper_bounds of their slices (-> s.bounds), downloaded;
+//      the host picks the slices;
+//   3. the attention jobs, with their observation passes (attention weights, scores);
+//   4. streams of their own: outputs back (s.out_group -> s.attn); attention weights asked for
+//      downloaded into the sequence's StreamOutputs.
+void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows> sequences,
+                        int64_t layer, const KvCache& cache, ForwardScratch& s,
                         float* scores) const {
   const ModelConfig& c = config_;
-  const int64_t head_dim = c.head_dim, q_dim = c.q_dim();
-  const int64_t group = c.num_heads / c.num_kv_heads;
+  const int64_t head_dim = c.head_dim, q_dim = c.q_dim(), nkv = c.num_kv_heads;
+  const int64_t group = c.num_heads / nkv, group_floats = group * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const int64_t first_stream = layer * c.num_kv_heads;
-  const auto wants_attention = [&](int64_t stream) {
-    return !kv.want_attention.empty() && kv.want_attention[stream] && num_tokens == 1;
+  const int64_t first_stream = layer * nkv;
+  const int32_t page_size = cache.page_size();
+  const auto wants_attention = [&](const SequenceRows& seq, int64_t stream) {
+    return !seq.kv->want_attention.empty() && seq.kv->want_attention[stream] && seq.num_tokens == 1;
   };
-  const auto need_output = [&] {
-    if (!out) fail("attention weights or a Quest choice need an output to go to");
+  const auto need_output = [](const SequenceRows& seq) {
+    if (!seq.out) fail("attention weights or a Quest choice need an output to go to");
+  };
+  const auto chooses = [](const SequenceRows& seq, const KvStream& stream) {
+    return stream.selection && stream.selection->choose && seq.num_tokens == 1;
+  };
+  const auto num_summarized = [](const KvStream& stream) {
+    return std::min<int64_t>(stream.selection->num_summarized, std::ssize(stream.slices));
+  };
+  const auto stream_of = [&](const SequenceRows& seq, int64_t g) -> const KvStream& {
+    return seq.kv->streams[static_cast<size_t>(first_stream + g)];
+  };
+  // Keys each dense sequence's rows see.
+  const auto dense_keys = [](const SequenceRows& seq) {
+    return int64_t{seq.positions[seq.num_tokens - 1]} + 1;
+  };
+  const auto dense_wants = [&](const SequenceRows& seq) {
+    for (int64_t h = 0; h < nkv; ++h) {
+      if (wants_attention(seq, first_stream + h)) return true;
+    }
+    return false;
   };
 
-  if (kv.shares_block_table()) {
-    // Every stream of the layer reads one block table: one kernel call for all heads reads
-    // each page once, through all its heads.
-    const kernels::AttentionQuery query{
-        .q = &s.q[first_token * q_dim],
-        .positions = std::span<const int32_t>(positions, num_tokens),
-        .num_heads = c.num_heads,
-        .scale = scale,
-        .window = window()};
-    const kernels::PagedKv view = cache.layer_view(layer, kv.block_table);
-    bool want = false;
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) want = want || wants_attention(first_stream + h);
-    // (Short sequences attend concurrently on shared scratch; they never get here with either.)
-    if (want || scores) s.lse.resize(static_cast<size_t>(num_tokens * c.num_heads));
-    kernels::paged_attention(
-        view, query,
-        {.out = &s.attn[first_token * q_dim], .row_lse = want || scores ? s.lse.data() : nullptr},
-        pool);
-    const int64_t num_keys = int64_t{positions[num_tokens - 1]} + 1;
-    if (scores) kernels::observation_scores(view, query, s.lse.data(), num_keys, scores, pool);
-    if (want) {  // one extra pass over the row's keys, reusing its log-sum-exp
-      need_output();
-      s.out_group.assign(static_cast<size_t>(c.num_kv_heads * num_keys), 0.0f);
-      kernels::observation_scores(view, query, s.lse.data(), num_keys, s.out_group.data(), pool);
-      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-        if (!wants_attention(first_stream + h)) continue;
-        const float* head = &s.out_group[h * num_keys];
-        out->attention[first_stream + h].assign(head, head + num_keys);
-      }
+  // Sizes of this layer's outputs, before any pointer into them is taken.
+  int64_t num_weights = 0, num_bounds = 0, num_own = 0, num_rows = 0;
+  for (const SequenceRows& seq : sequences) {
+    num_rows = std::max<int64_t>(num_rows, int64_t{seq.first_token} + seq.num_tokens);
+    if (seq.kv->shares_block_table()) {
+      if (dense_wants(seq)) num_weights += nkv * dense_keys(seq);
+      continue;
     }
-    return;
+    ++num_own;
+    for (int64_t g = 0; g < nkv; ++g) {
+      const KvStream& stream = stream_of(seq, g);
+      if (wants_attention(seq, first_stream + g)) num_weights += stream.num_keys;
+      if (chooses(seq, stream)) num_bounds += num_summarized(stream);
+    }
+  }
+  float* weights = num_weights > 0 ? grow(backend, s.weights, num_weights) : nullptr;
+  float* bounds = num_bounds > 0 ? grow(backend, s.bounds, num_bounds) : nullptr;
+  const float* q = s.q.as<const float>();
+  float* attn = s.attn.as<float>();
+  float* q_group = s.q_group.as<float>();
+  float* out_group = s.out_group.as<float>();
+  float* lse = s.lse.as<float>();
+  s.slices.resize(static_cast<size_t>(num_own * nkv));
+  s.positions.resize(static_cast<size_t>(num_rows * nkv));
+  s.row_ids.resize(static_cast<size_t>(num_rows * nkv));
+  // Stream g of a sequence starting at row f with nt rows: its query heads, outputs, LSE and
+  // positions at these offsets of s.q_group / s.out_group, s.lse, s.positions.
+  const auto group_at = [&](int64_t f, int64_t nt, int64_t g) {
+    return f * q_dim + g * nt * group_floats;
+  };
+
+  // 1. and 2.: each KV head's query heads of streams of their own; Quest's bounds.
+  int64_t own_idx = 0, bounds_at = 0;
+  for (const SequenceRows& seq : sequences) {
+    if (seq.kv->shares_block_table()) continue;
+    const int64_t f = seq.first_token, nt = seq.num_tokens;
+    // Row (f + i) * nkv + g of s.q, in rows of one group's heads, goes to row g * nt + i.
+    int32_t* ids = &s.row_ids[f * nkv];
+    for (int64_t g = 0; g < nkv; ++g) {
+      for (int64_t i = 0; i < nt; ++i) ids[g * nt + i] = static_cast<int32_t>((f + i) * nkv + g);
+    }
+    backend.gather_rows({q, group_floats}, std::span<const int32_t>(ids, nt * nkv),
+                        {q_group + f * q_dim, group_floats}, group_floats);
+    for (int64_t g = 0; g < nkv; ++g) {
+      const KvStream& stream = stream_of(seq, g);
+      if (!chooses(seq, stream)) continue;
+      // A one-head view whose "page" b is summary b.
+      SliceScratch& scratch = s.slices[static_cast<size_t>(own_idx * nkv + g)];
+      const int64_t num_blocks = num_summarized(stream);
+      scratch.slice_ids.resize(static_cast<size_t>(num_blocks));
+      for (int32_t b = 0; b < num_blocks; ++b) scratch.slice_ids[b] = b;
+      const kernels::PagedKv summary_view{.page_size = page_size,
+                                          .head_dim = head_dim,
+                                          .num_kv_heads = 1,
+                                          .block_table = scratch.slice_ids};
+      backend.page_upper_bounds(
+          summary_view, {.data = stream.selection->summaries, .page_stride = 2 * head_dim},
+          q_group + group_at(f, nt, g), group, num_blocks, bounds + bounds_at);
+      bounds_at += num_blocks;
+    }
+    ++own_idx;
+  }
+  if (num_bounds > 0) {
+    s.host_bounds.resize(static_cast<size_t>(num_bounds));
+    backend.download(s.host_bounds.data(), bounds, s.host_bounds.size() * sizeof(float));
   }
 
-  // Streams of their own: each KV head has its own kept keys, so the query heads of one group
-  // are gathered into a [num_tokens][group][head_dim] block per head and attended against that
-  // stream.
-  const int64_t q_floats = num_tokens * group * head_dim;  // per KV head
-  s.q_group.resize(static_cast<size_t>(c.num_kv_heads * q_floats));
-  s.out_group.resize(s.q_group.size());
-  s.positions.resize(static_cast<size_t>(c.num_kv_heads * num_tokens));
-  s.lse.resize(static_cast<size_t>(c.num_kv_heads * num_tokens * group));
-  s.slices.resize(static_cast<size_t>(c.num_kv_heads));
-  auto attend_head = [&](int64_t g, ThreadPool& head_pool) {
-    const size_t stream_idx = static_cast<size_t>(first_stream + g);
-    const KvStream& stream = kv.streams[stream_idx];
-    // Observation scores: each stream's after the ones before it in the layer.
-    float* head_scores = scores;
-    for (int64_t h = 0; head_scores && h < g; ++h)
-      head_scores += kv.streams[stream_idx - g + h].num_keys;
-    float* q_group = &s.q_group[g * q_floats];
-    float* out_group = &s.out_group[g * q_floats];
-    int32_t* head_positions = &s.positions[g * num_tokens];
-    float* lse = &s.lse[g * num_tokens * group];
-    for (int32_t i = 0; i < num_tokens; ++i) {
-      std::memcpy(&q_group[i * group * head_dim],
-                  &s.q[(first_token + i) * q_dim + g * group * head_dim],
-                  group * head_dim * sizeof(float));
-      head_positions[i] = positions[i] - stream.num_dropped;
-    }
-    const kernels::AttentionQuery query{
-        .q = q_group,
-        .positions = std::span<const int32_t>(head_positions, num_tokens),
-        .num_heads = group,
-        .scale = scale,
-        .window = window()};
-    std::span<const int32_t> slices = stream.slices;
-    if (stream.selection && num_tokens == 1) {
-      slices = select_slices(stream, q_group, group, cache.page_size(), s.slices[g]);
-      if (stream.selection->choose) {
-        need_output();
-        out->chosen_slices[stream_idx] = s.slices[g].chosen;
-      }
-      head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * cache.page_size() +
-                                               (stream.num_keys - 1) % cache.page_size());
-    }
-    const kernels::PagedKv view = cache.slice_view(slices, stream.key_offset);
-    const bool want = wants_attention(static_cast<int64_t>(stream_idx));
-    kernels::paged_attention(
-        view, query, {.out = out_group, .row_lse = want || head_scores ? lse : nullptr}, head_pool);
-    if (head_scores) {  // observation pass: every row's attention over this stream's keys
-      kernels::observation_scores(view, query, lse, stream.num_keys, head_scores, head_pool);
-    }
-    if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
-      need_output();
-      std::vector<float>& weights = out->attention[stream_idx];
-      weights.assign(static_cast<size_t>(stream.num_keys), 0.0f);
-      kernels::observation_scores(view, query, lse, stream.num_keys, weights.data(), head_pool);
-    }
-    for (int32_t i = 0; i < num_tokens; ++i) {
-      std::memcpy(&s.attn[(first_token + i) * q_dim + g * group * head_dim],
-                  &out_group[i * group * head_dim], group * head_dim * sizeof(float));
-    }
+  // 3. One job per dense sequence, one per stream of the others.
+  s.jobs.clear();
+  s.observations.clear();
+  // At most two observations per job; reserved so that the jobs' spans into it stay put.
+  s.observations.reserve(static_cast<size_t>(2 * (std::ssize(sequences) + num_own * nkv)));
+  const auto observations_from = [&](size_t first) {
+    return std::span<const kernels::ObservationOutput>(s.observations.data() + first,
+                                                       s.observations.size() - first);
   };
-
-  // A decode row: one KV head per thread, each attention single-threaded (no key split and
-  // merge, one dispatch per layer instead of one per head). Longer rows use the whole pool.
-  if (num_tokens == 1 && pool.num_threads() > 1 && c.num_kv_heads >= pool.num_threads()) {
-    std::vector<std::exception_ptr>& errors = s.head_errors;
-    errors.assign(static_cast<size_t>(c.num_kv_heads), nullptr);
-    pool.parallel_for(
-        c.num_kv_heads,
-        [&](int64_t begin, int64_t end) {
-          thread_local ThreadPool inline_pool(1);
-          for (int64_t g = begin; g < end; ++g) {
-            try {
-              attend_head(g, inline_pool);
-            } catch (...) {  // a worker must not throw: rethrown on the caller's thread below
-              errors[g] = std::current_exception();
-            }
-          }
-        },
-        1);
-    for (const std::exception_ptr& error : errors) {
-      if (error) std::rethrow_exception(error);
+  own_idx = 0;
+  bounds_at = 0;
+  int64_t weights_at = 0;
+  for (const SequenceRows& seq : sequences) {
+    const int64_t f = seq.first_token, nt = seq.num_tokens;
+    if (seq.kv->shares_block_table()) {
+      const size_t first_observation = s.observations.size();
+      // Every stream of the layer reads one block table: one job for all heads reads each page
+      // once, through all its heads.
+      const int64_t num_keys = dense_keys(seq);
+      const bool want = dense_wants(seq);
+      if (scores) s.observations.push_back({.num_keys = num_keys, .scores = scores});
+      if (want) {  // one extra pass over the row's keys, reusing its log-sum-exp
+        need_output(seq);
+        s.observations.push_back({.num_keys = num_keys, .scores = weights + weights_at});
+        weights_at += nkv * num_keys;
+      }
+      s.jobs.push_back({.kv = cache.layer_view(layer, seq.kv->block_table),
+                        .query = {.q = q + f * q_dim,
+                                  .positions = std::span<const int32_t>(seq.positions, nt),
+                                  .num_heads = c.num_heads,
+                                  .scale = scale,
+                                  .window = window()},
+                        .out = {.out = attn + f * q_dim,
+                                .row_lse = want || scores ? lse + f * c.num_heads : nullptr},
+                        .observations = observations_from(first_observation)});
+      continue;
     }
-  } else {
-    for (int64_t g = 0; g < c.num_kv_heads; ++g) attend_head(g, pool);
+    // Streams of their own: each KV head has its own kept keys, so the query heads of one group
+    // ([nt][group][head_dim], gathered in step 1) attend against that stream alone.
+    float* head_scores = scores;  // each stream's after the ones before it in the layer
+    for (int64_t g = 0; g < nkv; ++g) {
+      const int64_t stream_idx = first_stream + g;
+      const KvStream& stream = stream_of(seq, g);
+      const size_t first_head_observation = s.observations.size();
+      int32_t* head_positions = &s.positions[f * nkv + g * nt];
+      for (int64_t i = 0; i < nt; ++i) head_positions[i] = seq.positions[i] - stream.num_dropped;
+      std::span<const int32_t> slices = stream.slices;
+      if (stream.selection && nt == 1) {
+        std::span<const float> slice_bounds;
+        if (chooses(seq, stream)) {
+          slice_bounds = std::span<const float>(s.host_bounds)
+                             .subspan(static_cast<size_t>(bounds_at),
+                                      static_cast<size_t>(num_summarized(stream)));
+          bounds_at += num_summarized(stream);
+        }
+        SliceScratch& scratch = s.slices[static_cast<size_t>(own_idx * nkv + g)];
+        slices = select_slices(stream, slice_bounds, scratch);
+        if (stream.selection->choose) {
+          need_output(seq);
+          seq.out->chosen_slices[static_cast<size_t>(stream_idx)] = scratch.chosen;
+        }
+        head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * page_size +
+                                                 (stream.num_keys - 1) % page_size);
+      }
+      const bool want = wants_attention(seq, stream_idx);
+      if (head_scores) {  // observation pass: every row's attention over this stream's keys
+        s.observations.push_back({.num_keys = stream.num_keys, .scores = head_scores});
+        head_scores += stream.num_keys;
+      }
+      if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
+        need_output(seq);
+        s.observations.push_back({.num_keys = stream.num_keys, .scores = weights + weights_at});
+        weights_at += stream.num_keys;
+      }
+      const bool need_lse = want || scores;
+      s.jobs.push_back(
+          {.kv = cache.slice_view(slices, stream.key_offset),
+           .query = {.q = q_group + group_at(f, nt, g),
+                     .positions = std::span<const int32_t>(head_positions, nt),
+                     .num_heads = group,
+                     .scale = scale,
+                     .window = window()},
+           .out = {.out = out_group + group_at(f, nt, g),
+                   .row_lse = need_lse ? lse + f * c.num_heads + g * nt * group : nullptr},
+           .observations = observations_from(first_head_observation)});
+    }
+    ++own_idx;
+  }
+  backend.paged_attention_batch(s.jobs);
+
+  // 4. Outputs of streams of their own back into attn; attention weights to the host.
+  weights_at = 0;
+  for (const SequenceRows& seq : sequences) {
+    const int64_t f = seq.first_token, nt = seq.num_tokens;
+    if (seq.kv->shares_block_table()) {
+      if (!dense_wants(seq)) continue;
+      const int64_t num_keys = dense_keys(seq);
+      for (int64_t h = 0; h < nkv; ++h) {
+        if (!wants_attention(seq, first_stream + h)) continue;
+        std::vector<float>& head = seq.out->attention[static_cast<size_t>(first_stream + h)];
+        head.resize(static_cast<size_t>(num_keys));
+        backend.download(head.data(), weights + weights_at + h * num_keys,
+                         head.size() * sizeof(float));
+      }
+      weights_at += nkv * num_keys;
+      continue;
+    }
+    // Row g * nt + i of out_group goes to row (f + i) * nkv + g of attn (rows of group_floats).
+    int32_t* ids = &s.row_ids[f * nkv];
+    for (int64_t i = 0; i < nt; ++i) {
+      for (int64_t g = 0; g < nkv; ++g) ids[i * nkv + g] = static_cast<int32_t>(g * nt + i);
+    }
+    backend.gather_rows({out_group + f * q_dim, group_floats},
+                        std::span<const int32_t>(ids, nt * nkv), {attn + f * q_dim, group_floats},
+                        group_floats);
+    for (int64_t g = 0; g < nkv; ++g) {
+      if (!wants_attention(seq, first_stream + g)) continue;
+      const KvStream& stream = stream_of(seq, g);
+      std::vector<float>& head = seq.out->attention[static_cast<size_t>(first_stream + g)];
+      head.resize(static_cast<size_t>(stream.num_keys));
+      backend.download(head.data(), weights + weights_at, head.size() * sizeof(float));
+      weights_at += stream.num_keys;
+    }
   }
 }
 
@@ -508,27 +620,18 @@ std::vector<int32_t> top_slices(std::span<const float> bounds, std::span<const i
   return chosen;
 }
 
-// Quest: the slices one decode row of `stream` reads (its query heads at
-// q_group). Every slice keeps its place in key order, so the row sees the chosen keys in order
-// and itself last: its position among them is computed by the caller.
-std::span<const int32_t> LlamaModel::select_slices(const KvStream& stream, const float* q_group,
-                                                   int64_t group, int32_t page_size,
+// Quest: the slices one decode row of `stream` reads: a choice from `bounds` (one per
+// summarized slice; the newer ones count as +inf), or the choice it reuses. Every slice keeps
+// its place in key order, so the row sees the chosen keys in order and itself last: its
+// position among them is computed by the caller.
+std::span<const int32_t> LlamaModel::select_slices(const KvStream& stream,
+                                                   std::span<const float> bounds,
                                                    SliceScratch& s) const {
   const SliceSelection& selection = *stream.selection;
   const auto num_slices = static_cast<int32_t>(stream.slices.size());
   if (selection.choose) {
-    // Bounds from the per-slice summaries: a one-head view whose "page" b is summary b.
-    const int32_t num_summarized = std::min(selection.num_summarized, num_slices);
-    s.slice_ids.resize(static_cast<size_t>(num_summarized));
-    for (int32_t b = 0; b < num_summarized; ++b) s.slice_ids[b] = b;
     s.slice_bounds.assign(static_cast<size_t>(num_slices), std::numeric_limits<float>::infinity());
-    const kernels::PagedKv summary_view{.page_size = page_size,
-                                        .head_dim = config_.head_dim,
-                                        .num_kv_heads = 1,
-                                        .block_table = s.slice_ids};
-    kernels::page_upper_bounds(summary_view,
-                               {.data = selection.summaries, .page_stride = 2 * config_.head_dim},
-                               q_group, group, num_summarized, s.slice_bounds.data());
+    std::copy(bounds.begin(), bounds.end(), s.slice_bounds.begin());
     s.chosen = top_slices(s.slice_bounds, selection.forced, selection.top_k);
   } else {
     s.chosen = selection.reuse;
@@ -547,37 +650,30 @@ std::span<const int32_t> LlamaModel::select_slices(const KvStream& stream, const
 }
 
 void LlamaModel::observe_rows(std::span<const TokenId> window_tokens,
-                              std::span<const int32_t> window_positions, ThreadPool& pool,
+                              std::span<const int32_t> window_positions, kernels::Backend& backend,
                               ForwardScratch& s,
                               const std::function<void(int64_t layer)>& attend_and_score) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(window_tokens.size());
   if (n == 0 || static_cast<int64_t>(window_positions.size()) != n)
     fail("observe needs window tokens and positions");
-  const int64_t dim = c.dim, q_dim = c.q_dim();
-  s.x.resize(n * dim);
-  s.norm.resize(n * dim);
-  s.q.resize(n * q_dim);
-  s.attn.resize(n * q_dim);
-  s.gate.resize(n * c.ffn_dim);
-  s.up.resize(n * c.ffn_dim);
-  s.lse.resize(n * c.num_heads);
-  embed(window_tokens, s);
+  reserve(backend, n, s);
+  float* x = s.x.as<float>();
+  backend.get_rows(token_embd_, window_tokens, x);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = weights_.layers[l];
-    for (int64_t t = 0; t < n; ++t)
-      kernels::rmsnorm(&s.x[t * dim], w.attn_norm.data(), c.rms_eps, &s.norm[t * dim], dim);
+    const DeviceLayer& w = layers_[l];
+    backend.rmsnorm(x, w.attn_norm, c.rms_eps, s.norm.as<float>(), n, c.dim);
     // Only Q: the window's K/V are in the cache already.
-    project_qkv(w, n, window_positions.data(), /*with_kv=*/false, pool, s);
+    project_qkv(backend, w, n, window_positions.data(), /*with_kv=*/false, s);
     attend_and_score(l);
     if (l + 1 == c.num_layers) break;  // the last layer's output feeds nothing here
-    finish_layer(w, n, pool, s);
+    finish_layer(backend, w, n, s);
   }
 }
 
 void LlamaModel::observe(std::span<const TokenId> window_tokens,
                          std::span<const int32_t> window_positions, const SequenceKv& kv,
-                         const KvCache& cache, ThreadPool& pool, ForwardScratch& s,
+                         const KvCache& cache, kernels::Backend& backend, ForwardScratch& s,
                          std::vector<float>& scores) const {
   const ModelConfig& c = config_;
   if (window_positions.empty()) fail("observe needs window tokens and positions");
@@ -599,9 +695,19 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens,
     }
   }
   scores.assign(layer_offsets.back(), 0.0f);
-  observe_rows(window_tokens, window_positions, pool, s, [&](int64_t l) {
-    attend(kv, l, 0, static_cast<int32_t>(window_tokens.size()), window_positions.data(), cache,
-           pool, s, /*out=*/nullptr, scores.data() + layer_offsets[l]);
+  size_t layer_floats = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    layer_floats = std::max(layer_floats, layer_offsets[l + 1] - layer_offsets[l]);
+  // One layer's scores in backend memory, downloaded after its attention.
+  float* layer_scores = grow(backend, s.scores, static_cast<int64_t>(layer_floats));
+  const SequenceRows rows{.kv = &kv,
+                          .first_token = 0,
+                          .num_tokens = static_cast<int32_t>(window_tokens.size()),
+                          .positions = window_positions.data()};
+  observe_rows(window_tokens, window_positions, backend, s, [&](int64_t l) {
+    attend(backend, std::span<const SequenceRows>(&rows, 1), l, cache, s, layer_scores);
+    backend.download(scores.data() + layer_offsets[l], layer_scores,
+                     (layer_offsets[l + 1] - layer_offsets[l]) * sizeof(float));
   });
 }
 

@@ -13,9 +13,14 @@
 //   logits = Wout · norm(x)      (only for tokens that asked for logits)
 //
 // Every matrix is applied to all batch tokens at once (one pass over the weights per step).
+//
+// Every op runs on a kernels::Backend (kernels/backend.h): the weights are prepared on one at
+// construction, activations live in ForwardScratch's buffers and K/V in the KvCache, both in
+// that backend's memory. The host only builds integer tables (positions, KV row offsets, slice
+// lists, Quest's choice) and reads what the backend hands back through download(): logits,
+// Quest's slice bounds, attention weights and observation scores.
 #include <algorithm>
 #include <climits>
-#include <exception>
 #include <optional>
 #include <functional>
 #include <memory>
@@ -23,39 +28,57 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/rope.h"
 #include "model/batch.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
 
-namespace sieve {
-class ThreadPool;
-}
-
 namespace sieve::model {
 
-// Quest's page choice for one stream.
+// Quest's page choice for one stream (host memory).
 struct SliceScratch {
   std::vector<float> slice_bounds;
   std::vector<int32_t> slice_ids, chosen, read_slices;
 };
 
-// Activation buffers reused across forward calls (grown on demand). One per caller thread.
+// Buffers reused across forward calls, grown on demand; one per caller thread, used with one
+// backend (its buffers are that backend's memory). n: the batch's tokens.
 struct ForwardScratch {
-  std::vector<float> x, norm, q, k, v, attn, gate, up, rows;
-  std::vector<float> fused;  // a fused projection's output rows before they are split
-  std::vector<float> q_group, out_group, lse;  // attend: per KV head, attention weights, LSE
-  std::vector<int32_t> positions;
-  std::vector<SliceScratch> slices;             // [kv head]
-  std::vector<std::exception_ptr> head_errors;  // [kv head], from heads attended on workers
+  // Backend memory.
+  kernels::DeviceBuffer x, norm, attn;  // [n][dim], [n][dim], [n][q_dim]
+  kernels::DeviceBuffer q, k, v;        // [n][q_dim], [n][kv_dim], [n][kv_dim]
+  kernels::DeviceBuffer gate, up;       // [n][ffn_dim] each
+  kernels::DeviceBuffer fused;          // a fused projection's output rows before they are split
+  // Streams of their own: the query heads of each KV head's group gathered, and their outputs
+  // before they go back to attn: [n][q_dim], a sequence's rows at its first token's row, KV
+  // head g's [num_tokens][group][head_dim] block after g's of the heads before it.
+  kernels::DeviceBuffer q_group, out_group;
+  kernels::DeviceBuffer lse;           // [n][num_heads]: attention's log-sum-exp, where needed
+  kernels::DeviceBuffer bounds;        // Quest: each choosing stream's slice bounds, one layer
+  kernels::DeviceBuffer weights;       // attention weights asked for, one layer
+  kernels::DeviceBuffer scores;        // observe: one layer's observation scores
+  kernels::DeviceBuffer rows, logits;  // [num_logits][dim], [num_logits][vocab]
+  // Host memory.
+  std::vector<int32_t> positions;    // [n][num_kv_heads]: stream rows' key positions
+  std::vector<int32_t> row_ids;      // gathers: q rows to q_group, out_group to attn, logits
+  std::vector<int64_t> kv_offsets;   // [n][num_kv_heads]: where new K/V rows go
+  std::vector<float> host_bounds;    // bounds, downloaded
+  std::vector<SliceScratch> slices;  // [own-stream sequence][kv head]
+  std::vector<kernels::AttentionJob> jobs;
+  std::vector<kernels::ObservationOutput> observations;
 };
 
 class LlamaModel {
  public:
-  LlamaModel(ModelConfig config, Weights weights);
+  // Prepares every weight matrix on `backend` (kernels::Backend::prepare_weights: on CPU a Q8_0
+  // repacking, on a device a copy in its memory) and copies norms and biases into its memory.
+  // The model holds `backend` (shared) as long as it lives: the prepared weights are its memory.
+  LlamaModel(ModelConfig config, Weights weights, std::shared_ptr<kernels::Backend> backend);
 
   const ModelConfig& config() const { return config_; }
+  // The weights as loaded (host views of the file; not the prepared ones forward() reads).
   const Weights& weights() const { return weights_; }
   // Identifies the weights (calibration profiles record it; the engine checks it before use):
   // 16 hex digits of a 64-bit FNV-1a hash over the configuration and, for every matrix and norm,
@@ -69,8 +92,11 @@ class LlamaModel {
   // outside the block table.
   // stream_outputs (may be null): [batch sequence] what the streams' rows hand back (attention
   // weights, Quest choices).
-  void forward(const Batch& batch, KvCache& cache, ThreadPool& pool, ForwardScratch& scratch,
-               std::vector<float>& logits,
+  // backend: runs every op; it must read the memory of the backend the model was prepared on
+  // (that one, or, for host-memory weights, any CPU or reference backend) and of cache and
+  // scratch (allocated through it).
+  void forward(const Batch& batch, KvCache& cache, kernels::Backend& backend,
+               ForwardScratch& scratch, std::vector<float>& logits,
                std::vector<StreamOutputs>* stream_outputs = nullptr) const;
 
   // KV sparsity's observation pass (SnapKV): how much attention every cached key of one
@@ -83,42 +109,72 @@ class LlamaModel {
   // num_keys (its kept keys, with their causal visibility as in forward). The result depends
   // only on the window and the cache, not on how the prompt was chunked.
   void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-               const SequenceKv& kv, const KvCache& cache, ThreadPool& pool,
+               const SequenceKv& kv, const KvCache& cache, kernels::Backend& backend,
                ForwardScratch& scratch, std::vector<float>& scores) const;
 
  private:
+  // One layer as forward() reads it: matrices prepared on backend_, vectors in its memory.
+  struct DeviceLayer {
+    kernels::MatrixView wq, wk, wv, wo, w_gate, w_up, w_down;
+    std::optional<kernels::MatrixView> wqkv, w_gate_up;
+    const float* attn_norm = nullptr;  // [dim]
+    const float* ffn_norm = nullptr;   // [dim]
+    const float* bq = nullptr;         // [q_dim]; null: no bias (and bk, bv alike)
+    const float* bk = nullptr;
+    const float* bv = nullptr;
+    const float* q_norm = nullptr;  // [head_dim]; null: no per-head norm (and k_norm alike)
+    const float* k_norm = nullptr;
+  };
+  // One sequence's rows of a layer's attention.
+  struct SequenceRows {
+    const SequenceKv* kv = nullptr;
+    int32_t first_token = 0;  // row of x, q, attn
+    int32_t num_tokens = 0;
+    const int32_t* positions = nullptr;  // [num_tokens]
+    StreamOutputs* out = nullptr;        // may be null without want_attention or choosing
+  };
+
   void check_batch(const Batch& batch, const KvCache& cache) const;
   // The attention's sliding window, in keys (config's sliding_window).
   std::optional<int32_t> window() const {
     if (!config_.sliding_window) return std::nullopt;
     return static_cast<int32_t>(std::min<int64_t>(*config_.sliding_window, INT32_MAX));
   }
-  void embed(std::span<const TokenId> tokens, ForwardScratch& s) const;  // rows of s.x
+  // Grows the scratch buffers every layer uses for n rows.
+  void reserve(kernels::Backend& backend, int64_t n, ForwardScratch& s) const;
   // s.norm ([n][dim]) -> s.q [n][q_dim] and, with_kv, s.k, s.v [n][kv_dim]: the projection (one
   // matmul over a fused QKV matrix, split after), biases, per-head Q/K RMSNorm, RoPE at positions.
-  void project_qkv(const LayerWeights& w, int64_t n, const int32_t* positions, bool with_kv,
-                   ThreadPool& pool, ForwardScratch& s) const;
+  void project_qkv(kernels::Backend& backend, const DeviceLayer& w, int64_t n,
+                   const int32_t* positions, bool with_kv, ForwardScratch& s) const;
   // After the attention (s.attn): x += Wo·attn, then the FFN on norm(x) (SwiGLU; gate and up
   // from one fused matrix or two).
-  void finish_layer(const LayerWeights& w, int64_t n, ThreadPool& pool, ForwardScratch& s) const;
-  // One sequence's rows (s.q from first_token) attend over layer `layer` of its streams into
-  // s.attn. scores (may be null): each of the layer's streams' observation scores over all rows,
-  // one stream after the other. out (may be null without want_attention or choosing
-  // selections): what the rows hand back.
-  void attend(const SequenceKv& kv, int64_t layer, int32_t first_token, int32_t num_tokens,
-              const int32_t* positions, const KvCache& cache, ThreadPool& pool, ForwardScratch& s,
-              StreamOutputs* out, float* scores = nullptr) const;
+  void finish_layer(kernels::Backend& backend, const DeviceLayer& w, int64_t n,
+                    ForwardScratch& s) const;
+  // The sequences' rows (s.q) attend over layer `layer` of their streams into s.attn, all in one
+  // paged_attention_batch(). scores (backend memory, may be null; one sequence): each of the
+  // layer's streams' observation scores over all rows, one stream after the other.
+  void attend(kernels::Backend& backend, std::span<const SequenceRows> sequences, int64_t layer,
+              const KvCache& cache, ForwardScratch& s, float* scores = nullptr) const;
   // The observation passes' shared part: embeds the window rows and runs every layer, calling
   // attend_and_score(layer) where the rows' attention output (s.attn) is due.
   void observe_rows(std::span<const TokenId> window_tokens,
-                    std::span<const int32_t> window_positions, ThreadPool& pool, ForwardScratch& s,
+                    std::span<const int32_t> window_positions, kernels::Backend& backend,
+                    ForwardScratch& s,
                     const std::function<void(int64_t layer)>& attend_and_score) const;
-  std::span<const int32_t> select_slices(const KvStream& stream, const float* q_group,
-                                         int64_t group, int32_t page_size, SliceScratch& s) const;
+  // Quest: the slices one decode row of `stream` reads, from its slices' bounds (host; choosing
+  // selections) or its earlier choice.
+  std::span<const int32_t> select_slices(const KvStream& stream, std::span<const float> bounds,
+                                         SliceScratch& s) const;
 
   ModelConfig config_;
   Weights weights_;
   kernels::RopeParams rope_;
+  // Declared before what lives in its memory, so that it goes last.
+  std::shared_ptr<kernels::Backend> backend_;
+  kernels::DeviceBuffer vectors_;  // every layer's norms and biases, and output_norm
+  std::vector<DeviceLayer> layers_;
+  kernels::MatrixView token_embd_, output_;
+  const float* output_norm_ = nullptr;
 };
 
 }  // namespace sieve::model

@@ -47,6 +47,12 @@ void touch_tensors(const gguf::File& file, const std::function<void(double)>& on
   if (on_progress) on_progress(1.0);
 }
 
+std::shared_ptr<kernels::Backend> weights_backend(const LoadOptions& options) {
+  if (options.backend) return options.backend;
+  // Preparing weights runs no parallel op: one thread (no worker) is enough.
+  return kernels::make_cpu_backend(1);
+}
+
 }  // namespace
 
 LoadedModel load_model(const LoadOptions& options) {
@@ -60,7 +66,8 @@ LoadedModel load_model(const LoadOptions& options) {
     loaded.tokenizer = tok::Tokenizer::create(tok::load_vocab(*file));
     Weights weights = weights_from_gguf(file, config);
     if (options.on_progress) touch_tensors(*file, options.on_progress);
-    loaded.model = std::make_shared<const LlamaModel>(std::move(config), std::move(weights));
+    loaded.model = std::make_shared<const LlamaModel>(std::move(config), std::move(weights),
+                                                      weights_backend(options));
   } else {
     if (options.tokenizer_path.empty()) {
       fail(
@@ -71,8 +78,8 @@ LoadedModel load_model(const LoadOptions& options) {
     Llama2cModel checkpoint = load_llama2c_checkpoint(options.model_path);
     loaded.tokenizer = tok::Tokenizer::create(
         tok::load_llama2c_vocab(options.tokenizer_path, checkpoint.config.vocab_size));
-    loaded.model = std::make_shared<const LlamaModel>(std::move(checkpoint.config),
-                                                      std::move(checkpoint.weights));
+    loaded.model = std::make_shared<const LlamaModel>(
+        std::move(checkpoint.config), std::move(checkpoint.weights), weights_backend(options));
     if (options.on_progress) options.on_progress(1.0);
   }
   const int64_t vocab = loaded.model->config().vocab_size;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "engine/generator.h"
+#include "kernels/backend.h"
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "shared_data.h"
@@ -133,10 +134,11 @@ TEST_P(BatchedEqualsAlone, ThirtyTwoPromptsTogetherGiveTheTokensEachGivesAlone) 
   EXPECT_GT(together.stats().num_steps, 0);
 
   ThreadPool pool(2);
+  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   for (size_t i = 0; i < requests.size(); ++i) {
     std::vector<TokenId> alone;
     generate(*loaded.model, requests[i].prompt,
-             {.max_tokens = 24, .sampling = {.temperature = 0.0f}}, pool,
+             {.max_tokens = 24, .sampling = {.temperature = 0.0f}}, *backend,
              [&](TokenId t, std::span<const float>) {
                alone.push_back(t);
                return true;

@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "engine/generator.h"
+#include "kernels/backend.h"
 #include "eval/calibration.h"
 #include "model/loader.h"
 #include "model/model_file.h"
@@ -253,8 +254,8 @@ TEST(SparseEngine, SlidingWindowModelDropsKeysOutsideTheWindowExactly) {
   model::LoadedModel loaded = load_stories();
   model::ModelConfig windowed_config = loaded.model->config();
   windowed_config.sliding_window = 24;
-  const auto windowed =
-      std::make_shared<const model::LlamaModel>(windowed_config, loaded.model->weights());
+  const auto windowed = std::make_shared<const model::LlamaModel>(
+      windowed_config, loaded.model->weights(), kernels::make_cpu_backend(1));
   const auto prompt = long_prompts(*loaded.tokenizer, 1)[0];
   ASSERT_GT(prompt.size(), 48u);
 
@@ -268,9 +269,10 @@ TEST(SparseEngine, SlidingWindowModelDropsKeysOutsideTheWindowExactly) {
   expect_all_pages_free(engine);
 
   ThreadPool pool(2);
+  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   std::vector<TokenId> masked_dense;
-  engine::generate(*windowed, prompt, {.max_tokens = 200, .sampling = {.temperature = 0.0f}}, pool,
-                   [&](TokenId token, std::span<const float>) {
+  engine::generate(*windowed, prompt, {.max_tokens = 200, .sampling = {.temperature = 0.0f}},
+                   *backend, [&](TokenId token, std::span<const float>) {
                      masked_dense.push_back(token);
                      return true;
                    });

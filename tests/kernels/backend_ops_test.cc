@@ -42,7 +42,8 @@ void PrintTo(const BackendCase& c, std::ostream* os) { *os << c.name; }  // name
 std::vector<BackendCase> backend_cases() {
   std::vector<BackendCase> cases;
   for (const std::string& target : available_targets())
-    cases.push_back({"cpu_" + target, target, make_cpu_backend});
+    cases.push_back(
+        {"cpu_" + target, target, [](ThreadPool& pool) { return make_cpu_backend(pool); }});
   // The reference against itself: checks the harness and the reference's determinism.
   cases.push_back({"reference", "", [](ThreadPool&) { return make_reference_backend(); }});
   return cases;
@@ -182,12 +183,17 @@ void check_get_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
   const TestMatrix table(dtype, rows, cols, next_seed(rng));
   std::vector<int32_t> ids(odd(rng, 1, 41));
   for (int32_t& id : ids) id = static_cast<int32_t>(uniform(rng, 0, rows - 1));
-  const auto run = [&](Backend& b) {
+  // A table prepared for matmul() too (a tied embedding), or for get_rows() only.
+  const auto run = [&](Backend& b, bool lookup_only) {
     DeviceBuffer out = b.allocate(ids.size() * cols * sizeof(float));
-    b.get_rows(b.prepare_weights(table.view), ids, out.as<float>());
+    b.get_rows(lookup_only ? b.prepare_lookup_table(table.view) : b.prepare_weights(table.view),
+               ids, out.as<float>());
     return to_host<float>(b, out);
   };
-  expect_near(run(tested), run(ref), 0.0, 1e-6, std::string(to_string(dtype)));
+  for (const bool lookup_only : {false, true}) {
+    expect_near(run(tested, lookup_only), run(ref, lookup_only), 0.0, 1e-6,
+                std::string(to_string(dtype)));
+  }
 }
 
 void check_matmul(Backend& tested, Backend& ref, std::mt19937& rng) {

@@ -28,6 +28,7 @@
 #include "engine/generator.h"
 #include "engine/sampler.h"
 #include "eval/perplexity.h"
+#include "kernels/backend.h"
 #include "model/loader.h"
 #include "shared_data.h"
 #include "util/error.h"
@@ -121,6 +122,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
   const model::LlamaModel& model = *loaded.model;
   EXPECT_EQ(model.config().architecture, entry["arch"].get<std::string>());
   ThreadPool pool(2);
+  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
 
   double ppl_change = 0.0;  // relative to llama.cpp's
   {
@@ -128,7 +130,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
     std::vector<int32_t> tokens = tinystories_tokens(*loaded.tokenizer);
     ASSERT_GE(static_cast<int64_t>(tokens.size()), kContext * kChunks);
     tokens.resize(kContext * kChunks);  // llama-perplexity --chunks 20
-    const eval::PerplexityResult result = eval::perplexity(model, tokens, 1, kContext, pool);
+    const eval::PerplexityResult result = eval::perplexity(model, tokens, 1, kContext, *backend);
     const json& want = entry["perplexity"];
     ASSERT_EQ(want["ctx"].get<int64_t>(), kContext);
     ASSERT_EQ(want["chunks"].get<int64_t>(), kChunks);
@@ -158,7 +160,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
     engine::generate(
         model, prompt,
         {.max_tokens = static_cast<int32_t>(want_tokens.size()), .sampling = {.temperature = 0.0f}},
-        pool, [&](int32_t token, std::span<const float> logits) {
+        *backend, [&](int32_t token, std::span<const float> logits) {
           double error = 0.0;
           for (const json& top : want_top[step]) {
             error =

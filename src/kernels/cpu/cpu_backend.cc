@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -26,6 +27,8 @@ constexpr int64_t kShortJobRows = 4;
 class CpuBackend final : public HostMemoryBackend {
  public:
   explicit CpuBackend(ThreadPool& pool) : pool_(pool) {}
+  explicit CpuBackend(std::unique_ptr<ThreadPool> pool)
+      : owned_pool_(std::move(pool)), pool_(*owned_pool_) {}
 
   std::string_view name() const override { return "cpu"; }
 
@@ -38,6 +41,8 @@ class CpuBackend final : public HostMemoryBackend {
     packed_.push_back(std::move(packed));
     return view;
   }
+
+  MatrixView prepare_lookup_table(const MatrixView& w) override { return w; }
 
   void get_rows(const MatrixView& table, std::span<const int32_t> ids, float* out) override {
     const size_t table_row_bytes = row_bytes(table.dtype, table.cols);
@@ -132,11 +137,19 @@ class CpuBackend final : public HostMemoryBackend {
   // task, each attention single-threaded, instead of one pool dispatch (and key split + merge)
   // per job. Longer jobs (prefill chunks) take the whole pool each, one after another.
   void paged_attention_batch(std::span<const AttentionJob> jobs) override {
-    std::vector<const AttentionJob*> short_jobs, long_jobs;
+    // Per calling thread, reused: no allocation per call once they have grown. (Named through
+    // references: the workers below must see the caller's vectors, not their own.)
+    thread_local std::vector<const AttentionJob*> short_jobs_of_thread, long_jobs_of_thread;
+    thread_local std::vector<std::exception_ptr> errors_of_thread;
+    std::vector<const AttentionJob*>& short_jobs = short_jobs_of_thread;
+    std::vector<const AttentionJob*>& long_jobs = long_jobs_of_thread;
+    std::vector<std::exception_ptr>& errors = errors_of_thread;
+    short_jobs.clear();
+    long_jobs.clear();
     for (const AttentionJob& job : jobs)
       (std::ssize(job.query.positions) <= kShortJobRows ? short_jobs : long_jobs).push_back(&job);
     if (pool_.num_threads() > 1 && std::ssize(short_jobs) >= pool_.num_threads()) {
-      std::vector<std::exception_ptr> errors(short_jobs.size());
+      errors.assign(short_jobs.size(), nullptr);
       pool_.parallel_for(
           std::ssize(short_jobs),
           [&](int64_t begin, int64_t end) {
@@ -196,6 +209,7 @@ class CpuBackend final : public HostMemoryBackend {
       fn(0, num_rows);
   }
 
+  std::unique_ptr<ThreadPool> owned_pool_;  // make_cpu_backend(num_threads); else null
   ThreadPool& pool_;
   std::mutex packed_mutex_;
   std::vector<std::vector<uint8_t>> packed_;  // Q8_0 repackings handed out by prepare_weights
@@ -205,6 +219,10 @@ class CpuBackend final : public HostMemoryBackend {
 
 std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool) {
   return std::make_unique<CpuBackend>(pool);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
+  return std::make_unique<CpuBackend>(std::make_unique<ThreadPool>(num_threads));
 }
 
 }  // namespace sieve::kernels

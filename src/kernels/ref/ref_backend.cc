@@ -20,6 +20,7 @@ class ReferenceBackend final : public HostMemoryBackend {
     view.packed = nullptr;  // the references read the ggml layout only
     return view;
   }
+  MatrixView prepare_lookup_table(const MatrixView& w) override { return prepare_weights(w); }
 
   void get_rows(const MatrixView& table, std::span<const int32_t> ids, float* out) override {
     const size_t table_row_bytes = row_bytes(table.dtype, table.cols);
