@@ -579,9 +579,8 @@ void check_summarize_page_keys(Backend& tested, Backend& ref, std::mt19937& rng)
   expect_near(run(tested), run(ref), 0.0, 0.0, describe(shape, 1, num_filled));
 }
 
-void check_page_upper_bounds(Backend& tested, Backend& ref, std::mt19937& rng) {
-  const CacheShape shape = random_cache_shape(rng, 32);
-  const int64_t group = pick<int64_t>(rng, {1, 2, 4});
+void check_page_upper_bounds_of(Backend& tested, Backend& ref, std::mt19937& rng,
+                                const CacheShape& shape, int64_t group) {
   const TestCache cache(shape, next_seed(rng));
   const int64_t num_blocks = shape.num_keys / shape.page_size;  // the full ones
   const int64_t page_stride = shape.num_kv_heads * 2 * shape.head_dim;
@@ -605,6 +604,19 @@ void check_page_upper_bounds(Backend& tested, Backend& ref, std::mt19937& rng) {
     return to_host<float>(b, bounds);
   };
   expect_near(run(tested), run(ref), 1e-4, 1e-4, describe(shape, group, 1));
+}
+
+void check_page_upper_bounds(Backend& tested, Backend& ref, std::mt19937& rng) {
+  check_page_upper_bounds_of(tested, ref, rng, random_cache_shape(rng, 32),
+                             pick<int64_t>(rng, {1, 2, 4}));
+  // One KV head with many blocks (a Quest stream at a long context): the CPU backend splits
+  // the blocks over its threads.
+  CacheShape long_stream = random_cache_shape(rng, 32);
+  long_stream.num_kv_heads = 1;
+  long_stream.num_keys = 4096;
+  long_stream.page_size = 16;
+  long_stream.head_dim = 64;
+  check_page_upper_bounds_of(tested, ref, rng, long_stream, pick<int64_t>(rng, {2, 4}));
 }
 
 // Heads of rows with a padded stride rotated in place (the padding must stay as it is).

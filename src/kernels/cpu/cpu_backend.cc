@@ -184,7 +184,19 @@ class CpuBackend final : public HostMemoryBackend {
 
   void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
                          int64_t num_heads, int64_t num_blocks, float* bounds) override {
-    kernels::page_upper_bounds(kv, summaries, q, num_heads, num_blocks, bounds);
+    // One KV head (a Quest stream's summaries): its blocks split over the pool, each block's
+    // bound independent of the others. (Several heads' bounds interleave by head: left whole.)
+    const int64_t floats = num_blocks * num_heads * 2 * kv.head_dim;
+    if (kv.num_kv_heads != 1 || pool_.num_threads() == 1 || floats < kMinParallelFloats) {
+      kernels::page_upper_bounds(kv, summaries, q, num_heads, num_blocks, bounds);
+      return;
+    }
+    pool_.parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
+      PagedKv part = kv;
+      part.block_table =
+          kv.block_table.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+      kernels::page_upper_bounds(part, summaries, q, num_heads, end - begin, bounds + begin);
+    });
   }
 
   void rotate_heads(Rows<float> x, int64_t num_rows, int64_t num_heads, int64_t head_dim) override {
