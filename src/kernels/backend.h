@@ -13,7 +13,10 @@
 //
 // A CUDA backend implements this class: allocate() is device memory, upload() / download() are
 // host <-> device copies, prepare_weights() uploads a weight matrix once, and each op is a
-// kernel launch. Nothing above src/model changes when it is added.
+// kernel launch. The forward pass does not change when it is added. Not yet so: which backend
+// runs is still picked above src/model (the engine, eval and the CLI call make_cpu_backend, and
+// the loader prepares the weights on a backend of its own, which only CPU backends can share):
+// a device backend needs that choice made once, at load, and everyone running on the model's.
 //
 // Memory rules:
 // - Float pointers passed to ops, and the K/V pointers inside a PagedKv, are device memory: in
