@@ -115,6 +115,16 @@ TEST_P(PagedAttention, Prefill) {
     expect_matches_ref(cache, position_range(0, 1000), group, pool3, ++seed);
 }
 
+// A cache of `len` keys: the decode row, a 20-row chunk at the end and a prefill of the first
+// 40 rows, each against the reference (seed advances once per call).
+void expect_decode_chunk_and_prefill_match(const TestCache& cache, int64_t len, int64_t group,
+                                           ThreadPool& pool, uint32_t& seed) {
+  expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, group, pool, ++seed);
+  expect_matches_ref(cache, position_range(std::max<int64_t>(0, len - 20), len), group, pool,
+                     ++seed);
+  expect_matches_ref(cache, position_range(0, std::min<int64_t>(len, 40)), group, pool, ++seed);
+}
+
 // num_q = 1 at position n - 1. With 3 threads, n >= 512 splits the keys (flash-decoding).
 TEST_P(PagedAttention, Decode) {
   ThreadPool pool1(1), pool3(3);
@@ -264,11 +274,7 @@ TEST_P(PagedAttention, F16Pool) {
           {.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim, .dtype = DType::kF16}, ++seed);
       for (int64_t group : {1, 4}) {
         for (ThreadPool* pool : {&pool1, &pool3}) {
-          expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, group, *pool, ++seed);
-          expect_matches_ref(cache, position_range(std::max<int64_t>(0, len - 20), len), group,
-                             *pool, ++seed);
-          expect_matches_ref(cache, position_range(0, std::min<int64_t>(len, 40)), group, *pool,
-                             ++seed);
+          expect_decode_chunk_and_prefill_match(cache, len, group, *pool, seed);
         }
       }
     }
@@ -298,11 +304,7 @@ TEST_P(PagedAttention, QuantizedPools) {
             {.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim, .dtype = dtype}, ++seed);
         for (int64_t group : {1, 4}) {
           for (ThreadPool* pool : {&pool1, &pool3}) {
-            expect_matches_ref(cache, {static_cast<int32_t>(len - 1)}, group, *pool, ++seed);
-            expect_matches_ref(cache, position_range(std::max<int64_t>(0, len - 20), len), group,
-                               *pool, ++seed);
-            expect_matches_ref(cache, position_range(0, std::min<int64_t>(len, 40)), group, *pool,
-                               ++seed);
+            expect_decode_chunk_and_prefill_match(cache, len, group, *pool, seed);
           }
         }
       }

@@ -80,30 +80,18 @@ class TestCache {
   }
 
   PagedKv view() const {
+    PagedKv kv = f32_view();
+    if (shape_.dtype == DType::kF32) return kv;
+    kv.k = kv.v = nullptr;
+    kv.dtype = shape_.dtype;
     if (is_block_kv_dtype(shape_.dtype)) {
-      return PagedKv{.page_stride = page_stride_,
-                     .head_stride = head_stride_,
-                     .page_size = shape_.page_size,
-                     .head_dim = shape_.head_dim,
-                     .num_kv_heads = shape_.num_kv_heads,
-                     .block_table = block_table_,
-                     .dtype = shape_.dtype,
-                     .k_q = kq_.data(),
-                     .v_q = vq_.data()};
+      kv.k_q = kq_.data();
+      kv.v_q = vq_.data();
+    } else {
+      kv.k_f16 = k16_.data();
+      kv.v_f16 = v16_.data();
     }
-    if (shape_.dtype == DType::kF16) {
-      return PagedKv{.page_stride = page_stride_,
-                     .head_stride = head_stride_,
-                     .page_size = shape_.page_size,
-                     .head_dim = shape_.head_dim,
-                     .num_kv_heads = shape_.num_kv_heads,
-                     .block_table = block_table_,
-                     .dtype = DType::kF16,
-                     .k_f16 = k16_.data(),
-                     .v_f16 = v16_.data()};
-    }
-    return PagedKv{k_.data(),        v_.data(),       page_stride_,        head_stride_,
-                   shape_.page_size, shape_.head_dim, shape_.num_kv_heads, block_table_};
+    return kv;
   }
   // The same keys and values in f32, before any rounding to the pool's dtype.
   PagedKv f32_view() const {
