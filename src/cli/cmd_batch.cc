@@ -67,8 +67,7 @@ struct Result {
 void run_batch(const BatchOptions& options) {
   const std::vector<Item> items = read_prompts(options.prompts_path);
   model::LoadedModel loaded = model::load_model(options.model.load_options());
-  engine::Engine engine(options.engine.engine_config(options.model.threads), loaded.model,
-                        loaded.tokenizer);
+  engine::Engine engine(options.engine.engine_config(), loaded.model, loaded.tokenizer);
 
   std::vector<Result> results(items.size());
   std::vector<std::optional<std::string>> rejections(items.size());

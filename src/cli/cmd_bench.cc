@@ -41,8 +41,7 @@ std::string weight_type_name(const model::LlamaModel& model) {
 }
 
 void bench(const BenchOptions& options) {
-  ThreadPool pool(options.threads);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
+  ThreadPool pool(options.threads);  // the bandwidth probe's; each model runs on its own backend
   if (!options.json) {
     fmt::print("threads {}, SIMD target {}\n", pool.num_threads(), kernels::active_target());
   }
@@ -63,9 +62,10 @@ void bench(const BenchOptions& options) {
                "bw util");
   }
   for (const std::string& path : options.model_paths) {
-    model::LoadedModel loaded = model::load_model({path, ""});
-    eval::ModelSpeed speed = eval::measure_model_speed(
-        *loaded.model, *backend, options.prompt_tokens, options.decode_tokens);
+    model::LoadedModel loaded = model::load_model(
+        {.model_path = path, .backend = {.device = "cpu", .threads = options.threads}});
+    eval::ModelSpeed speed =
+        eval::measure_model_speed(*loaded.model, options.prompt_tokens, options.decode_tokens);
     const double utilisation = speed.decode_gb_per_s / bandwidth.best_gb_per_s;
     const std::string file_type = weight_type_name(*loaded.model);
     out["models"].push_back({{"path", path},

@@ -19,6 +19,7 @@ struct BenchEngineOptions {
   std::string model_path;
   eval::EngineBenchConfig config;
   int64_t kv_memory_mib = 0;  // 0: sized per point
+  int threads = 0;            // 0: all cores
   bool json = false;
 };
 
@@ -87,14 +88,14 @@ void bench_engine(BenchEngineOptions options) {
   eval::EngineBenchConfig& config = options.config;
   if (options.kv_memory_mib > 0)
     config.kv_memory_bytes = static_cast<uint64_t>(options.kv_memory_mib) << 20;
-  model::LoadedModel loaded = model::load_model({options.model_path, ""});
+  model::LoadedModel loaded = model::load_model(
+      {.model_path = options.model_path, .backend = {.device = "cpu", .threads = options.threads}});
   const model::ModelConfig& mc = loaded.model->config();
 
   eval::EngineBenchProgress progress;
   bool depth_header = false;
   if (!options.json) {
-    const int threads =
-        config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
+    const int threads = loaded.model->backend().num_threads();
     fmt::print("model {} (dim {}, {} layers, vocab {}, ctx {})\n", options.model_path, mc.dim,
                mc.num_layers, mc.vocab_size, mc.context_length);
     fmt::print(
@@ -205,7 +206,7 @@ void add_bench_engine_command(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--page-size", config.page_size, "KV page size in tokens")
       ->capture_default_str();
-  command->add_option("-t,--threads", config.threads, "Worker threads (default: all cores)");
+  command->add_option("-t,--threads", options->threads, "Worker threads (default: all cores)");
   command
       ->add_option_function<std::string>(
           "--kv-dtype",

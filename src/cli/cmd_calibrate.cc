@@ -75,7 +75,6 @@ std::vector<std::vector<int32_t>> sample_prompts(const CalibrateOptions& o,
 
 void run_calibrate(CalibrateOptions options) {
   model::LoadedModel loaded = model::load_model(options.model.load_options());
-  options.config.threads = options.model.threads;
   if (options.prompt_len == 0) {
     options.prompt_len =
         static_cast<int32_t>(std::min<int64_t>(512, loaded.model->config().context_length - 1));

@@ -35,7 +35,6 @@ void run_eval(EvalOptions options) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   model::LoadedModel loaded = model::load_model(options.model.load_options());
-  options.config.threads = options.model.threads;
   if (!options.calibration_path.empty()) {
     options.config.calibration = std::make_shared<const sparsity::CalibrationProfile>(
         sparsity::load_calibration(options.calibration_path));

@@ -8,9 +8,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "eval/perplexity.h"
-#include "kernels/backend.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace sieve::cli {
 
@@ -36,11 +34,8 @@ void run_perplexity(const PerplexityOptions& options) {
   if (!vocab.bos) fail("the model's vocabulary has no BOS token, which this method needs");
   std::vector<tok::TokenId> tokens =
       loaded.tokenizer->encode(text, {.add_special = true, .parse_special = false});
-  ThreadPool pool(options.model.threads);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   eval::PerplexityResult result = eval::perplexity(
-      *loaded.model, tokens, *vocab.bos, options.context, *backend,
-      [&](const eval::PerplexityResult& r) {
+      *loaded.model, tokens, *vocab.bos, options.context, [&](const eval::PerplexityResult& r) {
         if (!options.json)
           fmt::print(stderr, "[{}]{:.4f} ", r.running_ppl.size(), r.running_ppl.back());
       });

@@ -66,14 +66,16 @@ void quantize(const QuantizeOptions& options) {
     }
   }
   if (options.compare) {
-    model::LoadedModel reference = model::load_model({options.in_path, ""});
-    model::LoadedModel candidate = model::load_model({options.out_path, ""});
+    const kernels::BackendOptions backend{.device = "cpu", .threads = options.threads};
+    model::LoadedModel reference =
+        model::load_model({.model_path = options.in_path, .backend = backend});
+    model::LoadedModel candidate =
+        model::load_model({.model_path = options.out_path, .backend = backend});
     std::vector<std::vector<int32_t>> prompts;
     for (const std::string& text : options.prompts)
       prompts.push_back(reference.tokenizer->encode(text));
-    const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
-    eval::ModelAgreement agreement = eval::compare_models(
-        *reference.model, *candidate.model, prompts, options.compare_tokens, *backend);
+    eval::ModelAgreement agreement =
+        eval::compare_models(*reference.model, *candidate.model, prompts, options.compare_tokens);
     out["comparison"] = {{"prompts", options.prompts.size()},
                          {"tokens_per_prompt", options.compare_tokens},
                          {"top1_agreement", agreement.top1_agreement()},

@@ -39,7 +39,7 @@ void run(RunOptions options) {
   options.sampling.max_tokens = static_cast<int32_t>(
       std::min<int64_t>(options.max_tokens, context - static_cast<int64_t>(prompt.size())));
   // One sequence: the pool needs only the pages this request can fill.
-  engine::EngineConfig config = options.engine.engine_config(options.model.threads);
+  engine::EngineConfig config = options.engine.engine_config();
   config.num_kv_pages = static_cast<int32_t>(
       (prompt.size() + *options.sampling.max_tokens + config.page_size - 1) / config.page_size);
   engine::Engine engine(config, loaded.model, loaded.tokenizer);
@@ -84,7 +84,7 @@ void run(RunOptions options) {
         {"total_seconds", t.total_seconds},
         {"prompt_tokens_per_second", prompt_tps},
         {"generated_tokens_per_second", generate_tps},
-        {"threads", options.model.threads},
+        {"threads", loaded.model->backend().num_threads()},
     };
     fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {

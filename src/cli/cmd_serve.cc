@@ -111,7 +111,7 @@ void serve(ServeOptions options) {
     auto chat_template =
         std::make_shared<const server::ChatTemplate>(server::ChatTemplate::parse(template_source));
 
-    engine::EngineConfig config = options.engine.engine_config(options.model.threads);
+    engine::EngineConfig config = options.engine.engine_config();
     auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
     engine->check_policy(default_policy);  // e.g. a default lserve needs --calibration
     engine->start();
@@ -129,9 +129,8 @@ void serve(ServeOptions options) {
             (1 << 20),
         ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
     spdlog::info("default kv_policy: {}", sparsity::to_string(default_policy));
-    spdlog::info("threads: {} compute, {} HTTP; chat template: {}; API key: {}",
-                 options.model.threads > 0 ? options.model.threads
-                                           : static_cast<int>(std::thread::hardware_concurrency()),
+    spdlog::info("compute: {} backend, {} threads; {} HTTP threads; chat template: {}; API key: {}",
+                 loaded.model->backend().name(), loaded.model->backend().num_threads(),
                  options.server.http_threads, template_origin,
                  options.server.api_key.empty() ? "none" : "required");
     http.set_backend({.engine = engine,

@@ -53,10 +53,9 @@ struct EngineOptions {
         ->check(CLI::ExistingFile);
   }
 
-  engine::EngineConfig engine_config(int threads) const {
+  engine::EngineConfig engine_config() const {
     engine::EngineConfig c = config;
     c.kv_memory_bytes = static_cast<uint64_t>(kv_memory_mib) << 20;
-    c.threads = threads;
     c.kv_dtype = kv_dtype == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
     if (!calibration_path.empty()) {
       c.calibration = std::make_shared<const sparsity::CalibrationProfile>(

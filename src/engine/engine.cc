@@ -96,20 +96,19 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
       model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
       eos_ids_(tokenizer_->eog_ids().begin(), tokenizer_->eog_ids().end()),
-      pool_(config.threads),
-      backend_(kernels::make_cpu_backend(pool_)),
       kv_(kv::KvConfig{.num_pages = pages_for(config, model_->config()),
                        .page_size = config.page_size,
                        .enable_prefix_caching = config.enable_prefix_caching,
                        .num_layers = static_cast<int32_t>(model_->config().num_layers),
                        .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)}),
-      cache_(*backend_, model_->config(), kv_.num_pages(), config.page_size, config.kv_dtype),
+      cache_(model_->backend(), model_->config(), kv_.num_pages(), config.page_size,
+             config.kv_dtype),
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
                                         .max_num_seqs = config.max_num_seqs,
                                         .max_model_len =
                                             static_cast<int32_t>(model_->config().context_length)},
                  kv_),
-      runner_(*model_, cache_, *backend_, kv_) {
+      runner_(*model_, cache_, kv_) {
   config_.num_kv_pages = kv_.num_pages();
   if (config_.calibration && config_.calibration->model_fingerprint != model_->fingerprint()) {
     fail(

@@ -64,7 +64,6 @@ struct EngineConfig {
   int32_t max_num_seqs = 64;
   int32_t max_queued = 1024;
   bool enable_prefix_caching = true;
-  int threads = 0;  // 0: all cores
   // K/V element type: kF32, or kF16 (half the KV memory and half the bytes decode attention
   // reads per key; rounding moves logprobs by ~1e-3).
   kernels::DType kv_dtype = model::kKvDefaultDType;
@@ -180,8 +179,6 @@ class Engine {
   std::shared_ptr<const model::LlamaModel> model_;
   std::shared_ptr<const tok::Tokenizer> tokenizer_;
   std::vector<TokenId> eos_ids_;
-  ThreadPool pool_;
-  std::unique_ptr<kernels::Backend> backend_;  // on pool_: the forward pass and cache_'s memory
   kv::KvManager kv_;
   model::KvCache cache_;
   sched::Scheduler scheduler_;

@@ -14,8 +14,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId> prompt,
-                         const GenerateOptions& options, kernels::Backend& backend,
-                         const TokenCallback& on_token) {
+                         const GenerateOptions& options, const TokenCallback& on_token) {
   const int64_t context = model.config().context_length;
   if (prompt.empty()) fail("the prompt is empty (at least one token is needed)");
   if (static_cast<int64_t>(prompt.size()) > context) {
@@ -23,8 +22,8 @@ GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId
   }
   const int64_t capacity =
       std::min<int64_t>(context, prompt.size() + std::max(0, options.max_tokens));
-  auto [cache, block_table] =
-      model::KvCache::for_one_sequence(backend, model.config(), static_cast<int32_t>(capacity));
+  auto [cache, block_table] = model::KvCache::for_one_sequence(model.backend(), model.config(),
+                                                               static_cast<int32_t>(capacity));
   model::ForwardScratch scratch;
   Sampler sampler(options.sampling);
   std::vector<float> logits;
@@ -36,7 +35,7 @@ GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId
   GenerationStats stats;
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
   auto start = std::chrono::steady_clock::now();
-  model.forward(batch, cache, backend, scratch, logits);
+  model.forward(batch, cache, scratch, logits);
   stats.prompt_seconds = seconds_since(start);
   start = std::chrono::steady_clock::now();
 
@@ -50,7 +49,7 @@ GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId
     batch.clear();
     batch.begin_sequence(block_table);
     batch.add(token, position++, true);
-    model.forward(batch, cache, backend, scratch, logits);
+    model.forward(batch, cache, scratch, logits);
   }
   stats.generate_seconds = seconds_since(start);
   return stats;

@@ -37,7 +37,6 @@ using TokenCallback = std::function<bool(TokenId token, std::span<const float> l
 
 // Throws sieve::Error if the prompt is empty or prompt + max_tokens exceeds the context.
 GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId> prompt,
-                         const GenerateOptions& options, kernels::Backend& backend,
-                         const TokenCallback& on_token);
+                         const GenerateOptions& options, const TokenCallback& on_token);
 
 }  // namespace sieve::engine

@@ -83,7 +83,7 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
     }
   }
   logits_.clear();
-  if (batch_.size() > 0) model_.forward(batch_, cache_, backend_, scratch_, logits_, &outputs_);
+  if (batch_.size() > 0) model_.forward(batch_, cache_, scratch_, logits_, &outputs_);
   return logits_;
 }
 
@@ -106,8 +106,7 @@ const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
   std::vector<int32_t> positions(static_cast<size_t>(window));
   for (int32_t i = 0; i < window; ++i) positions[i] = n - window + i;
   const model::SequenceKv view = sequence_kv(seq, nullptr, nullptr);
-  model_.observe(tokens.subspan(n - window), positions, view, cache_, backend_, scratch_,
-                 scores_.values);
+  model_.observe(tokens.subspan(n - window), positions, view, cache_, scratch_, scores_.values);
   scores_.offsets.assign(1, 0);
   for (int32_t length : kv_.stream_lengths(seq, n))
     scores_.offsets.push_back(scores_.offsets.back() + static_cast<size_t>(length));

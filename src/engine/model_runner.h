@@ -18,10 +18,9 @@ namespace sieve::engine {
 
 class ModelRunner {
  public:
-  // backend: runs the model (and allocated `cache`); must outlive the runner.
-  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, kernels::Backend& backend,
-              const kv::KvManager& kv)
-      : model_(model), cache_(cache), backend_(backend), kv_(kv) {}
+  // cache: allocated on model.backend(), where the model runs.
+  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, const kv::KvManager& kv)
+      : model_(model), cache_(cache), kv_(kv) {}
 
   // What a sequence's sparsity controller asks of this step's rows (streams of their own only).
   struct RowRequests {
@@ -80,7 +79,6 @@ class ModelRunner {
 
   const model::LlamaModel& model_;
   model::KvCache& cache_;
-  kernels::Backend& backend_;
   const kv::KvManager& kv_;
   ObservationScores scores_;
   std::unordered_map<sched::SeqId, std::vector<SliceSummaries>> summaries_;  // [stream]

@@ -4,10 +4,8 @@
 
 #include <memory>
 
-#include "kernels/backend.h"
 #include "sparsity/selection.h"
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace sieve::eval {
 
@@ -20,8 +18,6 @@ sparsity::CalibrationProfile calibrate(const model::LlamaModel& model,
   if (config.observation_rows < 1) fail("calibration needs at least one observation row");
   const int64_t num_cells = c.num_layers * c.num_kv_heads;
   std::vector<double> sums(static_cast<size_t>(num_cells), 0.0);
-  ThreadPool pool(config.threads);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   model::ForwardScratch scratch;
   std::vector<float> logits, scores;
   for (const std::vector<int32_t>& prompt : prompts) {
@@ -29,17 +25,16 @@ sparsity::CalibrationProfile calibrate(const model::LlamaModel& model,
     if (n < 2 || n >= c.context_length) {
       fail("a calibration prompt has {} tokens; it needs 2 to {}", n, c.context_length - 1);
     }
-    auto single = model::KvCache::for_one_sequence(*backend, c, n);
+    auto single = model::KvCache::for_one_sequence(model.backend(), c, n);
     model::Batch batch;
     batch.begin_sequence(single.block_table);
     for (int32_t i = 0; i < n; ++i) batch.add(prompt[static_cast<size_t>(i)], i, i + 1 == n);
-    model.forward(batch, single.cache, *backend, scratch, logits);
+    model.forward(batch, single.cache, scratch, logits);
     const int32_t rows = std::min(config.observation_rows, n);
     std::vector<int32_t> positions(static_cast<size_t>(rows));
     for (int32_t i = 0; i < rows; ++i) positions[static_cast<size_t>(i)] = n - rows + i;
     model.observe(std::span<const int32_t>(prompt).subspan(static_cast<size_t>(n - rows)),
-                  positions, {.block_table = single.block_table}, single.cache, *backend, scratch,
-                  scores);
+                  positions, {.block_table = single.block_table}, single.cache, scratch, scores);
     for (int64_t cell = 0; cell < num_cells; ++cell) {
       sums[static_cast<size_t>(cell)] += sparsity::streaming_score(
           std::span<const float>(scores.data() + cell * n, static_cast<size_t>(n)),

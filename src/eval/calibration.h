@@ -20,7 +20,6 @@ struct CalibrationConfig {
   int64_t num_sinks = 4;
   int64_t window = 64;
   int32_t observation_rows = 16;
-  int threads = 0;
 };
 
 // prompts: token ids, each at least 2 tokens and shorter than the context. Throws sieve::Error.

@@ -8,27 +8,26 @@
 namespace sieve::eval {
 
 GreedyRun run_greedy(const model::LlamaModel& model, std::span<const int32_t> prompt,
-                     int32_t num_tokens, kernels::Backend& backend) {
+                     int32_t num_tokens) {
   GreedyRun run;
   engine::GenerateOptions options{.max_tokens = num_tokens, .sampling = {.temperature = 0.0f}};
-  engine::generate(model, prompt, options, backend,
-                   [&](int32_t token, std::span<const float> logits) {
-                     run.tokens.push_back(token);
-                     run.logits.insert(run.logits.end(), logits.begin(), logits.end());
-                     return true;
-                   });
+  engine::generate(model, prompt, options, [&](int32_t token, std::span<const float> logits) {
+    run.tokens.push_back(token);
+    run.logits.insert(run.logits.end(), logits.begin(), logits.end());
+    return true;
+  });
   return run;
 }
 
 ModelAgreement compare_models(const model::LlamaModel& reference,
                               const model::LlamaModel& candidate,
-                              const std::vector<std::vector<int32_t>>& prompts, int32_t num_tokens,
-                              kernels::Backend& backend) {
+                              const std::vector<std::vector<int32_t>>& prompts,
+                              int32_t num_tokens) {
   ModelAgreement agreement;
   const int64_t vocab = reference.config().vocab_size;
   for (const std::vector<int32_t>& prompt : prompts) {
-    GreedyRun ref = run_greedy(reference, prompt, num_tokens, backend);
-    GreedyRun own = run_greedy(candidate, prompt, num_tokens, backend);
+    GreedyRun ref = run_greedy(reference, prompt, num_tokens);
+    GreedyRun own = run_greedy(candidate, prompt, num_tokens);
     for (size_t i = 0;
          i < ref.tokens.size() && i < own.tokens.size() && ref.tokens[i] == own.tokens[i]; ++i) {
       ++agreement.free_run_tokens;
@@ -40,7 +39,7 @@ ModelAgreement compare_models(const model::LlamaModel& reference,
     sequence.insert(sequence.end(), ref.tokens.begin(),
                     ref.tokens.end() - (ref.tokens.empty() ? 0 : 1));
     auto [cache, block_table] = model::KvCache::for_one_sequence(
-        backend, candidate.config(), static_cast<int32_t>(sequence.size()));
+        candidate.backend(), candidate.config(), static_cast<int32_t>(sequence.size()));
     model::ForwardScratch scratch;
     model::Batch batch;
     batch.begin_sequence(block_table);
@@ -48,7 +47,7 @@ ModelAgreement compare_models(const model::LlamaModel& reference,
       batch.add(sequence[j], static_cast<int32_t>(j), j + 1 >= prompt.size());
     }
     std::vector<float> logits;
-    candidate.forward(batch, cache, backend, scratch, logits);
+    candidate.forward(batch, cache, scratch, logits);
     for (size_t step = 0; step < ref.tokens.size(); ++step) {
       std::span<const float> want(&ref.logits[step * vocab], vocab);
       std::span<const float> got(&logits[step * vocab], vocab);

@@ -24,8 +24,7 @@ struct ModelAgreement {
 
 ModelAgreement compare_models(const model::LlamaModel& reference,
                               const model::LlamaModel& candidate,
-                              const std::vector<std::vector<int32_t>>& prompts, int32_t num_tokens,
-                              kernels::Backend& backend);
+                              const std::vector<std::vector<int32_t>>& prompts, int32_t num_tokens);
 
 // Greedy continuation of `prompt` (num_tokens tokens) with all the logits it saw.
 struct GreedyRun {
@@ -33,6 +32,6 @@ struct GreedyRun {
   std::vector<float> logits;  // [num_tokens][vocab]
 };
 GreedyRun run_greedy(const model::LlamaModel& model, std::span<const int32_t> prompt,
-                     int32_t num_tokens, kernels::Backend& backend);
+                     int32_t num_tokens);
 
 }  // namespace sieve::eval

@@ -39,7 +39,6 @@ engine::EngineConfig engine_config(const EngineBenchConfig& config, int32_t page
   ec.max_num_seqs = std::max(1, max_num_seqs);
   ec.max_queued = std::max(ec.max_queued, max_num_seqs);
   ec.enable_prefix_caching = false;  // every point pays for every prompt token
-  ec.threads = config.threads;
   ec.kv_dtype = config.kv_dtype;
   if (config.kv_memory_bytes) {
     ec.num_kv_pages = 0;
@@ -264,9 +263,7 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel
          int64_t{config.prompt_tokens} + config.output_tokens, context);
   }
   EngineBenchResult result;
-  result.threads = config.threads > 0
-                       ? config.threads
-                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  result.threads = model->backend().num_threads();
 
   // The references are the C=1 and depth-0 points, measured first when listed so the progress
   // callbacks can already show the ratios.

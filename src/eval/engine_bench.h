@@ -31,7 +31,6 @@ struct EngineBenchConfig {
   std::optional<uint64_t> kv_memory_bytes;  // nullopt: exactly enough pages for each point
   int32_t max_batch_tokens = 512;
   int32_t page_size = 16;
-  int threads = 0;  // 0: all cores
   kernels::DType kv_dtype = kernels::DType::kF32;
 };
 

@@ -9,7 +9,7 @@
 namespace sieve::eval {
 
 PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int32_t> tokens,
-                            int32_t bos_id, int64_t context, kernels::Backend& backend,
+                            int32_t bos_id, int64_t context,
                             const std::function<void(const PerplexityResult&)>& on_chunk) {
   const model::ModelConfig& config = model.config();
   if (context < 4 || context > config.context_length) {
@@ -24,7 +24,7 @@ PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int3
   }
   const auto start = std::chrono::steady_clock::now();
   auto [cache, block_table] =
-      model::KvCache::for_one_sequence(backend, config, static_cast<int32_t>(context));
+      model::KvCache::for_one_sequence(model.backend(), config, static_cast<int32_t>(context));
   model::ForwardScratch scratch;
   std::vector<float> logits;
   const int64_t first_scored = context / 2;  // logits at first_scored predict token first_scored+1
@@ -38,7 +38,7 @@ PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int3
       const int32_t token = j == 0 ? bos_id : window[j];
       batch.add(token, static_cast<int32_t>(j), j >= first_scored && j <= context - 2);
     }
-    model.forward(batch, cache, backend, scratch, logits);
+    model.forward(batch, cache, scratch, logits);
     for (int64_t j = first_scored; j <= context - 2; ++j) {
       std::span<const float> row(&logits[(j - first_scored) * config.vocab_size],
                                  config.vocab_size);

@@ -26,7 +26,7 @@ struct PerplexityResult {
 // `tokens` is the whole tokenized text (BOS first). Throws sieve::Error when there is not one
 // full chunk or context is not in [4, model context].
 PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int32_t> tokens,
-                            int32_t bos_id, int64_t context, kernels::Backend& backend,
+                            int32_t bos_id, int64_t context,
                             const std::function<void(const PerplexityResult&)>& on_chunk = {});
 
 }  // namespace sieve::eval

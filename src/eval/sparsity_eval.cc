@@ -71,7 +71,7 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
 std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model,
                               std::shared_ptr<const tok::Tokenizer> tokenizer,
                               const std::vector<Case>& cases,
-                              const std::vector<std::string>& policies, int threads,
+                              const std::vector<std::string>& policies,
                               std::shared_ptr<const sparsity::CalibrationProfile> calibration) {
   int64_t pages = 0;
   for (const Case& c : cases)
@@ -82,7 +82,6 @@ std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model,
                          .max_num_seqs = 256,
                          .max_queued = 4096,
                          .enable_prefix_caching = false,
-                         .threads = threads,
                          .calibration = std::move(calibration)},
                         std::move(model), std::move(tokenizer));
   std::vector<Result> results(cases.size());
@@ -177,8 +176,8 @@ std::vector<PolicyFidelity> run_sparsity_eval(
               ? fastgen_policy(budget, prompt_len, config.observation_window)
               : policy_for_budget(family, budget, prompt_len, config.observation_window));
     }
-    return std::make_pair(
-        policies, run_cases(model, tokenizer, cases, policies, config.threads, config.calibration));
+    return std::make_pair(policies,
+                          run_cases(model, tokenizer, cases, policies, config.calibration));
   };
 
   std::vector<PolicyFidelity> out;

@@ -41,7 +41,6 @@ struct SparsityEvalConfig {
   int32_t retrieval_span = 16;  // tokens of the span to recall
   int32_t retrieval_cue = 4;    // of which the first ones are given after compression
   int32_t observation_window = 8;
-  int threads = 0;
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;  // for lserve
 };
 

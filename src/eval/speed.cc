@@ -79,8 +79,8 @@ uint64_t layer_matmul_params(const model::Weights& weights) {
   return total;
 }
 
-ModelSpeed measure_model_speed(const model::LlamaModel& model, kernels::Backend& backend,
-                               int64_t prompt_tokens, int64_t decode_tokens) {
+ModelSpeed measure_model_speed(const model::LlamaModel& model, int64_t prompt_tokens,
+                               int64_t decode_tokens) {
   const int64_t vocab = model.config().vocab_size;
   std::vector<int32_t> prompt(prompt_tokens);
   for (int64_t i = 0; i < prompt_tokens; ++i)
@@ -92,7 +92,7 @@ ModelSpeed measure_model_speed(const model::LlamaModel& model, kernels::Backend&
   Clock::time_point first_token_time{}, last_token_time{};
   int64_t generated = 0;
   engine::GenerationStats stats =
-      engine::generate(model, prompt, options, backend, [&](int32_t, std::span<const float>) {
+      engine::generate(model, prompt, options, [&](int32_t, std::span<const float>) {
         (generated == 0 ? first_token_time : last_token_time) = Clock::now();
         ++generated;
         return true;

@@ -39,7 +39,7 @@ struct ModelSpeed {
 uint64_t layer_matmul_params(const model::Weights& weights);
 // One prompt of `prompt_tokens` tokens in a single batch, then `decode_tokens` single-token
 // steps (greedy). Prompt ids are drawn deterministically from the vocabulary.
-ModelSpeed measure_model_speed(const model::LlamaModel& model, kernels::Backend& backend,
-                               int64_t prompt_tokens, int64_t decode_tokens);
+ModelSpeed measure_model_speed(const model::LlamaModel& model, int64_t prompt_tokens,
+                               int64_t decode_tokens);
 
 }  // namespace sieve::eval

@@ -2,21 +2,28 @@
 // A backend: one device's memory and every op the forward pass runs on it. The model (src/model)
 // is its only caller: it allocates its KV pages and scratch here, and runs embedding, matmuls,
 // norms, RoPE, KV writes and attention through these calls, never through the free functions of
-// ops.h. Whoever runs a model (the engine, eval, the CLI) creates one and hands it down. Like
-// ops.h, it sees pointers, shapes and dtypes only: no request, sequence or scheduler type. A
-// backend owns its parallelism (the CPU one its ThreadPool): callers pass no pool.
+// ops.h. Like ops.h, it sees pointers, shapes and dtypes only: no request, sequence or scheduler
+// type. A backend owns its parallelism (the CPU one its ThreadPool): callers pass no pool.
+//
+// Which backend runs is chosen once, when the model is loaded (model::LoadOptions::backend, a
+// BackendOptions; the CLI's --device and --threads): make_backend() builds it, the model prepares
+// its weights on it and keeps it (LlamaModel::backend()), and everyone who runs the model (the
+// engine, eval, the CLI's bench and perplexity) runs on that one, so no code above src/model
+// names a backend.
 //
 // Implementations: make_cpu_backend() (the Highway kernels of ops.h, paged_attention.h, ...,
 // dispatched to the best SIMD target) and make_reference_backend() (the scalar ref:: functions,
 // single-threaded; the definition of correct). tests/kernels/backend_ops_test.cc runs every op
-// of every backend against the reference; a new backend is one line in its factory list.
+// of every backend against the reference; a new backend is one line in its factory list there
+// and one device name in make_backend().
 //
 // A CUDA backend implements this class: allocate() is device memory, upload() / download() are
 // host <-> device copies, prepare_weights() uploads a weight matrix once, and each op is a
-// kernel launch. The forward pass does not change when it is added. Not yet so: which backend
-// runs is still picked above src/model (the engine, eval and the CLI call make_cpu_backend, and
-// the loader prepares the weights on a backend of its own, which only CPU backends can share):
-// a device backend needs that choice made once, at load, and everyone running on the model's.
+// kernel launch. Neither the forward pass nor anything above it changes when it is added.
+//
+// One caller at a time: ops of one backend must not run concurrently (the CPU backend's pool
+// runs one loop at a time). A model is run by one engine thread; tests that share a loaded model
+// between engines run them one after another.
 //
 // Memory rules:
 // - Float pointers passed to ops, and the K/V pointers inside a PagedKv, are device memory: in
@@ -35,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -126,6 +134,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Host threads its ops run on (the CPU backend's pool); 1 for the single-threaded reference.
+  virtual int num_threads() const { return 1; }
 
   // --- memory ---
   virtual DeviceBuffer allocate(size_t bytes) = 0;                      // zero-filled
@@ -208,5 +218,15 @@ std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool);
 std::unique_ptr<Backend> make_cpu_backend(int num_threads);
 // The scalar references, single-threaded.
 std::unique_ptr<Backend> make_reference_backend();
+
+// The choice make_backend() makes: a device name and, for the CPU, its worker threads.
+struct BackendOptions {
+  std::string device = "cpu";  // "cpu" (make_cpu_backend) or "reference" (make_reference_backend)
+  int threads = 0;             // cpu: worker threads, <= 0: one per hardware thread
+};
+// The device names make_backend() accepts, for help texts and errors.
+inline constexpr const char* kBackendDevices = "cpu, reference";
+// Throws sieve::Error naming the valid devices for an unknown one.
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
 
 }  // namespace sieve::kernels

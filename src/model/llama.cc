@@ -286,9 +286,10 @@ void LlamaModel::finish_layer(kernels::Backend& backend, const DeviceLayer& w, i
   backend.add(norm, x, n * dim);
 }
 
-void LlamaModel::forward(const Batch& batch, KvCache& cache, kernels::Backend& backend,
-                         ForwardScratch& s, std::vector<float>& logits,
+void LlamaModel::forward(const Batch& batch, KvCache& cache, ForwardScratch& s,
+                         std::vector<float>& logits,
                          std::vector<StreamOutputs>* stream_outputs) const {
+  kernels::Backend& backend = *backend_;
   check_batch(batch, cache);
   if (stream_outputs) {
     const auto num_streams = static_cast<size_t>(config_.num_layers * config_.num_kv_heads);
@@ -673,8 +674,9 @@ void LlamaModel::observe_rows(std::span<const TokenId> window_tokens,
 
 void LlamaModel::observe(std::span<const TokenId> window_tokens,
                          std::span<const int32_t> window_positions, const SequenceKv& kv,
-                         const KvCache& cache, kernels::Backend& backend, ForwardScratch& s,
+                         const KvCache& cache, ForwardScratch& s,
                          std::vector<float>& scores) const {
+  kernels::Backend& backend = *backend_;
   const ModelConfig& c = config_;
   if (window_positions.empty()) fail("observe needs window tokens and positions");
   // Scores go stream after stream; a layer's streams are consecutive.

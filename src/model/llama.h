@@ -78,6 +78,10 @@ class LlamaModel {
   LlamaModel(ModelConfig config, Weights weights, std::shared_ptr<kernels::Backend> backend);
 
   const ModelConfig& config() const { return config_; }
+  // Where the model runs: its weights live in this backend's memory and every op of forward()
+  // and observe() runs on it. Whoever runs the model allocates its KvCache here. Not part of
+  // the model's constness: running ops is not changing the model.
+  kernels::Backend& backend() const { return *backend_; }
   // The weights as loaded (host views of the file; not the prepared ones forward() reads).
   const Weights& weights() const { return weights_; }
   // Identifies the weights (calibration profiles record it; the engine checks it before use):
@@ -92,11 +96,9 @@ class LlamaModel {
   // outside the block table.
   // stream_outputs (may be null): [batch sequence] what the streams' rows hand back (attention
   // weights, Quest choices).
-  // backend: runs every op; it must read the memory of the backend the model was prepared on
-  // (that one, or, for host-memory weights, any CPU or reference backend) and of cache and
-  // scratch (allocated through it).
-  void forward(const Batch& batch, KvCache& cache, kernels::Backend& backend,
-               ForwardScratch& scratch, std::vector<float>& logits,
+  // cache and scratch are in backend()'s memory.
+  void forward(const Batch& batch, KvCache& cache, ForwardScratch& scratch,
+               std::vector<float>& logits,
                std::vector<StreamOutputs>* stream_outputs = nullptr) const;
 
   // KV sparsity's observation pass (SnapKV): how much attention every cached key of one
@@ -109,8 +111,8 @@ class LlamaModel {
   // num_keys (its kept keys, with their causal visibility as in forward). The result depends
   // only on the window and the cache, not on how the prompt was chunked.
   void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
-               const SequenceKv& kv, const KvCache& cache, kernels::Backend& backend,
-               ForwardScratch& scratch, std::vector<float>& scores) const;
+               const SequenceKv& kv, const KvCache& cache, ForwardScratch& scratch,
+               std::vector<float>& scores) const;
 
  private:
   // One layer as forward() reads it: matrices prepared on backend_, vectors in its memory.

@@ -47,15 +47,10 @@ void touch_tensors(const gguf::File& file, const std::function<void(double)>& on
   if (on_progress) on_progress(1.0);
 }
 
-std::shared_ptr<kernels::Backend> weights_backend(const LoadOptions& options) {
-  if (options.backend) return options.backend;
-  // Preparing weights runs no parallel op: one thread (no worker) is enough.
-  return kernels::make_cpu_backend(1);
-}
-
 }  // namespace
 
 LoadedModel load_model(const LoadOptions& options) {
+  std::shared_ptr<kernels::Backend> backend = kernels::make_backend(options.backend);
   LoadedModel loaded;
   loaded.name = std::filesystem::path(options.model_path).filename().string();
   if (is_gguf_file(options.model_path)) {
@@ -67,7 +62,7 @@ LoadedModel load_model(const LoadOptions& options) {
     Weights weights = weights_from_gguf(file, config);
     if (options.on_progress) touch_tensors(*file, options.on_progress);
     loaded.model = std::make_shared<const LlamaModel>(std::move(config), std::move(weights),
-                                                      weights_backend(options));
+                                                      std::move(backend));
   } else {
     if (options.tokenizer_path.empty()) {
       fail(
@@ -79,7 +74,7 @@ LoadedModel load_model(const LoadOptions& options) {
     loaded.tokenizer = tok::Tokenizer::create(
         tok::load_llama2c_vocab(options.tokenizer_path, checkpoint.config.vocab_size));
     loaded.model = std::make_shared<const LlamaModel>(
-        std::move(checkpoint.config), std::move(checkpoint.weights), weights_backend(options));
+        std::move(checkpoint.config), std::move(checkpoint.weights), std::move(backend));
     if (options.on_progress) options.on_progress(1.0);
   }
   const int64_t vocab = loaded.model->config().vocab_size;

@@ -18,9 +18,9 @@ struct LoadOptions {
   // time (instead of on first use through the mapping) makes the first request as fast as the
   // rest and surfaces I/O errors before the server says it is ready.
   std::function<void(double fraction)> on_progress;
-  // Where the weights are prepared and kept (LlamaModel's constructor); null: a CPU backend
-  // of its own. forward() runs on any backend that reads that memory (any CPU backend here).
-  std::shared_ptr<kernels::Backend> backend;
+  // Where the model runs, chosen here once: the weights are prepared on this backend and every
+  // op runs on it (LlamaModel::backend()); whoever runs the model uses that one.
+  kernels::BackendOptions backend;
 };
 
 struct LoadedModel {

@@ -109,8 +109,7 @@ EngineConfig config(int32_t num_pages, int32_t max_batch_tokens = 256, bool pref
           .max_batch_tokens = max_batch_tokens,
           .max_num_seqs = 64,
           .max_queued = 256,
-          .enable_prefix_caching = prefix_caching,
-          .threads = 2};
+          .enable_prefix_caching = prefix_caching};
 }
 
 void expect_all_pages_free(const Engine& engine) {
@@ -132,13 +131,10 @@ TEST_P(BatchedEqualsAlone, ThirtyTwoPromptsTogetherGiveTheTokensEachGivesAlone) 
   auto batched = run(together, requests);
   expect_all_pages_free(together);
   EXPECT_GT(together.stats().num_steps, 0);
-
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   for (size_t i = 0; i < requests.size(); ++i) {
     std::vector<TokenId> alone;
     generate(*loaded.model, requests[i].prompt,
-             {.max_tokens = 24, .sampling = {.temperature = 0.0f}}, *backend,
+             {.max_tokens = 24, .sampling = {.temperature = 0.0f}},
              [&](TokenId t, std::span<const float>) {
                alone.push_back(t);
                return true;

@@ -82,7 +82,6 @@ EngineConfig config(int32_t num_pages,
           .max_num_seqs = 64,
           .max_queued = 256,
           .enable_prefix_caching = true,
-          .threads = 2,
           .calibration = std::move(calibration)};
 }
 
@@ -267,12 +266,9 @@ TEST(SparseEngine, SlidingWindowModelDropsKeysOutsideTheWindowExactly) {
   EXPECT_LE(outcome.usage.kv_pages, 5);
   EXPECT_GE(outcome.usage.kv_dense_pages, 18);
   expect_all_pages_free(engine);
-
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   std::vector<TokenId> masked_dense;
   engine::generate(*windowed, prompt, {.max_tokens = 200, .sampling = {.temperature = 0.0f}},
-                   *backend, [&](TokenId token, std::span<const float>) {
+                   [&](TokenId token, std::span<const float>) {
                      masked_dense.push_back(token);
                      return true;
                    });
@@ -526,9 +522,8 @@ TEST(SparseEngine, LServeRunsWithAMeasuredProfile) {
   // What `sieve calibrate` writes, round-tripped through the file format, drives lserve.
   model::LoadedModel loaded = load_stories();
   const auto prompts = long_prompts(*loaded.tokenizer, 3);
-  const sparsity::CalibrationProfile measured =
-      eval::calibrate(*loaded.model, loaded.name, prompts,
-                      {.num_sinks = 4, .window = 16, .observation_rows = 8, .threads = 2});
+  const sparsity::CalibrationProfile measured = eval::calibrate(
+      *loaded.model, loaded.name, prompts, {.num_sinks = 4, .window = 16, .observation_rows = 8});
   const std::string path =
       (std::filesystem::temp_directory_path() / "sieve_lserve_profile.json").string();
   sparsity::save_calibration(measured, path);

@@ -23,8 +23,7 @@ TEST(SparsityEval, DenseAgreesWithItselfAndBudgetsKeepLess) {
                             .budgets = {2.0, 0.25},
                             .num_prompts = 2,
                             .prompt_tokens = 96,
-                            .continuation_tokens = 8,
-                            .threads = 2};
+                            .continuation_tokens = 8};
   const std::vector<PolicyFidelity> results =
       run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
   ASSERT_EQ(results.size(), 5u);
@@ -64,8 +63,7 @@ TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
                             .fastgen_thresholds = {0.0, 0.5},
                             .num_prompts = 2,
                             .prompt_tokens = 96,
-                            .continuation_tokens = 8,
-                            .threads = 2};
+                            .continuation_tokens = 8};
   const std::vector<PolicyFidelity> results =
       run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
   ASSERT_EQ(results.size(), 3u) << "the dense baseline and one row per threshold";
@@ -92,8 +90,7 @@ TEST(SparsityEval, QuestReadsFewerPagesButKeepsThemAll) {
                             .budgets = {2.0, 0.125},
                             .num_prompts = 2,
                             .prompt_tokens = 96,
-                            .continuation_tokens = 8,
-                            .threads = 2};
+                            .continuation_tokens = 8};
   const std::vector<PolicyFidelity> results =
       run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
   ASSERT_EQ(results.size(), 3u);

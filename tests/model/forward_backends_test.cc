@@ -15,7 +15,7 @@
 #include "model/llama.h"
 #include "model/loader.h"
 #include "shared_data.h"
-#include "util/thread_pool.h"
+#include "util/error.h"
 
 namespace sieve {
 namespace {
@@ -29,15 +29,15 @@ struct Outputs {
   std::vector<float> scores;                  // observe() on sequence 1 after the steps
 };
 
-// Two steps on a model prepared on `backend`: a prefill of three sequences (the second with
+// Two steps on a model loaded onto `backend`: a prefill of three sequences (the second with
 // streams of its own: each stream reads its own slice table), then one decode row each, with
 // attention weights asked of some streams and a Quest choice on one; then sequence 1's
 // observation scores.
-Outputs run_on(std::shared_ptr<kernels::Backend> backend) {
+Outputs run_on(const kernels::BackendOptions& backend) {
   const model::LoadedModel loaded = model::load_model(
       {.model_path = testing::shared_path("models/stories260K.gguf"), .backend = backend});
   const model::LlamaModel& m = *loaded.model;
-  model::KvCache cache(*backend, m.config(), 12, kPageSize);
+  model::KvCache cache(m.backend(), m.config(), 12, kPageSize);
   const kv::SliceShape shape = cache.slice_shape();
   const std::vector<std::vector<int32_t>> prompts = {
       loaded.tokenizer->encode("Once upon a time"),
@@ -101,7 +101,7 @@ Outputs run_on(std::shared_ptr<kernels::Backend> backend) {
       }
       if (static_cast<int32_t>(i) == own) own_kv = kv;
     }
-    m.forward(batch, cache, *backend, scratch, logits, &outputs);
+    m.forward(batch, cache, scratch, logits, &outputs);
     result.logits.insert(result.logits.end(), logits.begin(), logits.end());
   }
   for (const model::StreamOutputs& o : outputs) {
@@ -118,7 +118,7 @@ Outputs run_on(std::shared_ptr<kernels::Backend> backend) {
     stream.new_rows.clear();
     stream.selection.reset();
   }
-  m.observe(window_tokens, window_positions, own_kv, cache, *backend, scratch, result.scores);
+  m.observe(window_tokens, window_positions, own_kv, cache, scratch, result.scores);
   return result;
 }
 
@@ -131,9 +131,8 @@ void expect_near(const std::vector<float>& got, const std::vector<float>& want, 
 }
 
 TEST(ForwardBackends, CpuMatchesTheReference) {
-  ThreadPool pool(2);
-  const Outputs cpu = run_on(kernels::make_cpu_backend(pool));
-  const Outputs ref = run_on(kernels::make_reference_backend());
+  const Outputs cpu = run_on({.device = "cpu", .threads = 2});
+  const Outputs ref = run_on({.device = "reference"});
   ASSERT_FALSE(cpu.logits.empty());
   expect_near(cpu.logits, ref.logits, 1e-3f, "logits");
   ASSERT_EQ(cpu.attention.size(), ref.attention.size());
@@ -147,6 +146,18 @@ TEST(ForwardBackends, CpuMatchesTheReference) {
   EXPECT_EQ(cpu.chosen, ref.chosen);
   ASSERT_EQ(cpu.chosen[2].size(), 2u);  // Quest read 2 of the stream's slices
   expect_near(cpu.scores, ref.scores, 1e-4f, "observation scores");
+}
+
+// The device is chosen once, at load; an unknown one is refused there, naming the valid ones.
+TEST(ForwardBackends, UnknownDeviceIsRefusedAtLoad) {
+  try {
+    model::load_model({.model_path = testing::shared_path("models/stories260K.gguf"),
+                       .backend = {.device = "cuda"}});
+    FAIL() << "an unknown device loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown device 'cuda'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(kernels::kBackendDevices), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -31,17 +31,16 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Logits of every position of `tokens`, fed one token per forward call.
-std::vector<float> token_by_token(const model::LlamaModel& m, const std::vector<int32_t>& tokens,
-                                  kernels::Backend& backend) {
-  auto [cache, table] =
-      model::KvCache::for_one_sequence(backend, m.config(), static_cast<int32_t>(tokens.size()));
+std::vector<float> token_by_token(const model::LlamaModel& m, const std::vector<int32_t>& tokens) {
+  auto [cache, table] = model::KvCache::for_one_sequence(m.backend(), m.config(),
+                                                         static_cast<int32_t>(tokens.size()));
   model::ForwardScratch scratch;
   std::vector<float> all, logits;
   for (size_t i = 0; i < tokens.size(); ++i) {
     model::Batch batch;
     batch.begin_sequence(table);
     batch.add(tokens[i], static_cast<int32_t>(i), true);
-    m.forward(batch, cache, backend, scratch, logits);
+    m.forward(batch, cache, scratch, logits);
     all.insert(all.end(), logits.begin(), logits.end());
   }
   return all;
@@ -49,19 +48,18 @@ std::vector<float> token_by_token(const model::LlamaModel& m, const std::vector<
 
 TEST(Forward, PrefillBatchEqualsTokenByToken) {
   model::LoadedModel loaded = load();
-  ThreadPool pool(3);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
+  kernels::Backend& backend = loaded.model->backend();
   std::vector<int32_t> tokens =
       loaded.tokenizer->encode("Once upon a time there was a little girl named Lily.");
-  auto [cache, table] = model::KvCache::for_one_sequence(*backend, loaded.model->config(),
+  auto [cache, table] = model::KvCache::for_one_sequence(backend, loaded.model->config(),
                                                          static_cast<int32_t>(tokens.size()), 4);
   model::ForwardScratch scratch;
   model::Batch batch;
   batch.begin_sequence(table);
   for (size_t i = 0; i < tokens.size(); ++i) batch.add(tokens[i], static_cast<int32_t>(i), true);
   std::vector<float> batched;
-  loaded.model->forward(batch, cache, *backend, scratch, batched);
-  EXPECT_LT(max_abs_diff(batched, token_by_token(*loaded.model, tokens, *backend)), 1e-4f);
+  loaded.model->forward(batch, cache, scratch, batched);
+  EXPECT_LT(max_abs_diff(batched, token_by_token(*loaded.model, tokens)), 1e-4f);
 }
 
 TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
@@ -69,19 +67,18 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   // streams; with every key kept in place they must be the dense observation scores.
   model::LoadedModel loaded = load();
   const model::LlamaModel& m = *loaded.model;
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
+  kernels::Backend& backend = loaded.model->backend();
   std::vector<int32_t> tokens = loaded.tokenizer->encode(
       "Once upon a time there was a little girl named Lily. She liked to play outside in the park "
       "with her dog.");
   const auto n = static_cast<int32_t>(tokens.size());
-  auto [cache, table] = model::KvCache::for_one_sequence(*backend, m.config(), n, 8);
+  auto [cache, table] = model::KvCache::for_one_sequence(backend, m.config(), n, 8);
   model::ForwardScratch scratch;
   model::Batch batch;
   batch.begin_sequence(table);
   for (int32_t i = 0; i < n; ++i) batch.add(tokens[i], i, false);
   std::vector<float> logits;
-  m.forward(batch, cache, *backend, scratch, logits);
+  m.forward(batch, cache, scratch, logits);
 
   const int32_t window = 6;
   std::vector<int32_t> positions;
@@ -89,7 +86,7 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   const std::span<const int32_t> window_tokens =
       std::span<const int32_t>(tokens).subspan(n - window);
   std::vector<float> dense, streamed;
-  m.observe(window_tokens, positions, {.block_table = table}, cache, *backend, scratch, dense);
+  m.observe(window_tokens, positions, {.block_table = table}, cache, scratch, dense);
 
   model::SequenceKv sparse;
   const kv::SliceShape shape = cache.slice_shape();
@@ -99,7 +96,7 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
       stream.slices.push_back(static_cast<int32_t>(shape.dense_slice(kv::PageId{page}, s).value));
     stream.num_keys = n;
   }
-  m.observe(window_tokens, positions, sparse, cache, *backend, scratch, streamed);
+  m.observe(window_tokens, positions, sparse, cache, scratch, streamed);
   ASSERT_EQ(streamed.size(), dense.size());
   EXPECT_LT(max_abs_diff(streamed, dense), 1e-4f);  // the kernels tile one head vs all heads
   float total = 0;
@@ -111,12 +108,11 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
 
 TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
   model::LoadedModel loaded = load();
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
+  kernels::Backend& backend = loaded.model->backend();
   const std::vector<std::string> prompts = {"Once upon a time",
                                             "The dog ran to the big red ball and", "Sara"};
   // Pages of 4 tokens, handed out interleaved and out of order between the sequences.
-  model::KvCache cache(*backend, loaded.model->config(), 16, 4);
+  model::KvCache cache(backend, loaded.model->config(), 16, 4);
   const std::vector<std::vector<int32_t>> tables = {{9, 2, 14}, {5, 11, 0, 7, 3}, {12}};
   model::ForwardScratch scratch;
   model::Batch batch;
@@ -129,11 +125,11 @@ TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
       batch.add(encoded[s][i], static_cast<int32_t>(i), true);
   }
   std::vector<float> batched;
-  loaded.model->forward(batch, cache, *backend, scratch, batched);
+  loaded.model->forward(batch, cache, scratch, batched);
   const int64_t vocab = loaded.model->config().vocab_size;
   size_t row = 0;
   for (size_t s = 0; s < prompts.size(); ++s) {
-    std::vector<float> alone = token_by_token(*loaded.model, encoded[s], *backend);
+    std::vector<float> alone = token_by_token(*loaded.model, encoded[s]);
     std::vector<float> mine(batched.begin() + row * vocab,
                             batched.begin() + (row + encoded[s].size()) * vocab);
     EXPECT_LT(max_abs_diff(mine, alone), 1e-4f) << prompts[s];
@@ -145,14 +141,13 @@ TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
 // up to f16 rounding of K and V, and the same greedy token at every position.
 TEST(Forward, F16KvCacheMatchesF32WithinF16Rounding) {
   model::LoadedModel loaded = load();
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
+  kernels::Backend& backend = loaded.model->backend();
   const std::vector<std::string> prompts = {"Once upon a time there was a little girl named Lily.",
                                             "Sara"};
   const std::vector<std::vector<int32_t>> tables = {{9, 2, 14, 1, 6}, {5}};
   std::vector<float> logits[2];
   for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kF16}) {
-    model::KvCache cache(*backend, loaded.model->config(), 16, 4, dtype);
+    model::KvCache cache(backend, loaded.model->config(), 16, 4, dtype);
     EXPECT_EQ(cache.dtype(), dtype);
     model::ForwardScratch scratch;
     model::Batch batch;
@@ -163,7 +158,7 @@ TEST(Forward, F16KvCacheMatchesF32WithinF16Rounding) {
       for (size_t i = 0; i < tokens.size(); ++i)
         batch.add(tokens[i], static_cast<int32_t>(i), true);
     }
-    loaded.model->forward(batch, cache, *backend, scratch, logits[dtype == kernels::DType::kF16]);
+    loaded.model->forward(batch, cache, scratch, logits[dtype == kernels::DType::kF16]);
   }
   ASSERT_EQ(logits[0].size(), logits[1].size());
   const float diff = max_abs_diff(logits[0], logits[1]);
@@ -184,9 +179,9 @@ TEST(Forward, F16KvCacheMatchesF32WithinF16Rounding) {
 TEST(KvCache, CopyPageCopiesEveryLayer) {
   model::LoadedModel loaded = load();
   const model::ModelConfig& config = loaded.model->config();
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(1);
+  kernels::Backend& backend = loaded.model->backend();
   for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kF16}) {
-    model::KvCache cache(*backend, config, 4, 2, dtype);
+    model::KvCache cache(backend, config, 4, 2, dtype);
     const std::vector<int32_t> src_table = {1}, dst_table = {3};
     std::vector<float> k(config.kv_dim()), v(config.kv_dim());
     for (int64_t layer = 0; layer < config.num_layers; ++layer) {
@@ -219,23 +214,22 @@ TEST(KvCache, CopyPageCopiesEveryLayer) {
 
 TEST(Forward, RejectsPositionsOutsideTheBlockTableBadPagesAndBadTokens) {
   model::LoadedModel loaded = load();
-  ThreadPool pool(1);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
-  model::KvCache cache(*backend, loaded.model->config(), 2, 4);
+  kernels::Backend& backend = loaded.model->backend();
+  model::KvCache cache(backend, loaded.model->config(), 2, 4);
   model::ForwardScratch scratch;
   std::vector<float> logits;
   model::Batch batch;
   batch.begin_sequence({0});
   batch.add(1, 4, true);  // the block table covers positions 0..3
-  EXPECT_THROW(loaded.model->forward(batch, cache, *backend, scratch, logits), Error);
+  EXPECT_THROW(loaded.model->forward(batch, cache, scratch, logits), Error);
   batch.clear();
   batch.begin_sequence({0});
   batch.add(512, 0, true);  // vocabulary has 512 tokens
-  EXPECT_THROW(loaded.model->forward(batch, cache, *backend, scratch, logits), Error);
+  EXPECT_THROW(loaded.model->forward(batch, cache, scratch, logits), Error);
   batch.clear();
   batch.begin_sequence({2});  // page 2 does not exist
   batch.add(1, 0, true);
-  EXPECT_THROW(loaded.model->forward(batch, cache, *backend, scratch, logits), Error);
+  EXPECT_THROW(loaded.model->forward(batch, cache, scratch, logits), Error);
 }
 
 // The same model with Q/K rows permuted from adjacent-pair to half-split order and NeoX RoPE
@@ -269,13 +263,9 @@ TEST(Forward, NeoxOrderingOnPermutedWeightsMatchesNormal) {
   }
   weights.storage = std::make_shared<std::pair<std::shared_ptr<const void>, decltype(buffers)>>(
       weights.storage, buffers);
-  model::LlamaModel neox(config, weights, kernels::make_cpu_backend(1));
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
+  model::LlamaModel neox(config, weights, kernels::make_cpu_backend(2));
   std::vector<int32_t> tokens = loaded.tokenizer->encode("Once upon a time, in a small town");
-  EXPECT_LT(max_abs_diff(token_by_token(neox, tokens, *backend),
-                         token_by_token(original, tokens, *backend)),
-            1e-4f);
+  EXPECT_LT(max_abs_diff(token_by_token(neox, tokens), token_by_token(original, tokens)), 1e-4f);
 }
 
 }  // namespace

@@ -121,8 +121,6 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
   model::LoadedModel loaded = model::load_model({path, ""});
   const model::LlamaModel& model = *loaded.model;
   EXPECT_EQ(model.config().architecture, entry["arch"].get<std::string>());
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
 
   double ppl_change = 0.0;  // relative to llama.cpp's
   {
@@ -130,7 +128,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
     std::vector<int32_t> tokens = tinystories_tokens(*loaded.tokenizer);
     ASSERT_GE(static_cast<int64_t>(tokens.size()), kContext * kChunks);
     tokens.resize(kContext * kChunks);  // llama-perplexity --chunks 20
-    const eval::PerplexityResult result = eval::perplexity(model, tokens, 1, kContext, *backend);
+    const eval::PerplexityResult result = eval::perplexity(model, tokens, 1, kContext);
     const json& want = entry["perplexity"];
     ASSERT_EQ(want["ctx"].get<int64_t>(), kContext);
     ASSERT_EQ(want["chunks"].get<int64_t>(), kChunks);
@@ -160,7 +158,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
     engine::generate(
         model, prompt,
         {.max_tokens = static_cast<int32_t>(want_tokens.size()), .sampling = {.temperature = 0.0f}},
-        *backend, [&](int32_t token, std::span<const float> logits) {
+        [&](int32_t token, std::span<const float> logits) {
           double error = 0.0;
           for (const json& top : want_top[step]) {
             error =

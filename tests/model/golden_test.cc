@@ -34,10 +34,10 @@ model::LoadedModel load_llama2c() {
 }
 
 std::vector<int32_t> greedy(const model::LoadedModel& loaded, const std::vector<int32_t>& prompt,
-                            int n, kernels::Backend& backend) {
+                            int n) {
   std::vector<int32_t> out;
   engine::generate(*loaded.model, prompt, {.max_tokens = n, .sampling = {.temperature = 0.0f}},
-                   backend, [&](int32_t token, std::span<const float>) {
+                   [&](int32_t token, std::span<const float>) {
                      out.push_back(token);
                      return true;
                    });
@@ -49,8 +49,6 @@ class GoldenGreedy : public ::testing::TestWithParam<bool> {};
 TEST_P(GoldenGreedy, ReproducesEveryCaseTokenForToken) {
   const bool from_llama2c = GetParam();
   model::LoadedModel loaded = from_llama2c ? load_llama2c() : load_gguf();
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   json cases = read_json("golden/stories260K/greedy.json");
   ASSERT_EQ(cases.size(), 7u);
   for (const json& c : cases) {
@@ -58,7 +56,7 @@ TEST_P(GoldenGreedy, ReproducesEveryCaseTokenForToken) {
                  " n=" + std::to_string(c["n_predict"].get<int>()));
     std::vector<int32_t> prompt = loaded.tokenizer->encode(c["prompt"].get<std::string>());
     EXPECT_EQ(prompt, c["prompt_tokens"].get<std::vector<int32_t>>());
-    std::vector<int32_t> tokens = greedy(loaded, prompt, c["n_predict"].get<int>(), *backend);
+    std::vector<int32_t> tokens = greedy(loaded, prompt, c["n_predict"].get<int>());
     EXPECT_EQ(tokens, c["tokens"].get<std::vector<int32_t>>());
     std::string text;
     for (int32_t id : tokens) text += loaded.tokenizer->token_to_piece(id);
@@ -71,8 +69,6 @@ INSTANTIATE_TEST_SUITE_P(Stories260K, GoldenGreedy, ::testing::Values(false, tru
 
 TEST(Golden, TopLogprobsWithin1e3) {
   model::LoadedModel loaded = load_gguf();
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   json golden = read_json("golden/stories260K/top_logprobs.json");
   int compared = 0;
   for (const json& c : golden["cases"]) {
@@ -80,7 +76,7 @@ TEST(Golden, TopLogprobsWithin1e3) {
     std::vector<std::vector<engine::TokenLogprob>> steps;
     engine::generate(*loaded.model, prompt,
                      {.max_tokens = c["n_steps"].get<int>(), .sampling = {.temperature = 0.0f}},
-                     *backend, [&](int32_t, std::span<const float> logits) {
+                     [&](int32_t, std::span<const float> logits) {
                        steps.push_back(engine::top_logprobs(logits, 5));
                        return true;
                      });
@@ -114,10 +110,7 @@ TEST_P(GoldenPerplexity, Within0Point5Percent) {
   std::vector<int32_t> tokens =
       loaded.tokenizer->encode(text, {.add_special = true, .parse_special = false});
   EXPECT_EQ(tokens, golden["tokens"].get<std::vector<int32_t>>());
-
-  ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
-  eval::PerplexityResult result = eval::perplexity(*loaded.model, tokens, 1, context, *backend);
+  eval::PerplexityResult result = eval::perplexity(*loaded.model, tokens, 1, context);
   const json* expected = nullptr;
   for (const json& r : golden["results"]) {
     if (r["n_ctx"].get<int>() == context) expected = &r;

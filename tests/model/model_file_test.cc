@@ -56,7 +56,6 @@ TEST(GenModel, DeterministicWhateverTheThreadCount) {
 TEST(GenModel, LoadsWithRealVocabularyAndPeakedLogits) {
   const std::string path = temp_path("gen.gguf");
   ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   model::write_random_model(small_spec(kernels::DType::kF16), path, pool);
   model::LoadedModel loaded = model::load_model({path, ""});
   const model::ModelConfig& config = loaded.model->config();
@@ -68,8 +67,7 @@ TEST(GenModel, LoadsWithRealVocabularyAndPeakedLogits) {
   EXPECT_EQ(loaded.tokenizer->encode("Hello world"),
             (std::vector<int32_t>{1, 15043, 3186}));  // the llama SPM vocabulary, copied
 
-  eval::GreedyRun run =
-      eval::run_greedy(*loaded.model, loaded.tokenizer->encode("Hello world"), 8, *backend);
+  eval::GreedyRun run = eval::run_greedy(*loaded.model, loaded.tokenizer->encode("Hello world"), 8);
   ASSERT_EQ(run.tokens.size(), 8u);
   // Logits far from uniform: the top two are separated by much more than rounding error.
   for (size_t step = 0; step < run.tokens.size(); ++step) {
@@ -89,7 +87,6 @@ TEST(Quantize, EveryTypeLoadsAndTracksF32) {
   const std::string input = testing::shared_path("models/stories260K.gguf");
   model::LoadedModel reference = model::load_model({input, ""});
   ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   std::vector<std::vector<int32_t>> prompts = {reference.tokenizer->encode("Once upon a time"),
                                                reference.tokenizer->encode("The little dog")};
   // Loose bounds on the error each type's rounding allows on this tiny (dim 64) model; the
@@ -105,7 +102,7 @@ TEST(Quantize, EveryTypeLoadsAndTracksF32) {
     EXPECT_EQ(report.tensors.size(), 48u);
     model::LoadedModel candidate = model::load_model({output, ""});
     eval::ModelAgreement agreement =
-        eval::compare_models(*reference.model, *candidate.model, prompts, 32, *backend);
+        eval::compare_models(*reference.model, *candidate.model, prompts, 32);
     EXPECT_EQ(agreement.steps, 64);
     if (std::string(type) == "f32") {
       // Same weights; only the attention kernel's summation order differs between the
@@ -334,7 +331,6 @@ TEST(Quantize, PureQ4_0KeepsEveryMatrixInTheBaseType) {
   const std::string input = testing::shared_path("golden/quant/base-F16.gguf");
   const std::string output = temp_path("base-Q4_0-pure.gguf");
   ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   model::QuantizeReport report =
       model::quantize_model(input, output, mix("q4_0"), pool, /*pure=*/true);
   std::map<std::string, int> counts;
@@ -349,7 +345,7 @@ TEST(Quantize, PureQ4_0KeepsEveryMatrixInTheBaseType) {
   model::LoadedModel candidate = model::load_model({output, ""});
   std::vector<std::vector<int32_t>> prompts = {reference.tokenizer->encode("Once upon a time")};
   eval::ModelAgreement agreement =
-      eval::compare_models(*reference.model, *candidate.model, prompts, 24, *backend);
+      eval::compare_models(*reference.model, *candidate.model, prompts, 24);
   EXPECT_EQ(agreement.steps, 24);
   EXPECT_GT(agreement.max_abs_logit_error, 0.0);
   EXPECT_GT(agreement.top1_agreement(), 0.5);
@@ -362,7 +358,6 @@ TEST(Quantize, Q4KMFollowsF16Model) {
   const std::string input = testing::shared_path("golden/quant/base-F16.gguf");
   const std::string output = temp_path("base-Q4_K_M.gguf");
   ThreadPool pool(2);
-  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(pool);
   model::QuantizeReport report = model::quantize_model(input, output, mix("Q4_K_M"), pool);
   const gguf::File source = gguf::File::open(input);
   const gguf::File written = gguf::File::open(output);
@@ -385,7 +380,7 @@ TEST(Quantize, Q4KMFollowsF16Model) {
   std::vector<std::vector<int32_t>> prompts = {reference.tokenizer->encode("Once upon a time"),
                                                reference.tokenizer->encode("The little dog")};
   eval::ModelAgreement agreement =
-      eval::compare_models(*reference.model, *candidate.model, prompts, 24, *backend);
+      eval::compare_models(*reference.model, *candidate.model, prompts, 24);
   EXPECT_EQ(agreement.steps, 48);
   EXPECT_GT(agreement.max_abs_logit_error, 0.0);
   // About 4.8 bits per weight on a 256-wide random model: most top-1 choices survive.

@@ -31,8 +31,8 @@ TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedThenServes) {
 
   model::LoadedModel loaded =
       model::load_model({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
-  auto engine = std::make_shared<engine::Engine>(
-      engine::EngineConfig{.num_kv_pages = 64, .threads = 1}, loaded.model, loaded.tokenizer);
+  auto engine = std::make_shared<engine::Engine>(engine::EngineConfig{.num_kv_pages = 64},
+                                                 loaded.model, loaded.tokenizer);
   engine->start();
   auto chatml = std::make_shared<const ChatTemplate>(ChatTemplate::parse(chatml_template()));
   server.set_backend({.engine = engine,

@@ -31,6 +31,7 @@ class CpuBackend final : public HostMemoryBackend {
       : owned_pool_(std::move(pool)), pool_(*owned_pool_) {}
 
   std::string_view name() const override { return "cpu"; }
+  int num_threads() const override { return pool_.num_threads(); }
 
   MatrixView prepare_weights(const MatrixView& w) override {
     if (w.dtype != DType::kQ8_0 || w.packed != nullptr || !packed_q8_0_matmul_supported()) return w;
