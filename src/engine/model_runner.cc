@@ -52,12 +52,21 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
   const int64_t summary_floats = 2 * model_.config().head_dim;
   const int32_t num_full = num_written / page_size;
   if (num_full > summary.num_summarized) {
-    summary.values.resize(static_cast<size_t>(num_full * summary_floats));
-    cache_.summarize_slices(stream.slices, summary.num_summarized, num_full, summary.values.data());
+    const size_t kept_bytes = summary.num_summarized * summary_floats * sizeof(float);
+    const size_t bytes = num_full * summary_floats * sizeof(float);
+    if (summary.values.bytes() < bytes) {  // grow by half again: a stream fills a slice at a time
+      kernels::Backend& backend = model_.backend();
+      kernels::DeviceBuffer grown =
+          backend.allocate(std::max(bytes, summary.values.bytes() * 3 / 2));
+      if (kept_bytes > 0) backend.copy(grown.data(), summary.values.data(), kept_bytes);
+      summary.values = std::move(grown);
+    }
+    cache_.summarize_slices(stream.slices, summary.num_summarized, num_full,
+                            summary.values.as<float>());
     summary.num_summarized = num_full;
   }
   return {.choose = reads.choose,
-          .summaries = reads.choose ? summary.values.data() : nullptr,
+          .summaries = reads.choose ? summary.values.as<float>() : nullptr,
           .num_summarized = reads.choose ? summary.num_summarized : 0,
           .top_k = reads.top_k,
           .forced = reads.forced,

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
 #include "sched/scheduler.h"
@@ -63,9 +64,10 @@ class ModelRunner {
 
  private:
   // Quest: one stream's key min / max per full slice, by slice index in the stream (so they
-  // survive slice moves): [num_summarized][2][head_dim].
+  // survive slice moves): [num_summarized][2][head_dim] floats in the model's backend memory
+  // (derived from K, which lives there; the forward pass reads them there).
   struct SliceSummaries {
-    std::vector<float> values;
+    kernels::DeviceBuffer values;
     int32_t num_summarized = 0;
   };
 
