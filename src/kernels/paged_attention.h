@@ -100,6 +100,14 @@ inline const uint8_t* kv_block_row(const PagedKv& kv, bool value, int64_t offset
 // The K (or V) row of position `position`, kv head `kv_head`, as f32 (any dtype).
 void load_kv_row(const PagedKv& kv, bool value, int64_t position, int64_t kv_head, float* out);
 
+// Block pools (kQ8_0 / kQ4_1) score key t as sum_i out[i] * k_t[i] (no further scale) with out
+// this query row: q * scale (f32), then rounded to Q8_0 blocks as a matmul's activations
+// (quantize_activations_q8) and read back (q_int * d). So the kernels may take q·k as exact
+// int8 block dot products times one scale per block (vpdpbusd), as ggml's CPU flash attention
+// does for quantized K. n % 32 == 0. Every consumer of q·k on block pools (paged_attention,
+// observation_scores and their references) uses it, so their scores agree.
+void block_kv_query(const float* q, float scale, int64_t n, float* out);
+
 // Offset in elements of position `position`, kv head `kv_head` from the K (and V) base.
 inline int64_t kv_offset(const PagedKv& kv, int64_t key, int64_t kv_head) {
   const int64_t position = key + kv.key_offset;
