@@ -27,9 +27,11 @@
 // its own scales: moving a token, a slice or a page is a plain byte copy. Rows are written with
 // quantize_row(dtype, ...) (ggml's reference rounding: Q8_0 d = max|x| / 127, q = round(x / d);
 // Q4_1 m = min, d = (max - min) / 15, q = trunc((x - m) / d + 0.5)), e.g. by
-// Backend::store_kv_rows. The kernels dequantize a tile of rows at a time into a small per-thread
-// buffer (never a full-precision copy of the KV). Keys are quantized without per-channel scales:
-// the model rotates each key and query head by rotate_heads() (ops.h) before storing keys /
+// Backend::store_kv_rows. Keys are scored against the query rounded to Q8_0 blocks
+// (block_kv_query below): exact int8 block dot products on AVX-512 VNNI (K never dequantized),
+// V dequantized in registers; other targets dequantize a tile of rows at a time into a small
+// per-thread buffer (never a full-precision copy of the KV). Keys are quantized without per-channel
+// scales: the model rotates each key and query head by rotate_heads() (ops.h) before storing keys /
 // attending, which leaves q·k unchanged and spreads channel outliers over the group; the
 // kernels here know nothing of it.
 //

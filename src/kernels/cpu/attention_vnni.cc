@@ -257,7 +257,7 @@ SIEVE_VNNI_ATTR inline void PvPass(const float* pd, const float* msum, int64_t n
     for (int c = 0; c < 2 * kB; ++c) {
       __m512 x = a[r][c];
       if constexpr (kFormat == KvBlockFormat::kQ4_1) {
-        x = _mm512_add_ps(x, _mm512_set1_ps(msum[r * num_blocks + b0 + c / 2]));
+        x = _mm512_add_ps(x, _mm512_set1_ps(msum[4 * (b0 + c / 2) + r]));
       }
       _mm512_storeu_ps(acc + r * dp + b0 * kQBlock + 16 * c, x);
     }
@@ -271,23 +271,41 @@ SIEVE_VNNI_ATTR void PvRows(const float* p, int64_t tp, const float* alpha,
   const int64_t num_blocks = head_dim / kQBlock;
   // pd[r][b][j] = p[r][j] * d_j of block b; msum[r][b] = sum_j p[r][j] * m_j (Q4_1).
   alignas(64) float pd[4 * 8 * kMaxKeys];
-  float msum[4 * 8];
+  float msum[8 * 4];  // [block][row]
   const __mmask16 tail0 = static_cast<__mmask16>(num_keys >= 16 ? 0xFFFF : (1u << num_keys) - 1);
   const __mmask16 tail1 = static_cast<__mmask16>(num_keys >= 32   ? 0xFFFF
                                                  : num_keys <= 16 ? 0
                                                                   : (1u << (num_keys - 16)) - 1);
+  __m512 p0[kR], p1[kR];
   for (int r = 0; r < kR; ++r) {
-    const __m512 p0 = _mm512_maskz_loadu_ps(tail0, p + r * tp);
-    const __m512 p1 = _mm512_maskz_loadu_ps(tail1, p + r * tp + 16);
-    for (int64_t b = 0; b < num_blocks; ++b) {
+    p0[r] = _mm512_maskz_loadu_ps(tail0, p + r * tp);
+    p1[r] = _mm512_maskz_loadu_ps(tail1, p + r * tp + 16);
+  }
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const __m512 d0 = _mm512_load_ps(dv + b * kMaxKeys),
+                 d1 = _mm512_load_ps(dv + b * kMaxKeys + 16);
+    for (int r = 0; r < kR; ++r) {
       float* out = pd + (r * num_blocks + b) * kMaxKeys;
-      _mm512_store_ps(out, _mm512_mul_ps(p0, _mm512_load_ps(dv + b * kMaxKeys)));
-      _mm512_store_ps(out + 16, _mm512_mul_ps(p1, _mm512_load_ps(dv + b * kMaxKeys + 16)));
-      if constexpr (kFormat == KvBlockFormat::kQ4_1) {
-        msum[r * num_blocks + b] = _mm512_reduce_add_ps(
-            _mm512_fmadd_ps(p1, _mm512_load_ps(mv + b * kMaxKeys + 16),
-                            _mm512_mul_ps(p0, _mm512_load_ps(mv + b * kMaxKeys))));
+      _mm512_store_ps(out, _mm512_mul_ps(p0[r], d0));
+      _mm512_store_ps(out + 16, _mm512_mul_ps(p1[r], d1));
+    }
+    if constexpr (kFormat == KvBlockFormat::kQ4_1) {
+      // The 4 rows' sums at once: pairwise interleaved adds, then the 128-bit chunks.
+      const __m512 m0 = _mm512_load_ps(mv + b * kMaxKeys),
+                   m1 = _mm512_load_ps(mv + b * kMaxKeys + 16);
+      __m512 x[4];
+      for (int r = 0; r < 4; ++r) {
+        x[r] = r < kR ? _mm512_fmadd_ps(p1[r], m1, _mm512_mul_ps(p0[r], m0)) : _mm512_setzero_ps();
       }
+      const __m512d ab = _mm512_castps_pd(
+          _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1])));
+      const __m512d ce = _mm512_castps_pd(
+          _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3])));
+      __m512 sums = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ab, ce)),
+                                  _mm512_castpd_ps(_mm512_unpackhi_pd(ab, ce)));
+      sums = _mm512_add_ps(sums, _mm512_shuffle_f32x4(sums, sums, 0x4E));
+      sums = _mm512_add_ps(sums, _mm512_shuffle_f32x4(sums, sums, 0xB1));
+      _mm_storeu_ps(msum + 4 * b, _mm512_castps512_ps128(sums));
     }
   }
   int64_t b0 = 0;
