@@ -19,7 +19,7 @@
 //                                            its time with Prefill/n:N
 //   PageBounds/<target>/ctx:C                page_upper_bounds() of one decode row over C / 16
 //                                            pages (Quest)
-//   EngineDecode/<target>/<f32|f16|q8|q4>/<layout>/ctx:{16384,1024}/threads:T
+//   EngineDecode/<target>/<f32|f16|q8|q4>/<layout>/ctx:{16384,8192,2048,1024}/threads:T
 //                                            bench-engine's model at depth 16k: 8 layers, 8 heads,
 //                                            2 kv heads, head_dim 64, one sequence on pages
 //                                            0, 1, 2, ... of a pool laid out layer-major (as
@@ -385,7 +385,7 @@ void register_all() {
     for (DType dtype : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1}) {
       for (bool layer_major : {true, false}) {
         for (int threads : thread_counts) {
-          for (int64_t ctx : {16384, 1024}) {  // 1024: 2 MiB f32 in all, from L2/L3
+          for (int64_t ctx : {16384, 8192, 2048, 1024}) {  // 1024: 2 MiB f32 in all, from L2/L3
             const std::string name = "EngineDecode/" + target + "/" + kv_dtype_name(dtype) +
                                      (layer_major ? "/layer-major" : "/page-major") +
                                      "/ctx:" + std::to_string(ctx) +

@@ -33,6 +33,7 @@ namespace sieve::kernels {
 //   scores[kv_head * num_keys + t] =
 //       sum over rows i with positions[i] >= t, query heads h of kv_head's group:
 //           exp(window.scale * q[i][h]·k_t - row_lse[i * num_heads + h])
+// (block pools: exp(q'·k_t - lse) with q' = block_kv_query(q[i][h], scale), as paged_attention)
 // window: the α rows (q, positions, num_heads, scale) exactly as given to paged_attention();
 // row_lse: [α][num_heads] as paged_attention() returned it for them. num_keys <= the block
 // table's capacity; every key < num_keys that some row sees must be in the pages (keys no row

@@ -27,9 +27,11 @@
 // its own scales: moving a token, a slice or a page is a plain byte copy. Rows are written with
 // quantize_row(dtype, ...) (ggml's reference rounding: Q8_0 d = max|x| / 127, q = round(x / d);
 // Q4_1 m = min, d = (max - min) / 15, q = trunc((x - m) / d + 0.5)), e.g. by
-// Backend::store_kv_rows. The kernels dequantize a tile of rows at a time into a small per-thread
-// buffer (never a full-precision copy of the KV). Keys are quantized without per-channel scales:
-// the model rotates each key and query head by rotate_heads() (ops.h) before storing keys /
+// Backend::store_kv_rows. Keys are scored against the query rounded to Q8_0 blocks
+// (block_kv_query below): exact int8 block dot products on AVX-512 VNNI (K never dequantized),
+// V dequantized in registers; other targets dequantize a tile of rows at a time into a small
+// per-thread buffer (never a full-precision copy of the KV). Keys are quantized without per-channel
+// scales: the model rotates each key and query head by rotate_heads() (ops.h) before storing keys /
 // attending, which leaves q·k unchanged and spreads channel outliers over the group; the
 // kernels here know nothing of it.
 //
@@ -99,6 +101,14 @@ inline const uint8_t* kv_block_row(const PagedKv& kv, bool value, int64_t offset
 
 // The K (or V) row of position `position`, kv head `kv_head`, as f32 (any dtype).
 void load_kv_row(const PagedKv& kv, bool value, int64_t position, int64_t kv_head, float* out);
+
+// Block pools (kQ8_0 / kQ4_1) score key t as sum_i out[i] * k_t[i] (no further scale) with out
+// this query row: q * scale (f32), then rounded to Q8_0 blocks as a matmul's activations
+// (quantize_activations_q8) and read back (q_int * d). So the kernels may take q·k as exact
+// int8 block dot products times one scale per block (vpdpbusd), as ggml's CPU flash attention
+// does for quantized K. n % 32 == 0. Every consumer of q·k on block pools (paged_attention,
+// observation_scores and their references) uses it, so their scores agree.
+void block_kv_query(const float* q, float scale, int64_t n, float* out);
 
 // Offset in elements of position `position`, kv head `kv_head` from the K (and V) base.
 inline int64_t kv_offset(const PagedKv& kv, int64_t key, int64_t kv_head) {

@@ -1,11 +1,13 @@
 // ref::paged_attention: per (query row, query head), every score, one softmax, all in double.
-// K/V rows are read through load_kv_row (scalar dequantize_row for the block dtypes).
+// K/V rows are read through load_kv_row (scalar dequantize_row for the block dtypes); block
+// pools score with the query rounded by block_kv_query.
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "kernels/blocks.h"
 #include "kernels/paged_attention.h"
 
 namespace sieve::kernels {
@@ -24,6 +26,17 @@ void load_kv_row(const PagedKv& kv, bool value, int64_t position, int64_t kv_hea
   }
 }
 
+void block_kv_query(const float* q, float scale, int64_t n, float* out) {
+  assert(n % kQBlock == 0);
+  std::vector<float> scaled(static_cast<size_t>(n)), d(static_cast<size_t>(n / kQBlock));
+  std::vector<int8_t> ints(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) scaled[static_cast<size_t>(i)] = q[i] * scale;
+  quantize_activations_q8(scaled.data(), n, ints.data(), d.data(), nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<float>(ints[static_cast<size_t>(i)]) * d[static_cast<size_t>(i / kQBlock)];
+  }
+}
+
 namespace ref {
 
 void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out) {
@@ -33,6 +46,7 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
   const int64_t num_q = static_cast<int64_t>(q.positions.size());
   std::vector<double> scores, acc(static_cast<size_t>(head_dim));
   std::vector<float> k_row(static_cast<size_t>(head_dim)), v_row(static_cast<size_t>(head_dim));
+  std::vector<float> q_rounded(static_cast<size_t>(head_dim));
   for (int64_t i = 0; i < num_q; ++i) {
     const int64_t num_keys = int64_t{q.positions[i]} + 1;
     const int64_t first_key = first_visible_key(q, static_cast<size_t>(i));
@@ -41,12 +55,19 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
     for (int64_t h = 0; h < q.num_heads; ++h) {
       const int64_t kv_head = h / group;
       const float* q_row = q.q + (i * q.num_heads + h) * head_dim;
+      // Block pools: the scaled query rounded to Q8_0 blocks (block_kv_query), score = q'·k.
+      double scale = q.scale;
+      if (is_block_kv_dtype(kv.dtype)) {
+        block_kv_query(q_row, q.scale, head_dim, q_rounded.data());
+        q_row = q_rounded.data();
+        scale = 1.0;
+      }
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t t = first_key; t < num_keys; ++t) {
         load_kv_row(kv, false, t, kv_head, k_row.data());
         double dot = 0.0;
         for (int64_t d = 0; d < head_dim; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
-        scores[t] = static_cast<double>(q.scale) * dot;
+        scores[t] = scale * dot;
         max = std::max(max, scores[t]);
       }
       double sum = 0.0;

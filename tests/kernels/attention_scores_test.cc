@@ -43,6 +43,13 @@ std::vector<double> naive_window_mass(const PagedKv& kv, const AttentionQuery& w
     for (int64_t h = 0; h < w.num_heads; ++h) {
       const int64_t kv_head = h / group;
       const float* q = w.q + (static_cast<int64_t>(i) * w.num_heads + h) * kv.head_dim;
+      double scale = w.scale;
+      std::vector<float> q_rounded(static_cast<size_t>(kv.head_dim));
+      if (is_block_kv_dtype(kv.dtype)) {  // block pools score with the rounded query
+        block_kv_query(q, w.scale, kv.head_dim, q_rounded.data());
+        q = q_rounded.data();
+        scale = 1.0;
+      }
       std::vector<double> s(static_cast<size_t>(n));
       double max = -std::numeric_limits<double>::infinity();
       std::vector<float> k(static_cast<size_t>(kv.head_dim));
@@ -50,7 +57,7 @@ std::vector<double> naive_window_mass(const PagedKv& kv, const AttentionQuery& w
         load_kv_row(kv, /*value=*/false, t, kv_head, k.data());
         double dot = 0;
         for (int64_t c = 0; c < kv.head_dim; ++c) dot += double{q[c]} * k[c];
-        s[t] = w.scale * dot;
+        s[t] = scale * dot;
         max = std::max(max, s[t]);
       }
       double sum = 0;

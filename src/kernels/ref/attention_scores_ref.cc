@@ -29,6 +29,7 @@ void observation_scores(const PagedKv& kv, const AttentionQuery& window, const f
   assert(window.num_heads % kv.num_kv_heads == 0);
   const int64_t group = window.num_heads / kv.num_kv_heads;
   const auto num_rows = static_cast<int64_t>(window.positions.size());
+  std::vector<float> q_rounded(static_cast<size_t>(kv.head_dim));
   for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
     for (int64_t t = 0; t < num_keys; ++t) {
       double sum = 0.0;
@@ -40,9 +41,15 @@ void observation_scores(const PagedKv& kv, const AttentionQuery& window, const f
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kv_head * group + g;
           const float* q = window.q + (i * window.num_heads + h) * kv.head_dim;
+          double scale = window.scale;
+          if (is_block_kv_dtype(kv.dtype)) {  // as paged_attention: the rounded query
+            block_kv_query(q, window.scale, kv.head_dim, q_rounded.data());
+            q = q_rounded.data();
+            scale = 1.0;
+          }
           double dot = 0.0;
           for (int64_t c = 0; c < kv.head_dim; ++c) dot += double{q[c]} * k[c];
-          sum += std::exp(window.scale * dot - row_lse[i * window.num_heads + h]);
+          sum += std::exp(scale * dot - row_lse[i * window.num_heads + h]);
         }
       }
       scores[kv_head * num_keys + t] = static_cast<float>(sum);
