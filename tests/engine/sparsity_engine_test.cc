@@ -598,15 +598,17 @@ TEST(SparseEngine, PreemptedChunkCompressedRequestsAreRecomputedAndFinish) {
 
 TEST(SparseEngine, ChunkCompressedRequestsShareTheFirstChunkThroughThePrefixCache) {
   // The first chunk is computed densely and published before its compression copies out of it,
-  // so a later request with the same prompt starts from it (a hit is capped at the first chunk,
-  // where the first compression happens) and gives the same tokens.
+  // so a later request with the same prompt starts from it (a hit is capped a page before the
+  // first chunk's end, so that its first step ends where the first compression happens) and
+  // gives the same tokens. (A hit of the whole chunk skipped that compression: copy-lm, which
+  // copies spans, then gave other tokens; stories260K happened not to.)
   model::LoadedModel loaded = load_stories();
   const auto prompt = very_long_prompts(*loaded.tokenizer, 1, 300)[0];
   Engine engine(chunked_config(512, 64), loaded.model, loaded.tokenizer);
   const Outcome first = run(engine, {greedy(prompt, "snapkv:B=40,W=8", 24)})[0];
   const Outcome second = run(engine, {greedy(prompt, "snapkv:B=40,W=8", 24)})[0];
   EXPECT_EQ(first.usage.cached_prompt_tokens, 0);
-  EXPECT_EQ(second.usage.cached_prompt_tokens, 64);
+  EXPECT_EQ(second.usage.cached_prompt_tokens, 48);
   EXPECT_EQ(second.tokens, first.tokens);
   // quest is compressed once, at the prompt's end: it keeps its pages private (in place).
   const Outcome quest_first = run(engine, {greedy(prompt, "quest:K=4,R=1,S=4,W=16", 8)})[0];
