@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/kv_dtype_option.h"
 #include "eval/engine_bench.h"
 #include "kernels/ops.h"
 #include "model/loader.h"
@@ -99,8 +100,10 @@ void bench_engine(BenchEngineOptions options) {
     fmt::print("model {} (dim {}, {} layers, vocab {}, ctx {})\n", options.model_path, mc.dim,
                mc.num_layers, mc.vocab_size, mc.context_length);
     fmt::print(
-        "threads {}, SIMD target {}, page size {}, max batch tokens {}, prefix caching off\n\n",
-        threads, kernels::active_target(), config.page_size, config.max_batch_tokens);
+        "threads {}, SIMD target {}, page size {}, KV dtype {}, max batch tokens {}, prefix "
+        "caching off\n\n",
+        threads, kernels::active_target(), config.page_size, model::kv_dtype_name(config.kv_dtype),
+        config.max_batch_tokens);
     fmt::print(
         "throughput vs concurrency: {} prompt + {} generated tokens per request, greedy, "
         "ignore_eos\n",
@@ -150,6 +153,7 @@ void bench_engine(BenchEngineOptions options) {
                                                       : nlohmann::json(nullptr)},
           {"max_batch_tokens", config.max_batch_tokens},
           {"page_size", config.page_size},
+          {"kv_dtype", model::kv_dtype_name(config.kv_dtype)},
           {"prefix_caching", false}}},
         {"concurrency", nlohmann::json::array()},
         {"depths", nlohmann::json::array()}};
@@ -207,14 +211,7 @@ void add_bench_engine_command(CLI::App& app) {
   command->add_option("--page-size", config.page_size, "KV page size in tokens")
       ->capture_default_str();
   command->add_option("-t,--threads", options->threads, "Worker threads (default: all cores)");
-  command
-      ->add_option_function<std::string>(
-          "--kv-dtype",
-          [options](const std::string& t) {
-            options->config.kv_dtype = t == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
-          },
-          "K/V element type: f32 (default) or f16")
-      ->check(CLI::IsMember({"f32", "f16"}));
+  add_kv_dtype_option(*command, config.kv_dtype);
   command->add_flag("--json", options->json, "Print the results as one JSON object");
   command->callback([options] { bench_engine(*options); });
 }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/kv_dtype_option.h"
 #include "cli/model_options.h"
 #include "eval/sparsity_eval.h"
 #include "util/error.h"
@@ -42,21 +43,22 @@ void run_eval(EvalOptions options) {
   const eval::SparsityEvalConfig& c = options.config;
   fmt::print(
       "{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {}-token span, {} "
-      "given "
-      "after compression\n",
-      c.num_prompts, c.prompt_tokens, c.continuation_tokens, c.retrieval_span, c.retrieval_cue);
-  fmt::print("{:<10} {:>7} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "policy", "budget",
-             "kv kept", "top-1", "KL", "ppl", "ppl delta", "retrieval", "recovery",
-             "spec (first prompt)");
+      "given after compression; KV pages in {}, compared with the f32 dense cache\n",
+      c.num_prompts, c.prompt_tokens, c.continuation_tokens, c.retrieval_span, c.retrieval_cue,
+      model::kv_dtype_name(c.kv_dtype));
+  fmt::print("{:<10} {:>5} {:>7} {:>8} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "policy",
+             "dtype", "budget", "kv kept", "KV bytes", "top-1", "KL", "ppl", "ppl delta",
+             "retrieval", "recovery", "spec (first prompt)");
   const auto results = eval::run_sparsity_eval(
       loaded.model, loaded.tokenizer, buffer.str(), options.config,
       [](const eval::PolicyFidelity& f) {
         const std::string budget = f.family == "fastgen" ? fmt::format("T={:g}", f.budget)
                                                          : fmt::format("{:.3f}", f.budget);
         fmt::print(
-            "{:<10} {:>7} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f} {:>8}  {}\n",
-            f.family, budget, f.kv_kept, f.top1_agreement, f.mean_kl, f.perplexity,
-            f.perplexity_delta, f.retrieval,
+            "{:<10} {:>5} {:>7} {:>8.3f} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f} "
+            "{:>8}  {}\n",
+            f.family, f.kv_dtype, budget, f.kv_kept, f.kv_bytes_kept, f.top1_agreement, f.mean_kl,
+            f.perplexity, f.perplexity_delta, f.retrieval,
             f.attention_recovery < 0 ? std::string("-")
                                      : fmt::format("{:.3f}", f.attention_recovery),
             f.spec);
@@ -70,7 +72,9 @@ void run_eval(EvalOptions options) {
                       {"budget", fastgen ? nlohmann::json(nullptr) : nlohmann::json(f.budget)},
                       {"threshold", fastgen ? nlohmann::json(f.budget) : nlohmann::json(nullptr)},
                       {"spec", f.spec},
+                      {"kv_dtype", f.kv_dtype},
                       {"kv_kept", f.kv_kept},
+                      {"kv_bytes_kept", f.kv_bytes_kept},
                       {"top1_agreement", f.top1_agreement},
                       {"mean_kl", f.mean_kl},
                       {"perplexity", f.perplexity},
@@ -86,6 +90,8 @@ void run_eval(EvalOptions options) {
                           {"num_prompts", c.num_prompts},
                           {"prompt_tokens", c.prompt_tokens},
                           {"continuation_tokens", c.continuation_tokens},
+                          {"kv_dtype", model::kv_dtype_name(c.kv_dtype)},
+                          {"reference", "f32 full"},
                           {"results", rows}};
     write_file(options.json_path, doc.dump(2) + "\n");
   }
@@ -141,6 +147,10 @@ void add_eval_command(CLI::App& app) {
       ->add_option("--calibration", options->calibration_path,
                    "Calibration profile for lserve (sieve calibrate)")
       ->check(CLI::ExistingFile);
+  add_kv_dtype_option(*command, c.kv_dtype)
+      ->description(
+          "K/V element type of the policies' pages (f32, f16, q8, q4); the reference stays the "
+          "f32 dense cache, and a non-f32 dtype adds a 'full' row in that dtype");
   command->add_option("--json", options->json_path, "Write the results as JSON");
   command->add_option("--plot", options->plot_path,
                       "Write an SVG plot (top-1 agreement vs KV kept)");

@@ -122,12 +122,11 @@ void serve(ServeOptions options) {
                  name, options.model.model_path, mc.num_layers, mc.num_heads, mc.num_kv_heads,
                  mc.vocab_size, mc.context_length);
     spdlog::info(
-        "KV cache: {} pages of {} tokens ({} tokens, {:.1f} MiB); max {} sequences, {} batched "
-        "tokens, {} queued",
+        "KV cache: {} pages of {} tokens ({} tokens, {:.1f} MiB of {}); max {} sequences, {} "
+        "batched tokens, {} queued",
         ec.num_kv_pages, ec.page_size, static_cast<int64_t>(ec.num_kv_pages) * ec.page_size,
-        static_cast<double>(model::KvCache::bytes_per_page(mc, ec.page_size)) * ec.num_kv_pages /
-            (1 << 20),
-        ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
+        static_cast<double>(engine->kv_bytes_per_page()) * ec.num_kv_pages / (1 << 20),
+        model::kv_dtype_name(ec.kv_dtype), ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
     spdlog::info("default kv_policy: {}", sparsity::to_string(default_policy));
     spdlog::info("compute: {} backend, {} threads; {} HTTP threads; chat template: {}; API key: {}",
                  loaded.model->backend().name(), loaded.model->backend().num_threads(),

@@ -2,6 +2,7 @@
 // Options of the commands that run the serving engine (run, batch, serve).
 #include <CLI/CLI.hpp>
 
+#include "cli/kv_dtype_option.h"
 #include "engine/engine.h"
 
 namespace sieve::cli {
@@ -9,7 +10,6 @@ namespace sieve::cli {
 struct EngineOptions {
   int64_t kv_memory_mib = 512;
   int64_t kv_tokens = 0;  // when set, sizes the pool instead of kv_memory_mib
-  std::string kv_dtype = "f32";
   std::string calibration_path;
   engine::EngineConfig config;
 
@@ -41,11 +41,7 @@ struct EngineOptions {
         ->check(CLI::PositiveNumber);
     command.add_flag("--no-prefix-caching{false}", config.enable_prefix_caching,
                      "Do not reuse KV pages of earlier prompts");
-    command
-        .add_option("--kv-dtype", kv_dtype,
-                    "K/V element type: f32, or f16 (half the memory and decode reads)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"f32", "f16"}));
+    add_kv_dtype_option(command, config.kv_dtype);
     command
         .add_option("--calibration", calibration_path,
                     "Calibration profile of the model's KV heads (`sieve calibrate`), for lserve "
@@ -56,7 +52,6 @@ struct EngineOptions {
   engine::EngineConfig engine_config() const {
     engine::EngineConfig c = config;
     c.kv_memory_bytes = static_cast<uint64_t>(kv_memory_mib) << 20;
-    c.kv_dtype = kv_dtype == "f16" ? kernels::DType::kF16 : kernels::DType::kF32;
     if (!calibration_path.empty()) {
       c.calibration = std::make_shared<const sparsity::CalibrationProfile>(
           sparsity::load_calibration(calibration_path));

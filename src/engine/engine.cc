@@ -110,6 +110,8 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                  kv_),
       runner_(*model_, cache_, kv_) {
   config_.num_kv_pages = kv_.num_pages();
+  kv_bytes_per_page_ = static_cast<int64_t>(
+      model::KvCache::bytes_per_page(model_->config(), config.page_size, config.kv_dtype));
   if (config_.calibration && config_.calibration->model_fingerprint != model_->fingerprint()) {
     fail(
         "the calibration profile was measured on model '{}' (fingerprint {}), not on this one "
@@ -119,6 +121,7 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
         model_->fingerprint());
   }
   published_stats_.kv = kv_.stats();
+  published_stats_.kv_bytes_per_page = kv_bytes_per_page_;
 }
 
 Engine::~Engine() { stop(); }
@@ -199,9 +202,10 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
   if (pages_needed > config_.num_kv_pages) {
     return AdmissionError{
         Kind::kNeverFits, std::nullopt,
-        fmt::format("the request needs {} KV pages but the pool has {}; lower max_tokens "
-                    "or give the server more --kv-memory",
-                    pages_needed, config_.num_kv_pages)};
+        fmt::format("the request needs {} KV pages ({} MiB of {} K/V) but the pool has {}; "
+                    "lower max_tokens or give the server more --kv-memory",
+                    pages_needed, (pages_needed * kv_bytes_per_page_ + (1 << 20) - 1) >> 20,
+                    model::kv_dtype_name(config_.kv_dtype), config_.num_kv_pages)};
   }
   std::lock_guard lock(mutex_);
   if (published_stats_.num_waiting + static_cast<int64_t>(pending_.size()) >= config_.max_queued) {
@@ -322,12 +326,16 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
   const auto now = Clock::now();
   sample.timings.total_seconds = seconds_between(sample.arrival, now);
   const int64_t num_tokens = static_cast<int64_t>(scheduler_.tokens(seq).size());
+  const int32_t kv_pages = kv_.num_pages_held(seq);
+  const auto kv_dense_pages =
+      static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) / config_.page_size);
   event.usage = {.prompt_tokens = sample.num_prompt_tokens,
                  .completion_tokens = scheduler_.num_output_tokens(seq),
                  .cached_prompt_tokens = sample.cached_prompt_tokens,
-                 .kv_pages = kv_.num_pages_held(seq),
-                 .kv_dense_pages = static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) /
-                                                        config_.page_size),
+                 .kv_pages = kv_pages,
+                 .kv_dense_pages = kv_dense_pages,
+                 .kv_bytes = kv_pages * kv_bytes_per_page_,
+                 .kv_dense_bytes = kv_dense_pages * kv_bytes_per_page_,
                  .attention_recovery = sample.attention_recovery};
   event.timings = std::move(sample.timings);
   runner_.forget(seq);
@@ -488,7 +496,8 @@ void Engine::publish_stats() {
                     .num_steps = num_steps_,
                     .num_prompt_tokens_computed = num_prompt_tokens_computed_,
                     .num_generated_tokens = num_generated_tokens_,
-                    .kv = kv_.stats()};
+                    .kv = kv_.stats(),
+                    .kv_bytes_per_page = kv_bytes_per_page_};
   std::lock_guard lock(mutex_);
   published_stats_ = stats;
 }

@@ -64,8 +64,11 @@ struct EngineConfig {
   int32_t max_num_seqs = 64;
   int32_t max_queued = 1024;
   bool enable_prefix_caching = true;
-  // K/V element type: kF32, or kF16 (half the KV memory and half the bytes decode attention
-  // reads per key; rounding moves logprobs by ~1e-3).
+  // K/V element type (model/kv_cache.h): kF32; kF16 (half the KV memory and half the bytes
+  // decode attention reads per key; rounding moves logprobs by ~1e-3); kQ8_0 / kQ4_1 (q8 / q4:
+  // 0.27x / 0.16x of f32's bytes; the model's head_dim must be a multiple of 32, checked when
+  // the engine is made). kv_memory_bytes counts real bytes: a q4 pool has ~3.2x the pages of an
+  // f16 one.
   kernels::DType kv_dtype = model::kKvDefaultDType;
   // Which KV heads are streaming-like (`sieve calibrate`), for lserve and heads:...@profile=F.
   // Must be for this model (LlamaModel::fingerprint()); null: such policies are refused.
@@ -86,9 +89,12 @@ struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;
-  // KV pages the sequence held when it finished, and what the same tokens take dense.
+  // KV pages the sequence held when it finished, and what the same tokens take dense; the same
+  // in bytes (pages x the cache's bytes per page: its dtype's).
   int32_t kv_pages = 0;
   int32_t kv_dense_pages = 0;
+  int64_t kv_bytes = 0;
+  int64_t kv_dense_bytes = 0;
   // Attention mass the kept keys received from the observation rows, over all keys, averaged
   // over the scored streams (SnapKV/PyramidKV/H2O); unset when no stream was scored.
   std::optional<float> attention_recovery;
@@ -127,6 +133,9 @@ struct EngineStats {
   int64_t num_prompt_tokens_computed = 0;
   int64_t num_generated_tokens = 0;
   kv::KvStats kv;
+  int64_t kv_bytes_per_page = 0;  // of K and V, in the cache's dtype (KvCache::bytes_per_page)
+  int64_t kv_bytes_used() const { return (kv.num_pages - kv.num_free_pages) * kv_bytes_per_page; }
+  int64_t kv_bytes_total() const { return int64_t{kv.num_pages} * kv_bytes_per_page; }
 };
 
 class Engine {
@@ -153,6 +162,8 @@ class Engine {
   void check_policy(const sparsity::PolicySpec& policy) const { (void)resolve_policy(policy); }
   const EngineConfig& config() const { return config_; }
   const model::LlamaModel& model() const { return *model_; }
+  // Bytes of K and V one page takes in this engine's cache (config().kv_dtype).
+  int64_t kv_bytes_per_page() const { return kv_bytes_per_page_; }
 
  private:
   struct Sample;
@@ -183,6 +194,7 @@ class Engine {
   model::KvCache cache_;
   sched::Scheduler scheduler_;
   ModelRunner runner_;
+  int64_t kv_bytes_per_page_ = 0;
 
   // Owned by the stepping thread.
   std::unordered_map<sched::SeqId, std::unique_ptr<Sample>> samples_;

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "engine/engine.h"
+#include "model/kv_cache.h"
 #include "sparsity/policy_spec.h"
 #include "util/error.h"
 #include "util/svg_plot.h"
@@ -72,7 +73,8 @@ std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model,
                               std::shared_ptr<const tok::Tokenizer> tokenizer,
                               const std::vector<Case>& cases,
                               const std::vector<std::string>& policies,
-                              std::shared_ptr<const sparsity::CalibrationProfile> calibration) {
+                              std::shared_ptr<const sparsity::CalibrationProfile> calibration,
+                              kernels::DType kv_dtype) {
   int64_t pages = 0;
   for (const Case& c : cases)
     pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / kPageSize + 2;
@@ -82,6 +84,7 @@ std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model,
                          .max_num_seqs = 256,
                          .max_queued = 4096,
                          .enable_prefix_caching = false,
+                         .kv_dtype = kv_dtype,
                          .calibration = std::move(calibration)},
                         std::move(model), std::move(tokenizer));
   std::vector<Result> results(cases.size());
@@ -167,7 +170,7 @@ std::vector<PolicyFidelity> run_sparsity_eval(
     fail("lserve needs a calibration profile (--calibration FILE, written by `sieve calibrate`)");
   }
 
-  auto evaluate = [&](const std::string& family, double budget) {
+  auto evaluate = [&](const std::string& family, double budget, kernels::DType kv_dtype) {
     std::vector<std::string> policies;
     for (const Case& c : cases) {
       const auto prompt_len = static_cast<int32_t>(c.prompt.size());
@@ -176,16 +179,23 @@ std::vector<PolicyFidelity> run_sparsity_eval(
               ? fastgen_policy(budget, prompt_len, config.observation_window)
               : policy_for_budget(family, budget, prompt_len, config.observation_window));
     }
-    return std::make_pair(policies,
-                          run_cases(model, tokenizer, cases, policies, config.calibration));
+    return std::make_pair(
+        policies, run_cases(model, tokenizer, cases, policies, config.calibration, kv_dtype));
   };
 
+  // Bytes the f32 cache takes per page, the denominator of kv_bytes_kept.
+  const auto f32_page_bytes = static_cast<double>(
+      model::KvCache::bytes_per_page(model->config(), kPageSize, kernels::DType::kF32));
   std::vector<PolicyFidelity> out;
-  const auto [dense_policies, dense] = evaluate("full", 1.0);
+  const auto [dense_policies, dense] = evaluate("full", 1.0, kernels::DType::kF32);
   auto summarize = [&](const std::string& family, double budget,
-                       const std::vector<std::string>& policies,
-                       const std::vector<Result>& results) {
-    PolicyFidelity f{.family = family, .budget = budget, .spec = policies[0]};
+                       const std::vector<std::string>& policies, const std::vector<Result>& results,
+                       kernels::DType kv_dtype) {
+    PolicyFidelity f{.family = family,
+                     .budget = budget,
+                     .spec = policies[0],
+                     .kv_dtype = std::string(model::kv_dtype_name(kv_dtype))};
+    double kept_bytes = 0;
     double kept = 0, agree = 0, kl = 0, nll = 0, retrieved = 0, dense_retrieved = 0, recovery = 0;
     int64_t positions = 0, num_lm = 0, span_tokens = 0, num_recovery = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -208,6 +218,9 @@ std::vector<PolicyFidelity> run_sparsity_eval(
       kept += r.usage.kv_dense_pages > 0
                   ? static_cast<double>(r.usage.kv_pages) / r.usage.kv_dense_pages
                   : 1.0;
+      kept_bytes += r.usage.kv_dense_pages > 0 ? static_cast<double>(r.usage.kv_bytes) /
+                                                     (r.usage.kv_dense_pages * f32_page_bytes)
+                                               : 1.0;
       for (size_t j = 0; j < r.steps.size() && j < dense[i].steps.size(); ++j) {
         const std::vector<double> p = distribution(dense[i].steps[j], vocab_size);
         const std::vector<double> q = distribution(r.steps[j], vocab_size);
@@ -223,6 +236,7 @@ std::vector<PolicyFidelity> run_sparsity_eval(
       }
     }
     f.kv_kept = num_lm ? kept / num_lm : 1.0;
+    f.kv_bytes_kept = num_lm ? kept_bytes / num_lm : 1.0;
     f.top1_agreement = positions ? agree / positions : 1.0;
     f.mean_kl = positions ? kl / positions : 0.0;
     f.perplexity = positions ? std::exp(nll / positions) : 0.0;
@@ -231,17 +245,21 @@ std::vector<PolicyFidelity> run_sparsity_eval(
     f.attention_recovery = num_recovery ? recovery / num_recovery : -1.0;
     return f;
   };
-  PolicyFidelity base = summarize("full", 1.0, dense_policies, dense);
+  PolicyFidelity base = summarize("full", 1.0, dense_policies, dense, kernels::DType::kF32);
   out.push_back(base);
   if (on_result) on_result(base);
+  std::vector<std::pair<std::string, double>> settings;
+  if (config.kv_dtype != kernels::DType::kF32) settings.emplace_back("full", 1.0);
   for (const std::string& family : config.families) {
-    for (double budget : family == "fastgen" ? config.fastgen_thresholds : config.budgets) {
-      const auto [policies, results] = evaluate(family, budget);
-      PolicyFidelity f = summarize(family, budget, policies, results);
-      f.perplexity_delta = f.perplexity - base.perplexity;
-      out.push_back(f);
-      if (on_result) on_result(f);
-    }
+    for (double budget : family == "fastgen" ? config.fastgen_thresholds : config.budgets)
+      settings.emplace_back(family, budget);
+  }
+  for (const auto& [family, budget] : settings) {
+    const auto [policies, results] = evaluate(family, budget, config.kv_dtype);
+    PolicyFidelity f = summarize(family, budget, policies, results, config.kv_dtype);
+    f.perplexity_delta = f.perplexity - base.perplexity;
+    out.push_back(f);
+    if (on_result) on_result(f);
   }
   return out;
 }

@@ -4,7 +4,8 @@
 // For each policy family × KV budget (a fraction of the prompt), every prompt runs with its true
 // continuation forced (teacher forcing), so dense and sparse see the same tokens and their next-
 // token distributions can be compared position by position:
-//   kv kept       pages held at the end / pages of the same tokens dense
+//   kv kept       pages held at the end / pages of the same tokens dense (same dtype)
+//   kv bytes      bytes held at the end / bytes of the same tokens dense in f32
 //   top-1         argmax(sparse) == argmax(dense), averaged over continuation positions
 //   KL            KL(dense || sparse) over the whole vocabulary, mean over positions (nats)
 //   ppl           perplexity of the true continuation under the policy (dense: the baseline)
@@ -12,6 +13,9 @@
 //                 prompt is compressed, the span's first tokens are forced (the question arrives
 //                 after compression) and the model continues greedily: the fraction of the
 //                 span's remaining tokens it reproduces
+// The reference is always the f32 dense cache: with kv_dtype q8 / q4 (or f16) every policy runs
+// on pages of that dtype, and a "full" row in it comes first after the reference, so what the
+// dtype costs and what sparsity costs on top of it are both measured against f32 (issue 13).
 // The compression happens after prefill, as in serving; all requests of one setting run as one
 // batch. FastGen takes no budget: it keeps what recovers >= 1 - T of each head's attention, so
 // its settings are thresholds T (fastgen_thresholds) and the KV it keeps is measured, like every
@@ -22,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "model/llama.h"
 #include "sparsity/calibration.h"
 #include "tokenizer/tokenizer.h"
@@ -42,13 +47,16 @@ struct SparsityEvalConfig {
   int32_t retrieval_cue = 4;    // of which the first ones are given after compression
   int32_t observation_window = 8;
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;  // for lserve
+  kernels::DType kv_dtype = kernels::DType::kF32;  // of the policies' pages (not the reference's)
 };
 
 struct PolicyFidelity {
-  std::string family;    // "full" for the baseline
-  double budget = 1.0;   // requested fraction; fastgen: its threshold T
-  std::string spec;      // the policy string of the first prompt (budgets scale per prompt)
-  double kv_kept = 1.0;  // pages held / dense pages
+  std::string family;            // "full" for the baseline
+  double budget = 1.0;           // requested fraction; fastgen: its threshold T
+  std::string spec;              // the policy string of the first prompt (budgets scale per prompt)
+  std::string kv_dtype = "f32";  // of its pages (model::kv_dtype_name)
+  double kv_kept = 1.0;          // pages held / dense pages
+  double kv_bytes_kept = 1.0;    // bytes held / bytes of the same tokens dense in f32
   double top1_agreement = 1.0;
   double mean_kl = 0.0;
   double perplexity = 0.0;
@@ -66,7 +74,8 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
 std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window);
 
 // `text`: the source of prompts and continuations (consecutive segments). Progress lines go to
-// `on_result` as each setting finishes. The first result is the dense baseline.
+// `on_result` as each setting finishes. The first result is the dense f32 baseline (the
+// reference); with another kv_dtype the second is "full" in that dtype.
 std::vector<PolicyFidelity> run_sparsity_eval(
     std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
     const std::string& text, const SparsityEvalConfig& config,

@@ -9,18 +9,44 @@ namespace sieve::model {
 
 namespace {
 
-size_t element_bytes(kernels::DType dtype) {
+constexpr int64_t kKvBlock = 32;  // values per q8 / q4 block (kernels::block_elems)
+
+}  // namespace
+
+std::optional<kernels::DType> parse_kv_dtype(std::string_view name) {
+  if (name == "f32") return kernels::DType::kF32;
+  if (name == "f16") return kernels::DType::kF16;
+  if (name == "q8") return kernels::DType::kQ8_0;
+  if (name == "q4") return kernels::DType::kQ4_1;
+  return std::nullopt;
+}
+
+std::string_view kv_dtype_name(kernels::DType dtype) {
   switch (dtype) {
     case kernels::DType::kF32:
-      return 4;
+      return "f32";
     case kernels::DType::kF16:
-      return 2;
+      return "f16";
+    case kernels::DType::kQ8_0:
+      return "q8";
+    case kernels::DType::kQ4_1:
+      return "q4";
     default:
-      fail("KV cache dtype must be f32 or f16 (got {})", kernels::to_string(dtype));
+      return kernels::to_string(dtype);
   }
 }
 
-}  // namespace
+void KvCache::check_dtype(const ModelConfig& config, kernels::DType dtype) {
+  if (!kernels::is_kv_dtype(dtype)) {
+    fail("the KV cache stores {} only, not {}", kKvDTypeNames, kernels::to_string(dtype));
+  }
+  if (kernels::is_block_kv_dtype(dtype) && config.head_dim % kKvBlock != 0) {
+    fail(
+        "KV dtype {} stores every K/V row in blocks of {} values, so it needs a head_dim that is "
+        "a multiple of {}; this model's head_dim is {}: use f32 or f16",
+        kv_dtype_name(dtype), kKvBlock, kKvBlock, config.head_dim);
+  }
+}
 
 KvCache::KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t num_pages,
                  int32_t page_size, kernels::DType dtype)
@@ -34,16 +60,18 @@ KvCache::KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t n
       head_stride_(static_cast<int64_t>(page_size) * config.head_dim),
       page_stride_(head_stride_ * config.num_kv_heads),
       layer_stride_(page_stride_ * num_pages) {
+  check_dtype(config, dtype);
   if (num_pages <= 0 || page_size <= 0)
     fail("KV cache needs pages (got {} pages of {} tokens)", num_pages, page_size);
-  const size_t bytes = static_cast<size_t>(layer_stride_) * num_layers_ * element_bytes(dtype);
+  const size_t bytes = bytes_at(layer_stride_ * num_layers_);
   keys_ = backend.allocate(bytes);
   values_ = backend.allocate(bytes);
 }
 
 size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, kernels::DType dtype) {
-  return 2 * element_bytes(dtype) * static_cast<size_t>(page_size) * config.head_dim *
-         config.num_kv_heads * config.num_layers;
+  check_dtype(config, dtype);
+  const size_t row = kernels::row_bytes(dtype, config.head_dim);
+  return 2 * row * static_cast<size_t>(page_size) * config.num_kv_heads * config.num_layers;
 }
 
 KvCache::Single KvCache::for_one_sequence(kernels::Backend& backend, const ModelConfig& config,
@@ -56,7 +84,10 @@ KvCache::Single KvCache::for_one_sequence(kernels::Backend& backend, const Model
 }
 
 void KvCache::set_bases(kernels::PagedKv& view, int64_t offset) const {
-  if (dtype_ == kernels::DType::kF16) {
+  if (kernels::is_block_kv_dtype(dtype_)) {
+    view.k_q = keys_.as<const uint8_t>() + bytes_at(offset);
+    view.v_q = values_.as<const uint8_t>() + bytes_at(offset);
+  } else if (dtype_ == kernels::DType::kF16) {
     view.k_f16 = keys_.as<const uint16_t>() + offset;
     view.v_f16 = values_.as<const uint16_t>() + offset;
   } else {
@@ -89,14 +120,18 @@ kernels::PagedKv KvCache::layer_view(int64_t layer, std::span<const int32_t> blo
   return view;
 }
 
+void KvCache::copy_elements(int64_t src, int64_t dst, int64_t elements) {
+  const size_t bytes = bytes_at(elements);
+  for (const kernels::DeviceBuffer* data : {&keys_, &values_}) {
+    auto* base = static_cast<uint8_t*>(data->data());
+    backend_->copy(base + bytes_at(dst), base + bytes_at(src), bytes);
+  }
+}
+
 void KvCache::copy_page(int32_t src, int32_t dst) {
-  const size_t page_bytes = static_cast<size_t>(page_stride_) * element_size();
   for (int64_t layer = 0; layer < num_layers_; ++layer) {
-    const size_t layer_base = static_cast<size_t>(layer * layer_stride_) * element_size();
-    for (const kernels::DeviceBuffer* data : {&keys_, &values_}) {
-      auto* base = static_cast<uint8_t*>(data->data()) + layer_base;
-      backend_->copy(base + dst * page_bytes, base + src * page_bytes, page_bytes);
-    }
+    const int64_t layer_base = layer * layer_stride_;
+    copy_elements(layer_base + src * page_stride_, layer_base + dst * page_stride_, page_stride_);
   }
 }
 
@@ -125,24 +160,12 @@ void KvCache::write_rows(kernels::Rows<const float> k, kernels::Rows<const float
 }
 
 void KvCache::copy_row(int64_t src_slice, int32_t src_slot, int64_t dst_slice, int32_t dst_slot) {
-  const size_t src = static_cast<size_t>(row_offset(src_slice, src_slot)) * element_size();
-  const size_t dst = static_cast<size_t>(row_offset(dst_slice, dst_slot)) * element_size();
-  const size_t bytes = static_cast<size_t>(head_dim_) * element_size();
-  for (const kernels::DeviceBuffer* data : {&keys_, &values_}) {
-    auto* base = static_cast<uint8_t*>(data->data());
-    backend_->copy(base + dst, base + src, bytes);
-  }
+  copy_elements(row_offset(src_slice, src_slot), row_offset(dst_slice, dst_slot), head_dim_);
 }
 
 void KvCache::copy_slice(int64_t src_slice, int64_t dst_slice) {
   // A slice's page_size rows are contiguous: one copy per K and V.
-  const size_t src = static_cast<size_t>(row_offset(src_slice, 0)) * element_size();
-  const size_t dst = static_cast<size_t>(row_offset(dst_slice, 0)) * element_size();
-  const size_t bytes = static_cast<size_t>(head_stride_) * element_size();
-  for (const kernels::DeviceBuffer* data : {&keys_, &values_}) {
-    auto* base = static_cast<uint8_t*>(data->data());
-    backend_->copy(base + dst, base + src, bytes);
-  }
+  copy_elements(row_offset(src_slice, 0), row_offset(dst_slice, 0), head_stride_);
 }
 
 void KvCache::summarize_slices(std::span<const int32_t> slices, int32_t first, int32_t end,

@@ -1,7 +1,7 @@
 #pragma once
-// The K/V values of the whole page pool, in f32 or f16 (kKvDefaultDType). Which pages a sequence
-// uses is decided by kv::KvManager (integers only); this class only stores them. Layout (floats; V
-// identical):
+// The K/V values of the whole page pool (kKvDefaultDType unless asked otherwise). Which pages a
+// sequence uses is decided by kv::KvManager (integers only); this class only stores them. Layout
+// (in elements, i.e. values; V identical):
 //
 //   k[layer][page][kv_head][slot][head_dim]      slot in [0, page_size)
 //
@@ -12,11 +12,40 @@
 // was a separate 8 KiB stream that the hardware prefetchers restart on: decode at 8k depth ran
 // at ~1/3 of the plain read bandwidth).
 //
+// Element types (--kv-dtype; kernels/paged_attention.h has the kernels' side). Element offset o
+// is at byte kernels::row_bytes(dtype, o) of the K (V) buffer:
+//
+//   name  dtype   one K (or V) row of head_dim values                 bytes per row
+//   f32   kF32    floats                                              4 * head_dim
+//   f16   kF16    IEEE halves                                         2 * head_dim
+//   q8    kQ8_0   head_dim / 32 blocks {f16 d; int8 q[32]}, x = d * q   34 * head_dim / 32
+//   q4    kQ4_1   head_dim / 32 blocks {f16 d, m; 16 bytes of nibbles}, 20 * head_dim / 32
+//                 x = d * q + m
+//
+// The blocks of q8 / q4 are row-local: every row (one token of one kv head) carries its own
+// scales, groups of 32 consecutive channels of that row; keys and values alike, one scale per
+// (token, 32 channels). So a row, a slice or a page moves by a plain byte copy (copy_row,
+// copy_slice, copy_page), and head_dim must be a multiple of 32 (checked at construction: a
+// model with another head_dim gets an error naming it). Keys have channel outliers that would
+// set a whole block's scale: the model (llama.cc) rotates each key and query head by a
+// normalized Walsh–Hadamard transform before storing / attending (q·k unchanged), which spreads
+// them over the group; values are stored as they are. No residual window: a page's newest
+// rows are quantized when written, like the rest.
+//
+// Bytes per token, per layer, K + V: 2 * num_kv_heads * bytes per row, i.e. num_kv_heads *
+// head_dim * {8, 4, 2.125, 1.25} for {f32, f16, q8, q4}. E.g. head_dim 128, 8 kv heads
+// (Llama 3 8B): 8192, 4096, 2176, 1280 bytes (x 32 layers: 256, 128, 68, 40 KiB per token);
+// copy-lm (shared/models/copy: head_dim 32, 2 kv heads, 2 layers): 512, 256, 136, 80 bytes per
+// layer. stories260K (head_dim 8, 4 kv heads: 256 / 128 bytes per layer in f32 / f16) cannot
+// use q8 or q4.
+//
 // K and V live in the backend's memory (two DeviceBuffers); every write and copy here is a
 // backend call (store_kv_rows, copy), so the host never touches them. The backend must outlive
 // the cache.
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -32,15 +61,26 @@ namespace sieve::model {
 // stories260K's top logprobs by up to 2e-3), so f32 stays the default.
 inline constexpr kernels::DType kKvDefaultDType = kernels::DType::kF32;
 
+// The KV element types by their user-facing names (--kv-dtype, sieve eval, metrics): "f32",
+// "f16", "q8" (kQ8_0) and "q4" (kQ4_1). parse_kv_dtype: nullopt for any other name.
+inline constexpr std::string_view kKvDTypeNames = "f32, f16, q8, q4";
+std::optional<kernels::DType> parse_kv_dtype(std::string_view name);
+std::string_view kv_dtype_name(kernels::DType dtype);
+
 class KvCache {
  public:
-  // dtype: kF32 or kF16. K and V are allocated (zero-filled) through `backend`.
+  // dtype: one of kKvDTypeNames' (check_dtype). K and V are allocated (zero-filled) through
+  // `backend`.
   KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t num_pages,
           int32_t page_size, kernels::DType dtype = kKvDefaultDType);
 
-  // Bytes of K and V one page takes (the unit of --kv-memory accounting).
+  // Bytes of K and V one page takes, exactly (the unit of --kv-memory accounting): num_layers *
+  // num_kv_heads * 2 * page_size * bytes per row (header). Checks the dtype like the constructor.
   static size_t bytes_per_page(const ModelConfig& config, int32_t page_size,
                                kernels::DType dtype = kKvDefaultDType);
+  // Throws sieve::Error naming the dtype and the head_dim when a model's K/V cannot be stored
+  // in `dtype` (q8 / q4 need a head_dim that is a multiple of 32).
+  static void check_dtype(const ModelConfig& config, kernels::DType dtype);
 
   // A cache for one sequence of up to `num_tokens` tokens, and its block table (pages 0, 1, ...).
   struct Single;
@@ -90,16 +130,19 @@ class KvCache {
                         float* summaries) const;
 
  private:
-  size_t element_size() const { return dtype_ == kernels::DType::kF16 ? 2 : 4; }
-  // The K/V view of the element at `offset`: k/v (kF32) or k_f16/v_f16 (kF16).
+  // Byte offset of element offset `offset` (a multiple of head_dim) in keys_ / values_.
+  size_t bytes_at(int64_t offset) const { return kernels::row_bytes(dtype_, offset); }
+  // The K/V view of the element at `offset`: k/v (kF32), k_f16/v_f16 (kF16) or k_q/v_q.
   void set_bases(kernels::PagedKv& view, int64_t offset) const;
+  // Byte copy of `elements` elements (whole rows) from element offset src to dst, K and V.
+  void copy_elements(int64_t src, int64_t dst, int64_t elements);
 
   kernels::Backend* backend_;
   int64_t num_layers_, num_kv_heads_, head_dim_;
   int32_t num_pages_, page_size_;
   kernels::DType dtype_;
   int64_t head_stride_, page_stride_, layer_stride_;  // in elements
-  kernels::DeviceBuffer keys_, values_;  // [num_layers * layer_stride] elements of dtype_
+  kernels::DeviceBuffer keys_, values_;  // row_bytes(dtype_, num_layers * layer_stride) bytes
 };
 
 struct KvCache::Single {

@@ -26,6 +26,17 @@ float* grow(kernels::Backend& backend, kernels::DeviceBuffer& buffer, int64_t fl
   return buffer.as<float>();
 }
 
+// A block-quantized KV cache (q8 / q4, kv_cache.h) stores keys rotated by a normalized
+// Walsh–Hadamard transform (kernels::rotate_heads), and the queries that read them are rotated
+// alike: q·k is unchanged, and a key channel's outlier is spread over its quantization block
+// instead of setting the block's scale (attention output's rel. L2 error against f32 with one
+// outlier key channel, tests/kernels/paged_attention_test.cc: q8 2.5e-2 -> 1.0e-2 rotated, q4
+// 0.25 -> 0.15). The transform works on powers of two: groups of the largest one
+// dividing head_dim (a multiple of 32 there, so >= 32): the whole head at 64 or 128, blocks of
+// 32 at 96. f32 / f16 caches are not rotated (their outputs stay bit for bit).
+bool rotates_keys(const KvCache& cache) { return kernels::is_block_kv_dtype(cache.dtype()); }
+int64_t rotation_size(int64_t head_dim) { return head_dim & -head_dim; }
+
 }  // namespace
 
 // Every Q8_0 matrix the forward pass multiplies by gets the CPU backend's packed copy
@@ -224,7 +235,8 @@ void LlamaModel::reserve(kernels::Backend& backend, int64_t n, ForwardScratch& s
 }
 
 void LlamaModel::project_qkv(kernels::Backend& backend, const DeviceLayer& w, int64_t n,
-                             const int32_t* positions, bool with_kv, ForwardScratch& s) const {
+                             const int32_t* positions, bool with_kv, bool rotate,
+                             ForwardScratch& s) const {
   const ModelConfig& c = config_;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
   float* q = s.q.as<float>();
@@ -253,6 +265,10 @@ void LlamaModel::project_qkv(kernels::Backend& backend, const DeviceLayer& w, in
     if (bias) backend.add_bias(bias, {x, dim}, n, dim);
     if (head_norm) backend.rmsnorm(x, head_norm, c.rms_eps, x, n * num_heads, head_dim);
     backend.rope(rope_, row_positions, {x, dim}, num_heads);
+    if (rotate) {
+      const int64_t group = rotation_size(head_dim);
+      backend.rotate_heads({x, dim}, n, dim / group, group);
+    }
   };
   finish(q, q_dim, w.bq, w.q_norm, c.num_heads);
   if (!with_kv) return;
@@ -323,7 +339,7 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ForwardScratch& s,
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& w = layers_[l];
     backend.rmsnorm(x, w.attn_norm, c.rms_eps, norm, n, dim);
-    project_qkv(backend, w, n, batch.positions.data(), /*with_kv=*/true, s);
+    project_qkv(backend, w, n, batch.positions.data(), /*with_kv=*/true, rotates_keys(cache), s);
     // Every new token's K/V, row (token t, kv head h) of s.k / s.v: one store per K and V.
     for (const BatchSequence& seq : batch.sequences) {
       for (int32_t t = seq.first_token; t < seq.first_token + seq.num_tokens; ++t) {
@@ -651,8 +667,8 @@ std::span<const int32_t> LlamaModel::select_slices(const KvStream& stream,
 }
 
 void LlamaModel::observe_rows(std::span<const TokenId> window_tokens,
-                              std::span<const int32_t> window_positions, kernels::Backend& backend,
-                              ForwardScratch& s,
+                              std::span<const int32_t> window_positions, bool rotate,
+                              kernels::Backend& backend, ForwardScratch& s,
                               const std::function<void(int64_t layer)>& attend_and_score) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(window_tokens.size());
@@ -665,7 +681,7 @@ void LlamaModel::observe_rows(std::span<const TokenId> window_tokens,
     const DeviceLayer& w = layers_[l];
     backend.rmsnorm(x, w.attn_norm, c.rms_eps, s.norm.as<float>(), n, c.dim);
     // Only Q: the window's K/V are in the cache already.
-    project_qkv(backend, w, n, window_positions.data(), /*with_kv=*/false, s);
+    project_qkv(backend, w, n, window_positions.data(), /*with_kv=*/false, rotate, s);
     attend_and_score(l);
     if (l + 1 == c.num_layers) break;  // the last layer's output feeds nothing here
     finish_layer(backend, w, n, s);
@@ -706,7 +722,7 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens,
                           .first_token = 0,
                           .num_tokens = static_cast<int32_t>(window_tokens.size()),
                           .positions = window_positions.data()};
-  observe_rows(window_tokens, window_positions, backend, s, [&](int64_t l) {
+  observe_rows(window_tokens, window_positions, rotates_keys(cache), backend, s, [&](int64_t l) {
     attend(backend, std::span<const SequenceRows>(&rows, 1), l, cache, s, layer_scores);
     backend.download(scores.data() + layer_offsets[l], layer_scores,
                      (layer_offsets[l + 1] - layer_offsets[l]) * sizeof(float));

@@ -6,6 +6,7 @@
 //                   │  q, k, v = Wq·n, Wk·n, Wv·n (+ biases), n = norm(x)           │
 //                   │            (or one fused Wqkv·n, split)                       │
 //                   │  q, k = rope(headnorm(q)), rope(headnorm(k))  (headnorm: qwen3)│
+//                   │  q, k = H·q, H·k  (q8 / q4 KV only: Walsh–Hadamard, llama.cc) │
 //                   │  h = x + Wo · attention(q, k, v)                              │
 //                   │  x = h + Wdown · (silu(Wgate·norm(h)) * Wup·norm(h))          │
 //                   │            (or one fused [Wgate; Wup]·norm(h), split)         │
@@ -145,9 +146,10 @@ class LlamaModel {
   // Grows the scratch buffers every layer uses for n rows.
   void reserve(kernels::Backend& backend, int64_t n, ForwardScratch& s) const;
   // s.norm ([n][dim]) -> s.q [n][q_dim] and, with_kv, s.k, s.v [n][kv_dim]: the projection (one
-  // matmul over a fused QKV matrix, split after), biases, per-head Q/K RMSNorm, RoPE at positions.
+  // matmul over a fused QKV matrix, split after), biases, per-head Q/K RMSNorm, RoPE at positions,
+  // then, with `rotate` (a q8 / q4 cache), the Walsh–Hadamard rotation of Q and K (llama.cc).
   void project_qkv(kernels::Backend& backend, const DeviceLayer& w, int64_t n,
-                   const int32_t* positions, bool with_kv, ForwardScratch& s) const;
+                   const int32_t* positions, bool with_kv, bool rotate, ForwardScratch& s) const;
   // After the attention (s.attn): x += Wo·attn, then the FFN on norm(x) (SwiGLU; gate and up
   // from one fused matrix or two).
   void finish_layer(kernels::Backend& backend, const DeviceLayer& w, int64_t n,
@@ -158,10 +160,11 @@ class LlamaModel {
   void attend(kernels::Backend& backend, std::span<const SequenceRows> sequences, int64_t layer,
               const KvCache& cache, ForwardScratch& s, float* scores = nullptr) const;
   // The observation passes' shared part: embeds the window rows and runs every layer, calling
-  // attend_and_score(layer) where the rows' attention output (s.attn) is due.
+  // attend_and_score(layer) where the rows' attention output (s.attn) is due; `rotate`: the
+  // queries are rotated as project_qkv says (the cache's keys are).
   void observe_rows(std::span<const TokenId> window_tokens,
-                    std::span<const int32_t> window_positions, kernels::Backend& backend,
-                    ForwardScratch& s,
+                    std::span<const int32_t> window_positions, bool rotate,
+                    kernels::Backend& backend, ForwardScratch& s,
                     const std::function<void(int64_t layer)>& attend_and_score) const;
   // Quest: the slices one decode row of `stream` reads, from its slices' bounds (host; choosing
   // selections) or its earlier choice.

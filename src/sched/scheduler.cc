@@ -132,12 +132,16 @@ void Scheduler::schedule_waiting(ScheduleOutput& out) {
         s.options.private_kv
             ? kv::PrefixMatch{.num_prompt_tokens = static_cast<int32_t>(s.tokens.size())}
             : kv_.lookup_prefix(s.tokens, s.options.extra_key);
+    // A hit ends a page before the first boundary, so that the step computing up to it ends
+    // there and the engine compresses at the boundary as it does without a hit (a hit up to the
+    // boundary skipped that compression: the next chunk attended to the whole first one).
     const int32_t boundary = s.options.chunk_boundary;
-    if (boundary > 0 && match.num_cached_tokens > boundary) {
-      const size_t blocks = static_cast<size_t>(boundary / kv_.config().page_size);
+    if (boundary > 0 && match.num_cached_tokens >= boundary) {
+      const int32_t page_size = kv_.config().page_size;
+      const size_t blocks = static_cast<size_t>((boundary - page_size) / page_size);
       match.pages.resize(blocks);
       match.hashes.resize(blocks);
-      match.num_cached_tokens = boundary;
+      match.num_cached_tokens = boundary - page_size;
     }
     const int32_t num_new = chunk_limit(
         s, match.num_cached_tokens,

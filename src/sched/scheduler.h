@@ -82,8 +82,9 @@ class Scheduler {
     // (kv::sparse_peak_pages); nullopt: its dense size. At most the pool's pages.
     std::optional<int64_t> max_pages;
     // > 0 (a multiple of the page size): no step computes tokens across a multiple of it and a
-    // prefix-cache hit covers at most its first chunk, so a request compressed chunk by chunk is
-    // compressed at the same positions whatever else runs.
+    // prefix-cache hit covers at most its first chunk less one page (a step still ends on the
+    // first boundary), so a request compressed chunk by chunk is compressed at the same
+    // positions whatever else runs.
     int32_t chunk_boundary = 0;
     // Neither reads cached prefixes nor publishes its pages: they stay its own, so compressing
     // it turns them sparse in place instead of copying.

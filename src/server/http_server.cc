@@ -201,7 +201,7 @@ std::shared_ptr<const Backend> HttpServer::backend() const {
 void HttpServer::set_backend(Backend backend) {
   const engine::EngineConfig& ec = backend.engine->config();
   auto metrics = std::make_unique<Metrics>(backend.model_name, backend.context_length, ec.page_size,
-                                           ec.num_kv_pages);
+                                           ec.num_kv_pages, model::kv_dtype_name(ec.kv_dtype));
   std::lock_guard lock(backend_mutex_);
   metrics_ = std::move(metrics);
   backend_ = std::make_shared<const Backend>(std::move(backend));
@@ -465,6 +465,8 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   ex.usage.completion_tokens += event.usage.completion_tokens;
   ex.usage.kv_pages += event.usage.kv_pages;
   ex.usage.kv_dense_pages += event.usage.kv_dense_pages;
+  ex.usage.kv_bytes += event.usage.kv_bytes;
+  ex.usage.kv_dense_bytes += event.usage.kv_dense_bytes;
   if (event.usage.attention_recovery) {
     ex.usage.recovery_sum += *event.usage.attention_recovery;
     ++ex.usage.recovery_count;
@@ -479,6 +481,8 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
       .generation_tokens = event.usage.completion_tokens,
       .kv_pages = event.usage.kv_pages,
       .kv_dense_pages = event.usage.kv_dense_pages,
+      .kv_bytes = event.usage.kv_bytes,
+      .kv_dense_bytes = event.usage.kv_dense_bytes,
       .attention_recovery = event.usage.attention_recovery,
       .n = ex.request.params.n,
       .max_tokens = ex.request.params.max_tokens,

@@ -39,7 +39,7 @@ Buckets buckets_1_2_5(int64_t max_value) {
 }  // namespace
 
 Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_size,
-                 int32_t num_pages)
+                 int32_t num_pages, std::string_view cache_dtype)
     : model_name_(std::move(model_name)), registry_(std::make_shared<prometheus::Registry>()) {
   const prometheus::Labels labels = {{"model_name", model_name_}};
   auto gauge = [&](const std::string& name, const std::string& help) {
@@ -60,6 +60,10 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
       gauge("sieve:kv_pages_used", "KV pages referenced by running or waiting sequences.");
   kv_pages_free_ = gauge("sieve:kv_pages_free",
                          "KV pages free, including cached prefix pages that can be evicted.");
+  // Bytes, because pages differ in size between KV dtypes (a q4 page is 0.16x an f32 one).
+  kv_bytes_used_ = gauge("sieve:kv_cache_used_bytes",
+                         "Bytes of K/V in pages referenced by running or waiting sequences.");
+  kv_bytes_total_ = gauge("sieve:kv_cache_total_bytes", "Bytes of K/V of the whole page pool.");
   BuildGauge()
       .Name("vllm:cache_config_info")
       .Help("Information of the KV cache configuration.")
@@ -67,7 +71,7 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
       .Add({{"model_name", model_name_},
             {"block_size", std::to_string(page_size)},
             {"num_gpu_blocks", std::to_string(num_pages)},
-            {"cache_dtype", "auto"}})
+            {"cache_dtype", std::string(cache_dtype)}})
       .Set(1);
   preemptions_ =
       counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.");
@@ -83,6 +87,11 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
               "KV pages finished sequences held at their end (sparse policies hold fewer).");
   kv_pages_dense_ = counter("sieve:kv_pages_dense_total",
                             "KV pages the same finished sequences would hold with the full cache.");
+  kv_bytes_kept_ =
+      counter("sieve:kv_bytes_kept_total", "Bytes of K/V finished sequences held at their end.");
+  kv_bytes_dense_ =
+      counter("sieve:kv_bytes_dense_total",
+              "Bytes of K/V the same finished sequences would hold with the full cache.");
   attention_recovery_ =
       histogram("sieve:attention_recovery_ratio",
                 "Attention mass kept by a sparse policy at compression (scored policies only).",
@@ -136,6 +145,8 @@ void Metrics::observe(const SequenceRecord& r) {
   prompt_tokens_->Increment(static_cast<double>(r.prompt_tokens));
   kv_pages_kept_->Increment(static_cast<double>(r.kv_pages));
   kv_pages_dense_->Increment(static_cast<double>(r.kv_dense_pages));
+  kv_bytes_kept_->Increment(static_cast<double>(r.kv_bytes));
+  kv_bytes_dense_->Increment(static_cast<double>(r.kv_dense_bytes));
   if (r.attention_recovery) attention_recovery_->Observe(*r.attention_recovery);
   request_prompt_tokens_->Observe(static_cast<double>(r.prompt_tokens));
   request_generation_tokens_->Observe(static_cast<double>(r.generation_tokens));
@@ -173,6 +184,8 @@ std::string Metrics::render(const engine::EngineStats& stats) {
   kv_usage_v0_->Set(stats.kv.usage());
   kv_pages_used_->Set(stats.kv.num_pages - stats.kv.num_free_pages);
   kv_pages_free_->Set(stats.kv.num_free_pages);
+  kv_bytes_used_->Set(static_cast<double>(stats.kv_bytes_used()));
+  kv_bytes_total_->Set(static_cast<double>(stats.kv_bytes_total()));
   sync_counter(*preemptions_, last_preemptions_, stats.num_preemptions);
   sync_counter(*generation_tokens_, last_generated_, stats.num_generated_tokens);
   sync_counter(*prefix_queries_, last_prefix_queries_, stats.kv.num_prefix_query_tokens);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "engine/engine.h"
 
@@ -26,6 +27,8 @@ struct SequenceRecord {
   int64_t generation_tokens = 0;
   int64_t kv_pages = 0;        // pages held at the end (0 when unknown, e.g. aborted)
   int64_t kv_dense_pages = 0;  // the same tokens with the full cache
+  int64_t kv_bytes = 0;        // the same two in bytes of the cache's dtype
+  int64_t kv_dense_bytes = 0;
   std::optional<float> attention_recovery;
   int32_t n = 1;
   std::optional<int32_t> max_tokens;
@@ -34,7 +37,9 @@ struct SequenceRecord {
 
 class Metrics {
  public:
-  Metrics(std::string model_name, int64_t max_model_len, int32_t page_size, int32_t num_pages);
+  // cache_dtype: the KV cache's element type (model::kv_dtype_name), for vllm:cache_config_info.
+  Metrics(std::string model_name, int64_t max_model_len, int32_t page_size, int32_t num_pages,
+          std::string_view cache_dtype);
 
   void observe(const SequenceRecord& record);
   // Prometheus text format, with gauges and counters brought up to date from `stats`.
@@ -53,6 +58,8 @@ class Metrics {
   prometheus::Gauge* kv_usage_v0_;
   prometheus::Gauge* kv_pages_used_;
   prometheus::Gauge* kv_pages_free_;
+  prometheus::Gauge* kv_bytes_used_;
+  prometheus::Gauge* kv_bytes_total_;
   prometheus::Counter* preemptions_;
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
@@ -60,6 +67,8 @@ class Metrics {
   prometheus::Counter* prefix_hits_;
   prometheus::Counter* kv_pages_kept_;
   prometheus::Counter* kv_pages_dense_;
+  prometheus::Counter* kv_bytes_kept_;
+  prometheus::Counter* kv_bytes_dense_;
   prometheus::Histogram* attention_recovery_;
   prometheus::Family<prometheus::Counter>* success_;
   prometheus::Histogram* ttft_;

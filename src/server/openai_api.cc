@@ -482,7 +482,10 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
 
 json UsageTotals::to_json() const {
   // sieve's extension: KV memory kept against a dense cache (sparsity's saving).
-  json kv_cache = {{"pages", kv_pages}, {"dense_pages", kv_dense_pages}};
+  json kv_cache = {{"pages", kv_pages},
+                   {"dense_pages", kv_dense_pages},
+                   {"bytes", kv_bytes},
+                   {"dense_bytes", kv_dense_bytes}};
   if (recovery_count > 0) kv_cache["attention_recovery"] = recovery_sum / recovery_count;
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},

@@ -145,6 +145,29 @@ TEST(Cli, ServeRefusesADefaultPolicyItCannotRun) {
   EXPECT_NE(bad.out.find("snapkv"), std::string::npos) << bad.out;
 }
 
+// --kv-dtype takes the same names on every command that runs a KV cache; an unknown one is a
+// usage error listing them, and a dtype the model cannot store is an error naming its head_dim.
+TEST(Cli, KvDTypeIsOneOptionOnEveryCommand) {
+  const std::string copy_lm = testing::shared_path("models/copy/copy-lm.gguf");
+  for (const char* command : {"run", "batch", "serve", "eval", "bench-engine"}) {
+    Result help = run(std::string(command) + " --help");
+    EXPECT_NE(help.out.find("f32|f16|q8|q4"), std::string::npos) << command;
+    Result bad = run(std::string(command) + " -m " + model() + " --kv-dtype q5", true);
+    EXPECT_NE(bad.exit_code, 0) << command;
+    EXPECT_NE(bad.out.find("use one of f32, f16, q8, q4"), std::string::npos)
+        << command << ": " << bad.out;
+  }
+  Result small_head = run("run -m " + model() + " -p hi -n 1 --kv-dtype q4", true);
+  EXPECT_EQ(small_head.exit_code, 1);
+  EXPECT_NE(small_head.out.find("head_dim is 8"), std::string::npos) << small_head.out;
+  for (const char* dtype : {"q8", "q4"}) {
+    Result r = run("run -m " + copy_lm + " -p 'Once upon a time' -n 8 --temp 0 -t 2 --json " +
+                   "--kv-dtype " + dtype);
+    ASSERT_EQ(r.exit_code, 0) << dtype << ": " << r.out;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"].size(), 8u) << dtype;
+  }
+}
+
 TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
   const std::string path =
       (std::filesystem::temp_directory_path() / "sieve_cli_calibration.json").string();

@@ -13,9 +13,11 @@
 
 #include "engine/generator.h"
 #include "kernels/backend.h"
+#include "kv_dtype_cases.h"
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "shared_data.h"
+#include "util/error.h"
 
 namespace sieve::engine {
 namespace {
@@ -103,13 +105,15 @@ Request greedy(std::vector<TokenId> prompt, int32_t max_tokens) {
   return request;
 }
 
-EngineConfig config(int32_t num_pages, int32_t max_batch_tokens = 256, bool prefix_caching = true) {
+EngineConfig config(int32_t num_pages, int32_t max_batch_tokens = 256, bool prefix_caching = true,
+                    kernels::DType kv_dtype = model::kKvDefaultDType) {
   return {.num_kv_pages = num_pages,
           .page_size = 16,
           .max_batch_tokens = max_batch_tokens,
           .max_num_seqs = 64,
           .max_queued = 256,
-          .enable_prefix_caching = prefix_caching};
+          .enable_prefix_caching = prefix_caching,
+          .kv_dtype = kv_dtype};
 }
 
 void expect_all_pages_free(const Engine& engine) {
@@ -153,8 +157,19 @@ INSTANTIATE_TEST_SUITE_P(Models, BatchedEqualsAlone, ::testing::Values(false, tr
                            return info.param ? "GeneratedGqa" : "Stories260K";
                          });
 
-TEST(Engine, PreemptionUnderASmallPoolKeepsOutputsIdentical) {
-  model::LoadedModel loaded = load_stories();
+// Preemption, prefix caching and n > 1 forks (copy-on-write of the shared prompt's last page)
+// in each KV dtype: quantized rows move with their scales, so outputs stay those of the same
+// dtype without them.
+class EngineOnKvDType : public ::testing::TestWithParam<KvDTypeCase> {
+ protected:
+  EngineConfig config(int32_t num_pages, int32_t max_batch_tokens = 256,
+                      bool prefix_caching = true) const {
+    return engine::config(num_pages, max_batch_tokens, prefix_caching, GetParam().dtype);
+  }
+};
+
+TEST_P(EngineOnKvDType, PreemptionUnderASmallPoolKeepsOutputsIdentical) {
+  model::LoadedModel loaded = GetParam().load();
   const auto all_prompts = prompts(*loaded.tokenizer, 16);
   std::vector<Request> requests;
   for (const auto& p : all_prompts) requests.push_back(greedy(p, 40));
@@ -172,8 +187,8 @@ TEST(Engine, PreemptionUnderASmallPoolKeepsOutputsIdentical) {
   expect_all_pages_free(roomy);
 }
 
-TEST(Engine, RepeatedPromptHitsThePrefixCache) {
-  model::LoadedModel loaded = load_stories();
+TEST_P(EngineOnKvDType, RepeatedPromptHitsThePrefixCache) {
+  model::LoadedModel loaded = GetParam().load();
   std::vector<TokenId> prompt = loaded.tokenizer->encode(
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun "
       "with her dog.");
@@ -192,8 +207,8 @@ TEST(Engine, RepeatedPromptHitsThePrefixCache) {
   expect_all_pages_free(engine);
 }
 
-TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) {
-  model::LoadedModel loaded = load_stories();
+TEST_P(EngineOnKvDType, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) {
+  model::LoadedModel loaded = GetParam().load();
   std::vector<TokenId> prompt =
       loaded.tokenizer->encode("Once upon a time, there was a big dog who");
   Request request{.prompt = prompt};
@@ -220,6 +235,64 @@ TEST(Engine, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) {
     distinct.insert(together.at({0, i}).tokens);
   }
   EXPECT_GT(distinct.size(), 1u) << "samples with different seeds should differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(KvDTypes, EngineOnKvDType,
+                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4), kv_case_name);
+
+// --kv-memory buys pages of the dtype's real size: q4 pages are 1.25 bytes per value against
+// f16's 2 per value, so the same bytes hold 3.2x the pages (the ratio computed, not assumed);
+// a request's usage counts the bytes of its pages.
+TEST(Engine, KvMemoryIsCountedInBytesOfTheKvDType) {
+  model::LoadedModel loaded = kCopyLmQ4.load();
+  const model::ModelConfig& mc = loaded.model->config();
+  const uint64_t kv_memory = 3ull << 20;
+  std::map<kernels::DType, int32_t> pages;
+  for (kernels::DType dtype :
+       {kernels::DType::kF32, kernels::DType::kF16, kernels::DType::kQ8_0, kernels::DType::kQ4_1}) {
+    EngineConfig c = config(0, 256, true, dtype);
+    c.kv_memory_bytes = kv_memory;
+    Engine engine(c, loaded.model, loaded.tokenizer);
+    const auto page_bytes = static_cast<uint64_t>(engine.kv_bytes_per_page());
+    EXPECT_EQ(page_bytes, model::KvCache::bytes_per_page(mc, 16, dtype));
+    pages[dtype] = engine.config().num_kv_pages;
+    EXPECT_EQ(pages[dtype], static_cast<int32_t>(kv_memory / page_bytes));
+    EXPECT_EQ(engine.stats().kv_bytes_total(), int64_t{pages[dtype]} * engine.kv_bytes_per_page());
+    EXPECT_LE(static_cast<uint64_t>(engine.stats().kv_bytes_total()), kv_memory);
+
+    const auto outcome = run(engine, {greedy(prompts(*loaded.tokenizer, 1)[0], 20)}).at({0, 0});
+    ASSERT_GT(outcome.usage.kv_pages, 0);
+    EXPECT_EQ(outcome.usage.kv_bytes, outcome.usage.kv_pages * engine.kv_bytes_per_page());
+    EXPECT_EQ(outcome.usage.kv_dense_bytes,
+              outcome.usage.kv_dense_pages * engine.kv_bytes_per_page());
+  }
+  const double f16_over_q4 =
+      static_cast<double>(model::KvCache::bytes_per_page(mc, 16, kernels::DType::kF16)) /
+      static_cast<double>(model::KvCache::bytes_per_page(mc, 16, kernels::DType::kQ4_1));
+  EXPECT_NEAR(static_cast<double>(pages[kernels::DType::kQ4_1]) / pages[kernels::DType::kF16],
+              f16_over_q4, 0.01 * f16_over_q4);
+  EXPECT_GT(pages[kernels::DType::kQ4_1], 3 * pages[kernels::DType::kF16]);
+  EXPECT_GT(pages[kernels::DType::kQ8_0], pages[kernels::DType::kF16]);
+  EXPECT_EQ(pages[kernels::DType::kF16], 2 * pages[kernels::DType::kF32]);
+}
+
+// q8 / q4 store K/V rows in blocks of 32: a model with head_dim 8 is refused when the engine is
+// made, naming the dtype and the head_dim, not at its first request.
+TEST(Engine, QuantizedKvRefusesAHeadDimItCannotStore) {
+  model::LoadedModel loaded = load_stories();
+  for (kernels::DType dtype : {kernels::DType::kQ8_0, kernels::DType::kQ4_1}) {
+    for (const int32_t num_pages : {0, 64}) {  // sized by --kv-memory, or given
+      try {
+        Engine engine(config(num_pages, 256, true, dtype), loaded.model, loaded.tokenizer);
+        ADD_FAILURE() << "stories260K accepted for " << model::kv_dtype_name(dtype);
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find(std::string(model::kv_dtype_name(dtype))), std::string::npos)
+            << message;
+        EXPECT_NE(message.find("head_dim is 8"), std::string::npos) << message;
+      }
+    }
+  }
 }
 
 TEST(Engine, CancelFreesPagesAndRejectionsAreClear) {

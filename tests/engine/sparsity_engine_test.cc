@@ -14,6 +14,7 @@
 #include "engine/generator.h"
 #include "kernels/backend.h"
 #include "eval/calibration.h"
+#include "kv_dtype_cases.h"
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "shared_data.h"
@@ -75,13 +76,15 @@ Request greedy(std::vector<TokenId> prompt, const std::string& policy, int32_t m
 }
 
 EngineConfig config(int32_t num_pages,
-                    std::shared_ptr<const sparsity::CalibrationProfile> calibration = nullptr) {
+                    std::shared_ptr<const sparsity::CalibrationProfile> calibration = nullptr,
+                    kernels::DType kv_dtype = model::kKvDefaultDType) {
   return {.num_kv_pages = num_pages,
           .page_size = 16,
           .max_batch_tokens = 128,
           .max_num_seqs = 64,
           .max_queued = 256,
           .enable_prefix_caching = true,
+          .kv_dtype = kv_dtype,
           .calibration = std::move(calibration)};
 }
 
@@ -127,11 +130,14 @@ std::shared_ptr<const sparsity::CalibrationProfile> profile_for(const model::Lla
 // The engine's paths do not depend on the architecture: the same on llama (stories260K, trained),
 // on qwen2 (Q/K/V biases, NeoX RoPE, tied output), phi3 (fused QKV and gate/up) and qwen3
 // (per-head Q/K norms, n_head * head_dim = 2 n_embd), random-weight 2-layer models from
-// golden/quant.
+// golden/quant; nor on the KV dtype: q8 and q4 pages (rotated keys, quantized rows moved with
+// their scales by compaction and copy-on-write) on copy-lm (trained llama, head_dim 32) and
+// qwen3 (head_dim 64).
 struct ModelCase {
   std::string name;
   std::string path;  // under shared/
   bool random_weights = false;
+  kernels::DType kv_dtype = model::kKvDefaultDType;
 };
 
 class SparseEngineOnModel : public ::testing::TestWithParam<ModelCase> {};
@@ -147,12 +153,12 @@ TEST_P(SparseEngineOnModel, MixedBatchGivesEachRequestItsTokensAlone) {
 
   const auto profile = profile_for(*loaded.model);
   // A small max_batch_tokens chunks the prompts differently together than alone.
-  Engine together(config(1024, profile), loaded.model, loaded.tokenizer);
+  Engine together(config(1024, profile, model_case.kv_dtype), loaded.model, loaded.tokenizer);
   const std::vector<Outcome> batched = run(together, requests);
   expect_all_pages_free(together);
 
   for (size_t i = 0; i < requests.size(); ++i) {
-    Engine alone_engine(config(1024, profile), loaded.model, loaded.tokenizer);
+    Engine alone_engine(config(1024, profile, model_case.kv_dtype), loaded.model, loaded.tokenizer);
     const std::vector<Outcome> alone = run(alone_engine, {requests[i]});
     expect_all_pages_free(alone_engine);
     const std::string& policy = kPolicies[i % kPolicies.size()];
@@ -176,10 +182,14 @@ TEST_P(SparseEngineOnModel, MixedBatchGivesEachRequestItsTokensAlone) {
 
 INSTANTIATE_TEST_SUITE_P(
     Architectures, SparseEngineOnModel,
-    ::testing::Values(ModelCase{"llama", "models/stories260K.gguf"},
-                      ModelCase{"qwen2", "golden/quant/arch-qwen2-F16.gguf", true},
-                      ModelCase{"phi3", "golden/quant/arch-phi3-F16.gguf", true},
-                      ModelCase{"qwen3", "golden/quant/arch-qwen3-F16.gguf", true}),
+    ::testing::Values(
+        ModelCase{"llama", "models/stories260K.gguf"},
+        ModelCase{"qwen2", "golden/quant/arch-qwen2-F16.gguf", true},
+        ModelCase{"phi3", "golden/quant/arch-phi3-F16.gguf", true},
+        ModelCase{"qwen3", "golden/quant/arch-qwen3-F16.gguf", true},
+        ModelCase{"copylm_q8", "models/copy/copy-lm.gguf", false, kernels::DType::kQ8_0},
+        ModelCase{"copylm_q4", "models/copy/copy-lm.gguf", false, kernels::DType::kQ4_1},
+        ModelCase{"qwen3_q4", "golden/quant/arch-qwen3-F16.gguf", true, kernels::DType::kQ4_1}),
     [](const auto& info) { return info.param.name; });
 
 TEST(SparseEngine, F16KvCacheRunsTheSamePolicies) {
@@ -403,10 +413,21 @@ TEST(SparseEngine, ChunkByChunkCompressionGivesEachRequestItsTokensAlone) {
   }
 }
 
-TEST(SparseEngine, ChunkByChunkCompressionWithEverythingKeptEqualsDense) {
+// Compaction, forks, preemption and prefix sharing of compressed requests, per KV dtype (q8 / q4
+// slices move with their scales).
+class SparseEngineOnKvDType : public ::testing::TestWithParam<KvDTypeCase> {
+ protected:
+  EngineConfig chunked_config(int32_t num_pages, int32_t chunk) const {
+    EngineConfig c = engine::chunked_config(num_pages, chunk);
+    c.kv_dtype = GetParam().dtype;
+    return c;
+  }
+};
+
+TEST_P(SparseEngineOnKvDType, ChunkByChunkCompressionWithEverythingKeptEqualsDense) {
   // Prefill chunks of a compressed sequence attend through its streams: with a budget above the
   // prompt that must be the dense computation exactly.
-  model::LoadedModel loaded = load_stories();
+  model::LoadedModel loaded = GetParam().load();
   const auto prompt = very_long_prompts(*loaded.tokenizer, 1, 400)[0];
   Engine engine(chunked_config(512, 64), loaded.model, loaded.tokenizer);
   const auto dense = run(engine, {greedy(prompt, "full", 24)})[0].tokens;
@@ -540,10 +561,10 @@ TEST(SparseEngine, LServeRunsWithAMeasuredProfile) {
   expect_all_pages_free(engine);
 }
 
-TEST(SparseEngine, ParallelSamplesOfACompressedPromptEachEqualItsSeedAlone) {
+TEST_P(SparseEngineOnKvDType, ParallelSamplesOfACompressedPromptEachEqualItsSeedAlone) {
   // n > 1: the samples fork from the parent after its prompt (compressed chunk by chunk, so the
   // parent is already sparse: its children get copies of its slices and carry its state on).
-  model::LoadedModel loaded = load_stories();
+  model::LoadedModel loaded = GetParam().load();
   const auto prompt = very_long_prompts(*loaded.tokenizer, 1, 300)[0];
   for (const char* policy :
        {"snapkv:B=40,W=8", "h2o:B=32,W=16", "streaming:S=4,W=48", "fastgen:T=0.3,W=16"}) {
@@ -571,10 +592,10 @@ TEST(SparseEngine, ParallelSamplesOfACompressedPromptEachEqualItsSeedAlone) {
   }
 }
 
-TEST(SparseEngine, PreemptedChunkCompressedRequestsAreRecomputedAndFinish) {
+TEST_P(SparseEngineOnKvDType, PreemptedChunkCompressedRequestsAreRecomputedAndFinish) {
   // A pool too small for all of them at once: compressed requests are preempted mid-prefill or
   // mid-decode, recomputed (compressed again at the same chunk boundaries) and finish.
-  model::LoadedModel loaded = load_stories();
+  model::LoadedModel loaded = GetParam().load();
   const auto prompts = very_long_prompts(*loaded.tokenizer, 6, 300);
   const std::vector<std::string> policies = {"snapkv:B=40,W=8", "h2o:B=32,W=16",
                                              "streaming:S=4,W=48"};
@@ -591,17 +612,19 @@ TEST(SparseEngine, PreemptedChunkCompressedRequestsAreRecomputedAndFinish) {
   expect_all_pages_free(engine);
 }
 
-TEST(SparseEngine, ChunkCompressedRequestsShareTheFirstChunkThroughThePrefixCache) {
+TEST_P(SparseEngineOnKvDType, ChunkCompressedRequestsShareTheFirstChunkThroughThePrefixCache) {
   // The first chunk is computed densely and published before its compression copies out of it,
-  // so a later request with the same prompt starts from it (a hit is capped at the first chunk,
-  // where the first compression happens) and gives the same tokens.
-  model::LoadedModel loaded = load_stories();
+  // so a later request with the same prompt starts from it (a hit is capped a page before the
+  // first chunk's end, so that its first step ends where the first compression happens) and
+  // gives the same tokens. (A hit of the whole chunk skipped that compression: copy-lm, which
+  // copies spans, then gave other tokens; stories260K happened not to.)
+  model::LoadedModel loaded = GetParam().load();
   const auto prompt = very_long_prompts(*loaded.tokenizer, 1, 300)[0];
   Engine engine(chunked_config(512, 64), loaded.model, loaded.tokenizer);
   const Outcome first = run(engine, {greedy(prompt, "snapkv:B=40,W=8", 24)})[0];
   const Outcome second = run(engine, {greedy(prompt, "snapkv:B=40,W=8", 24)})[0];
   EXPECT_EQ(first.usage.cached_prompt_tokens, 0);
-  EXPECT_EQ(second.usage.cached_prompt_tokens, 64);
+  EXPECT_EQ(second.usage.cached_prompt_tokens, 48);
   EXPECT_EQ(second.tokens, first.tokens);
   // quest is compressed once, at the prompt's end: it keeps its pages private (in place).
   const Outcome quest_first = run(engine, {greedy(prompt, "quest:K=4,R=1,S=4,W=16", 8)})[0];
@@ -609,6 +632,9 @@ TEST(SparseEngine, ChunkCompressedRequestsShareTheFirstChunkThroughThePrefixCach
       << "private: it does not read the cache either";
   expect_all_pages_free(engine);
 }
+
+INSTANTIATE_TEST_SUITE_P(KvDTypes, SparseEngineOnKvDType,
+                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4), kv_case_name);
 
 // Quest's page choice is made inside the forward pass (it needs this step's queries) from plain
 // data: the model's rule (forced slices + the best others by bound) must be the policy's.

@@ -107,6 +107,46 @@ TEST(SparsityEval, QuestReadsFewerPagesButKeepsThemAll) {
       << "lserve without a calibration profile";
 }
 
+// With --kv-dtype q8 the reference stays f32 dense: a "full" row in q8 comes first, measured
+// against it, and the policies run on q8 pages. On copy-lm (head_dim 32): bytes kept are q8's
+// 34 bytes per 32 values against f32's 128, exactly, for every dense-sized request.
+TEST(SparsityEval, QuantizedKvIsMeasuredAgainstF32Dense) {
+  model::LoadedModel loaded =
+      model::load_model({sieve::testing::shared_path("models/copy/copy-lm.gguf"), ""});
+  std::ifstream in(sieve::testing::shared_path("models/copy/heldout.txt"));
+  std::stringstream text;
+  text << in.rdbuf();
+  SparsityEvalConfig config{.families = {"snapkv"},
+                            .budgets = {2.0, 0.25},
+                            .num_prompts = 2,
+                            .prompt_tokens = 128,
+                            .continuation_tokens = 16,
+                            .kv_dtype = kernels::DType::kQ8_0};
+  const std::vector<PolicyFidelity> results =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  ASSERT_EQ(results.size(), 4u) << "f32 dense, q8 full, then the budgets";
+  const PolicyFidelity& reference = results[0];
+  const PolicyFidelity& q8_full = results[1];
+  const PolicyFidelity& keep_all = results[2];
+  const PolicyFidelity& quarter = results[3];
+  EXPECT_EQ(reference.kv_dtype, "f32");
+  EXPECT_DOUBLE_EQ(reference.top1_agreement, 1.0);
+  EXPECT_DOUBLE_EQ(reference.kv_bytes_kept, 1.0);
+  EXPECT_EQ(q8_full.family, "full");
+  EXPECT_EQ(q8_full.kv_dtype, "q8");
+  EXPECT_DOUBLE_EQ(q8_full.kv_kept, 1.0);
+  EXPECT_DOUBLE_EQ(q8_full.kv_bytes_kept, 34.0 / 128.0);
+  EXPECT_GE(q8_full.top1_agreement, 0.95);
+  EXPECT_GT(q8_full.mean_kl, 0.0) << "q8 is not f32";
+  EXPECT_LT(q8_full.mean_kl, 0.01);
+  EXPECT_NEAR(q8_full.perplexity, reference.perplexity, 0.02 * reference.perplexity);
+  // Everything kept in q8 is q8 full exactly; a quarter keeps fewer q8 bytes still.
+  EXPECT_EQ(keep_all.kv_dtype, "q8");
+  EXPECT_DOUBLE_EQ(keep_all.top1_agreement, q8_full.top1_agreement);
+  EXPECT_NEAR(keep_all.perplexity, q8_full.perplexity, 1e-6 * q8_full.perplexity);
+  EXPECT_LT(quarter.kv_bytes_kept, 0.6 * q8_full.kv_bytes_kept);
+}
+
 TEST(SparsityEval, PolicyStringsScaleWithTheBudget) {
   EXPECT_EQ(policy_for_budget("streaming", 0.25, 256, 8), "streaming:S=4,W=60");
   EXPECT_EQ(policy_for_budget("snapkv", 0.5, 256, 8), "snapkv:B=120,W=8");

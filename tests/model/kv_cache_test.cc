@@ -1,0 +1,183 @@
+// KvCache in every dtype: exact bytes per page, rows written and moved (copy_row, copy_slice,
+// copy_page) read back as their quantized values, and a clear error for a head_dim the block
+// dtypes cannot store.
+#include "model/kv_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/paged_attention.h"
+#include "util/error.h"
+
+namespace sieve::model {
+namespace {
+
+using kernels::DType;
+
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1};
+
+ModelConfig shape(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim) {
+  ModelConfig c;
+  c.num_layers = num_layers;
+  c.num_kv_heads = num_kv_heads;
+  c.num_heads = 2 * num_kv_heads;
+  c.head_dim = head_dim;
+  return c;
+}
+
+// What a row of `dtype` reads back as: x rounded through the dtype's storage.
+std::vector<float> stored(DType dtype, const std::vector<float>& x) {
+  std::vector<uint8_t> bytes(kernels::row_bytes(dtype, std::ssize(x)));
+  std::vector<float> out(x.size());
+  kernels::quantize_row(dtype, x.data(), bytes.data(), std::ssize(x));
+  kernels::dequantize_row(dtype, bytes.data(), out.data(), std::ssize(x));
+  return out;
+}
+
+TEST(KvDType, NamesRoundTrip) {
+  for (DType dtype : kAllDTypes) {
+    const std::optional<DType> parsed = parse_kv_dtype(kv_dtype_name(dtype));
+    ASSERT_TRUE(parsed.has_value()) << kv_dtype_name(dtype);
+    EXPECT_EQ(*parsed, dtype);
+  }
+  EXPECT_EQ(kv_dtype_name(DType::kQ8_0), "q8");
+  EXPECT_EQ(kv_dtype_name(DType::kQ4_1), "q4");
+  for (const char* bad : {"", "q8_0", "F16", "bf16", "q5"})
+    EXPECT_FALSE(parse_kv_dtype(bad)) << bad;
+}
+
+TEST(KvCache, BytesPerPageIsExactForEachDType) {
+  const ModelConfig c = shape(3, 2, 64);
+  const size_t rows = 2 * 3 * 2 * 16;  // K and V x layers x kv heads x slots
+  EXPECT_EQ(KvCache::bytes_per_page(c, 16, DType::kF32), rows * 64 * 4);
+  EXPECT_EQ(KvCache::bytes_per_page(c, 16, DType::kF16), rows * 64 * 2);
+  EXPECT_EQ(KvCache::bytes_per_page(c, 16, DType::kQ8_0), rows * 2 * 34);  // 2 blocks per row
+  EXPECT_EQ(KvCache::bytes_per_page(c, 16, DType::kQ4_1), rows * 2 * 20);
+  // What the header's bytes-per-token table says: per layer, K + V, per kv head.
+  const ModelConfig one = shape(1, 1, 128);
+  EXPECT_EQ(KvCache::bytes_per_page(one, 1, DType::kQ8_0), 272u);  // 2.125 * 128
+  EXPECT_EQ(KvCache::bytes_per_page(one, 1, DType::kQ4_1), 160u);  // 1.25 * 128
+}
+
+TEST(KvCache, BlockDTypesNeedAHeadDimMultipleOf32) {
+  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(1);
+  for (const int64_t head_dim : {8, 48}) {
+    const ModelConfig c = shape(2, 2, head_dim);
+    for (DType dtype : {DType::kQ8_0, DType::kQ4_1}) {
+      try {
+        KvCache cache(*backend, c, 4, 16, dtype);
+        ADD_FAILURE() << "head_dim " << head_dim << " accepted for " << kv_dtype_name(dtype);
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find(std::string(kv_dtype_name(dtype))), std::string::npos) << message;
+        EXPECT_NE(message.find("head_dim is " + std::to_string(head_dim)), std::string::npos)
+            << message;
+      }
+      EXPECT_THROW((void)KvCache::bytes_per_page(c, 16, dtype), Error);
+    }
+    for (DType dtype : {DType::kF32, DType::kF16}) {
+      EXPECT_NO_THROW(KvCache(*backend, c, 4, 16, dtype));
+    }
+  }
+  EXPECT_THROW(KvCache(*backend, shape(2, 2, 64), 4, 16, DType::kQ4_0), Error);
+}
+
+// Rows go in with write_rows, are moved by copy_row / copy_slice / copy_page, and every row
+// reads back (load_kv_row, through slice and layer views) as the dtype's rounding of what was
+// written: a row's scales travel with it.
+TEST(KvCache, RowsSlicesAndPagesMoveWithTheirScales) {
+  const ModelConfig c = shape(2, 2, 64);
+  constexpr int32_t kPages = 6, kPageSize = 4;
+  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(2);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (DType dtype : kAllDTypes) {
+    SCOPED_TRACE(std::string(kv_dtype_name(dtype)));
+    KvCache cache(*backend, c, kPages, kPageSize, dtype);
+    const kv::SliceShape slices = cache.slice_shape();
+    const int32_t num_streams = slices.num_layers * slices.num_kv_heads;
+    // Source data: every slot of pages 0 and 1, each row with its own scale.
+    std::vector<std::vector<float>> k_rows, v_rows;
+    std::vector<int64_t> offsets;
+    std::vector<float> k_flat, v_flat;
+    const auto slice_of = [&](int32_t page, int32_t stream) {
+      return slices.dense_slice(kv::PageId{page}, stream).value;
+    };
+    for (int32_t page : {0, 1}) {
+      for (int32_t stream = 0; stream < num_streams; ++stream) {
+        for (int32_t slot = 0; slot < kPageSize; ++slot) {
+          const float scale = 0.1f + static_cast<float>(k_rows.size() % 7);
+          std::vector<float> k(64), v(64);
+          for (float& x : k) x = scale * normal(rng);
+          for (float& x : v) x = scale * normal(rng) + 0.5f;
+          k_flat.insert(k_flat.end(), k.begin(), k.end());
+          v_flat.insert(v_flat.end(), v.begin(), v.end());
+          k_rows.push_back(k);
+          v_rows.push_back(v);
+          offsets.push_back(cache.row_offset(slice_of(page, stream), slot));
+        }
+      }
+    }
+    cache.write_rows({k_flat.data(), 64}, {v_flat.data(), 64}, offsets);
+    // Index of the source row of (page, stream, slot).
+    const auto source = [&](int32_t page, int32_t stream, int32_t slot) {
+      return static_cast<size_t>((page * num_streams + stream) * kPageSize + slot);
+    };
+    const auto expect_row = [&](int64_t slice, int32_t slot, size_t src, const char* what) {
+      const std::vector<int32_t> table = {static_cast<int32_t>(slice)};
+      std::vector<float> got(64);
+      for (bool value : {false, true}) {
+        kernels::load_kv_row(cache.slice_view(table, 0), value, slot, 0, got.data());
+        EXPECT_EQ(got, stored(dtype, value ? v_rows[src] : k_rows[src]))
+            << what << " slice " << slice << " slot " << slot << (value ? " V" : " K");
+      }
+    };
+    for (int32_t stream = 0; stream < num_streams; ++stream) {
+      for (int32_t slot = 0; slot < kPageSize; ++slot)
+        expect_row(slice_of(0, stream), slot, source(0, stream, slot), "written");
+    }
+
+    // copy_row: slot 3 of (page 1, stream 2) into slot 1 of (page 4, stream 0).
+    cache.copy_row(slice_of(1, 2), 3, slice_of(4, 0), 1);
+    expect_row(slice_of(4, 0), 1, source(1, 2, 3), "copy_row");
+    // copy_slice: (page 0, stream 3) into (page 5, stream 1), every slot.
+    cache.copy_slice(slice_of(0, 3), slice_of(5, 1));
+    for (int32_t slot = 0; slot < kPageSize; ++slot)
+      expect_row(slice_of(5, 1), slot, source(0, 3, slot), "copy_slice");
+    // copy_page: page 1 into page 3, every layer and kv head (read through a layer view).
+    cache.copy_page(1, 3);
+    const std::vector<int32_t> table = {3};
+    std::vector<float> got(64);
+    for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+        const int32_t stream = slices.stream_index(static_cast<int32_t>(layer), h);
+        for (int32_t slot = 0; slot < kPageSize; ++slot) {
+          for (bool value : {false, true}) {
+            kernels::load_kv_row(cache.layer_view(layer, table), value, slot, h, got.data());
+            const size_t src = source(1, stream, slot);
+            EXPECT_EQ(got, stored(dtype, value ? v_rows[src] : k_rows[src]))
+                << "copy_page layer " << layer << " head " << h << " slot " << slot;
+          }
+        }
+      }
+    }
+    // Nothing else moved: page 0 is intact and the rows around the copied one are still zero.
+    for (int32_t stream = 0; stream < num_streams; ++stream) {
+      for (int32_t slot = 0; slot < kPageSize; ++slot)
+        expect_row(slice_of(0, stream), slot, source(0, stream, slot), "source after copies");
+    }
+    const std::vector<int32_t> copied_row_slice = {static_cast<int32_t>(slice_of(4, 0))};
+    for (int32_t slot : {0, 2}) {
+      kernels::load_kv_row(cache.slice_view(copied_row_slice, 0), false, slot, 0, got.data());
+      EXPECT_EQ(got, std::vector<float>(64, 0.0f)) << "slot " << slot << " beside copy_row";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sieve::model
