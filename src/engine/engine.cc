@@ -543,6 +543,9 @@ void Engine::apply_sparsity() {
   std::vector<sched::SeqId> pending;
   pending.swap(to_compress_);
   for (sched::SeqId seq : pending) {
+    // A retry (compaction found no free page last step) may since have been preempted: its KV
+    // is gone and its recompute compresses again at its boundaries.
+    if (!kv_.contains(seq)) continue;
     auto it = samples_.find(seq);
     if (it != samples_.end() && !it->second->sparsity->prompt_compressed())
       compress(seq, *it->second);
