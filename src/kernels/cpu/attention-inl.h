@@ -319,43 +319,140 @@ HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* ru
 
 // ----------------------------------------------------------------------------- softmax
 
-// Online softmax step for one tile of num_keys keys starting at position key0. Query vector m
-// (row m / group) sees keys < limit[m / group]. Leaves probabilities in S (0 for masked keys)
-// and each row's acc rescale factor in alpha.
-HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first,
-                            const int64_t* limit, int64_t key0, int64_t num_keys) {
+// Online softmax step of query vector m for one tile of num_keys keys starting at position key0.
+// Query vector m (row m / group) sees keys in [first, limit) of its row. Leaves its
+// probabilities in S (0 for masked keys) and its acc rescale factor in alpha.
+HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64_t* first,
+                           const int64_t* limit, int64_t key0, int64_t num_keys, int64_t m) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = (num_keys + N - 1) / N * N;  // <= tp: this tile's scores, whole vectors
-  for (int64_t m = 0; m < block.num_rows; ++m) {
-    float* HWY_RESTRICT s = block.s + m * p.tp;
-    const int64_t num_valid = std::clamp<int64_t>(limit[m / p.group] - key0, 0, num_keys);
-    const int64_t num_before =
-        std::clamp<int64_t>(first[m / p.group] - key0, 0, num_keys);  // sliding window
-    if (num_valid <= num_before) {  // nothing to see in this tile: P = 0, acc unchanged
-      std::fill(s, s + p.tp, 0.0f);
-      block.alpha[m] = 1.0f;
-      continue;
-    }
-    std::fill(s, s + num_before, kNegInf);         // keys older than the window
-    std::fill(s + num_valid, s + width, kNegInf);  // masked keys and padding
-    VF vmax = hn::Load(d, s);
-    for (int64_t i = N; i < width; i += N) vmax = hn::Max(vmax, hn::Load(d, s + i));
-    const float old_max = block.max[m];
-    const float new_max = std::max(old_max, hn::GetLane(hn::MaxOfLanes(d, vmax)));
-    // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway.
-    const float alpha = new_max == old_max ? 1.0f : std::exp(old_max - new_max);
-    const VF shift = hn::Set(d, new_max);
-    VF vsum = hn::Zero(d);
-    for (int64_t i = 0; i < width; i += N) {
-      const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
-      hn::Store(e, d, s + i);
-      vsum = hn::Add(vsum, e);
-    }
-    block.alpha[m] = alpha;
-    block.max[m] = new_max;
-    block.sum[m] = block.sum[m] * alpha + ReduceSum(d, vsum);
+  float* HWY_RESTRICT s = block.s + m * p.tp;
+  const int64_t num_valid = std::clamp<int64_t>(limit[m / p.group] - key0, 0, num_keys);
+  const int64_t num_before =
+      std::clamp<int64_t>(first[m / p.group] - key0, 0, num_keys);  // sliding window
+  if (num_valid <= num_before) {  // nothing to see in this tile: P = 0, acc unchanged
+    std::fill(s, s + p.tp, 0.0f);
+    block.alpha[m] = 1.0f;
+    return;
   }
+  std::fill(s, s + num_before, kNegInf);         // keys older than the window
+  std::fill(s + num_valid, s + width, kNegInf);  // masked keys and padding
+  VF vmax = hn::Load(d, s);
+  for (int64_t i = N; i < width; i += N) vmax = hn::Max(vmax, hn::Load(d, s + i));
+  const float old_max = block.max[m];
+  const float new_max = std::max(old_max, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+  // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway.
+  const float alpha = new_max == old_max ? 1.0f : std::exp(old_max - new_max);
+  const VF shift = hn::Set(d, new_max);
+  VF vsum = hn::Zero(d);
+  for (int64_t i = 0; i < width; i += N) {
+    const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
+    hn::Store(e, d, s + i);
+    vsum = hn::Add(vsum, e);
+  }
+  block.alpha[m] = alpha;
+  block.max[m] = new_max;
+  block.sum[m] = block.sum[m] * alpha + ReduceSum(d, vsum);
+}
+
+// Online softmax step for one tile of num_keys keys starting at position key0, every query
+// vector of the block (SoftmaxRow).
+HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first,
+                            const int64_t* limit, int64_t key0, int64_t num_keys) {
+  for (int64_t m = 0; m < block.num_rows; ++m) {
+    SoftmaxRow(p, block, first, limit, key0, num_keys, m);
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// {max(a), max(b), max(c), max(e)} as 4 lanes (Reduce4 with Max).
+template <class D>
+HWY_INLINE auto Max4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e) {
+  const hn::Repartition<uint64_t, D> du64;
+  const auto ab =
+      hn::BitCast(du64, hn::Max(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b)));
+  const auto ce =
+      hn::BitCast(du64, hn::Max(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e)));
+  auto v = hn::Max(hn::BitCast(d, hn::InterleaveLower(du64, ab, ce)),
+                   hn::BitCast(d, hn::InterleaveUpper(du64, ab, ce)));
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    auto h = hn::Max(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v));
+    if constexpr (hn::MaxLanes(decltype(dh)()) > 4) {
+      const hn::Half<decltype(dh)> dq;
+      return hn::Max(hn::LowerHalf(dq, h), hn::UpperHalf(dq, h));
+    } else {
+      return h;
+    }
+  } else {
+    return v;
+  }
+}
+#endif
+
+// Quantized pools: SoftmaxStep with 4 query vectors at a time where the tile is wholly visible
+// to all 4 (every tile of a decode row but its last): their maxima, rescale factors and sums
+// as 4 lanes (one Exp for the 4 alphas, no scalar exp, 2 horizontal folds per 4 vectors
+// instead of 2 per vector). The other vectors take SoftmaxRow.
+HWY_INLINE void SoftmaxStepQuant(const Problem& p, const HeadBlock& block, const int64_t* first,
+                                 const int64_t* limit, int64_t key0, int64_t num_keys) {
+#if HWY_TARGET != HWY_SCALAR
+  const DF d;
+  const hn::CappedTag<float, 4> d4;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  if (N >= 4) {
+    const int64_t width = (num_keys + N - 1) / N * N;
+    const int64_t key1 = key0 + num_keys;
+    int64_t m = 0;
+    for (; m + 4 <= block.num_rows; m += 4) {
+      bool visible = true;
+      for (int64_t r = 0; r < 4; ++r) {
+        const int64_t row = (m + r) / p.group;
+        visible = visible && first[row] <= key0 && limit[row] >= key1;
+      }
+      if (!visible) {
+        for (int64_t r = 0; r < 4; ++r) SoftmaxRow(p, block, first, limit, key0, num_keys, m + r);
+        continue;
+      }
+      float* HWY_RESTRICT s = block.s + m * p.tp;
+      VF vmax[4];
+      for (int r = 0; r < 4; ++r) {
+        float* HWY_RESTRICT row = s + r * p.tp;
+        std::fill(row + num_keys, row + width, kNegInf);  // padding
+        vmax[r] = hn::Load(d, row);
+        for (int64_t i = N; i < width; i += N) vmax[r] = hn::Max(vmax[r], hn::Load(d, row + i));
+      }
+      const auto old_max = hn::LoadU(d4, block.max + m);
+      const auto new_max = hn::Max(old_max, Max4(d, vmax[0], vmax[1], vmax[2], vmax[3]));
+      // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway. Past
+      // the first tiles the maxima rarely move: alpha = 1 without the Exp.
+      const auto alpha = hn::AllTrue(d4, hn::Eq(old_max, new_max))
+                             ? hn::Set(d4, 1.0f)
+                             : hn::Exp(d4, hn::Sub(old_max, new_max));
+      alignas(16) float shift[4];
+      hn::Store(new_max, d4, shift);
+      VF vsum[4];
+      for (int r = 0; r < 4; ++r) {
+        float* HWY_RESTRICT row = s + r * p.tp;
+        const VF sh = hn::Set(d, shift[r]);
+        vsum[r] = hn::Zero(d);
+        for (int64_t i = 0; i < width; i += N) {
+          const VF e = hn::Exp(d, hn::Sub(hn::Load(d, row + i), sh));  // exp(-inf) = 0
+          hn::Store(e, d, row + i);
+          vsum[r] = hn::Add(vsum[r], e);
+        }
+      }
+      const auto sums = Reduce4(d, vsum[0], vsum[1], vsum[2], vsum[3]);
+      hn::StoreU(alpha, d4, block.alpha + m);
+      hn::StoreU(new_max, d4, block.max + m);
+      hn::StoreU(hn::MulAdd(hn::LoadU(d4, block.sum + m), alpha, sums), d4, block.sum + m);
+    }
+    for (; m < block.num_rows; ++m) SoftmaxRow(p, block, first, limit, key0, num_keys, m);
+    return;
+  }
+#endif
+  SoftmaxStep(p, block, first, limit, key0, num_keys);
 }
 
 // ----------------------------------------------------------------------------- PV
@@ -589,26 +686,38 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   const int64_t tile_keys = TileKeys(p.kv, num_heads);
   for (int64_t key0 = task.key_begin; key0 < task.key_end; key0 += tile_keys) {
     const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
-    for (int64_t b = 0; b < num_heads; ++b) {
-      if (p.vnni) {
-        const HeadBlock block{nullptr,
-                              sc.acc + b * per_head * p.dp,
-                              sc.max + b * per_head,
-                              sc.sum + b * per_head,
-                              sc.s,
-                              sc.alpha,
-                              per_head};
-        const uint8_t* k_rows[kTileKeys];
-        const uint8_t* v_rows[kTileKeys];
-        const int64_t num_keys =
-            QuantTileRows(p.kv, task.kv_head_begin + b, key0, key1, k_rows, v_rows);
-        vnni::attn_scores(format, sc.q_sets.get() + b * sets_per_head * set_bytes, per_head,
-                          head_dim, k_rows, num_keys, block.s, p.tp);
-        SoftmaxStep(p, block, first, limit, key0, num_keys);
-        vnni::attn_pv(format, block.s, p.tp, block.alpha, per_head, v_rows, num_keys, head_dim,
-                      block.acc, p.dp);
-        continue;
+    if (p.vnni) {
+      // Scores and softmax of up to 4 heads, then their P·V: the P·V of one head (a long run
+      // of independent FMAs) no longer waits on the latency chain of the next head's softmax.
+      constexpr int64_t kHeadsAtOnce = 4;
+      for (int64_t b0 = 0; b0 < num_heads; b0 += kHeadsAtOnce) {
+        const int64_t b1 = std::min(num_heads, b0 + kHeadsAtOnce);
+        const uint8_t* v_rows[kHeadsAtOnce][kTileKeys];
+        int64_t num_keys = 0;
+        for (int64_t b = b0; b < b1; ++b) {
+          const HeadBlock block{nullptr,
+                                sc.acc + b * per_head * p.dp,
+                                sc.max + b * per_head,
+                                sc.sum + b * per_head,
+                                sc.s + b * per_head * p.tp,
+                                sc.alpha + b * per_head,
+                                per_head};
+          const uint8_t* k_rows[kTileKeys];
+          num_keys =
+              QuantTileRows(p.kv, task.kv_head_begin + b, key0, key1, k_rows, v_rows[b - b0]);
+          vnni::attn_scores(format, sc.q_sets.get() + b * sets_per_head * set_bytes, per_head,
+                            head_dim, k_rows, num_keys, block.s, p.tp);
+          SoftmaxStepQuant(p, block, first, limit, key0, num_keys);
+        }
+        for (int64_t b = b0; b < b1; ++b) {
+          vnni::attn_pv(format, sc.s + b * per_head * p.tp, p.tp, sc.alpha + b * per_head,
+                        per_head, v_rows[b - b0], num_keys, head_dim, sc.acc + b * per_head * p.dp,
+                        p.dp);
+        }
       }
+      continue;
+    }
+    for (int64_t b = 0; b < num_heads; ++b) {
       int64_t num_runs;
       if constexpr (std::is_same_v<T, float>) {
         num_runs = p.quantized ? DequantizeTile(p.kv, task.kv_head_begin + b, key0, key1, sc, runs)
@@ -624,7 +733,11 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                             sc.alpha,
                             per_head};
       Qk(p, block, runs, num_runs);
-      SoftmaxStep(p, block, first, limit, key0, key1 - key0);
+      if (p.quantized) {
+        SoftmaxStepQuant(p, block, first, limit, key0, key1 - key0);
+      } else {
+        SoftmaxStep(p, block, first, limit, key0, key1 - key0);
+      }
       Pv(p, block, runs, num_runs);
     }
   }
