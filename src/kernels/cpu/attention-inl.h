@@ -84,7 +84,9 @@ inline constexpr int kPvChunks = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
 // No software prefetch: paced prefetching of the next unit's K/V rows (as the matmul does) or
 // of V during QK, or of the next tiles, measured neutral to 5% slower on Zen 4, DRAM- or
 // L3-resident; what helps is the order of the reads (TileKeys below).
-// Quantized pools on AVX3 with VNNI: tiles prefetched this many tiles ahead (RunTask).
+// Quantized pools on AVX3 with VNNI (RunTask): keys per tile at most (Q4_1: 4 pages of 16;
+// Q8_0 half that), and tiles prefetched this many tiles ahead.
+inline constexpr int64_t kVnniTileKeys = 64;
 inline constexpr int64_t kPrefetchTiles = 1;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -137,7 +139,7 @@ struct Problem {
   const AttentionOutput& out;
   int64_t group;     // query heads per kv head
   int64_t dp;        // head_dim rounded up to whole vectors
-  int64_t tp;        // kTileKeys rounded up to whole vectors
+  int64_t tp;        // kTileKeys rounded up to whole vectors (vnni: kVnniTileKeys)
   int64_t max_rows;  // query vectors per task at most (AttentionPlan::max_query_vectors)
   float* partials;   // num_slots slots of SlotFloats() floats
   bool quantized;    // kQ8_0 / kQ4_1: queries rounded by block_kv_query; tiles are dequantized
@@ -702,14 +704,17 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
     limit[r] = int64_t{p.q.positions[task.row_begin + r]} + 1;
   }
 
-  // VNNI (quantized pools on AVX3): head by head, tiles of kTileKeys keys, the rows of the
-  // tile kPrefetchTiles ahead prefetched. Tiles of 2 pages halve the per-tile costs (scales,
-  // P·d, Q4_1's sum of p·m, the softmax's folds): 21.9 instead of 26.2 ns per key (both
-  // heads) for q4 from L2 (bench-engine's shape, 1 thread, Zen 4); but one head's pages
-  // (every other page block in a layer-major pool) are a pattern the hardware prefetchers
-  // followed badly: 26.0 instead of 24.7 at 16k keys, 22.7 with the software prefetch. (The
-  // page-by-page order below with 2-page tiles ran 0.77 instead of 0.48 ms at 16k.)
+  // VNNI (quantized pools on AVX3): head by head, tiles of up to kVnniTileKeys keys, the rows
+  // of the tile kPrefetchTiles ahead prefetched. Longer tiles cut the per-tile costs (scales,
+  // P·d, Q4_1's sum of p·m, the softmax's folds): q4 from L2 (bench-engine's shape, 1 thread,
+  // Zen 4, ns per key for both heads) 26.2 with tiles of one page, 21.9 with 2 pages, ~1.5
+  // less again with 4. One head's pages (every other page block in a layer-major pool) are a
+  // pattern the hardware prefetchers follow badly: at 16k keys, 2-page tiles took 26.0
+  // instead of 24.7 without the software prefetch, 22.7 with it; 4-page tiles 21.3 for q4, but
+  // q8 (68-byte rows) 31 instead of 25: q8 keeps 2 pages. (The page-by-page order below with
+  // 2-page tiles ran 0.77 instead of 0.48 ms at 16k.)
   if (p.vnni) {
+    const int64_t tile = p.kv.dtype == DType::kQ4_1 ? kVnniTileKeys : kVnniTileKeys / 2;
     for (int64_t b = 0; b < num_heads; ++b) {
       const HeadBlock block{nullptr,
                             sc.acc + b * per_head * p.dp,
@@ -720,14 +725,14 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                             per_head};
       const uint8_t* q_sets = sc.q_sets.get() + b * sets_per_head * set_bytes;
       const int64_t kv_head = task.kv_head_begin + b;
-      for (int64_t key0 = task.key_begin; key0 < task.key_end; key0 += kTileKeys) {
-        const int64_t key1 = std::min(task.key_end, key0 + kTileKeys);
-        const int64_t ahead = key0 + kPrefetchTiles * kTileKeys;
+      for (int64_t key0 = task.key_begin; key0 < task.key_end; key0 += tile) {
+        const int64_t key1 = std::min(task.key_end, key0 + tile);
+        const int64_t ahead = key0 + kPrefetchTiles * tile;
         if (ahead < task.key_end) {
-          PrefetchTile(p.kv, kv_head, ahead, std::min(task.key_end, ahead + kTileKeys));
+          PrefetchTile(p.kv, kv_head, ahead, std::min(task.key_end, ahead + tile));
         }
-        const uint8_t* k_rows[kTileKeys];
-        const uint8_t* v_rows[kTileKeys];
+        const uint8_t* k_rows[kVnniTileKeys];
+        const uint8_t* v_rows[kVnniTileKeys];
         const int64_t num_keys = QuantTileRows(p.kv, kv_head, key0, key1, k_rows, v_rows);
         vnni::attn_scores(format, q_sets, per_head, head_dim, k_rows, num_keys, block.s, p.tp);
         SoftmaxStepQuant(p, block, first, limit, key0, num_keys);
@@ -834,6 +839,7 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
                   false};
 #if HWY_TARGET == HWY_AVX3
   problem.vnni = problem.quantized && vnni::supported();
+  if (problem.vnni) problem.tp = kVnniTileKeys;
 #endif
   hwy::AlignedFreeUniquePtr<float[]> partials;
   if (plan.num_slots > 0) {

@@ -12,7 +12,8 @@ namespace sieve::kernels::vnni {
 
 namespace {
 
-inline constexpr int64_t kMaxKeys = 32;  // keys per tile at most (attention-inl.h's kTileKeys)
+inline constexpr int64_t kMaxKeys = 64;  // keys per tile at most (attention-inl.h's kVnniTileKeys)
+inline constexpr int kMaxChunks = kMaxKeys / 16;
 
 struct Layout {
   int64_t block_bytes;  // 34 (Q8_0) / 20 (Q4_1)
@@ -268,30 +269,27 @@ SIEVE_VNNI_ATTR void PvRows(const float* p, int64_t tp, const float* alpha,
   // pd[r][b][j] = p[r][j] * d_j of block b; msum[r][b] = sum_j p[r][j] * m_j (Q4_1).
   alignas(64) float pd[4 * 8 * kMaxKeys];
   float msum[8 * 4];  // [block][row]
-  const __mmask16 tail0 = static_cast<__mmask16>(num_keys >= 16 ? 0xFFFF : (1u << num_keys) - 1);
-  const __mmask16 tail1 = static_cast<__mmask16>(num_keys >= 32   ? 0xFFFF
-                                                 : num_keys <= 16 ? 0
-                                                                  : (1u << (num_keys - 16)) - 1);
-  __m512 p0[kR], p1[kR];
-  for (int r = 0; r < kR; ++r) {
-    p0[r] = _mm512_maskz_loadu_ps(tail0, p + r * tp);
-    p1[r] = _mm512_maskz_loadu_ps(tail1, p + r * tp + 16);
+  const int num_chunks = static_cast<int>((num_keys + 15) / 16);
+  __m512 pc[kMaxChunks][kR];  // p of keys [16 c, 16 c + 16), 0 past num_keys
+  for (int c = 0; c < num_chunks; ++c) {
+    const int64_t n = std::min<int64_t>(16, num_keys - 16 * c);
+    const auto mask = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+    for (int r = 0; r < kR; ++r) pc[c][r] = _mm512_maskz_loadu_ps(mask, p + r * tp + 16 * c);
   }
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const __m512 d0 = _mm512_load_ps(dv + b * kMaxKeys),
-                 d1 = _mm512_load_ps(dv + b * kMaxKeys + 16);
-    for (int r = 0; r < kR; ++r) {
-      float* out = pd + (r * num_blocks + b) * kMaxKeys;
-      _mm512_store_ps(out, _mm512_mul_ps(p0[r], d0));
-      _mm512_store_ps(out + 16, _mm512_mul_ps(p1[r], d1));
+    for (int c = 0; c < num_chunks; ++c) {
+      const __m512 dc = _mm512_load_ps(dv + b * kMaxKeys + 16 * c);
+      for (int r = 0; r < kR; ++r) {
+        _mm512_store_ps(pd + (r * num_blocks + b) * kMaxKeys + 16 * c, _mm512_mul_ps(pc[c][r], dc));
+      }
     }
     if constexpr (kFormat == KvBlockFormat::kQ4_1) {
       // The 4 rows' sums at once: pairwise interleaved adds, then the 128-bit chunks.
-      const __m512 m0 = _mm512_load_ps(mv + b * kMaxKeys),
-                   m1 = _mm512_load_ps(mv + b * kMaxKeys + 16);
       __m512 x[4];
-      for (int r = 0; r < 4; ++r) {
-        x[r] = r < kR ? _mm512_fmadd_ps(p1[r], m1, _mm512_mul_ps(p0[r], m0)) : _mm512_setzero_ps();
+      for (int r = 0; r < 4; ++r) x[r] = _mm512_setzero_ps();
+      for (int c = 0; c < num_chunks; ++c) {
+        const __m512 mc = _mm512_load_ps(mv + b * kMaxKeys + 16 * c);
+        for (int r = 0; r < kR; ++r) x[r] = _mm512_fmadd_ps(pc[c][r], mc, x[r]);
       }
       const __m512d ab = _mm512_castps_pd(
           _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1])));

@@ -35,8 +35,8 @@ size_t attn_query_set_bytes(int64_t head_dim);
 void attn_prepare_queries(KvBlockFormat format, const int8_t* q, const float* d, int64_t count,
                           int64_t head_dim, uint8_t* sets);
 
-// s[m * tp + j] = q'_m · k_j for m < count (the prepared vectors), j < num_keys <= 32, key j's
-// row at k_rows[j]. Writes columns [0, num_keys rounded up to 16) (tp >= 32).
+// s[m * tp + j] = q'_m · k_j for m < count (the prepared vectors), j < num_keys <= 64, key j's
+// row at k_rows[j]. Writes columns [0, num_keys rounded up to 16) (tp >= 64).
 void attn_scores(KvBlockFormat format, const uint8_t* sets, int64_t count, int64_t head_dim,
                  const uint8_t* const* k_rows, int64_t num_keys, float* s, int64_t tp);
 
