@@ -27,7 +27,8 @@
 // Quantized pools (kQ8_0 / kQ4_1, layout in paged_attention.h): the staged queries are rounded to
 // Q8_0 blocks (block_kv_query). On AVX3 with VNNI, QK and PV of a unit run in
 // cpu/attention_vnni.cc (int8 scores straight from the K rows, V widened in registers; the
-// queries quantized and laid out once per task); elsewhere each unit first dequantizes its
+// queries quantized and laid out once per task), in another order: head by head, in tiles of
+// 2-4 pages with software prefetch (RunTask); elsewhere each unit first dequantizes its
 // tile's K and V rows (SIMD, DequantizeKvRow) into two per-thread [kTileKeys][head_dim] buffers
 // and runs the above on them as one run; the rest is the f32 path. The dequantization costs
 // ~2-3 vector ops per Lanes values per unit, shared by all query vectors of the kv head.

@@ -32,7 +32,9 @@ inline int64_t VecBytes(int64_t head_dim) {
   return (head_dim + head_dim / kQBlock * 8 + 63) / 64 * 64;
 }
 
-size_t attn_query_set_bytes(int64_t head_dim) { return static_cast<size_t>(4 * VecBytes(head_dim)); }
+size_t attn_query_set_bytes(int64_t head_dim) {
+  return static_cast<size_t>(4 * VecBytes(head_dim));
+}
 
 void attn_prepare_queries(KvBlockFormat format, const int8_t* q, const float* d, int64_t count,
                           int64_t head_dim, uint8_t* sets) {
@@ -164,7 +166,7 @@ SIEVE_VNNI_ATTR void Scores(const uint8_t* sets, int64_t count, int64_t head_dim
   alignas(64) float dk[8 * 16], mk[8 * 16];
   for (int64_t j0 = 0; j0 < num_keys; j0 += 16) {
     const int64_t n = std::min<int64_t>(16, num_keys - j0);
-    const uint8_t* rows[16];  // padded with the last key
+    const uint8_t* rows[16];    // padded with the last key
     const uint8_t* rows_t[16];  // rows_t[4 r + c] = rows[4 c + r]: Transpose4 gives lane j = key j
     for (int64_t j = 0; j < 16; ++j) rows[j] = k_rows[j0 + std::min(j, n - 1)];
     for (int r = 0; r < 4; ++r) {
@@ -176,7 +178,8 @@ SIEVE_VNNI_ATTR void Scores(const uint8_t* sets, int64_t count, int64_t head_dim
       if constexpr (kFormat == KvBlockFormat::kQ8_0) {
         const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
         for (int h = 0; h < 2; ++h) {
-          for (int r = 0; r < 4; ++r) x[r] = _mm512_xor_si512(Load4(rows_t + 4 * r, at + 16 * h), bias);
+          for (int r = 0; r < 4; ++r)
+            x[r] = _mm512_xor_si512(Load4(rows_t + 4 * r, at + 16 * h), bias);
           Transpose4(x, kv + 8 * b + 4 * h);
         }
       } else {
