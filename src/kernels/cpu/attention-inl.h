@@ -27,7 +27,8 @@
 // Quantized pools (kQ8_0 / kQ4_1, layout in paged_attention.h): the staged queries are rounded to
 // Q8_0 blocks (block_kv_query). On AVX3 with VNNI, QK and PV of a unit run in
 // cpu/attention_vnni.cc (int8 scores straight from the K rows, V widened in registers; the
-// queries quantized and laid out once per task); elsewhere each unit first dequantizes its
+// queries quantized and laid out once per task), in another order: head by head, in tiles of
+// 2-4 pages with software prefetch (RunTask); elsewhere each unit first dequantizes its
 // tile's K and V rows (SIMD, DequantizeKvRow) into two per-thread [kTileKeys][head_dim] buffers
 // and runs the above on them as one run; the rest is the f32 path. The dequantization costs
 // ~2-3 vector ops per Lanes values per unit, shared by all query vectors of the kv head.
@@ -50,6 +51,7 @@
 #include <type_traits>
 
 #include "hwy/aligned_allocator.h"
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernels/cpu/attention.h"
@@ -83,6 +85,10 @@ inline constexpr int kPvChunks = HWY_TARGET <= HWY_AVX3 ? 8 : 4;
 // No software prefetch: paced prefetching of the next unit's K/V rows (as the matmul does) or
 // of V during QK, or of the next tiles, measured neutral to 5% slower on Zen 4, DRAM- or
 // L3-resident; what helps is the order of the reads (TileKeys below).
+// Quantized pools on AVX3 with VNNI (RunTask): keys per tile at most (Q4_1: 4 pages of 16;
+// Q8_0 half that), and tiles prefetched this many tiles ahead.
+inline constexpr int64_t kVnniTileKeys = 64;
+inline constexpr int64_t kPrefetchTiles = 1;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Consecutive keys of one page: K row j at k + j * head_dim (V likewise); their scores are
@@ -134,7 +140,7 @@ struct Problem {
   const AttentionOutput& out;
   int64_t group;     // query heads per kv head
   int64_t dp;        // head_dim rounded up to whole vectors
-  int64_t tp;        // kTileKeys rounded up to whole vectors
+  int64_t tp;        // kTileKeys rounded up to whole vectors (vnni: kVnniTileKeys)
   int64_t max_rows;  // query vectors per task at most (AttentionPlan::max_query_vectors)
   float* partials;   // num_slots slots of SlotFloats() floats
   bool quantized;    // kQ8_0 / kQ4_1: queries rounded by block_kv_query; tiles are dequantized
@@ -319,43 +325,140 @@ HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* ru
 
 // ----------------------------------------------------------------------------- softmax
 
-// Online softmax step for one tile of num_keys keys starting at position key0. Query vector m
-// (row m / group) sees keys < limit[m / group]. Leaves probabilities in S (0 for masked keys)
-// and each row's acc rescale factor in alpha.
-HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first,
-                            const int64_t* limit, int64_t key0, int64_t num_keys) {
+// Online softmax step of query vector m for one tile of num_keys keys starting at position key0.
+// Query vector m (row m / group) sees keys in [first, limit) of its row. Leaves its
+// probabilities in S (0 for masked keys) and its acc rescale factor in alpha.
+HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64_t* first,
+                           const int64_t* limit, int64_t key0, int64_t num_keys, int64_t m) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = (num_keys + N - 1) / N * N;  // <= tp: this tile's scores, whole vectors
-  for (int64_t m = 0; m < block.num_rows; ++m) {
-    float* HWY_RESTRICT s = block.s + m * p.tp;
-    const int64_t num_valid = std::clamp<int64_t>(limit[m / p.group] - key0, 0, num_keys);
-    const int64_t num_before =
-        std::clamp<int64_t>(first[m / p.group] - key0, 0, num_keys);  // sliding window
-    if (num_valid <= num_before) {  // nothing to see in this tile: P = 0, acc unchanged
-      std::fill(s, s + p.tp, 0.0f);
-      block.alpha[m] = 1.0f;
-      continue;
-    }
-    std::fill(s, s + num_before, kNegInf);         // keys older than the window
-    std::fill(s + num_valid, s + width, kNegInf);  // masked keys and padding
-    VF vmax = hn::Load(d, s);
-    for (int64_t i = N; i < width; i += N) vmax = hn::Max(vmax, hn::Load(d, s + i));
-    const float old_max = block.max[m];
-    const float new_max = std::max(old_max, hn::GetLane(hn::MaxOfLanes(d, vmax)));
-    // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway.
-    const float alpha = new_max == old_max ? 1.0f : std::exp(old_max - new_max);
-    const VF shift = hn::Set(d, new_max);
-    VF vsum = hn::Zero(d);
-    for (int64_t i = 0; i < width; i += N) {
-      const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
-      hn::Store(e, d, s + i);
-      vsum = hn::Add(vsum, e);
-    }
-    block.alpha[m] = alpha;
-    block.max[m] = new_max;
-    block.sum[m] = block.sum[m] * alpha + ReduceSum(d, vsum);
+  float* HWY_RESTRICT s = block.s + m * p.tp;
+  const int64_t num_valid = std::clamp<int64_t>(limit[m / p.group] - key0, 0, num_keys);
+  const int64_t num_before =
+      std::clamp<int64_t>(first[m / p.group] - key0, 0, num_keys);  // sliding window
+  if (num_valid <= num_before) {  // nothing to see in this tile: P = 0, acc unchanged
+    std::fill(s, s + p.tp, 0.0f);
+    block.alpha[m] = 1.0f;
+    return;
   }
+  std::fill(s, s + num_before, kNegInf);         // keys older than the window
+  std::fill(s + num_valid, s + width, kNegInf);  // masked keys and padding
+  VF vmax = hn::Load(d, s);
+  for (int64_t i = N; i < width; i += N) vmax = hn::Max(vmax, hn::Load(d, s + i));
+  const float old_max = block.max[m];
+  const float new_max = std::max(old_max, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+  // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway.
+  const float alpha = new_max == old_max ? 1.0f : std::exp(old_max - new_max);
+  const VF shift = hn::Set(d, new_max);
+  VF vsum = hn::Zero(d);
+  for (int64_t i = 0; i < width; i += N) {
+    const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
+    hn::Store(e, d, s + i);
+    vsum = hn::Add(vsum, e);
+  }
+  block.alpha[m] = alpha;
+  block.max[m] = new_max;
+  block.sum[m] = block.sum[m] * alpha + ReduceSum(d, vsum);
+}
+
+// Online softmax step for one tile of num_keys keys starting at position key0, every query
+// vector of the block (SoftmaxRow).
+HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first,
+                            const int64_t* limit, int64_t key0, int64_t num_keys) {
+  for (int64_t m = 0; m < block.num_rows; ++m) {
+    SoftmaxRow(p, block, first, limit, key0, num_keys, m);
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// {max(a), max(b), max(c), max(e)} as 4 lanes (Reduce4 with Max).
+template <class D>
+HWY_INLINE auto Max4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e) {
+  const hn::Repartition<uint64_t, D> du64;
+  const auto ab =
+      hn::BitCast(du64, hn::Max(hn::InterleaveLower(d, a, b), hn::InterleaveUpper(d, a, b)));
+  const auto ce =
+      hn::BitCast(du64, hn::Max(hn::InterleaveLower(d, c, e), hn::InterleaveUpper(d, c, e)));
+  auto v = hn::Max(hn::BitCast(d, hn::InterleaveLower(du64, ab, ce)),
+                   hn::BitCast(d, hn::InterleaveUpper(du64, ab, ce)));
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    auto h = hn::Max(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v));
+    if constexpr (hn::MaxLanes(decltype(dh)()) > 4) {
+      const hn::Half<decltype(dh)> dq;
+      return hn::Max(hn::LowerHalf(dq, h), hn::UpperHalf(dq, h));
+    } else {
+      return h;
+    }
+  } else {
+    return v;
+  }
+}
+#endif
+
+// Quantized pools: SoftmaxStep with 4 query vectors at a time where the tile is wholly visible
+// to all 4 (every tile of a decode row but its last): their maxima, rescale factors and sums
+// as 4 lanes (one Exp for the 4 alphas, no scalar exp, 2 horizontal folds per 4 vectors
+// instead of 2 per vector). The other vectors take SoftmaxRow.
+HWY_INLINE void SoftmaxStepQuant(const Problem& p, const HeadBlock& block, const int64_t* first,
+                                 const int64_t* limit, int64_t key0, int64_t num_keys) {
+#if HWY_TARGET != HWY_SCALAR
+  const DF d;
+  const hn::CappedTag<float, 4> d4;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  if (N >= 4) {
+    const int64_t width = (num_keys + N - 1) / N * N;
+    const int64_t key1 = key0 + num_keys;
+    int64_t m = 0;
+    for (; m + 4 <= block.num_rows; m += 4) {
+      bool visible = true;
+      for (int64_t r = 0; r < 4; ++r) {
+        const int64_t row = (m + r) / p.group;
+        visible = visible && first[row] <= key0 && limit[row] >= key1;
+      }
+      if (!visible) {
+        for (int64_t r = 0; r < 4; ++r) SoftmaxRow(p, block, first, limit, key0, num_keys, m + r);
+        continue;
+      }
+      float* HWY_RESTRICT s = block.s + m * p.tp;
+      VF vmax[4];
+      for (int r = 0; r < 4; ++r) {
+        float* HWY_RESTRICT row = s + r * p.tp;
+        std::fill(row + num_keys, row + width, kNegInf);  // padding
+        vmax[r] = hn::Load(d, row);
+        for (int64_t i = N; i < width; i += N) vmax[r] = hn::Max(vmax[r], hn::Load(d, row + i));
+      }
+      const auto old_max = hn::LoadU(d4, block.max + m);
+      const auto new_max = hn::Max(old_max, Max4(d, vmax[0], vmax[1], vmax[2], vmax[3]));
+      // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway. Past
+      // the first tiles the maxima rarely move: alpha = 1 without the Exp.
+      const auto alpha = hn::AllTrue(d4, hn::Eq(old_max, new_max))
+                             ? hn::Set(d4, 1.0f)
+                             : hn::Exp(d4, hn::Sub(old_max, new_max));
+      alignas(16) float shift[4];
+      hn::Store(new_max, d4, shift);
+      VF vsum[4];
+      for (int r = 0; r < 4; ++r) {
+        float* HWY_RESTRICT row = s + r * p.tp;
+        const VF sh = hn::Set(d, shift[r]);
+        vsum[r] = hn::Zero(d);
+        for (int64_t i = 0; i < width; i += N) {
+          const VF e = hn::Exp(d, hn::Sub(hn::Load(d, row + i), sh));  // exp(-inf) = 0
+          hn::Store(e, d, row + i);
+          vsum[r] = hn::Add(vsum[r], e);
+        }
+      }
+      const auto sums = Reduce4(d, vsum[0], vsum[1], vsum[2], vsum[3]);
+      hn::StoreU(alpha, d4, block.alpha + m);
+      hn::StoreU(new_max, d4, block.max + m);
+      hn::StoreU(hn::MulAdd(hn::LoadU(d4, block.sum + m), alpha, sums), d4, block.sum + m);
+    }
+    for (; m < block.num_rows; ++m) SoftmaxRow(p, block, first, limit, key0, num_keys, m);
+    return;
+  }
+#endif
+  SoftmaxStep(p, block, first, limit, key0, num_keys);
 }
 
 // ----------------------------------------------------------------------------- PV
@@ -493,6 +596,26 @@ HWY_INLINE int64_t QuantTileRows(const PagedKv& kv, int64_t kv_head, int64_t key
   return key1 - key0;
 }
 
+// Quantized pools: prefetches the K and V rows of keys [key0, key1) of kv_head (one range of
+// whole rows per page).
+HWY_INLINE void PrefetchTile(const PagedKv& kv, int64_t kv_head, int64_t key0, int64_t key1) {
+  for (int64_t t = key0; t < key1;) {
+    const int64_t slot = (t + kv.key_offset) % kv.page_size;
+    const int64_t count = std::min(key1 - t, kv.page_size - slot);
+    const int64_t offset = kv_offset(kv, t, kv_head);
+    const uint8_t* k = kv_block_row(kv, false, offset);
+    const uint8_t* v = kv_block_row(kv, true, offset);
+    const int64_t bytes = static_cast<int64_t>(row_bytes(kv.dtype, count * kv.head_dim));
+    for (int64_t i = 0; i < bytes; i += 64) {
+      hwy::Prefetch(k + i);
+      hwy::Prefetch(v + i);
+    }
+    hwy::Prefetch(k + bytes - 1);
+    hwy::Prefetch(v + bytes - 1);
+    t += count;
+  }
+}
+
 // out row = acc / sum (head_dim floats, acc padded to whole vectors).
 HWY_INLINE void StoreNormalized(const float* HWY_RESTRICT acc, float inv_sum, int64_t head_dim,
                                 float* HWY_RESTRICT out) {
@@ -582,33 +705,49 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
     limit[r] = int64_t{p.q.positions[task.row_begin + r]} + 1;
   }
 
-  // Units of work in order: for each key tile, each kv head of the task.
-  KeyRun<T> runs[kMaxRuns];
-  // (vnni too: its 2-page tiles ran 0.027 ms per 1024 keys instead of 0.031 from L2, but
-  // 0.77 ms instead of 0.48 at 16k keys: the prefetchers again.)
-  const int64_t tile_keys = TileKeys(p.kv, num_heads);
-  for (int64_t key0 = task.key_begin; key0 < task.key_end; key0 += tile_keys) {
-    const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
+  // VNNI (quantized pools on AVX3): head by head, tiles of up to kVnniTileKeys keys, the rows
+  // of the tile kPrefetchTiles ahead prefetched. Longer tiles cut the per-tile costs (scales,
+  // P·d, Q4_1's sum of p·m, the softmax's folds): q4 from L2 (bench-engine's shape, 1 thread,
+  // Zen 4, ns per key for both heads) 26.2 with tiles of one page, 21.9 with 2 pages, ~1.5
+  // less again with 4. One head's pages (every other page block in a layer-major pool) are a
+  // pattern the hardware prefetchers follow badly: at 16k keys, 2-page tiles took 26.0
+  // instead of 24.7 without the software prefetch, 22.7 with it; 4-page tiles 21.3 for q4, but
+  // q8 (68-byte rows) 31 instead of 25: q8 keeps 2 pages. (The page-by-page order below with
+  // 2-page tiles ran 0.77 instead of 0.48 ms at 16k.)
+  if (p.vnni) {
+    const int64_t tile = p.kv.dtype == DType::kQ4_1 ? kVnniTileKeys : kVnniTileKeys / 2;
     for (int64_t b = 0; b < num_heads; ++b) {
-      if (p.vnni) {
-        const HeadBlock block{nullptr,
-                              sc.acc + b * per_head * p.dp,
-                              sc.max + b * per_head,
-                              sc.sum + b * per_head,
-                              sc.s,
-                              sc.alpha,
-                              per_head};
-        const uint8_t* k_rows[kTileKeys];
-        const uint8_t* v_rows[kTileKeys];
-        const int64_t num_keys =
-            QuantTileRows(p.kv, task.kv_head_begin + b, key0, key1, k_rows, v_rows);
-        vnni::attn_scores(format, sc.q_sets.get() + b * sets_per_head * set_bytes, per_head,
-                          head_dim, k_rows, num_keys, block.s, p.tp);
-        SoftmaxStep(p, block, first, limit, key0, num_keys);
+      const HeadBlock block{nullptr,
+                            sc.acc + b * per_head * p.dp,
+                            sc.max + b * per_head,
+                            sc.sum + b * per_head,
+                            sc.s,
+                            sc.alpha,
+                            per_head};
+      const uint8_t* q_sets = sc.q_sets.get() + b * sets_per_head * set_bytes;
+      const int64_t kv_head = task.kv_head_begin + b;
+      for (int64_t key0 = task.key_begin; key0 < task.key_end; key0 += tile) {
+        const int64_t key1 = std::min(task.key_end, key0 + tile);
+        const int64_t ahead = key0 + kPrefetchTiles * tile;
+        if (ahead < task.key_end) {
+          PrefetchTile(p.kv, kv_head, ahead, std::min(task.key_end, ahead + tile));
+        }
+        const uint8_t* k_rows[kVnniTileKeys];
+        const uint8_t* v_rows[kVnniTileKeys];
+        const int64_t num_keys = QuantTileRows(p.kv, kv_head, key0, key1, k_rows, v_rows);
+        vnni::attn_scores(format, q_sets, per_head, head_dim, k_rows, num_keys, block.s, p.tp);
+        SoftmaxStepQuant(p, block, first, limit, key0, num_keys);
         vnni::attn_pv(format, block.s, p.tp, block.alpha, per_head, v_rows, num_keys, head_dim,
                       block.acc, p.dp);
-        continue;
       }
+    }
+  }
+  // Otherwise units of work in order: for each key tile, each kv head of the task.
+  KeyRun<T> runs[kMaxRuns];
+  const int64_t tile_keys = TileKeys(p.kv, num_heads);
+  for (int64_t key0 = task.key_begin; !p.vnni && key0 < task.key_end; key0 += tile_keys) {
+    const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
+    for (int64_t b = 0; b < num_heads; ++b) {
       int64_t num_runs;
       if constexpr (std::is_same_v<T, float>) {
         num_runs = p.quantized ? DequantizeTile(p.kv, task.kv_head_begin + b, key0, key1, sc, runs)
@@ -624,7 +763,11 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                             sc.alpha,
                             per_head};
       Qk(p, block, runs, num_runs);
-      SoftmaxStep(p, block, first, limit, key0, key1 - key0);
+      if (p.quantized) {
+        SoftmaxStepQuant(p, block, first, limit, key0, key1 - key0);
+      } else {
+        SoftmaxStep(p, block, first, limit, key0, key1 - key0);
+      }
       Pv(p, block, runs, num_runs);
     }
   }
@@ -697,6 +840,7 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
                   false};
 #if HWY_TARGET == HWY_AVX3
   problem.vnni = problem.quantized && vnni::supported();
+  if (problem.vnni) problem.tp = kVnniTileKeys;
 #endif
   hwy::AlignedFreeUniquePtr<float[]> partials;
   if (plan.num_slots > 0) {

@@ -12,7 +12,8 @@ namespace sieve::kernels::vnni {
 
 namespace {
 
-inline constexpr int64_t kMaxKeys = 32;  // keys per tile at most (attention-inl.h's kTileKeys)
+inline constexpr int64_t kMaxKeys = 64;  // keys per tile at most (attention-inl.h's kVnniTileKeys)
+inline constexpr int kMaxChunks = kMaxKeys / 16;
 
 struct Layout {
   int64_t block_bytes;  // 34 (Q8_0) / 20 (Q4_1)
@@ -24,42 +25,37 @@ inline Layout LayoutOf(KvBlockFormat format) {
 
 }  // namespace
 
+// A prepared query vector: its head_dim int8 values, then per block its f32 d and correction
+// (Q8_0: int32 128 * sum q, the K bytes' bias; Q4_1: f32 d * sum q, for the K minimum), padded
+// to a cache line.
+inline int64_t VecBytes(int64_t head_dim) {
+  return (head_dim + head_dim / kQBlock * 8 + 63) / 64 * 64;
+}
+
 size_t attn_query_set_bytes(int64_t head_dim) {
-  // head_dim / 4 Q vectors, then per block its d vector and correction vector (64 bytes each).
-  return static_cast<size_t>(head_dim / 4 * 64 + head_dim / kQBlock * 128);
+  return static_cast<size_t>(4 * VecBytes(head_dim));
 }
 
 void attn_prepare_queries(KvBlockFormat format, const int8_t* q, const float* d, int64_t count,
                           int64_t head_dim, uint8_t* sets) {
   const int64_t num_blocks = head_dim / kQBlock;
-  const size_t set_bytes = attn_query_set_bytes(head_dim);
-  for (int64_t set = 0; set * 4 < count; ++set) {
-    uint8_t* out = sets + set * set_bytes;
-    std::memset(out, 0, set_bytes);
-    auto* qv = reinterpret_cast<uint32_t*>(out);
-    auto* scales = reinterpret_cast<float*>(out + head_dim / 4 * 64);
-    for (int64_t m = 0; m < 4 && set * 4 + m < count; ++m) {
-      const int64_t v = set * 4 + m;
-      const int8_t* row = q + v * head_dim;
-      for (int64_t g = 0; g < head_dim / 4; ++g) {
-        uint32_t word;
-        std::memcpy(&word, row + 4 * g, 4);
-        for (int64_t j = 0; j < 4; ++j) qv[g * 16 + 4 * j + m] = word;
-      }
-      for (int64_t b = 0; b < num_blocks; ++b) {
-        int32_t sum = 0;
-        for (int64_t i = 0; i < kQBlock; ++i) sum += row[b * kQBlock + i];
-        const float dq = d[v * num_blocks + b];
-        float* dvec = scales + b * 32;
-        for (int64_t j = 0; j < 4; ++j) {
-          dvec[4 * j + m] = dq;
-          if (format == KvBlockFormat::kQ8_0) {  // K bytes biased by 128: subtract 128 * sum q
-            const int32_t bias = 128 * sum;
-            std::memcpy(&dvec[16 + 4 * j + m], &bias, 4);
-          } else {  // Q4_1's minimum: m_k * (d_q * sum q)
-            dvec[16 + 4 * j + m] = dq * static_cast<float>(sum);
-          }
-        }
+  const int64_t vec_bytes = VecBytes(head_dim);
+  for (int64_t v = 0; v < count; ++v) {
+    uint8_t* out = sets + v * vec_bytes;
+    const int8_t* row = q + v * head_dim;
+    std::memcpy(out, row, static_cast<size_t>(head_dim));
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      int32_t sum = 0;
+      for (int64_t i = 0; i < kQBlock; ++i) sum += row[b * kQBlock + i];
+      const float dq = d[v * num_blocks + b];
+      uint8_t* scales = out + head_dim + 8 * b;
+      std::memcpy(scales, &dq, 4);
+      if (format == KvBlockFormat::kQ8_0) {  // K bytes biased by 128: subtract 128 * sum q
+        const int32_t bias = 128 * sum;
+        std::memcpy(scales + 4, &bias, 4);
+      } else {  // Q4_1's minimum: m_k * (d_q * sum q)
+        const float corr = dq * static_cast<float>(sum);
+        std::memcpy(scales + 4, &corr, 4);
       }
     }
   }
@@ -105,111 +101,115 @@ SIEVE_VNNI_ATTR inline __m512i Load4(const uint8_t* const* rows, int64_t at) {
   return _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[3] + at)), 3);
 }
 
-// acc[s] += sum over the piece's 4 dwords t of vpdpbusd(dword t of each key, Q vector g0 + t).
-template <int kS>
-SIEVE_VNNI_ATTR inline void DotPiece(__m512i piece, const uint8_t* const* set_q, int64_t g0,
-                                     __m512i* acc) {
-  const __m512i k0 = _mm512_shuffle_epi32(piece, _MM_PERM_AAAA);
-  const __m512i k1 = _mm512_shuffle_epi32(piece, _MM_PERM_BBBB);
-  const __m512i k2 = _mm512_shuffle_epi32(piece, _MM_PERM_CCCC);
-  const __m512i k3 = _mm512_shuffle_epi32(piece, _MM_PERM_DDDD);
-  for (int s = 0; s < kS; ++s) {
-    const auto* qv = reinterpret_cast<const __m512i*>(set_q[s]) + g0;
-    acc[s] = _mm512_dpbusd_epi32(acc[s], k0, _mm512_load_si512(qv));
-    acc[s] = _mm512_dpbusd_epi32(acc[s], k1, _mm512_load_si512(qv + 1));
-    acc[s] = _mm512_dpbusd_epi32(acc[s], k2, _mm512_load_si512(qv + 2));
-    acc[s] = _mm512_dpbusd_epi32(acc[s], k3, _mm512_load_si512(qv + 3));
-  }
+// y[g] lane 4 c + r = dword g of x[r]'s chunk c (a 4 x 4 dword transpose in every 128-bit chunk).
+SIEVE_VNNI_ATTR inline void Transpose4(const __m512i* x, __m512i* y) {
+  const __m512i t0 = _mm512_unpacklo_epi32(x[0], x[1]), t1 = _mm512_unpackhi_epi32(x[0], x[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(x[2], x[3]), t3 = _mm512_unpackhi_epi32(x[2], x[3]);
+  y[0] = _mm512_unpacklo_epi64(t0, t2);
+  y[1] = _mm512_unpackhi_epi64(t0, t2);
+  y[2] = _mm512_unpacklo_epi64(t1, t3);
+  y[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-// Scores of kS sets (set_q[s]: its bytes; rows[s]: its vectors, <= 4) against keys [j0, j0 + 4).
-template <int kS, KvBlockFormat kFormat>
-SIEVE_VNNI_ATTR inline void ScoreGroup(const uint8_t* const* set_q, const int64_t* set_rows,
-                                       int64_t head_dim, const uint8_t* const* rows, int64_t j0,
-                                       float* const* outs, int64_t tp) {
-  constexpr Layout kLayout = kFormat == KvBlockFormat::kQ8_0 ? Layout{34, 2} : Layout{20, 4};
-  const int64_t num_blocks = head_dim / kQBlock;
-  const __m512i spread_d = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
-  const __m512i spread_m = _mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1);
-  __m512 score[kS];
-  for (int s = 0; s < kS; ++s) score[s] = _mm512_setzero_ps();
+// Scores of kR query vectors (prepared, at q, vec_bytes apart) against the 16 keys whose K
+// bytes kv holds (lane j = key j: kv[8 b + g] = dword g of block b, as u8) with scales dk / mk
+// (lane j: key j's d, and Q4_1's m, of block b at [16 b]); s[r * tp + j] for j < 16.
+template <int kR, KvBlockFormat kFormat>
+SIEVE_VNNI_ATTR inline void ScoreRows(const __m512i* kv, const float* dk, const float* mk,
+                                      int64_t num_blocks, const uint8_t* q, int64_t vec_bytes,
+                                      int64_t head_dim, float* s, int64_t tp) {
+  __m512 score[kR];
+  for (int r = 0; r < kR; ++r) score[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t at = b * kLayout.block_bytes + kLayout.qs_offset;
-    __m512i acc[kS];
-    for (int s = 0; s < kS; ++s) acc[s] = _mm512_setzero_si512();
-    if constexpr (kFormat == KvBlockFormat::kQ8_0) {
-      const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-      DotPiece<kS>(_mm512_xor_si512(Load4(rows + j0, at), bias), set_q, 8 * b, acc);
-      DotPiece<kS>(_mm512_xor_si512(Load4(rows + j0, at + 16), bias), set_q, 8 * b + 4, acc);
-    } else {
-      const __m512i nibbles = Load4(rows + j0, at);
-      const __m512i low = _mm512_set1_epi8(0x0F);
-      DotPiece<kS>(_mm512_and_si512(nibbles, low), set_q, 8 * b, acc);
-      DotPiece<kS>(_mm512_and_si512(_mm512_srli_epi16(nibbles, 4), low), set_q, 8 * b + 4, acc);
+    __m512i acc[kR];
+    for (int r = 0; r < kR; ++r) acc[r] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+      const __m512i k = _mm512_load_si512(kv + 8 * b + g);
+      for (int r = 0; r < kR; ++r) {
+        int32_t word;
+        std::memcpy(&word, q + r * vec_bytes + b * kQBlock + 4 * g, 4);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], k, _mm512_set1_epi32(word));
+      }
     }
-    // Lane 4 j + m: d_k of key j0 + j (and m_k): {d0, m0, d1, m1, ...} spread.
-    const __m512 dm =
-        _mm512_castps256_ps512(_mm256_cvtph_ps(Words4(rows + j0, b * kLayout.block_bytes)));
-    const __m512 dk4 = _mm512_permutexvar_ps(spread_d, dm);
-    const __m512 mk4 =
-        kFormat == KvBlockFormat::kQ4_1 ? _mm512_permutexvar_ps(spread_m, dm) : _mm512_setzero_ps();
-    for (int s = 0; s < kS; ++s) {
-      const auto* scales = reinterpret_cast<const __m512*>(set_q[s] + head_dim / 4 * 64) + 2 * b;
-      const __m512 dq = _mm512_load_ps(reinterpret_cast<const float*>(scales));
+    const __m512 d = _mm512_load_ps(dk + 16 * b);
+    for (int r = 0; r < kR; ++r) {
+      const uint8_t* scales = q + r * vec_bytes + head_dim + 8 * b;
+      float dq;
+      std::memcpy(&dq, scales, 4);
+      const __m512 w = _mm512_mul_ps(d, _mm512_set1_ps(dq));
       if constexpr (kFormat == KvBlockFormat::kQ8_0) {
-        const __m512i bias = _mm512_load_si512(scales + 1);
-        score[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[s], bias)),
-                                   _mm512_mul_ps(dk4, dq), score[s]);
+        int32_t bias;
+        std::memcpy(&bias, scales + 4, 4);
+        score[r] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], _mm512_set1_epi32(bias))), w, score[r]);
       } else {
-        score[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[s]), _mm512_mul_ps(dk4, dq), score[s]);
-        score[s] = _mm512_fmadd_ps(mk4, _mm512_load_ps(reinterpret_cast<const float*>(scales + 1)),
-                                   score[s]);
+        float corr;
+        std::memcpy(&corr, scales + 4, 4);
+        score[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), w, score[r]);
+        score[r] = _mm512_fmadd_ps(_mm512_load_ps(mk + 16 * b), _mm512_set1_ps(corr), score[r]);
       }
     }
   }
-  // Lane 4 j + m -> lane 4 m + j: chunk m is query m's 4 scores.
-  const __m512i transpose = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  for (int s = 0; s < kS; ++s) {
-    const __m512 t = _mm512_permutexvar_ps(transpose, score[s]);
-    float* out = outs[s] + j0;
-    _mm_storeu_ps(out, _mm512_castps512_ps128(t));
-    if (set_rows[s] > 1) _mm_storeu_ps(out + tp, _mm512_extractf32x4_ps(t, 1));
-    if (set_rows[s] > 2) _mm_storeu_ps(out + 2 * tp, _mm512_extractf32x4_ps(t, 2));
-    if (set_rows[s] > 3) _mm_storeu_ps(out + 3 * tp, _mm512_extractf32x4_ps(t, 3));
-  }
+  for (int r = 0; r < kR; ++r) _mm512_storeu_ps(s + r * tp, score[r]);
 }
 
+// Per 16 keys, their K bytes are transposed once into vectors with one key per lane (per dword
+// g of a block: 4 Load4 of 4 rows, one 4 x 4 transpose), then every query vector takes 8
+// vpdpbusd per block with its dword g broadcast.
 template <KvBlockFormat kFormat>
 SIEVE_VNNI_ATTR void Scores(const uint8_t* sets, int64_t count, int64_t head_dim,
                             const uint8_t* const* k_rows, int64_t num_keys, float* s, int64_t tp) {
-  const int64_t padded = (num_keys + 3) / 4 * 4;
-  const uint8_t* rows[kMaxKeys];
-  for (int64_t j = 0; j < padded; ++j) rows[j] = k_rows[std::min(j, num_keys - 1)];
-  const size_t set_bytes = attn_query_set_bytes(head_dim);
-  const int64_t num_sets = (count + 3) / 4;
-  for (int64_t set0 = 0; set0 < num_sets; set0 += 4) {
-    const int kS = static_cast<int>(std::min<int64_t>(4, num_sets - set0));
-    const uint8_t* set_q[4];
-    int64_t set_rows[4];
-    float* out[4];
-    for (int i = 0; i < kS; ++i) {
-      set_q[i] = sets + (set0 + i) * set_bytes;
-      set_rows[i] = std::min<int64_t>(4, count - (set0 + i) * 4);
-      out[i] = s + (set0 + i) * 4 * tp;
+  constexpr Layout kLayout = kFormat == KvBlockFormat::kQ8_0 ? Layout{34, 2} : Layout{20, 4};
+  const int64_t num_blocks = head_dim / kQBlock;  // <= 8
+  const int64_t vec_bytes = VecBytes(head_dim);
+  alignas(64) __m512i kv[8 * 8];
+  alignas(64) float dk[8 * 16], mk[8 * 16];
+  for (int64_t j0 = 0; j0 < num_keys; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, num_keys - j0);
+    const uint8_t* rows[16];    // padded with the last key
+    const uint8_t* rows_t[16];  // rows_t[4 r + c] = rows[4 c + r]: Transpose4 gives lane j = key j
+    for (int64_t j = 0; j < 16; ++j) rows[j] = k_rows[j0 + std::min(j, n - 1)];
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c < 4; ++c) rows_t[4 * r + c] = rows[4 * c + r];
     }
-    for (int64_t j0 = 0; j0 < num_keys; j0 += 4) {
-      switch (kS) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t at = b * kLayout.block_bytes + kLayout.qs_offset;
+      __m512i x[4];
+      if constexpr (kFormat == KvBlockFormat::kQ8_0) {
+        const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+        for (int h = 0; h < 2; ++h) {
+          for (int r = 0; r < 4; ++r)
+            x[r] = _mm512_xor_si512(Load4(rows_t + 4 * r, at + 16 * h), bias);
+          Transpose4(x, kv + 8 * b + 4 * h);
+        }
+      } else {
+        const __m512i low = _mm512_set1_epi8(0x0F);
+        for (int r = 0; r < 4; ++r) x[r] = Load4(rows_t + 4 * r, at);
+        __m512i packed[4];
+        Transpose4(x, packed);
+        for (int g = 0; g < 4; ++g) {
+          kv[8 * b + g] = _mm512_and_si512(packed[g], low);
+          kv[8 * b + 4 + g] = _mm512_and_si512(_mm512_srli_epi16(packed[g], 4), low);
+        }
+      }
+      BlockScales(rows, 16, b * kLayout.block_bytes, dk + 16 * b,
+                  kFormat == KvBlockFormat::kQ4_1 ? mk + 16 * b : nullptr);
+    }
+    for (int64_t m = 0; m < count; m += 4) {
+      const uint8_t* q = sets + m * vec_bytes;
+      float* out = s + m * tp + j0;
+      switch (std::min<int64_t>(4, count - m)) {
         case 1:
-          ScoreGroup<1, kFormat>(set_q, set_rows, head_dim, rows, j0, out, tp);
+          ScoreRows<1, kFormat>(kv, dk, mk, num_blocks, q, vec_bytes, head_dim, out, tp);
           break;
         case 2:
-          ScoreGroup<2, kFormat>(set_q, set_rows, head_dim, rows, j0, out, tp);
+          ScoreRows<2, kFormat>(kv, dk, mk, num_blocks, q, vec_bytes, head_dim, out, tp);
           break;
         case 3:
-          ScoreGroup<3, kFormat>(set_q, set_rows, head_dim, rows, j0, out, tp);
+          ScoreRows<3, kFormat>(kv, dk, mk, num_blocks, q, vec_bytes, head_dim, out, tp);
           break;
         default:
-          ScoreGroup<4, kFormat>(set_q, set_rows, head_dim, rows, j0, out, tp);
+          ScoreRows<4, kFormat>(kv, dk, mk, num_blocks, q, vec_bytes, head_dim, out, tp);
           break;
       }
     }
@@ -272,30 +272,27 @@ SIEVE_VNNI_ATTR void PvRows(const float* p, int64_t tp, const float* alpha,
   // pd[r][b][j] = p[r][j] * d_j of block b; msum[r][b] = sum_j p[r][j] * m_j (Q4_1).
   alignas(64) float pd[4 * 8 * kMaxKeys];
   float msum[8 * 4];  // [block][row]
-  const __mmask16 tail0 = static_cast<__mmask16>(num_keys >= 16 ? 0xFFFF : (1u << num_keys) - 1);
-  const __mmask16 tail1 = static_cast<__mmask16>(num_keys >= 32   ? 0xFFFF
-                                                 : num_keys <= 16 ? 0
-                                                                  : (1u << (num_keys - 16)) - 1);
-  __m512 p0[kR], p1[kR];
-  for (int r = 0; r < kR; ++r) {
-    p0[r] = _mm512_maskz_loadu_ps(tail0, p + r * tp);
-    p1[r] = _mm512_maskz_loadu_ps(tail1, p + r * tp + 16);
+  const int num_chunks = static_cast<int>((num_keys + 15) / 16);
+  __m512 pc[kMaxChunks][kR];  // p of keys [16 c, 16 c + 16), 0 past num_keys
+  for (int c = 0; c < num_chunks; ++c) {
+    const int64_t n = std::min<int64_t>(16, num_keys - 16 * c);
+    const auto mask = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+    for (int r = 0; r < kR; ++r) pc[c][r] = _mm512_maskz_loadu_ps(mask, p + r * tp + 16 * c);
   }
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const __m512 d0 = _mm512_load_ps(dv + b * kMaxKeys),
-                 d1 = _mm512_load_ps(dv + b * kMaxKeys + 16);
-    for (int r = 0; r < kR; ++r) {
-      float* out = pd + (r * num_blocks + b) * kMaxKeys;
-      _mm512_store_ps(out, _mm512_mul_ps(p0[r], d0));
-      _mm512_store_ps(out + 16, _mm512_mul_ps(p1[r], d1));
+    for (int c = 0; c < num_chunks; ++c) {
+      const __m512 dc = _mm512_load_ps(dv + b * kMaxKeys + 16 * c);
+      for (int r = 0; r < kR; ++r) {
+        _mm512_store_ps(pd + (r * num_blocks + b) * kMaxKeys + 16 * c, _mm512_mul_ps(pc[c][r], dc));
+      }
     }
     if constexpr (kFormat == KvBlockFormat::kQ4_1) {
       // The 4 rows' sums at once: pairwise interleaved adds, then the 128-bit chunks.
-      const __m512 m0 = _mm512_load_ps(mv + b * kMaxKeys),
-                   m1 = _mm512_load_ps(mv + b * kMaxKeys + 16);
       __m512 x[4];
-      for (int r = 0; r < 4; ++r) {
-        x[r] = r < kR ? _mm512_fmadd_ps(p1[r], m1, _mm512_mul_ps(p0[r], m0)) : _mm512_setzero_ps();
+      for (int r = 0; r < 4; ++r) x[r] = _mm512_setzero_ps();
+      for (int c = 0; c < num_chunks; ++c) {
+        const __m512 mc = _mm512_load_ps(mv + b * kMaxKeys + 16 * c);
+        for (int r = 0; r < kR; ++r) x[r] = _mm512_fmadd_ps(pc[c][r], mc, x[r]);
       }
       const __m512d ab = _mm512_castps_pd(
           _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1])));

@@ -5,16 +5,16 @@
 // dequantized in registers. Plain intrinsics in their own translation unit, as
 // cpu/matmul_vnni.cc.
 //
-// Scores (AttnScores). The query vectors of a kv head are quantized once per task
-// (quantize_activations_q8 of the scaled query, the values block_kv_query defines) and laid out
-// in sets of 4 (AttnPrepareQueries). For 4 keys j and a set's 4 vectors m, one 512-bit vector
-// holds the 16 (j, m) pairs, lane 4 j + m: per dword g of the row (4 values), a K vector with
-// key j's dword g in all 4 lanes of its 128-bit chunk (one vpshufd of the 4 keys' 16-byte
-// pieces, chunk j = key j) and the set's Q vector (query m's dword g in lane 4 j + m, prepared)
-// make one vpdpbusd for all 16 pairs: no horizontal sums. Per block of 32 values, the int32
-// sums convert once and take their scales d_k[j] * d_q[m] (+ Q4_1's m_k[j] * d_q[m] * sum q_m;
-// Q8_0's K bytes are biased by +128, undone with 128 * sum q_m). Exact int32 block dots, the
-// same value as q'·k in f32 up to rounding.
+// Scores (attn_scores). The query vectors of a kv head are quantized once per task
+// (quantize_activations_q8 of the scaled query, the values block_kv_query defines) and stored
+// with their block scales and sums (attn_prepare_queries). Per 16 keys, their K bytes are
+// transposed once into one vector per dword g of a block with key j in lane j (4 rows' 16-byte
+// pieces per Load4, a 4 x 4 dword transpose in each 128-bit chunk; Q8_0's bytes biased by +128
+// to be unsigned, Q4_1's nibbles split); then each query vector takes one vpdpbusd per dword
+// with its dword g broadcast, and per block of 32 values the int32 sums convert once and take
+// their scales d_k[j] * d_q (+ Q4_1's m_k[j] * d_q * sum q; Q8_0's bias undone with
+// 128 * sum q). The scores come out as a row per query vector, 16 keys per store. Exact int32
+// block dots, the same value as q'·k in f32 up to rounding.
 //
 // P·V (AttnPv): acc[m] = alpha[m] * acc[m] + sum_j p[m][j] * v_j with v_j = d_j * q_j (+ m_j),
 // per block: q_j widened to f32 in registers (no buffer) and multiplied by p[m][j] * d_j
@@ -26,17 +26,17 @@ namespace sieve::kernels::vnni {
 
 enum class KvBlockFormat : uint8_t { kQ8_0, kQ4_1 };
 
-// Bytes of one prepared set of 4 query vectors at head_dim (a multiple of 32).
+// Bytes of 4 prepared query vectors at head_dim (a multiple of 32).
 size_t attn_query_set_bytes(int64_t head_dim);
 
 // Query vectors [0, count) (q int8 [count][head_dim], d f32 [count][head_dim / 32], from
-// quantize_activations_q8) -> ceil(count / 4) sets at `sets` (64-byte aligned; missing vectors
-// of the last set are zero).
+// quantize_activations_q8) -> count prepared vectors at `sets` (64-byte aligned; room for
+// ceil(count / 4) * attn_query_set_bytes).
 void attn_prepare_queries(KvBlockFormat format, const int8_t* q, const float* d, int64_t count,
                           int64_t head_dim, uint8_t* sets);
 
-// s[m * tp + j] = q'_m · k_j for m < count (the prepared vectors), j < num_keys <= 32, key j's
-// row at k_rows[j]. Writes columns [0, num_keys rounded up to 4) (tp >= 32).
+// s[m * tp + j] = q'_m · k_j for m < count (the prepared vectors), j < num_keys <= 64, key j's
+// row at k_rows[j]. Writes columns [0, num_keys rounded up to 16) (tp >= 64).
 void attn_scores(KvBlockFormat format, const uint8_t* sets, int64_t count, int64_t head_dim,
                  const uint8_t* const* k_rows, int64_t num_keys, float* s, int64_t tp);
 
