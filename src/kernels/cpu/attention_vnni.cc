@@ -324,15 +324,10 @@ SIEVE_VNNI_ATTR void Pv(const float* p, int64_t tp, const float* alpha, int64_t 
   for (int64_t j = 0; j < (num_keys + 15) / 16 * 16; ++j)
     rows[j] = v_rows[std::min(j, num_keys - 1)];
   alignas(64) float dv[8 * kMaxKeys], mv[8 * kMaxKeys];
-  // PvRows reads all kMaxKeys scales of a block; those past the padded rows must be 0, not
-  // stack garbage (0 * NaN would poison the accumulators of a short tile).
-  const int64_t num_filled = (num_keys + 15) / 16 * 16;
+  // Filled for the padded rows only: PvRows reads the 16-key chunks that hold keys, never past.
   for (int64_t b = 0; b < num_blocks; ++b) {
     BlockScales(rows, num_keys, b * kLayout.block_bytes, dv + b * kMaxKeys,
                 kFormat == KvBlockFormat::kQ4_1 ? mv + b * kMaxKeys : nullptr);
-    std::fill(dv + b * kMaxKeys + num_filled, dv + (b + 1) * kMaxKeys, 0.0f);
-    if (kFormat == KvBlockFormat::kQ4_1)
-      std::fill(mv + b * kMaxKeys + num_filled, mv + (b + 1) * kMaxKeys, 0.0f);
   }
   for (int64_t m = 0; m < count; m += 4) {
     const float* pm = p + m * tp;
