@@ -612,6 +612,28 @@ TEST_P(SparseEngineOnKvDType, PreemptedChunkCompressedRequestsAreRecomputedAndFi
   expect_all_pages_free(engine);
 }
 
+TEST_P(SparseEngineOnKvDType, CompressionRetriedAfterAFailedCompactionSurvivesPreemption) {
+  // Pools so tight that a compaction finds no free page for its copy (retried the next step) and
+  // the sequence is preempted before that retry: the retry must skip it (it has no KV any more;
+  // the server crashed on it) and every request still finishes.
+  model::LoadedModel loaded = GetParam().load();
+  const auto prompts = very_long_prompts(*loaded.tokenizer, 8, 300);
+  std::vector<Request> requests;
+  for (const auto& prompt : prompts) requests.push_back(greedy(prompt, "snapkv:B=40,W=8", 48));
+  int64_t preemptions = 0;
+  for (int32_t num_pages = 20; num_pages <= 30; num_pages += 2) {
+    Engine engine(chunked_config(num_pages, 64), loaded.model, loaded.tokenizer);
+    const std::vector<Outcome> outcomes = run(engine, requests);
+    for (size_t i = 0; i < outcomes.size(); ++i) {
+      EXPECT_FALSE(outcomes[i].error.has_value()) << num_pages << " pages, request " << i;
+      EXPECT_EQ(outcomes[i].tokens.size(), 48u) << num_pages << " pages, request " << i;
+    }
+    preemptions += engine.stats().num_preemptions;
+    expect_all_pages_free(engine);
+  }
+  EXPECT_GT(preemptions, 0);
+}
+
 TEST_P(SparseEngineOnKvDType, ChunkCompressedRequestsShareTheFirstChunkThroughThePrefixCache) {
   // The first chunk is computed densely and published before its compression copies out of it,
   // so a later request with the same prompt starts from it (a hit is capped a page before the
