@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "sparsity/controller.h"
+#include "spec/ngram_proposer.h"
 #include "util/error.h"
 
 namespace sieve::engine {
@@ -55,6 +56,7 @@ struct Engine::PendingRequest {
   std::unique_ptr<sparsity::SparsityController> sparsity;  // null: dense
   SparseAdmission admission;
   std::optional<int64_t> max_pages;  // sparse admission bound
+  spec::SpeculativeConfig speculative;
   std::shared_ptr<EventSink> sink;
   Clock::time_point arrival;
 };
@@ -76,6 +78,9 @@ struct Engine::Sample {
   std::unique_ptr<sparsity::SparsityController> sparsity;  // null: dense
   int32_t chunk_boundary = 0;                              // SparseAdmission's
   std::optional<float> attention_recovery;                 // from the compression
+  spec::SpeculativeConfig speculative;                     // the request's, or the server's
+  int32_t spec_draft_tokens = 0;
+  int32_t spec_accepted_tokens = 0;
 
   Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink,
          const SamplingParams& p, std::span<const TokenId> eos, int32_t prompt_tokens,
@@ -199,6 +204,12 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
                                  .in_place = admission.private_kv});
     }
   }
+  spec::SpeculativeConfig speculative = request.speculative.value_or(config_.speculative);
+  try {
+    check_speculative(speculative);
+  } catch (const Error& e) {
+    return AdmissionError::invalid("speculative", e.what());
+  }
   if (pages_needed > config_.num_kv_pages) {
     return AdmissionError{
         Kind::kNeverFits, std::nullopt,
@@ -218,6 +229,7 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
   pending->arrival = Clock::now();
   pending->sparsity = std::move(sparsity);
   pending->admission = admission;
+  pending->speculative = std::move(speculative);
   if (pending->sparsity) pending->max_pages = pages_needed;
   const RequestId id = pending->id;
   pending_.push_back(std::move(pending));
@@ -255,6 +267,40 @@ sparsity::SparsityPlan Engine::resolve_policy(const sparsity::PolicySpec& policy
   }
 }
 
+void Engine::check_speculative(const spec::SpeculativeConfig& speculative) const {
+  switch (speculative.method) {
+    case spec::Method::kNone:
+    case spec::Method::kNgram:
+      return;
+    case spec::Method::kSelfSparse:
+    case spec::Method::kDraftModel:
+      fail("speculative method '{}' is not available in this build of the engine yet (use ngram)",
+           spec::method_name(speculative.method));
+  }
+}
+
+// Decoding sequences that speculate get their draft for this step. A sequence with a sparse KV
+// policy does not (see EngineConfig::speculative), nor one about to fork its n - 1 samples.
+void Engine::propose_drafts() {
+  const int32_t num_running = scheduler_.stats().num_running;
+  for (auto& [seq, sample] : samples_) {
+    const spec::SpeculativeConfig& config = sample->speculative;
+    if (!config.enabled() || sample->sparsity || sample->num_samples_to_fork > 0) continue;
+    if (config.disable_by_batch_size && num_running >= *config.disable_by_batch_size) continue;
+    std::span<const int32_t> tokens = scheduler_.tokens(seq);
+    // Decoding: the last token, sampled in the previous step, is the only one not computed.
+    if (static_cast<int32_t>(tokens.size()) <= sample->num_prompt_tokens ||
+        scheduler_.num_computed(seq) + 1 != static_cast<int32_t>(tokens.size()))
+      continue;
+    const int32_t max_tokens =
+        std::min(config.num_speculative_tokens, scheduler_.max_draft_tokens(seq));
+    if (max_tokens <= 0) continue;
+    const std::vector<int32_t> draft =
+        spec::propose_ngram(tokens, config.prompt_lookup_min, config.prompt_lookup_max, max_tokens);
+    if (!draft.empty()) scheduler_.set_draft(seq, draft);
+  }
+}
+
 void Engine::cancel(RequestId id) {
   std::lock_guard lock(mutex_);
   cancelled_.push_back(id);
@@ -287,6 +333,7 @@ void Engine::admit() {
     sample->num_samples_to_fork = n - 1;
     sample->sparsity = std::move(p->sparsity);
     sample->chunk_boundary = p->admission.chunk_boundary;
+    sample->speculative = p->speculative;
     const int32_t max_new = *p->request.params.max_tokens;
     scheduler_.add(seq, std::move(p->request.prompt), max_new,
                    {.max_pages = p->max_pages,
@@ -336,7 +383,9 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
                  .kv_dense_pages = kv_dense_pages,
                  .kv_bytes = kv_pages * kv_bytes_per_page_,
                  .kv_dense_bytes = kv_dense_pages * kv_bytes_per_page_,
-                 .attention_recovery = sample.attention_recovery};
+                 .attention_recovery = sample.attention_recovery,
+                 .spec_draft_tokens = sample.spec_draft_tokens,
+                 .spec_accepted_tokens = sample.spec_accepted_tokens};
   event.timings = std::move(sample.timings);
   runner_.forget(seq);
   scheduler_.finish(seq);
@@ -361,6 +410,7 @@ std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) 
     if (first.sparsity)
       sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
     sample->chunk_boundary = first.chunk_boundary;
+    sample->speculative = first.speculative;
     samples_.emplace(child, std::move(sample));
     seqs.push_back(child);
   }
@@ -394,43 +444,92 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
         to_compress_.push_back(scheduled.seq_id);
       continue;
     }
-    std::span<const float> row_logits(&logits[row++ * vocab], vocab);
+    const int32_t num_rows = scheduled.num_draft_tokens + 1;
+    std::span<const float> rows(&logits[row * vocab], static_cast<size_t>(num_rows * vocab));
+    row += num_rows;
 
-    // n > 1: the other samples start here, sharing every prompt page, from the same logits.
+    // n > 1: the other samples start here, sharing every prompt page, from the same logits (a
+    // sequence that forks has no draft).
     const std::vector<sched::SeqId> seqs = first.num_samples_to_fork > 0
                                                ? fork_samples(scheduled.seq_id, first)
                                                : std::vector<sched::SeqId>{scheduled.seq_id};
     for (sched::SeqId seq : seqs) {
       Sample& sample = *samples_.at(seq);
       if (sample.sparsity && !sample.sparsity->prompt_compressed()) to_compress_.push_back(seq);
-      std::span<const int32_t> tokens = scheduler_.tokens(seq);
-      const SequenceTokens history{.prompt = tokens.first(sample.num_prompt_tokens),
-                                   .output = tokens.subspan(sample.num_prompt_tokens)};
-      SampleResult result = sample.sampler.sample(row_logits, history);
-      scheduler_.append_token(seq, result.token);
-      ++num_generated_tokens_;
-      sample.timings.token_seconds.push_back(seconds_between(sample.arrival, now));
-      if (sample.timings.token_seconds.size() == 1)
-        sample.timings.first_token_seconds = sample.timings.token_seconds[0];
-
-      StopUpdate update = sample.stop.push(result.token, tokenizer_->token_to_piece(result.token));
-      if (!update.finish &&
-          static_cast<int64_t>(scheduler_.tokens(seq).size()) >= model_->config().context_length) {
-        StopUpdate rest = sample.stop.finish(FinishReason::kLength);
-        update.text += rest.text;
-        update.finish = rest.finish;
-      }
-      RequestEvent event{.request_id = sample.request_id,
-                         .sample_idx = sample.sample_idx,
-                         .tokens = {result.token},
-                         .text = std::move(update.text)};
-      if (sample.params.logprobs) event.logprobs.push_back(std::move(result));
-      event.finish = update.finish;
-      if (update.finish) finish_sample(seq, event);
-      (*sample.sink)(event);
-      if (update.finish) samples_.erase(seq);
+      std::vector<SampleResult> results =
+          verify_draft(seq, sample, rows, scheduled.num_draft_tokens);
+      emit_tokens(seq, sample, results, scheduled.num_draft_tokens, now);
     }
   }
+}
+
+// Speculative sampling with a deterministic draft (every proposer here drafts one token per
+// position, so q is one-hot): the draft token d is accepted with probability min(1, p(d) / q(d))
+// = p(d), and on rejection the token comes from max(0, p - q) renormalised, i.e. from p without d.
+// Drawing x ~ p with the sequence's own sampler and accepting d iff x == d does both at once:
+// P(accept) = p(d), and a rejection's x is p conditioned on x != d. p is the target's processed
+// distribution at that position (penalties, bias, temperature, top-k/p, min-p, with the accepted
+// drafts in the history), exactly what plain decoding samples from; each row draws one number
+// from the sequence's RNG as plain decoding does, so with the same seed the output is the same
+// token for token, not only in distribution.
+std::vector<SampleResult> Engine::verify_draft(sched::SeqId seq, Sample& sample,
+                                               std::span<const float> rows, int32_t num_drafts) {
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  std::span<const int32_t> tokens = scheduler_.tokens(seq);
+  const size_t num_real = tokens.size() - static_cast<size_t>(num_drafts);
+  const auto prompt = static_cast<size_t>(sample.num_prompt_tokens);
+  std::vector<SampleResult> results;
+  for (int32_t i = 0; i <= num_drafts; ++i) {
+    const SequenceTokens history{.prompt = tokens.first(prompt),
+                                 .output = tokens.subspan(prompt, num_real - prompt + i)};
+    results.push_back(sample.sampler.sample(rows.subspan(i * vocab, vocab), history));
+    if (i == num_drafts || results.back().token != tokens[num_real + i]) break;
+  }
+  return results;
+}
+
+void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResult> results,
+                         int32_t num_drafts, Clock::time_point now) {
+  const auto num_accepted = static_cast<int32_t>(results.size()) - 1;
+  const int64_t num_known = static_cast<int64_t>(scheduler_.tokens(seq).size()) - num_drafts;
+  RequestEvent event{.request_id = sample.request_id, .sample_idx = sample.sample_idx};
+  // The stop matcher sees the tokens one by one, as without a draft; a stop inside the accepted
+  // drafts ends the sample there.
+  int32_t num_emitted = 0;
+  for (SampleResult& result : results) {
+    ++num_emitted;
+    event.tokens.push_back(result.token);
+    StopUpdate update = sample.stop.push(result.token, tokenizer_->token_to_piece(result.token));
+    if (!update.finish && num_known + num_emitted >= model_->config().context_length) {
+      StopUpdate rest = sample.stop.finish(FinishReason::kLength);
+      update.text += rest.text;
+      update.finish = rest.finish;
+    }
+    event.text += update.text;
+    if (sample.params.logprobs) event.logprobs.push_back(std::move(result));
+    sample.timings.token_seconds.push_back(seconds_between(sample.arrival, now));
+    if (update.finish) {
+      event.finish = update.finish;
+      break;
+    }
+  }
+  const int32_t kept_drafts = std::min(num_accepted, num_emitted);
+  if (num_drafts > 0) {
+    scheduler_.resolve_draft(seq, kept_drafts);
+    sample.spec_draft_tokens += num_drafts;
+    sample.spec_accepted_tokens += num_accepted;
+    ++spec_num_drafts_;
+    spec_num_draft_tokens_ += num_drafts;
+    spec_num_accepted_tokens_ += num_accepted;
+    for (int32_t i = 0; i < num_accepted; ++i)
+      ++spec_accepted_per_position_[static_cast<size_t>(i)];
+  }
+  if (num_emitted > kept_drafts) scheduler_.append_token(seq, event.tokens.back());
+  num_generated_tokens_ += num_emitted;
+  sample.timings.first_token_seconds = sample.timings.token_seconds.front();
+  if (event.finish) finish_sample(seq, event);
+  (*sample.sink)(event);
+  if (event.finish) samples_.erase(seq);
 }
 
 // A preempted sequence is recomputed from its tokens as a dense one: compress again when that is
@@ -469,6 +568,7 @@ bool Engine::step() {
   // Admit first, so that a request cancelled before its first step is found and stopped.
   admit();
   apply_cancellations();
+  propose_drafts();
   sched::ScheduleOutput out = scheduler_.schedule();
   restart_preempted(out.preempted);
   const bool did_work = !out.empty();
@@ -496,6 +596,10 @@ void Engine::publish_stats() {
                     .num_steps = num_steps_,
                     .num_prompt_tokens_computed = num_prompt_tokens_computed_,
                     .num_generated_tokens = num_generated_tokens_,
+                    .spec_num_drafts = spec_num_drafts_,
+                    .spec_num_draft_tokens = spec_num_draft_tokens_,
+                    .spec_num_accepted_tokens = spec_num_accepted_tokens_,
+                    .spec_accepted_per_position = spec_accepted_per_position_,
                     .kv = kv_.stats(),
                     .kv_bytes_per_page = kv_bytes_per_page_};
   std::lock_guard lock(mutex_);

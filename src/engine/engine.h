@@ -7,12 +7,14 @@
 //   Engine::step(), a pipeline:
 //     admit()                        pending ──► Scheduler waiting queue (one sequence), or
 //                                    refused at the queue limit (RequestEvent::refused)
+//     propose_drafts()               speculative decoding: decoding sequences get draft tokens
 //     out    = scheduler.schedule()  ids and counts: who computes which tokens
 //     plan_row_requests(out)         what sparse sequences' decode rows must do (Quest slice
 //                                    reads, attention weights), from their controllers
 //     logits = runner.run(out)       streams' tables → Batch → LlamaModel::forward
 //     process_outputs(out, logits)   fork the n - 1 other samples (first token only), then per
-//                                    sample Sampler → StopMatcher → RequestEvent → sink
+//                                    sample Sampler (verifying drafts) → StopMatcher →
+//                                    RequestEvent → sink
 //     apply_sparsity()               compress completed prompts, drop keys that left a window
 //   finished or cancelled ──► Scheduler::finish ──► pages back to the pool in the same step
 //
@@ -44,6 +46,7 @@
 #include "sched/scheduler.h"
 #include "sparsity/calibration.h"
 #include "sparsity/policy_spec.h"
+#include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 #include "util/thread_pool.h"
 
@@ -73,6 +76,12 @@ struct EngineConfig {
   // Which KV heads are streaming-like (`sieve calibrate`), for lserve and heads:...@profile=F.
   // Must be for this model (LlamaModel::fingerprint()); null: such policies are refused.
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;
+  // Speculative decoding for requests that do not say (spec/speculative_config.h). Drafts are
+  // verified exactly: greedy output equals plain decoding's token for token, and so does sampled
+  // output for the same seed (see Engine::verify_draft). Sequences with a sparse KV policy decode
+  // without drafts (their windows move one token per step, which a k-token verification step
+  // would not reproduce).
+  spec::SpeculativeConfig speculative;
 };
 
 struct Request {
@@ -83,6 +92,8 @@ struct Request {
   // top-B (snapkv, pyramidkv), heavy-hitter (h2o) and page-selecting (quest, lserve) heads,
   // composed by layerwise / heads / layers; others are refused.
   sparsity::PolicySpec kv_policy;
+  // Overrides EngineConfig::speculative for this request ({"method": "none"} turns it off).
+  std::optional<spec::SpeculativeConfig> speculative;
 };
 
 struct Usage {
@@ -98,6 +109,10 @@ struct Usage {
   // Attention mass the kept keys received from the observation rows, over all keys, averaged
   // over the scored streams (SnapKV/PyramidKV/H2O); unset when no stream was scored.
   std::optional<float> attention_recovery;
+  // Speculative decoding: draft tokens proposed and verified, and how many of them the target
+  // accepted (the tokens sampled after them are not counted).
+  int32_t spec_draft_tokens = 0;
+  int32_t spec_accepted_tokens = 0;
 };
 
 struct Timings {
@@ -111,7 +126,7 @@ struct Timings {
 struct RequestEvent {
   RequestId request_id = 0;
   int32_t sample_idx = 0;
-  std::vector<TokenId> tokens;         // sampled this step (one per step today)
+  std::vector<TokenId> tokens;         // sampled this step (more than one: accepted drafts)
   std::string text;                    // text now safe to stream (may be empty: held back)
   std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
   std::optional<Finish> finish;
@@ -132,6 +147,12 @@ struct EngineStats {
   int64_t num_steps = 0;
   int64_t num_prompt_tokens_computed = 0;
   int64_t num_generated_tokens = 0;
+  // Speculative decoding (vLLM's spec_decode counters): verification steps with a draft, draft
+  // tokens verified, draft tokens accepted, and accepted ones by position in the draft.
+  int64_t spec_num_drafts = 0;
+  int64_t spec_num_draft_tokens = 0;
+  int64_t spec_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_position;  // [kMaxSpeculativeTokens]
   kv::KvStats kv;
   int64_t kv_bytes_per_page = 0;  // of K and V, in the cache's dtype (KvCache::bytes_per_page)
   int64_t kv_bytes_used() const { return (kv.num_pages - kv.num_free_pages) * kv_bytes_per_page; }
@@ -160,6 +181,9 @@ class Engine {
   // Throws sieve::Error naming the problem if `policy` cannot run on this engine (e.g. lserve
   // without a calibration profile): a server checks its default policy once at start.
   void check_policy(const sparsity::PolicySpec& policy) const { (void)resolve_policy(policy); }
+  // The same for a speculative decoding configuration (e.g. a draft_model with another
+  // vocabulary, or a method this engine cannot run).
+  void check_speculative(const spec::SpeculativeConfig& speculative) const;
   const EngineConfig& config() const { return config_; }
   const model::LlamaModel& model() const { return *model_; }
   // Bytes of K and V one page takes in this engine's cache (config().kv_dtype).
@@ -172,6 +196,7 @@ class Engine {
   void admit();
   void apply_cancellations();
   void restart_preempted(const std::vector<sched::SeqId>& preempted);
+  void propose_drafts();
   void plan_row_requests(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
   void publish_stats();
@@ -179,6 +204,14 @@ class Engine {
   // first token this step; returns all of the request's sequences, `seq` first.
   std::vector<sched::SeqId> fork_samples(sched::SeqId seq, Sample& first);
   void finish_sample(sched::SeqId seq, RequestEvent& event);
+  // The tokens `seq` samples from its step's logits rows (one per row: its last real token's,
+  // then each draft token's), stopping after the first that differs from the draft.
+  std::vector<SampleResult> verify_draft(sched::SeqId seq, Sample& sample,
+                                         std::span<const float> rows, int32_t num_drafts);
+  // Keeps the accepted drafts, appends the last sampled token, runs the stop matcher over them
+  // and sends the event (finishing the sample if it stopped).
+  void emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResult> results,
+                   int32_t num_drafts, Clock::time_point now);
   // KV sparsity after a step: compress sequences whose prompt is now complete, and keep the
   // windows of sink + window streams at their size.
   void compress(sched::SeqId seq, Sample& sample);
@@ -204,6 +237,11 @@ class Engine {
   int64_t num_steps_ = 0;
   int64_t num_prompt_tokens_computed_ = 0;
   int64_t num_generated_tokens_ = 0;
+  int64_t spec_num_drafts_ = 0;
+  int64_t spec_num_draft_tokens_ = 0;
+  int64_t spec_num_accepted_tokens_ = 0;
+  std::vector<int64_t> spec_accepted_per_position_ =
+      std::vector<int64_t>(spec::kMaxSpeculativeTokens, 0);
 
   // Shared with submit()/cancel() callers.
   mutable std::mutex mutex_;

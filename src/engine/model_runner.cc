@@ -86,9 +86,12 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
     batch_.begin_sequence(sequence_kv(s.seq_id, s.stream_slots ? &*s.stream_slots : nullptr,
                                       requests_of ? requests_of(s.seq_id) : nullptr));
     std::span<const int32_t> tokens = tokens_of(s.seq_id);
+    // A sampling sequence's last token gives its next one; each of its draft tokens (and the
+    // token before them) gives the target's distribution that verifies the next draft.
+    const int32_t first_logits = s.num_new_tokens - 1 - s.num_draft_tokens;
     for (int32_t i = 0; i < s.num_new_tokens; ++i) {
       const int32_t position = s.num_computed_before + i;
-      batch_.add(tokens[position], position, s.samples && i + 1 == s.num_new_tokens);
+      batch_.add(tokens[position], position, s.samples && i >= first_logits);
     }
   }
   logits_.clear();

@@ -29,8 +29,9 @@ class ModelRunner {
     std::vector<std::optional<sparsity::PageReads>> page_reads;  // [stream], empty: read all
   };
   // `tokens_of(seq)` gives a sequence's known tokens; `requests_of(seq)` (may be empty, or return
-  // null) what its sparsity asks. Returns logits [num sampling seqs][vocab], rows in the order
-  // of `out.scheduled` entries with samples == true.
+  // null) what its sparsity asks. Returns logits [rows][vocab]: for each entry of `out.scheduled`
+  // with samples == true, in order, num_draft_tokens + 1 rows (its last real token's, then each
+  // draft token's).
   using TokensOf = std::function<std::span<const int32_t>(sched::SeqId)>;
   using RequestsOf = std::function<const RowRequests*(sched::SeqId)>;
   const std::vector<float>& run(const sched::ScheduleOutput& out, const TokensOf& tokens_of,

@@ -213,6 +213,18 @@ std::vector<int32_t> KvManager::stream_lengths(SeqId seq, int32_t num_tokens) co
   return std::vector<int32_t>(static_cast<size_t>(slice_shape().num_streams()), num_tokens);
 }
 
+void KvManager::truncate(SeqId seq, int32_t num_tokens) {
+  assert(!is_sparse(seq) && num_tokens >= 0);
+  SeqState& s = state(seq);
+  const auto keep_pages = static_cast<size_t>(num_pages_for(num_tokens));
+  while (s.pages.size() > keep_pages) {
+    pool_.release(s.pages.back());
+    s.pages.pop_back();
+  }
+  const auto full_blocks = static_cast<size_t>(num_tokens / config_.page_size);
+  if (s.block_hashes.size() > full_blocks) s.block_hashes.resize(full_blocks);
+}
+
 void KvManager::free(SeqId seq) {
   if (auto sparse = sparse_.find(seq); sparse != sparse_.end()) {
     sparse->second.release(pool_);

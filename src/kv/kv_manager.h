@@ -25,7 +25,8 @@
 //   running:  reserve(seq, num_computed, num_computed + n)  // nullopt: preempt someone, retry
 //   after the forward pass:
 //             commit_full_blocks(seq, tokens, num_computed + n)   // publish for reuse (dense)
-//   fork(parent, child) for n > 1; free(seq) when finished, preempted or cancelled.
+//   fork(parent, child) for n > 1; free(seq) when finished, preempted or cancelled;
+//   truncate(seq, n) when speculative decoding rejects draft tokens.
 // The engine's sparsity step changes a sequence's streams: compress(seq, num_positions, keep)
 // (a policy's keep-sets; a dense sequence turns sparse) and drop_tokens(seq, drops) (evictions
 // during decode), each returning a CompactionPlan the runner performs before any later K/V
@@ -177,6 +178,12 @@ class KvManager {
   // the returned copies before either sequence writes or compacts (the layouts are equal but for
   // slice ids); nullopt, nothing changed, if the pool lacks the pages.
   std::optional<std::vector<SliceMove>> fork(SeqId parent, SeqId child);
+  // Speculative decoding's rollback: a sequence whose streams share a block table keeps only its
+  // first num_tokens tokens' K/V (the rejected draft tokens' slots are written again later).
+  // Pages past them go back to the pool now (last first), and hashes of blocks past them are
+  // forgotten (a published page stays in the cache, valid for the tokens it was published for,
+  // and the next write to it goes through copy-on-write). Never needs a page.
+  void truncate(SeqId seq, int32_t num_tokens);
   // Releases the sequence's pages, last block first, so that the tail of a cached prefix is
   // evicted before its head.
   void free(SeqId seq);

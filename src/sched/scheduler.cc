@@ -50,8 +50,14 @@ SchedulerStats Scheduler::stats() const {
           num_preemptions_};
 }
 
+void Scheduler::drop_draft(Sequence& s) {
+  s.tokens.resize(s.tokens.size() - static_cast<size_t>(s.num_draft_tokens));
+  s.num_draft_tokens = 0;
+}
+
 void Scheduler::preempt(SeqId seq, ScheduleOutput& out) {
   Sequence& s = seqs_.at(seq);
+  drop_draft(s);
   kv_.free(seq);
   s.num_computed = 0;
   s.running = false;
@@ -93,6 +99,7 @@ void Scheduler::add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out,
        .num_computed_before = s.num_computed,
        .num_new_tokens = num_new,
        .samples = s.num_computed + num_new == static_cast<int32_t>(s.tokens.size()),
+       .num_draft_tokens = s.num_draft_tokens,
        .stream_slots = std::move(stream_slots)});
   out.num_batched_tokens += num_new;
 }
@@ -105,15 +112,20 @@ void Scheduler::schedule_running(bool decodes, ScheduleOutput& out) {
     if (budget == 0) return;
     auto it = seqs_.find(seq);
     if (it == seqs_.end() || !it->second.running) continue;  // preempted earlier this step
-    const int32_t remaining =
-        static_cast<int32_t>(it->second.tokens.size()) - it->second.num_computed;
-    if ((remaining == 1) != decodes || remaining == 0) continue;
+    Sequence& s = it->second;
+    const int32_t remaining = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    if ((remaining - s.num_draft_tokens == 1) != decodes || remaining == 0) continue;
     if (std::any_of(out.scheduled.begin(), out.scheduled.end(),
-                    [&](const ScheduledSequence& s) { return s.seq_id == seq; })) {
+                    [&](const ScheduledSequence& x) { return x.seq_id == seq; })) {
       continue;
     }
-    const int32_t num_new =
-        chunk_limit(it->second, it->second.num_computed, std::min(remaining, budget));
+    const int32_t num_new = chunk_limit(s, s.num_computed, std::min(remaining, budget));
+    if (num_new < remaining && s.num_draft_tokens > 0) {
+      // A decode is never split: the drafts that do not fit wait for no one.
+      const int32_t cut = std::min(s.num_draft_tokens, remaining - num_new);
+      s.tokens.resize(s.tokens.size() - static_cast<size_t>(cut));
+      s.num_draft_tokens -= cut;
+    }
     std::optional<kv::SparseAppend> stream_slots;
     if (!reserve_running(seq, it->second.num_computed + num_new, out, stream_slots)) continue;
     add_scheduled(seq, num_new, out, std::move(stream_slots));
@@ -161,6 +173,15 @@ ScheduleOutput Scheduler::schedule() {
   schedule_running(/*decodes=*/false, out);
   // No admissions in a step that had to preempt: the pool is full.
   if (out.preempted.empty()) schedule_waiting(out);
+  // Drafts of a sequence the budget left out are stale by its next step.
+  for (SeqId seq : running_) {
+    Sequence& s = seqs_.at(seq);
+    if (s.num_draft_tokens > 0 &&
+        std::none_of(out.scheduled.begin(), out.scheduled.end(),
+                     [&](const ScheduledSequence& x) { return x.seq_id == seq; })) {
+      drop_draft(s);
+    }
+  }
   // Copies planned for sequences preempted later in the step would write pages they no
   // longer own (and which may already belong to someone else).
   std::erase_if(out.page_copies, [&](const ScheduledCopy& copy) {
@@ -176,7 +197,10 @@ void Scheduler::on_step_done(const ScheduleOutput& out) {
     if (it == seqs_.end() || !it->second.running) continue;  // finished or preempted since
     Sequence& s = it->second;
     s.num_computed = scheduled.num_computed_before + scheduled.num_new_tokens;
-    if (!s.options.private_kv) kv_.commit_full_blocks(scheduled.seq_id, s.tokens, s.num_computed);
+    // Draft tokens are published once verified (resolve_draft).
+    if (!s.options.private_kv) {
+      kv_.commit_full_blocks(scheduled.seq_id, s.tokens, s.num_computed - s.num_draft_tokens);
+    }
   }
 }
 
@@ -186,7 +210,39 @@ int32_t Scheduler::chunk_limit(const Sequence& s, int32_t from, int32_t wanted) 
   return std::min(wanted, boundary - from % boundary);
 }
 
-void Scheduler::append_token(SeqId seq, int32_t token) { seqs_.at(seq).tokens.push_back(token); }
+void Scheduler::append_token(SeqId seq, int32_t token) {
+  Sequence& s = seqs_.at(seq);
+  assert(s.num_draft_tokens == 0 && "resolve the draft first");
+  s.tokens.push_back(token);
+}
+
+int32_t Scheduler::max_draft_tokens(SeqId seq) const {
+  const Sequence& s = seqs_.at(seq);
+  return std::max(0, s.max_total_tokens - static_cast<int32_t>(s.tokens.size()) - 1);
+}
+
+void Scheduler::set_draft(SeqId seq, std::span<const int32_t> draft) {
+  Sequence& s = seqs_.at(seq);
+  assert(s.running && s.num_draft_tokens == 0 &&
+         s.num_computed + 1 == static_cast<int32_t>(s.tokens.size()));
+  assert(static_cast<int32_t>(draft.size()) <= max_draft_tokens(seq));
+  s.tokens.insert(s.tokens.end(), draft.begin(), draft.end());
+  s.num_draft_tokens = static_cast<int32_t>(draft.size());
+}
+
+void Scheduler::resolve_draft(SeqId seq, int32_t num_accepted) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || !it->second.running) return;
+  Sequence& s = it->second;
+  assert(num_accepted >= 0 && num_accepted <= s.num_draft_tokens);
+  const auto known = static_cast<int32_t>(s.tokens.size()) - s.num_draft_tokens + num_accepted;
+  s.tokens.resize(static_cast<size_t>(known));
+  s.num_draft_tokens = 0;
+  // The step computed the last real token and every draft; the accepted ones' K/V is right.
+  s.num_computed = std::min(s.num_computed, known);
+  kv_.truncate(seq, s.num_computed);
+  if (!s.options.private_kv) kv_.commit_full_blocks(seq, s.tokens, s.num_computed);
+}
 
 void Scheduler::finish(SeqId seq) {
   auto it = seqs_.find(seq);

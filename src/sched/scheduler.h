@@ -13,6 +13,14 @@
 // freed and it goes back to the front of the queue to be recomputed later. Admission is the
 // engine's: add() takes only sequences that fit in an empty pool, so none waits forever.
 //
+// Speculative decoding: before a step the engine may give a decoding sequence draft tokens
+// (set_draft). They are appended to its tokens, so the step computes its last real token and the
+// drafts in one go, still as a decode (never split: drafts that do not fit the budget are dropped),
+// and every one of those rows yields logits. After the step the engine keeps the accepted prefix
+// (resolve_draft): the rejected drafts leave the tokens and their K/V slots and pages are given
+// back. Draft tokens are never published to the prefix cache; a sequence preempted or not
+// scheduled loses its drafts.
+//
 // Dense or compressed by a sparsity policy (kv/kv_manager.h), a running sequence takes its
 // step's room with one KvManager::reserve; a compressed one's ScheduledSequence carries where its
 // streams' new tokens go. Preemption frees it like any other; it is recomputed from its tokens,
@@ -45,6 +53,9 @@ struct ScheduledSequence {
   int32_t num_new_tokens = 0;
   // The step computes the sequence's last known token, so its logits give the next token.
   bool samples = false;
+  // The last num_draft_tokens of the new tokens are draft tokens (set_draft): the step's logits
+  // rows are the last num_draft_tokens + 1 tokens', in order.
+  int32_t num_draft_tokens = 0;
   // Streams of their own (a sparse sequence): where each stream's new tokens go
   // (kv::SparseLayout::address with first_index[s] + i). Streams sharing a block table write
   // position t at block_table(seq)[t / page_size]. Read either from the KvManager before the
@@ -111,6 +122,17 @@ class Scheduler {
   void on_step_done(const ScheduleOutput& out);
   // A sampled token becomes known (it is computed in a later step).
   void append_token(SeqId seq, int32_t token);
+  // Speculative decoding. set_draft: a running sequence with exactly one token left to compute
+  // and no draft gets `draft` appended to its tokens, to be verified by the next step.
+  // resolve_draft, after that step: its first `num_accepted` draft tokens become known and
+  // computed, the others leave its tokens and K/V (kv::KvManager::truncate); then the full blocks
+  // are published. A sequence that finished meanwhile is ignored.
+  void set_draft(SeqId seq, std::span<const int32_t> draft);
+  void resolve_draft(SeqId seq, int32_t num_accepted);
+  int32_t num_draft_tokens(SeqId seq) const { return seqs_.at(seq).num_draft_tokens; }
+  // The most draft tokens set_draft takes now: the accepted drafts and the token sampled after
+  // them must stay within the sequence's prompt + max_new_tokens.
+  int32_t max_draft_tokens(SeqId seq) const;
   // Finished or cancelled, waiting or running: forgets the sequence and frees its pages now.
   void finish(SeqId seq);
 
@@ -127,6 +149,7 @@ class Scheduler {
     int32_t num_prompt_tokens = 0;
     int32_t num_computed = 0;
     int32_t max_total_tokens = 0;  // prompt + max_new_tokens
+    int32_t num_draft_tokens = 0;  // the last ones of `tokens`, unverified
     SequenceOptions options;
     bool running = false;
   };
@@ -139,6 +162,7 @@ class Scheduler {
   bool reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& out,
                        std::optional<kv::SparseAppend>& stream_slots);
   void preempt(SeqId seq, ScheduleOutput& out);
+  static void drop_draft(Sequence& s);
   // The step's remaining budget is max_batch_tokens - out.num_batched_tokens.
   void schedule_running(bool decodes, ScheduleOutput& out);
   void schedule_waiting(ScheduleOutput& out);

@@ -363,5 +363,25 @@ TEST(KvManager, PrefixCachingCanBeDisabled) {
   ExpectNoLeaks(kv, {kA, kB});
 }
 
+// Speculative decoding's rollback: truncate gives back the pages past the kept tokens and forgets
+// hashes of blocks past them; a published page stays cached and the next write copies it.
+TEST(KvManager, TruncateReleasesPagesPastTheKeptTokens) {
+  KvManager kv = Make(8);
+  const std::vector<int32_t> tokens = Iota(100, 10);
+  AdmitAndCompute(kv, kA, tokens);  // blocks 0, 1 published, block 2 partial
+  ASSERT_TRUE(kv.allocate(kA, 14));
+  EXPECT_EQ(kv.block_table(kA).size(), 4u);
+  kv.truncate(kA, 6);
+  EXPECT_EQ(kv.block_table(kA).size(), 2u);
+  EXPECT_EQ(kv.num_free_pages(), 6);
+  EXPECT_EQ(kv.invariant_violation(), std::nullopt);
+  // Position 6 is in published block 1: writing there goes through copy-on-write.
+  const WritePlan plan = kv.prepare_write(kA, 6);
+  EXPECT_TRUE(std::holds_alternative<PageCopy>(plan));
+  kv.truncate(kA, 0);
+  EXPECT_TRUE(kv.block_table(kA).empty());
+  ExpectNoLeaks(kv, {kA});
+}
+
 }  // namespace
 }  // namespace sieve::kv

@@ -365,5 +365,89 @@ TEST(Scheduler, ForkOfACompressedSequenceCopiesItsSlicesOrWaits) {
   EXPECT_EQ(engine.kv().num_seqs(), 0);
 }
 
+// Speculative decoding: a draft rides on the decode (A6+4*: the last real token and 3 drafts,
+// logits for all 4), is never split by the budget, and what is rejected leaves the tokens, the
+// computed count and the pages; a preempted sequence loses its draft.
+TEST(Scheduler, DraftsAreVerifiedInOneDecodeAndRejectedOnesGiveBackTheirPages) {
+  kv::KvManager kv(pool(8));
+  Scheduler scheduler(config(16), kv);
+  const SeqId a{1};
+  scheduler.add(a, {1, 2, 3, 4, 5}, 20);
+  ScheduleOutput out = scheduler.schedule();
+  scheduler.on_step_done(out);
+  scheduler.append_token(a, 6);  // 6 tokens, 5 computed: pages for 5
+  EXPECT_EQ(kv.block_table(a).size(), 2u);
+
+  scheduler.set_draft(a, std::vector<int32_t>{7, 8, 9});
+  EXPECT_EQ(scheduler.num_draft_tokens(a), 3);
+  out = scheduler.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].num_computed_before, 5);
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 4);
+  EXPECT_EQ(out.scheduled[0].num_draft_tokens, 3);
+  EXPECT_TRUE(out.scheduled[0].samples);
+  EXPECT_EQ(kv.block_table(a).size(), 3u);  // positions up to 8 (drafts included)
+  scheduler.on_step_done(out);
+  scheduler.resolve_draft(a, 1);  // 7 accepted, 8 and 9 rejected
+  EXPECT_EQ(std::vector<int32_t>(scheduler.tokens(a).begin(), scheduler.tokens(a).end()),
+            (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(scheduler.num_computed(a), 7);
+  EXPECT_EQ(kv.block_table(a).size(), 2u);  // the page drafts 8, 9 took is back
+  EXPECT_EQ(kv.num_free_pages(), 6);
+  scheduler.append_token(a, 10);
+
+  // A budget too small for the draft drops the part that does not fit.
+  Scheduler small(config(2), kv);
+  const SeqId b{2};
+  small.add(b, {1, 2}, 20);
+  out = small.schedule();
+  small.on_step_done(out);
+  small.append_token(b, 3);
+  small.set_draft(b, std::vector<int32_t>{4, 5, 6});
+  out = small.schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 2);
+  EXPECT_EQ(out.scheduled[0].num_draft_tokens, 1);
+  EXPECT_EQ(small.tokens(b).size(), 4u);
+  small.on_step_done(out);
+  small.resolve_draft(b, 1);
+  EXPECT_EQ(small.num_computed(b), 4);
+  small.finish(b);
+
+  // Drafts are capped by max_new_tokens: the accepted drafts and one more token must fit.
+  EXPECT_EQ(scheduler.max_draft_tokens(a), 5 + 20 - 8 - 1);
+  scheduler.finish(a);
+  EXPECT_EQ(kv.num_free_pages(), 8);
+  EXPECT_EQ(kv.invariant_violation(), std::nullopt);
+}
+
+TEST(Scheduler, APreemptedOrUnscheduledSequenceLosesItsDraft) {
+  kv::KvManager kv(pool(3));  // 12 tokens
+  Scheduler scheduler(config(16), kv);
+  const SeqId a{1};
+  const SeqId b{2};
+  scheduler.add(a, {1, 2, 3}, 8);
+  scheduler.add(b, {1, 2, 3}, 8);
+  ScheduleOutput out = scheduler.schedule();
+  scheduler.on_step_done(out);
+  scheduler.append_token(a, 4);
+  scheduler.append_token(b, 4);
+  scheduler.set_draft(b, std::vector<int32_t>{5, 6, 7, 8, 9});  // needs a third page: none left
+  scheduler.set_draft(a, std::vector<int32_t>{5, 6, 7, 8, 9});
+  out = scheduler.schedule();
+  ASSERT_EQ(out.preempted.size(), 1u);
+  EXPECT_EQ(out.preempted[0], b);
+  EXPECT_EQ(scheduler.num_draft_tokens(b), 0);
+  EXPECT_EQ(scheduler.tokens(b).size(), 4u);
+  scheduler.on_step_done(out);
+  scheduler.resolve_draft(a, 0);
+  EXPECT_EQ(scheduler.tokens(a).size(), 4u);
+  EXPECT_EQ(scheduler.num_computed(a), 4);
+  scheduler.finish(a);
+  scheduler.finish(b);
+  EXPECT_EQ(kv.num_free_pages(), 3);
+  EXPECT_EQ(kv.invariant_violation(), std::nullopt);
+}
+
 }  // namespace
 }  // namespace sieve::sched

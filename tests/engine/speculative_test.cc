@@ -1,0 +1,270 @@
+// Speculative decoding inside the batched engine: drafts are verified exactly, so every request
+// generates what it generates without speculation (greedy, and sampled with the same seed),
+// whatever proposer, k and batch it runs in, and every draft's KV is given back.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "engine/engine.h"
+#include "engine_test_util.h"
+#include "spec/speculative_config.h"
+
+namespace sieve::engine {
+namespace {
+
+spec::SpeculativeConfig ngram(int32_t k, int32_t max_n = 4, int32_t min_n = 1) {
+  return {.method = spec::Method::kNgram,
+          .num_speculative_tokens = k,
+          .prompt_lookup_max = max_n,
+          .prompt_lookup_min = min_n};
+}
+
+// Prompts that repeat themselves, so that prompt lookup has something to find.
+std::vector<std::vector<TokenId>> repetitive_prompts(const tok::Tokenizer& tokenizer) {
+  std::vector<std::vector<TokenId>> out;
+  for (const std::string& text :
+       {"Lily and Tom went to the park. Lily and Tom went to the park. Lily and",
+        "One, two, three, four. One, two, three, four. One, two,",
+        "The cat sat on the mat. The dog sat on the mat. The cat sat on the",
+        "Once upon a time there was a little girl. Once upon a time there was"}) {
+    out.push_back(tokenizer.encode(text));
+  }
+  return out;
+}
+
+std::vector<Request> requests_for(const std::vector<std::vector<TokenId>>& prompts,
+                                  int32_t max_tokens) {
+  std::vector<Request> requests;
+  for (const auto& p : prompts) requests.push_back(greedy(p, max_tokens));
+  return requests;
+}
+
+void expect_same_tokens(const std::map<std::pair<size_t, int>, Outcome>& got,
+                        const std::map<std::pair<size_t, int>, Outcome>& expected) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (const auto& [key, outcome] : expected) {
+    EXPECT_EQ(got.at(key).tokens, outcome.tokens) << "request " << key.first;
+    EXPECT_EQ(got.at(key).text, outcome.text) << "request " << key.first;
+    ASSERT_TRUE(got.at(key).finish.has_value());
+    EXPECT_EQ(got.at(key).finish->reason, outcome.finish->reason) << "request " << key.first;
+    EXPECT_EQ(got.at(key).usage.completion_tokens, outcome.usage.completion_tokens);
+  }
+}
+
+class SpeculativeGreedy : public ::testing::TestWithParam<bool> {};
+
+// 36 prompts (stories text and repetitive ones), k = 4, all in one batch: the same tokens as
+// plain decoding, with drafts accepted and rejected along the way.
+TEST_P(SpeculativeGreedy, NgramDraftsGiveThePlainTokensInABatch) {
+  model::LoadedModel loaded = GetParam() ? load_generated() : load_stories();
+  auto all_prompts = prompts(*loaded.tokenizer);
+  for (auto& p : repetitive_prompts(*loaded.tokenizer)) all_prompts.push_back(p);
+  const std::vector<Request> requests = requests_for(all_prompts, 40);
+
+  Engine plain(config(512), loaded.model, loaded.tokenizer);
+  const auto expected = run(plain, requests);
+  EngineConfig speculative_config = config(512);
+  speculative_config.speculative = ngram(4);
+  Engine speculative(speculative_config, loaded.model, loaded.tokenizer);
+  const auto got = run(speculative, requests);
+  expect_same_tokens(got, expected);
+  expect_all_pages_free(speculative);
+
+  const EngineStats stats = speculative.stats();
+  EXPECT_GT(stats.spec_num_drafts, 0);
+  EXPECT_GT(stats.spec_num_accepted_tokens, 0) << "no draft was ever accepted";
+  EXPECT_LT(stats.spec_num_accepted_tokens, stats.spec_num_draft_tokens) << "none rejected";
+  // Usage sums to the engine's counters; accepted drafts by position never grow with position.
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  for (const auto& [key, outcome] : got) {
+    drafted += outcome.usage.spec_draft_tokens;
+    accepted += outcome.usage.spec_accepted_tokens;
+  }
+  EXPECT_EQ(drafted, stats.spec_num_draft_tokens);
+  EXPECT_EQ(accepted, stats.spec_num_accepted_tokens);
+  int64_t by_position = 0;
+  for (size_t i = 0; i < stats.spec_accepted_per_position.size(); ++i) {
+    by_position += stats.spec_accepted_per_position[i];
+    if (i > 0)
+      EXPECT_LE(stats.spec_accepted_per_position[i], stats.spec_accepted_per_position[i - 1]);
+  }
+  EXPECT_EQ(by_position, stats.spec_num_accepted_tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SpeculativeGreedy, ::testing::Values(false, true),
+                         [](const auto& info) {
+                           return info.param ? "GeneratedGqa" : "Stories260K";
+                         });
+
+// Sampling: each row draws from the sequence's own RNG as plain decoding does, so the same seed
+// gives the same tokens — with temperature, top-k/top-p/min-p and every penalty, whose history
+// includes the accepted drafts.
+TEST(Speculative, SampledOutputEqualsPlainDecodingForTheSameSeed) {
+  model::LoadedModel loaded = load_stories();
+  auto all_prompts = repetitive_prompts(*loaded.tokenizer);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < all_prompts.size() * 3; ++i) {
+    Request r{.prompt = all_prompts[i % all_prompts.size()]};
+    r.params.temperature = i % 3 == 0 ? 1.0f : 0.7f;
+    r.params.top_p = i % 3 == 1 ? 0.9f : 1.0f;
+    r.params.top_k = i % 3 == 2 ? 20 : 0;
+    r.params.min_p = i % 3 == 2 ? 0.05f : 0.0f;
+    r.params.repetition_penalty = i % 2 == 0 ? 1.1f : 1.0f;
+    r.params.frequency_penalty = i % 2 == 1 ? 0.3f : 0.0f;
+    r.params.presence_penalty = i % 2 == 1 ? 0.2f : 0.0f;
+    r.params.seed = 100 + i;
+    r.params.max_tokens = 48;
+    r.params.ignore_eos = true;
+    r.params.logprobs = 2;
+    requests.push_back(r);
+  }
+  Engine plain(config(512), loaded.model, loaded.tokenizer);
+  const auto expected = run(plain, requests);
+  EngineConfig c = config(512);
+  c.speculative = ngram(3);
+  Engine speculative(c, loaded.model, loaded.tokenizer);
+  const auto got = run(speculative, requests);
+  expect_same_tokens(got, expected);
+  EXPECT_GT(speculative.stats().spec_num_accepted_tokens, 0);
+  EXPECT_LT(speculative.stats().spec_num_accepted_tokens,
+            speculative.stats().spec_num_draft_tokens);
+  expect_all_pages_free(speculative);
+}
+
+// One batch of everything: requests with k = 2, 4, 8, without speculation, with sparse KV
+// policies (which decode without drafts), with stop strings, n > 1 and a max_tokens the drafts
+// run into; each equals itself alone without speculation.
+TEST(Speculative, MixedBatchEachRequestEqualsItselfAlone) {
+  model::LoadedModel loaded = load_stories();
+  const auto all_prompts = repetitive_prompts(*loaded.tokenizer);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < 12; ++i) {
+    Request r = greedy(all_prompts[i % all_prompts.size()], 30 + static_cast<int32_t>(i));
+    switch (i % 6) {
+      case 0:
+        r.speculative = ngram(2);
+        break;
+      case 1:
+        r.speculative = ngram(8, 2, 2);
+        break;
+      case 2:
+        r.speculative = spec::SpeculativeConfig{};
+        break;  // off for this request
+      case 3:
+        r.kv_policy = sparsity::parse_policy("streaming:S=4,W=32");
+        break;
+      case 4:
+        r.params.stop_strings = {"park.", "four"};
+        break;
+      case 5:
+        r.params.n = 3;
+        r.params.temperature = 0.8f;
+        r.params.seed = 7;
+        break;
+    }
+    requests.push_back(r);
+  }
+  EngineConfig c = config(512);
+  c.speculative = ngram(4);
+  Engine together(c, loaded.model, loaded.tokenizer);
+  const auto got = run(together, requests);
+  expect_all_pages_free(together);
+  EXPECT_GT(together.stats().spec_num_accepted_tokens, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request alone_request = requests[i];
+    alone_request.speculative.reset();
+    Engine alone(config(512), loaded.model, loaded.tokenizer);
+    const auto expected = run(alone, {alone_request});
+    for (int s = 0; s < std::max(1, requests[i].params.n); ++s) {
+      EXPECT_EQ(got.at({i, s}).tokens, expected.at({0, s}).tokens) << "request " << i << " " << s;
+      EXPECT_EQ(got.at({i, s}).text, expected.at({0, s}).text) << "request " << i << " " << s;
+    }
+    if (i % 6 == 2 || i % 6 == 3) EXPECT_EQ(got.at({i, 0}).usage.spec_draft_tokens, 0) << i;
+  }
+}
+
+// A pool too small for the batch: sequences are preempted mid-speculation (their drafts dropped,
+// their pages freed) and recomputed; outputs are unchanged and no page leaks.
+TEST(Speculative, PreemptionMidSpeculationKeepsOutputsAndPages) {
+  model::LoadedModel loaded = load_stories();
+  auto all_prompts = prompts(*loaded.tokenizer, 12);
+  for (auto& p : repetitive_prompts(*loaded.tokenizer)) all_prompts.push_back(p);
+  const std::vector<Request> requests = requests_for(all_prompts, 48);
+  Engine roomy(config(512), loaded.model, loaded.tokenizer);
+  const auto expected = run(roomy, requests);
+  EngineConfig c = config(14, 64);
+  c.speculative = ngram(6);
+  Engine tight(c, loaded.model, loaded.tokenizer);
+  const auto got = run(tight, requests);
+  EXPECT_GT(tight.stats().num_preemptions, 0);
+  EXPECT_GT(tight.stats().spec_num_drafts, 0);
+  expect_same_tokens(got, expected);
+  expect_all_pages_free(tight);
+}
+
+// Cancelling requests while they speculate frees every page, draft pages included.
+TEST(Speculative, CancellationMidSpeculationFreesEverything) {
+  model::LoadedModel loaded = load_stories();
+  EngineConfig c = config(256);
+  c.speculative = ngram(8);
+  Engine engine(c, loaded.model, loaded.tokenizer);
+  std::vector<RequestId> ids;
+  int32_t events = 0;
+  for (const auto& p : repetitive_prompts(*loaded.tokenizer)) {
+    auto id = engine.submit(greedy(p, 200), [&](const RequestEvent&) { ++events; });
+    ASSERT_TRUE(std::holds_alternative<RequestId>(id));
+    ids.push_back(std::get<RequestId>(id));
+  }
+  while (engine.stats().spec_num_drafts < 8) ASSERT_TRUE(engine.step());
+  for (RequestId id : ids) engine.cancel(id);
+  engine.run_until_idle();
+  expect_all_pages_free(engine);
+  EXPECT_GT(events, 0);
+}
+
+// A draft never pushes a request past max_tokens or the context: the drafts are capped so that
+// the accepted ones and the token after them fit.
+TEST(Speculative, DraftsStopAtMaxTokensAndTheContext) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompt = repetitive_prompts(*loaded.tokenizer)[1];
+  EngineConfig c = config(256);
+  c.speculative = ngram(8);
+  for (int32_t max_tokens : {1, 2, 3, 5, 9}) {
+    Engine speculative(c, loaded.model, loaded.tokenizer);
+    const auto got = run(speculative, {greedy(prompt, max_tokens)});
+    Engine plain(config(256), loaded.model, loaded.tokenizer);
+    const auto expected = run(plain, {greedy(prompt, max_tokens)});
+    EXPECT_EQ(got.at({0, 0}).tokens, expected.at({0, 0}).tokens) << max_tokens;
+    EXPECT_EQ(got.at({0, 0}).usage.completion_tokens, max_tokens);
+    expect_all_pages_free(speculative);
+  }
+  // To the end of the context (stories260K: 512 tokens).
+  const auto context = static_cast<int32_t>(loaded.model->config().context_length);
+  Request to_the_end = greedy(prompt, context - static_cast<int32_t>(prompt.size()));
+  Engine speculative(c, loaded.model, loaded.tokenizer);
+  const auto got = run(speculative, {to_the_end});
+  Engine plain(config(256), loaded.model, loaded.tokenizer);
+  const auto expected = run(plain, {to_the_end});
+  EXPECT_EQ(got.at({0, 0}).tokens, expected.at({0, 0}).tokens);
+  EXPECT_GT(speculative.stats().spec_num_accepted_tokens, 0);
+  // Alone, every accepted draft token is a step saved.
+  EXPECT_EQ(plain.stats().num_steps - speculative.stats().num_steps,
+            speculative.stats().spec_num_accepted_tokens);
+  expect_all_pages_free(speculative);
+}
+
+TEST(Speculative, UnavailableMethodsAreRefusedClearly) {
+  model::LoadedModel loaded = load_stories();
+  Engine engine(config(64), loaded.model, loaded.tokenizer);
+  Request r = greedy(repetitive_prompts(*loaded.tokenizer)[0], 4);
+  r.speculative = spec::parse_speculative_config(
+      R"({"method": "draft_model", "num_speculative_tokens": 2, "model": "/nonexistent.gguf"})");
+  auto refused = engine.submit(r, [](const RequestEvent&) {});
+  ASSERT_TRUE(std::holds_alternative<AdmissionError>(refused));
+  EXPECT_EQ(std::get<AdmissionError>(refused).param, "speculative");
+}
+
+}  // namespace
+}  // namespace sieve::engine
