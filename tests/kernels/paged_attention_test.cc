@@ -221,18 +221,19 @@ TEST_P(PagedAttention, KeyOffsetSkipsTheFirstSlots) {
 
 // A chunk of a prompt whose earlier part is already cached: positions start mid-sequence.
 TEST_P(PagedAttention, ChunkedPrefill) {
-  ThreadPool pool1(1), pool3(3);
+  ThreadPool pool1(1), pool2(2), pool3(3);
   struct Chunk {
     int64_t begin, num_q;
   };
   uint32_t seed = 300;
   for (const Chunk chunk :
-       {Chunk{1, 15}, Chunk{16, 1}, Chunk{15, 17}, Chunk{50, 50}, Chunk{17, 83}, Chunk{990, 10}}) {
+       {Chunk{1, 15}, Chunk{16, 1}, Chunk{15, 17}, Chunk{20, 5}, Chunk{23, 5}, Chunk{50, 50},
+        Chunk{17, 83}, Chunk{990, 10}}) {
     const int64_t len = chunk.begin + chunk.num_q;
-    for (int64_t head_dim : {8, 64, 128}) {
+    for (int64_t head_dim : {8, 16, 64, 128}) {
       const TestCache cache({.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim}, ++seed);
       for (int64_t group : {1, 2, 4, 8}) {
-        for (ThreadPool* pool : {&pool1, &pool3}) {
+        for (ThreadPool* pool : {&pool1, &pool2, &pool3}) {
           expect_matches_ref(cache, position_range(chunk.begin, len), group, *pool, ++seed);
         }
       }
@@ -241,6 +242,48 @@ TEST_P(PagedAttention, ChunkedPrefill) {
   // A long chunk late in a long sequence, split across threads.
   const TestCache cache({.num_keys = 1000, .num_kv_heads = 2, .head_dim = 64}, ++seed);
   expect_matches_ref(cache, position_range(900, 1000), 2, pool3, ++seed);
+}
+
+// Speculative decoding verifies k drafted tokens as one chunk and must give, token for token,
+// what decoding them one by one gives; so a chunk's row must equal, bit for bit, the same row
+// attended alone (the decode path), wherever the chunk starts and however many rows it has.
+TEST_P(PagedAttention, ChunkRowsEqualTheirDecodeBitForBit) {
+  ThreadPool pool1(1), pool2(2);
+  uint32_t seed = 900;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1}) {
+  for (int64_t head_dim : {16, 64, 128}) {
+    if (is_block_kv_dtype(dtype) && head_dim % 32 != 0) continue;
+    for (int64_t group : {1, 4}) {
+      const TestCache cache(
+          {.num_keys = 140, .num_kv_heads = 2, .head_dim = head_dim, .dtype = dtype}, ++seed);
+      for (int64_t begin : {3, 16, 20, 23, 31, 100, 130}) {
+        for (int64_t rows : {2, 5, 9}) {
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            const std::vector<int32_t> positions = position_range(begin, begin + rows);
+            const int64_t num_heads = 2 * group;
+            const std::vector<float> q =
+                random_floats(rows * num_heads * head_dim, ++seed, -4.0f, 4.0f);
+            Outputs chunk(rows, num_heads, head_dim, 0.0f);
+            paged_attention(cache.view(), {q.data(), positions, num_heads, 0.25f}, chunk.view(),
+                            *pool);
+            for (int64_t i = 0; i < rows; ++i) {
+              Outputs alone(1, num_heads, head_dim, 0.0f);
+              const std::vector<int32_t> one = {positions[static_cast<size_t>(i)]};
+              paged_attention(cache.view(), {q.data() + i * num_heads * head_dim, one, num_heads, 0.25f},
+                              alone.view(), *pool);
+              for (int64_t j = 0; j < num_heads * head_dim; ++j) {
+                ASSERT_EQ(chunk.out[i * num_heads * head_dim + j], alone.out[j])
+                    << to_string(dtype) << " head_dim " << head_dim << " group " << group
+                    << " begin " << begin
+                    << " rows " << rows << " row " << i << " threads " << pool->num_threads();
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  }
 }
 
 // Head sizes that cut the value sweeps (8, 4, 2, 1 vectors, a partial vector) differently on
@@ -635,25 +678,30 @@ void expect_plan_covers(const PagedKv& kv, const AttentionQuery& q, int num_thre
   }
 }
 
-TEST(AttentionPlan, DecodeTakesAllKvHeadsPerTaskAndSplitsKeysWhenLongAndParallel) {
+TEST(AttentionPlan, DecodeTakesAllKvHeadsPerTaskAndSplitsKeysAtFixedPieces) {
   const std::vector<int32_t> table(256);
   const PagedKv kv{nullptr, nullptr, 0, 0, 16, 128, 8, table};
   const std::vector<int32_t> decode = {4000};
   const AttentionQuery q{nullptr, decode, 32, 1.0f};  // group 4: 8 kv heads = 32 vectors
-  const AttentionPlan serial = plan_paged_attention(kv, q, 1);
-  ASSERT_EQ(serial.tasks.size(), 1u);
-  EXPECT_EQ(serial.tasks[0].kv_head_end - serial.tasks[0].kv_head_begin, 8);
-  EXPECT_TRUE(serial.merges.empty());
-  const AttentionPlan plan = plan_paged_attention(kv, q, 16);
-  EXPECT_EQ(plan.merges.size(), 8u);  // one per kv head
-  EXPECT_GE(static_cast<int64_t>(plan.tasks.size()), 2 * 16);
-  expect_plan_covers(kv, q, 16);
-  // Short contexts are not split: no task would read kAttentionMinTaskBytes.
+  // 4001 keys: 8 pieces of kAttentionSplitKeys, each one task of all 8 kv heads, whatever the
+  // threads.
+  for (int threads : {1, 16}) {
+    const AttentionPlan plan = plan_paged_attention(kv, q, threads);
+    ASSERT_EQ(plan.tasks.size(), 8u);
+    for (const AttentionTask& task : plan.tasks) {
+      EXPECT_EQ(task.kv_head_end - task.kv_head_begin, 8);
+      EXPECT_EQ(task.key_begin % kAttentionSplitKeys, 0);
+      EXPECT_LE(task.key_end - task.key_begin, kAttentionSplitKeys);
+    }
+    EXPECT_EQ(plan.merges.size(), 8u);  // one per kv head
+    expect_plan_covers(kv, q, threads);
+  }
+  // Short contexts are not split.
   const std::vector<int32_t> short_decode = {20};
   EXPECT_TRUE(plan_paged_attention(kv, {nullptr, short_decode, 32, 1.0f}, 16).merges.empty());
-  // Group 8: two tasks of 4 kv heads.
+  // Group 8: two tasks of 4 kv heads per piece.
   const AttentionPlan wide = plan_paged_attention(kv, {nullptr, decode, 64, 1.0f}, 1);
-  ASSERT_EQ(wide.tasks.size(), 2u);
+  ASSERT_EQ(wide.tasks.size(), 2u * 8);
   EXPECT_EQ(wide.max_query_vectors, 32);
   expect_plan_covers(kv, {nullptr, decode, 64, 1.0f}, 3);
 }
@@ -667,7 +715,11 @@ TEST(AttentionPlan, PrefillTilesRowsAndCoversTheCausalTriangle) {
     const AttentionPlan plan = plan_paged_attention(kv, q, 3);
     EXPECT_EQ(plan.rows_per_tile * group, kAttentionQueryVectorsPerTask);
     EXPECT_EQ(plan.max_query_vectors, kAttentionQueryVectorsPerTask);
-    EXPECT_TRUE(plan.merges.empty());
+    // Row tiles past the first kAttentionSplitKeys positions read two pieces, merged.
+    EXPECT_FALSE(plan.merges.empty());
+    for (const AttentionTask& task : plan.tasks) {
+      EXPECT_EQ(task.key_begin / kAttentionSplitKeys, (task.key_end - 1) / kAttentionSplitKeys);
+    }
     expect_plan_covers(kv, q, 3);
   }
   // A short chunk over a long context with many threads is split.

@@ -235,6 +235,42 @@ HWY_INLINE auto Reduce4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
+// sum(v) by the same tree as Reduce4's: a score or a softmax sum comes out bit for bit the same
+// whether its vector was folded alone (a page's last keys, a row that sees part of a tile) or
+// with three others (the same key in a longer chunk), so a row's result does not depend on the
+// rows and keys attended beside it (speculative decoding's verification relies on it).
+HWY_INLINE float SumLanes(DF d, VF v) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (hn::MaxLanes(DF()) >= 4) {
+    const VF zero = hn::Zero(d);
+    return hn::GetLane(Reduce4(d, v, zero, zero, zero));
+  }
+#endif
+  return ReduceSum(d, v);
+}
+
+// sum * alpha + tile_sum as SoftmaxStepQuant computes it for four query vectors (one MulAdd).
+HWY_INLINE float RescaledSum(float sum, float alpha, float tile_sum) {
+#if HWY_TARGET != HWY_SCALAR
+  const hn::CappedTag<float, 4> d4;
+  return hn::GetLane(hn::MulAdd(hn::Set(d4, sum), hn::Set(d4, alpha), hn::Set(d4, tile_sum)));
+#else
+  return sum * alpha + tile_sum;
+#endif
+}
+
+// The online softmax's rescale factor exp(old_max - new_max), 1 when the max did not move, by
+// the same vector Exp for one query vector as for four (SoftmaxStepQuant).
+HWY_INLINE float RescaleFactor(float old_max, float new_max) {
+  if (new_max == old_max) return 1.0f;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::CappedTag<float, 4> d4;
+  return hn::GetLane(hn::Exp(d4, hn::Set(d4, old_max - new_max)));
+#else
+  return std::exp(old_max - new_max);
+#endif
+}
+
 // ----------------------------------------------------------------------------- QK
 
 // s[m * tp + j] = <q_m, k_j> for m < kM, j < kK. q: rows of dp floats (aligned, zero padded);
@@ -276,7 +312,7 @@ HWY_INLINE void QkTile(const float* HWY_RESTRICT q, int64_t dp, const T* HWY_RES
   }
 #endif
   for (int m = 0; m < kM; ++m) {
-    for (int j = 0; j < kK; ++j) s[m * tp + j] = ReduceSum(d, acc[m][j]);
+    for (int j = 0; j < kK; ++j) s[m * tp + j] = SumLanes(d, acc[m][j]);
   }
 }
 
@@ -349,7 +385,7 @@ HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64
   const float old_max = block.max[m];
   const float new_max = std::max(old_max, hn::GetLane(hn::MaxOfLanes(d, vmax)));
   // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway.
-  const float alpha = new_max == old_max ? 1.0f : std::exp(old_max - new_max);
+  const float alpha = RescaleFactor(old_max, new_max);
   const VF shift = hn::Set(d, new_max);
   VF vsum = hn::Zero(d);
   for (int64_t i = 0; i < width; i += N) {
@@ -359,7 +395,7 @@ HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64
   }
   block.alpha[m] = alpha;
   block.max[m] = new_max;
-  block.sum[m] = block.sum[m] * alpha + ReduceSum(d, vsum);
+  block.sum[m] = RescaledSum(block.sum[m], alpha, SumLanes(d, vsum));
 }
 
 // Online softmax step for one tile of num_keys keys starting at position key0, every query
@@ -433,9 +469,11 @@ HWY_INLINE void SoftmaxStepQuant(const Problem& p, const HeadBlock& block, const
       const auto new_max = hn::Max(old_max, Max4(d, vmax[0], vmax[1], vmax[2], vmax[3]));
       // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway. Past
       // the first tiles the maxima rarely move: alpha = 1 without the Exp.
-      const auto alpha = hn::AllTrue(d4, hn::Eq(old_max, new_max))
+      const auto unmoved = hn::Eq(old_max, new_max);
+      const auto alpha = hn::AllTrue(d4, unmoved)
                              ? hn::Set(d4, 1.0f)
-                             : hn::Exp(d4, hn::Sub(old_max, new_max));
+                             : hn::IfThenElse(unmoved, hn::Set(d4, 1.0f),
+                                              hn::Exp(d4, hn::Sub(old_max, new_max)));
       alignas(16) float shift[4];
       hn::Store(new_max, d4, shift);
       VF vsum[4];
@@ -645,11 +683,13 @@ HWY_INLINE void StoreRow(const Problem& p, int64_t row0, int64_t kv_head, int64_
 // through a layer's pages when their ids are consecutive (model::KvCache's layout). Tiles of
 // two pages jump back and forth within them, which defeats the hardware prefetchers: decode
 // at 16k keys (head_dim 64, 2 kv heads, one thread, Zen 4) took 2.0 ms per layer instead of
-// 0.8 (f32), 1.2 instead of 0.6 (f16). Split tasks start on a page boundary (the plan splits
-// by pages), so tiles stay page-aligned. Pages under 8 keys keep the long tiles (per-tile
-// costs would dominate).
-HWY_INLINE int64_t TileKeys(const PagedKv& kv, int64_t num_heads) {
-  if (num_heads > 1 && kv.page_size >= 8 && kv.page_size < kTileKeys) return kv.page_size;
+// 0.8 (f32), 1.2 instead of 0.6 (f16). Every task uses the same tiles, whatever its rows and
+// heads: the online softmax rescales at tile ends, so a row attended alone and the same row in
+// a chunk must step through the same tiles to come out bit for bit the same. Tiles start on
+// multiples of their length (tasks start on kAttentionSplitKeys multiples). Pages under 8 keys
+// keep the long tiles (per-tile costs would dominate).
+HWY_INLINE int64_t TileKeys(const PagedKv& kv) {
+  if (kv.page_size >= 8 && kv.page_size < kTileKeys) return kv.page_size;
   return kTileKeys;
 }
 
@@ -744,7 +784,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   }
   // Otherwise units of work in order: for each key tile, each kv head of the task.
   KeyRun<T> runs[kMaxRuns];
-  const int64_t tile_keys = TileKeys(p.kv, num_heads);
+  const int64_t tile_keys = TileKeys(p.kv);
   for (int64_t key0 = task.key_begin; !p.vnni && key0 < task.key_end; key0 += tile_keys) {
     const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
     for (int64_t b = 0; b < num_heads; ++b) {

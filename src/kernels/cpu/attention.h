@@ -10,9 +10,10 @@
 // Zen 4, reading one head's 8 KiB slice of every page in turn streams at half the rate of
 // page-by-page order in a plain read loop, and decode ran ~12% faster this way; the kernel's
 // tiles are then one page long, see TileKeys in attention-inl.h). A tile's
-// key range is [0, max position + 1); when there are too few tasks to occupy the threads
-// (decode, short chunks over long contexts) it is split into page-aligned pieces whose partial
-// (max, sum, acc) states a merge step combines.
+// key range is [0, max position + 1), cut into pieces at multiples of kAttentionSplitKeys
+// whose partial (max, sum, acc) states a merge step combines: the pieces occupy the threads
+// (decode, short chunks over long contexts), and since they do not depend on the rows, the
+// heads or the threads, each row's output does not either.
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -25,11 +26,11 @@ namespace sieve::kernels {
 // Query vectors (rows x query heads) per task: the accumulators ([32][head_dim] f32, 16 KiB at
 // head_dim 128) and staged queries stay in L1/L2 while each K/V tile is reused by all of them.
 inline constexpr int64_t kAttentionQueryVectorsPerTask = 32;
-// Split keys when there are fewer than this many tasks per thread.
-inline constexpr int64_t kAttentionTasksPerThread = 4;
-// No split task reads less than this much K+V: it would cost more in task overhead and
-// merging than it gains.
-inline constexpr int64_t kAttentionMinTaskBytes = 256 << 10;
+// Keys per piece: a task's key range is cut at multiples of this (rounded up to whole pages), so
+// that long contexts spread over the threads, and a row's result does not depend on what else
+// is attended with it (see plan_paged_attention). 512 keys of K+V at head_dim 64 are 256 KiB
+// per kv head in f32: the task and merge overheads stay small against that.
+inline constexpr int64_t kAttentionSplitKeys = 512;
 
 struct AttentionTask {
   int64_t row_begin = 0, row_end = 0;          // query rows [row_begin, row_end)
