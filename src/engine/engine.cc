@@ -6,6 +6,7 @@
 
 #include "sparsity/controller.h"
 #include "spec/ngram_proposer.h"
+#include "spec/self_sparse_view.h"
 #include "util/error.h"
 
 namespace sieve::engine {
@@ -273,6 +274,8 @@ void Engine::check_speculative(const spec::SpeculativeConfig& speculative) const
     case spec::Method::kNgram:
       return;
     case spec::Method::kSelfSparse:
+      spec::check_draft_policy(speculative.kv_policy);
+      return;
     case spec::Method::kDraftModel:
       fail("speculative method '{}' is not available in this build of the engine yet (use ngram)",
            spec::method_name(speculative.method));
@@ -295,9 +298,59 @@ void Engine::propose_drafts() {
     const int32_t max_tokens =
         std::min(config.num_speculative_tokens, scheduler_.max_draft_tokens(seq));
     if (max_tokens <= 0) continue;
+    if (config.method == spec::Method::kSelfSparse) {
+      // Placeholders: the draft passes need the step's pages, which schedule() reserves; they
+      // fill the tokens in (draft_self_sparse).
+      scheduler_.set_draft(seq,
+                           std::vector<int32_t>(static_cast<size_t>(max_tokens), tokens.back()));
+      continue;
+    }
     const std::vector<int32_t> draft =
         spec::propose_ngram(tokens, config.prompt_lookup_min, config.prompt_lookup_max, max_tokens);
     if (!draft.empty()) scheduler_.set_draft(seq, draft);
+  }
+}
+
+// Self-speculation: draft pass j computes, for every self_sparse sequence with more than j drafts
+// this step, its token at position num_computed_before + j (the last real token, then draft
+// j - 1) reading only its draft view's pages, and takes the argmax as draft j. The passes write
+// K/V at the positions the verification step computes next, so nothing needs undoing.
+void Engine::draft_self_sparse(const sched::ScheduleOutput& out) {
+  struct Drafting {
+    sched::SeqId seq;
+    int32_t first_position = 0;
+    int32_t num_drafts = 0;
+    const sparsity::PolicySpec* view = nullptr;
+  };
+  std::vector<Drafting> drafting;
+  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
+    if (scheduled.num_draft_tokens == 0) continue;
+    const Sample& sample = *samples_.at(scheduled.seq_id);
+    if (sample.speculative.method != spec::Method::kSelfSparse) continue;
+    drafting.push_back({.seq = scheduled.seq_id,
+                        .first_position = scheduled.num_computed_before,
+                        .num_drafts = scheduled.num_draft_tokens,
+                        .view = &sample.speculative.kv_policy});
+  }
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  std::vector<ModelRunner::DraftRow> rows;
+  for (int32_t j = 0;; ++j) {
+    rows.clear();
+    for (const Drafting& d : drafting) {
+      if (j >= d.num_drafts) continue;
+      const int32_t position = d.first_position + j;
+      rows.push_back(
+          {.seq = d.seq,
+           .token = scheduler_.tokens(d.seq)[static_cast<size_t>(position)],
+           .position = position,
+           .read_blocks = spec::draft_view_blocks(*d.view, position, config_.page_size)});
+    }
+    if (rows.empty()) return;
+    const std::vector<float>& logits = runner_.run_draft(rows);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const std::span<const float> row(&logits[r * vocab], vocab);
+      scheduler_.set_draft_token(rows[r].seq, j, argmax(row));
+    }
   }
 }
 
@@ -574,6 +627,8 @@ bool Engine::step() {
   const bool did_work = !out.empty();
   if (did_work) {
     plan_row_requests(out);
+    runner_.copy_pages(out);
+    draft_self_sparse(out);
     const std::vector<float>& logits = runner_.run(
         out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); },
         [&](sched::SeqId seq) -> const ModelRunner::RowRequests* {

@@ -9,6 +9,8 @@
 //                                    refused at the queue limit (RequestEvent::refused)
 //     propose_drafts()               speculative decoding: decoding sequences get draft tokens
 //     out    = scheduler.schedule()  ids and counts: who computes which tokens
+//     draft_self_sparse(out)         self-speculation's draft passes (sparse views of the
+//                                    sequences' own pages) fill in their drafts
 //     plan_row_requests(out)         what sparse sequences' decode rows must do (Quest slice
 //                                    reads, attention weights), from their controllers
 //     logits = runner.run(out)       streams' tables → Batch → LlamaModel::forward
@@ -197,6 +199,7 @@ class Engine {
   void apply_cancellations();
   void restart_preempted(const std::vector<sched::SeqId>& preempted);
   void propose_drafts();
+  void draft_self_sparse(const sched::ScheduleOutput& out);
   void plan_row_requests(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
   void publish_stats();

@@ -73,12 +73,46 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
           .reuse = reads.reuse};
 }
 
-const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
-                                           const TokensOf& tokens_of,
-                                           const RequestsOf& requests_of) {
+void ModelRunner::copy_pages(const sched::ScheduleOutput& out) {
   for (const sched::ScheduledCopy& planned : out.page_copies) {
     cache_.copy_page(planned.copy.src.value, planned.copy.dst.value);
   }
+}
+
+const std::vector<float>& ModelRunner::run_draft(std::span<const DraftRow> rows) {
+  const kv::SliceShape shape = cache_.slice_shape();
+  const int32_t page_size = shape.page_size;
+  batch_.clear();
+  for (const DraftRow& row : rows) {
+    std::span<const kv::PageId> table = kv_.block_table(row.seq);
+    const kv::PageId own_page = table[static_cast<size_t>(row.position / page_size)];
+    model::SequenceKv view;
+    view.streams.resize(static_cast<size_t>(shape.num_streams()));
+    const auto num_keys =
+        static_cast<int32_t>(row.read_blocks.size() - 1) * page_size + row.position % page_size + 1;
+    for (int32_t s = 0; s < shape.num_streams(); ++s) {
+      model::KvStream& stream = view.streams[static_cast<size_t>(s)];
+      for (int32_t block : row.read_blocks) {
+        stream.slices.push_back(
+            static_cast<int32_t>(shape.dense_slice(table[static_cast<size_t>(block)], s).value));
+      }
+      stream.num_keys = num_keys;
+      // Key j of the view is visible to the row iff j <= position - num_dropped: all of them.
+      stream.num_dropped = row.position + 1 - num_keys;
+      stream.new_rows.emplace_back(static_cast<int32_t>(shape.dense_slice(own_page, s).value),
+                                   row.position % page_size);
+    }
+    batch_.begin_sequence(std::move(view));
+    batch_.add(row.token, row.position, /*logits=*/true);
+  }
+  logits_.clear();
+  if (batch_.size() > 0) model_.forward(batch_, cache_, scratch_, logits_);
+  return logits_;
+}
+
+const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
+                                           const TokensOf& tokens_of,
+                                           const RequestsOf& requests_of) {
   batch_.clear();
   step_index_.clear();
   for (const sched::ScheduledSequence& s : out.scheduled) {

@@ -34,8 +34,26 @@ class ModelRunner {
   // draft token's).
   using TokensOf = std::function<std::span<const int32_t>(sched::SeqId)>;
   using RequestsOf = std::function<const RowRequests*(sched::SeqId)>;
+  // Call copy_pages(out) first (the step's copy-on-write).
   const std::vector<float>& run(const sched::ScheduleOutput& out, const TokensOf& tokens_of,
                                 const RequestsOf& requests_of = {});
+  // The step's copy-on-write page copies, before anything writes K/V this step (draft passes
+  // included).
+  void copy_pages(const sched::ScheduleOutput& out);
+
+  // Self-speculation: one draft pass. Row r computes `token` at `position` of a sequence whose
+  // streams share a block table, reading only the keys of block-table entries `read_blocks`
+  // (ascending, the position's own block last) with every one of them visible: a sparse view
+  // of the sequence's own pages, no copy of them. Its K/V is written at `position` in the
+  // sequence's pages (the verification step writes that position again). Returns logits
+  // [rows][vocab].
+  struct DraftRow {
+    sched::SeqId seq;
+    int32_t token = 0;
+    int32_t position = 0;
+    std::vector<int32_t> read_blocks;
+  };
+  const std::vector<float>& run_draft(std::span<const DraftRow> rows);
   // After run(): what the sequence's rows handed back (attention weights, Quest choices); null
   // if it was not in the step.
   const model::StreamOutputs* outputs(sched::SeqId seq) const;

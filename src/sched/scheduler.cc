@@ -230,6 +230,12 @@ void Scheduler::set_draft(SeqId seq, std::span<const int32_t> draft) {
   s.num_draft_tokens = static_cast<int32_t>(draft.size());
 }
 
+void Scheduler::set_draft_token(SeqId seq, int32_t index, int32_t token) {
+  Sequence& s = seqs_.at(seq);
+  assert(index >= 0 && index < s.num_draft_tokens);
+  s.tokens[s.tokens.size() - static_cast<size_t>(s.num_draft_tokens - index)] = token;
+}
+
 void Scheduler::resolve_draft(SeqId seq, int32_t num_accepted) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || !it->second.running) return;

@@ -128,6 +128,9 @@ class Scheduler {
   // computed, the others leave its tokens and K/V (kv::KvManager::truncate); then the full blocks
   // are published. A sequence that finished meanwhile is ignored.
   void set_draft(SeqId seq, std::span<const int32_t> draft);
+  // Draft token `index` becomes `token` (a drafter that needs the step's pages before it knows
+  // its tokens sets placeholders first, then fills them in after schedule()).
+  void set_draft_token(SeqId seq, int32_t index, int32_t token);
   void resolve_draft(SeqId seq, int32_t num_accepted);
   int32_t num_draft_tokens(SeqId seq) const { return seqs_.at(seq).num_draft_tokens; }
   // The most draft tokens set_draft takes now: the accepted drafts and the token sampled after

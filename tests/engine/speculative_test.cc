@@ -20,6 +20,13 @@ spec::SpeculativeConfig ngram(int32_t k, int32_t max_n = 4, int32_t min_n = 1) {
           .prompt_lookup_min = min_n};
 }
 
+// Self-speculation: the target model drafts through a sink + window view of its own pages.
+spec::SpeculativeConfig self_sparse(int32_t k, const char* view = "streaming:S=4,W=16") {
+  return {.method = spec::Method::kSelfSparse,
+          .num_speculative_tokens = k,
+          .kv_policy = sparsity::parse_policy(view)};
+}
+
 // Prompts that repeat themselves, so that prompt lookup has something to find.
 std::vector<std::vector<TokenId>> repetitive_prompts(const tok::Tokenizer& tokenizer) {
   std::vector<std::vector<TokenId>> out;
@@ -52,12 +59,21 @@ void expect_same_tokens(const std::map<std::pair<size_t, int>, Outcome>& got,
   }
 }
 
-class SpeculativeGreedy : public ::testing::TestWithParam<bool> {};
+struct GreedyCase {
+  std::string name;
+  bool generated_model = false;
+  spec::SpeculativeConfig speculative;
+  bool some_rejected = true;  // a view wide enough for these short contexts drafts exactly
+};
 
-// 36 prompts (stories text and repetitive ones), k = 4, all in one batch: the same tokens as
-// plain decoding, with drafts accepted and rejected along the way.
-TEST_P(SpeculativeGreedy, NgramDraftsGiveThePlainTokensInABatch) {
-  model::LoadedModel loaded = GetParam() ? load_generated() : load_stories();
+void PrintTo(const GreedyCase& c, std::ostream* os) { *os << c.name; }
+
+class SpeculativeGreedy : public ::testing::TestWithParam<GreedyCase> {};
+
+// 36 prompts (stories text and repetitive ones), all in one batch: the same tokens as plain
+// decoding, with drafts accepted and rejected along the way.
+TEST_P(SpeculativeGreedy, DraftsGiveThePlainTokensInABatch) {
+  model::LoadedModel loaded = GetParam().generated_model ? load_generated() : load_stories();
   auto all_prompts = prompts(*loaded.tokenizer);
   for (auto& p : repetitive_prompts(*loaded.tokenizer)) all_prompts.push_back(p);
   const std::vector<Request> requests = requests_for(all_prompts, 40);
@@ -65,7 +81,7 @@ TEST_P(SpeculativeGreedy, NgramDraftsGiveThePlainTokensInABatch) {
   Engine plain(config(512), loaded.model, loaded.tokenizer);
   const auto expected = run(plain, requests);
   EngineConfig speculative_config = config(512);
-  speculative_config.speculative = ngram(4);
+  speculative_config.speculative = GetParam().speculative;
   Engine speculative(speculative_config, loaded.model, loaded.tokenizer);
   const auto got = run(speculative, requests);
   expect_same_tokens(got, expected);
@@ -74,7 +90,9 @@ TEST_P(SpeculativeGreedy, NgramDraftsGiveThePlainTokensInABatch) {
   const EngineStats stats = speculative.stats();
   EXPECT_GT(stats.spec_num_drafts, 0);
   EXPECT_GT(stats.spec_num_accepted_tokens, 0) << "no draft was ever accepted";
-  EXPECT_LT(stats.spec_num_accepted_tokens, stats.spec_num_draft_tokens) << "none rejected";
+  if (GetParam().some_rejected) {
+    EXPECT_LT(stats.spec_num_accepted_tokens, stats.spec_num_draft_tokens) << "none rejected";
+  }
   // Usage sums to the engine's counters; accepted drafts by position never grow with position.
   int64_t drafted = 0;
   int64_t accepted = 0;
@@ -93,10 +111,15 @@ TEST_P(SpeculativeGreedy, NgramDraftsGiveThePlainTokensInABatch) {
   EXPECT_EQ(by_position, stats.spec_num_accepted_tokens);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, SpeculativeGreedy, ::testing::Values(false, true),
-                         [](const auto& info) {
-                           return info.param ? "GeneratedGqa" : "Stories260K";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Proposers, SpeculativeGreedy,
+    ::testing::Values(GreedyCase{"Stories260K_ngram4", false, ngram(4)},
+                      GreedyCase{"GeneratedGqa_ngram4", true, ngram(4)},
+                      GreedyCase{"Stories260K_selfsparse3", false, self_sparse(3)},
+                      GreedyCase{"Stories260K_selfsparse6_wide", false,
+                                 self_sparse(6, "streaming:S=16,W=40"), false},
+                      GreedyCase{"GeneratedGqa_selfsparse4", true, self_sparse(4)}),
+    [](const auto& info) { return info.param.name; });
 
 // Sampling: each row draws from the sequence's own RNG as plain decoding does, so the same seed
 // gives the same tokens — with temperature, top-k/top-p/min-p and every penalty, whose history

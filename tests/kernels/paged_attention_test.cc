@@ -226,9 +226,8 @@ TEST_P(PagedAttention, ChunkedPrefill) {
     int64_t begin, num_q;
   };
   uint32_t seed = 300;
-  for (const Chunk chunk :
-       {Chunk{1, 15}, Chunk{16, 1}, Chunk{15, 17}, Chunk{20, 5}, Chunk{23, 5}, Chunk{50, 50},
-        Chunk{17, 83}, Chunk{990, 10}}) {
+  for (const Chunk chunk : {Chunk{1, 15}, Chunk{16, 1}, Chunk{15, 17}, Chunk{20, 5}, Chunk{23, 5},
+                            Chunk{50, 50}, Chunk{17, 83}, Chunk{990, 10}}) {
     const int64_t len = chunk.begin + chunk.num_q;
     for (int64_t head_dim : {8, 16, 64, 128}) {
       const TestCache cache({.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim}, ++seed);
@@ -251,38 +250,39 @@ TEST_P(PagedAttention, ChunkRowsEqualTheirDecodeBitForBit) {
   ThreadPool pool1(1), pool2(2);
   uint32_t seed = 900;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1}) {
-  for (int64_t head_dim : {16, 64, 128}) {
-    if (is_block_kv_dtype(dtype) && head_dim % 32 != 0) continue;
-    for (int64_t group : {1, 4}) {
-      const TestCache cache(
-          {.num_keys = 140, .num_kv_heads = 2, .head_dim = head_dim, .dtype = dtype}, ++seed);
-      for (int64_t begin : {3, 16, 20, 23, 31, 100, 130}) {
-        for (int64_t rows : {2, 5, 9}) {
-          for (ThreadPool* pool : {&pool1, &pool2}) {
-            const std::vector<int32_t> positions = position_range(begin, begin + rows);
-            const int64_t num_heads = 2 * group;
-            const std::vector<float> q =
-                random_floats(rows * num_heads * head_dim, ++seed, -4.0f, 4.0f);
-            Outputs chunk(rows, num_heads, head_dim, 0.0f);
-            paged_attention(cache.view(), {q.data(), positions, num_heads, 0.25f}, chunk.view(),
-                            *pool);
-            for (int64_t i = 0; i < rows; ++i) {
-              Outputs alone(1, num_heads, head_dim, 0.0f);
-              const std::vector<int32_t> one = {positions[static_cast<size_t>(i)]};
-              paged_attention(cache.view(), {q.data() + i * num_heads * head_dim, one, num_heads, 0.25f},
-                              alone.view(), *pool);
-              for (int64_t j = 0; j < num_heads * head_dim; ++j) {
-                ASSERT_EQ(chunk.out[i * num_heads * head_dim + j], alone.out[j])
-                    << to_string(dtype) << " head_dim " << head_dim << " group " << group
-                    << " begin " << begin
-                    << " rows " << rows << " row " << i << " threads " << pool->num_threads();
+    for (int64_t head_dim : {16, 64, 128}) {
+      if (is_block_kv_dtype(dtype) && head_dim % 32 != 0) continue;
+      for (int64_t group : {1, 4}) {
+        const TestCache cache(
+            {.num_keys = 140, .num_kv_heads = 2, .head_dim = head_dim, .dtype = dtype}, ++seed);
+        for (int64_t begin : {3, 16, 20, 23, 31, 100, 130}) {
+          for (int64_t rows : {2, 5, 9}) {
+            for (ThreadPool* pool : {&pool1, &pool2}) {
+              const std::vector<int32_t> positions = position_range(begin, begin + rows);
+              const int64_t num_heads = 2 * group;
+              const std::vector<float> q =
+                  random_floats(rows * num_heads * head_dim, ++seed, -4.0f, 4.0f);
+              Outputs chunk(rows, num_heads, head_dim, 0.0f);
+              paged_attention(cache.view(), {q.data(), positions, num_heads, 0.25f}, chunk.view(),
+                              *pool);
+              for (int64_t i = 0; i < rows; ++i) {
+                Outputs alone(1, num_heads, head_dim, 0.0f);
+                const std::vector<int32_t> one = {positions[static_cast<size_t>(i)]};
+                paged_attention(cache.view(),
+                                {q.data() + i * num_heads * head_dim, one, num_heads, 0.25f},
+                                alone.view(), *pool);
+                for (int64_t j = 0; j < num_heads * head_dim; ++j) {
+                  ASSERT_EQ(chunk.out[i * num_heads * head_dim + j], alone.out[j])
+                      << to_string(dtype) << " head_dim " << head_dim << " group " << group
+                      << " begin " << begin << " rows " << rows << " row " << i << " threads "
+                      << pool->num_threads();
+                }
               }
             }
           }
         }
       }
     }
-  }
   }
 }
 

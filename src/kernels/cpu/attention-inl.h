@@ -470,10 +470,10 @@ HWY_INLINE void SoftmaxStepQuant(const Problem& p, const HeadBlock& block, const
       // old_max = -inf (first keys): alpha = exp(-inf) = 0, acc and sum are 0 anyway. Past
       // the first tiles the maxima rarely move: alpha = 1 without the Exp.
       const auto unmoved = hn::Eq(old_max, new_max);
-      const auto alpha = hn::AllTrue(d4, unmoved)
-                             ? hn::Set(d4, 1.0f)
-                             : hn::IfThenElse(unmoved, hn::Set(d4, 1.0f),
-                                              hn::Exp(d4, hn::Sub(old_max, new_max)));
+      const auto alpha =
+          hn::AllTrue(d4, unmoved)
+              ? hn::Set(d4, 1.0f)
+              : hn::IfThenElse(unmoved, hn::Set(d4, 1.0f), hn::Exp(d4, hn::Sub(old_max, new_max)));
       alignas(16) float shift[4];
       hn::Store(new_max, d4, shift);
       VF vsum[4];

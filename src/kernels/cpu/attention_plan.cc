@@ -73,8 +73,7 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q,
       for (int64_t piece = first_piece; piece < first_piece + num_pieces; ++piece) {
         plan.tasks.push_back({tile.begin, tile.end, h0, h1,
                               std::max(tile.first_key, piece * split_keys),
-                              std::min(tile.num_keys, (piece + 1) * split_keys),
-                              plan.num_slots++});
+                              std::min(tile.num_keys, (piece + 1) * split_keys), plan.num_slots++});
       }
     }
   }
