@@ -467,6 +467,8 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   ex.usage.kv_dense_pages += event.usage.kv_dense_pages;
   ex.usage.kv_bytes += event.usage.kv_bytes;
   ex.usage.kv_dense_bytes += event.usage.kv_dense_bytes;
+  ex.usage.spec_draft_tokens += event.usage.spec_draft_tokens;
+  ex.usage.spec_accepted_tokens += event.usage.spec_accepted_tokens;
   if (event.usage.attention_recovery) {
     ex.usage.recovery_sum += *event.usage.attention_recovery;
     ++ex.usage.recovery_count;
@@ -551,6 +553,7 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
   ex->choices.resize(request.prompts.size() * request.params.n);
   ex->stream_offsets.assign(ex->choices.size(), 0);
   ex->observed.assign(ex->choices.size(), false);
+  ex->usage.speculative = request.speculative.value_or(b.engine->config().speculative).enabled();
   ex->client_fd = find_client_socket(req);
   ++active_requests_;
 
@@ -558,7 +561,10 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
   for (size_t i = 0; i < request.prompts.size(); ++i) {
     std::weak_ptr<Exchange> weak = ex;
     auto submitted = b.engine->submit(
-        {.prompt = request.prompts[i], .params = request.params, .kv_policy = request.kv_policy},
+        {.prompt = request.prompts[i],
+         .params = request.params,
+         .kv_policy = request.kv_policy,
+         .speculative = request.speculative},
         [weak](const engine::RequestEvent& event) {
           if (auto alive = weak.lock()) alive->push(event);
         });
