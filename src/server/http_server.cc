@@ -200,8 +200,14 @@ std::shared_ptr<const Backend> HttpServer::backend() const {
 
 void HttpServer::set_backend(Backend backend) {
   const engine::EngineConfig& ec = backend.engine->config();
-  auto metrics = std::make_unique<Metrics>(backend.model_name, backend.context_length, ec.page_size,
-                                           ec.num_kv_pages, model::kv_dtype_name(ec.kv_dtype));
+  auto metrics = std::make_unique<Metrics>(MetricsInfo{
+      .model_name = backend.model_name,
+      .max_model_len = backend.context_length,
+      .page_size = ec.page_size,
+      .num_pages = ec.num_kv_pages,
+      .cache_dtype = std::string(model::kv_dtype_name(ec.kv_dtype)),
+      .num_speculative_tokens =
+          ec.speculative.enabled() ? ec.speculative.num_speculative_tokens : 0});
   std::lock_guard lock(backend_mutex_);
   metrics_ = std::move(metrics);
   backend_ = std::make_shared<const Backend>(std::move(backend));
