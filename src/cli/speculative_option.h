@@ -1,6 +1,6 @@
 #pragma once
-// --speculative-config, the same JSON (vLLM's) and the same errors on every command that builds an
-// engine from command-line options (serve, run, batch, bench-engine): spec::parse_speculative_config.
+// --speculative-config: vLLM's JSON, with spec::parse_speculative_config's errors, on every
+// command that builds an engine from command-line options (serve, run, batch, bench-engine).
 #include <CLI/CLI.hpp>
 
 #include <string>

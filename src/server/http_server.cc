@@ -200,14 +200,14 @@ std::shared_ptr<const Backend> HttpServer::backend() const {
 
 void HttpServer::set_backend(Backend backend) {
   const engine::EngineConfig& ec = backend.engine->config();
-  auto metrics = std::make_unique<Metrics>(MetricsInfo{
-      .model_name = backend.model_name,
-      .max_model_len = backend.context_length,
-      .page_size = ec.page_size,
-      .num_pages = ec.num_kv_pages,
-      .cache_dtype = std::string(model::kv_dtype_name(ec.kv_dtype)),
-      .num_speculative_tokens =
-          ec.speculative.enabled() ? ec.speculative.num_speculative_tokens : 0});
+  auto metrics = std::make_unique<Metrics>(
+      MetricsInfo{.model_name = backend.model_name,
+                  .max_model_len = backend.context_length,
+                  .page_size = ec.page_size,
+                  .num_pages = ec.num_kv_pages,
+                  .cache_dtype = std::string(model::kv_dtype_name(ec.kv_dtype)),
+                  .num_speculative_tokens =
+                      ec.speculative.enabled() ? ec.speculative.num_speculative_tokens : 0});
   std::lock_guard lock(backend_mutex_);
   metrics_ = std::move(metrics);
   backend_ = std::make_shared<const Backend>(std::move(backend));
@@ -566,14 +566,13 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
   // Submit every prompt; the engine calls the sink on its own thread, which only queues.
   for (size_t i = 0; i < request.prompts.size(); ++i) {
     std::weak_ptr<Exchange> weak = ex;
-    auto submitted = b.engine->submit(
-        {.prompt = request.prompts[i],
-         .params = request.params,
-         .kv_policy = request.kv_policy,
-         .speculative = request.speculative},
-        [weak](const engine::RequestEvent& event) {
-          if (auto alive = weak.lock()) alive->push(event);
-        });
+    auto submitted = b.engine->submit({.prompt = request.prompts[i],
+                                       .params = request.params,
+                                       .kv_policy = request.kv_policy,
+                                       .speculative = request.speculative},
+                                      [weak](const engine::RequestEvent& event) {
+                                        if (auto alive = weak.lock()) alive->push(event);
+                                      });
     if (const auto* refusal = std::get_if<engine::AdmissionError>(&submitted)) {
       ex->cancel();
       const ApiError error = admission_api_error(*refusal);

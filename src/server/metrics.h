@@ -53,7 +53,7 @@ struct MetricsInfo {
   int64_t max_model_len = 0;
   int32_t page_size = 0;
   int32_t num_pages = 0;
-  std::string cache_dtype;  // model::kv_dtype_name, for vllm:cache_config_info
+  std::string cache_dtype;             // model::kv_dtype_name, for vllm:cache_config_info
   int32_t num_speculative_tokens = 0;  // the server's default (0: off)
 };
 

@@ -175,9 +175,9 @@ TEST(Cli, SpeculativeConfigIsOneOptionOnEveryEngineCommand) {
   for (const char* command : {"run", "batch", "serve", "bench-engine"}) {
     Result help = run(std::string(command) + " --help");
     EXPECT_NE(help.out.find("--speculative-config"), std::string::npos) << command;
-    Result bad = run(std::string(command) + " -m " + model() +
-                         R"( --speculative-config '{"method":"ngram"}')",
-                     true);
+    Result bad = run(
+        std::string(command) + " -m " + model() + R"( --speculative-config '{"method":"ngram"}')",
+        true);
     EXPECT_NE(bad.exit_code, 0) << command;
     EXPECT_NE(bad.out.find("num_speculative_tokens"), std::string::npos)
         << command << ": " << bad.out;

@@ -224,9 +224,8 @@ TEST(HttpServerTest, SpeculationKeepsGreedyTextAndIsCountedInUsageAndMetrics) {
   const auto delta = [&](const std::string& series) {
     EXPECT_TRUE(after.contains(series)) << series;
     const auto was = before.find(series);
-    return after.contains(series)
-               ? after.at(series) - (was == before.end() ? 0.0 : was->second)
-               : -1.0;
+    return after.contains(series) ? after.at(series) - (was == before.end() ? 0.0 : was->second)
+                                  : -1.0;
   };
   const std::string label = R"({model_name="stories"})";
   const double drafts = delta("vllm:spec_decode_num_drafts_total" + label);

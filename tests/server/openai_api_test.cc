@@ -146,8 +146,7 @@ TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
       {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"nonsense"})", "kv_policy"},
       {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":5})", "kv_policy"},
       {ApiKind::kCompletion, R"({"prompt":"x","speculative":"ngram"})", "speculative"},
-      {ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"medusa"}})",
-       "speculative"},
+      {ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"medusa"}})", "speculative"},
       {ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"ngram"}})", "speculative"},
       {ApiKind::kChat,
        R"({"messages":[{"role":"user","content":"x"}],)"
@@ -208,8 +207,8 @@ TEST_F(OpenAiApiTest, SpeculativeIsParsed) {
   EXPECT_EQ(*on.speculative,
             spec::parse_speculative_config(
                 R"({"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":2})"));
-  const ApiError e = error_of(ApiKind::kCompletion,
-                              R"({"prompt":"x","speculative":{"method":"ngram","foo":1}})");
+  const ApiError e =
+      error_of(ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"ngram","foo":1}})");
   EXPECT_NE(e.message.find("foo"), std::string::npos) << e.message;
 }
 
@@ -218,12 +217,10 @@ TEST_F(OpenAiApiTest, UsageReportsSpeculationOnlyWhenOn) {
   UsageTotals usage{.prompt_tokens = 3, .completion_tokens = 9};
   EXPECT_FALSE(usage.to_json().contains("speculative"));
   usage.speculative = true;
-  EXPECT_EQ(usage.to_json()["speculative"],
-            json({{"draft_tokens", 0}, {"accepted_tokens", 0}}));
+  EXPECT_EQ(usage.to_json()["speculative"], json({{"draft_tokens", 0}, {"accepted_tokens", 0}}));
   usage.spec_draft_tokens = 8;
   usage.spec_accepted_tokens = 5;
-  EXPECT_EQ(usage.to_json()["speculative"],
-            json({{"draft_tokens", 8}, {"accepted_tokens", 5}}));
+  EXPECT_EQ(usage.to_json()["speculative"], json({{"draft_tokens", 8}, {"accepted_tokens", 5}}));
 }
 
 TEST_F(OpenAiApiTest, UnknownModelIs404) {
