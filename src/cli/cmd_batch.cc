@@ -67,7 +67,9 @@ struct Result {
 void run_batch(const BatchOptions& options) {
   const std::vector<Item> items = read_prompts(options.prompts_path);
   model::LoadedModel loaded = model::load_model(options.model.load_options());
-  engine::Engine engine(options.engine.engine_config(), loaded.model, loaded.tokenizer);
+  const engine::EngineConfig config = options.engine.engine_config();
+  engine::Engine engine(config, loaded.model, loaded.tokenizer);
+  check_speculative_option(engine, config.speculative);
 
   std::vector<Result> results(items.size());
   std::vector<std::optional<std::string>> rejections(items.size());
@@ -110,6 +112,10 @@ void run_batch(const BatchOptions& options) {
                             {"queue_seconds", r.last.timings.queue_seconds},
                             {"time_to_first_token_seconds", r.last.timings.first_token_seconds},
                             {"total_seconds", r.last.timings.total_seconds}};
+      if (config.speculative.enabled()) {
+        out["usage"]["speculative"] = {{"draft_tokens", r.last.usage.spec_draft_tokens},
+                                       {"accepted_tokens", r.last.usage.spec_accepted_tokens}};
+      }
       if (rejections[i])
         out["error"] = *rejections[i];
       else if (r.last.error)

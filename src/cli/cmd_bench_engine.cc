@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/kv_dtype_option.h"
+#include "cli/speculative_option.h"
 #include "eval/engine_bench.h"
 #include "kernels/ops.h"
 #include "model/loader.h"
@@ -101,9 +102,9 @@ void bench_engine(BenchEngineOptions options) {
                mc.num_layers, mc.vocab_size, mc.context_length);
     fmt::print(
         "threads {}, SIMD target {}, page size {}, KV dtype {}, max batch tokens {}, prefix "
-        "caching off\n\n",
+        "caching off, speculative {}\n\n",
         threads, kernels::active_target(), config.page_size, model::kv_dtype_name(config.kv_dtype),
-        config.max_batch_tokens);
+        config.max_batch_tokens, spec::to_json(config.speculative));
     fmt::print(
         "throughput vs concurrency: {} prompt + {} generated tokens per request, greedy, "
         "ignore_eos\n",
@@ -154,6 +155,7 @@ void bench_engine(BenchEngineOptions options) {
           {"max_batch_tokens", config.max_batch_tokens},
           {"page_size", config.page_size},
           {"kv_dtype", model::kv_dtype_name(config.kv_dtype)},
+          {"speculative", nlohmann::json::parse(spec::to_json(config.speculative))},
           {"prefix_caching", false}}},
         {"concurrency", nlohmann::json::array()},
         {"depths", nlohmann::json::array()}};
@@ -212,6 +214,7 @@ void add_bench_engine_command(CLI::App& app) {
       ->capture_default_str();
   command->add_option("-t,--threads", options->threads, "Worker threads (default: all cores)");
   add_kv_dtype_option(*command, config.kv_dtype);
+  add_speculative_config_option(*command, config.speculative);
   command->add_flag("--json", options->json, "Print the results as one JSON object");
   command->callback([options] { bench_engine(*options); });
 }

@@ -43,6 +43,7 @@ void run(RunOptions options) {
   config.num_kv_pages = static_cast<int32_t>(
       (prompt.size() + *options.sampling.max_tokens + config.page_size - 1) / config.page_size);
   engine::Engine engine(config, loaded.model, loaded.tokenizer);
+  check_speculative_option(engine, config.speculative);
 
   std::vector<tok::TokenId> generated;
   std::string text;
@@ -86,6 +87,10 @@ void run(RunOptions options) {
         {"generated_tokens_per_second", generate_tps},
         {"threads", loaded.model->backend().num_threads()},
     };
+    if (config.speculative.enabled()) {
+      out["speculative"] = {{"draft_tokens", last.usage.spec_draft_tokens},
+                            {"accepted_tokens", last.usage.spec_accepted_tokens}};
+    }
     fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("\n");

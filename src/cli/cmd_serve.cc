@@ -114,6 +114,7 @@ void serve(ServeOptions options) {
     engine::EngineConfig config = options.engine.engine_config();
     auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
     engine->check_policy(default_policy);  // e.g. a default lserve needs --calibration
+    check_speculative_option(*engine, config.speculative);
     engine->start();
     const engine::EngineConfig& ec = engine->config();
     const std::string name =
@@ -127,7 +128,8 @@ void serve(ServeOptions options) {
         ec.num_kv_pages, ec.page_size, static_cast<int64_t>(ec.num_kv_pages) * ec.page_size,
         static_cast<double>(engine->kv_bytes_per_page()) * ec.num_kv_pages / (1 << 20),
         model::kv_dtype_name(ec.kv_dtype), ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
-    spdlog::info("default kv_policy: {}", sparsity::to_string(default_policy));
+    spdlog::info("default kv_policy: {}; speculative decoding: {}",
+                 sparsity::to_string(default_policy), spec::to_json(ec.speculative));
     spdlog::info("compute: {} backend, {} threads; {} HTTP threads; chat template: {}; API key: {}",
                  loaded.model->backend().name(), loaded.model->backend().num_threads(),
                  options.server.http_threads, template_origin,

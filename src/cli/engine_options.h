@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/kv_dtype_option.h"
+#include "cli/speculative_option.h"
 #include "engine/engine.h"
 
 namespace sieve::cli {
@@ -42,6 +43,7 @@ struct EngineOptions {
     command.add_flag("--no-prefix-caching{false}", config.enable_prefix_caching,
                      "Do not reuse KV pages of earlier prompts");
     add_kv_dtype_option(command, config.kv_dtype);
+    add_speculative_config_option(command, config.speculative);
     command
         .add_option("--calibration", calibration_path,
                     "Calibration profile of the model's KV heads (`sieve calibrate`), for lserve "

@@ -40,6 +40,7 @@ engine::EngineConfig engine_config(const EngineBenchConfig& config, int32_t page
   ec.max_queued = std::max(ec.max_queued, max_num_seqs);
   ec.enable_prefix_caching = false;  // every point pays for every prompt token
   ec.kv_dtype = config.kv_dtype;
+  ec.speculative = config.speculative;
   if (config.kv_memory_bytes) {
     ec.num_kv_pages = 0;
     ec.kv_memory_bytes = *config.kv_memory_bytes;

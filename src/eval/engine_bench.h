@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/llama.h"
+#include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::eval {
@@ -32,6 +33,7 @@ struct EngineBenchConfig {
   int32_t max_batch_tokens = 512;
   int32_t page_size = 16;
   kernels::DType kv_dtype = kernels::DType::kF32;
+  spec::SpeculativeConfig speculative;  // every request's (off by default)
 };
 
 struct ConcurrencyPoint {

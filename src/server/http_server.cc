@@ -200,8 +200,14 @@ std::shared_ptr<const Backend> HttpServer::backend() const {
 
 void HttpServer::set_backend(Backend backend) {
   const engine::EngineConfig& ec = backend.engine->config();
-  auto metrics = std::make_unique<Metrics>(backend.model_name, backend.context_length, ec.page_size,
-                                           ec.num_kv_pages, model::kv_dtype_name(ec.kv_dtype));
+  auto metrics = std::make_unique<Metrics>(
+      MetricsInfo{.model_name = backend.model_name,
+                  .max_model_len = backend.context_length,
+                  .page_size = ec.page_size,
+                  .num_pages = ec.num_kv_pages,
+                  .cache_dtype = std::string(model::kv_dtype_name(ec.kv_dtype)),
+                  .num_speculative_tokens =
+                      ec.speculative.enabled() ? ec.speculative.num_speculative_tokens : 0});
   std::lock_guard lock(backend_mutex_);
   metrics_ = std::move(metrics);
   backend_ = std::make_shared<const Backend>(std::move(backend));
@@ -467,6 +473,8 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   ex.usage.kv_dense_pages += event.usage.kv_dense_pages;
   ex.usage.kv_bytes += event.usage.kv_bytes;
   ex.usage.kv_dense_bytes += event.usage.kv_dense_bytes;
+  ex.usage.spec_draft_tokens += event.usage.spec_draft_tokens;
+  ex.usage.spec_accepted_tokens += event.usage.spec_accepted_tokens;
   if (event.usage.attention_recovery) {
     ex.usage.recovery_sum += *event.usage.attention_recovery;
     ++ex.usage.recovery_count;
@@ -551,17 +559,20 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
   ex->choices.resize(request.prompts.size() * request.params.n);
   ex->stream_offsets.assign(ex->choices.size(), 0);
   ex->observed.assign(ex->choices.size(), false);
+  ex->usage.speculative = request.speculative.value_or(b.engine->config().speculative).enabled();
   ex->client_fd = find_client_socket(req);
   ++active_requests_;
 
   // Submit every prompt; the engine calls the sink on its own thread, which only queues.
   for (size_t i = 0; i < request.prompts.size(); ++i) {
     std::weak_ptr<Exchange> weak = ex;
-    auto submitted = b.engine->submit(
-        {.prompt = request.prompts[i], .params = request.params, .kv_policy = request.kv_policy},
-        [weak](const engine::RequestEvent& event) {
-          if (auto alive = weak.lock()) alive->push(event);
-        });
+    auto submitted = b.engine->submit({.prompt = request.prompts[i],
+                                       .params = request.params,
+                                       .kv_policy = request.kv_policy,
+                                       .speculative = request.speculative},
+                                      [weak](const engine::RequestEvent& event) {
+                                        if (auto alive = weak.lock()) alive->push(event);
+                                      });
     if (const auto* refusal = std::get_if<engine::AdmissionError>(&submitted)) {
       ex->cancel();
       const ApiError error = admission_api_error(*refusal);

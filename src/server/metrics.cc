@@ -38,9 +38,8 @@ Buckets buckets_1_2_5(int64_t max_value) {
 
 }  // namespace
 
-Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_size,
-                 int32_t num_pages, std::string_view cache_dtype)
-    : model_name_(std::move(model_name)), registry_(std::make_shared<prometheus::Registry>()) {
+Metrics::Metrics(const MetricsInfo& info)
+    : model_name_(info.model_name), registry_(std::make_shared<prometheus::Registry>()) {
   const prometheus::Labels labels = {{"model_name", model_name_}};
   auto gauge = [&](const std::string& name, const std::string& help) {
     return &BuildGauge().Name(name).Help(help).Register(*registry_).Add(labels);
@@ -69,9 +68,9 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
       .Help("Information of the KV cache configuration.")
       .Register(*registry_)
       .Add({{"model_name", model_name_},
-            {"block_size", std::to_string(page_size)},
-            {"num_gpu_blocks", std::to_string(num_pages)},
-            {"cache_dtype", std::string(cache_dtype)}})
+            {"block_size", std::to_string(info.page_size)},
+            {"num_gpu_blocks", std::to_string(info.num_pages)},
+            {"cache_dtype", info.cache_dtype}})
       .Set(1);
   preemptions_ =
       counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.");
@@ -128,7 +127,7 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
   decode_ =
       histogram("vllm:request_decode_time_seconds",
                 "Histogram of time spent in DECODE phase for request.", kRequestLatencyBuckets);
-  const Buckets token_buckets = buckets_1_2_5(max_model_len);
+  const Buckets token_buckets = buckets_1_2_5(info.max_model_len);
   request_prompt_tokens_ =
       histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets);
   request_generation_tokens_ = histogram("vllm:request_generation_tokens",
@@ -137,6 +136,23 @@ Metrics::Metrics(std::string model_name, int64_t max_model_len, int32_t page_siz
       histogram("vllm:request_params_n", "Histogram of the n request parameter.", kNBuckets);
   request_max_tokens_ = histogram("vllm:request_params_max_tokens",
                                   "Histogram of the max_tokens request parameter.", token_buckets);
+  spec_drafts_ = counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.");
+  spec_draft_tokens_ =
+      counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.");
+  spec_accepted_tokens_ =
+      counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.");
+  spec_accepted_per_pos_ = &BuildCounter()
+                                .Name("vllm:spec_decode_num_accepted_tokens_per_pos_total")
+                                .Help("Accepted tokens per draft position.")
+                                .Register(*registry_);
+  for (int32_t i = 0; i < info.num_speculative_tokens; ++i) accepted_at(static_cast<size_t>(i));
+}
+
+prometheus::Counter& Metrics::accepted_at(size_t position) {
+  if (position >= last_spec_accepted_per_pos_.size())
+    last_spec_accepted_per_pos_.resize(position + 1, 0);
+  return spec_accepted_per_pos_->Add(
+      {{"model_name", model_name_}, {"position", std::to_string(position)}});
 }
 
 void Metrics::observe(const SequenceRecord& r) {
@@ -190,6 +206,15 @@ std::string Metrics::render(const engine::EngineStats& stats) {
   sync_counter(*generation_tokens_, last_generated_, stats.num_generated_tokens);
   sync_counter(*prefix_queries_, last_prefix_queries_, stats.kv.num_prefix_query_tokens);
   sync_counter(*prefix_hits_, last_prefix_hits_, stats.kv.num_prefix_hit_tokens);
+  sync_counter(*spec_drafts_, last_spec_drafts_, stats.spec_num_drafts);
+  sync_counter(*spec_draft_tokens_, last_spec_draft_tokens_, stats.spec_num_draft_tokens);
+  sync_counter(*spec_accepted_tokens_, last_spec_accepted_tokens_, stats.spec_num_accepted_tokens);
+  for (size_t i = 0; i < stats.spec_accepted_per_position.size(); ++i) {
+    const int64_t now = stats.spec_accepted_per_position[i];
+    if (now == 0 && i >= last_spec_accepted_per_pos_.size()) continue;  // not exported yet
+    prometheus::Counter& counter = accepted_at(i);
+    sync_counter(counter, last_spec_accepted_per_pos_[i], now);
+  }
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
   return out.str();

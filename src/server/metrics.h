@@ -3,9 +3,20 @@
 // Gateway API inference extension written for vLLM read sieve unchanged. Every series carries
 // a model_name label; histograms use vLLM's bucket boundaries.
 //
-// Engine-level values (running, waiting, KV usage, cumulative token and cache counters) are
-// sampled from Engine::stats() at scrape time; request-level histograms are observed when each
-// sequence finishes.
+// Engine-level values (running, waiting, KV usage, cumulative token, cache and spec-decode
+// counters) are sampled from Engine::stats() at scrape time; request-level histograms are observed
+// when each sequence finishes.
+//
+// Speculative decoding, as vLLM's spec_decode counters (always exported: a request may speculate
+// on a server that does not by default):
+//   vllm:spec_decode_num_drafts_total                 verification steps of a sequence with a draft
+//   vllm:spec_decode_num_draft_tokens_total           draft tokens verified
+//   vllm:spec_decode_num_accepted_tokens_total        draft tokens accepted
+//   vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}   accepted at draft position
+//       i (0-based); positions below the server's num_speculative_tokens from the start, others
+//       once they count
+// so the acceptance rate is accepted / draft_tokens and the mean accepted length per draft is
+// 1 + accepted / drafts.
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -15,6 +26,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -35,11 +47,19 @@ struct SequenceRecord {
   engine::Timings timings;
 };
 
+// What the metrics describe: the served model and the engine's configuration.
+struct MetricsInfo {
+  std::string model_name;
+  int64_t max_model_len = 0;
+  int32_t page_size = 0;
+  int32_t num_pages = 0;
+  std::string cache_dtype;             // model::kv_dtype_name, for vllm:cache_config_info
+  int32_t num_speculative_tokens = 0;  // the server's default (0: off)
+};
+
 class Metrics {
  public:
-  // cache_dtype: the KV cache's element type (model::kv_dtype_name), for vllm:cache_config_info.
-  Metrics(std::string model_name, int64_t max_model_len, int32_t page_size, int32_t num_pages,
-          std::string_view cache_dtype);
+  explicit Metrics(const MetricsInfo& info);
 
   void observe(const SequenceRecord& record);
   // Prometheus text format, with gauges and counters brought up to date from `stats`.
@@ -47,6 +67,7 @@ class Metrics {
 
  private:
   void sync_counter(prometheus::Counter& counter, int64_t& last, int64_t now);
+  prometheus::Counter& accepted_at(size_t position);
 
   std::string model_name_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -84,12 +105,20 @@ class Metrics {
   prometheus::Histogram* request_generation_tokens_;
   prometheus::Histogram* request_n_;
   prometheus::Histogram* request_max_tokens_;
+  prometheus::Counter* spec_drafts_;
+  prometheus::Counter* spec_draft_tokens_;
+  prometheus::Counter* spec_accepted_tokens_;
+  prometheus::Family<prometheus::Counter>* spec_accepted_per_pos_;
 
   // Last values synced from the engine's cumulative stats.
   int64_t last_preemptions_ = 0;
   int64_t last_generated_ = 0;
   int64_t last_prefix_queries_ = 0;
   int64_t last_prefix_hits_ = 0;
+  int64_t last_spec_drafts_ = 0;
+  int64_t last_spec_draft_tokens_ = 0;
+  int64_t last_spec_accepted_tokens_ = 0;
+  std::vector<int64_t> last_spec_accepted_per_pos_;  // [positions exported so far]
 };
 
 }  // namespace sieve::server

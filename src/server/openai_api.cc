@@ -443,6 +443,16 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
       throw_invalid("kv_policy", e.what());
     }
   }
+  if (const json* v = field(body, "speculative")) {
+    // The same keys as --speculative-config; the engine refuses (400) methods it cannot run.
+    if (!v->is_object())
+      throw_invalid("speculative", "'speculative' must be an object, e.g. {\"method\": \"none\"}");
+    try {
+      request.speculative = spec::parse_speculative_config(v->dump());
+    } catch (const Error& e) {
+      throw_invalid("speculative", e.what());
+    }
+  }
 
   if (kind == ApiKind::kCompletion) {
     request.prompts = parse_prompts(body, *model.tokenizer);
@@ -487,11 +497,16 @@ json UsageTotals::to_json() const {
                    {"bytes", kv_bytes},
                    {"dense_bytes", kv_dense_bytes}};
   if (recovery_count > 0) kv_cache["attention_recovery"] = recovery_sum / recovery_count;
-  return {{"prompt_tokens", prompt_tokens},
-          {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}},
-          {"kv_cache", std::move(kv_cache)}};
+  json out = {{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}},
+              {"kv_cache", std::move(kv_cache)}};
+  if (speculative || spec_draft_tokens > 0) {
+    out["speculative"] = {{"draft_tokens", spec_draft_tokens},
+                          {"accepted_tokens", spec_accepted_tokens}};
+  }
+  return out;
 }
 
 json finish_reason_json(const std::optional<engine::Finish>& finish) {

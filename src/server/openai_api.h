@@ -18,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "sparsity/policy_spec.h"
+#include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::server {
@@ -70,6 +71,8 @@ struct GenerationRequest {
   bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM)
   std::string user;
   sparsity::PolicySpec kv_policy;  // "kv_policy": string or object (default: full)
+  // "speculative": an object with --speculative-config's keys; unset: the server's default.
+  std::optional<spec::SpeculativeConfig> speculative;
 };
 
 // Validates `body` and tokenizes its prompt(s) or messages. Unknown fields are ignored; a wrong
@@ -100,6 +103,12 @@ struct UsageTotals {
   int64_t kv_dense_bytes = 0;
   double recovery_sum = 0.0;  // attention recovery of the scored sequences, summed
   int64_t recovery_count = 0;
+  // Speculative decoding (extension): draft tokens verified and accepted. Reported as
+  // "speculative" when the request ran with speculation on (its own or the server's config),
+  // even if no draft was found; absent otherwise.
+  bool speculative = false;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
   json to_json() const;
 };
 

@@ -168,6 +168,46 @@ TEST(Cli, KvDTypeIsOneOptionOnEveryCommand) {
   }
 }
 
+// --speculative-config takes vLLM's JSON on every command that builds an engine from options; a
+// bad one is a usage error naming the key, and a method the engine cannot run stops serve at
+// start. Speculation does not change greedy tokens.
+TEST(Cli, SpeculativeConfigIsOneOptionOnEveryEngineCommand) {
+  for (const char* command : {"run", "batch", "serve", "bench-engine"}) {
+    Result help = run(std::string(command) + " --help");
+    EXPECT_NE(help.out.find("--speculative-config"), std::string::npos) << command;
+    Result bad = run(
+        std::string(command) + " -m " + model() + R"( --speculative-config '{"method":"ngram"}')",
+        true);
+    EXPECT_NE(bad.exit_code, 0) << command;
+    EXPECT_NE(bad.out.find("num_speculative_tokens"), std::string::npos)
+        << command << ": " << bad.out;
+  }
+  Result not_json =
+      run("serve -m " + model() + " --port 0 -t 2 --speculative-config '{oops'", true);
+  EXPECT_NE(not_json.exit_code, 0);
+  EXPECT_NE(not_json.out.find("not valid JSON"), std::string::npos) << not_json.out;
+  Result unavailable = run("serve -m " + model() +
+                               " --port 0 -t 2 --speculative-config "
+                               R"('{"method":"draft_model","num_speculative_tokens":2,)"
+                               R"("model":"/nonexistent/draft.gguf"}')",
+                           true);
+  EXPECT_NE(unavailable.exit_code, 0);
+  EXPECT_NE(unavailable.out.find("--speculative-config"), std::string::npos) << unavailable.out;
+
+  const std::string prompt =
+      " -p 'Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom' -n 32 --temp 0 -t 2 "
+      "--json";
+  Result plain = run("run -m " + model() + prompt);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  Result spec = run("run -m " + model() + prompt +
+                    R"( --speculative-config '{"method":"ngram","num_speculative_tokens":4}')");
+  ASSERT_EQ(spec.exit_code, 0) << spec.out;
+  const nlohmann::json p = nlohmann::json::parse(plain.out), s = nlohmann::json::parse(spec.out);
+  EXPECT_EQ(s["tokens"], p["tokens"]);
+  EXPECT_FALSE(p.contains("speculative"));
+  EXPECT_GT(s["speculative"]["accepted_tokens"].get<int>(), 0) << s["speculative"];
+}
+
 TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
   const std::string path =
       (std::filesystem::temp_directory_path() / "sieve_cli_calibration.json").string();

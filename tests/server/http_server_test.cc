@@ -2,9 +2,12 @@
 // graceful shutdown; the end-to-end behaviour with real clients is in e2e/serve.test.mjs.
 #include "server/http_server.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "model/loader.h"
@@ -116,6 +119,145 @@ TEST(HttpServerTest, KvUsageAndMetricsReportBytesOfTheKvDType) {
   EXPECT_EQ(value_of("sieve:kv_bytes_kept_total"),
             static_cast<double>(kv["pages"].get<int64_t>() * page_bytes));
   EXPECT_NE(text.find(R"(cache_dtype="q4")"), std::string::npos);
+
+  server.shutdown();
+  listener.join();
+  engine->stop();
+}
+
+// /metrics as series (name and labels, as printed) → value.
+std::map<std::string, double> scrape(httplib::Client& client) {
+  std::map<std::string, double> values;
+  auto reply = client.Get("/metrics");
+  EXPECT_TRUE(reply && reply->status == 200);
+  if (!reply) return values;
+  std::istringstream in(reply->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t cut = line.rfind(' ');
+    values[line.substr(0, cut)] = std::stod(line.substr(cut + 1));
+  }
+  return values;
+}
+
+// Speculative decoding through the server: a server started with an ngram default answers a
+// greedy request exactly as plain decoding does (the same request with {"method": "none"}),
+// streamed (several tokens per event) or not; usage.speculative and the vllm:spec_decode_*
+// counters count the same drafts; a bad or unavailable "speculative" is a 400 naming it.
+TEST(HttpServerTest, SpeculationKeepsGreedyTextAndIsCountedInUsageAndMetrics) {
+  model::LoadedModel loaded =
+      model::load_model({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
+  engine::EngineConfig config{.num_kv_pages = 64};
+  config.speculative =
+      spec::parse_speculative_config(R"({"method":"ngram","num_speculative_tokens":4})");
+  auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
+  engine->start();
+  HttpServer server({.port = 0});
+  server.bind();
+  std::thread listener([&] { server.listen(); });
+  server.set_backend({.engine = engine,
+                      .tokenizer = loaded.tokenizer,
+                      .model_name = "stories",
+                      .context_length = 512,
+                      .render_chat = [](const json&) { return std::string(); }});
+  httplib::Client client("127.0.0.1", server.port());
+  const auto wait_idle = [&] {
+    for (int i = 0; i < 200 && engine->stats().kv.num_free_pages != 64; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  };
+  const json request = {
+      {"prompt",
+       "Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom"},
+      {"max_tokens", 48},
+      {"temperature", 0},
+      {"ignore_eos", true}};
+  const auto post = [&](json body) {
+    auto reply = client.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(reply);
+    if (!reply) return std::pair<int, std::string>{-1, ""};
+    return std::pair<int, std::string>{reply->status, reply->body};
+  };
+  const std::map<std::string, double> before = scrape(client);
+
+  const auto [status, body] = post(request);
+  ASSERT_EQ(status, 200) << body;
+  const json spec_reply = json::parse(body);
+  json plain_request = request;
+  plain_request["speculative"] = {{"method", "none"}};
+  const auto [plain_status, plain_body] = post(plain_request);
+  ASSERT_EQ(plain_status, 200) << plain_body;
+  const json plain_reply = json::parse(plain_body);
+  const std::string text = spec_reply["choices"][0]["text"];
+  EXPECT_EQ(text, plain_reply["choices"][0]["text"]);
+  EXPECT_EQ(spec_reply["usage"]["completion_tokens"], 48);
+  const json usage = spec_reply["usage"]["speculative"];
+  ASSERT_TRUE(usage.is_object()) << spec_reply["usage"];
+  EXPECT_GT(usage["accepted_tokens"].get<int64_t>(), 0) << usage;
+  EXPECT_GE(usage["draft_tokens"], usage["accepted_tokens"]);
+  EXPECT_FALSE(plain_reply["usage"].contains("speculative")) << plain_reply["usage"];
+
+  // Streamed: one chunk per engine event, which carries every token a step accepted.
+  json stream_request = request;
+  stream_request["stream"] = true;
+  stream_request["stream_options"] = {{"include_usage", true}};
+  const auto [stream_status, stream_body] = post(stream_request);
+  ASSERT_EQ(stream_status, 200) << stream_body;
+  std::string streamed;
+  int num_text_chunks = 0;
+  json stream_usage;
+  std::istringstream events(stream_body);
+  for (std::string line; std::getline(events, line);) {
+    if (line.rfind("data: ", 0) != 0 || line == "data: [DONE]") continue;
+    const json chunk = json::parse(line.substr(6));
+    if (!chunk["usage"].is_null()) stream_usage = chunk["usage"];
+    if (chunk["choices"].empty()) continue;
+    const std::string piece = chunk["choices"][0]["text"];
+    streamed += piece;
+    num_text_chunks += piece.empty() ? 0 : 1;
+  }
+  EXPECT_EQ(streamed, text);
+  EXPECT_LT(num_text_chunks, 48);
+  EXPECT_EQ(stream_usage["speculative"], usage) << stream_usage;
+
+  wait_idle();
+  const std::map<std::string, double> after = scrape(client);
+  const auto delta = [&](const std::string& series) {
+    EXPECT_TRUE(after.contains(series)) << series;
+    const auto was = before.find(series);
+    return after.contains(series) ? after.at(series) - (was == before.end() ? 0.0 : was->second)
+                                  : -1.0;
+  };
+  const std::string label = R"({model_name="stories"})";
+  const double drafts = delta("vllm:spec_decode_num_drafts_total" + label);
+  const double draft_tokens = delta("vllm:spec_decode_num_draft_tokens_total" + label);
+  const double accepted = delta("vllm:spec_decode_num_accepted_tokens_total" + label);
+  EXPECT_GT(drafts, 0);
+  EXPECT_EQ(draft_tokens, 2 * usage["draft_tokens"].get<double>());
+  EXPECT_EQ(accepted, 2 * usage["accepted_tokens"].get<double>());
+  EXPECT_LE(draft_tokens, 4 * drafts);
+  double sum = 0, previous = drafts;
+  for (int i = 0; i < 4; ++i) {
+    const double at = delta(fmt::format(
+        R"(vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="stories",position="{}"}})",
+        i));
+    EXPECT_LE(at, previous) << "position " << i;  // a draft is accepted up to its first miss
+    previous = at;
+    sum += at;
+  }
+  EXPECT_EQ(sum, accepted);
+
+  for (const json& bad : {json("ngram"), json({{"method", "ngram"}}),
+                          json({{"method", "ngram"}, {"num_speculative_tokens", 2}, {"x", 1}}),
+                          // a method the engine cannot run: refused at submit
+                          json({{"method", "draft_model"},
+                                {"num_speculative_tokens", 2},
+                                {"model", "/nonexistent/draft.gguf"}})}) {
+    json bad_request = request;
+    bad_request["speculative"] = bad;
+    const auto [bad_status, bad_body] = post(bad_request);
+    EXPECT_EQ(bad_status, 400) << bad;
+    EXPECT_EQ(json::parse(bad_body)["error"]["param"], "speculative") << bad_body;
+  }
 
   server.shutdown();
   listener.join();

@@ -145,6 +145,17 @@ TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
       {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"snapkv:B=oops"})", "kv_policy"},
       {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"nonsense"})", "kv_policy"},
       {ApiKind::kCompletion, R"({"prompt":"x","kv_policy":5})", "kv_policy"},
+      {ApiKind::kCompletion, R"({"prompt":"x","speculative":"ngram"})", "speculative"},
+      {ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"medusa"}})", "speculative"},
+      {ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"ngram"}})", "speculative"},
+      {ApiKind::kChat,
+       R"({"messages":[{"role":"user","content":"x"}],)"
+       R"("speculative":{"method":"ngram","num_speculative_tokens":99}})",
+       "speculative"},
+      {ApiKind::kChat,
+       R"({"messages":[{"role":"user","content":"x"}],)"
+       R"("speculative":{"method":"ngram","num_speculative_tokens":2,"typo":1}})",
+       "speculative"},
   };
   for (const Case& c : cases) {
     const ApiError e = error_of(c.kind, c.body);
@@ -178,6 +189,38 @@ TEST_F(OpenAiApiTest, KvPolicyIsParsed) {
   const GenerationRequest r =
       parse(ApiKind::kCompletion, R"({"prompt":"x","kv_policy":"snapkv:B=64"})");
   EXPECT_EQ(r.kv_policy, sparsity::parse_policy("snapkv:B=64"));
+}
+
+// "speculative" takes --speculative-config's JSON object; absent, the request has none of its own
+// (the engine applies the server's default).
+TEST_F(OpenAiApiTest, SpeculativeIsParsed) {
+  EXPECT_FALSE(parse(ApiKind::kCompletion, R"({"prompt":"x"})").speculative.has_value());
+  const GenerationRequest off =
+      parse(ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"none"}})");
+  ASSERT_TRUE(off.speculative.has_value());
+  EXPECT_FALSE(off.speculative->enabled());
+  const GenerationRequest on = parse(
+      ApiKind::kChat,
+      R"({"messages":[{"role":"user","content":"x"}],)"
+      R"("speculative":{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":2}})");
+  ASSERT_TRUE(on.speculative.has_value());
+  EXPECT_EQ(*on.speculative,
+            spec::parse_speculative_config(
+                R"({"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":2})"));
+  const ApiError e =
+      error_of(ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"ngram","foo":1}})");
+  EXPECT_NE(e.message.find("foo"), std::string::npos) << e.message;
+}
+
+// usage.speculative: present when the request speculated (or could have: no draft found).
+TEST_F(OpenAiApiTest, UsageReportsSpeculationOnlyWhenOn) {
+  UsageTotals usage{.prompt_tokens = 3, .completion_tokens = 9};
+  EXPECT_FALSE(usage.to_json().contains("speculative"));
+  usage.speculative = true;
+  EXPECT_EQ(usage.to_json()["speculative"], json({{"draft_tokens", 0}, {"accepted_tokens", 0}}));
+  usage.spec_draft_tokens = 8;
+  usage.spec_accepted_tokens = 5;
+  EXPECT_EQ(usage.to_json()["speculative"], json({{"draft_tokens", 8}, {"accepted_tokens", 5}}));
 }
 
 TEST_F(OpenAiApiTest, UnknownModelIs404) {

@@ -402,6 +402,57 @@ test('kv_policy per request: mixed policies together equal each alone; usage and
   });
 });
 
+test('speculative per request: ngram drafts keep greedy text, streamed or not; usage and metrics count them', async () => {
+  const prompt = 'Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom';
+  const speculative = { method: 'ngram', num_speculative_tokens: 4 };
+  const request = { model: 'llama', prompt, max_tokens: 48, temperature: 0, ignore_eos: true };
+  const plain = await client.completions.create(request);
+  assert.equal(plain.usage.speculative, undefined, 'no speculation on this server by default');
+  const before = await metrics(server.base);
+  const spec = await client.completions.create({ ...request, speculative });
+  assert.equal(spec.choices[0].text, plain.choices[0].text);
+  const counted = spec.usage.speculative;
+  assert.ok(counted.accepted_tokens > 0 && counted.draft_tokens >= counted.accepted_tokens, JSON.stringify(spec.usage));
+
+  // Streamed, one chunk per engine event (several tokens when drafts were accepted).
+  const stream = await client.completions.create({ ...request, speculative, stream: true, stream_options: { include_usage: true } });
+  let text = '';
+  let chunks = 0;
+  let usage;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    if (chunk.choices.length && chunk.choices[0].text) { text += chunk.choices[0].text; ++chunks; }
+  }
+  assert.equal(text, plain.choices[0].text);
+  assert.ok(chunks < 48, `${chunks} chunks for 48 tokens`);
+  assert.deepEqual(usage.speculative, counted);
+
+  const chat = { model: 'llama', messages: [{ role: 'user', content: prompt }], max_tokens: 32, temperature: 0, ignore_eos: true };
+  const chatPlain = await client.chat.completions.create(chat);
+  const chatSpec = await client.chat.completions.create({ ...chat, speculative });
+  assert.equal(chatSpec.choices[0].message.content, chatPlain.choices[0].message.content);
+  assert.ok(chatSpec.usage.speculative, JSON.stringify(chatSpec.usage));
+
+  const m = await expectPoolEmpty(server.base);
+  const delta = (series) => (m[series] ?? 0) - (before[series] ?? 0);
+  const label = '{model_name="llama"}';
+  const accepted = 2 * counted.accepted_tokens + chatSpec.usage.speculative.accepted_tokens;
+  assert.equal(delta(`vllm:spec_decode_num_draft_tokens_total${label}`), 2 * counted.draft_tokens + chatSpec.usage.speculative.draft_tokens);
+  assert.equal(delta(`vllm:spec_decode_num_accepted_tokens_total${label}`), accepted);
+  const drafts = delta(`vllm:spec_decode_num_drafts_total${label}`);
+  assert.ok(drafts > 0);
+  const perPosition = [0, 1, 2, 3].map((i) => delta(`vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="llama",position="${i}"}`));
+  assert.equal(perPosition.reduce((a, b) => a + b, 0), accepted);
+  assert.ok(perPosition.every((x, i) => x <= (i === 0 ? drafts : perPosition[i - 1])), JSON.stringify(perPosition));
+
+  await assert.rejects(client.completions.create({ ...request, speculative: { method: 'ngram' } }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.error.param, 'speculative');
+    assert.match(e.error.message, /num_speculative_tokens/);
+    return true;
+  });
+});
+
 // Bodies that must all be refused with a 4xx and the error shape.
 function malformedBodies(count, seed) {
   const next = rng(seed);
