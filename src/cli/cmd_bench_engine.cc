@@ -46,6 +46,9 @@ nlohmann::json to_json(const eval::ConcurrencyPoint& p) {
 nlohmann::json to_json(const eval::DepthPoint& p) {
   return {{"depth", p.depth},
           {"policy", p.policy},
+          {"speculative", p.speculative},
+          {"spec_draft_tokens", p.spec_draft_tokens},
+          {"spec_accepted_tokens", p.spec_accepted_tokens},
           {"kv_pages", p.kv_pages},
           {"kv_dense_pages", p.kv_dense_pages},
           {"kv_bytes", p.kv_bytes},
@@ -75,14 +78,18 @@ void print_concurrency_row(const eval::ConcurrencyPoint& p) {
 }
 
 void print_depth_row(const eval::DepthPoint& p) {
+  const std::string acceptance =
+      p.spec_draft_tokens > 0
+          ? fmt::format("{:.2f}", static_cast<double>(p.spec_accepted_tokens) / p.spec_draft_tokens)
+          : std::string("-");
   fmt::print(
       "{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8} {:>10.3f} "
-      "{:>8}  {}\n",
+      "{:>8} {:>6}  {} | {}\n",
       p.depth, p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens,
       p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
       p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
       ratio(p.ratio_vs_baseline), 1e3 * p.itl_p50_seconds, ratio(p.itl_ratio_vs_baseline),
-      p.policy);
+      acceptance, p.policy, p.speculative);
   std::fflush(stdout);
 }
 
@@ -121,9 +128,11 @@ void bench_engine(BenchEngineOptions options) {
             "chunks of {}\n",
             config.depth_decode_tokens, config.max_batch_tokens);
         fmt::print(
-            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8}  {}\n",
+            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8} {:>6}  {} "
+            "| {}\n",
             "depth", "prompt", "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0",
-            "KV MiB", "KV/dense", "vs first", "ITL p50 ms", "vs first", "kv_policy");
+            "KV MiB", "KV/dense", "vs first", "ITL p50 ms", "vs first", "accept", "kv_policy",
+            "speculative");
         depth_header = true;
       }
       print_depth_row(p);
@@ -215,6 +224,21 @@ void add_bench_engine_command(CLI::App& app) {
   command->add_option("-t,--threads", options->threads, "Worker threads (default: all cores)");
   add_kv_dtype_option(*command, config.kv_dtype);
   add_speculative_config_option(*command, config.speculative);
+  command
+      ->add_option_function<std::vector<std::string>>(
+          "--depth-speculative",
+          [&config](const std::vector<std::string>& texts) {
+            for (const std::string& text : texts)
+              config.depth_speculative.push_back(spec::parse_speculative_config(text));
+          },
+          "Also run each depth point with this speculative config (vLLM's JSON; repeat for "
+          "several): decode tok/s against the first point, and the draft acceptance")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  command
+      ->add_option("--depth-prompt-period", config.depth_prompt_period,
+                   "Depth prompts repeat a random span of this many tokens (text that repeats "
+                   "itself, for prompt lookup); 0: random tokens")
+      ->capture_default_str();
   command->add_flag("--json", options->json, "Print the results as one JSON object");
   command->callback([options] { bench_engine(*options); });
 }

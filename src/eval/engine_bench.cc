@@ -190,8 +190,8 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
 
 DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
-                         const EngineBenchConfig& config, int32_t depth,
-                         const std::string& policy) {
+                         const EngineBenchConfig& config, int32_t depth, const std::string& policy,
+                         const spec::SpeculativeConfig* speculative) {
   check_config(config);
   const int64_t vocab = model->config().vocab_size;
   const int32_t prompt_len = std::max(1, depth);
@@ -208,9 +208,18 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
       pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
   engine::Engine engine(engine_config(config, pages_needed, 1), model, tokenizer);
 
-  engine::Request request{.prompt = bench_prompt(vocab, prompt_len, (uint64_t{1} << 48) + depth),
+  std::vector<int32_t> prompt;
+  if (config.depth_prompt_period > 0) {
+    const std::vector<int32_t> span =
+        bench_prompt(vocab, config.depth_prompt_period, (uint64_t{1} << 48) + depth);
+    for (int32_t i = 0; i < prompt_len; ++i) prompt.push_back(span[i % span.size()]);
+  } else {
+    prompt = bench_prompt(vocab, prompt_len, (uint64_t{1} << 48) + depth);
+  }
+  engine::Request request{.prompt = std::move(prompt),
                           .params = bench_params(max_tokens),
                           .kv_policy = sparsity::parse_policy(policy)};
+  if (speculative) request.speculative = *speculative;
   const sparsity::PolicySpec request_policy = request.kv_policy;
   Finished finished;
   submit_or_fail(engine, std::move(request), finished);
@@ -220,6 +229,15 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
   DepthPoint point;
   point.depth = depth;
   point.policy = sparsity::to_string(request_policy);
+  const spec::SpeculativeConfig& spec_config = speculative ? *speculative : config.speculative;
+  if (spec_config.enabled()) {
+    point.speculative = fmt::format("{} k={}", spec::method_name(spec_config.method),
+                                    spec_config.num_speculative_tokens);
+    if (spec_config.method == spec::Method::kSelfSparse)
+      point.speculative += " " + sparsity::to_string(spec_config.kv_policy);
+  }
+  point.spec_draft_tokens = finished.usage.spec_draft_tokens;
+  point.spec_accepted_tokens = finished.usage.spec_accepted_tokens;
   point.kv_pages = finished.usage.kv_pages;
   point.kv_dense_pages = finished.usage.kv_dense_pages;
   point.kv_bytes =
@@ -291,8 +309,14 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel
   std::optional<double> d0;
   for (int32_t d : depths) {
     std::optional<DepthPoint> baseline;
+    std::vector<std::pair<std::string, const spec::SpeculativeConfig*>> variants;
     for (const std::string& policy : config.depth_policies) {
-      DepthPoint point = measure_depth(model, tokenizer, config, d, policy);
+      variants.emplace_back(policy, nullptr);
+      for (const spec::SpeculativeConfig& s : config.depth_speculative)
+        variants.emplace_back(policy, &s);
+    }
+    for (const auto& [policy, speculative] : variants) {
+      DepthPoint point = measure_depth(model, tokenizer, config, d, policy, speculative);
       if (!baseline) baseline = point;
       if (baseline->decode_tokens_per_s > 0)
         point.ratio_vs_baseline = point.decode_tokens_per_s / baseline->decode_tokens_per_s;

@@ -34,6 +34,12 @@ struct EngineBenchConfig {
   int32_t page_size = 16;
   kernels::DType kv_dtype = kernels::DType::kF32;
   spec::SpeculativeConfig speculative;  // every request's (off by default)
+  // Speculative decoding at depth: each depth runs each kv_policy as configured, then with
+  // each of these (same prompt, same greedy tokens; ratios against the first point).
+  std::vector<spec::SpeculativeConfig> depth_speculative;
+  // > 0: the depth prompt is a random span of this many tokens repeated (text that repeats
+  // itself, for prompt lookup); 0: random tokens throughout.
+  int32_t depth_prompt_period = 0;
 };
 
 struct ConcurrencyPoint {
@@ -59,6 +65,9 @@ struct ConcurrencyPoint {
 struct DepthPoint {
   int32_t depth = 0;                   // as asked (0: a 1-token prompt)
   std::string policy;                  // kv_policy, canonical
+  std::string speculative = "none";    // the speculative config's method and k, or "none"
+  int32_t spec_draft_tokens = 0;       // drafted and verified over the request
+  int32_t spec_accepted_tokens = 0;    // of which accepted
   int32_t kv_pages = 0;                // KV pages the sequence held at its end
   int32_t kv_dense_pages = 0;          // what its tokens take dense
   uint64_t kv_bytes = 0;               // kv_pages in bytes
@@ -94,7 +103,8 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
 DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                          const EngineBenchConfig& config, int32_t depth,
-                         const std::string& policy = "full");
+                         const std::string& policy = "full",
+                         const spec::SpeculativeConfig* speculative = nullptr);
 
 // Both tables; `on_point` (optional) is called after each point, e.g. to print progress.
 struct EngineBenchProgress {

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "engine/engine.h"
@@ -30,7 +32,7 @@ spec::SpeculativeConfig self_sparse(int32_t k, const char* view = "streaming:S=4
 // Prompts that repeat themselves, so that prompt lookup has something to find.
 std::vector<std::vector<TokenId>> repetitive_prompts(const tok::Tokenizer& tokenizer) {
   std::vector<std::vector<TokenId>> out;
-  for (const std::string& text :
+  for (const char* text :
        {"Lily and Tom went to the park. Lily and Tom went to the park. Lily and",
         "One, two, three, four. One, two, three, four. One, two,",
         "The cat sat on the mat. The dog sat on the mat. The cat sat on the",
@@ -105,8 +107,9 @@ TEST_P(SpeculativeGreedy, DraftsGiveThePlainTokensInABatch) {
   int64_t by_position = 0;
   for (size_t i = 0; i < stats.spec_accepted_per_position.size(); ++i) {
     by_position += stats.spec_accepted_per_position[i];
-    if (i > 0)
+    if (i > 0) {
       EXPECT_LE(stats.spec_accepted_per_position[i], stats.spec_accepted_per_position[i - 1]);
+    }
   }
   EXPECT_EQ(by_position, stats.spec_num_accepted_tokens);
 }
@@ -154,6 +157,109 @@ TEST(Speculative, SampledOutputEqualsPlainDecodingForTheSameSeed) {
   EXPECT_LT(speculative.stats().spec_num_accepted_tokens,
             speculative.stats().spec_num_draft_tokens);
   expect_all_pages_free(speculative);
+}
+
+// Speculative sampling in distribution: for fixed contexts, tokens sampled with speculation
+// (other seeds than the plain run's) follow the plain run's next-token distribution at every
+// verified position. Chi-square test of homogeneity per (context, position), bins with expected
+// counts under 5 pooled, at significance 0.001 (Wilson-Hilferty critical value); the seeds are
+// fixed, so the test is deterministic. SIEVE_SPEC_DISTRIBUTION_TOKENS sets the sampled tokens
+// per arm and setting (CI default 20000, ~10 s; the closing measurement ran 100000).
+TEST(Speculative, SampledTokensFollowThePlainDistribution) {
+  model::LoadedModel loaded = load_stories();
+  const auto contexts = repetitive_prompts(*loaded.tokenizer);
+  const char* knob = std::getenv("SIEVE_SPEC_DISTRIBUTION_TOKENS");
+  const int64_t tokens_per_arm = knob ? std::atoll(knob) : 20000;
+  constexpr int32_t kOutput = 5;  // position 0 comes from the prompt's logits; 1..4 are verified
+  struct Setting {
+    float temperature;
+    float top_p;
+  };
+  for (const Setting setting : {Setting{1.0f, 1.0f}, Setting{1.0f, 0.9f}}) {
+    const int64_t requests_per_context =
+        tokens_per_arm / kOutput / static_cast<int64_t>(contexts.size());
+    // counts[arm][context][position][token]
+    std::vector<std::vector<std::vector<std::map<TokenId, int64_t>>>> counts(
+        2, std::vector<std::vector<std::map<TokenId, int64_t>>>(
+               contexts.size(), std::vector<std::map<TokenId, int64_t>>(kOutput)));
+    int64_t accepted = 0, drafted = 0;
+    for (int arm = 0; arm < 2; ++arm) {
+      EngineConfig c = config(1024, 512);
+      if (arm == 1) c.speculative = ngram(4);
+      Engine engine(c, loaded.model, loaded.tokenizer);
+      for (size_t ctx = 0; ctx < contexts.size(); ++ctx) {
+        for (int64_t first = 0; first < requests_per_context; first += 200) {
+          std::vector<Request> batch;
+          for (int64_t i = first; i < std::min(requests_per_context, first + 200); ++i) {
+            Request r{.prompt = contexts[ctx]};
+            r.params.temperature = setting.temperature;
+            r.params.top_p = setting.top_p;
+            r.params.max_tokens = kOutput;
+            r.params.ignore_eos = true;
+            r.params.seed = static_cast<uint64_t>(arm * 1000003 + ctx * 100003 + i);
+            batch.push_back(r);
+          }
+          for (const auto& [key, outcome] : run(engine, batch)) {
+            ASSERT_EQ(outcome.tokens.size(), size_t{kOutput});
+            for (int32_t pos = 0; pos < kOutput; ++pos)
+              ++counts[arm][ctx][pos][outcome.tokens[pos]];
+          }
+        }
+      }
+      if (arm == 1) {
+        accepted = engine.stats().spec_num_accepted_tokens;
+        drafted = engine.stats().spec_num_draft_tokens;
+      }
+      expect_all_pages_free(engine);
+    }
+    // Both paths of the verification ran many times: drafts accepted and rejected.
+    EXPECT_GT(accepted, tokens_per_arm / 50);
+    EXPECT_GT(drafted - accepted, tokens_per_arm / 50);
+    std::printf("top_p %.1f: %lld draft tokens, %lld accepted\n", setting.top_p,
+                static_cast<long long>(drafted), static_cast<long long>(accepted));
+    for (size_t ctx = 0; ctx < contexts.size(); ++ctx) {
+      for (int32_t pos = 0; pos < kOutput; ++pos) {
+        const auto& a = counts[0][ctx][pos];
+        const auto& b = counts[1][ctx][pos];
+        int64_t na = 0, nb = 0;
+        std::map<TokenId, std::pair<int64_t, int64_t>> bins;
+        for (const auto& [t, n] : a) {
+          bins[t].first = n;
+          na += n;
+        }
+        for (const auto& [t, n] : b) {
+          bins[t].second = n;
+          nb += n;
+        }
+        // Pool the tokens whose expected count in either arm is under 5.
+        double chi2 = 0.0;
+        int64_t df = -1;
+        std::pair<int64_t, int64_t> pooled{0, 0};
+        const auto add_bin = [&](int64_t x, int64_t y) {
+          const double total = static_cast<double>(x + y);
+          const double ea = total * na / (na + nb), eb = total * nb / (na + nb);
+          chi2 += (x - ea) * (x - ea) / ea + (y - eb) * (y - eb) / eb;
+          ++df;
+        };
+        for (const auto& [t, xy] : bins) {
+          const double total = static_cast<double>(xy.first + xy.second);
+          if (total * na / (na + nb) < 5 || total * nb / (na + nb) < 5) {
+            pooled.first += xy.first;
+            pooled.second += xy.second;
+          } else {
+            add_bin(xy.first, xy.second);
+          }
+        }
+        if (pooled.first + pooled.second > 0) add_bin(pooled.first, pooled.second);
+        if (df < 1) continue;  // one token only: nothing to compare
+        const double v = static_cast<double>(df);
+        const double critical =
+            v * std::pow(1.0 - 2.0 / (9.0 * v) + 3.09 * std::sqrt(2.0 / (9.0 * v)), 3);
+        EXPECT_LT(chi2, critical) << "context " << ctx << " position " << pos << " top_p "
+                                  << setting.top_p << " df " << df;
+      }
+    }
+  }
 }
 
 // One batch of everything: requests with k = 2, 4, 8, without speculation, with sparse KV
@@ -204,7 +310,9 @@ TEST(Speculative, MixedBatchEachRequestEqualsItselfAlone) {
       EXPECT_EQ(got.at({i, s}).tokens, expected.at({0, s}).tokens) << "request " << i << " " << s;
       EXPECT_EQ(got.at({i, s}).text, expected.at({0, s}).text) << "request " << i << " " << s;
     }
-    if (i % 6 == 2 || i % 6 == 3) EXPECT_EQ(got.at({i, 0}).usage.spec_draft_tokens, 0) << i;
+    if (i % 6 == 2 || i % 6 == 3) {
+      EXPECT_EQ(got.at({i, 0}).usage.spec_draft_tokens, 0) << i;
+    }
   }
 }
 
