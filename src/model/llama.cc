@@ -34,7 +34,8 @@ float* grow(kernels::Backend& backend, kernels::DeviceBuffer& buffer, int64_t fl
 // outlier key channel, tests/kernels/paged_attention_test.cc: q8 2.5e-2 -> 1.0e-2 rotated, q4
 // 0.25 -> 0.15). The transform works on powers of two: groups of the largest one
 // dividing head_dim (a multiple of 32 there, so >= 32): the whole head at 64 or 128, blocks of
-// 32 at 96. f32 / f16 caches are not rotated (their outputs stay bit for bit).
+// 32 at 96. The rotation follows the key smoothing below. f32 / f16 caches are neither smoothed
+// nor rotated (their outputs stay bit for bit).
 bool rotates_keys(const KvCache& cache) { return kernels::is_block_kv_dtype(cache.dtype()); }
 int64_t rotation_size(int64_t head_dim) { return head_dim & -head_dim; }
 
