@@ -51,6 +51,9 @@ int64_t rotation_size(int64_t head_dim) { return head_dim & -head_dim; }
 // scales keys alike). mu and s are measured once at load (measure_key_smoothing) from a forward
 // pass over kSmoothingTokens pseudo-random tokens with an f32 cache. copy-lm, K alone
 // quantized (V and Q exact), rotated: top-1 0.70 -> 0.82 (q4), 0.980 -> 0.992 (q8, with V q8).
+// Cost: one f32 prefill of kSmoothingTokens at load (copy-lm's whole q4 cache, mean KL: 64
+// tokens 0.31, 128 0.24, 256 0.18, 512 0.12, 1024 0.12, none 0.34; the teacher-forced test
+// prefers 256 to 512), for every model whose head_dim allows q8 / q4, used or not.
 constexpr int64_t kSmoothingTokens = 256;
 constexpr uint32_t kSmoothingSeed = 20260501;
 
@@ -143,7 +146,8 @@ void LlamaModel::measure_key_smoothing() {
   // Per layer: sums of k, k^2 ([kv_dim]) and q^2 ([q_dim]) over the tokens, in double.
   std::vector<double> k_sum(static_cast<size_t>(c.num_layers * kv_dim)), k_sq(k_sum.size()),
       q_sq(static_cast<size_t>(c.num_layers * q_dim));
-  std::vector<float> host_q(static_cast<size_t>(n * q_dim)), host_k(static_cast<size_t>(n * kv_dim));
+  std::vector<float> host_q(static_cast<size_t>(n * q_dim)),
+      host_k(static_cast<size_t>(n * kv_dim));
   ForwardScratch scratch;
   scratch.on_projected = [&](int64_t layer, int64_t rows) {
     b.download(host_q.data(), scratch.q.as<const float>(), host_q.size() * sizeof(float));

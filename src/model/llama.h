@@ -188,7 +188,7 @@ class LlamaModel {
   kernels::RopeParams rope_;
   // Declared before what lives in its memory, so that it goes last.
   std::shared_ptr<kernels::Backend> backend_;
-  kernels::DeviceBuffer vectors_;  // every layer's norms and biases, and output_norm
+  kernels::DeviceBuffer vectors_;    // every layer's norms and biases, and output_norm
   kernels::DeviceBuffer smoothing_;  // every layer's key_shift, key_scale, query_scale
   std::vector<DeviceLayer> layers_;
   kernels::MatrixView token_embd_, output_;
