@@ -203,6 +203,9 @@ class Backend {
   // keys of a layer before a quantized KV cache stores / attends, q·k unchanged.
   virtual void rotate_heads(Rows<float> x, int64_t num_rows, int64_t num_heads,
                             int64_t head_dim) = 0;
+  // x[r][c] *= scale[c] for num_rows rows of n (scale: [n]): the model's static key smoothing
+  // (llama.cc), like add_bias.
+  virtual void scale_columns(const float* scale, Rows<float> x, int64_t num_rows, int64_t n) = 0;
 
  protected:
   // For implementations: a buffer that `release` frees when its owner drops it.

@@ -31,9 +31,10 @@
 // (block_kv_query below): exact int8 block dot products on AVX-512 VNNI (K never dequantized),
 // V dequantized in registers; other targets dequantize a tile of rows at a time into a small
 // per-thread buffer (never a full-precision copy of the KV). Keys are quantized without per-channel
-// scales: the model rotates each key and query head by rotate_heads() (ops.h) before storing keys /
-// attending, which leaves q·k unchanged and spreads channel outliers over the group; the
-// kernels here know nothing of it.
+// scales: the model smooths each key channel by a static per-channel shift and scale (the query
+// scaled inversely) and rotates each key and query head by rotate_heads() (ops.h) before storing
+// keys / attending (model/kv_cache.h), which changes q·k only by a per-query constant and spreads
+// channel outliers over the group; the kernels here know nothing of it.
 //
 // Algorithm (FlashAttention-2 style, see cpu/attention-inl.h): work items are (query-row tile,
 // kv heads, key range). Each runs all query heads of a kv head's GQA group and several query

@@ -6,6 +6,7 @@
 //                   │  q, k, v = Wq·n, Wk·n, Wv·n (+ biases), n = norm(x)           │
 //                   │            (or one fused Wqkv·n, split)                       │
 //                   │  q, k = rope(headnorm(q)), rope(headnorm(k))  (headnorm: qwen3)│
+//                   │  q, k = s·q, (k - μ)/s   (q8 / q4 KV only: smoothing, llama.cc)│
 //                   │  q, k = H·q, H·k  (q8 / q4 KV only: Walsh–Hadamard, llama.cc) │
 //                   │  h = x + Wo · attention(q, k, v)                              │
 //                   │  x = h + Wdown · (silu(Wgate·norm(h)) * Wup·norm(h))          │
@@ -69,6 +70,9 @@ struct ForwardScratch {
   std::vector<SliceScratch> slices;  // [own-stream sequence][kv head]
   std::vector<kernels::AttentionJob> jobs;
   std::vector<kernels::ObservationOutput> observations;
+  // Calibration only (LlamaModel's key smoothing; normally empty): called by forward() after
+  // each layer's projection with (layer, n), when s.q and s.k hold the layer's RoPE'd rows.
+  std::function<void(int64_t, int64_t)> on_projected;
 };
 
 class LlamaModel {
@@ -127,6 +131,11 @@ class LlamaModel {
     const float* bv = nullptr;
     const float* q_norm = nullptr;  // [head_dim]; null: no per-head norm (and k_norm alike)
     const float* k_norm = nullptr;
+    // q8 / q4 caches: the key smoothing (llama.cc), k <- (k + key_shift) * key_scale and
+    // q <- q * query_scale before the rotation. [kv_dim], [kv_dim], [q_dim]; null: none.
+    const float* key_shift = nullptr;
+    const float* key_scale = nullptr;
+    const float* query_scale = nullptr;
   };
   // One sequence's rows of a layer's attention.
   struct SequenceRows {
@@ -143,6 +152,9 @@ class LlamaModel {
     if (!config_.sliding_window) return std::nullopt;
     return static_cast<int32_t>(std::min<int64_t>(*config_.sliding_window, INT32_MAX));
   }
+  // Measures the key smoothing from one forward pass over an f32 cache (llama.cc) and sets each
+  // layer's key_shift, key_scale and query_scale (in smoothing_).
+  void measure_key_smoothing();
   // Grows the scratch buffers every layer uses for n rows.
   void reserve(kernels::Backend& backend, int64_t n, ForwardScratch& s) const;
   // s.norm ([n][dim]) -> s.q [n][q_dim] and, with_kv, s.k, s.v [n][kv_dim]: the projection (one
@@ -176,7 +188,8 @@ class LlamaModel {
   kernels::RopeParams rope_;
   // Declared before what lives in its memory, so that it goes last.
   std::shared_ptr<kernels::Backend> backend_;
-  kernels::DeviceBuffer vectors_;  // every layer's norms and biases, and output_norm
+  kernels::DeviceBuffer vectors_;    // every layer's norms and biases, and output_norm
+  kernels::DeviceBuffer smoothing_;  // every layer's key_shift, key_scale, query_scale
   std::vector<DeviceLayer> layers_;
   kernels::MatrixView token_embd_, output_;
   const float* output_norm_ = nullptr;

@@ -633,6 +633,21 @@ void check_rotate_heads(Backend& tested, Backend& ref, std::mt19937& rng) {
   expect_near(run(tested), run(ref), 1e-5, 1e-5, "head_dim=" + std::to_string(head_dim));
 }
 
+void check_scale_columns(Backend& tested, Backend& ref, std::mt19937& rng) {
+  const int64_t num_rows = odd(rng, 1, 41), n = uniform(rng, 1, pick<int64_t>(rng, {600, 4096}));
+  const int64_t stride = n + uniform(rng, 0, 5);
+  const std::vector<float> x = random_floats(num_rows * stride, next_seed(rng)),
+                           scale = random_floats(n, next_seed(rng));
+  const auto run = [&](Backend& b) {
+    const DeviceBuffer scale_dev = to_device(b, scale);
+    DeviceBuffer x_dev = to_device(b, x);
+    b.scale_columns(scale_dev.as<const float>(), {x_dev.as<float>(), stride}, num_rows, n);
+    return to_host<float>(b, x_dev);
+  };
+  expect_near(run(tested), run(ref), 0.0, 0.0,
+              "rows=" + std::to_string(num_rows) + " n=" + std::to_string(n));
+}
+
 struct OpCase {
   const char* name;
   OpCheck check;
@@ -656,6 +671,7 @@ constexpr OpCase kOps[] = {
     {"summarize_page_keys", check_summarize_page_keys},
     {"page_upper_bounds", check_page_upper_bounds},
     {"rotate_heads", check_rotate_heads},
+    {"scale_columns", check_scale_columns},
 };
 constexpr uint32_t kNumSeeds = 10;
 

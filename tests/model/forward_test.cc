@@ -184,9 +184,10 @@ TEST(Forward, F16KvCacheMatchesF32WithinF16Rounding) {
 // keys, as SnapKV / H2O score). copy-lm attends sharply (it copies spans) with large keys (rms
 // up to ~6 in its low-frequency RoPE channels), so small key errors move its attention: measured
 // (4 prompts of 256 tokens, printed) top-1 agreement / mean KL (nats) / max |logit diff|:
-// f16 0.997 / 4e-6 / 0.04, q8 0.972 / 1.2e-3 / 1.0, q4 0.662 / 0.26 / 9.0. The rotation changes
-// little here (no single outlier channel; without it q8 0.971, q4 0.697). The bounds below
-// leave room around those numbers and require f16 < q8 < q4 in error.
+// f16 0.997 / 4e-6 / 0.04, q8 0.980 / 5.0e-4 / 0.41, q4 0.798 / 0.086 / 6.1. Without the key
+// smoothing (llama.cc; rotation only) q8 0.972 / 1.2e-3 / 1.0, q4 0.662 / 0.26 / 9.0: the KL
+// bounds below fail without it. They leave room around those numbers and require f16 < q8 < q4
+// in error.
 TEST(Forward, QuantizedKvCachesTrackF32OnATrainedModel) {
   model::LoadedModel loaded =
       model::load_model({testing::shared_path("models/copy/copy-lm.gguf"), ""});
@@ -265,13 +266,13 @@ TEST(Forward, QuantizedKvCachesTrackF32OnATrainedModel) {
   const Fidelity f16 = measure(kernels::DType::kF16);
   const Fidelity q8 = measure(kernels::DType::kQ8_0);
   const Fidelity q4 = measure(kernels::DType::kQ4_1);
-  EXPECT_GE(q8.agreement, 0.95);
-  EXPECT_LT(q8.mean_kl, 1e-2);
-  EXPECT_LT(q8.logit_diff, 2.0f);
-  EXPECT_LT(q8.score_diff, 0.3f);
-  EXPECT_GE(q4.agreement, 0.55);
-  EXPECT_LT(q4.mean_kl, 0.6);
-  EXPECT_LT(q4.score_diff, 2.5f);
+  EXPECT_GE(q8.agreement, 0.97);
+  EXPECT_LT(q8.mean_kl, 8e-4);
+  EXPECT_LT(q8.logit_diff, 1.0f);
+  EXPECT_LT(q8.score_diff, 0.2f);
+  EXPECT_GE(q4.agreement, 0.75);
+  EXPECT_LT(q4.mean_kl, 0.15);
+  EXPECT_LT(q4.score_diff, 1.5f);
   EXPECT_LT(f16.mean_kl, q8.mean_kl);
   EXPECT_LT(q8.mean_kl, q4.mean_kl);
   EXPECT_LE(f16.score_diff, q8.score_diff);

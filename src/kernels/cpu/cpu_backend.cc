@@ -200,6 +200,15 @@ class CpuBackend final : public HostMemoryBackend {
     });
   }
 
+  void scale_columns(const float* scale, Rows<float> x, int64_t num_rows, int64_t n) override {
+    for_rows(num_rows, n, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        float* row = x.row(r);
+        for (int64_t c = 0; c < n; ++c) row[c] *= scale[c];
+      }
+    });
+  }
+
   void rotate_heads(Rows<float> x, int64_t num_rows, int64_t num_heads, int64_t head_dim) override {
     for_rows(num_rows, num_heads * head_dim, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) kernels::rotate_heads(x.row(r), 1, num_heads, head_dim);

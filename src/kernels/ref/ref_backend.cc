@@ -111,6 +111,12 @@ class ReferenceBackend final : public HostMemoryBackend {
     ref::page_upper_bounds(kv, summaries, q, num_heads, num_blocks, bounds);
   }
 
+  void scale_columns(const float* scale, Rows<float> x, int64_t num_rows, int64_t n) override {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      for (int64_t c = 0; c < n; ++c) x.row(r)[c] *= scale[c];
+    }
+  }
+
   void rotate_heads(Rows<float> x, int64_t num_rows, int64_t num_heads, int64_t head_dim) override {
     for (int64_t r = 0; r < num_rows; ++r) ref::rotate_heads(x.row(r), 1, num_heads, head_dim);
   }
