@@ -116,6 +116,7 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                  kv_),
       runner_(*model_, cache_, kv_) {
   config_.num_kv_pages = kv_.num_pages();
+  if (kernels::is_block_kv_dtype(config.kv_dtype)) model_->ensure_key_smoothing();
   kv_bytes_per_page_ = static_cast<int64_t>(
       model::KvCache::bytes_per_page(model_->config(), config.page_size, config.kv_dtype));
   if (config_.calibration && config_.calibration->model_fingerprint != model_->fingerprint()) {

@@ -32,8 +32,8 @@
 // Before storing / attending, the model (llama.cc) transforms each key and query head, q·k
 // changing only by a per-query constant (softmax, SnapKV's probabilities and Quest's ranking
 // unchanged; no bytes stored):
-//   1. static smoothing, per (layer, kv head, channel), measured once at load from one f32
-//      forward pass: k_c <- (k_c - mu_c) / s_c, q_c <- q_c * s_c, s_c = sqrt(sd(k_c) / rms(q_c))
+//   1. static smoothing, per (layer, kv head, channel), measured once (when the model first
+//      gets a q8 / q4 cache) from one f32 forward pass: k_c <- (k_c - mu_c) / s_c, q_c <- q_c * s_c, s_c = sqrt(sd(k_c) / rms(q_c))
 //      shared by a RoPE pair (KVQuant / KIVI find key outliers per channel; QServe's
 //      SmoothAttention; the mean removal is exact under softmax);
 //   2. a normalized Walsh–Hadamard rotation, which spreads what is left over the group.

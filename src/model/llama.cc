@@ -48,12 +48,13 @@ int64_t rotation_size(int64_t head_dim) { return head_dim & -head_dim; }
 // the rotation would otherwise spread over every channel; s_c = sqrt(sd(k_c) / rms(q_c)),
 // shared by a RoPE pair and normalised to geometric mean 1 per head, balances the rounding
 // error of k against the weight q gives it (SmoothQuant's alpha = 0.5; QServe's SmoothAttention
-// scales keys alike). mu and s are measured once at load (measure_key_smoothing) from a forward
+// scales keys alike). mu and s are measured once, when the first q8 / q4 cache is used or an
+// engine makes one (ensure_key_smoothing: measure_key_smoothing), from a forward
 // pass over kSmoothingTokens pseudo-random tokens with an f32 cache. copy-lm, K alone
 // quantized (V and Q exact), rotated: top-1 0.70 -> 0.82 (q4), 0.980 -> 0.992 (q8, with V q8).
-// Cost: one f32 prefill of kSmoothingTokens at load (copy-lm's whole q4 cache, mean KL: 64
-// tokens 0.31, 128 0.24, 256 0.18, 512 0.12, 1024 0.12, none 0.34; the teacher-forced test
-// prefers 256 to 512), for every model whose head_dim allows q8 / q4, used or not.
+// Cost: one f32 prefill of kSmoothingTokens (copy-lm's whole q4 cache, mean KL: 64 tokens
+// 0.31, 128 0.24, 256 0.18, 512 0.12, 1024 0.12, none 0.34; the teacher-forced test prefers
+// 256 to 512), only for a model that gets a q8 / q4 cache (~0.2 s on the generated 57M model).
 constexpr int64_t kSmoothingTokens = 256;
 constexpr uint32_t kSmoothingSeed = 20260501;
 
@@ -127,7 +128,14 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights,
   // A tied embedding is the output matrix: one prepared copy serves both.
   const bool tied = weights_.token_embd.data == weights_.output.data;
   token_embd_ = tied ? output_ : b.prepare_lookup_table(weights_.token_embd);
-  if (config_.head_dim % kernels::block_elems(kernels::DType::kQ8_0) == 0) measure_key_smoothing();
+}
+
+void LlamaModel::ensure_key_smoothing() const {
+  // Measuring writes smoothing_ and the layers' pointers into it: setup that belongs to
+  // construction, deferred to the first use on a quantized cache (the model object itself is
+  // never const; the engine holds it through a pointer to const).
+  std::call_once(smoothing_measured_,
+                 [this] { const_cast<LlamaModel*>(this)->measure_key_smoothing(); });
 }
 
 void LlamaModel::measure_key_smoothing() {
@@ -459,6 +467,7 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ForwardScratch& s,
          .out = stream_outputs ? &(*stream_outputs)[&seq - batch.sequences.data()] : nullptr});
   }
 
+  if (rotates_keys(cache)) ensure_key_smoothing();
   s.kv_offsets.resize(static_cast<size_t>(n * c.num_kv_heads));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& w = layers_[l];
@@ -847,6 +856,7 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens,
                           .first_token = 0,
                           .num_tokens = static_cast<int32_t>(window_tokens.size()),
                           .positions = window_positions.data()};
+  if (rotates_keys(cache)) ensure_key_smoothing();
   observe_rows(window_tokens, window_positions, rotates_keys(cache), backend, s, [&](int64_t l) {
     attend(backend, std::span<const SequenceRows>(&rows, 1), l, cache, s, layer_scores);
     backend.download(scores.data() + layer_offsets[l], layer_scores,

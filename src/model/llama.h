@@ -26,6 +26,7 @@
 #include <optional>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -102,6 +103,11 @@ class LlamaModel {
   // stream_outputs (may be null): [batch sequence] what the streams' rows hand back (attention
   // weights, Quest choices).
   // cache and scratch are in backend()'s memory.
+  // q8 / q4 caches smooth keys with statistics measured from one f32 prefill (llama.cc). The
+  // first forward / observe on such a cache measures them (once, thread-safe); an engine calls
+  // this when it makes one, so that neither a server on f32 / f16 KV nor a first request pays.
+  void ensure_key_smoothing() const;
+
   void forward(const Batch& batch, KvCache& cache, ForwardScratch& scratch,
                std::vector<float>& logits,
                std::vector<StreamOutputs>* stream_outputs = nullptr) const;
@@ -155,6 +161,7 @@ class LlamaModel {
   // Measures the key smoothing from one forward pass over an f32 cache (llama.cc) and sets each
   // layer's key_shift, key_scale and query_scale (in smoothing_).
   void measure_key_smoothing();
+
   // Grows the scratch buffers every layer uses for n rows.
   void reserve(kernels::Backend& backend, int64_t n, ForwardScratch& s) const;
   // s.norm ([n][dim]) -> s.q [n][q_dim] and, with_kv, s.k, s.v [n][kv_dim]: the projection (one
@@ -190,6 +197,7 @@ class LlamaModel {
   std::shared_ptr<kernels::Backend> backend_;
   kernels::DeviceBuffer vectors_;    // every layer's norms and biases, and output_norm
   kernels::DeviceBuffer smoothing_;  // every layer's key_shift, key_scale, query_scale
+  mutable std::once_flag smoothing_measured_;
   std::vector<DeviceLayer> layers_;
   kernels::MatrixView token_embd_, output_;
   const float* output_norm_ = nullptr;
