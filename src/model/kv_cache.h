@@ -33,9 +33,9 @@
 // changing only by a per-query constant (softmax, SnapKV's probabilities and Quest's ranking
 // unchanged; no bytes stored):
 //   1. static smoothing, per (layer, kv head, channel), measured once (when the model first
-//      gets a q8 / q4 cache) from one f32 forward pass: k_c <- (k_c - mu_c) / s_c, q_c <- q_c * s_c, s_c = sqrt(sd(k_c) / rms(q_c))
-//      shared by a RoPE pair (KVQuant / KIVI find key outliers per channel; QServe's
-//      SmoothAttention; the mean removal is exact under softmax);
+//      gets a q8 / q4 cache) from one f32 forward pass: k_c <- (k_c - mu_c) / s_c, q_c <- q_c *
+//      s_c, s_c = sqrt(sd(k_c) / rms(q_c)) shared by a RoPE pair (KVQuant / KIVI find key outliers
+//      per channel; QServe's SmoothAttention; the mean removal is exact under softmax);
 //   2. a normalized Walsh–Hadamard rotation, which spreads what is left over the group.
 // Values are stored as they are. No residual window: a page's newest rows are quantized when
 // written, like the rest.

@@ -249,6 +249,37 @@ TEST_P(PagedAttention, ChunkedPrefill) {
 TEST_P(PagedAttention, ChunkRowsEqualTheirDecodeBitForBit) {
   ThreadPool pool1(1), pool2(2);
   uint32_t seed = 900;
+  const auto expect_rows_equal_alone = [&](const TestCache& cache, int64_t group, int64_t begin,
+                                           int64_t rows, ThreadPool& pool) {
+    const int64_t head_dim = cache.shape().head_dim;
+    const std::vector<int32_t> positions = position_range(begin, begin + rows);
+    const int64_t num_heads = 2 * group;
+    const std::vector<float> q = random_floats(rows * num_heads * head_dim, ++seed, -4.0f, 4.0f);
+    Outputs chunk(rows, num_heads, head_dim, 0.0f);
+    paged_attention(cache.view(), {q.data(), positions, num_heads, 0.25f}, chunk.view(), pool);
+    for (int64_t i = 0; i < rows; ++i) {
+      Outputs alone(1, num_heads, head_dim, 0.0f);
+      const std::vector<int32_t> one = {positions[static_cast<size_t>(i)]};
+      paged_attention(cache.view(), {q.data() + i * num_heads * head_dim, one, num_heads, 0.25f},
+                      alone.view(), pool);
+      for (int64_t j = 0; j < num_heads * head_dim; ++j) {
+        ASSERT_EQ(chunk.out[i * num_heads * head_dim + j], alone.out[j])
+            << to_string(cache.shape().dtype) << " head_dim " << head_dim << " group " << group
+            << " begin " << begin << " rows " << rows << " row " << i << " threads "
+            << pool.num_threads();
+      }
+    }
+  };
+  // Chunks that cross a key piece (kAttentionSplitKeys): the rows before the boundary see one
+  // piece alone and a masked one in the chunk.
+  for (DType dtype : {DType::kF32, DType::kQ4_1}) {
+    const TestCache cache(
+        {.num_keys = kAttentionSplitKeys + 24, .num_kv_heads = 2, .head_dim = 64, .dtype = dtype},
+        ++seed);
+    for (int64_t begin : {kAttentionSplitKeys - 6, kAttentionSplitKeys - 1, kAttentionSplitKeys}) {
+      for (ThreadPool* pool : {&pool1, &pool2}) expect_rows_equal_alone(cache, 4, begin, 5, *pool);
+    }
+  }
   for (DType dtype : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1}) {
     for (int64_t head_dim : {16, 64, 128}) {
       if (is_block_kv_dtype(dtype) && head_dim % 32 != 0) continue;
@@ -679,15 +710,17 @@ void expect_plan_covers(const PagedKv& kv, const AttentionQuery& q, int num_thre
 }
 
 TEST(AttentionPlan, DecodeTakesAllKvHeadsPerTaskAndSplitsKeysAtFixedPieces) {
-  const std::vector<int32_t> table(256);
+  const std::vector<int32_t> table(1024);
   const PagedKv kv{nullptr, nullptr, 0, 0, 16, 128, 8, table};
-  const std::vector<int32_t> decode = {4000};
+  const std::vector<int32_t> decode = {16000};
   const AttentionQuery q{nullptr, decode, 32, 1.0f};  // group 4: 8 kv heads = 32 vectors
-  // 4001 keys: 8 pieces of kAttentionSplitKeys, each one task of all 8 kv heads, whatever the
+  // 16001 keys: pieces of kAttentionSplitKeys, each one task of all 8 kv heads, whatever the
   // threads.
+  const auto pieces = static_cast<size_t>((16001 + kAttentionSplitKeys - 1) / kAttentionSplitKeys);
+  ASSERT_GE(pieces, 2u);
   for (int threads : {1, 16}) {
     const AttentionPlan plan = plan_paged_attention(kv, q, threads);
-    ASSERT_EQ(plan.tasks.size(), 8u);
+    ASSERT_EQ(plan.tasks.size(), pieces);
     for (const AttentionTask& task : plan.tasks) {
       EXPECT_EQ(task.kv_head_end - task.kv_head_begin, 8);
       EXPECT_EQ(task.key_begin % kAttentionSplitKeys, 0);
@@ -701,7 +734,7 @@ TEST(AttentionPlan, DecodeTakesAllKvHeadsPerTaskAndSplitsKeysAtFixedPieces) {
   EXPECT_TRUE(plan_paged_attention(kv, {nullptr, short_decode, 32, 1.0f}, 16).merges.empty());
   // Group 8: two tasks of 4 kv heads per piece.
   const AttentionPlan wide = plan_paged_attention(kv, {nullptr, decode, 64, 1.0f}, 1);
-  ASSERT_EQ(wide.tasks.size(), 2u * 8);
+  ASSERT_EQ(wide.tasks.size(), 2u * pieces);
   EXPECT_EQ(wide.max_query_vectors, 32);
   expect_plan_covers(kv, {nullptr, decode, 64, 1.0f}, 3);
 }
@@ -716,15 +749,15 @@ TEST(AttentionPlan, PrefillTilesRowsAndCoversTheCausalTriangle) {
     EXPECT_EQ(plan.rows_per_tile * group, kAttentionQueryVectorsPerTask);
     EXPECT_EQ(plan.max_query_vectors, kAttentionQueryVectorsPerTask);
     // Row tiles past the first kAttentionSplitKeys positions read two pieces, merged.
-    EXPECT_FALSE(plan.merges.empty());
+    EXPECT_EQ(plan.merges.empty(), 1000 <= kAttentionSplitKeys);
     for (const AttentionTask& task : plan.tasks) {
       EXPECT_EQ(task.key_begin / kAttentionSplitKeys, (task.key_end - 1) / kAttentionSplitKeys);
     }
     expect_plan_covers(kv, q, 3);
   }
   // A short chunk over a long context with many threads is split.
-  const std::vector<int32_t> chunk = position_range(3000, 3010);
-  const std::vector<int32_t> long_table(256);
+  const std::vector<int32_t> chunk = position_range(9000, 9010);
+  const std::vector<int32_t> long_table(1024);
   const PagedKv kv{nullptr, nullptr, 0, 0, 16, 64, 2, long_table};
   expect_plan_covers(kv, {nullptr, chunk, 8, 1.0f}, 8);
   EXPECT_FALSE(plan_paged_attention(kv, {nullptr, chunk, 8, 1.0f}, 8).merges.empty());
