@@ -138,14 +138,15 @@ struct Problem {
   const PagedKv& kv;
   const AttentionQuery& q;
   const AttentionOutput& out;
-  int64_t group;     // query heads per kv head
-  int64_t dp;        // head_dim rounded up to whole vectors
-  int64_t tp;        // kTileKeys rounded up to whole vectors (vnni: kVnniTileKeys)
-  int64_t max_rows;  // query vectors per task at most (AttentionPlan::max_query_vectors)
-  float* partials;   // num_slots slots of SlotFloats() floats
-  bool quantized;    // kQ8_0 / kQ4_1: queries rounded by block_kv_query; tiles are dequantized
-                     // into Scratch::k_tile / v_tile, or with `vnni` read in place
-  bool vnni;         // quantized on AVX3 with VNNI: cpu/attention_vnni.h scores and P·V
+  int64_t group;       // query heads per kv head
+  int64_t dp;          // head_dim rounded up to whole vectors
+  int64_t tp;          // kTileKeys rounded up to whole vectors (vnni: kVnniTileKeys)
+  int64_t max_rows;    // query vectors per task at most (AttentionPlan::max_query_vectors)
+  float* partials;     // num_slots slots of SlotFloats() floats
+  bool quantized;      // kQ8_0 / kQ4_1: queries rounded by block_kv_query; tiles are dequantized
+                       // into Scratch::k_tile / v_tile, or with `vnni` read in place
+  bool vnni;           // quantized on AVX3 with VNNI: cpu/attention_vnni.h scores and P·V
+  bool row_invariant;  // AttentionPlan::row_invariant: page-long tiles for every task
   // A partial slot: [max_rows][dp] acc, [max_rows] max, [max_rows] sum; whole cache lines, so
   // every slot's acc is vector-aligned.
   int64_t SlotFloats() const { return (max_rows * (dp + 2) + 15) / 16 * 16; }
@@ -683,13 +684,15 @@ HWY_INLINE void StoreRow(const Problem& p, int64_t row0, int64_t kv_head, int64_
 // through a layer's pages when their ids are consecutive (model::KvCache's layout). Tiles of
 // two pages jump back and forth within them, which defeats the hardware prefetchers: decode
 // at 16k keys (head_dim 64, 2 kv heads, one thread, Zen 4) took 2.0 ms per layer instead of
-// 0.8 (f32), 1.2 instead of 0.6 (f16). Every task uses the same tiles, whatever its rows and
-// heads: the online softmax rescales at tile ends, so a row attended alone and the same row in
-// a chunk must step through the same tiles to come out bit for bit the same. Tiles start on
-// multiples of their length (tasks start on kAttentionSplitKeys multiples). Pages under 8 keys
-// keep the long tiles (per-tile costs would dominate).
-HWY_INLINE int64_t TileKeys(const PagedKv& kv) {
-  if (kv.page_size >= 8 && kv.page_size < kTileKeys) return kv.page_size;
+// 0.8 (f32), 1.2 instead of 0.6 (f16). Tasks of a row-invariant plan (short jobs: decode and
+// speculative verification) all take page-long tiles, whatever their heads: the online softmax
+// rescales at tile ends, so a row alone and in a short chunk must step through the same tiles
+// to come out bit for bit the same. Tiles start on multiples of their length (such tasks start
+// on kAttentionSplitKeys multiples). Pages under 8 keys keep the long tiles (per-tile costs
+// would dominate).
+HWY_INLINE int64_t TileKeys(const PagedKv& kv, int64_t num_heads, bool row_invariant) {
+  if ((row_invariant || num_heads > 1) && kv.page_size >= 8 && kv.page_size < kTileKeys)
+    return kv.page_size;
   return kTileKeys;
 }
 
@@ -784,7 +787,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   }
   // Otherwise units of work in order: for each key tile, each kv head of the task.
   KeyRun<T> runs[kMaxRuns];
-  const int64_t tile_keys = TileKeys(p.kv);
+  const int64_t tile_keys = TileKeys(p.kv, num_heads, p.row_invariant);
   for (int64_t key0 = task.key_begin; !p.vnni && key0 < task.key_end; key0 += tile_keys) {
     const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
     for (int64_t b = 0; b < num_heads; ++b) {
@@ -877,7 +880,8 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
                   plan.max_query_vectors,
                   nullptr,
                   is_block_kv_dtype(kv.dtype),
-                  false};
+                  false,
+                  plan.row_invariant};
 #if HWY_TARGET == HWY_AVX3
   problem.vnni = problem.quantized && vnni::supported();
   if (problem.vnni) problem.tp = kVnniTileKeys;

@@ -10,10 +10,10 @@
 // Zen 4, reading one head's 8 KiB slice of every page in turn streams at half the rate of
 // page-by-page order in a plain read loop, and decode ran ~12% faster this way; the kernel's
 // tiles are then one page long, see TileKeys in attention-inl.h). A tile's
-// key range is [0, max position + 1), cut into pieces at multiples of kAttentionSplitKeys
-// whose partial (max, sum, acc) states a merge step combines: the pieces occupy the threads
-// (decode, short chunks over long contexts), and since they do not depend on the rows, the
-// heads or the threads, each row's output does not either.
+// key range is [0, max position + 1), cut into pieces whose partial (max, sum, acc) states a
+// merge step combines, so that the threads are busy (decode, short chunks over long contexts):
+// for short jobs at fixed multiples of kAttentionSplitKeys (then a row's output does not depend
+// on the rows, heads or threads of its job), for prefill chunks only as the threads need.
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -26,13 +26,19 @@ namespace sieve::kernels {
 // Query vectors (rows x query heads) per task: the accumulators ([32][head_dim] f32, 16 KiB at
 // head_dim 128) and staged queries stay in L1/L2 while each K/V tile is reused by all of them.
 inline constexpr int64_t kAttentionQueryVectorsPerTask = 32;
-// Keys per piece: a task's key range is cut at multiples of this (rounded up to whole pages), so
-// that long contexts spread over the threads, and a row's result does not depend on what else
-// is attended with it (see plan_paged_attention). Each piece re-stages its queries and is
-// merged: with 512-key pieces, prefill on the generated 57M model (f16 KV) ran at 0.8x (2k
-// prompt) and 0.7x (16k) of unsplit tasks; with 4096 at 0.95-1.0x, decode unchanged. Below
-// 4096 keys a single sequence's decode spreads over its kv heads only.
-inline constexpr int64_t kAttentionSplitKeys = 4096;
+// Jobs of at most this many query rows (decode, a speculative verification of up to 16 drafts)
+// are planned so that each row's output is bit for bit the one it gets alone: keys cut at fixed
+// multiples of kAttentionSplitKeys (whole pages), whatever the rows, heads or threads, and every
+// task walking page-long tiles (attention-inl.h). Longer jobs (prefill chunks) split only to
+// keep the threads busy (below) and take 2-page tiles: fixed 512-key pieces cost prefill on the
+// generated 57M model 0.7-0.8x (f16 KV, 2k / 16k prompts), and page-long tiles ~0.9x.
+inline constexpr int64_t kAttentionInvariantRows = 32;
+inline constexpr int64_t kAttentionSplitKeys = 512;
+// Longer jobs: split keys when there are fewer than this many tasks per thread...
+inline constexpr int64_t kAttentionTasksPerThread = 4;
+// ...but no split task reads less than this much K+V: it would cost more in task overhead and
+// merging than it gains.
+inline constexpr int64_t kAttentionMinTaskBytes = 256 << 10;
 
 struct AttentionTask {
   int64_t row_begin = 0, row_end = 0;          // query rows [row_begin, row_end)
@@ -59,6 +65,8 @@ struct AttentionPlan {
   std::vector<AttentionMerge> merges;  // empty when nothing was split
   int64_t num_slots = 0;               // partial slots the split tasks use
   int64_t total_macs = 0;              // q·k + p·v multiply-adds over all tasks
+  // The job has at most kAttentionInvariantRows rows: fixed pieces and page-long tiles.
+  bool row_invariant = false;
 };
 
 // The work split for `num_threads` threads. Pure function of the shapes and positions.
