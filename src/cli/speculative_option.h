@@ -31,8 +31,11 @@ inline CLI::Option* add_speculative_config_option(CLI::App& command,
           "--speculative-config",
           [&config](const std::string& text) { config = spec::parse_speculative_config(text); },
           "Speculative decoding, as vLLM's JSON: {\"method\": \"ngram\", "
-          "\"num_speculative_tokens\": 4} (prompt lookup; also prompt_lookup_max/min, "
-          "disable_by_batch_size). Greedy output is unchanged. Default: off")
+          "\"num_speculative_tokens\": 4} (prompt lookup; also prompt_lookup_max/min) or "
+          "{\"method\": \"self_sparse\", \"num_speculative_tokens\": 4, \"kv_policy\": "
+          "\"streaming:S=4,W=1020\"} (the model drafts from a sink + window view of its own KV); "
+          "disable_by_batch_size. Output is unchanged (greedy; sampling for the same seed). "
+          "Default: off")
       ->check(valid);
 }
 
