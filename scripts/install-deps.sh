@@ -8,6 +8,7 @@ packages=(
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev prometheus-cpp-dev
   curl                                # end-to-end server tests
   libhwy-dev libpcre2-dev
+  libboost-dev                        # Boost.Beast / Asio: the event-driven HTTP server
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 # Node.js and npm run the end-to-end server tests (the openai npm package). Machines that already

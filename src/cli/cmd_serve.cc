@@ -3,6 +3,7 @@
 // Start-up order: bind the port first (so /health can say 503 while loading), load the model
 // with a progress bar, build the engine, then turn ready. SIGINT/SIGTERM drain gracefully.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -32,7 +33,14 @@ struct ServeOptions {
   std::string kv_policy = "full";
   double shutdown_grace_seconds = 10.0;
   size_t max_body_mib = 8;
+  double request_timeout_seconds = 30.0;
+  double keep_alive_timeout_seconds = 5.0;
+  double write_timeout_seconds = 30.0;
 };
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
 
 // Signals only post a semaphore; the main thread does the shutdown work.
 std::counting_semaphore<16> g_signalled{0};
@@ -76,16 +84,20 @@ void serve(ServeOptions options) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
 
-  options.server.shutdown_grace =
-      std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_grace_seconds * 1000.0));
-  options.server.max_body_bytes = options.max_body_mib << 20;
-  if (options.server.http_threads == 0) {
-    options.server.http_threads = std::max(64, options.engine.config.max_num_seqs * 2 + 32);
-  }
+  options.server.shutdown_grace = to_ms(options.shutdown_grace_seconds);
+  server::HttpLimits& limits = options.server.limits;
+  limits.max_body_bytes = options.max_body_mib << 20;
+  limits.request_timeout = to_ms(options.request_timeout_seconds);
+  limits.keep_alive_timeout = to_ms(options.keep_alive_timeout_seconds);
+  limits.write_timeout = to_ms(options.write_timeout_seconds);
   server::HttpServer http(options.server);
   http.bind();
   spdlog::info("listening on http://{}:{} (/health answers 503 until the model is loaded)",
                options.server.host, http.port());
+  if (http.metrics_port() >= 0) {
+    spdlog::info("probes: http://{}:{}/health and /metrics", options.server.host,
+                 http.metrics_port());
+  }
   std::thread listener([&] { http.listen(); });
 
   try {
@@ -130,10 +142,18 @@ void serve(ServeOptions options) {
         model::kv_dtype_name(ec.kv_dtype), ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
     spdlog::info("default kv_policy: {}; speculative decoding: {}",
                  sparsity::to_string(default_policy), spec::to_json(ec.speculative));
-    spdlog::info("compute: {} backend, {} threads; {} HTTP threads; chat template: {}; API key: {}",
+    spdlog::info("compute: {} backend, {} threads; chat template: {}; API key: {}",
                  loaded.model->backend().name(), loaded.model->backend().num_threads(),
-                 options.server.http_threads, template_origin,
-                 options.server.api_key.empty() ? "none" : "required");
+                 template_origin, options.server.api_key.empty() ? "none" : "required");
+    spdlog::info(
+        "HTTP: {} I/O threads; up to {} connections (+{} for /health and /metrics); request "
+        "timeout {:.0f} s, keep-alive {:.0f} s, headers {} bytes / {} lines, body {} MiB; CORS: {}",
+        options.server.io_threads, limits.max_connections, limits.reserved_connections,
+        options.request_timeout_seconds, options.keep_alive_timeout_seconds,
+        limits.max_header_bytes, limits.max_header_count, options.max_body_mib,
+        options.server.allowed_origins.empty()
+            ? std::string("off")
+            : fmt::format("{}", fmt::join(options.server.allowed_origins, ", ")));
     http.set_backend({.engine = engine,
                       .tokenizer = loaded.tokenizer,
                       .model_name = name,
@@ -186,10 +206,59 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   command
-      ->add_option(
-          "--http-threads", options->server.http_threads,
-          "HTTP worker threads; each open stream holds one (default: 2 x max-num-seqs + 32)")
+      ->add_option("--metrics-port", options->server.metrics_port,
+                   "Also serve GET /health and GET /metrics on this port, with a thread of its own "
+                   "(0: any free port; default: off)")
+      ->check(CLI::Range(0, 65535));
+  command
+      ->add_option("--allowed-origins", options->server.allowed_origins,
+                   "Origins whose browser pages may call the API (CORS), e.g. "
+                   "https://chat.example.com; '*' for any (default: none)")
+      ->delimiter(',');
+  command
+      ->add_option("--max-connections", options->server.limits.max_connections,
+                   "Open client connections served; beyond it new ones get a fast 503 (a reserve "
+                   "still answers /health and /metrics)")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--request-timeout", options->request_timeout_seconds,
+                   "Seconds a client has to send a whole request (head and body) from its first "
+                   "byte; a client that trickles bytes is dropped when it expires")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--keep-alive-timeout", options->keep_alive_timeout_seconds,
+                   "Seconds an idle keep-alive connection stays open")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--write-timeout", options->write_timeout_seconds,
+                   "Seconds a write may wait for a client that does not read before it is "
+                   "dropped (its request is cancelled)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--max-header-bytes", options->server.limits.max_header_bytes,
+                   "Largest request line + headers in bytes (431 above)")
+      ->capture_default_str()
+      ->check(CLI::Range(1024, 1 << 20));
+  command
+      ->add_option("--max-header-count", options->server.limits.max_header_count,
+                   "Most header lines in a request (431 above)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--max-stream-buffer", options->server.limits.max_stream_buffer_bytes,
+                   "Bytes of a response stream that may wait for a slow client before it is "
+                   "dropped and its request cancelled")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--io-threads", options->server.io_threads,
+                   "Threads of the HTTP event loop (they never wait on a client)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   command
       ->add_option(
           "--shutdown-grace", options->shutdown_grace_seconds,

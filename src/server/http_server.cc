@@ -1,19 +1,12 @@
 #include "server/http_server.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <fmt/format.h>
-#include <httplib.h>
-#include <netdb.h>
-#include <poll.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 
-#include <condition_variable>
-#include <cstdlib>
-#include <deque>
+#include <algorithm>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <thread>
-#include <unordered_map>
 
 #include "util/error.h"
 
@@ -23,125 +16,69 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr const char* kJsonType = "application/json";
-// How long an HTTP thread waits for engine events before it looks at the client's socket.
-constexpr auto kPollInterval = std::chrono::milliseconds(50);
+// Paths served even when the connection limit is reached (and on --metrics-port).
+const std::vector<std::string> kProbePaths = {"/health", "/metrics"};
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void send_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(dump(body), kJsonType);
+std::string sse(const json& chunk) { return "data: " + dump(chunk) + "\n\n"; }
+
+// Errors the transport answers itself, in the API's error shape.
+std::string transport_error_body(int status, const std::string& message) {
+  ApiError error{.status = status, .message = message};
+  if (status == 413) error.param = "body";
+  if (status == 503) error.type = "server_unavailable";
+  if (status >= 500 && status != 503) error.type = "internal_server_error";
+  return dump(error.to_json());
 }
 
-void send_error(httplib::Response& res, const ApiError& error) {
-  send_json(res, error.status, error.to_json());
-}
-
-std::string numeric_host(const sockaddr_storage& addr, socklen_t len) {
-  char host[NI_MAXHOST] = {};
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0,
-                  NI_NUMERICHOST) != 0) {
-    return {};
-  }
-  return host;
-}
-
-int port_of(const sockaddr_storage& addr) {
-  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(addr).sin_port);
-  if (addr.ss_family == AF_INET6)
-    return ntohs(reinterpret_cast<const sockaddr_in6&>(addr).sin6_port);
-  return -1;
-}
-
-// Calls fn(fd, local address) for each socket of this process until fn returns true.
-template <typename Fn>
-void for_each_socket(Fn fn) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0') continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof(local);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
-    if (fn(static_cast<int>(fd), local)) break;
-  }
-  closedir(dir);
-}
-
-// cpp-httplib 0.11 does not hand the connection's socket to handlers, and a write to a socket
-// whose peer has gone only fails on the second try. To cancel a request as soon as its client
-// disconnects (also while it waits in the queue, writing nothing), find the accepted socket by
-// its two endpoints and watch it for hang-up. -1 when not found (then write failures still end
-// the request).
-int find_client_socket(const httplib::Request& req) {
-  int found = -1;
-  for_each_socket([&](int fd, const sockaddr_storage& local) {
-    if (port_of(local) != req.local_port) return false;
-    sockaddr_storage peer{};
-    socklen_t peer_len = sizeof(peer);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
-    if (port_of(peer) != req.remote_port || numeric_host(peer, peer_len) != req.remote_addr)
-      return false;
-    found = fd;
-    return true;
-  });
-  return found;
-}
-
-// cpp-httplib 0.11 listens with a backlog of 5: a burst of new connections beyond that is
-// dropped, and TCP retries it a second later (a 1 s TTFT outlier). Listening again on the bound
-// socket raises the backlog.
-void raise_listen_backlog(int port) {
-  for_each_socket([&](int fd, const sockaddr_storage& local) {
-    int listening = 0;
-    socklen_t flag_len = sizeof(listening);
-    if (port_of(local) == port &&
-        getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_len) == 0 && listening) {
-      ::listen(fd, SOMAXCONN);
-    }
-    return false;
-  });
-}
-
-// True when the client closed its side (or the connection broke). Does not consume data.
-bool peer_closed(int fd) {
-  if (fd < 0) return false;
-  pollfd p{.fd = fd, .events = POLLRDHUP, .revents = 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
-std::optional<json> parse_body(const httplib::Request& req, httplib::Response& res) {
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+std::optional<json> parse_body(const HttpRequest& request, ApiError& error) {
+  json body = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
-    send_error(res, ApiError{.status = 400,
-                             .message = "the request body is not valid JSON (UTF-8)",
-                             .param = "body"});
+    error = ApiError{
+        .status = 400, .message = "the request body is not valid JSON (UTF-8)", .param = "body"};
     return std::nullopt;
   }
   if (!body.is_object()) {
-    send_error(res, ApiError{.status = 400,
-                             .message = "the request body must be a JSON object",
-                             .param = "body"});
+    error = ApiError{
+        .status = 400, .message = "the request body must be a JSON object", .param = "body"};
     return std::nullopt;
   }
   return body;
 }
 
+json model_card(const Backend& b) {
+  return json{{"id", b.model_name},
+              {"object", "model"},
+              {"created", std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count()},
+              {"owned_by", "sieve"},
+              {"root", b.model_name},
+              {"parent", nullptr},
+              {"max_model_len", b.context_length}};
+}
+
 }  // namespace
 
+// Request bodies are parsed and tokenized here, never on an I/O thread: a large prompt must
+// not delay anyone's /health.
+struct HttpServer::Workers {
+  explicit Workers(int threads) : pool(static_cast<size_t>(std::max(1, threads))) {}
+  boost::asio::thread_pool pool;
+};
+
 // One generation request: its engine requests, the events the engine pushed for it, and what
-// its choices have produced so far.
+// its choices have produced so far. Touched only on its connection's strand.
 struct HttpServer::Exchange {
   std::shared_ptr<const Backend> backend;
+  std::shared_ptr<Responder> responder;
+  HttpHeaders headers;  // CORS, added to the response
   GenerationRequest request;
   std::unique_ptr<ResponseWriter> writer;
   std::string endpoint;
   uint64_t log_id = 0;
   Clock::time_point start = Clock::now();
-  int client_fd = -1;
 
   std::vector<engine::RequestId> engine_ids;
   std::unordered_map<engine::RequestId, size_t> prompt_of;
@@ -153,27 +90,9 @@ struct HttpServer::Exchange {
   std::optional<ApiError> error;
   std::optional<double> first_token_seconds;
   bool cancelled = false;
-  bool stream_started = false;
+  bool ended = false;  // the response is complete (or the client is gone)
   bool logged = false;
 
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::deque<engine::RequestEvent> queue;
-
-  void push(const engine::RequestEvent& event) {
-    {
-      std::lock_guard lock(mutex);
-      queue.push_back(event);
-    }
-    cv.notify_one();
-  }
-  std::deque<engine::RequestEvent> take() {
-    std::unique_lock lock(mutex);
-    cv.wait_for(lock, kPollInterval, [&] { return !queue.empty(); });
-    std::deque<engine::RequestEvent> events;
-    events.swap(queue);
-    return events;
-  }
   bool done() const { return error.has_value() || num_finished == choices.size(); }
   void cancel() {
     if (cancelled) return;
@@ -184,19 +103,47 @@ struct HttpServer::Exchange {
     return static_cast<int32_t>(prompt_of.at(event.request_id) * request.params.n +
                                 event.sample_idx);
   }
+  // Stream chunks carry usage when the client asked for it.
+  json with_usage(json chunk) const {
+    if (request.continuous_usage) {
+      chunk["usage"] = usage.to_json();
+    } else if (request.include_usage) {
+      chunk["usage"] = nullptr;
+    }
+    return chunk;
+  }
 };
 
 HttpServer::HttpServer(ServerConfig config)
-    : config_(std::move(config)), http_(std::make_unique<httplib::Server>()) {
-  install_routes();
+    : config_(std::move(config)), workers_(std::make_unique<Workers>(config_.handler_threads)) {
+  transport_ = std::make_unique<HttpTransport>(
+      config_.limits,
+      [this](HttpRequest request, std::shared_ptr<Responder> responder) {
+        route(std::move(request), std::move(responder));
+      },
+      kProbePaths, transport_error_body);
+  if (config_.metrics_port >= 0) {
+    probe_transport_ = std::make_unique<HttpTransport>(
+        config_.limits,
+        [this](HttpRequest request, std::shared_ptr<Responder> responder) {
+          route_probe(std::move(request), std::move(responder));
+        },
+        kProbePaths, transport_error_body);
+  }
 }
 
-HttpServer::~HttpServer() = default;
+HttpServer::~HttpServer() {
+  transport_->stop();
+  if (probe_transport_) probe_transport_->stop();
+  workers_->pool.join();
+}
 
 std::shared_ptr<const Backend> HttpServer::backend() const {
   std::lock_guard lock(backend_mutex_);
   return backend_;
 }
+
+HttpTransportStats HttpServer::transport_stats() const { return transport_->stats(); }
 
 void HttpServer::set_backend(Backend backend) {
   const engine::EngineConfig& ec = backend.engine->config();
@@ -214,32 +161,27 @@ void HttpServer::set_backend(Backend backend) {
 }
 
 void HttpServer::bind() {
-  // Streams hold their HTTP thread for their whole life: have one for every sequence that can
-  // run or wait, plus some for health checks and metrics scrapes.
-  const int threads = config_.http_threads > 0 ? config_.http_threads : 256;
-  http_->new_task_queue = [threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(threads));
-  };
-  http_->set_payload_max_length(config_.max_body_bytes);
-  http_->set_tcp_nodelay(true);  // stream chunks are small: send each at once (no Nagle delay)
-  http_->set_keep_alive_timeout(5);
-  http_->set_read_timeout(30);
-  http_->set_write_timeout(30);
-  if (config_.port == 0) {
-    bound_port_ = http_->bind_to_any_port(config_.host);
-    if (bound_port_ < 0) fail("cannot bind to {} on any port", config_.host);
-  } else {
-    if (!http_->bind_to_port(config_.host, config_.port)) {
-      fail("cannot bind to {}:{} (in use, or not an address of this machine)", config_.host,
-           config_.port);
-    }
-    bound_port_ = config_.port;
+  // Every connection is a file descriptor: make room for the connection limit.
+  const uint64_t fd_limit = raise_open_file_limit();
+  const size_t wanted = config_.limits.max_connections + config_.limits.reserved_connections;
+  if (wanted + 64 > fd_limit) {
+    spdlog::warn(
+        "open-file limit {} is below max connections {} + {} reserved: connections beyond "
+        "it are refused by the kernel",
+        fd_limit, config_.limits.max_connections, config_.limits.reserved_connections);
   }
-  raise_listen_backlog(bound_port_);
-  bound_ = true;
+  bound_port_ = transport_->bind(config_.host, config_.port);
+  if (probe_transport_) {
+    bound_metrics_port_ = probe_transport_->bind(config_.host, config_.metrics_port);
+  }
 }
 
-void HttpServer::listen() { http_->listen_after_bind(); }
+void HttpServer::listen() {
+  std::thread probes;
+  if (probe_transport_) probes = std::thread([this] { probe_transport_->run(1); });
+  transport_->run(std::max(1, config_.io_threads));
+  if (probes.joinable()) probes.join();
+}
 
 void HttpServer::shutdown() {
   draining_ = true;
@@ -250,191 +192,306 @@ void HttpServer::shutdown() {
   if (active_requests_.load() > 0) {
     spdlog::warn("shutdown: cancelling {} request(s) still running after the grace period",
                  active_requests_.load());
-    cancel_all_ = true;
+    std::vector<std::shared_ptr<Exchange>> running;
+    {
+      std::lock_guard lock(exchanges_mutex_);
+      for (auto& [raw, weak] : exchanges_) {
+        if (auto ex = weak.lock()) running.push_back(std::move(ex));
+      }
+    }
+    for (auto& ex : running) {
+      ex->responder->post([this, ex] {
+        if (ex->ended) return;
+        ex->cancel();
+        ex->error = ApiError{.status = 503,
+                             .message = "the server shut down before the request finished",
+                             .type = "server_unavailable"};
+        complete_if_done(*ex);
+      });
+    }
     const auto hard_deadline = Clock::now() + std::chrono::seconds(5);
     while (active_requests_.load() > 0 && Clock::now() < hard_deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  // stop() only closes a running server's socket: when shutdown comes right after start (a bad
-  // option found while loading), let listen() (which follows bind() on its own thread) get going
-  // first, or the stop would be lost and listen() would block for ever.
-  const auto listen_deadline = Clock::now() + std::chrono::seconds(5);
-  while (bound_ && !http_->is_running() && Clock::now() < listen_deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  http_->stop();
+  transport_->stop();
+  if (probe_transport_) probe_transport_->stop();
 }
 
-void HttpServer::install_routes() {
-  httplib::Server& http = *http_;
+HttpHeaders HttpServer::cors_headers(const HttpRequest& request) const {
+  if (config_.allowed_origins.empty()) return {};
+  const std::string origin = request.header("origin");
+  if (origin.empty()) return {};
+  const auto& allowed = config_.allowed_origins;
+  if (std::find(allowed.begin(), allowed.end(), "*") != allowed.end()) {
+    return {{"Access-Control-Allow-Origin", "*"}};
+  }
+  if (std::find(allowed.begin(), allowed.end(), origin) == allowed.end()) return {};
+  return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+}
 
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (!config_.api_key.empty()) {
-      const std::string auth = req.get_header_value("Authorization");
-      if (auth != "Bearer " + config_.api_key) {
-        send_error(
-            res,
-            ApiError{.status = 401,
-                     .message = auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
-                                             : "invalid API key",
-                     .type = "authentication_error",
-                     .code = "invalid_api_key"});
-        return httplib::Server::HandlerResponse::Handled;
-      }
+void HttpServer::send(const HttpRequest& request, Responder& responder, int status,
+                      const json& body) {
+  responder.respond(HttpResponse{.status = status,
+                                 .content_type = kJsonType,
+                                 .body = dump(body),
+                                 .headers = cors_headers(request)});
+}
+
+void HttpServer::send_error(const HttpRequest& request, Responder& responder,
+                            const ApiError& error) {
+  send(request, responder, error.status, error.to_json());
+}
+
+void HttpServer::serve_health(const HttpRequest& request, Responder& responder) {
+  if (!backend()) return send(request, responder, 503, {{"status", "loading"}});
+  if (draining_) return send(request, responder, 503, {{"status", "shutting down"}});
+  send(request, responder, 200, {{"status", "ok"}});
+}
+
+void HttpServer::serve_metrics(const HttpRequest& request, Responder& responder) {
+  auto b = backend();
+  if (!b) {
+    return send_error(
+        request, responder,
+        ApiError{
+            .status = 503, .message = "the model is still loading", .type = "server_unavailable"});
+  }
+  std::string text;
+  {
+    std::lock_guard lock(backend_mutex_);
+    text = metrics_->render(b->engine->stats());
+  }
+  const HttpTransportStats t = transport_->stats();
+  text += fmt::format(
+      "# HELP sieve:http_connections_open Client connections open now.\n"
+      "# TYPE sieve:http_connections_open gauge\n"
+      "sieve:http_connections_open {}\n"
+      "# HELP sieve:http_connections_refused_total Connections closed at accept (over the "
+      "connection limit plus its reserve).\n"
+      "# TYPE sieve:http_connections_refused_total counter\n"
+      "sieve:http_connections_refused_total {}\n"
+      "# HELP sieve:http_connections_limited_total Requests answered 503 because the connection "
+      "limit was reached.\n"
+      "# TYPE sieve:http_connections_limited_total counter\n"
+      "sieve:http_connections_limited_total {}\n"
+      "# HELP sieve:http_requests_timed_out_total Requests dropped because head and body did "
+      "not arrive within the request timeout.\n"
+      "# TYPE sieve:http_requests_timed_out_total counter\n"
+      "sieve:http_requests_timed_out_total {}\n"
+      "# HELP sieve:http_requests_malformed_total Requests refused as malformed or too large.\n"
+      "# TYPE sieve:http_requests_malformed_total counter\n"
+      "sieve:http_requests_malformed_total {}\n"
+      "# HELP sieve:http_responses_aborted_total Responses cut short: the client left or "
+      "stopped reading.\n"
+      "# TYPE sieve:http_responses_aborted_total counter\n"
+      "sieve:http_responses_aborted_total {}\n",
+      t.open_connections, t.refused_connections, t.limited_connections, t.timed_out_requests,
+      t.malformed_requests, t.aborted_responses);
+  HttpResponse response{.status = 200,
+                        .content_type = "text/plain; version=0.0.4; charset=utf-8",
+                        .body = std::move(text),
+                        .headers = cors_headers(request)};
+  responder.respond(std::move(response));
+}
+
+void HttpServer::route_probe(HttpRequest request, std::shared_ptr<Responder> responder) {
+  if (request.method == "GET" && request.path == "/health") {
+    return serve_health(request, *responder);
+  }
+  if (request.method == "GET" && request.path == "/metrics") {
+    return serve_metrics(request, *responder);
+  }
+  send_error(request, *responder,
+             ApiError{.status = 404,
+                      .message = fmt::format("no route {} {} on the metrics port (it serves "
+                                             "GET /health and GET /metrics)",
+                                             request.method, request.path),
+                      .type = "NotFoundError"});
+}
+
+void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder) {
+  Responder& r = *responder;
+  if (request.method == "OPTIONS") {  // CORS preflight (or a plain OPTIONS)
+    HttpResponse response{
+        .status = 204, .content_type = "text/plain", .headers = cors_headers(request)};
+    if (!response.headers.empty()) {
+      response.headers.emplace_back("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      response.headers.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      response.headers.emplace_back("Access-Control-Max-Age", "600");
     }
-    if (!backend()) {
-      send_error(res, ApiError{.status = 503,
-                               .message = "the model is still loading",
-                               .type = "server_unavailable"});
-      return httplib::Server::HandlerResponse::Handled;
+    response.headers.emplace_back("Allow", "GET, POST, OPTIONS");
+    return r.respond(std::move(response));
+  }
+  if (request.path == "/health") {
+    if (request.method != "GET") {
+      return send_error(request, r, ApiError{.status = 405, .message = "/health answers GET"});
     }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-
-  // Errors cpp-httplib produces itself (unknown route, body too large, unreadable request)
-  // get the same JSON shape as ours; responses that already have a body are left alone.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
-                                                                 httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError error{.status = res.status,
-                   .message = fmt::format("the request failed with HTTP status {}", res.status)};
-    if (res.status == 404) {
-      error.message = fmt::format("no route {} {}", req.method, req.path);
-      error.type = "NotFoundError";
-    } else if (res.status == 413) {
-      error.message = "the request body is larger than the server accepts";
-      error.param = "body";
+    return serve_health(request, r);
+  }
+  if (!config_.api_key.empty()) {
+    const std::string auth = request.header("authorization");
+    if (auth != "Bearer " + config_.api_key) {
+      return send_error(
+          request, r,
+          ApiError{.status = 401,
+                   .message = auth.empty() ? "missing API key: send 'Authorization: Bearer KEY'"
+                                           : "invalid API key",
+                   .type = "authentication_error",
+                   .code = "invalid_api_key"});
     }
-    send_error(res, error);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  }
+  auto b = backend();
+  if (!b) {
+    return send_error(
+        request, r,
+        ApiError{
+            .status = 503, .message = "the model is still loading", .type = "server_unavailable"});
+  }
 
-  http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "internal error";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        spdlog::error("unhandled error: {}", what);
-        send_error(res, ApiError{.status = 500, .message = what, .type = "internal_server_error"});
-      });
-
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (!backend()) return send_json(res, 503, {{"status", "loading"}});
-    if (draining_) return send_json(res, 503, {{"status", "shutting down"}});
-    send_json(res, 200, {{"status", "ok"}});
-  });
-
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    auto b = backend();
-    std::string text;
-    {
-      std::lock_guard lock(backend_mutex_);
-      text = metrics_->render(b->engine->stats());
-    }
-    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
-  });
-
-  auto model_card = [](const Backend& b) {
-    return json{{"id", b.model_name},
-                {"object", "model"},
-                {"created", std::chrono::duration_cast<std::chrono::seconds>(
-                                std::chrono::system_clock::now().time_since_epoch())
-                                .count()},
-                {"owned_by", "sieve"},
-                {"root", b.model_name},
-                {"parent", nullptr},
-                {"max_model_len", b.context_length}};
+  // Routes: method, path (a trailing '*' matches the rest), and whether the handler runs on a
+  // handler thread (it parses a body) or at once.
+  enum class Route { kMetrics, kModels, kModel, kTokenize, kDetokenize, kCompletions, kChat };
+  struct Entry {
+    const char* method;
+    std::string_view path;
+    Route route;
   };
-  http.Get("/v1/models", [this, model_card](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200, {{"object", "list"}, {"data", json::array({model_card(*backend())})}});
-  });
-  http.Get(R"(/v1/models/(.+))", [this, model_card](const httplib::Request& req,
-                                                    httplib::Response& res) {
-    auto b = backend();
-    if (req.matches[1] != b->model_name) {
-      return send_error(res, ApiError{.status = 404,
-                                      .message = fmt::format("The model `{}` does not exist.",
-                                                             req.matches[1].str()),
-                                      .type = "NotFoundError",
-                                      .param = "model",
-                                      .code = "model_not_found"});
+  static constexpr Entry kRoutes[] = {
+      {"GET", "/metrics", Route::kMetrics},
+      {"GET", "/v1/models", Route::kModels},
+      {"GET", "/v1/models/*", Route::kModel},
+      {"POST", "/tokenize", Route::kTokenize},
+      {"POST", "/detokenize", Route::kDetokenize},
+      {"POST", "/v1/completions", Route::kCompletions},
+      {"POST", "/v1/chat/completions", Route::kChat},
+  };
+  const Entry* found = nullptr;
+  bool path_known = false;
+  for (const Entry& e : kRoutes) {
+    const bool prefix = e.path.ends_with('*');
+    const std::string_view stem = prefix ? e.path.substr(0, e.path.size() - 1) : e.path;
+    const bool match = prefix ? request.path.size() > stem.size() && request.path.starts_with(stem)
+                              : request.path == stem;
+    if (!match) continue;
+    path_known = true;
+    if (request.method == e.method) {
+      found = &e;
+      break;
     }
-    send_json(res, 200, model_card(*b));
-  });
-
-  http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    auto body = parse_body(req, res);
-    if (!body) return;
-    auto b = backend();
+  }
+  if (!found) {
+    return send_error(
+        request, r,
+        ApiError{.status = path_known ? 405 : 404,
+                 .message = fmt::format("no route {} {}", request.method, request.path),
+                 .type = path_known ? "invalid_request_error" : "NotFoundError"});
+  }
+  switch (found->route) {
+    case Route::kMetrics:
+      return serve_metrics(request, r);
+    case Route::kModels:
+      return send(request, r, 200, {{"object", "list"}, {"data", json::array({model_card(*b)})}});
+    case Route::kModel: {
+      const std::string id = request.path.substr(std::string_view("/v1/models/").size());
+      if (id != b->model_name) {
+        return send_error(request, r,
+                          ApiError{.status = 404,
+                                   .message = fmt::format("The model `{}` does not exist.", id),
+                                   .type = "NotFoundError",
+                                   .param = "model",
+                                   .code = "model_not_found"});
+      }
+      return send(request, r, 200, model_card(*b));
+    }
+    default:
+      break;
+  }
+  // The rest parse a body: off the I/O thread.
+  boost::asio::post(workers_->pool, [this, route = found->route, request = std::move(request),
+                                     responder = std::move(responder)] {
     try {
-      std::vector<TokenId> ids;
-      if (body->contains("messages")) {
-        ModelInfo info{.served_name = b->model_name,
-                       .context_length = b->context_length,
-                       .tokenizer = b->tokenizer.get(),
-                       .render_chat = b->render_chat};
-        json chat = *body;
-        chat["max_tokens"] = 1;  // tokenizing needs no room for a completion
-        chat.erase("model");
-        ids = parse_generation_request(ApiKind::kChat, chat, info).prompts.at(0);
-      } else {
-        auto it = body->find("prompt");
-        if (it == body->end() || !it->is_string())
-          throw_invalid("prompt", "'prompt' must be a string");
-        bool add_special = true;
-        if (auto a = body->find("add_special_tokens"); a != body->end() && !a->is_null()) {
-          if (!a->is_boolean())
-            throw_invalid("add_special_tokens", "'add_special_tokens' must be a boolean");
-          add_special = a->get<bool>();
-        }
-        ids = b->tokenizer->encode(it->get<std::string>(),
-                                   {.add_special = add_special, .parse_special = true});
+      switch (route) {
+        case Route::kTokenize:
+          return serve_tokenize(request, *responder);
+        case Route::kDetokenize:
+          return serve_detokenize(request, *responder);
+        case Route::kCompletions:
+          return handle_generation(ApiKind::kCompletion, request, responder);
+        case Route::kChat:
+          return handle_generation(ApiKind::kChat, request, responder);
+        default:
+          return;
       }
-      send_json(res, 200,
-                {{"count", ids.size()}, {"max_model_len", b->context_length}, {"tokens", ids}});
-    } catch (const ApiException& e) {
-      send_error(res, e.error());
+    } catch (const std::exception& e) {
+      spdlog::error("unhandled error: {}", e.what());
+      send_error(request, *responder,
+                 ApiError{.status = 500, .message = e.what(), .type = "internal_server_error"});
     }
   });
+}
 
-  http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    auto body = parse_body(req, res);
-    if (!body) return;
-    auto b = backend();
-    auto it = body->find("tokens");
-    if (it == body->end() || !it->is_array()) {
-      return send_error(res, ApiError{.status = 400,
-                                      .message = "'tokens' must be an array of token ids",
-                                      .param = "tokens"});
-    }
+void HttpServer::serve_tokenize(const HttpRequest& request, Responder& responder) {
+  ApiError error;
+  auto body = parse_body(request, error);
+  if (!body) return send_error(request, responder, error);
+  auto b = backend();
+  try {
     std::vector<TokenId> ids;
-    for (const json& v : *it) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-          v.get<int64_t>() >= static_cast<int64_t>(b->tokenizer->vocab().size())) {
-        return send_error(res,
-                          ApiError{.status = 400,
-                                   .message = fmt::format("'tokens' must hold token ids in [0, {})",
-                                                          b->tokenizer->vocab().size()),
-                                   .param = "tokens"});
+    if (body->contains("messages")) {
+      ModelInfo info{.served_name = b->model_name,
+                     .context_length = b->context_length,
+                     .tokenizer = b->tokenizer.get(),
+                     .render_chat = b->render_chat};
+      json chat = *body;
+      chat["max_tokens"] = 1;  // tokenizing needs no room for a completion
+      chat.erase("model");
+      ids = parse_generation_request(ApiKind::kChat, chat, info).prompts.at(0);
+    } else {
+      auto it = body->find("prompt");
+      if (it == body->end() || !it->is_string())
+        throw_invalid("prompt", "'prompt' must be a string");
+      bool add_special = true;
+      if (auto a = body->find("add_special_tokens"); a != body->end() && !a->is_null()) {
+        if (!a->is_boolean())
+          throw_invalid("add_special_tokens", "'add_special_tokens' must be a boolean");
+        add_special = a->get<bool>();
       }
-      ids.push_back(static_cast<TokenId>(v.get<int64_t>()));
+      ids = b->tokenizer->encode(it->get<std::string>(),
+                                 {.add_special = add_special, .parse_special = true});
     }
-    send_json(res, 200, {{"prompt", b->tokenizer->decode(ids)}});
-  });
+    send(request, responder, 200,
+         {{"count", ids.size()}, {"max_model_len", b->context_length}, {"tokens", ids}});
+  } catch (const ApiException& e) {
+    send_error(request, responder, e.error());
+  }
+}
 
-  auto generate = [this](ApiKind kind) {
-    return [this, kind](const httplib::Request& req, httplib::Response& res) {
-      handle_generation(kind, req, res);
-    };
-  };
-  http.Post("/v1/completions", generate(ApiKind::kCompletion));
-  http.Post("/v1/chat/completions", generate(ApiKind::kChat));
+void HttpServer::serve_detokenize(const HttpRequest& request, Responder& responder) {
+  ApiError error;
+  auto body = parse_body(request, error);
+  if (!body) return send_error(request, responder, error);
+  auto b = backend();
+  auto it = body->find("tokens");
+  if (it == body->end() || !it->is_array()) {
+    return send_error(
+        request, responder,
+        ApiError{
+            .status = 400, .message = "'tokens' must be an array of token ids", .param = "tokens"});
+  }
+  std::vector<TokenId> ids;
+  for (const json& v : *it) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() >= static_cast<int64_t>(b->tokenizer->vocab().size())) {
+      return send_error(request, responder,
+                        ApiError{.status = 400,
+                                 .message = fmt::format("'tokens' must hold token ids in [0, {})",
+                                                        b->tokenizer->vocab().size()),
+                                 .param = "tokens"});
+    }
+    ids.push_back(static_cast<TokenId>(v.get<int64_t>()));
+  }
+  send(request, responder, 200, {{"prompt", b->tokenizer->decode(ids)}});
 }
 
 }  // namespace sieve::server
@@ -502,6 +559,10 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
 void HttpServer::finish_exchange(Exchange& ex, std::string_view status) {
   if (ex.logged) return;
   ex.logged = true;
+  {
+    std::lock_guard lock(exchanges_mutex_);
+    exchanges_.erase(&ex);
+  }
   if (ex.cancelled) {
     // Sequences the client (or a shutdown) cut off count as vLLM's "abort".
     for (size_t i = 0; i < ex.choices.size(); ++i) {
@@ -527,17 +588,21 @@ void HttpServer::finish_exchange(Exchange& ex, std::string_view status) {
   --active_requests_;
 }
 
-void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
-                                   httplib::Response& res) {
+void HttpServer::handle_generation(ApiKind kind, const HttpRequest& http_request,
+                                   std::shared_ptr<Responder> responder) {
   if (draining_) {
-    return send_error(res, ApiError{.status = 503,
-                                    .message = "the server is shutting down",
-                                    .type = "server_unavailable"});
+    return send_error(
+        http_request, *responder,
+        ApiError{
+            .status = 503, .message = "the server is shutting down", .type = "server_unavailable"});
   }
-  auto body = parse_body(req, res);
-  if (!body) return;
+  ApiError body_error;
+  auto body = parse_body(http_request, body_error);
+  if (!body) return send_error(http_request, *responder, body_error);
   auto ex = std::make_shared<Exchange>();
   ex->backend = backend();
+  ex->responder = responder;
+  ex->headers = cors_headers(http_request);
   ex->endpoint = kind == ApiKind::kChat ? "/v1/chat/completions" : "/v1/completions";
   ex->log_id = next_log_id_++;
   const Backend& b = *ex->backend;
@@ -551,134 +616,112 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
   } catch (const ApiException& e) {
     spdlog::info("request {} {} {} {}", ex->log_id, ex->endpoint, e.error().status,
                  e.error().message);
-    return send_error(res, e.error());
+    return send_error(http_request, *responder, e.error());
   }
+  // Submitting and everything after run on the connection's strand, in order with the engine's
+  // events for this exchange.
+  responder->post([this, ex] { start_generation(ex); });
+}
+
+void HttpServer::start_generation(const std::shared_ptr<Exchange>& ex) {
+  const Backend& b = *ex->backend;
   const GenerationRequest& request = ex->request;
-  ex->writer = std::make_unique<ResponseWriter>(kind, b.model_name, *b.tokenizer,
+  ex->writer = std::make_unique<ResponseWriter>(ex->request.kind, b.model_name, *b.tokenizer,
                                                 request.params.logprobs.has_value());
   ex->choices.resize(request.prompts.size() * request.params.n);
   ex->stream_offsets.assign(ex->choices.size(), 0);
   ex->observed.assign(ex->choices.size(), false);
   ex->usage.speculative = request.speculative.value_or(b.engine->config().speculative).enabled();
-  ex->client_fd = find_client_socket(req);
   ++active_requests_;
+  {
+    std::lock_guard lock(exchanges_mutex_);
+    exchanges_[ex.get()] = ex;
+  }
 
-  // Submit every prompt; the engine calls the sink on its own thread, which only queues.
+  // The engine calls the sink on its own thread; it only posts the event to this strand.
+  std::weak_ptr<Exchange> weak = ex;
   for (size_t i = 0; i < request.prompts.size(); ++i) {
-    std::weak_ptr<Exchange> weak = ex;
-    auto submitted = b.engine->submit({.prompt = request.prompts[i],
-                                       .params = request.params,
-                                       .kv_policy = request.kv_policy,
-                                       .speculative = request.speculative},
-                                      [weak](const engine::RequestEvent& event) {
-                                        if (auto alive = weak.lock()) alive->push(event);
-                                      });
+    auto submitted = b.engine->submit(
+        {.prompt = request.prompts[i],
+         .params = request.params,
+         .kv_policy = request.kv_policy,
+         .speculative = request.speculative},
+        [this, weak, responder = ex->responder](const engine::RequestEvent& event) {
+          responder->post([this, weak, event] {
+            if (auto alive = weak.lock()) on_event(*alive, event);
+          });
+        });
     if (const auto* refusal = std::get_if<engine::AdmissionError>(&submitted)) {
       ex->cancel();
-      const ApiError error = admission_api_error(*refusal);
-      finish_exchange(*ex, std::to_string(error.status));
-      return send_error(res, error);
+      ex->error = admission_api_error(*refusal);
+      ex->responder->respond(HttpResponse{.status = ex->error->status,
+                                          .content_type = kJsonType,
+                                          .body = dump(ex->error->to_json()),
+                                          .headers = ex->headers});
+      ex->ended = true;
+      return finish_exchange(*ex, std::to_string(ex->error->status));
     }
-    // Events of this id may already be queued; they are applied only after this loop.
     const engine::RequestId id = std::get<engine::RequestId>(submitted);
     ex->engine_ids.push_back(id);
     ex->prompt_of[id] = i;
   }
-
-  if (!request.stream) {
-    while (!ex->done()) {
-      std::deque<engine::RequestEvent> events = ex->take();
-      for (const auto& event : events) apply(*ex, event);
-      if (ex->done()) break;
-      if (peer_closed(ex->client_fd)) {
-        ex->cancel();
-        return finish_exchange(*ex, "aborted (client disconnected)");
-      }
-      if (cancel_all_ && !ex->cancelled) {
-        ex->cancel();
-        ex->error = ApiError{.status = 503,
-                             .message = "the server shut down before the request finished",
-                             .type = "server_unavailable"};
-      }
+  // Until the response ends the connection keeps the exchange alive (the engine's sink holds
+  // only a weak pointer); a client that leaves cancels its requests.
+  ex->responder->hold(ex);
+  ex->responder->on_abort([this, weak] {
+    auto alive = weak.lock();
+    if (!alive || alive->ended) return;
+    alive->ended = true;
+    alive->cancel();
+    finish_exchange(*alive, "aborted (client disconnected)");
+  });
+  if (!request.stream) return;
+  HttpResponse head{.status = 200, .content_type = "text/event-stream", .headers = ex->headers};
+  head.headers.emplace_back("Cache-Control", "no-cache");
+  head.headers.emplace_back("X-Accel-Buffering", "no");
+  ex->responder->start_stream(std::move(head));
+  if (request.kind == ApiKind::kChat) {
+    std::string roles;
+    for (size_t i = 0; i < ex->choices.size(); ++i) {
+      roles += sse(ex->with_usage(ex->writer->role_chunk(static_cast<int32_t>(i))));
     }
-    if (ex->error) {
-      finish_exchange(*ex, std::to_string(ex->error->status));
-      return send_error(res, *ex->error);
-    }
-    send_json(res, 200, ex->writer->response(ex->choices, ex->usage));
-    return finish_exchange(*ex, "200");
+    ex->responder->stream(std::move(roles));
   }
+}
 
-  // Streaming: the content provider runs on this HTTP thread after the handler returns, once
-  // per call until done(); returning false drops the connection.
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, ex](size_t, httplib::DataSink& sink) {
-        auto write = [&](const json& chunk) {
-          const std::string line = "data: " + dump(chunk) + "\n\n";
-          return sink.write(line.data(), line.size());
-        };
-        auto write_done = [&] {
-          static constexpr std::string_view kDone = "data: [DONE]\n\n";
-          sink.write(kDone.data(), kDone.size());
-          sink.done();
-        };
-        const GenerationRequest& request = ex->request;
-        auto with_usage = [&](json chunk) {
-          if (request.continuous_usage) {
-            chunk["usage"] = ex->usage.to_json();
-          } else if (request.include_usage) {
-            chunk["usage"] = nullptr;
-          }
-          return chunk;
-        };
-        if (!ex->stream_started) {
-          ex->stream_started = true;
-          if (request.kind == ApiKind::kChat) {
-            for (size_t i = 0; i < ex->choices.size(); ++i) {
-              if (!write(with_usage(ex->writer->role_chunk(static_cast<int32_t>(i))))) return false;
-            }
-          }
-        }
-        std::deque<engine::RequestEvent> events = ex->take();
-        for (const auto& event : events) {
-          apply(*ex, event);
-          if (ex->error || event.error) continue;
-          if (event.text.empty() && event.logprobs.empty() && !event.finish)
-            continue;  // text held back
-          const int32_t index = ex->choice_index(event);
-          const json chunk = ex->writer->delta_chunk(index, event.text, event.logprobs,
-                                                     event.finish, ex->stream_offsets[index]);
-          if (!write(with_usage(chunk))) return false;
-        }
-        if (ex->error) {
-          write(ex->error->to_json());
-          write_done();
-          return true;
-        }
-        if (ex->done()) {
-          if (request.include_usage) write(ex->writer->usage_chunk(ex->usage));
-          write_done();
-          return true;
-        }
-        if (cancel_all_) {
-          ex->cancel();
-          ex->error = ApiError{.status = 503,
-                               .message = "the server shut down before the request finished",
-                               .type = "server_unavailable"};
-        }
-        return !peer_closed(ex->client_fd);
-      },
-      [this, ex](bool success) {
-        if (!ex->done() || !success) {
-          ex->cancel();
-          return finish_exchange(*ex, "aborted (client disconnected)");
-        }
-        finish_exchange(*ex, ex->error ? std::to_string(ex->error->status) : "200");
-      });
+void HttpServer::on_event(Exchange& ex, const engine::RequestEvent& event) {
+  if (ex.ended) return;
+  apply(ex, event);
+  if (ex.request.stream && !ex.error && !event.error &&
+      !(event.text.empty() && event.logprobs.empty() && !event.finish)) {  // else: text held back
+    const int32_t index = ex.choice_index(event);
+    const json chunk = ex.writer->delta_chunk(index, event.text, event.logprobs, event.finish,
+                                              ex.stream_offsets[index]);
+    ex.responder->stream(sse(ex.with_usage(chunk)));
+  }
+  complete_if_done(ex);
+}
+
+void HttpServer::complete_if_done(Exchange& ex) {
+  if (ex.ended || !ex.done()) return;
+  ex.ended = true;
+  if (!ex.request.stream) {
+    const int status = ex.error ? ex.error->status : 200;
+    const json body = ex.error ? ex.error->to_json() : ex.writer->response(ex.choices, ex.usage);
+    ex.responder->respond(HttpResponse{
+        .status = status, .content_type = kJsonType, .body = dump(body), .headers = ex.headers});
+    return finish_exchange(ex, std::to_string(status));
+  }
+  std::string tail;
+  if (ex.error) {
+    tail += sse(ex.error->to_json());
+  } else if (ex.request.include_usage) {
+    tail += sse(ex.writer->usage_chunk(ex.usage));
+  }
+  tail += "data: [DONE]\n\n";
+  ex.responder->stream(std::move(tail));
+  ex.responder->end_stream();
+  finish_exchange(ex, ex.error ? std::to_string(ex.error->status) : "200");
 }
 
 }  // namespace sieve::server

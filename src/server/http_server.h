@@ -1,16 +1,17 @@
 #pragma once
 // `sieve serve`: the OpenAI-compatible HTTP front of the engine. Thin by design:
 //
-//   HTTP thread:  body ─► parse_generation_request ─► Engine::submit (one per prompt)
-//                 wait on this exchange's event queue ─► JSON response, or SSE chunks as events
-//                 come
-//   engine thread (Engine::start): steps the batch; each sequence's events are pushed to its
-//                 exchange's queue (never blocks)
-//   client gone:  the HTTP thread sees the socket closed (or a write fail) ─► Engine::cancel ─►
-//                 pages back to the pool at the next step
+//   I/O threads (HttpTransport, event-driven): read requests under deadlines and limits, answer
+//                 /health, /metrics and /v1/models at once, write responses and SSE chunks
+//   handler threads: body ─► parse_generation_request (tokenizes) ─► on the connection's strand:
+//                 Engine::submit (one per prompt)
+//   engine thread (Engine::start): steps the batch; each sequence's events are posted to its
+//                 connection's strand, which turns them into the JSON response or SSE chunks
+//   client gone or too slow: the transport aborts the response ─► Engine::cancel ─► pages back
+//                 to the pool at the next step
 //
-// No lock is held across inference: HTTP threads only touch their own exchange queue and the
-// engine's submit/cancel/stats, which are thread-safe.
+// No thread waits on a client: an open connection holds a socket, not a thread. No lock is held
+// across inference; an exchange's state is only touched on its connection's strand.
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -19,25 +20,29 @@
 #include <optional>
 #include <string>
 
+#include <unordered_map>
+#include <vector>
+
 #include "engine/engine.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace sieve::server {
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
+  // >= 0: /health and /metrics are also served on this port by a listener and thread of their
+  // own (0: any free port), e.g. for a load balancer's probes and a Prometheus scraper.
+  int metrics_port = -1;
   std::string api_key;            // empty: no authentication
   std::string served_model_name;  // empty: the model's name
-  size_t max_body_bytes = 8u << 20;
-  int http_threads = 0;  // 0: enough for every running and queued stream
+  // Origins a browser page may call the API from (CORS); empty: none, "*": any.
+  std::vector<std::string> allowed_origins;
+  HttpLimits limits;
+  int io_threads = 2;       // event loop threads (they never wait on a client)
+  int handler_threads = 2;  // parse and tokenize request bodies off the I/O threads
   std::chrono::milliseconds shutdown_grace{10000};
 };
 
@@ -56,9 +61,10 @@ class HttpServer {
   explicit HttpServer(ServerConfig config);
   ~HttpServer();
 
-  // Binds the socket (throws sieve::Error when it cannot). port 0 picks a free port.
+  // Binds the socket(s) (throws sieve::Error when it cannot). port 0 picks a free port.
   void bind();
   int port() const { return bound_port_; }
+  int metrics_port() const { return bound_metrics_port_; }
   // Serves until stop(); call from one thread. /health answers 503 until set_backend().
   void listen();
   // Makes the model available; /health turns 200.
@@ -68,24 +74,43 @@ class HttpServer {
   void shutdown();
 
   int64_t num_active_requests() const { return active_requests_.load(); }
+  HttpTransportStats transport_stats() const;
 
  private:
   struct Exchange;
-  void install_routes();
-  void handle_generation(ApiKind kind, const httplib::Request& req, httplib::Response& res);
+  struct Workers;
+  void route(HttpRequest request, std::shared_ptr<Responder> responder);
+  void route_probe(HttpRequest request, std::shared_ptr<Responder> responder);
+  void serve_health(const HttpRequest& request, Responder& responder);
+  void serve_metrics(const HttpRequest& request, Responder& responder);
+  void serve_tokenize(const HttpRequest& request, Responder& responder);
+  void serve_detokenize(const HttpRequest& request, Responder& responder);
+  void handle_generation(ApiKind kind, const HttpRequest& request,
+                         std::shared_ptr<Responder> responder);
+  void start_generation(const std::shared_ptr<Exchange>& exchange);
+  void on_event(Exchange& exchange, const engine::RequestEvent& event);
+  void complete_if_done(Exchange& exchange);
   void apply(Exchange& exchange, const engine::RequestEvent& event);
   void finish_exchange(Exchange& exchange, std::string_view status);
+  HttpHeaders cors_headers(const HttpRequest& request) const;
+  void send(const HttpRequest& request, Responder& responder, int status, const json& body);
+  void send_error(const HttpRequest& request, Responder& responder, const ApiError& error);
   std::shared_ptr<const Backend> backend() const;
 
   ServerConfig config_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpTransport> transport_;
+  std::unique_ptr<HttpTransport> probe_transport_;  // --metrics-port
+  std::unique_ptr<Workers> workers_;
   int bound_port_ = 0;
+  int bound_metrics_port_ = -1;
+
+  std::mutex exchanges_mutex_;
+  std::unordered_map<Exchange*, std::weak_ptr<Exchange>> exchanges_;  // in flight, for shutdown
 
   mutable std::mutex backend_mutex_;
   std::shared_ptr<const Backend> backend_;
   std::unique_ptr<Metrics> metrics_;
 
-  std::atomic<bool> bound_{false};  // bind() succeeded: listen() is expected
   std::atomic<bool> draining_{false};
   std::atomic<bool> cancel_all_{false};
   std::atomic<int64_t> active_requests_{0};
