@@ -1,0 +1,281 @@
+// Hostile clients against a real `sieve serve`: slow-loris connections, trickled requests, the
+// connection limit, malformed and unusual HTTP, and clients that stop reading. Run by ctest
+// (test "serve_hostile"); needs SIEVE_BIN and SIEVE_SHARED_DIR like serve.test.mjs.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import { KEY, expectPoolEmpty, metrics, startServer } from './lib.mjs';
+
+const sleep = (ms) => new Promise((res) => setTimeout(res, ms));
+
+function connect(port) {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(port, '127.0.0.1', () => resolve(socket));
+    socket.once('error', reject);
+  });
+}
+
+// Everything the server sends until it closes the connection (or `ms` pass); `closed` says which.
+function collect(socket, ms = 5000) {
+  return new Promise((resolve) => {
+    let data = '';
+    const timer = setTimeout(() => { socket.destroy(); resolve({ data, closed: false }); }, ms);
+    socket.on('data', (d) => { data += d.toString('latin1'); });
+    socket.on('error', () => {});
+    socket.on('close', () => { clearTimeout(timer); resolve({ data, closed: true }); });
+  });
+}
+
+async function raw(port, bytes, ms = 5000) {
+  const socket = await connect(port);
+  const reply = collect(socket, ms);
+  socket.write(bytes);
+  return reply;
+}
+
+const statusOf = (data) => Number((data.match(/^HTTP\/1\.[01] (\d{3})/) || [])[1]);
+const authLine = `Authorization: Bearer ${KEY}\r\n`;
+
+function percentile(values, p) {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+}
+
+async function timedFetch(url, init) {
+  const start = performance.now();
+  const r = await fetch(url, init);
+  await r.text();
+  return { status: r.status, ms: performance.now() - start };
+}
+
+async function openConnections(base) {
+  return (await metrics(base))['sieve:http_connections_open'];
+}
+
+test('512 slow-loris connections (2 x the old thread pool) starve nobody: /health and completions are served throughout', async () => {
+  const server = await startServer();
+  const slow = [];
+  try {
+    const head = `POST /v1/completions HTTP/1.1\r\nHost: x\r\n${authLine}Content-Type: application/json\r\n` +
+      'Content-Length: 100000\r\n\r\n{';
+    for (let i = 0; i < 512; ++i) {
+      const socket = await connect(server.port);
+      socket.on('error', () => {});
+      socket.write(head);
+      slow.push(socket);
+    }
+    for (let i = 0; i < 100 && (await openConnections(server.base)) < 512; ++i) await sleep(20);
+    assert.ok((await openConnections(server.base)) >= 512, 'the slow connections are open');
+
+    const health = [];
+    const completions = [];
+    for (let round = 0; round < 20; ++round) {
+      const h = await timedFetch(`${server.base}/health`);
+      assert.equal(h.status, 200);
+      health.push(h.ms);
+      const c = await timedFetch(`${server.base}/v1/completions`, {
+        method: 'POST',
+        headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+        body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 8, temperature: 0 }),
+      });
+      assert.equal(c.status, 200);
+      completions.push(c.ms);
+      for (const s of slow.slice(round * 25, round * 25 + 25)) s.write(' ');  // trickle a byte
+    }
+    console.log(`with 512 slow-loris connections open: /health p50 ${percentile(health, 0.5).toFixed(1)} ms, ` +
+      `max ${Math.max(...health).toFixed(1)} ms; 8-token completion p50 ${percentile(completions, 0.5).toFixed(1)} ms, ` +
+      `max ${Math.max(...completions).toFixed(1)} ms`);
+    assert.ok(Math.max(...health) < 1000, `/health stayed responsive (max ${Math.max(...health)} ms)`);
+  } finally {
+    for (const s of slow) s.destroy();
+    await expectPoolEmpty(server.base);
+    assert.equal((await server.stop()).code, 0, server.log);
+  }
+});
+
+test('a client that trickles a request is dropped when the request deadline expires; idle keep-alive connections close', async () => {
+  const server = await startServer(['--request-timeout', '1', '--keep-alive-timeout', '1']);
+  try {
+    const socket = await connect(server.port);
+    const reply = collect(socket, 10000);
+    const start = performance.now();
+    const text = `GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ${'a'.repeat(200)}\r\n\r\n`;
+    let i = 0;
+    const timer = setInterval(() => { if (i < text.length && !socket.destroyed) socket.write(text[i++]); }, 50);
+    const { closed } = await reply;
+    clearInterval(timer);
+    const seconds = (performance.now() - start) / 1000;
+    assert.ok(closed, 'the server closed the connection');
+    assert.ok(seconds > 0.8 && seconds < 3, `dropped after ${seconds.toFixed(2)} s (deadline 1 s)`);
+    assert.ok(i < text.length, 'before the request was complete');
+    assert.ok((await metrics(server.base))['sieve:http_requests_timed_out_total'] >= 1);
+
+    // Keep-alive: a served connection left idle is closed after --keep-alive-timeout.
+    const idle = await connect(server.port);
+    const idleReply = collect(idle, 10000);
+    const idleStart = performance.now();
+    idle.write('GET /health HTTP/1.1\r\nHost: x\r\n\r\n');
+    const { data, closed: idleClosed } = await idleReply;
+    const idleSeconds = (performance.now() - idleStart) / 1000;
+    assert.equal(statusOf(data), 200);
+    assert.ok(idleClosed && idleSeconds > 0.8 && idleSeconds < 3, `idle close after ${idleSeconds.toFixed(2)} s`);
+  } finally {
+    assert.equal((await server.stop()).code, 0, server.log);
+  }
+});
+
+test('over the connection limit: a fast 503, /health and /metrics still answer; over the reserve: refused', async () => {
+  const server = await startServer(['--max-connections', '4', '--metrics-port', '0']);
+  const held = [];
+  try {
+    const probePort = Number(server.log.match(/probes: http:\/\/127\.0\.0\.1:(\d+)/)[1]);
+    const probes = `http://127.0.0.1:${probePort}`;
+    for (let i = 0; i < 4; ++i) {
+      const s = await connect(server.port);
+      s.on('error', () => {});
+      held.push(s);
+    }
+    for (let i = 0; i < 100 && (await openConnections(probes)) < 4; ++i) await sleep(20);
+
+    let start = performance.now();
+    let reply = await raw(server.port, `GET /v1/models HTTP/1.1\r\nHost: x\r\n${authLine}\r\n`);
+    assert.equal(statusOf(reply.data), 503);
+    assert.match(reply.data, /too many open connections/);
+    assert.ok(performance.now() - start < 1000, 'the 503 is fast');
+    start = performance.now();
+    reply = await raw(server.port, 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n');
+    assert.equal(statusOf(reply.data), 200, '/health is served from the reserve');
+    console.log(`at the connection limit: /health answered in ${(performance.now() - start).toFixed(1)} ms`);
+    reply = await raw(server.port, `GET /metrics HTTP/1.1\r\nHost: x\r\n${authLine}\r\n`);
+    assert.equal(statusOf(reply.data), 200, '/metrics is served from the reserve');
+
+    // Fill the reserve (64) too: the next connection is closed at once.
+    for (let i = 0; i < 64; ++i) {
+      const s = await connect(server.port);
+      s.on('error', () => {});
+      held.push(s);
+    }
+    for (let i = 0; i < 100 && (await openConnections(probes)) < 68; ++i) await sleep(10);
+    reply = await raw(server.port, 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n', 3000);
+    assert.ok(reply.closed && reply.data === '', 'refused');
+    const m = await metrics(probes);
+    assert.ok(m['sieve:http_connections_refused_total'] >= 1);
+    assert.ok(m['sieve:http_connections_limited_total'] >= 1);
+    assert.equal((await fetch(`${probes}/health`)).status, 200, 'the metrics port answers throughout');
+  } finally {
+    for (const s of held) s.destroy();
+    assert.equal((await server.stop()).code, 0, server.log);
+  }
+});
+
+test('hostile HTTP: each request gets a correct response or a clean close, and nothing leaks', async () => {
+  const server = await startServer(['--max-body', '1']);
+  const port = server.port;
+  try {
+    // Pipelined: two requests in one write, two responses in order.
+    let r = await raw(port, 'GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+    assert.equal((r.data.match(/HTTP\/1\.1 200/g) || []).length, 2, r.data);
+
+    // Chunked request body.
+    const body = '{"prompt":"Once upon a time"}';
+    r = await raw(port, `POST /tokenize HTTP/1.1\r\nHost: x\r\n${authLine}Content-Type: application/json\r\n` +
+      `Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n${(10).toString(16)}\r\n${body.slice(0, 10)}\r\n` +
+      `${(body.length - 10).toString(16)}\r\n${body.slice(10)}\r\n0\r\n\r\n`);
+    assert.equal(statusOf(r.data), 200, r.data);
+    assert.match(r.data, /"tokens":\[1,/);
+
+    // Expect: 100-continue: the body is sent after the interim response.
+    let socket = await connect(port);
+    let reply = collect(socket);
+    socket.write(`POST /tokenize HTTP/1.1\r\nHost: x\r\n${authLine}Content-Type: application/json\r\n` +
+      `Content-Length: ${body.length}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n`);
+    await new Promise((res) => socket.once('data', (d) => { assert.match(d.toString(), /^HTTP\/1\.1 100/); res(); }));
+    socket.write(body);
+    r = await reply;
+    assert.match(r.data, /HTTP\/1\.1 200/);
+    // ... and a body over the limit is refused before it is sent.
+    r = await raw(port, `POST /tokenize HTTP/1.1\r\nHost: x\r\n${authLine}Content-Length: ${4 << 20}\r\n` +
+      'Expect: 100-continue\r\n\r\n');
+    assert.equal(statusOf(r.data), 413, r.data);
+
+    // Absurd sizes: a 20 kB header line, a 1 MB request line, 200 header lines.
+    r = await raw(port, `GET /health HTTP/1.1\r\nHost: x\r\nX-Long: ${'a'.repeat(20000)}\r\n\r\n`);
+    assert.equal(statusOf(r.data), 431);
+    r = await raw(port, `GET /${'a'.repeat(1 << 20)} HTTP/1.1\r\nHost: x\r\n\r\n`);
+    assert.ok(statusOf(r.data) === 431 || (r.closed && r.data === ''), r.data.slice(0, 200));
+    r = await raw(port, `GET /health HTTP/1.1\r\nHost: x\r\n${Array.from({ length: 200 }, (_, i) => `X-${i}: v\r\n`).join('')}\r\n`);
+    assert.equal(statusOf(r.data), 431);
+
+    // Invalid methods and targets, unknown methods, garbage.
+    r = await raw(port, 'G@T /health HTTP/1.1\r\nHost: x\r\n\r\n');
+    assert.equal(statusOf(r.data), 400);
+    r = await raw(port, 'GET health HTTP/1.1\r\nHost: x\r\n\r\n');
+    assert.equal(statusOf(r.data), 400);
+    r = await raw(port, 'BREW /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+    assert.equal(statusOf(r.data), 405);
+    r = await raw(port, `BREW /v1/nothing HTTP/1.1\r\nHost: x\r\n${authLine}Connection: close\r\n\r\n`);
+    assert.equal(statusOf(r.data), 404);
+    r = await raw(port, Buffer.from([0, 1, 2, 3, 255, 13, 10, 13, 10]));
+    assert.ok(statusOf(r.data) === 400 || (r.closed && r.data === ''));
+
+    // HTTP/1.0: answered as 1.0 and closed; a stream is sent unchunked until the close.
+    r = await raw(port, 'GET /health HTTP/1.0\r\n\r\n');
+    assert.match(r.data, /^HTTP\/1\.0 200/);
+    assert.ok(r.closed);
+    const stream = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 6, temperature: 0, stream: true });
+    r = await raw(port, `POST /v1/completions HTTP/1.0\r\n${authLine}Content-Type: application/json\r\n` +
+      `Content-Length: ${stream.length}\r\n\r\n${stream}`);
+    assert.match(r.data, /^HTTP\/1\.0 200/);
+    assert.doesNotMatch(r.data, /Transfer-Encoding/i);
+    assert.match(r.data, /data: \[DONE\]\n\n$/);
+    assert.ok(r.closed);
+
+    // A client that closes after the headers, and one that resets mid-stream.
+    socket = await connect(port);
+    socket.on('error', () => {});
+    socket.end(`POST /v1/completions HTTP/1.1\r\nHost: x\r\n${authLine}Content-Length: 50\r\n\r\n`);
+    const long = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 400, ignore_eos: true, stream: true });
+    socket = await connect(port);
+    socket.on('error', () => {});
+    socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\n${authLine}Content-Type: application/json\r\n` +
+      `Content-Length: ${long.length}\r\n\r\n${long}`);
+    await new Promise((res) => socket.once('data', res));
+    socket.resetAndDestroy();
+
+    await expectPoolEmpty(server.base);
+    assert.equal((await fetch(`${server.base}/health`)).status, 200);
+    const ok = await fetch(`${server.base}/v1/completions`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: 'Once', max_tokens: 4 }),
+    });
+    assert.equal(ok.status, 200);
+  } finally {
+    assert.equal((await server.stop()).code, 0, server.log);
+  }
+});
+
+test('a client that stops reading its stream is dropped and its pages return to the pool', async () => {
+  const server = await startServer(['--max-stream-buffer', '65536', '--write-timeout', '3']);
+  try {
+    const before = (await metrics(server.base))['sieve:http_responses_aborted_total'];
+    const body = JSON.stringify({ prompt: 'Once upon a time', max_tokens: 480, ignore_eos: true, stream: true,
+      n: 16, logprobs: 20, temperature: 1 });  // ~11 MB of chunks: more than the kernel's buffers
+    const socket = await connect(server.port);
+    socket.on('error', () => {});
+    socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\n${authLine}Content-Type: application/json\r\n` +
+      `Content-Length: ${body.length}\r\n\r\n${body}`);
+    socket.pause();  // never read: the kernel buffers fill, then the server's
+    let m;
+    for (let i = 0; i < 300; ++i) {
+      m = await metrics(server.base);
+      if (m['sieve:http_responses_aborted_total'] > before) break;
+      await sleep(100);
+    }
+    assert.ok(m['sieve:http_responses_aborted_total'] > before, 'the slow reader was dropped');
+    await expectPoolEmpty(server.base);
+    socket.destroy();
+  } finally {
+    assert.equal((await server.stop()).code, 0, server.log);
+  }
+});
