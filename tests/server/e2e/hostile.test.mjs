@@ -279,3 +279,40 @@ test('a client that stops reading its stream is dropped and its pages return to 
     assert.equal((await server.stop()).code, 0, server.log);
   }
 });
+
+test('CORS is off by default; --allowed-origins answers preflight requests and marks responses', async () => {
+  const preflight = (base, origin) => fetch(`${base}/v1/completions`, {
+    method: 'OPTIONS',
+    headers: { Origin: origin, 'Access-Control-Request-Method': 'POST',
+      'Access-Control-Request-Headers': 'authorization,content-type' },
+  });
+  const plain = await startServer();
+  try {
+    const r = await preflight(plain.base, 'https://chat.example.com');
+    assert.equal(r.headers.get('access-control-allow-origin'), null);
+  } finally {
+    assert.equal((await plain.stop()).code, 0, plain.log);
+  }
+  const server = await startServer(['--allowed-origins', 'https://chat.example.com,https://b.example.com']);
+  try {
+    let r = await preflight(server.base, 'https://chat.example.com');
+    assert.equal(r.status, 204);
+    assert.equal(r.headers.get('access-control-allow-origin'), 'https://chat.example.com');
+    assert.match(r.headers.get('access-control-allow-methods'), /POST/);
+    assert.match(r.headers.get('access-control-allow-headers'), /Authorization/);
+    r = await preflight(server.base, 'https://evil.example.com');
+    assert.equal(r.headers.get('access-control-allow-origin'), null);
+    r = await fetch(`${server.base}/v1/models`, { headers: { Origin: 'https://b.example.com', Authorization: `Bearer ${KEY}` } });
+    assert.equal(r.status, 200);
+    assert.equal(r.headers.get('access-control-allow-origin'), 'https://b.example.com');
+    r = await fetch(`${server.base}/v1/completions`, {
+      method: 'POST',
+      headers: { Origin: 'https://b.example.com', Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: 'Once', max_tokens: 3, stream: true }),
+    });
+    assert.equal(r.headers.get('access-control-allow-origin'), 'https://b.example.com');
+    assert.match(await r.text(), /\[DONE\]/);
+  } finally {
+    assert.equal((await server.stop()).code, 0, server.log);
+  }
+});
