@@ -83,6 +83,7 @@ struct HttpTransport::State {
   std::atomic<int64_t> malformed{0};
   std::atomic<int64_t> aborted{0};
   std::atomic<int64_t> writing{0};  // connections with a write in flight
+  std::atomic<bool> stopped{false};
   Clock::time_point last_accept_error{};
 
   std::mutex registry_mutex;
@@ -572,6 +573,7 @@ void HttpTransport::run(int threads) {
 }
 
 void HttpTransport::stop() {
+  if (state_->stopped.exchange(true)) return;
   net::post(state_->accept_strand, [s = state_.get()] {
     beast::error_code ignored;
     s->acceptor.close(ignored);

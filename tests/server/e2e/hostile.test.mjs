@@ -93,6 +93,41 @@ test('512 slow-loris connections (2 x the old thread pool) starve nobody: /healt
   }
 });
 
+test('/health and /metrics answer while every compute thread is busy', async () => {
+  const server = await startServer(['--metrics-port', '0']);
+  try {
+    const probePort = Number(server.log.match(/probes: http:\/\/127\.0\.0\.1:(\d+)/)[1]);
+    const busy = Promise.all(Array.from({ length: 32 }, (_, i) => fetch(`${server.base}/v1/completions`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: `Once upon a time ${i}`, max_tokens: 300, ignore_eos: true, stream: true }),
+    }).then((r) => r.text())));
+    await sleep(200);
+    const times = { health: [], metrics: [], probeHealth: [] };
+    for (let i = 0; i < 30; ++i) {
+      let t = await timedFetch(`${server.base}/health`);
+      assert.equal(t.status, 200);
+      times.health.push(t.ms);
+      t = await timedFetch(`${server.base}/metrics`, { headers: { Authorization: `Bearer ${KEY}` } });
+      assert.equal(t.status, 200);
+      times.metrics.push(t.ms);
+      t = await timedFetch(`http://127.0.0.1:${probePort}/health`);
+      assert.equal(t.status, 200);
+      times.probeHealth.push(t.ms);
+      await sleep(20);
+    }
+    const running = (await metrics(server.base))['vllm:num_requests_running{model_name="llama"}'];
+    await busy;
+    const line = (name) => `${name} p50 ${percentile(times[name], 0.5).toFixed(1)} ms, max ${Math.max(...times[name]).toFixed(1)} ms`;
+    console.log(`while 32 streams decode (${running} still running at the end of probing): ${line('health')}; ` +
+      `${line('metrics')}; --metrics-port ${line('probeHealth')}`);
+    for (const name of Object.keys(times)) assert.ok(Math.max(...times[name]) < 1000, line(name));
+    await expectPoolEmpty(server.base);
+  } finally {
+    assert.equal((await server.stop()).code, 0, server.log);
+  }
+});
+
 test('a client that trickles a request is dropped when the request deadline expires; idle keep-alive connections close', async () => {
   const server = await startServer(['--request-timeout', '1', '--keep-alive-timeout', '1']);
   try {
