@@ -666,14 +666,15 @@ void HttpServer::start_generation(const std::shared_ptr<Exchange>& ex) {
     ex->prompt_of[id] = i;
   }
   // Until the response ends the connection keeps the exchange alive (the engine's sink holds
-  // only a weak pointer); a client that leaves cancels its requests.
+  // only a weak pointer); a client that leaves cancels its requests. The abort callback holds
+  // the exchange too: the client may have left already, and then nothing else does (the
+  // connection drops the callback once the response ends).
   ex->responder->hold(ex);
-  ex->responder->on_abort([this, weak] {
-    auto alive = weak.lock();
-    if (!alive || alive->ended) return;
-    alive->ended = true;
-    alive->cancel();
-    finish_exchange(*alive, "aborted (client disconnected)");
+  ex->responder->on_abort([this, ex] {
+    if (ex->ended) return;
+    ex->ended = true;
+    ex->cancel();
+    finish_exchange(*ex, "aborted (client disconnected)");
   });
   if (!request.stream) return;
   HttpResponse head{.status = 200, .content_type = "text/event-stream", .headers = ex->headers};
