@@ -93,14 +93,12 @@ std::vector<std::string> seed_requests() {
                 R"({"prompt":"Once upon a time","max_tokens":4,"temperature":0})"),
       with_body(json_head + "Connection: close\r\n",
                 R"({"prompt":"Once upon a time","max_tokens":6,"stream":true,"n":2})"),
-      with_body(
-          "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
-          R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"stream":true})"),
+      with_body("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                R"({"messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"stream":true})"),
       "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: "
       "close\r\n\r\n5\r\n{\"pro\r\n13\r\nmpt\":\"Once upon\"}\r\n0\r\n\r\n",
-      with_body(
-          "POST /v1/completions HTTP/1.0\r\nExpect: 100-continue\r\n",
-          R"({"prompt":[1,2,3],"max_tokens":3,"stream":true,"logprobs":2})"),
+      with_body("POST /v1/completions HTTP/1.0\r\nExpect: 100-continue\r\n",
+                R"({"prompt":[1,2,3],"max_tokens":3,"stream":true,"logprobs":2})"),
   };
 }
 
@@ -181,11 +179,11 @@ TEST(HttpTransportTest, RandomlyMutatedRequestsGetAnAnswerOrACleanCloseAndLeakNo
   for (const auto& bad : bad_replies) EXPECT_TRUE(bad.empty()) << bad.front();
 
   // Still serving, and every page is back.
-  const std::string ok = send_request(
-      server.port(),
-      with_body("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
-                R"({"prompt":"Once upon a time","max_tokens":8,"temperature":0})"),
-      Leave::kRead);
+  const std::string ok =
+      send_request(server.port(),
+                   with_body("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                             R"({"prompt":"Once upon a time","max_tokens":8,"temperature":0})"),
+                   Leave::kRead);
   EXPECT_NE(ok.find("HTTP/1.1 200"), std::string::npos) << ok;
   EXPECT_NE(ok.find(R"("completion_tokens":8)"), std::string::npos) << ok;
   for (int i = 0; i < 300 && (engine->stats().kv.num_free_pages != kPages ||
