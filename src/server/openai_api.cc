@@ -140,6 +140,19 @@ std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model)
     add_generation_prompt = bool_of(*v, "add_generation_prompt");
   json context = chat_template_context(*messages, add_generation_prompt, *model.tokenizer);
   if (const json* tools = field(body, "tools")) context["tools"] = *tools;
+  // vLLM's extension: extra template variables, e.g. {"enable_thinking": false} for Qwen3.
+  if (const json* kwargs = field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object())
+      throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    for (const auto& [key, value] : kwargs->items()) {
+      if (key == "messages" || key == "add_generation_prompt") {
+        throw_invalid(
+            "chat_template_kwargs",
+            fmt::format("'chat_template_kwargs' cannot set '{}': it has its own field", key));
+      }
+      context[key] = value;
+    }
+  }
   std::string text;
   try {
     text = model.render_chat(context);

@@ -264,6 +264,34 @@ TEST_F(OpenAiApiTest, TemplateErrorsAre400OnMessages) {
   }
 }
 
+// vLLM's chat_template_kwargs become template variables (Qwen3's enable_thinking, ...).
+TEST_F(OpenAiApiTest, ChatTemplateKwargsReachTheTemplate) {
+  ModelInfo thinking = info();
+  thinking.render_chat = [](const json& context) {
+    static const ChatTemplate t = ChatTemplate::parse(
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if enable_thinking is defined and enable_thinking is false %} no-think{% endif %}");
+    return t.render(context);
+  };
+  const auto render = [&](const std::string& body) {
+    const auto ids = parse_generation_request(ApiKind::kChat, json::parse(body), thinking).prompts;
+    return tokenizer_->decode(ids.at(0));
+  };
+  const std::string plain = render(R"({"messages":[{"role":"user","content":"Hi"}]})");
+  const std::string off = render(
+      R"({"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"enable_thinking":false}})");
+  EXPECT_EQ(plain.find("no-think"), std::string::npos) << plain;
+  EXPECT_NE(off.find("no-think"), std::string::npos) << off;
+  EXPECT_EQ(error_of(ApiKind::kChat,
+                     R"({"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":1})")
+                .param.value_or(""),
+            "chat_template_kwargs");
+  EXPECT_EQ(error_of(ApiKind::kChat, R"({"messages":[{"role":"user","content":"Hi"}],)"
+                                     R"("chat_template_kwargs":{"messages":[]}})")
+                .param.value_or(""),
+            "chat_template_kwargs");
+}
+
 TEST_F(OpenAiApiTest, ResponseShapes) {
   ResponseWriter completion(ApiKind::kCompletion, "llama", *tokenizer_, /*want_logprobs=*/true);
   std::vector<ChoiceState> choices(1);
