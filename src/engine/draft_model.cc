@@ -16,9 +16,16 @@ struct DraftModelProposer::Drafting {
   std::vector<int32_t> tokens;  // known tokens, then the drafts so far
   int32_t max_drafts = 0;
   std::vector<int32_t> drafts;
+  bool prefill = false;  // computes every token (a prompt chunk), drafts none
   bool stopped = false;  // the pool is short
-  bool done() const { return stopped || static_cast<int32_t>(drafts.size()) >= max_drafts; }
 };
+
+bool DraftModelProposer::done(const Drafting& d) const {
+  if (d.stopped) return true;
+  if (!d.prefill) return static_cast<int32_t>(d.drafts.size()) >= d.max_drafts;
+  auto it = computed_.find(d.seq);
+  return it != computed_.end() && it->second.size() >= d.tokens.size();
+}
 
 kernels::DType DraftModelProposer::kv_dtype_for(const model::ModelConfig& draft,
                                                 kernels::DType wanted) {
@@ -140,31 +147,53 @@ std::vector<std::vector<int32_t>> DraftModelProposer::propose(std::span<const Wa
                                                  .max_drafts = want.max_drafts});
     // The draft computes positions up to tokens + max_drafts - 2: within its context.
     d.max_drafts = std::min(d.max_drafts, context + 1 - static_cast<int32_t>(d.tokens.size()));
+  }
+  run_passes(drafting);
+  std::vector<std::vector<int32_t>> drafts;
+  drafts.reserve(drafting.size());
+  for (Drafting& d : drafting) drafts.push_back(std::move(d.drafts));
+  return drafts;
+}
+
+void DraftModelProposer::prefill(std::span<const Prefill> chunks) {
+  const auto context = static_cast<size_t>(model_->config().context_length);
+  std::vector<Drafting> drafting;
+  for (const Prefill& chunk : chunks) {
+    if (chunk.tokens.size() > context) continue;  // a draft with a shorter context never drafts
+    drafting.push_back(Drafting{
+        .seq = chunk.seq, .tokens = {chunk.tokens.begin(), chunk.tokens.end()}, .prefill = true});
+  }
+  run_passes(drafting);
+}
+
+void DraftModelProposer::run_passes(std::vector<Drafting>& drafting) {
+  for (Drafting& d : drafting) {
     // Keep the draft K/V's longest prefix that is still the sequence's (rejected drafts and
-    // drafts the scheduler cut go), but at least the last token is computed again for its logits.
-    auto it = computed_.find(want.seq);
-    if (it == computed_.end() || !kv_.contains(want.seq)) continue;
+    // drafts the scheduler cut go); a drafting sequence computes its last token again at least,
+    // for its logits.
+    auto it = computed_.find(d.seq);
+    if (it == computed_.end() || !kv_.contains(d.seq)) continue;
     std::vector<int32_t>& computed = it->second;
-    const size_t limit = std::min(computed.size(), d.tokens.size() - 1);
+    const size_t limit = std::min(computed.size(), d.tokens.size() - (d.prefill ? 0 : 1));
     const auto common = static_cast<size_t>(
         std::mismatch(computed.begin(), computed.begin() + static_cast<std::ptrdiff_t>(limit),
                       d.tokens.begin())
             .first -
         computed.begin());
     if (common < computed.size()) {
-      kv_.truncate(want.seq, static_cast<int32_t>(common));
+      kv_.truncate(d.seq, static_cast<int32_t>(common));
       computed.resize(common);
     }
   }
-  // Each pass: every sequence still drafting computes what it lacks, up to the pass's token
-  // budget (catch-up chunks), or its newest draft token; the last token's logits give the next
-  // draft token.
+  // Each pass: every sequence not done computes what it lacks, up to the pass's token budget
+  // (catch-up chunks), or its newest draft token; a drafting sequence's last token's logits give
+  // its next draft token.
   for (;;) {
     sched::ScheduleOutput out;
     std::vector<Drafting*> in_pass;
     int32_t budget = config_.max_batch_tokens;
     for (Drafting& d : drafting) {
-      if (d.done() || budget == 0) continue;
+      if (done(d) || budget == 0) continue;
       std::optional<sched::ScheduledSequence> scheduled = schedule(d.seq, d.tokens, budget, out);
       if (!scheduled) {
         d.stopped = true;
@@ -175,22 +204,19 @@ std::vector<std::vector<int32_t>> DraftModelProposer::propose(std::span<const Wa
       budget -= n;
       in_pass.push_back(&d);
     }
-    if (out.empty()) break;
+    if (out.empty()) return;
     const std::vector<int32_t> next = run(out, in_pass);
     size_t row = 0;
     for (const sched::ScheduledSequence& s : out.scheduled) {
       if (!s.samples) continue;
       Drafting& d = **std::find_if(in_pass.begin(), in_pass.end(),
                                    [&](const Drafting* x) { return x->seq == s.seq_id; });
-      d.drafts.push_back(next[row]);
-      d.tokens.push_back(next[row]);
-      ++row;
+      const int32_t token = next[row++];
+      if (d.prefill) continue;
+      d.drafts.push_back(token);
+      d.tokens.push_back(token);
     }
   }
-  std::vector<std::vector<int32_t>> drafts;
-  drafts.reserve(drafting.size());
-  for (Drafting& d : drafting) drafts.push_back(std::move(d.drafts));
-  return drafts;
 }
 
 void DraftModelProposer::release(sched::SeqId seq) {

@@ -17,6 +17,8 @@
 //
 // One sequence's draft K/V, over one engine step:
 //
+//   prompt chunks    the draft computes each prompt chunk the target computes (prefill()), so
+//                    its prompt is part of the time to first token
 //   target tokens    t0 t1 ... t(n-1)                      known, t(n-1) not yet computed
 //   draft KV         t0 ... t(m-1)                         m <= n: what it computed earlier
 //   catch-up         t(m) ... t(n-1) in chunks of up to max_batch_tokens (all sequences
@@ -80,6 +82,14 @@ class DraftModelProposer {
   };
   // Drafts for every want, in order (shorter than asked, or empty, when the pool is short).
   std::vector<std::vector<int32_t>> propose(std::span<const Want> wants);
+  // The draft computes a prompt chunk with the target (the sequence's tokens through the
+  // chunk's end), so that its prompt costs time to first token, not the first decode step. A
+  // short pool leaves the rest to propose()'s catch-up.
+  struct Prefill {
+    sched::SeqId seq;
+    std::span<const int32_t> tokens;
+  };
+  void prefill(std::span<const Prefill> chunks);
   // Gives the sequence's draft pages back (no-op if it has none).
   void release(sched::SeqId seq);
 
@@ -93,6 +103,9 @@ class DraftModelProposer {
 
  private:
   struct Drafting;
+  bool done(const Drafting& d) const;
+  // Catch-up and drafting passes until every sequence is done.
+  void run_passes(std::vector<Drafting>& drafting);
   // Makes room for `seq`'s next tokens (admitting it first if new: its prefix-cache hit counts as
   // computed): as many as it lacks of `tokens`, up to `budget`. nullopt if the pool is short.
   std::optional<sched::ScheduledSequence> schedule(sched::SeqId seq,

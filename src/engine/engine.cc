@@ -418,6 +418,24 @@ void Engine::draft_self_sparse(const sched::ScheduleOutput& out) {
   }
 }
 
+// draft_model: the draft model computes the prompt chunks the target computes this step, for the
+// sequences that will draft with it.
+void Engine::prefill_draft_model(const sched::ScheduleOutput& out) {
+  if (!draft_) return;
+  std::vector<DraftModelProposer::Prefill> chunks;
+  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
+    const Sample& sample = *samples_.at(scheduled.seq_id);
+    if (sample.speculative.method != spec::Method::kDraftModel || !sample.speculative.enabled() ||
+        sample.sparsity || scheduled.num_computed_before >= sample.num_prompt_tokens)
+      continue;
+    chunks.push_back({.seq = scheduled.seq_id,
+                      .tokens = scheduler_.tokens(scheduled.seq_id)
+                                    .first(static_cast<size_t>(scheduled.num_computed_before +
+                                                               scheduled.num_new_tokens))});
+  }
+  if (!chunks.empty()) draft_->prefill(chunks);
+}
+
 void Engine::cancel(RequestId id) {
   std::lock_guard lock(mutex_);
   cancelled_.push_back(id);
@@ -698,6 +716,7 @@ bool Engine::step() {
     plan_row_requests(out);
     runner_.copy_pages(out);
     draft_self_sparse(out);
+    prefill_draft_model(out);
     const std::vector<float>& logits = runner_.run(
         out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); },
         [&](sched::SeqId seq) -> const ModelRunner::RowRequests* {

@@ -13,6 +13,8 @@
 //     out    = scheduler.schedule()  ids and counts: who computes which tokens
 //     draft_self_sparse(out)         self-speculation's draft passes (sparse views of the
 //                                    sequences' own pages) fill in their drafts
+//     prefill_draft_model(out)       draft_model: the draft model computes the step's prompt
+//                                    chunks too
 //     plan_row_requests(out)         what sparse sequences' decode rows must do (Quest slice
 //                                    reads, attention weights), from their controllers
 //     logits = runner.run(out)       streams' tables → Batch → LlamaModel::forward
@@ -228,6 +230,7 @@ class Engine {
   // summaries): it finished, was cancelled or preempted.
   void forget(sched::SeqId seq);
   void draft_self_sparse(const sched::ScheduleOutput& out);
+  void prefill_draft_model(const sched::ScheduleOutput& out);
   void plan_row_requests(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
   void publish_stats();

@@ -252,7 +252,9 @@ TEST(DraftModel, MixedBatchEqualsPlainDecoding) {
   expect_same_tokens(got, expected);
   EXPECT_GT(together.stats().spec_num_draft_tokens, 0);
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (i % 7 == 3 || i % 7 == 4) EXPECT_EQ(got.at({i, 0}).usage.spec_draft_tokens, 0) << i;
+    if (i % 7 == 3 || i % 7 == 4) {
+      EXPECT_EQ(got.at({i, 0}).usage.spec_draft_tokens, 0) << i;
+    }
     if (i % 7 == 6) {
       for (int s = 0; s < 3; ++s) EXPECT_GT(got.at({i, s}).usage.spec_draft_tokens, 0) << i;
     }
