@@ -67,7 +67,8 @@ struct Result {
 void run_batch(const BatchOptions& options) {
   const std::vector<Item> items = read_prompts(options.prompts_path);
   model::LoadedModel loaded = model::load_model(options.model.load_options());
-  const engine::EngineConfig config = options.engine.engine_config();
+  engine::EngineConfig config = options.engine.engine_config();
+  config.model_path = options.model.model_path;
   engine::Engine engine(config, loaded.model, loaded.tokenizer);
   check_speculative_option(engine, config.speculative);
 

@@ -47,6 +47,7 @@ nlohmann::json to_json(const eval::DepthPoint& p) {
   return {{"depth", p.depth},
           {"policy", p.policy},
           {"speculative", p.speculative},
+          {"draft_kv_bytes", p.draft_kv_bytes},
           {"spec_draft_tokens", p.spec_draft_tokens},
           {"spec_accepted_tokens", p.spec_accepted_tokens},
           {"kv_pages", p.kv_pages},
@@ -84,12 +85,15 @@ void print_depth_row(const eval::DepthPoint& p) {
           : std::string("-");
   fmt::print(
       "{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8} {:>10.3f} "
-      "{:>8} {:>6}  {} | {}\n",
+      "{:>8} {:>6}  {} | {}{}\n",
       p.depth, p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens,
       p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
       p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
       ratio(p.ratio_vs_baseline), 1e3 * p.itl_p50_seconds, ratio(p.itl_ratio_vs_baseline),
-      acceptance, p.policy, p.speculative);
+      acceptance, p.policy, p.speculative,
+      p.draft_kv_bytes > 0 ? fmt::format(" (+ draft KV {:.3f} MiB)",
+                                         static_cast<double>(p.draft_kv_bytes) / (1 << 20))
+                           : std::string());
   std::fflush(stdout);
 }
 

@@ -40,6 +40,7 @@ void run(RunOptions options) {
       std::min<int64_t>(options.max_tokens, context - static_cast<int64_t>(prompt.size())));
   // One sequence: the pool needs only the pages this request can fill.
   engine::EngineConfig config = options.engine.engine_config();
+  config.model_path = options.model.model_path;
   config.num_kv_pages = static_cast<int32_t>(
       (prompt.size() + *options.sampling.max_tokens + config.page_size - 1) / config.page_size);
   engine::Engine engine(config, loaded.model, loaded.tokenizer);

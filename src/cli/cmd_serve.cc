@@ -124,6 +124,7 @@ void serve(ServeOptions options) {
         std::make_shared<const server::ChatTemplate>(server::ChatTemplate::parse(template_source));
 
     engine::EngineConfig config = options.engine.engine_config();
+    config.model_path = options.model.model_path;
     auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
     engine->check_policy(default_policy);  // e.g. a default lserve needs --calibration
     check_speculative_option(*engine, config.speculative);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <filesystem>
 #include <fmt/format.h>
 
 #include "sparsity/controller.h"
@@ -17,14 +18,22 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model) {
+// The target's pages; a draft model's pool has as many (engine/draft_model.h), so each page of
+// the budget costs both.
+int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model,
+                  const model::LlamaModel* draft) {
   if (config.num_kv_pages > 0) return config.num_kv_pages;
-  const size_t page_bytes =
-      model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
+  size_t page_bytes = model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
+  if (draft) {
+    page_bytes += model::KvCache::bytes_per_page(
+        draft->config(), config.page_size,
+        DraftModelProposer::kv_dtype_for(draft->config(), config.kv_dtype));
+  }
   const uint64_t pages = config.kv_memory_bytes / page_bytes;
   if (pages == 0) {
-    fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens)",
-         config.kv_memory_bytes, page_bytes, config.page_size);
+    fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens{})",
+         config.kv_memory_bytes, page_bytes, config.page_size,
+         draft ? ", target and draft model" : "");
   }
   return static_cast<int32_t>(std::min<uint64_t>(pages, 1u << 30));
 }
@@ -34,6 +43,14 @@ sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token)
   if (tokenizer.is_special(token)) return sparsity::TokenClass::kSpecial;
   if (tokenizer.is_punctuation(token)) return sparsity::TokenClass::kPunctuation;
   return sparsity::TokenClass::kOther;
+}
+
+// draft_model's drafter, when the engine's own speculative config names one.
+std::shared_ptr<const model::LlamaModel> load_draft(const EngineConfig& config,
+                                                    const model::LlamaModel& target,
+                                                    const tok::Tokenizer& tokenizer) {
+  if (config.speculative.method != spec::Method::kDraftModel) return nullptr;
+  return DraftModelProposer::load(config.speculative.model, target, tokenizer, config.model_path);
 }
 
 constexpr const char* kQueueFullMessage = "the server is at its queue limit; retry later";
@@ -102,7 +119,8 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
       model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
       eos_ids_(tokenizer_->eog_ids().begin(), tokenizer_->eog_ids().end()),
-      kv_(kv::KvConfig{.num_pages = pages_for(config, model_->config()),
+      draft_model_(load_draft(config, *model_, *tokenizer_)),
+      kv_(kv::KvConfig{.num_pages = pages_for(config, model_->config(), draft_model_.get()),
                        .page_size = config.page_size,
                        .enable_prefix_caching = config.enable_prefix_caching,
                        .num_layers = static_cast<int32_t>(model_->config().num_layers),
@@ -116,6 +134,14 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                  kv_),
       runner_(*model_, cache_, kv_) {
   config_.num_kv_pages = kv_.num_pages();
+  if (draft_model_) {
+    draft_ = std::make_unique<DraftModelProposer>(
+        draft_model_, DraftModelConfig{.num_pages = kv_.num_pages(),
+                                       .page_size = config.page_size,
+                                       .enable_prefix_caching = config.enable_prefix_caching,
+                                       .kv_dtype = config.kv_dtype,
+                                       .max_batch_tokens = config.max_batch_tokens});
+  }
   if (kernels::is_block_kv_dtype(config.kv_dtype)) model_->ensure_key_smoothing();
   kv_bytes_per_page_ = static_cast<int64_t>(
       model::KvCache::bytes_per_page(model_->config(), config.page_size, config.kv_dtype));
@@ -129,6 +155,10 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
   }
   published_stats_.kv = kv_.stats();
   published_stats_.kv_bytes_per_page = kv_bytes_per_page_;
+  if (draft_) {
+    published_stats_.draft_kv = draft_->kv_stats();
+    published_stats_.draft_kv_bytes_per_page = draft_->kv_bytes_per_page();
+  }
 }
 
 Engine::~Engine() { stop(); }
@@ -277,9 +307,26 @@ void Engine::check_speculative(const spec::SpeculativeConfig& speculative) const
     case spec::Method::kSelfSparse:
       spec::check_draft_policy(speculative.kv_policy);
       return;
-    case spec::Method::kDraftModel:
-      fail("speculative method '{}' is not available in this build of the engine yet (use ngram)",
-           spec::method_name(speculative.method));
+    case spec::Method::kDraftModel: {
+      // One draft model per engine, loaded at start: a request may only name that one.
+      if (!draft_) {
+        fail(
+            "this server loaded no draft model: draft_model needs one named at start "
+            "(--speculative-config '{{\"method\": \"draft_model\", \"num_speculative_tokens\": "
+            "4, \"model\": \"{}\"}}'); a server loads one draft model, at start",
+            speculative.model);
+      }
+      const std::string& loaded = config_.speculative.model;
+      std::error_code error;
+      if (speculative.model != loaded &&
+          !std::filesystem::equivalent(speculative.model, loaded, error)) {
+        fail(
+            "draft model '{}' is not the one this server loaded ('{}'): a server loads one draft "
+            "model, at start, and requests may only use that one",
+            speculative.model, loaded);
+      }
+      return;
+    }
   }
 }
 
@@ -287,6 +334,7 @@ void Engine::check_speculative(const spec::SpeculativeConfig& speculative) const
 // policy does not (see EngineConfig::speculative), nor one about to fork its n - 1 samples.
 void Engine::propose_drafts() {
   const int32_t num_running = scheduler_.stats().num_running;
+  std::vector<DraftModelProposer::Want> draft_model_wants;
   for (auto& [seq, sample] : samples_) {
     const spec::SpeculativeConfig& config = sample->speculative;
     if (!config.enabled() || sample->sparsity || sample->num_samples_to_fork > 0) continue;
@@ -306,10 +354,25 @@ void Engine::propose_drafts() {
                            std::vector<int32_t>(static_cast<size_t>(max_tokens), tokens.back()));
       continue;
     }
+    if (config.method == spec::Method::kDraftModel) {
+      // Drafted below, all such sequences together.
+      draft_model_wants.push_back({.seq = seq, .tokens = tokens, .max_drafts = max_tokens});
+      continue;
+    }
     const std::vector<int32_t> draft =
         spec::propose_ngram(tokens, config.prompt_lookup_min, config.prompt_lookup_max, max_tokens);
     if (!draft.empty()) scheduler_.set_draft(seq, draft);
   }
+  if (draft_model_wants.empty()) return;
+  const std::vector<std::vector<int32_t>> drafts = draft_->propose(draft_model_wants);
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    if (!drafts[i].empty()) scheduler_.set_draft(draft_model_wants[i].seq, drafts[i]);
+  }
+}
+
+void Engine::forget(sched::SeqId seq) {
+  runner_.forget(seq);
+  if (draft_) draft_->release(seq);
 }
 
 // Self-speculation: draft pass j computes, for every self_sparse sequence with more than j drafts
@@ -353,6 +416,24 @@ void Engine::draft_self_sparse(const sched::ScheduleOutput& out) {
       scheduler_.set_draft_token(rows[r].seq, j, argmax(row));
     }
   }
+}
+
+// draft_model: the draft model computes the prompt chunks the target computes this step, for the
+// sequences that will draft with it.
+void Engine::prefill_draft_model(const sched::ScheduleOutput& out) {
+  if (!draft_) return;
+  std::vector<DraftModelProposer::Prefill> chunks;
+  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
+    const Sample& sample = *samples_.at(scheduled.seq_id);
+    if (sample.speculative.method != spec::Method::kDraftModel || !sample.speculative.enabled() ||
+        sample.sparsity || scheduled.num_computed_before >= sample.num_prompt_tokens)
+      continue;
+    chunks.push_back({.seq = scheduled.seq_id,
+                      .tokens = scheduler_.tokens(scheduled.seq_id)
+                                    .first(static_cast<size_t>(scheduled.num_computed_before +
+                                                               scheduled.num_new_tokens))});
+  }
+  if (!chunks.empty()) draft_->prefill(chunks);
 }
 
 void Engine::cancel(RequestId id) {
@@ -410,7 +491,7 @@ void Engine::apply_cancellations() {
         continue;
       }
       scheduler_.finish(it->first);
-      runner_.forget(it->first);
+      forget(it->first);
       RequestEvent event{.request_id = id,
                          .sample_idx = it->second->sample_idx,
                          .finish = Finish{FinishReason::kStop},
@@ -440,8 +521,12 @@ void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
                  .attention_recovery = sample.attention_recovery,
                  .spec_draft_tokens = sample.spec_draft_tokens,
                  .spec_accepted_tokens = sample.spec_accepted_tokens};
+  if (draft_) {
+    event.usage.spec_draft_kv_pages = draft_->num_pages_held(seq);
+    event.usage.spec_draft_kv_bytes = event.usage.spec_draft_kv_pages * draft_->kv_bytes_per_page();
+  }
   event.timings = std::move(sample.timings);
-  runner_.forget(seq);
+  forget(seq);
   scheduler_.finish(seq);
 }
 
@@ -587,9 +672,10 @@ void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResul
 }
 
 // A preempted sequence is recomputed from its tokens as a dense one: compress again when that is
-// done.
+// done. Its draft model pages go back too (it drafts again once it decodes).
 void Engine::restart_preempted(const std::vector<sched::SeqId>& preempted) {
   for (sched::SeqId seq : preempted) {
+    if (draft_) draft_->release(seq);
     if (auto it = samples_.find(seq); it != samples_.end() && it->second->sparsity &&
                                       it->second->sparsity->compressed_through() > 0) {
       it->second->sparsity->restart();
@@ -630,6 +716,7 @@ bool Engine::step() {
     plan_row_requests(out);
     runner_.copy_pages(out);
     draft_self_sparse(out);
+    prefill_draft_model(out);
     const std::vector<float>& logits = runner_.run(
         out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); },
         [&](sched::SeqId seq) -> const ModelRunner::RowRequests* {
@@ -658,6 +745,10 @@ void Engine::publish_stats() {
                     .spec_accepted_per_position = spec_accepted_per_position_,
                     .kv = kv_.stats(),
                     .kv_bytes_per_page = kv_bytes_per_page_};
+  if (draft_) {
+    stats.draft_kv = draft_->kv_stats();
+    stats.draft_kv_bytes_per_page = draft_->kv_bytes_per_page();
+  }
   std::lock_guard lock(mutex_);
   published_stats_ = stats;
 }

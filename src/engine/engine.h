@@ -8,9 +8,13 @@
 //     admit()                        pending ──► Scheduler waiting queue (one sequence), or
 //                                    refused at the queue limit (RequestEvent::refused)
 //     propose_drafts()               speculative decoding: decoding sequences get draft tokens
+//                                    (ngram: prompt lookup; draft_model: the draft model's own
+//                                    passes over its own paged KV, engine/draft_model.h)
 //     out    = scheduler.schedule()  ids and counts: who computes which tokens
 //     draft_self_sparse(out)         self-speculation's draft passes (sparse views of the
 //                                    sequences' own pages) fill in their drafts
+//     prefill_draft_model(out)       draft_model: the draft model computes the step's prompt
+//                                    chunks too
 //     plan_row_requests(out)         what sparse sequences' decode rows must do (Quest slice
 //                                    reads, attention weights), from their controllers
 //     logits = runner.run(out)       streams' tables → Batch → LlamaModel::forward
@@ -38,6 +42,7 @@
 #include <vector>
 
 #include "engine/admission.h"
+#include "engine/draft_model.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -83,7 +88,15 @@ struct EngineConfig {
   // output for the same seed (see Engine::verify_draft). Sequences with a sparse KV policy decode
   // without drafts (their windows move one token per step, which a k-token verification step
   // would not reproduce).
+  //
+  // draft_model: the engine loads speculative.model (when that is the method here) once, at
+  // construction, on the target's backend, and refuses a draft whose vocabulary is not the
+  // target's. Its KV pool mirrors the target's (the same page size and number of pages, see
+  // engine/draft_model.h), and both come out of kv_memory_bytes: each page of the budget costs the
+  // target's bytes plus the draft's. A request may ask for draft_model only with this file.
   spec::SpeculativeConfig speculative;
+  // The target model's file, for messages (a draft_model with another vocabulary); may be empty.
+  std::string model_path;
 };
 
 struct Request {
@@ -115,6 +128,10 @@ struct Usage {
   // accepted (the tokens sampled after them are not counted).
   int32_t spec_draft_tokens = 0;
   int32_t spec_accepted_tokens = 0;
+  // draft_model: the pages the draft model's KV held for this sample when it finished (beside
+  // kv_pages, in the draft's pool), and their bytes.
+  int32_t spec_draft_kv_pages = 0;
+  int64_t spec_draft_kv_bytes = 0;
 };
 
 struct Timings {
@@ -157,8 +174,18 @@ struct EngineStats {
   std::vector<int64_t> spec_accepted_per_position;  // [kMaxSpeculativeTokens]
   kv::KvStats kv;
   int64_t kv_bytes_per_page = 0;  // of K and V, in the cache's dtype (KvCache::bytes_per_page)
-  int64_t kv_bytes_used() const { return (kv.num_pages - kv.num_free_pages) * kv_bytes_per_page; }
-  int64_t kv_bytes_total() const { return int64_t{kv.num_pages} * kv_bytes_per_page; }
+  // draft_model: the draft model's pool (engine/draft_model.h); all zero without one.
+  kv::KvStats draft_kv;
+  int64_t draft_kv_bytes_per_page = 0;
+  // Target and draft together.
+  int64_t kv_bytes_used() const {
+    return (kv.num_pages - kv.num_free_pages) * kv_bytes_per_page +
+           int64_t{draft_kv.num_pages - draft_kv.num_free_pages} * draft_kv_bytes_per_page;
+  }
+  int64_t kv_bytes_total() const {
+    return int64_t{kv.num_pages} * kv_bytes_per_page +
+           int64_t{draft_kv.num_pages} * draft_kv_bytes_per_page;
+  }
 };
 
 class Engine {
@@ -199,7 +226,11 @@ class Engine {
   void apply_cancellations();
   void restart_preempted(const std::vector<sched::SeqId>& preempted);
   void propose_drafts();
+  // Gives back what a sequence holds beside its target KV (the draft model's pages, Quest's
+  // summaries): it finished, was cancelled or preempted.
+  void forget(sched::SeqId seq);
   void draft_self_sparse(const sched::ScheduleOutput& out);
+  void prefill_draft_model(const sched::ScheduleOutput& out);
   void plan_row_requests(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
   void publish_stats();
@@ -226,10 +257,12 @@ class Engine {
   std::shared_ptr<const model::LlamaModel> model_;
   std::shared_ptr<const tok::Tokenizer> tokenizer_;
   std::vector<TokenId> eos_ids_;
+  std::shared_ptr<const model::LlamaModel> draft_model_;  // null: no draft_model speculation
   kv::KvManager kv_;
   model::KvCache cache_;
   sched::Scheduler scheduler_;
   ModelRunner runner_;
+  std::unique_ptr<DraftModelProposer> draft_;  // with draft_model_
   int64_t kv_bytes_per_page_ = 0;
 
   // Owned by the stepping thread.

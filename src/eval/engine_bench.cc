@@ -206,7 +206,11 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
   const int32_t pages_needed =
       pages_for_tokens(int64_t{prompt_len} + max_tokens, config.page_size) +
       pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
-  engine::Engine engine(engine_config(config, pages_needed, 1), model, tokenizer);
+  engine::EngineConfig ec = engine_config(config, pages_needed, 1);
+  // The engine loads a draft model named by its own config (one per engine).
+  if (speculative && speculative->method == spec::Method::kDraftModel)
+    ec.speculative = *speculative;
+  engine::Engine engine(ec, model, tokenizer);
 
   std::vector<int32_t> prompt;
   if (config.depth_prompt_period > 0) {
@@ -243,6 +247,7 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
   point.kv_bytes =
       uint64_t{static_cast<uint32_t>(point.kv_pages)} *
       model::KvCache::bytes_per_page(model->config(), config.page_size, config.kv_dtype);
+  point.draft_kv_bytes = static_cast<uint64_t>(finished.usage.spec_draft_kv_bytes);
   point.prompt_tokens = prompt_len;
   point.num_kv_pages = engine.config().num_kv_pages;
   // Submit to the first sampled token: the whole (chunked) prefill of the prompt.

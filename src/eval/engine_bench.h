@@ -71,6 +71,7 @@ struct DepthPoint {
   int32_t kv_pages = 0;                // KV pages the sequence held at its end
   int32_t kv_dense_pages = 0;          // what its tokens take dense
   uint64_t kv_bytes = 0;               // kv_pages in bytes
+  uint64_t draft_kv_bytes = 0;         // draft_model: the draft's KV held at the end, in bytes
   double ratio_vs_baseline = 0.0;      // decode tok/s / the first policy's at this depth
   double itl_ratio_vs_baseline = 0.0;  // the first policy's ITL p50 / this one's
   int32_t prompt_tokens = 0;           // as run

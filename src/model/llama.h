@@ -88,6 +88,8 @@ class LlamaModel {
   // and observe() runs on it. Whoever runs the model allocates its KvCache here. Not part of
   // the model's constness: running ops is not changing the model.
   kernels::Backend& backend() const { return *backend_; }
+  // The same backend, shared: another model loaded to run beside this one (model::LoadOptions).
+  std::shared_ptr<kernels::Backend> shared_backend() const { return backend_; }
   // The weights as loaded (host views of the file; not the prepared ones forward() reads).
   const Weights& weights() const { return weights_; }
   // Identifies the weights (calibration profiles record it; the engine checks it before use):

@@ -50,7 +50,8 @@ void touch_tensors(const gguf::File& file, const std::function<void(double)>& on
 }  // namespace
 
 LoadedModel load_model(const LoadOptions& options) {
-  std::shared_ptr<kernels::Backend> backend = kernels::make_backend(options.backend);
+  std::shared_ptr<kernels::Backend> backend =
+      options.shared_backend ? options.shared_backend : kernels::make_backend(options.backend);
   LoadedModel loaded;
   loaded.name = std::filesystem::path(options.model_path).filename().string();
   if (is_gguf_file(options.model_path)) {

@@ -21,6 +21,9 @@ struct LoadOptions {
   // Where the model runs, chosen here once: the weights are prepared on this backend and every
   // op runs on it (LlamaModel::backend()); whoever runs the model uses that one.
   kernels::BackendOptions backend;
+  // Set: the model runs on this backend instead of a new one made from `backend` (a draft model
+  // beside its target, so the two share one set of worker threads and one memory).
+  std::shared_ptr<kernels::Backend> shared_backend;
 };
 
 struct LoadedModel {
