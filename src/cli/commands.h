@@ -16,5 +16,6 @@ void add_serve_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_calibrate_command(CLI::App& app);
 void add_bench_serve_command(CLI::App& app);
+void add_soak_command(CLI::App& app);
 
 }  // namespace sieve::cli

@@ -2,6 +2,8 @@
 // Options of the commands that run the serving engine (run, batch, serve).
 #include <CLI/CLI.hpp>
 
+#include <optional>
+
 #include "cli/kv_dtype_option.h"
 #include "cli/speculative_option.h"
 #include "engine/engine.h"
@@ -9,14 +11,16 @@
 namespace sieve::cli {
 
 struct EngineOptions {
-  int64_t kv_memory_mib = 512;
-  int64_t kv_tokens = 0;  // when set, sizes the pool instead of kv_memory_mib
+  std::optional<int64_t> kv_memory_mib;  // unset: engine::default_kv_memory_bytes
+  int64_t kv_tokens = 0;                 // when set, sizes the pool instead of kv_memory_mib
   std::string calibration_path;
   engine::EngineConfig config;
 
   void add_to(CLI::App& command) {
-    command.add_option("--kv-memory", kv_memory_mib, "KV cache size in MiB (the page pool)")
-        ->capture_default_str()
+    command
+        .add_option("--kv-memory", kv_memory_mib,
+                    "KV cache size in MiB (the page pool; default: room for --max-num-seqs "
+                    "sequences of the model's whole context, at most 512 MiB)")
         ->check(CLI::PositiveNumber);
     command
         .add_option("--kv-tokens", kv_tokens, "KV cache size in tokens (instead of --kv-memory)")
@@ -53,7 +57,7 @@ struct EngineOptions {
 
   engine::EngineConfig engine_config() const {
     engine::EngineConfig c = config;
-    c.kv_memory_bytes = static_cast<uint64_t>(kv_memory_mib) << 20;
+    if (kv_memory_mib) c.kv_memory_bytes = static_cast<uint64_t>(*kv_memory_mib) << 20;
     if (!calibration_path.empty()) {
       c.calibration = std::make_shared<const sparsity::CalibrationProfile>(
           sparsity::load_calibration(calibration_path));

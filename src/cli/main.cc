@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   sieve::cli::add_eval_command(app);
   sieve::cli::add_calibrate_command(app);
   sieve::cli::add_bench_serve_command(app);
+  sieve::cli::add_soak_command(app);
   // `sieve bench serve ...` (the spelling vLLM users know) is `sieve bench-serve ...`.
   std::vector<std::string> args(argv, argv + argc);
   if (args.size() > 2 && args[1] == "bench" && args[2] == "serve") {

@@ -23,17 +23,23 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model,
                   const model::LlamaModel* draft) {
   if (config.num_kv_pages > 0) return config.num_kv_pages;
-  size_t page_bytes = model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
+  const size_t target_page_bytes =
+      model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
+  size_t page_bytes = target_page_bytes;
   if (draft) {
     page_bytes += model::KvCache::bytes_per_page(
         draft->config(), config.page_size,
         DraftModelProposer::kv_dtype_for(draft->config(), config.kv_dtype));
   }
-  const uint64_t pages = config.kv_memory_bytes / page_bytes;
+  // The default is sized for the target's pages; a draft model's mirror pool comes on top.
+  const uint64_t kv_memory_bytes =
+      config.kv_memory_bytes
+          ? *config.kv_memory_bytes
+          : default_kv_memory_bytes(model, config) / target_page_bytes * page_bytes;
+  const uint64_t pages = kv_memory_bytes / page_bytes;
   if (pages == 0) {
     fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens{})",
-         config.kv_memory_bytes, page_bytes, config.page_size,
-         draft ? ", target and draft model" : "");
+         kv_memory_bytes, page_bytes, config.page_size, draft ? ", target and draft model" : "");
   }
   return static_cast<int32_t>(std::min<uint64_t>(pages, 1u << 30));
 }
@@ -56,6 +62,17 @@ std::shared_ptr<const model::LlamaModel> load_draft(const EngineConfig& config,
 constexpr const char* kQueueFullMessage = "the server is at its queue limit; retry later";
 
 }  // namespace
+
+uint64_t default_kv_memory_bytes(const model::ModelConfig& model, const EngineConfig& config) {
+  const uint64_t page_bytes =
+      model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
+  const auto page_size = static_cast<uint64_t>(config.page_size);
+  const uint64_t pages_per_sequence =
+      (static_cast<uint64_t>(model.context_length) + page_size - 1) / page_size;
+  const uint64_t wanted =
+      page_bytes * pages_per_sequence * static_cast<uint64_t>(std::max(config.max_num_seqs, 1));
+  return std::max<uint64_t>(page_bytes, std::min(wanted, kDefaultKvMemoryCapBytes));
+}
 
 // A sparse request's admission terms, shared by its samples.
 struct SparseAdmission {

@@ -64,7 +64,8 @@ using Clock = std::chrono::steady_clock;
 
 struct EngineConfig {
   int32_t num_kv_pages = 0;  // 0: derived from kv_memory_bytes
-  uint64_t kv_memory_bytes = 256ull << 20;
+  // The page pool in bytes; unset: default_kv_memory_bytes (sized from the model).
+  std::optional<uint64_t> kv_memory_bytes;
   int32_t page_size = 16;
   int32_t max_batch_tokens = 512;
   // A request with a bounded sparse policy (streaming, snapkv, pyramidkv, h2o heads) is
@@ -98,6 +99,18 @@ struct EngineConfig {
   // The target model's file, for messages (a draft_model with another vocabulary); may be empty.
   std::string model_path;
 };
+
+// The default page pool's ceiling: the fixed default `sieve serve` had before the pool was sized
+// from the model. A model whose full default pool is larger (a 7B model with f32 KV holds ~1k
+// tokens in it) should be given --kv-memory from the memory the machine can spare.
+inline constexpr uint64_t kDefaultKvMemoryCapBytes = 512ull << 20;
+
+// The page pool when EngineConfig::kv_memory_bytes is unset: room for max_num_seqs sequences of
+// the model's whole context each, in pages of the KV dtype, at most kDefaultKvMemoryCapBytes
+// and at least one page. stories260K (5 layers x 4 KV heads x head_dim 8, f32 K and V, 20 KiB
+// per 16-token page; context 512; 64 sequences): 64 x 32 pages = 40 MiB. Throws sieve::Error
+// when the dtype cannot store the model's heads (KvCache::bytes_per_page).
+uint64_t default_kv_memory_bytes(const model::ModelConfig& model, const EngineConfig& config);
 
 struct Request {
   std::vector<TokenId> prompt;

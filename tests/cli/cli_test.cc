@@ -43,7 +43,7 @@ TEST(Cli, HelpForEveryCommand) {
   Result top = run("--help");
   EXPECT_EQ(top.exit_code, 0);
   for (const char* command : {"run", "batch", "tokenize", "perplexity", "quantize", "gen-model",
-                              "bench", "bench-engine", "bench-serve", "calibrate"}) {
+                              "bench", "bench-engine", "bench-serve", "calibrate", "soak"}) {
     EXPECT_NE(top.out.find(command), std::string::npos) << command;
     Result help = run(std::string(command) + " --help");
     EXPECT_EQ(help.exit_code, 0) << command;

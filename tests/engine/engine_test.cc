@@ -176,6 +176,41 @@ TEST(Engine, KvMemoryIsCountedInBytesOfTheKvDType) {
   EXPECT_EQ(pages[kernels::DType::kF16], 2 * pages[kernels::DType::kF32]);
 }
 
+// Without --kv-memory the pool holds max_num_seqs whole contexts of the model in its KV dtype:
+// stories260K's is 64 x 32 pages of 20 KiB (40 MiB), not a fixed 512 MiB; a model whose
+// contexts take more gets the cap; an explicit size wins.
+TEST(Engine, DefaultKvPoolIsSizedFromTheModel) {
+  model::LoadedModel loaded = load_stories();
+  const model::ModelConfig& mc = loaded.model->config();
+  ASSERT_EQ(mc.context_length, 512);
+  EngineConfig c = config(0);
+  const uint64_t page_bytes = model::KvCache::bytes_per_page(mc, 16, c.kv_dtype);
+  ASSERT_EQ(page_bytes,
+            2u * 16 * 4 * 8 * 5 * sizeof(float));  // K and V x tokens x heads x dim x layers
+  EXPECT_EQ(default_kv_memory_bytes(mc, c), 64 * 32 * page_bytes);
+  {
+    Engine engine(c, loaded.model, loaded.tokenizer);
+    EXPECT_EQ(engine.config().num_kv_pages, 64 * 32);
+  }
+  c.max_num_seqs = 4;
+  EXPECT_EQ(default_kv_memory_bytes(mc, c), 4 * 32 * page_bytes);
+  c.kv_dtype = kernels::DType::kF16;
+  EXPECT_EQ(default_kv_memory_bytes(mc, c), 4 * 32 * page_bytes / 2);
+
+  model::ModelConfig large = mc;  // Llama 2 7B's shape: 512 KiB of f32 K/V per token
+  large.num_layers = 32;
+  large.num_heads = 32;
+  large.num_kv_heads = 32;
+  large.head_dim = 128;
+  large.context_length = 4096;
+  EXPECT_EQ(default_kv_memory_bytes(large, config(0)), kDefaultKvMemoryCapBytes);
+
+  EngineConfig given = config(0);
+  given.kv_memory_bytes = 1ull << 20;
+  Engine engine(given, loaded.model, loaded.tokenizer);
+  EXPECT_EQ(engine.config().num_kv_pages, static_cast<int32_t>((1ull << 20) / page_bytes));
+}
+
 // q8 / q4 store K/V rows in blocks of 32: a model with head_dim 8 is refused when the engine is
 // made, naming the dtype and the head_dim, not at its first request.
 TEST(Engine, QuantizedKvRefusesAHeadDimItCannotStore) {

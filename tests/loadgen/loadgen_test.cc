@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -15,8 +16,10 @@
 #include "loadgen/client.h"
 #include "loadgen/metrics.h"
 #include "loadgen/plot.h"
+#include "loadgen/raw_http.h"
 #include "loadgen/report.h"
 #include "loadgen/runner.h"
+#include "loadgen/soak.h"
 #include "loadgen/sse.h"
 #include "loadgen/workload.h"
 #include "shared_data.h"
@@ -612,6 +615,79 @@ TEST(Report, ProgressWithoutATerminalPrintsPlainLines) {
             11);  // the first completion, then one per 10%
   EXPECT_NE(text.find("c=2: 20/20 done, 2 failed"), std::string::npos) << text;
   EXPECT_EQ(text.find('\r'), std::string::npos);
+}
+
+// Chunked framing decoded the same whatever pieces the bytes arrive in; trailers are skipped.
+TEST(ChunkedDecoder, BodyFromPiecesOfAnySize) {
+  const std::string raw = "5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nX-Trailer: 1\r\n\r\n";
+  for (size_t piece : {1, 2, 3, 7, 64}) {
+    ChunkedDecoder decoder;
+    std::string body;
+    for (size_t i = 0; i < raw.size(); i += piece) body += decoder.feed(raw.substr(i, piece));
+    EXPECT_EQ(body, "hello, world") << "pieces of " << piece;
+    EXPECT_TRUE(decoder.done());
+    EXPECT_EQ(decoder.error(), "");
+  }
+  ChunkedDecoder bad;
+  EXPECT_EQ(bad.feed("zz\r\nhello"), "");
+  EXPECT_NE(bad.error().find("bad chunk size"), std::string::npos) << bad.error();
+}
+
+// The soak's raw client reads a real server's chunked SSE stream to its end.
+TEST(RawConnection, ReadsAStreamedResponseToItsEnd) {
+  testing::FakeOpenAiServer server({.default_tokens = 3});
+  const ServerUrl url = parse_base_url(server.url());
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+  auto opened = RawConnection::open(url, deadline);
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<RawConnection>>(opened))
+      << std::get<std::string>(opened);
+  RawConnection& connection = *std::get<0>(opened);
+  const std::string body = R"({"prompt": "hi", "stream": true})";
+  ASSERT_FALSE(connection.send(
+      http_request("POST", "/v1/completions", url, body, {"Content-Type: application/json"}),
+      deadline));
+  auto head = connection.read_head(deadline);
+  ASSERT_TRUE(std::holds_alternative<ResponseHead>(head)) << std::get<std::string>(head);
+  EXPECT_EQ(std::get<ResponseHead>(head).status, 200);
+  SseParser parser;
+  std::vector<std::string> events;
+  for (;;) {
+    BodyRead read = connection.read_body(7, deadline);  // small reads: many pieces
+    if (read.status != BodyRead::Status::kData) {
+      EXPECT_EQ(read.status, BodyRead::Status::kEnd) << read.error;
+      break;
+    }
+    for (std::string& e : parser.feed(read.bytes)) events.push_back(std::move(e));
+  }
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+}
+
+// The soak's normal requests cover both endpoints, n > 1, logprobs and stop strings, and every
+// policy on both endpoints.
+TEST(Soak, CatalogueCoversEveryKind) {
+  const std::vector<SoakRequest> catalogue = soak_catalogue();
+  std::map<std::string, std::set<ApiEndpoint>> policies;
+  bool n2[2] = {}, logprobs[2] = {}, stop[2] = {};
+  for (const SoakRequest& r : catalogue) {
+    const int e = r.endpoint == ApiEndpoint::kChat ? 1 : 0;
+    policies[r.kv_policy].insert(r.endpoint);
+    n2[e] |= r.n > 1;
+    logprobs[e] |= r.logprobs;
+    stop[e] |= !r.stop.empty();
+    const nlohmann::json body = r.body();
+    EXPECT_EQ(body["stream"], true);
+    EXPECT_EQ(body["temperature"], 0.0);
+    EXPECT_EQ(body.contains("messages"), e == 1);
+  }
+  for (int e : {0, 1}) EXPECT_TRUE(n2[e] && logprobs[e] && stop[e]) << "endpoint " << e;
+  for (const char* name : {"full", "streaming", "h2o", "snapkv", "pyramidkv", "adakv", "fastgen",
+                           "quest", "lserve", "layerwise", "heads", "layers"}) {
+    const auto it = std::find_if(policies.begin(), policies.end(),
+                                 [&](const auto& p) { return p.first.starts_with(name); });
+    ASSERT_NE(it, policies.end()) << name;
+    EXPECT_EQ(it->second.size(), 2u) << name;
+  }
 }
 
 }  // namespace
