@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "util/error.h"
+
 namespace sieve::grammar {
 
 CompiledGrammar::CompiledGrammar(Grammar grammar) : grammar_(std::move(grammar)) {
@@ -93,6 +95,12 @@ void StackSet::add(std::span<const uint32_t> stack) {
       return;
     }
     offset += n + 1;
+  }
+  if (hashes_.size() >= kMaxStacks) {
+    fail(
+        "grammar too ambiguous: the text so far can be parsed in more than {} ways (e.g. "
+        "repetitions of repetitions over the same characters); make the grammar less ambiguous",
+        kMaxStacks);
   }
   hashes_.push_back(h);
   data_.push_back(static_cast<uint32_t>(stack.size()));

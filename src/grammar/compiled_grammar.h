@@ -89,6 +89,11 @@ struct Utf8Partial {
   friend bool operator==(const Utf8Partial&, const Utf8Partial&) = default;
 };
 
+// At most this many stacks: an ambiguous grammar (e.g. `(x+ x+)*`) can reach a number of
+// stacks that grows with every character, which would make each step (and a mask walk) slow.
+// Adding one more throws sieve::Error "grammar too ambiguous". JSON grammars need under 10.
+inline constexpr size_t kMaxStacks = 128;
+
 // A set of stacks, stored back to back as [n, pos_0 .. pos_{n-1}] (pos_{n-1} is the top), with
 // no duplicates.
 class StackSet {

@@ -21,7 +21,8 @@ class GrammarState {
   GrammarState& operator=(GrammarState&&) = default;
 
   // Advances over all of `bytes`, or returns false and leaves the state as it was when the
-  // grammar cannot take them. Empty input is accepted.
+  // grammar cannot take them. Empty input is accepted. Throws sieve::Error (state unchanged)
+  // when a grammar is too ambiguous (detail::kMaxStacks).
   bool accept_bytes(std::string_view bytes);
   // True when the text so far is a complete sentence of the grammar (EOS allowed): no partial
   // character pending and some stack finished.

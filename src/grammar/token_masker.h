@@ -55,7 +55,8 @@ class TokenMasker {
 
   GrammarState new_state() const { return GrammarState(grammar_); }
   // out := allowed tokens (resized to the vocabulary): text tokens whose bytes the state accepts,
-  // and the EOG tokens iff state.can_end(). Returns the number of allowed tokens.
+  // and the EOG tokens iff state.can_end(). Returns the number of allowed tokens. Throws
+  // sieve::Error for a grammar too ambiguous to run (compiled_grammar.h, kMaxStacks).
   size_t fill_mask(const GrammarState& state, TokenBitset& out) const;
   // Advances the state by a sampled token. An EOG token is accepted iff can_end() (the state is
   // left as is); a special token never. Returns false, state unchanged, when not allowed.
