@@ -91,7 +91,8 @@ void StackSet::add(std::span<const uint32_t> stack) {
   for (uint64_t other : hashes_) {
     const uint32_t n = data_[offset];
     if (other == h && n == stack.size() &&
-        std::equal(stack.begin(), stack.end(), data_.begin() + static_cast<ptrdiff_t>(offset) + 1)) {
+        std::equal(stack.begin(), stack.end(),
+                   data_.begin() + static_cast<ptrdiff_t>(offset) + 1)) {
       return;
     }
     offset += n + 1;

@@ -331,15 +331,32 @@ class Parser {
       ++pos_;
       uint32_t cp = 0;
       switch (e) {
-        case 'n': return '\n';
-        case 'r': return '\r';
-        case 't': return '\t';
-        case '\\': case '"': case '\'': case '[': case ']': case '-': case '/': case '^':
+        case 'n':
+          return '\n';
+        case 'r':
+          return '\r';
+        case 't':
+          return '\t';
+        case '\\':
+        case '"':
+        case '\'':
+        case '[':
+        case ']':
+        case '-':
+        case '/':
+        case '^':
           return static_cast<uint8_t>(e);
-        case 'x': cp = parse_hex(2); break;
-        case 'u': cp = parse_hex(4); break;
-        case 'U': cp = parse_hex(8); break;
-        default: fail_at(start, fmt::format("unknown escape '\\{}'", e));
+        case 'x':
+          cp = parse_hex(2);
+          break;
+        case 'u':
+          cp = parse_hex(4);
+          break;
+        case 'U':
+          cp = parse_hex(8);
+          break;
+        default:
+          fail_at(start, fmt::format("unknown escape '\\{}'", e));
       }
       if (cp > kMaxCodePoint || (cp >= kSurrogateLo && cp <= kSurrogateHi)) {
         fail_at(start, fmt::format("escape U+{:04X} is not a Unicode scalar value", cp));
@@ -432,12 +449,23 @@ void append_char(std::string& out, uint32_t cp, bool in_class) {
     }
   };
   switch (cp) {
-    case '\n': out += "\\n"; return;
-    case '\r': out += "\\r"; return;
-    case '\t': out += "\\t"; return;
-    case '\\': out += "\\\\"; return;
-    case '"': out += "\\\""; return;
-    default: break;
+    case '\n':
+      out += "\\n";
+      return;
+    case '\r':
+      out += "\\r";
+      return;
+    case '\t':
+      out += "\\t";
+      return;
+    case '\\':
+      out += "\\\\";
+      return;
+    case '"':
+      out += "\\\"";
+      return;
+    default:
+      break;
   }
   if (in_class && (cp == ']' || cp == '-' || cp == '^' || cp == '[')) {
     out += '\\';
@@ -452,7 +480,8 @@ void append_char(std::string& out, uint32_t cp, bool in_class) {
 }
 
 bool is_single(const Element& e) {
-  return e.kind == Element::Kind::kChars && e.ranges.size() == 1 && e.ranges[0].lo == e.ranges[0].hi;
+  return e.kind == Element::Kind::kChars && e.ranges.size() == 1 &&
+         e.ranges[0].lo == e.ranges[0].hi;
 }
 
 }  // namespace

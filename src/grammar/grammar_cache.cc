@@ -40,7 +40,8 @@ std::string spec_to_gbnf(const GrammarSpec& spec) {
 
 GrammarCache::GrammarCache(std::shared_ptr<const Vocabulary> vocabulary, size_t capacity,
                            MaskerOptions options)
-    : vocabulary_(std::move(vocabulary)), capacity_(std::max<size_t>(capacity, 1)),
+    : vocabulary_(std::move(vocabulary)),
+      capacity_(std::max<size_t>(capacity, 1)),
       options_(options) {}
 
 std::shared_ptr<const TokenMasker> GrammarCache::get(const GrammarSpec& spec) {

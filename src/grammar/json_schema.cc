@@ -30,13 +30,14 @@ object ::= "{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws
 array ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
 )";
 
-const std::set<std::string> kAnnotations = {
-    "title", "description", "default", "examples", "$schema", "$id", "$comment",
-    "$defs", "definitions", "strict"};
+const std::set<std::string> kAnnotations = {"title",       "description", "default",  "examples",
+                                            "$schema",     "$id",         "$comment", "$defs",
+                                            "definitions", "strict"};
 const std::set<std::string> kKeywords = {
-    "type",     "properties", "required", "additionalProperties", "items", "minItems",
-    "maxItems", "enum",       "const",    "anyOf",                "oneOf", "minLength",
-    "maxLength", "$ref",      "nullable"};
+    "type",      "properties", "required", "additionalProperties",
+    "items",     "minItems",   "maxItems", "enum",
+    "const",     "anyOf",      "oneOf",    "minLength",
+    "maxLength", "$ref",       "nullable"};
 
 std::string literal(const Json& value) { return "\"" + escape_gbnf_literal(value.dump()) + "\""; }
 
@@ -117,7 +118,8 @@ class SchemaCompiler {
       alternatives.push_back(literal(schema["const"]));
     } else if (schema.contains("enum")) {
       const Json& values = schema["enum"];
-      if (!values.is_array() || values.empty()) error(path + "/enum", "'enum' must be a non-empty array");
+      if (!values.is_array() || values.empty())
+        error(path + "/enum", "'enum' must be a non-empty array");
       for (const Json& v : values) alternatives.push_back(literal(v));
     } else if (schema.contains("anyOf") || schema.contains("oneOf")) {
       const char* key = schema.contains("anyOf") ? "anyOf" : "oneOf";
@@ -127,7 +129,8 @@ class SchemaCompiler {
       }
       for (const char* other : {"type", "properties", "items", "anyOf", "oneOf"}) {
         if (other != std::string(key) && schema.contains(other)) {
-          error(path + "/" + other, fmt::format("keyword '{}' next to '{}' is not supported", other, key));
+          error(path + "/" + other,
+                fmt::format("keyword '{}' next to '{}' is not supported", other, key));
         }
       }
       for (size_t i = 0; i < subs.size(); ++i) {
@@ -209,8 +212,8 @@ class SchemaCompiler {
       for (const Json& name : r) {
         if (!name.is_string()) error(path + "/required", "'required' must be an array of names");
         if (!properties.contains(name.get<std::string>())) {
-          error(path + "/required",
-                fmt::format("required property '{}' is not in 'properties'", name.get<std::string>()));
+          error(path + "/required", fmt::format("required property '{}' is not in 'properties'",
+                                                name.get<std::string>()));
         }
         required.insert(name.get<std::string>());
       }
@@ -241,8 +244,8 @@ class SchemaCompiler {
     for (size_t k = n; k-- > 0;) {
       const auto& [name, sub] = props[k];
       const std::string value = visit(*sub, path + "/properties/" + name);
-      const std::string kv = new_rule(hint(path, name + "-kv"),
-                                      literal(Json(name)) + " ws \":\" ws " + value + " ws");
+      const std::string kv =
+          new_rule(hint(path, name + "-kv"), literal(Json(name)) + " ws \":\" ws " + value + " ws");
       const bool is_required = required.contains(name);
       const std::string next_rule = reserve_name(hint(path, name + "-next"));
       rules_.push_back(next_rule + " ::= " +
@@ -268,7 +271,8 @@ class SchemaCompiler {
     const std::string r = target.get<std::string>();
     auto it = refs_.find(r);
     if (it != refs_.end()) return it->second;
-    if (r.empty() || r[0] != '#') error(path, fmt::format("only local '$ref's (\"#...\") are supported, not '{}'", r));
+    if (r.empty() || r[0] != '#')
+      error(path, fmt::format("only local '$ref's (\"#...\") are supported, not '{}'", r));
     const Json* resolved = nullptr;
     try {
       resolved = &root_.at(Json::json_pointer(r.substr(1)));
@@ -276,7 +280,8 @@ class SchemaCompiler {
       error(path, fmt::format("'$ref' '{}' points to nothing", r));
     }
     const size_t slash = r.rfind('/');
-    const std::string name = reserve_name(slash == std::string::npos ? "root" : r.substr(slash + 1));
+    const std::string name =
+        reserve_name(slash == std::string::npos ? "root" : r.substr(slash + 1));
     refs_.emplace(r, name);  // before the body: recursive references find it
     const std::string body = visit(*resolved, r.substr(1));
     rules_.push_back(name + " ::= " + body);

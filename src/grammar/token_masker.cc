@@ -21,7 +21,10 @@ template <typename OnTokens, typename OnCut>
 class TrieWalk {
  public:
   TrieWalk(const CompiledGrammar& g, const Vocabulary& v, OnTokens on_tokens, OnCut on_cut)
-      : g_(g), trie_(v.trie()), frames_(v.max_token_length() + 2), on_tokens_(on_tokens),
+      : g_(g),
+        trie_(v.trie()),
+        frames_(v.max_token_length() + 2),
+        on_tokens_(on_tokens),
         on_cut_(on_cut) {}
   Frame& start() { return frames_[0]; }
   void run(uint32_t node) { visit(node, 0); }
@@ -70,7 +73,8 @@ TrieWalk<OnTokens, OnCut> make_walk(const CompiledGrammar& g, const Vocabulary& 
 
 void set_tokens(const Vocabulary& v, uint32_t node, TokenBitset& out) {
   const Vocabulary::TrieNode& n = v.trie()[node];
-  for (uint32_t i = n.token_begin; i < n.token_end; ++i) out.set(static_cast<size_t>(v.trie_tokens()[i]));
+  for (uint32_t i = n.token_begin; i < n.token_end; ++i)
+    out.set(static_cast<size_t>(v.trie_tokens()[i]));
 }
 
 void push_partial(const Utf8Partial& p, std::vector<uint32_t>& key) {
@@ -161,9 +165,10 @@ size_t TokenMasker::fill_mask(const GrammarState& state, TokenBitset& out) const
   if (state.can_end()) {
     for (TokenId id : v.eog_ids()) out.set(static_cast<size_t>(id));
   }
-  auto cached = std::make_shared<const TokenBitset>(out);
   std::lock_guard lock(mutex_);
   ++stats_.num_state_misses;
+  if (options_.max_cached_states == 0) return out.count();
+  auto cached = std::make_shared<const TokenBitset>(out);
   if (states_.size() >= options_.max_cached_states) states_.clear();
   states_.emplace(std::move(state_key), std::move(cached));
   return out.count();

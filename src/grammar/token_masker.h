@@ -39,7 +39,7 @@ namespace sieve::grammar {
 
 struct MaskerOptions {
   uint32_t context_depth = 3;       // stack positions in a cache key (>= 1)
-  size_t max_cached_states = 1024;  // whole-state masks kept (vocab_size / 8 bytes each)
+  size_t max_cached_states = 1024;  // whole-state masks kept (vocab_size / 8 bytes each); 0: none
 };
 
 struct MaskerStats {

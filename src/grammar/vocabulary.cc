@@ -20,7 +20,8 @@ void TokenBitset::or_with(const TokenBitset& other) {
 
 Vocabulary::Vocabulary(std::vector<std::string> token_bytes, std::vector<bool> is_text,
                        std::vector<TokenId> eog_ids)
-    : token_bytes_(std::move(token_bytes)), is_text_(std::move(is_text)),
+    : token_bytes_(std::move(token_bytes)),
+      is_text_(std::move(is_text)),
       eog_ids_(std::move(eog_ids)) {
   if (is_text_.size() != token_bytes_.size()) {
     fail("grammar vocabulary: {} token texts but {} text flags", token_bytes_.size(),

@@ -44,8 +44,8 @@ class GrammarGenerator {
 
   std::string item(int num_rules, int depth) {
     static const char* const kAtoms[] = {
-        "\"a\"", "\"b\"", "\"ab\"", "\"the\"", "\" \"", "\"é\"", "\"😀\"", "\"\\n\"", "\"{\"",
-        "[a-c]", "[^a]", "[é-ü]", "[0-9]", ".", "[😀-🙏]", "\"\\u00e9x\""};
+        "\"a\"", "\"b\"", "\"ab\"", "\"the\"", "\" \"", "\"é\"", "\"😀\"", "\"\\n\"",
+        "\"{\"", "[a-c]", "[^a]",   "[é-ü]",   "[0-9]", ".",     "[😀-🙏]", "\"\\u00e9x\""};
     std::string atom;
     const int kind = pick(0, 9);
     // Repeating a rule or a group that may itself repeat makes ambiguous grammars whose parses
@@ -84,7 +84,6 @@ TEST(GrammarFuzz, RandomGrammarsRandomWalks) {
       continue;
     }
     ++num_grammars;
-    if (std::getenv("FUZZ_DEBUG")) std::fprintf(stderr, "seed %u\n%s", seed, text.c_str());
     const char* vocab_name = testing::kVocabularies[seed % 2];
     SCOPED_TRACE(std::string(vocab_name) + " seed " + std::to_string(seed) + "\n" + text);
     const auto vocab = testing::golden_vocabulary(vocab_name);
@@ -93,14 +92,14 @@ TEST(GrammarFuzz, RandomGrammarsRandomWalks) {
     bool ambiguous = false;
     for (int walk = 0; walk < 3 && !ambiguous; ++walk) {
       testing::WalkResult result;
-    try {
-      result = testing::random_walk(masker, rng, 60, 30, "", 0.25);
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
-      ++num_ambiguous;
-      ambiguous = true;
-      break;
-    }
+      try {
+        result = testing::random_walk(masker, rng, 60, 30, "", 0.25);
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
+        ++num_ambiguous;
+        ambiguous = true;
+        break;
+      }
       GrammarState check(grammar);
       ASSERT_TRUE(check.accept_bytes(result.text)) << result.text;
       if (result.ended) {
