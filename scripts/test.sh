@@ -29,15 +29,18 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIEVE_SHARED_DIR="$sha
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
-echo "== [2/3] ASan + UBSan: GGUF reader, tokenizer and chat-template tests; KV pages, scheduler, KV sparsity"
+echo "== [2/3] ASan + UBSan: GGUF reader, tokenizer and chat-template tests; KV pages, scheduler, KV sparsity; grammars; HTTP"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSIEVE_SANITIZE=ON -DSIEVE_SHARED_DIR="$shared"
 cmake --build build-asan -j"$jobs" --target gguf_test tokenizer_test chat_template_test kv_test sched_test \
-  sparse_engine_test
+  sparse_engine_test grammar_test http_transport_test
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -j"$jobs" -L input
 # Compaction plans, slice moves and forks of compressed sequences: memory errors would hide here.
 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
   -R '^(SparseEngine|SparseLayoutTest|Seeds/SparseStressTest|KvStress|KvManager|PagePool|BlockHash|Scheduler)\.'
+# Hostile input: grammars and JSON schemas from requests; mutated HTTP against the server.
+ctest --test-dir build-asan --output-on-failure -j"$jobs" \
+  -R '^(GbnfParser|Recognizer|TokenMasker\.(SpecialTokens|PartialCharacters)|JsonSchema\.(Unsupported|OrderedProperties)|HttpTransportTest)'
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
 echo "== [3/3] libFuzzer: ${fuzz_seconds}s per target"
