@@ -32,10 +32,9 @@ int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model,
         DraftModelProposer::kv_dtype_for(draft->config(), config.kv_dtype));
   }
   // The default is sized for the target's pages; a draft model's mirror pool comes on top.
-  const uint64_t kv_memory_bytes =
-      config.kv_memory_bytes
-          ? *config.kv_memory_bytes
-          : default_kv_memory_bytes(model, config) / target_page_bytes * page_bytes;
+  const uint64_t kv_memory_bytes = config.kv_memory_bytes ? *config.kv_memory_bytes
+                                                          : default_kv_memory_bytes(model, config) /
+                                                                target_page_bytes * page_bytes;
   const uint64_t pages = kv_memory_bytes / page_bytes;
   if (pages == 0) {
     fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens{})",

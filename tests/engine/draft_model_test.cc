@@ -12,6 +12,7 @@
 #include "engine_test_util.h"
 #include "model/model_file.h"
 #include "spec/speculative_config.h"
+#include "speculative_test_util.h"
 #include "util/error.h"
 
 namespace sieve::engine {
@@ -53,43 +54,9 @@ spec::SpeculativeConfig draft_model(int32_t k, const std::string& path) {
   return {.method = spec::Method::kDraftModel, .num_speculative_tokens = k, .model = path};
 }
 
-spec::SpeculativeConfig ngram(int32_t k) {
-  return {.method = spec::Method::kNgram, .num_speculative_tokens = k};
-}
-
-std::vector<std::vector<TokenId>> repetitive_prompts(const tok::Tokenizer& tokenizer) {
-  std::vector<std::vector<TokenId>> out;
-  for (const char* text :
-       {"Lily and Tom went to the park. Lily and Tom went to the park. Lily and",
-        "One, two, three, four. One, two, three, four. One, two,",
-        "The cat sat on the mat. The dog sat on the mat. The cat sat on the",
-        "Once upon a time there was a little girl. Once upon a time there was"}) {
-    out.push_back(tokenizer.encode(text));
-  }
-  return out;
-}
-
-std::vector<Request> greedy_requests(const std::vector<std::vector<TokenId>>& prompts,
-                                     int32_t max_tokens) {
-  std::vector<Request> requests;
-  for (const auto& p : prompts) requests.push_back(greedy(p, max_tokens));
-  return requests;
-}
-
 EngineConfig with_speculation(EngineConfig c, const spec::SpeculativeConfig& speculative) {
   c.speculative = speculative;
   return c;
-}
-
-void expect_same_tokens(const std::map<std::pair<size_t, int>, Outcome>& got,
-                        const std::map<std::pair<size_t, int>, Outcome>& expected) {
-  ASSERT_EQ(got.size(), expected.size());
-  for (const auto& [key, outcome] : expected) {
-    EXPECT_EQ(got.at(key).tokens, outcome.tokens) << "request " << key.first << " " << key.second;
-    EXPECT_EQ(got.at(key).text, outcome.text) << "request " << key.first << " " << key.second;
-    ASSERT_TRUE(got.at(key).finish.has_value());
-    EXPECT_EQ(got.at(key).finish->reason, outcome.finish->reason) << "request " << key.first;
-  }
 }
 
 // Both pools back to their start.

@@ -11,54 +11,16 @@
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "spec/speculative_config.h"
+#include "speculative_test_util.h"
 
 namespace sieve::engine {
 namespace {
-
-spec::SpeculativeConfig ngram(int32_t k, int32_t max_n = 4, int32_t min_n = 1) {
-  return {.method = spec::Method::kNgram,
-          .num_speculative_tokens = k,
-          .prompt_lookup_max = max_n,
-          .prompt_lookup_min = min_n};
-}
 
 // Self-speculation: the target model drafts through a sink + window view of its own pages.
 spec::SpeculativeConfig self_sparse(int32_t k, const char* view = "streaming:S=4,W=16") {
   return {.method = spec::Method::kSelfSparse,
           .num_speculative_tokens = k,
           .kv_policy = sparsity::parse_policy(view)};
-}
-
-// Prompts that repeat themselves, so that prompt lookup has something to find.
-std::vector<std::vector<TokenId>> repetitive_prompts(const tok::Tokenizer& tokenizer) {
-  std::vector<std::vector<TokenId>> out;
-  for (const char* text :
-       {"Lily and Tom went to the park. Lily and Tom went to the park. Lily and",
-        "One, two, three, four. One, two, three, four. One, two,",
-        "The cat sat on the mat. The dog sat on the mat. The cat sat on the",
-        "Once upon a time there was a little girl. Once upon a time there was"}) {
-    out.push_back(tokenizer.encode(text));
-  }
-  return out;
-}
-
-std::vector<Request> requests_for(const std::vector<std::vector<TokenId>>& prompts,
-                                  int32_t max_tokens) {
-  std::vector<Request> requests;
-  for (const auto& p : prompts) requests.push_back(greedy(p, max_tokens));
-  return requests;
-}
-
-void expect_same_tokens(const std::map<std::pair<size_t, int>, Outcome>& got,
-                        const std::map<std::pair<size_t, int>, Outcome>& expected) {
-  ASSERT_EQ(got.size(), expected.size());
-  for (const auto& [key, outcome] : expected) {
-    EXPECT_EQ(got.at(key).tokens, outcome.tokens) << "request " << key.first;
-    EXPECT_EQ(got.at(key).text, outcome.text) << "request " << key.first;
-    ASSERT_TRUE(got.at(key).finish.has_value());
-    EXPECT_EQ(got.at(key).finish->reason, outcome.finish->reason) << "request " << key.first;
-    EXPECT_EQ(got.at(key).usage.completion_tokens, outcome.usage.completion_tokens);
-  }
 }
 
 struct GreedyCase {
@@ -78,7 +40,7 @@ TEST_P(SpeculativeGreedy, DraftsGiveThePlainTokensInABatch) {
   model::LoadedModel loaded = GetParam().generated_model ? load_generated() : load_stories();
   auto all_prompts = prompts(*loaded.tokenizer);
   for (auto& p : repetitive_prompts(*loaded.tokenizer)) all_prompts.push_back(p);
-  const std::vector<Request> requests = requests_for(all_prompts, 40);
+  const std::vector<Request> requests = greedy_requests(all_prompts, 40);
 
   Engine plain(config(512), loaded.model, loaded.tokenizer);
   const auto expected = run(plain, requests);
@@ -322,7 +284,7 @@ TEST(Speculative, PreemptionMidSpeculationKeepsOutputsAndPages) {
   model::LoadedModel loaded = load_stories();
   auto all_prompts = prompts(*loaded.tokenizer, 12);
   for (auto& p : repetitive_prompts(*loaded.tokenizer)) all_prompts.push_back(p);
-  const std::vector<Request> requests = requests_for(all_prompts, 48);
+  const std::vector<Request> requests = greedy_requests(all_prompts, 48);
   Engine roomy(config(512), loaded.model, loaded.tokenizer);
   const auto expected = run(roomy, requests);
   EngineConfig c = config(14, 64);
