@@ -52,7 +52,7 @@ async function openConnections(base) {
   return (await metrics(base))['sieve:http_connections_open'];
 }
 
-test('512 slow-loris connections (2 x the old thread pool) starve nobody: /health and completions are served throughout', async () => {
+test('512 slow-loris connections (over 3 x the old 160-thread pool) starve nobody: /health and completions are served throughout', async () => {
   const server = await startServer();
   const slow = [];
   try {
