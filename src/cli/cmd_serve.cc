@@ -163,7 +163,9 @@ void serve(ServeOptions options) {
                           [chat_template](const nlohmann::json& context) {
                             return chat_template->render(context);
                           },
-                      .default_kv_policy = default_policy});
+                      .default_kv_policy = default_policy,
+                      .grammars = std::make_shared<grammar::GrammarCache>(
+                          grammar::Vocabulary::from_tokenizer(*loaded.tokenizer))});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'", options.server.host, http.port(), name);
 
     g_signalled.acquire();

@@ -22,6 +22,7 @@
 // unless top-p needs most of the vocabulary).
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "engine/admission.h"
+#include "grammar/token_masker.h"
 
 namespace sieve::engine {
 
@@ -53,6 +55,11 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;       // [-2, 2]; logit -= frequency * count, output only
   std::map<TokenId, float> logit_bias;  // token id -> additive bias, [-100, 100]
   int32_t min_tokens = 0;  // stop token ids and EOS are masked until this many are generated
+  // Constrained decoding: only tokens the grammar allows at each step (and EOG only where the
+  // grammar may end) can be sampled; the mask applies first, so logprobs, penalties and the
+  // truncations all see the allowed set. Null: unconstrained. Shared by the request's samples;
+  // each Sampler keeps its own grammar state.
+  std::shared_ptr<const grammar::TokenMasker> constraint;
 
   // Stopping (see StopMatcher). A sequence finishes with "stop" on EOS (unless ignore_eos), on
   // one of stop_token_ids or on one of stop_strings, and with "length" after max_tokens.

@@ -442,7 +442,8 @@ void HttpServer::serve_tokenize(const HttpRequest& request, Responder& responder
       ModelInfo info{.served_name = b->model_name,
                      .context_length = b->context_length,
                      .tokenizer = b->tokenizer.get(),
-                     .render_chat = b->render_chat};
+                     .render_chat = b->render_chat,
+                     .grammars = b->grammars.get()};
       json chat = *body;
       chat["max_tokens"] = 1;  // tokenizing needs no room for a completion
       chat.erase("model");
@@ -611,7 +612,8 @@ void HttpServer::handle_generation(ApiKind kind, const HttpRequest& http_request
                    .context_length = b.context_length,
                    .tokenizer = b.tokenizer.get(),
                    .render_chat = b.render_chat,
-                   .default_kv_policy = b.default_kv_policy};
+                   .default_kv_policy = b.default_kv_policy,
+                   .grammars = b.grammars.get()};
     ex->request = parse_generation_request(kind, *body, info);
   } catch (const ApiException& e) {
     spdlog::info("request {} {} {} {}", ex->log_id, ex->endpoint, e.error().status,

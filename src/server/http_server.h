@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "grammar/grammar_cache.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -54,6 +55,8 @@ struct Backend {
   int64_t context_length = 0;
   std::function<std::string(const json&)> render_chat;
   sparsity::PolicySpec default_kv_policy;
+  // Constrained decoding's compiled grammars for this model (null: refused).
+  std::shared_ptr<grammar::GrammarCache> grammars;
 };
 
 class HttpServer {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "grammar/grammar_cache.h"
 #include "sparsity/policy_spec.h"
 #include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
@@ -60,6 +61,9 @@ struct ModelInfo {
   // to the prompt text; throws sieve::Error (e.g. raise_exception) which becomes a 400.
   std::function<std::string(const json& context)> render_chat;
   sparsity::PolicySpec default_kv_policy;  // when the body has no kv_policy (--kv-policy)
+  // Compiled grammars of this model's vocabulary (response_format, grammar, tool_choice); null:
+  // constrained decoding is refused.
+  grammar::GrammarCache* grammars = nullptr;
 };
 
 struct GenerationRequest {
