@@ -7,6 +7,10 @@
 #include <cmath>
 #include <limits>
 
+#include <spdlog/spdlog.h>
+
+#include "util/error.h"
+
 namespace sieve::engine {
 
 namespace {
@@ -191,6 +195,59 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count)
 Sampler::Sampler(SamplingParams params, std::span<const TokenId> eos_token_ids)
     : params_(std::move(params)), rng_(params_.seed) {
   if (params_.min_tokens > 0) min_tokens_mask_ids_ = all_stop_token_ids(params_, eos_token_ids);
+  if (params_.constraint) grammar_state_.emplace(params_.constraint->new_state());
+}
+
+void Sampler::update_grammar(std::span<const TokenId> output) {
+  const grammar::TokenMasker& masker = *params_.constraint;
+  if (output.size() < grammar_output_seen_) {
+    // Not the sequence we have been following (or rolled back): replay from the start.
+    grammar_state_.emplace(masker.new_state());
+    grammar_output_seen_ = 0;
+  }
+  for (; grammar_output_seen_ < output.size(); ++grammar_output_seen_) {
+    if (!grammar_state_) continue;  // the grammar has given up: nothing to follow
+    const TokenId id = output[grammar_output_seen_];
+    bool accepted = false;
+    try {
+      accepted = masker.accept_token(*grammar_state_, id);
+    } catch (const Error& e) {
+      spdlog::warn("constrained decoding stops: {}", e.what());
+    }
+    if (!accepted) grammar_state_.reset();
+  }
+}
+
+std::span<const float> Sampler::apply_constraint(std::span<const float> logits) {
+  const grammar::TokenMasker& masker = *params_.constraint;
+  const grammar::Vocabulary& vocabulary = masker.vocabulary();
+  size_t num_allowed = 0;
+  if (grammar_state_) {
+    try {
+      num_allowed = masker.fill_mask(*grammar_state_, mask_);
+    } catch (const Error& e) {
+      spdlog::warn("constrained decoding stops: {}", e.what());
+      grammar_state_.reset();
+    }
+  }
+  if (num_allowed == 0) {
+    // Nothing the grammar allows (it gave up, or this vocabulary cannot continue it): end.
+    mask_.reset(vocabulary.size());
+    for (TokenId id : vocabulary.eog_ids()) mask_.set(static_cast<size_t>(id));
+  }
+  masked_.assign(logits.begin(), logits.end());
+  // Word by word: JSON masks are mostly long runs of all-allowed or all-refused tokens. Logits
+  // beyond the tokenizer's vocabulary (padded output rows) are never allowed.
+  const std::span<const uint64_t> words = mask_.words();
+  for (size_t w = 0; w * 64 < masked_.size(); ++w) {
+    const size_t begin = w * 64, end = std::min(masked_.size(), begin + 64);
+    const uint64_t bits = w < words.size() ? words[w] : 0;
+    if (bits == ~uint64_t{0} && end - begin == 64) continue;
+    for (size_t i = begin; i < end; ++i) {
+      if (!((bits >> (i - begin)) & 1)) masked_[i] = kNegInf;
+    }
+  }
+  return masked_;
 }
 
 void Sampler::update_history(const SequenceTokens& history) {
@@ -322,11 +379,18 @@ SampleResult Sampler::sample(std::span<const float> logits, const SequenceTokens
   assert(!logits.empty());
   update_history(history);
   const auto num_output = static_cast<int64_t>(history.output.size());
+  if (params_.constraint) {
+    update_grammar(history.output);
+    logits = apply_constraint(logits);
+  }
   std::span<const float> processed = logits;
   if (needs_scratch(num_output)) {
     logits_.assign(logits.begin(), logits.end());
     apply_bias_and_penalties(logits_, num_output);
     processed = logits_;
+    // The grammar wins over min_tokens: if it allows only the masked stop tokens, keep them.
+    if (params_.constraint && !(*std::max_element(logits_.begin(), logits_.end()) > kNegInf))
+      processed = logits;
   }
 
   SampleResult result;
@@ -336,7 +400,7 @@ SampleResult Sampler::sample(std::span<const float> logits, const SequenceTokens
   if (num_output < static_cast<int64_t>(params_.forced_tokens.size()))
     result.token = params_.forced_tokens[num_output];
   if (params_.logprobs) {
-    const double log_sum = log_sum_exp(logits);  // of the RAW logits
+    const double log_sum = log_sum_exp(logits);  // of the raw (or constrained) logits
     result.logprob = static_cast<float>(static_cast<double>(logits[result.token]) - log_sum);
     const size_t count =
         params_.full_logprobs ? logits.size() : static_cast<size_t>(*params_.logprobs);
@@ -350,6 +414,10 @@ TokenId Sampler::sample(std::span<const float> logits) { return sample(logits, {
 std::vector<float> Sampler::processed_logits(std::span<const float> logits,
                                              const SequenceTokens& history) {
   update_history(history);
+  if (params_.constraint) {
+    update_grammar(history.output);
+    logits = apply_constraint(logits);
+  }
   std::vector<float> processed(logits.begin(), logits.end());
   apply_bias_and_penalties(processed, static_cast<int64_t>(history.output.size()));
   return processed;

@@ -4,8 +4,10 @@
 // whatever else runs in the batch.
 //
 // One step of Sampler::sample, in this order (vLLM v1 order; vLLM v0 order for the truncations):
-//   raw logits ──► logprobs (top-N and the sampled token's, of the RAW logits' log-softmax)
-//        │
+//   raw logits ──► 0. constraint (constrained requests only): tokens the grammar does not
+//        │            allow := -inf
+//        ├──► logprobs (top-N and the sampled token's, of these logits' log-softmax: the raw
+//        │    logits, or the raw logits restricted to the allowed set)
 //        ├─ 1. logit_bias (additive), then min_tokens: stop/EOS ids := -inf while
 //        │     num_output < min_tokens
 //        ├─ 2. penalties: repetition (prompt ∪ output tokens), then frequency and presence
@@ -17,6 +19,11 @@
 //        ├─ 7. min-p  (drop p < min_p * p_max)
 //        └─ 8. draw one token from what is left (one 53-bit uniform from the sequence's RNG)
 // The caller's logits are never written; processing happens in a scratch copy.
+// A constrained sampler follows the sequence's output through its grammar state (advanced by
+// each token of `history.output` it has not seen yet, so tokens accepted from a speculative
+// draft advance it too). The grammar wins over min_tokens: when it allows only EOG, EOG is
+// sampled. A grammar that cannot go on (too ambiguous to run, or a forced token it rejects)
+// leaves only EOG allowed, so the output ends rather than leaving the grammar.
 // Cost per step: O(V) for the copy and softmax, O(#distinct history tokens) for penalties,
 // O(V log N) for top-N logprobs, O(V) expected for top-k/top-p selection (no full vocab sort
 // unless top-p needs most of the vocabulary).
@@ -137,6 +144,9 @@ class Sampler {
 
  private:
   void update_history(const SequenceTokens& history);
+  void update_grammar(std::span<const TokenId> output);
+  // The logits with every token the grammar does not allow at -inf, in masked_.
+  std::span<const float> apply_constraint(std::span<const float> logits);
   bool needs_scratch(int64_t num_output) const;
   void apply_bias_and_penalties(std::span<float> logits, int64_t num_output) const;
   TokenId sample_truncated(std::span<const float> logits);
@@ -150,6 +160,13 @@ class Sampler {
   size_t num_output_seen_ = 0;
   std::vector<TokenId> prompt_ids_;                     // distinct prompt tokens, sorted
   std::unordered_map<TokenId, int32_t> output_counts_;  // output token -> occurrences
+
+  // Constrained decoding: the grammar state after the first grammar_output_seen_ output tokens;
+  // nullopt when unconstrained or when the grammar cannot go on (then only EOG is allowed).
+  std::optional<grammar::GrammarState> grammar_state_;
+  size_t grammar_output_seen_ = 0;
+  grammar::TokenBitset mask_;
+  std::vector<float> masked_;  // [V] raw logits restricted to the allowed tokens
 
   // Scratch, reused between steps.
   std::vector<float> logits_;                           // [V] processed logits
