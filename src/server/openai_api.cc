@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -308,13 +309,106 @@ void reject_unsupported(ApiKind kind, const json& body) {
       throw_invalid("suffix", "'suffix' is not supported");
     }
   }
+}
+
+// OpenAI's strict mode (structured outputs): every object schema lists all its properties in
+// `required` and sets additionalProperties to false. OpenAI refuses other schemas with strict
+// set, and so does sieve, naming where the rule is broken.
+void check_strict_schema(const json& schema, const std::string& where) {
+  if (schema.is_array()) {
+    for (size_t i = 0; i < schema.size(); ++i)
+      check_strict_schema(schema[i], fmt::format("{}/{}", where, i));
+    return;
+  }
+  if (!schema.is_object()) return;
+  const json* properties = field(schema, "properties");
+  if (properties && properties->is_object()) {
+    const json* additional = field(schema, "additionalProperties");
+    if (!additional || *additional != false) {
+      throw_invalid("response_format",
+                    fmt::format("strict json_schema: 'additionalProperties' must be false at "
+                                "'{}' (or set \"strict\": false)",
+                                where));
+    }
+    const json* required = field(schema, "required");
+    for (const auto& [name, sub] : properties->items()) {
+      const bool listed =
+          required && required->is_array() &&
+          std::find(required->begin(), required->end(), json(name)) != required->end();
+      if (!listed) {
+        throw_invalid("response_format",
+                      fmt::format("strict json_schema: property '{}' at '{}' must be in "
+                                  "'required' (or set \"strict\": false)",
+                                  name, where));
+      }
+    }
+  }
+  for (const auto& [key, sub] : schema.items()) {
+    if (key == "enum" || key == "const" || key == "default" || key == "examples") continue;
+    check_strict_schema(sub, where + "/" + key);
+  }
+}
+
+// What to constrain the output to: response_format (json_object, json_schema) or llama.cpp's
+// `grammar` (GBNF text); nullopt for free text. Parameter errors are 400s naming the field.
+std::optional<std::pair<std::string, grammar::GrammarSpec>> parse_constraint(const json& body) {
+  std::optional<std::pair<std::string, grammar::GrammarSpec>> out;
   if (const json* v = field(body, "response_format")) {
     if (!v->is_object()) throw_invalid("response_format", "'response_format' must be an object");
     const json* type = field(*v, "type");
-    if (type && string_of(*type, "response_format.type") != "text") {
-      throw_invalid("response_format", "only response_format type 'text' is supported");
+    if (!type) throw_invalid("response_format", "'response_format.type' is required");
+    const std::string name = string_of(*type, "response_format.type");
+    if (name == "json_object") {
+      out.emplace("response_format", grammar::GrammarSpec{grammar::GrammarKind::kJsonObject, ""});
+    } else if (name == "json_schema") {
+      const json* spec = field(*v, "json_schema");
+      if (!spec || !spec->is_object()) {
+        throw_invalid("response_format",
+                      "response_format type 'json_schema' needs a 'json_schema' object with "
+                      "'name' and 'schema'");
+      }
+      const json* schema = field(*spec, "schema");
+      if (!schema)
+        throw_invalid("response_format", "'response_format.json_schema.schema' is required");
+      if (!schema->is_object() && !schema->is_boolean())
+        throw_invalid("response_format", "'response_format.json_schema.schema' must be an object");
+      if (const json* strict = field(*spec, "strict");
+          strict && bool_of(*strict, "response_format.json_schema.strict")) {
+        check_strict_schema(*schema, "#");
+      }
+      out.emplace("response_format",
+                  grammar::GrammarSpec{grammar::GrammarKind::kJsonSchema, schema->dump()});
+    } else if (name != "text") {
+      throw_invalid("response_format",
+                    fmt::format("response_format type must be 'text', 'json_object' or "
+                                "'json_schema', got '{}'",
+                                name));
     }
   }
+  if (const json* v = field(body, "grammar")) {
+    if (out) throw_invalid("grammar", "'grammar' and 'response_format' cannot be combined");
+    const std::string text = string_of(*v, "grammar");
+    if (!text.empty())
+      out.emplace("grammar", grammar::GrammarSpec{grammar::GrammarKind::kGbnf, text});
+  }
+  return out;
+}
+
+// Compiles (or finds in the cache) the request's grammar. The first mask is made here too, on
+// the request's handler thread: a schema's cold trie walks then cost the engine loop nothing.
+std::shared_ptr<const grammar::TokenMasker> compile_constraint(
+    const std::pair<std::string, grammar::GrammarSpec>& constraint, const ModelInfo& model) {
+  const auto& [param, spec] = constraint;
+  if (!model.grammars) throw_invalid(param, "constrained decoding is not available on this server");
+  std::shared_ptr<const grammar::TokenMasker> masker;
+  try {
+    masker = model.grammars->get(spec);
+    grammar::TokenBitset first_mask;
+    masker->fill_mask(masker->new_state(), first_mask);
+  } catch (const Error& e) {
+    throw_invalid(param, e.what());
+  }
+  return masker;
 }
 
 void check_context(const std::vector<TokenId>& prompt, engine::SamplingParams& params,
@@ -456,6 +550,8 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
       throw_invalid("kv_policy", e.what());
     }
   }
+  if (auto constraint = parse_constraint(body))
+    request.params.constraint = compile_constraint(*constraint, model);
   if (const json* v = field(body, "speculative")) {
     // The same keys as --speculative-config; the engine refuses (400) methods it cannot run.
     if (!v->is_object())

@@ -357,5 +357,92 @@ TEST_F(OpenAiApiTest, AdmissionErrorsMapByKindAndKeepTheirParam) {
   EXPECT_EQ(e.code, std::nullopt);
 }
 
+// response_format and grammar compile to the sampler's constraint; what cannot is a 400 naming
+// the field and, for schemas, the keyword.
+TEST_F(OpenAiApiTest, ResponseFormatAndGrammarBecomeTheConstraint) {
+  grammar::GrammarCache grammars(grammar::Vocabulary::from_tokenizer(*tokenizer_));
+  ModelInfo constrained = info();
+  constrained.grammars = &grammars;
+  auto parse_with = [&](ApiKind kind, const std::string& body) {
+    return parse_generation_request(kind, json::parse(body), constrained);
+  };
+  auto error_with = [&](ApiKind kind, const std::string& body) {
+    try {
+      parse_with(kind, body);
+    } catch (const ApiException& e) {
+      return e.error();
+    }
+    ADD_FAILURE() << "accepted: " << body;
+    return ApiError{};
+  };
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(
+      parse_with(ApiKind::kChat, chat + R"("response_format":{"type":"text"}})").params.constraint,
+      nullptr);
+  EXPECT_EQ(parse_with(ApiKind::kChat, chat + R"("max_tokens":3})").params.constraint, nullptr);
+  const auto object =
+      parse_with(ApiKind::kChat, chat + R"("response_format":{"type":"json_object"}})");
+  ASSERT_NE(object.params.constraint, nullptr);
+  auto state = object.params.constraint->new_state();
+  EXPECT_TRUE(state.accept_bytes(R"({"a": [1, "b"]})"));
+  EXPECT_TRUE(state.can_end());
+
+  const std::string schema =
+      R"("response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,)"
+      R"("schema":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"],)"
+      R"("additionalProperties":false}}}})";
+  const auto with_schema = parse_with(ApiKind::kCompletion, R"({"prompt":"x",)" + schema);
+  ASSERT_NE(with_schema.params.constraint, nullptr);
+  auto s2 = with_schema.params.constraint->new_state();
+  EXPECT_FALSE(s2.accept_bytes(R"({"m")"));
+  EXPECT_TRUE(s2.accept_bytes(R"({"n": 42})"));
+  EXPECT_TRUE(s2.can_end());
+  // The same schema again is the same compiled grammar (cached by content).
+  EXPECT_EQ(parse_with(ApiKind::kCompletion, R"({"prompt":"y",)" + schema).params.constraint,
+            with_schema.params.constraint);
+
+  const auto gbnf =
+      parse_with(ApiKind::kCompletion, R"({"prompt":"x","grammar":"root ::= \"hi\""})");
+  ASSERT_NE(gbnf.params.constraint, nullptr);
+  auto s3 = gbnf.params.constraint->new_state();
+  EXPECT_TRUE(s3.accept_bytes("hi"));
+  EXPECT_TRUE(s3.can_end());
+
+  struct Case {
+    std::string body;
+    std::string param;
+    std::string says;  // part of the message
+  };
+  const Case cases[] = {
+      {chat + R"("response_format":{"type":"xml"}})", "response_format", "xml"},
+      {chat + R"("response_format":"json"})", "response_format", "object"},
+      {chat + R"("response_format":{"type":"json_schema"}})", "response_format", "json_schema"},
+      {chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x",)"
+              R"("schema":{"type":"string","pattern":"a+"}}}})",
+       "response_format", "pattern"},
+      {chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x",)"
+              R"("strict":true,"schema":{"type":"object","properties":{"a":{"type":"string"}},)"
+              R"("required":["a"]}}}})",
+       "response_format", "additionalProperties"},
+      {chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x",)"
+              R"("strict":true,"schema":{"type":"object","properties":{"a":{"type":"string"},)"
+              R"("b":{"type":"object","properties":{"c":{"type":"null"}},)"
+              R"("additionalProperties":false}},"required":["a","b"],)"
+              R"("additionalProperties":false}}}})",
+       "response_format", "'c' at '#/properties/b'"},
+      {chat + R"x("grammar":"root ::= \""})x", "grammar", ""},
+      {chat + R"("grammar":"root ::= missing"})", "grammar", "missing"},
+      {chat + R"("grammar":5})", "grammar", ""},
+      {chat + R"("grammar":"root ::= \"a\"","response_format":{"type":"json_object"}})", "grammar",
+       "combined"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = error_with(ApiKind::kChat, c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_NE(e.message.find(c.says), std::string::npos) << c.body << " -> " << e.message;
+  }
+}
+
 }  // namespace
 }  // namespace sieve::server
