@@ -235,16 +235,20 @@ std::span<const float> Sampler::apply_constraint(std::span<const float> logits) 
     mask_.reset(vocabulary.size());
     for (TokenId id : vocabulary.eog_ids()) mask_.set(static_cast<size_t>(id));
   }
-  masked_.assign(logits.begin(), logits.end());
-  // Word by word: JSON masks are mostly long runs of all-allowed or all-refused tokens. Logits
-  // beyond the tokenizer's vocabulary (padded output rows) are never allowed.
+  // One pass, word by word: masks are mostly long runs of all-allowed or all-refused tokens.
+  // Logits beyond the tokenizer's vocabulary (padded output rows) are never allowed.
+  masked_.resize(logits.size());
   const std::span<const uint64_t> words = mask_.words();
-  for (size_t w = 0; w * 64 < masked_.size(); ++w) {
-    const size_t begin = w * 64, end = std::min(masked_.size(), begin + 64);
+  for (size_t begin = 0, w = 0; begin < logits.size(); begin += 64, ++w) {
+    const size_t end = std::min(logits.size(), begin + 64);
     const uint64_t bits = w < words.size() ? words[w] : 0;
-    if (bits == ~uint64_t{0} && end - begin == 64) continue;
-    for (size_t i = begin; i < end; ++i) {
-      if (!((bits >> (i - begin)) & 1)) masked_[i] = kNegInf;
+    if (bits == 0) {
+      std::fill(masked_.begin() + begin, masked_.begin() + end, kNegInf);
+    } else if (bits == ~uint64_t{0}) {
+      std::copy(logits.begin() + begin, logits.begin() + end, masked_.begin() + begin);
+    } else {
+      for (size_t i = begin; i < end; ++i)
+        masked_[i] = (bits >> (i - begin)) & 1 ? logits[i] : kNegInf;
     }
   }
   return masked_;
@@ -324,6 +328,7 @@ TokenId Sampler::sample_truncated(std::span<const float> logits) {
   const double inv_temperature = 1.0 / params_.temperature;
   candidates_.clear();
   for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] == kNegInf) continue;  // masked (constraint, min_tokens, bias): weight 0
     const double weight = std::exp((static_cast<double>(logits[i]) - max_logit) * inv_temperature);
     if (weight > 0.0) candidates_.emplace_back(weight, static_cast<TokenId>(i));
   }

@@ -17,7 +17,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 // The primitives; `value`, `object` and `array` are any JSON value, object and array.
-constexpr const char* kPrimitives = R"(ws ::= [ \t\n]{0,20}
+constexpr const char* kPrimitives = R"(ws ::= ( " " | "\n" [ \t]{0,20} )?
 string ::= "\"" char* "\""
 char ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" hex-no-surrogate )
 hex-no-surrogate ::= ( [0-9a-cA-CeEfF] [0-9a-fA-F] | [dD] [0-7] ) [0-9a-fA-F]{2}

@@ -16,9 +16,9 @@
 //     Without additionalProperties, an object with `properties` takes no other keys (OpenAI's
 //     strict mode); one without `properties` takes any keys. Extra keys (additionalProperties
 //     true or a schema) come after the declared ones and are not checked against their names.
-//   - Whitespace: none before the first and after the last character; between tokens at most
-//     20 of space, tab and newline (enough to pretty-print a few levels, never an endless run
-//     of blanks).
+//   - Whitespace: none before the first and after the last character; between tokens nothing,
+//     one space, or a newline and up to 20 spaces or tabs of indentation (llama.cpp's rule:
+//     enough to pretty-print, never a run of blank lines that a small model can fall into).
 //   - Numbers: integers of at most 16 digits; fractions of at most 16 digits; exponents of at
 //     most 2 (doubles never overflow). Strings: JSON escapes, but no \uD800-\uDFFF (so no
 //     surrogate pairs: characters beyond U+FFFF come as UTF-8); no raw control characters. A
