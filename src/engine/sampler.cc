@@ -410,6 +410,9 @@ SampleResult Sampler::sample(std::span<const float> logits, const SequenceTokens
     const size_t count =
         params_.full_logprobs ? logits.size() : static_cast<size_t>(*params_.logprobs);
     if (count > 0) result.top = to_logprobs(top_ranked(logits, count), log_sum);
+    // Tokens the constraint refuses have no probability: they are not among the top.
+    if (params_.constraint)
+      std::erase_if(result.top, [](const TokenLogprob& t) { return t.logprob == kNegInf; });
   }
   return result;
 }

@@ -27,8 +27,8 @@ export function rng(seed) {
   };
 }
 
-export async function startServer(extraArgs = []) {
-  const child = spawn(BIN, ['serve', '-m', MODEL, '--port', '0', '--api-key', KEY, '--shutdown-grace', '2',
+export async function startServer(extraArgs = [], model = MODEL) {
+  const child = spawn(BIN, ['serve', '-m', model, '--port', '0', '--api-key', KEY, '--shutdown-grace', '2',
     '--kv-memory', '64', ...extraArgs], { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const port = await new Promise((resolve, reject) => {
