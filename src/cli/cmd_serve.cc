@@ -30,6 +30,7 @@ struct ServeOptions {
   EngineOptions engine;
   server::ServerConfig server;
   std::string chat_template_file;
+  std::string tool_call_parser = "auto";
   std::string kv_policy = "full";
   double shutdown_grace_seconds = 10.0;
   size_t max_body_mib = 8;
@@ -122,6 +123,10 @@ void serve(ServeOptions options) {
     }
     auto chat_template =
         std::make_shared<const server::ChatTemplate>(server::ChatTemplate::parse(template_source));
+    const server::ToolCallFormat tool_call_format =
+        options.tool_call_parser == "auto"
+            ? server::detect_tool_call_format(template_source)
+            : *server::parse_tool_call_format(options.tool_call_parser);
 
     engine::EngineConfig config = options.engine.engine_config();
     config.model_path = options.model.model_path;
@@ -143,9 +148,12 @@ void serve(ServeOptions options) {
         model::kv_dtype_name(ec.kv_dtype), ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
     spdlog::info("default kv_policy: {}; speculative decoding: {}",
                  sparsity::to_string(default_policy), spec::to_json(ec.speculative));
-    spdlog::info("compute: {} backend, {} threads; chat template: {}; API key: {}",
-                 loaded.model->backend().name(), loaded.model->backend().num_threads(),
-                 template_origin, options.server.api_key.empty() ? "none" : "required");
+    spdlog::info(
+        "compute: {} backend, {} threads; chat template: {}; tool calls: {}{}; API key: {}",
+        loaded.model->backend().name(), loaded.model->backend().num_threads(), template_origin,
+        server::tool_call_format_name(tool_call_format),
+        options.tool_call_parser == "auto" ? " (detected)" : "",
+        options.server.api_key.empty() ? "none" : "required");
     spdlog::info(
         "HTTP: {} I/O threads; up to {} connections (+{} for /health and /metrics); request "
         "timeout {:.0f} s, keep-alive {:.0f} s, headers {} bytes / {} lines, body {} MiB; CORS: {}",
@@ -165,7 +173,8 @@ void serve(ServeOptions options) {
                           },
                       .default_kv_policy = default_policy,
                       .grammars = std::make_shared<grammar::GrammarCache>(
-                          grammar::Vocabulary::from_tokenizer(*loaded.tokenizer))});
+                          grammar::Vocabulary::from_tokenizer(*loaded.tokenizer)),
+                      .tool_call_format = tool_call_format});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'", options.server.host, http.port(), name);
 
     g_signalled.acquire();
@@ -204,6 +213,12 @@ void add_serve_command(CLI::App& app) {
           "--chat-template", options->chat_template_file,
           "Jinja chat template file (default: the model's tokenizer.chat_template, else ChatML)")
       ->check(CLI::ExistingFile);
+  command
+      ->add_option("--tool-call-parser", options->tool_call_parser,
+                   "How the model writes tool calls, read back into tool_calls: llama3_json, "
+                   "hermes (Qwen2.5/Qwen3, Hermes), mistral, none; auto: from the chat template")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "none", "llama3_json", "hermes", "mistral"}));
   command
       ->add_option("--max-body", options->max_body_mib, "Largest request body in MiB (413 above)")
       ->capture_default_str()

@@ -613,7 +613,8 @@ void HttpServer::handle_generation(ApiKind kind, const HttpRequest& http_request
                    .tokenizer = b.tokenizer.get(),
                    .render_chat = b.render_chat,
                    .default_kv_policy = b.default_kv_policy,
-                   .grammars = b.grammars.get()};
+                   .grammars = b.grammars.get(),
+                   .tool_call_format = b.tool_call_format};
     ex->request = parse_generation_request(kind, *body, info);
   } catch (const ApiException& e) {
     spdlog::info("request {} {} {} {}", ex->log_id, ex->endpoint, e.error().status,
@@ -628,9 +629,13 @@ void HttpServer::handle_generation(ApiKind kind, const HttpRequest& http_request
 void HttpServer::start_generation(const std::shared_ptr<Exchange>& ex) {
   const Backend& b = *ex->backend;
   const GenerationRequest& request = ex->request;
-  ex->writer = std::make_unique<ResponseWriter>(ex->request.kind, b.model_name, *b.tokenizer,
-                                                request.params.logprobs.has_value());
+  ex->writer =
+      std::make_unique<ResponseWriter>(ex->request.kind, b.model_name, *b.tokenizer,
+                                       request.params.logprobs.has_value(), request.tool_calls);
   ex->choices.resize(request.prompts.size() * request.params.n);
+  if (request.stream && request.tool_calls.format != ToolCallFormat::kNone) {
+    for (ChoiceState& choice : ex->choices) choice.tool_parser.emplace(request.tool_calls);
+  }
   ex->stream_offsets.assign(ex->choices.size(), 0);
   ex->observed.assign(ex->choices.size(), false);
   ex->usage.speculative = request.speculative.value_or(b.engine->config().speculative).enabled();
@@ -698,9 +703,19 @@ void HttpServer::on_event(Exchange& ex, const engine::RequestEvent& event) {
   if (ex.request.stream && !ex.error && !event.error &&
       !(event.text.empty() && event.logprobs.empty() && !event.finish)) {  // else: text held back
     const int32_t index = ex.choice_index(event);
-    const json chunk = ex.writer->delta_chunk(index, event.text, event.logprobs, event.finish,
-                                              ex.stream_offsets[index]);
-    ex.responder->stream(sse(ex.with_usage(chunk)));
+    ChoiceState& choice = ex.choices[index];
+    if (choice.tool_parser) {  // chat with tools: the text goes through the tool-call parser
+      std::string out;
+      for (const json& chunk : ex.writer->tool_delta_chunks(
+               choice, index, event.text, event.logprobs, event.finish, ex.stream_offsets[index])) {
+        out += sse(ex.with_usage(chunk));
+      }
+      if (!out.empty()) ex.responder->stream(std::move(out));
+    } else {
+      const json chunk = ex.writer->delta_chunk(index, event.text, event.logprobs, event.finish,
+                                                ex.stream_offsets[index]);
+      ex.responder->stream(sse(ex.with_usage(chunk)));
+    }
   }
   complete_if_done(ex);
 }

@@ -57,6 +57,8 @@ struct Backend {
   sparsity::PolicySpec default_kv_policy;
   // Constrained decoding's compiled grammars for this model (null: refused).
   std::shared_ptr<grammar::GrammarCache> grammars;
+  // How the model writes tool calls (--tool-call-parser, else detected from the chat template).
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
 };
 
 class HttpServer {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -131,7 +132,204 @@ std::vector<std::vector<TokenId>> parse_prompts(const json& body, const tok::Tok
   return prompts;
 }
 
-std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model) {
+std::shared_ptr<const grammar::TokenMasker> compile_constraint(
+    const std::pair<std::string, grammar::GrammarSpec>& constraint, const ModelInfo& model);
+
+// tools, tool_choice and parallel_tool_calls, validated.
+struct ToolRequest {
+  enum class Choice { kNone, kAuto, kRequired, kNamed };
+  std::vector<ToolFunction> functions;
+  Choice choice = Choice::kAuto;
+  std::string named;  // kNamed: the function
+  bool parallel = true;
+  // What the template gets as `tools` (the request's own objects); null: none. tool_choice
+  // "none" renders no tools (vLLM's --exclude-tools-when-tool-choice-none), so the model is not
+  // prompted to write calls that would come back as text.
+  const json* render = nullptr;
+};
+
+bool valid_function_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+ToolRequest parse_tool_request(const json& body) {
+  ToolRequest tools;
+  const json* list = field(body, "tools");
+  if (list) {
+    if (!list->is_array()) throw_invalid("tools", "'tools' must be an array");
+    for (size_t i = 0; i < list->size(); ++i) {
+      const json& tool = (*list)[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!tool.is_object()) throw_invalid(where, fmt::format("'{}' must be an object", where));
+      const json* type = field(tool, "type");
+      if (!type || string_of(*type, where + ".type") != "function") {
+        throw_invalid(where + ".type", fmt::format("'{}.type' must be \"function\"", where));
+      }
+      const json* function = field(tool, "function");
+      if (!function || !function->is_object()) {
+        throw_invalid(where + ".function", fmt::format("'{}.function' must be an object", where));
+      }
+      const json* name = field(*function, "name");
+      if (!name) throw_invalid(where + ".function.name", "a function needs a 'name'");
+      ToolFunction f{.name = string_of(*name, where + ".function.name")};
+      if (!valid_function_name(f.name)) {
+        throw_invalid(
+            where + ".function.name",
+            fmt::format("function name '{}' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", f.name));
+      }
+      for (const ToolFunction& other : tools.functions) {
+        if (other.name == f.name) {
+          throw_invalid(where + ".function.name",
+                        fmt::format("function '{}' is defined twice", f.name));
+        }
+      }
+      if (const json* d = field(*function, "description")) {
+        string_of(*d, where + ".function.description");
+      }
+      if (const json* p = field(*function, "parameters")) {
+        if (!p->is_object()) {
+          throw_invalid(
+              where + ".function.parameters",
+              fmt::format("'{}.function.parameters' must be a JSON Schema object", where));
+        }
+        f.parameters = *p;
+      }
+      tools.functions.push_back(std::move(f));
+    }
+  }
+  if (const json* v = field(body, "parallel_tool_calls")) {
+    tools.parallel = bool_of(*v, "parallel_tool_calls");
+  }
+  if (const json* choice = field(body, "tool_choice")) {
+    if (choice->is_string()) {
+      const std::string mode = choice->get<std::string>();
+      if (mode == "none") {
+        tools.choice = ToolRequest::Choice::kNone;
+      } else if (mode == "auto") {
+        tools.choice = ToolRequest::Choice::kAuto;
+      } else if (mode == "required") {
+        tools.choice = ToolRequest::Choice::kRequired;
+      } else {
+        throw_invalid("tool_choice", fmt::format("'tool_choice' must be \"none\", \"auto\", "
+                                                 "\"required\" or a function, got \"{}\"",
+                                                 mode));
+      }
+    } else if (choice->is_object()) {
+      const json* type = field(*choice, "type");
+      const json* function = field(*choice, "function");
+      if (!type || string_of(*type, "tool_choice.type") != "function" || !function ||
+          !function->is_object() || !field(*function, "name")) {
+        throw_invalid("tool_choice",
+                      "a named 'tool_choice' is {\"type\": \"function\", \"function\": "
+                      "{\"name\": ...}}");
+      }
+      tools.choice = ToolRequest::Choice::kNamed;
+      tools.named = string_of(*field(*function, "name"), "tool_choice.function.name");
+    } else {
+      throw_invalid("tool_choice", "'tool_choice' must be a string or an object");
+    }
+  }
+  const bool forced =
+      tools.choice == ToolRequest::Choice::kRequired || tools.choice == ToolRequest::Choice::kNamed;
+  if (forced && tools.functions.empty()) {
+    throw_invalid("tool_choice", "'tool_choice' asks for a tool call but 'tools' has none");
+  }
+  if (tools.choice == ToolRequest::Choice::kNamed) {
+    bool found = false;
+    for (const ToolFunction& f : tools.functions) found = found || f.name == tools.named;
+    if (!found) {
+      throw_invalid(
+          "tool_choice",
+          fmt::format("'tool_choice' names function '{}', which is not in 'tools'", tools.named));
+    }
+  }
+  if (!tools.functions.empty() && tools.choice != ToolRequest::Choice::kNone) tools.render = list;
+  return tools;
+}
+
+// How the output of a chat request with tools is read, and for tool_choice "required" or a named
+// function the grammar that forces the call(s).
+void apply_tool_choice(const ToolRequest& tools, const ModelInfo& model,
+                       GenerationRequest& request) {
+  if (!tools.render) return;
+  const bool forced =
+      tools.choice == ToolRequest::Choice::kRequired || tools.choice == ToolRequest::Choice::kNamed;
+  if (model.tool_call_format == ToolCallFormat::kNone) {
+    if (forced) {
+      throw_invalid("tool_choice",
+                    "this server reads no tool calls from this model's output (its chat template "
+                    "is of no known tool-calling family): start it with --tool-call-parser");
+    }
+    return;  // the tools are rendered; the output is plain content
+  }
+  request.tool_calls = {.format = model.tool_call_format, .constrained = forced};
+  if (!forced) return;
+  if (!model.grammars) {
+    throw_invalid("tool_choice", "constrained decoding is not available on this server");
+  }
+  if (request.params.constraint) {
+    throw_invalid("tool_choice",
+                  "a 'tool_choice' that forces a call cannot be combined with another constraint "
+                  "(response_format, grammar)");
+  }
+  std::vector<ToolFunction> allowed;
+  for (const ToolFunction& f : tools.functions) {
+    if (tools.choice == ToolRequest::Choice::kRequired || f.name == tools.named)
+      allowed.push_back(f);
+  }
+  // A named function is called once; "required" makes one call, or several when parallel.
+  const bool parallel = tools.choice == ToolRequest::Choice::kRequired && tools.parallel;
+  std::string gbnf;
+  try {
+    gbnf = tool_call_gbnf(model.tool_call_format, allowed, parallel);
+  } catch (const Error& e) {
+    throw_invalid(
+        "tools", fmt::format("cannot constrain the output to the tools' parameters: {}", e.what()));
+  }
+  request.params.constraint =
+      compile_constraint({"tools", {grammar::GrammarKind::kGbnf, std::move(gbnf)}}, model);
+}
+
+// An assistant message's tool_calls as the templates want them: the arguments object itself
+// (OpenAI sends it as a JSON string; Llama 3.1's and Qwen2.5's templates print it with tojson).
+json tool_calls_for_template(const json& calls, const std::string& where) {
+  if (!calls.is_array()) throw_invalid(where, fmt::format("'{}' must be an array", where));
+  json out = calls;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string at = fmt::format("{}[{}]", where, i);
+    if (!calls[i].is_object()) throw_invalid(at, fmt::format("'{}' must be an object", at));
+    const json* function = field(calls[i], "function");
+    if (!function || !function->is_object()) {
+      throw_invalid(at + ".function", fmt::format("'{}.function' must be an object", at));
+    }
+    const json* name = field(*function, "name");
+    if (!name) throw_invalid(at + ".function.name", "a tool call needs a function 'name'");
+    string_of(*name, at + ".function.name");
+    if (const json* id = field(calls[i], "id")) string_of(*id, at + ".id");
+    const json* arguments = field(*function, "arguments");
+    json& target = out[i]["function"]["arguments"];
+    if (!arguments) {
+      target = json::object();
+    } else if (arguments->is_string()) {
+      target = json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (target.is_discarded()) {
+        throw_invalid(at + ".function.arguments",
+                      fmt::format("'{}.function.arguments' is not valid JSON", at));
+      }
+    } else if (!arguments->is_object()) {
+      throw_invalid(at + ".function.arguments",
+                    fmt::format("'{}.function.arguments' must be a JSON string", at));
+    }
+  }
+  return out;
+}
+
+std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model,
+                                       const json* tools) {
   const json* messages = field(body, "messages");
   if (!messages) throw_invalid("messages", "'messages' is required");
   if (!messages->is_array()) throw_invalid("messages", "'messages' must be an array");
@@ -140,7 +338,7 @@ std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model)
   if (const json* v = field(body, "add_generation_prompt"))
     add_generation_prompt = bool_of(*v, "add_generation_prompt");
   json context = chat_template_context(*messages, add_generation_prompt, *model.tokenizer);
-  if (const json* tools = field(body, "tools")) context["tools"] = *tools;
+  if (tools) context["tools"] = *tools;
   // vLLM's extension: extra template variables, e.g. {"enable_thinking": false} for Qwen3.
   if (const json* kwargs = field(body, "chat_template_kwargs")) {
     if (!kwargs->is_object())
@@ -473,6 +671,10 @@ json chat_template_context(const json& messages, bool add_generation_prompt,
     if (!role) throw_invalid(where + ".role", fmt::format("'{}.role' is required", where));
     string_of(*role, where + ".role");
     json message = m;
+    if (const json* calls = field(m, "tool_calls")) {
+      message["tool_calls"] = tool_calls_for_template(*calls, where + ".tool_calls");
+    }
+    if (const json* id = field(m, "tool_call_id")) string_of(*id, where + ".tool_call_id");
     const json* content = field(m, "content");
     if (!content) {
       message["content"] = "";
@@ -566,7 +768,9 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
   if (kind == ApiKind::kCompletion) {
     request.prompts = parse_prompts(body, *model.tokenizer);
   } else {
-    request.prompts.push_back(parse_chat_prompt(body, model));
+    const ToolRequest tools = parse_tool_request(body);
+    request.prompts.push_back(parse_chat_prompt(body, model, tools.render));
+    apply_tool_choice(tools, model, request);
   }
 
   const bool max_tokens_given = request.params.max_tokens.has_value();
@@ -651,11 +855,13 @@ ApiError admission_api_error(const engine::AdmissionError& refusal) {
 }
 
 ResponseWriter::ResponseWriter(ApiKind kind, std::string model_name,
-                               const tok::Tokenizer& tokenizer, bool want_logprobs)
+                               const tok::Tokenizer& tokenizer, bool want_logprobs,
+                               ToolCallOptions tool_calls)
     : kind_(kind),
       model_(std::move(model_name)),
       tokenizer_(tokenizer),
       want_logprobs_(want_logprobs),
+      tool_calls_(tool_calls),
       id_((kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-") + random_hex(24)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
@@ -718,13 +924,25 @@ json ResponseWriter::response(const std::vector<ChoiceState>& choices,
     const ChoiceState& c = choices[i];
     size_t offset = 0;
     json choice = {{"index", i}};
-    if (kind_ == ApiKind::kChat) {
+    json finish_reason = finish_reason_json(c.finish);
+    if (kind_ == ApiKind::kChat && tool_calls_.format != ToolCallFormat::kNone) {
+      ParsedToolCalls parsed = parse_tool_calls(tool_calls_, c.text);
+      json message = {{"role", "assistant"},
+                      {"content", parsed.content ? json(*parsed.content) : json(nullptr)}};
+      if (!parsed.calls.empty()) {
+        json calls = json::array();
+        for (const ToolCall& call : parsed.calls) calls.push_back(tool_call_json(call));
+        message["tool_calls"] = std::move(calls);
+        finish_reason = "tool_calls";
+      }
+      choice["message"] = std::move(message);
+    } else if (kind_ == ApiKind::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       choice["text"] = c.text;
     }
     choice["logprobs"] = logprobs_json(c.logprobs, offset);
-    choice["finish_reason"] = finish_reason_json(c.finish);
+    choice["finish_reason"] = std::move(finish_reason);
     choice["stop_reason"] = stop_reason_json(c.finish);
     list.push_back(std::move(choice));
   }
@@ -758,6 +976,53 @@ json ResponseWriter::delta_chunk(int32_t index, const std::string& text,
   json out = base(kind_ == ApiKind::kChat ? "chat.completion.chunk" : "text_completion");
   out["choices"] = json::array({std::move(choice)});
   return out;
+}
+
+std::vector<json> ResponseWriter::tool_delta_chunks(ChoiceState& choice, int32_t index,
+                                                    const std::string& text,
+                                                    std::span<const engine::SampleResult> logprobs,
+                                                    const std::optional<engine::Finish>& finish,
+                                                    size_t& offset) const {
+  ToolCallParser& parser = *choice.tool_parser;
+  ToolCallDelta delta = parser.push(text);
+  if (finish) {
+    ToolCallDelta rest = parser.finish();
+    delta.content += rest.content;
+    for (ToolCall& call : rest.calls) delta.calls.push_back(std::move(call));
+  }
+  std::vector<json> deltas;
+  if (!delta.content.empty() || (!logprobs.empty() && delta.calls.empty())) {
+    deltas.push_back({{"content", delta.content}});
+  }
+  const size_t first_index = parser.num_calls() - delta.calls.size();
+  for (size_t i = 0; i < delta.calls.size(); ++i) {
+    const ToolCall& call = delta.calls[i];
+    const size_t call_index = first_index + i;
+    deltas.push_back(
+        {{"tool_calls", json::array({{{"index", call_index},
+                                      {"id", call.id},
+                                      {"type", "function"},
+                                      {"function", {{"name", call.name}, {"arguments", ""}}}}})}});
+    deltas.push_back(
+        {{"tool_calls",
+          json::array({{{"index", call_index}, {"function", {{"arguments", call.arguments}}}}})}});
+  }
+  if (deltas.empty() && finish) deltas.push_back(json::object());
+  std::vector<json> chunks;
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    json c = {{"index", index}, {"delta", std::move(deltas[i])}};
+    c["logprobs"] = i == 0 && !logprobs.empty() ? logprobs_json(logprobs, offset) : json(nullptr);
+    const bool last = i + 1 == deltas.size();
+    c["finish_reason"] = nullptr;
+    if (last && finish) {
+      c["finish_reason"] = parser.num_calls() > 0 ? json("tool_calls") : finish_reason_json(finish);
+      c["stop_reason"] = stop_reason_json(finish);
+    }
+    json out = base("chat.completion.chunk");
+    out["choices"] = json::array({std::move(c)});
+    chunks.push_back(std::move(out));
+  }
+  return chunks;
 }
 
 json ResponseWriter::usage_chunk(const UsageTotals& usage) const {

@@ -20,6 +20,7 @@
 #include "grammar/grammar_cache.h"
 #include "sparsity/policy_spec.h"
 #include "spec/speculative_config.h"
+#include "server/tool_calls.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::server {
@@ -64,6 +65,9 @@ struct ModelInfo {
   // Compiled grammars of this model's vocabulary (response_format, grammar, tool_choice); null:
   // constrained decoding is refused.
   grammar::GrammarCache* grammars = nullptr;
+  // How this model writes tool calls (--tool-call-parser, else detected from its template);
+  // kNone: `tools` are rendered but the output is not read for calls.
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
 };
 
 struct GenerationRequest {
@@ -77,6 +81,8 @@ struct GenerationRequest {
   sparsity::PolicySpec kv_policy;  // "kv_policy": string or object (default: full)
   // "speculative": an object with --speculative-config's keys; unset: the server's default.
   std::optional<spec::SpeculativeConfig> speculative;
+  // Chat with tools: how the output is read into tool_calls (format kNone: it is not).
+  ToolCallOptions tool_calls;
 };
 
 // Validates `body` and tokenizes its prompt(s) or messages. Unknown fields are ignored; a wrong
@@ -84,7 +90,9 @@ struct GenerationRequest {
 // fit the context throws ApiException with code "context_length_exceeded".
 GenerationRequest parse_generation_request(ApiKind kind, const json& body, const ModelInfo& model);
 
-// Chat messages → the template's context, with each message's content flattened to text.
+// Chat messages → the template's context, with each message's content flattened to text and
+// the arguments of an assistant message's tool_calls (a JSON string in OpenAI's format) parsed
+// into an object, as the templates (Llama 3.1's, Qwen's) print them with tojson.
 json chat_template_context(const json& messages, bool add_generation_prompt,
                            const tok::Tokenizer& tokenizer);
 
@@ -95,6 +103,8 @@ struct ChoiceState {
   std::optional<engine::Finish> finish;
   int32_t completion_tokens = 0;
   size_t text_offset = 0;  // completions logprobs: offset of the next token's text
+  // Streaming chat with tool-call parsing: reads the text as it comes (unset: no parsing).
+  std::optional<ToolCallParser> tool_parser;
 };
 
 struct UsageTotals {
@@ -120,7 +130,7 @@ struct UsageTotals {
 class ResponseWriter {
  public:
   ResponseWriter(ApiKind kind, std::string model_name, const tok::Tokenizer& tokenizer,
-                 bool want_logprobs);
+                 bool want_logprobs, ToolCallOptions tool_calls = {});
   const std::string& id() const { return id_; }
 
   // Non-streaming response with every choice.
@@ -132,6 +142,15 @@ class ResponseWriter {
   json delta_chunk(int32_t index, const std::string& text,
                    std::span<const engine::SampleResult> logprobs,
                    const std::optional<engine::Finish>& finish, size_t& offset) const;
+  // Chat with tool-call parsing (choice.tool_parser set): the chunks for a choice's new text,
+  // read by its parser: a content delta for text that is surely content, then for each call
+  // parsed a delta with its index, id, type and name and one with its whole arguments; the
+  // finish reason ("tool_calls" when the choice made calls) on the last chunk. Logprobs ride on
+  // the first chunk (an empty content delta when the text is held back).
+  std::vector<json> tool_delta_chunks(ChoiceState& choice, int32_t index, const std::string& text,
+                                      std::span<const engine::SampleResult> logprobs,
+                                      const std::optional<engine::Finish>& finish,
+                                      size_t& offset) const;
   // The final usage chunk (empty choices) of stream_options.include_usage.
   json usage_chunk(const UsageTotals& usage) const;
 
@@ -143,6 +162,7 @@ class ResponseWriter {
   std::string model_;
   const tok::Tokenizer& tokenizer_;
   bool want_logprobs_;
+  ToolCallOptions tool_calls_;
   std::string id_;
   int64_t created_;
 };

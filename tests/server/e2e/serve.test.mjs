@@ -501,3 +501,108 @@ test('SIGTERM lets a running stream finish within the grace period and exits 0',
   assert.equal(await exited, 0);
   assert.match(s.log, /shutting down/);
 });
+
+// Tool calls: a small template of each family (stories260K's context is 512 tokens), the family
+// given by --tool-call-parser or detected from the template. tool_choice "required" or a named
+// function constrains the output with a grammar, so even this tiny model returns parsed calls
+// whose arguments fit the schema, streamed or not.
+test('tools: tool_choice required / named returns parsed tool_calls for each family, streamed and not', async () => {
+  const families = [
+    { parser: 'hermes', detect: true, idPattern: /^call_[A-Za-z0-9]{24}$/,
+      template: '{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}' +
+        '</tools><|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}' +
+        '{% for c in m.tool_calls or [] %}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": ' +
+        '{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}' +
+        '{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}' },
+    { parser: 'llama3_json', idPattern: /^call_[A-Za-z0-9]{24}$/,
+      template: '{% if tools %}Environment: ipython{% endif %}{% for m in messages %}<|start_header_id|>' +
+        '{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}' +
+        '<|start_header_id|>assistant<|end_header_id|>\n\n' },
+    { parser: 'mistral', idPattern: /^[A-Za-z0-9]{9}$/,
+      template: '{{ bos_token }}{% if tools %}[AVAILABLE_TOOLS] {% for t in tools %}{{ t.function.name }} ' +
+        '{% endfor %}[/AVAILABLE_TOOLS]{% endif %}{% for m in messages %}[INST] {{ m.content }}[/INST]{% endfor %}' },
+  ];
+  const tools = [
+    { type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+      parameters: { type: 'object', properties: { city: { enum: ['Paris', 'Rome'] }, unit: { enum: ['c', 'f'] } },
+        required: ['city', 'unit'] } } },
+    { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } },
+  ];
+  const checkCall = (call, names, family, where) => {
+    assert.equal(call.type, 'function', where);
+    assert.match(call.id, family.idPattern, where);
+    assert.ok(names.includes(call.function.name), `${where}: ${call.function.name}`);
+    const args = JSON.parse(call.function.arguments);
+    if (call.function.name === 'get_weather') {
+      assert.ok(['Paris', 'Rome'].includes(args.city) && ['c', 'f'].includes(args.unit), `${where}: ${call.function.arguments}`);
+    } else {
+      assert.deepEqual(args, {}, where);
+    }
+  };
+  for (const family of families) {
+    const file = join(tmpdir(), `sieve-e2e-tools-${process.pid}-${family.parser}.jinja`);
+    writeFileSync(file, family.template);
+    const s = await startServer(['--chat-template', file, ...(family.detect ? [] : ['--tool-call-parser', family.parser])]);
+    try {
+      assert.match(s.log, new RegExp(`tool calls: ${family.parser}`));
+      const c = new OpenAI({ apiKey: KEY, baseURL: `${s.base}/v1`, maxRetries: 0 });
+      const choices = [
+        { tool_choice: 'required', parallel_tool_calls: false, names: ['get_weather', 'get_time'] },
+        { tool_choice: { type: 'function', function: { name: 'get_weather' } }, names: ['get_weather'] },
+      ];
+      for (const choice of choices) {
+        const request = { model: 'llama', messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+          tools, tool_choice: choice.tool_choice, max_tokens: 400, temperature: 0 };
+        if (choice.parallel_tool_calls !== undefined) request.parallel_tool_calls = choice.parallel_tool_calls;
+        const where = `${family.parser} ${JSON.stringify(choice.tool_choice)}`;
+
+        const r = await c.chat.completions.create(request);
+        const message = r.choices[0].message;
+        assert.equal(r.choices[0].finish_reason, 'tool_calls', `${where}: ${JSON.stringify(r.choices[0])}`);
+        assert.equal(message.content, null, where);
+        assert.equal(message.tool_calls.length, 1, where);
+        checkCall(message.tool_calls[0], choice.names, family, where);
+
+        // Streamed: the name first, then the arguments, accumulated by index.
+        const stream = await c.chat.completions.create({ ...request, stream: true });
+        const calls = [];
+        let content = '';
+        let finish = null;
+        for await (const chunk of stream) {
+          const delta = chunk.choices[0]?.delta ?? {};
+          content += delta.content ?? '';
+          for (const t of delta.tool_calls ?? []) {
+            calls[t.index] ??= { id: '', type: '', function: { name: '', arguments: '' } };
+            const call = calls[t.index];
+            if (t.id) call.id = t.id;
+            if (t.type) call.type = t.type;
+            if (t.function?.name) call.function.name += t.function.name;
+            if (t.function?.arguments) call.function.arguments += t.function.arguments;
+          }
+          finish = chunk.choices[0]?.finish_reason ?? finish;
+        }
+        assert.equal(finish, 'tool_calls', where);
+        assert.equal(content, '', where);
+        assert.equal(calls.length, 1, where);
+        checkCall(calls[0], choice.names, family, `${where} (stream)`);
+        // Greedy: the same call either way.
+        assert.equal(calls[0].function.arguments, message.tool_calls[0].function.arguments, where);
+      }
+      // The call goes back through the template for the next turn.
+      const next = await c.chat.completions.create({ model: 'llama', max_tokens: 4, tools, messages: [
+        { role: 'user', content: 'Weather?' },
+        { role: 'assistant', content: null, tool_calls: [{ id: 'abcDEF123', type: 'function',
+          function: { name: 'get_weather', arguments: '{"city": "Paris", "unit": "c"}' } }] },
+        { role: 'tool', tool_call_id: 'abcDEF123', content: 'sunny' }] });
+      assert.ok(next.choices[0].finish_reason);
+      // A named function that is not offered is a 400.
+      await assert.rejects(c.chat.completions.create({ model: 'llama', messages: [{ role: 'user', content: 'x' }],
+        tools, tool_choice: { type: 'function', function: { name: 'nope' } } }),
+      (e) => e.status === 400 && e.param === 'tool_choice');
+    } finally {
+      unlinkSync(file);
+      const { code } = await s.stop();
+      assert.equal(code, 0, `graceful exit:\n${s.log}`);
+    }
+  }
+});
