@@ -664,9 +664,15 @@ void Engine::record_prompt_logprobs(const sched::ScheduledSequence& scheduled, S
   for (size_t i = 0; i < static_cast<size_t>(scheduled.num_prompt_logits); ++i) {
     const std::span<const float> row = rows.subspan(i * vocab, vocab);
     const TokenId next = tokens[first + i + 1];
-    sample.prompt_rows.push_back({.token = next,
-                                  .logprob = static_cast<float>(token_logprob(row, next)),
-                                  .top = top_logprobs(row, *sample.prompt_logprobs)});
+    SampleResult result{.token = next, .top = top_logprobs(row, *sample.prompt_logprobs)};
+    // One log-sum-exp pass per row (O(V) exps, the reduction's main cost): the top list's first
+    // entry gives it back (lse = its logit - its logprob).
+    result.logprob = result.top.empty()
+                         ? static_cast<float>(token_logprob(row, next))
+                         : static_cast<float>(static_cast<double>(row[next]) -
+                                              static_cast<double>(row[result.top[0].id]) +
+                                              result.top[0].logprob);
+    sample.prompt_rows.push_back(std::move(result));
   }
 }
 
