@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <filesystem>
+#include <utility>
 #include <fmt/format.h>
 
 #include "sparsity/controller.h"
@@ -115,6 +116,12 @@ struct Engine::Sample {
   spec::SpeculativeConfig speculative;                     // the request's, or the server's
   int32_t spec_draft_tokens = 0;
   int32_t spec_accepted_tokens = 0;
+  // Prompt logprobs (Request::prompt_logprobs): the top N per row; the prompt tokens' entries so
+  // far ([0]: the first token's, without logprob), until the prompt is done; then the result the
+  // sample's first event carries (moved out when sent).
+  std::optional<int32_t> prompt_logprobs;
+  std::vector<SampleResult> prompt_rows;
+  std::shared_ptr<const std::vector<SampleResult>> unsent_prompt_logprobs;
 
   Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink,
          const SamplingParams& p, std::span<const TokenId> eos, int32_t prompt_tokens,
@@ -194,7 +201,15 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
           "prompt", fmt::format("prompt token id {} is outside the vocabulary", token));
     }
   }
-  if (prompt_len >= context) {
+  if (request.prompt_logprobs &&
+      (*request.prompt_logprobs < 0 || *request.prompt_logprobs > kMaxTopLogprobs)) {
+    return AdmissionError::invalid("prompt_logprobs",
+                                   fmt::format("prompt_logprobs must be in [0, {}], got {}",
+                                               kMaxTopLogprobs, *request.prompt_logprobs));
+  }
+  // max_tokens 0 only computes the prompt, which may then fill the context.
+  const bool samples_nothing = request.params.max_tokens == 0;
+  if (prompt_len > context || (prompt_len == context && !samples_nothing)) {
     return AdmissionError{Kind::kTooLong, "prompt",
                           fmt::format("the prompt has {} tokens but the context is {} (at least "
                                       "one token must be generated)",
@@ -485,11 +500,14 @@ void Engine::admit() {
     sample->sparsity = std::move(p->sparsity);
     sample->chunk_boundary = p->admission.chunk_boundary;
     sample->speculative = p->speculative;
+    sample->prompt_logprobs = p->request.prompt_logprobs;
+    if (sample->prompt_logprobs) sample->prompt_rows.push_back({.token = p->request.prompt[0]});
     const int32_t max_new = *p->request.params.max_tokens;
     scheduler_.add(seq, std::move(p->request.prompt), max_new,
                    {.max_pages = p->max_pages,
                     .chunk_boundary = p->admission.chunk_boundary,
-                    .private_kv = p->admission.private_kv});
+                    .private_kv = p->admission.private_kv,
+                    .prompt_logits = sample->prompt_logprobs.has_value()});
     samples_.emplace(seq, std::move(sample));
   }
 }
@@ -566,6 +584,7 @@ std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) 
       sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
     sample->chunk_boundary = first.chunk_boundary;
     sample->speculative = first.speculative;
+    sample->unsent_prompt_logprobs = first.unsent_prompt_logprobs;
     samples_.emplace(child, std::move(sample));
     seqs.push_back(child);
   }
@@ -591,6 +610,13 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
       num_prompt_tokens_computed_ += std::min(
           scheduled.num_new_tokens, first.num_prompt_tokens - scheduled.num_computed_before);
     }
+    if (scheduled.num_prompt_logits > 0) {
+      const int64_t num_rows = scheduled.num_prompt_logits;
+      record_prompt_logprobs(
+          scheduled, first,
+          std::span<const float>(&logits[row * vocab], static_cast<size_t>(num_rows * vocab)));
+      row += num_rows;
+    }
     if (!scheduled.samples) {
       // A prefill chunk of a sparse request ended on a boundary: compress before the next one.
       const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
@@ -602,6 +628,10 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
     const int32_t num_rows = scheduled.num_draft_tokens + 1;
     std::span<const float> rows(&logits[row * vocab], static_cast<size_t>(num_rows * vocab));
     row += num_rows;
+    if (!first.prompt_rows.empty()) {  // the prompt is done: its logprobs go with first events
+      first.unsent_prompt_logprobs =
+          std::make_shared<const std::vector<SampleResult>>(std::exchange(first.prompt_rows, {}));
+    }
 
     // n > 1: the other samples start here, sharing every prompt page, from the same logits (a
     // sequence that forks has no draft).
@@ -610,12 +640,50 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
                                                : std::vector<sched::SeqId>{scheduled.seq_id};
     for (sched::SeqId seq : seqs) {
       Sample& sample = *samples_.at(seq);
+      if (sample.params.max_tokens == 0) {
+        finish_unsampled(seq, sample);
+        continue;
+      }
       if (sample.sparsity && !sample.sparsity->prompt_compressed()) to_compress_.push_back(seq);
       std::vector<SampleResult> results =
           verify_draft(seq, sample, rows, scheduled.num_draft_tokens);
       emit_tokens(seq, sample, results, scheduled.num_draft_tokens, now);
     }
   }
+}
+
+void Engine::record_prompt_logprobs(const sched::ScheduledSequence& scheduled, Sample& sample,
+                                    std::span<const float> rows) {
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  std::span<const int32_t> tokens = scheduler_.tokens(scheduled.seq_id);
+  const auto first = static_cast<size_t>(scheduled.num_computed_before);
+  // Chunks come in order and never from the prefix cache; a recompute after preemption starts
+  // again from position 0.
+  assert(sample.prompt_rows.size() >= first + 1);
+  sample.prompt_rows.resize(first + 1);
+  for (size_t i = 0; i < static_cast<size_t>(scheduled.num_prompt_logits); ++i) {
+    const std::span<const float> row = rows.subspan(i * vocab, vocab);
+    const TokenId next = tokens[first + i + 1];
+    SampleResult result{.token = next, .top = top_logprobs(row, *sample.prompt_logprobs)};
+    // One log-sum-exp pass per row (O(V) exps, the reduction's main cost): the top list's first
+    // entry gives it back (lse = its logit - its logprob).
+    result.logprob = result.top.empty()
+                         ? static_cast<float>(token_logprob(row, next))
+                         : static_cast<float>(static_cast<double>(row[next]) -
+                                              static_cast<double>(row[result.top[0].id]) +
+                                              result.top[0].logprob);
+    sample.prompt_rows.push_back(std::move(result));
+  }
+}
+
+void Engine::finish_unsampled(sched::SeqId seq, Sample& sample) {
+  RequestEvent event{.request_id = sample.request_id,
+                     .sample_idx = sample.sample_idx,
+                     .prompt_logprobs = std::move(sample.unsent_prompt_logprobs),
+                     .finish = sample.stop.finish(FinishReason::kLength).finish};
+  finish_sample(seq, event);
+  (*sample.sink)(event);
+  samples_.erase(seq);
 }
 
 // Speculative sampling with a deterministic draft (every proposer here drafts one token per
@@ -647,7 +715,9 @@ void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResul
                          int32_t num_drafts, Clock::time_point now) {
   const auto num_accepted = static_cast<int32_t>(results.size()) - 1;
   const int64_t num_known = static_cast<int64_t>(scheduler_.tokens(seq).size()) - num_drafts;
-  RequestEvent event{.request_id = sample.request_id, .sample_idx = sample.sample_idx};
+  RequestEvent event{.request_id = sample.request_id,
+                     .sample_idx = sample.sample_idx,
+                     .prompt_logprobs = std::move(sample.unsent_prompt_logprobs)};
   // The stop matcher sees the tokens one by one, as without a draft; a stop inside the accepted
   // drafts ends the sample there.
   int32_t num_emitted = 0;

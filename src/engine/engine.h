@@ -122,6 +122,14 @@ struct Request {
   sparsity::PolicySpec kv_policy;
   // Overrides EngineConfig::speculative for this request ({"method": "none"} turns it off).
   std::optional<spec::SpeculativeConfig> speculative;
+  // Prompt logprobs (vLLM's prompt_logprobs): nullopt: none; N in [0, kMaxTopLogprobs]: each
+  // prompt token's log-probability given the tokens before it, and the top N there
+  // (RequestEvent::prompt_logprobs). Such a request computes its whole prompt: it takes no
+  // prefix-cache hit (cached tokens have no logits), though it publishes its pages for others.
+  // Each prompt row is reduced to (logprob, top N) in the step that computes it. With a sparse
+  // kv_policy compressed chunk by chunk, a later chunk's rows attend to the keys kept so far
+  // (what the model really computed); compressed only at the prompt's end, they are dense.
+  std::optional<int32_t> prompt_logprobs;
 };
 
 struct Usage {
@@ -161,6 +169,11 @@ struct RequestEvent {
   std::vector<TokenId> tokens;         // sampled this step (more than one: accepted drafts)
   std::string text;                    // text now safe to stream (may be empty: held back)
   std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
+  // Request::prompt_logprobs, on each sample's first event (null otherwise): [prompt tokens],
+  // in order; entry i holds prompt token i, its logprob under the logits at position i - 1 and
+  // the top N there (largest first, ties to the lowest id); entry 0 has neither (nothing comes
+  // before it). Shared by the request's samples.
+  std::shared_ptr<const std::vector<SampleResult>> prompt_logprobs;
   std::optional<Finish> finish;
   std::optional<std::string> error;  // the request failed; finish is set too
   bool cancelled = false;            // the error is cancel()'s
@@ -246,6 +259,14 @@ class Engine {
   void prefill_draft_model(const sched::ScheduleOutput& out);
   void plan_row_requests(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
+  // Prompt logprobs: reduces the step's prompt rows of `scheduled` (num_prompt_logits rows of
+  // [vocab] logits) to each next prompt token's logprob and the top N, kept in the sample until
+  // its first event.
+  void record_prompt_logprobs(const sched::ScheduledSequence& scheduled, Sample& sample,
+                              std::span<const float> rows);
+  // A request with max_tokens 0: its samples finish with "length" once the prompt is computed,
+  // without sampling.
+  void finish_unsampled(sched::SeqId seq, Sample& sample);
   void publish_stats();
   // Parallel sampling: starts the n - 1 other samples of `seq`'s request, which sampled its
   // first token this step; returns all of the request's sequences, `seq` first.

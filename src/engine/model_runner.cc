@@ -121,11 +121,13 @@ const std::vector<float>& ModelRunner::run(const sched::ScheduleOutput& out,
                                       requests_of ? requests_of(s.seq_id) : nullptr));
     std::span<const int32_t> tokens = tokens_of(s.seq_id);
     // A sampling sequence's last token gives its next one; each of its draft tokens (and the
-    // token before them) gives the target's distribution that verifies the next draft.
+    // token before them) gives the target's distribution that verifies the next draft. Prompt
+    // logprobs: the first num_prompt_logits tokens give the next prompt token's.
     const int32_t first_logits = s.num_new_tokens - 1 - s.num_draft_tokens;
     for (int32_t i = 0; i < s.num_new_tokens; ++i) {
       const int32_t position = s.num_computed_before + i;
-      batch_.add(tokens[position], position, s.samples && i >= first_logits);
+      batch_.add(tokens[position], position,
+                 i < s.num_prompt_logits || (s.samples && i >= first_logits));
     }
   }
   logits_.clear();

@@ -2,7 +2,7 @@
 // Turns the scheduler's plain ScheduleOutput into model inputs and runs one batched forward
 // step: copy-on-write page copies, then one ragged Batch (each scheduled sequence's new
 // tokens, its positions and where its streams' K/V live), then LlamaModel::forward. Only sequences
-// that sample this step ask for logits.
+// that sample this step ask for logits, and prompt positions whose logprobs a request wants.
 #include <functional>
 #include <optional>
 #include <unordered_map>
@@ -29,9 +29,10 @@ class ModelRunner {
     std::vector<std::optional<sparsity::PageReads>> page_reads;  // [stream], empty: read all
   };
   // `tokens_of(seq)` gives a sequence's known tokens; `requests_of(seq)` (may be empty, or return
-  // null) what its sparsity asks. Returns logits [rows][vocab]: for each entry of `out.scheduled`
-  // with samples == true, in order, num_draft_tokens + 1 rows (its last real token's, then each
-  // draft token's).
+  // null) what its sparsity asks. Returns logits [rows][vocab]: for each entry of `out.scheduled`,
+  // in order, its num_prompt_logits prompt rows, then, with samples == true, num_draft_tokens + 1
+  // rows (its last real token's, then each draft token's). A step holds at most
+  // max_batch_tokens rows: prompt logprobs cost [chunk][vocab] floats, never [prompt][vocab].
   using TokensOf = std::function<std::span<const int32_t>(sched::SeqId)>;
   using RequestsOf = std::function<const RowRequests*(sched::SeqId)>;
   // Call copy_pages(out) first (the step's copy-on-write).

@@ -127,9 +127,9 @@ std::optional<AdmissionError> check_sampling_params(const SamplingParams& p, int
                                    fmt::format("min_tokens must be >= 0, got {}", p.min_tokens));
   }
   if (p.max_tokens) {
-    if (*p.max_tokens < 1) {
+    if (*p.max_tokens < 0) {
       return AdmissionError::invalid("max_tokens",
-                                     fmt::format("max_tokens must be >= 1, got {}", *p.max_tokens));
+                                     fmt::format("max_tokens must be >= 0, got {}", *p.max_tokens));
     }
     if (p.min_tokens > *p.max_tokens) {
       return AdmissionError::invalid(

@@ -70,7 +70,9 @@ struct SamplingParams {
 
   // Stopping (see StopMatcher). A sequence finishes with "stop" on EOS (unless ignore_eos), on
   // one of stop_token_ids or on one of stop_strings, and with "length" after max_tokens.
-  std::optional<int32_t> max_tokens;  // nullopt: until the context is full
+  // nullopt: until the context is full; 0: none (the engine computes the prompt and finishes
+  // with "length", e.g. to score it with prompt logprobs).
+  std::optional<int32_t> max_tokens;
   std::vector<TokenId> stop_token_ids;
   std::vector<std::string> stop_strings;  // non-empty UTF-8 strings
   bool ignore_eos = false;

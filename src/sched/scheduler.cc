@@ -94,12 +94,18 @@ bool Scheduler::reserve_running(SeqId seq, int32_t num_tokens, ScheduleOutput& o
 void Scheduler::add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out,
                               std::optional<kv::SparseAppend> stream_slots) {
   const Sequence& s = seqs_.at(seq);
+  const int32_t num_prompt_logits =
+      wants_prompt_logits(s)
+          ? std::max(0,
+                     std::min(s.num_computed + num_new, s.num_prompt_tokens - 1) - s.num_computed)
+          : 0;
   out.scheduled.push_back(
       {.seq_id = seq,
        .num_computed_before = s.num_computed,
        .num_new_tokens = num_new,
        .samples = s.num_computed + num_new == static_cast<int32_t>(s.tokens.size()),
        .num_draft_tokens = s.num_draft_tokens,
+       .num_prompt_logits = num_prompt_logits,
        .stream_slots = std::move(stream_slots)});
   out.num_batched_tokens += num_new;
 }
@@ -141,8 +147,9 @@ void Scheduler::schedule_waiting(ScheduleOutput& out) {
     const SeqId seq = waiting_.front();
     Sequence& s = seqs_.at(seq);
     kv::PrefixMatch match =
-        s.options.private_kv
-            ? kv::PrefixMatch{.num_prompt_tokens = static_cast<int32_t>(s.tokens.size())}
+        s.options.private_kv || wants_prompt_logits(s)
+            ? kv::PrefixMatch{.num_prompt_tokens = static_cast<int32_t>(s.tokens.size()),
+                              .extra_key = s.options.extra_key}
             : kv_.lookup_prefix(s.tokens, s.options.extra_key);
     // A hit ends a page before the first boundary, so that the step computing up to it ends
     // there and the engine compresses at the boundary as it does without a hit (a hit up to the

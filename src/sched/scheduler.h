@@ -56,6 +56,10 @@ struct ScheduledSequence {
   // The last num_draft_tokens of the new tokens are draft tokens (set_draft): the step's logits
   // rows are the last num_draft_tokens + 1 tokens', in order.
   int32_t num_draft_tokens = 0;
+  // Prompt logprobs (SequenceOptions::prompt_logits): the first num_prompt_logits of the new
+  // tokens are prompt positions before the prompt's last one whose logits rows are wanted too
+  // (each gives the next prompt token's distribution); their rows come before the sampling row.
+  int32_t num_prompt_logits = 0;
   // Streams of their own (a sparse sequence): where each stream's new tokens go
   // (kv::SparseLayout::address with first_index[s] + i). Streams sharing a block table write
   // position t at block_table(seq)[t / page_size]. Read either from the KvManager before the
@@ -100,6 +104,11 @@ class Scheduler {
     // Neither reads cached prefixes nor publishes its pages: they stay its own, so compressing
     // it turns them sparse in place instead of copying.
     bool private_kv = false;
+    // Prompt logprobs: until its first sampled token, every prompt position but the last also
+    // yields a logits row (ScheduledSequence::num_prompt_logits), and the prompt reads no cached
+    // prefix (cached tokens have no logits; it still publishes its pages). A recompute after
+    // preemption before that token yields the rows again; one after it yields none.
+    bool prompt_logits = false;
   };
   // Queues a new sequence that the caller has admitted (engine::Engine decides admission):
   // prompt + max_new_tokens within max_model_len, its peak pages within the pool. Asserted.
@@ -156,6 +165,10 @@ class Scheduler {
     SequenceOptions options;
     bool running = false;
   };
+  // Prompt logprobs still to compute: the sequence wants them and has sampled nothing yet.
+  static bool wants_prompt_logits(const Sequence& s) {
+    return s.options.prompt_logits && static_cast<int32_t>(s.tokens.size()) == s.num_prompt_tokens;
+  }
   // At most `wanted` tokens from position `from` on, not across the sequence's chunk boundary.
   static int32_t chunk_limit(const Sequence& s, int32_t from, int32_t wanted);
   // Makes room for `seq` to hold `num_tokens` tokens and have its next write page private,

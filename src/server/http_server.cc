@@ -516,6 +516,10 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
     }
     return;
   }
+  if (ex.request.echo && !choice.echo) {  // the choice's first event: its prompt comes first
+    choice.echo = Echo{.text = ex.request.echo_texts.at(ex.prompt_of.at(event.request_id)),
+                       .logprobs = event.prompt_logprobs};
+  }
   choice.text += event.text;
   choice.completion_tokens += static_cast<int32_t>(event.tokens.size());
   choice.logprobs.insert(choice.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
@@ -652,7 +656,8 @@ void HttpServer::start_generation(const std::shared_ptr<Exchange>& ex) {
         {.prompt = request.prompts[i],
          .params = request.params,
          .kv_policy = request.kv_policy,
-         .speculative = request.speculative},
+         .speculative = request.speculative,
+         .prompt_logprobs = request.prompt_logprobs},
         [this, weak, responder = ex->responder](const engine::RequestEvent& event) {
           responder->post([this, weak, event] {
             if (auto alive = weak.lock()) on_event(*alive, event);
@@ -700,10 +705,12 @@ void HttpServer::start_generation(const std::shared_ptr<Exchange>& ex) {
 void HttpServer::on_event(Exchange& ex, const engine::RequestEvent& event) {
   if (ex.ended) return;
   apply(ex, event);
+  const int32_t index = ex.choice_index(event);
+  ChoiceState& choice = ex.choices.at(index);
+  const Echo* echo = choice.echo && !choice.echo_sent ? &*choice.echo : nullptr;  // first chunk
   if (ex.request.stream && !ex.error && !event.error &&
-      !(event.text.empty() && event.logprobs.empty() && !event.finish)) {  // else: text held back
-    const int32_t index = ex.choice_index(event);
-    ChoiceState& choice = ex.choices[index];
+      (echo || !(event.text.empty() && event.logprobs.empty() && !event.finish))) {
+    // (else: text held back)
     if (choice.tool_parser) {  // chat with tools: the text goes through the tool-call parser
       std::string out;
       for (const json& chunk : ex.writer->tool_delta_chunks(
@@ -713,7 +720,8 @@ void HttpServer::on_event(Exchange& ex, const engine::RequestEvent& event) {
       if (!out.empty()) ex.responder->stream(std::move(out));
     } else {
       const json chunk = ex.writer->delta_chunk(index, event.text, event.logprobs, event.finish,
-                                                ex.stream_offsets[index]);
+                                                ex.stream_offsets[index], echo);
+      choice.echo_sent = true;
       ex.responder->stream(sse(ex.with_usage(chunk)));
     }
   }

@@ -462,9 +462,9 @@ void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::S
   // Length: max_completion_tokens (chat) wins over the older max_tokens.
   std::optional<int64_t> max_tokens;
   if (const json* v = field(body, "max_tokens"))
-    max_tokens = integer_in(*v, 1, std::numeric_limits<int32_t>::max(), "max_tokens");
+    max_tokens = integer_in(*v, 0, std::numeric_limits<int32_t>::max(), "max_tokens");
   if (const json* v = field(body, "max_completion_tokens")) {
-    max_tokens = integer_in(*v, 1, std::numeric_limits<int32_t>::max(), "max_completion_tokens");
+    max_tokens = integer_in(*v, 0, std::numeric_limits<int32_t>::max(), "max_completion_tokens");
   }
   if (max_tokens) p.max_tokens = static_cast<int32_t>(*max_tokens);
   if (const json* v = field(body, "min_tokens")) {
@@ -500,8 +500,6 @@ void parse_sampling(ApiKind kind, const json& body, size_t vocab_size, engine::S
 // answering something else than what was asked.
 void reject_unsupported(ApiKind kind, const json& body) {
   if (kind == ApiKind::kCompletion) {
-    if (const json* v = field(body, "echo"); v && bool_of(*v, "echo"))
-      throw_invalid("echo", "'echo' is not supported");
     if (const json* v = field(body, "suffix");
         v && !(v->is_string() && v->get<std::string>().empty())) {
       throw_invalid("suffix", "'suffix' is not supported");
@@ -609,11 +607,46 @@ std::shared_ptr<const grammar::TokenMasker> compile_constraint(
   return masker;
 }
 
+// The text each prompt's choices echo: a string prompt as sent, token ids decoded.
+std::vector<std::string> echo_texts(const json& prompt,
+                                    const std::vector<std::vector<TokenId>>& prompts,
+                                    const tok::Tokenizer& tokenizer) {
+  auto text_of = [&](const json& item, const std::vector<TokenId>& ids) {
+    return item.is_string() ? item.get<std::string>() : tokenizer.decode(ids);
+  };
+  if (prompt.is_string() || prompt.front().is_number()) return {text_of(prompt, prompts.at(0))};
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < prompts.size(); ++i) texts.push_back(text_of(prompt[i], prompts[i]));
+  return texts;
+}
+
+// "echo" (completions; chat ignores the field, whose vLLM meaning is not implemented). With it,
+// max_tokens 0 scores the prompt alone, as lm-eval-harness asks; without, max_tokens must be
+// at least 1 (vLLM's rule).
+void parse_echo(ApiKind kind, const json& body, const tok::Tokenizer& tokenizer,
+                GenerationRequest& request) {
+  if (kind == ApiKind::kCompletion) {
+    if (const json* v = field(body, "echo")) request.echo = bool_of(*v, "echo");
+  }
+  if (request.echo) {
+    request.echo_texts = echo_texts(*field(body, "prompt"), request.prompts, tokenizer);
+    request.prompt_logprobs = request.params.logprobs;
+  } else if (request.params.max_tokens == 0) {
+    const char* name =
+        field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    throw_invalid(name, fmt::format("'{}' must be at least 1 (0 only with 'echo', to score the "
+                                    "prompt)",
+                                    name));
+  }
+}
+
 void check_context(const std::vector<TokenId>& prompt, engine::SamplingParams& params,
                    bool max_tokens_given, int64_t context, ApiKind kind) {
   const auto n = static_cast<int64_t>(prompt.size());
   const char* where = kind == ApiKind::kChat ? "messages" : "prompt";
-  if (n >= context) {
+  // max_tokens 0 (echo) only computes the prompt, which may then fill the context.
+  const bool samples_nothing = max_tokens_given && *params.max_tokens == 0;
+  if (n > context || (n == context && !samples_nothing)) {
     throw ApiException(
         ApiError{.status = 400,
                  .message = fmt::format(
@@ -772,6 +805,7 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
     request.prompts.push_back(parse_chat_prompt(body, model, tools.render));
     apply_tool_choice(tools, model, request);
   }
+  parse_echo(kind, body, *model.tokenizer, request);
 
   const bool max_tokens_given = request.params.max_tokens.has_value();
   for (const auto& prompt : request.prompts) {
@@ -916,6 +950,52 @@ json ResponseWriter::logprobs_json(std::span<const engine::SampleResult> logprob
           {"text_offset", std::move(offsets)}};
 }
 
+json ResponseWriter::echo_logprobs_json(const Echo& echo,
+                                        std::span<const engine::SampleResult> logprobs,
+                                        size_t& offset) const {
+  if (!want_logprobs_ || !echo.logprobs) return logprobs_json(logprobs, offset);
+  const std::vector<engine::SampleResult>& prompt = *echo.logprobs;
+  // A prompt token's offset is where its text starts in echo.text: the pieces before it, less the
+  // leading space an SPM tokenizer's decode strips (the first piece's, or the second's after
+  // BOS); clamped to the text for a prompt that does not decode to itself (control tokens
+  // written in it).
+  std::vector<TokenId> ids;
+  for (const engine::SampleResult& r : prompt) ids.push_back(r.token);
+  size_t pieces = 0;
+  for (TokenId id : ids) pieces += tokenizer_.token_to_piece(id).size();
+  const size_t stripped = pieces - std::min(pieces, tokenizer_.decode(ids).size());
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       offsets = json::array();
+  size_t before = 0;
+  for (const engine::SampleResult& r : prompt) {
+    const std::string piece = tokenizer_.token_to_piece(r.token, true);
+    tokens.push_back(piece);
+    offsets.push_back(std::min(echo.text.size(), before - std::min(before, stripped)));
+    before += tokenizer_.token_to_piece(r.token).size();
+    if (!r.logprob) {  // the first token: nothing came before it
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
+    token_logprobs.push_back(*r.logprob);
+    json top = json::object();
+    for (const engine::TokenLogprob& t : r.top)
+      top[tokenizer_.token_to_piece(t.id, true)] = t.logprob;
+    top[piece] = *r.logprob;
+    top_logprobs.push_back(std::move(top));
+  }
+  offset = echo.text.size();
+  json own = logprobs_json(logprobs, offset);
+  auto append = [&own](json& head, const char* key) {
+    for (json& v : own[key]) head.push_back(std::move(v));
+    return std::move(head);
+  };
+  return {{"tokens", append(tokens, "tokens")},
+          {"token_logprobs", append(token_logprobs, "token_logprobs")},
+          {"top_logprobs", append(top_logprobs, "top_logprobs")},
+          {"text_offset", append(offsets, "text_offset")}};
+}
+
 json ResponseWriter::response(const std::vector<ChoiceState>& choices,
                               const UsageTotals& usage) const {
   json out = base(kind_ == ApiKind::kChat ? "chat.completion" : "text_completion");
@@ -939,9 +1019,10 @@ json ResponseWriter::response(const std::vector<ChoiceState>& choices,
     } else if (kind_ == ApiKind::kChat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
-      choice["text"] = c.text;
+      choice["text"] = c.echo ? c.echo->text + c.text : c.text;
     }
-    choice["logprobs"] = logprobs_json(c.logprobs, offset);
+    choice["logprobs"] = c.echo ? echo_logprobs_json(*c.echo, c.logprobs, offset)
+                                : logprobs_json(c.logprobs, offset);
     choice["finish_reason"] = std::move(finish_reason);
     choice["stop_reason"] = stop_reason_json(c.finish);
     list.push_back(std::move(choice));
@@ -962,15 +1043,17 @@ json ResponseWriter::role_chunk(int32_t index) const {
 
 json ResponseWriter::delta_chunk(int32_t index, const std::string& text,
                                  std::span<const engine::SampleResult> logprobs,
-                                 const std::optional<engine::Finish>& finish,
-                                 size_t& offset) const {
+                                 const std::optional<engine::Finish>& finish, size_t& offset,
+                                 const Echo* echo) const {
   json choice = {{"index", index}};
   if (kind_ == ApiKind::kChat) {
     choice["delta"] = text.empty() && finish ? json::object() : json{{"content", text}};
   } else {
-    choice["text"] = text;
+    choice["text"] = echo ? echo->text + text : text;
   }
-  choice["logprobs"] = logprobs.empty() ? json(nullptr) : logprobs_json(logprobs, offset);
+  choice["logprobs"] = echo               ? echo_logprobs_json(*echo, logprobs, offset)
+                       : logprobs.empty() ? json(nullptr)
+                                          : logprobs_json(logprobs, offset);
   choice["finish_reason"] = finish_reason_json(finish);
   if (finish) choice["stop_reason"] = stop_reason_json(finish);
   json out = base(kind_ == ApiKind::kChat ? "chat.completion.chunk" : "text_completion");

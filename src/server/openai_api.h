@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -83,6 +84,13 @@ struct GenerationRequest {
   std::optional<spec::SpeculativeConfig> speculative;
   // Chat with tools: how the output is read into tool_calls (format kNone: it is not).
   ToolCallOptions tool_calls;
+  // "echo" (completions): each choice's text starts with its prompt's text, and with logprobs
+  // its logprobs start with the prompt tokens' (engine::Request::prompt_logprobs, the first
+  // token's null). echo_texts: [prompt] the text each prompt's choices repeat: the string as
+  // sent, or its token ids decoded. With echo, max_tokens may be 0 (score the prompt only).
+  bool echo = false;
+  std::vector<std::string> echo_texts;
+  std::optional<int32_t> prompt_logprobs;  // for the engine: echo with logprobs
 };
 
 // Validates `body` and tokenizes its prompt(s) or messages. Unknown fields are ignored; a wrong
@@ -96,13 +104,22 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
 json chat_template_context(const json& messages, bool add_generation_prompt,
                            const tok::Tokenizer& tokenizer);
 
+// What a completions choice repeats before its own text (echo): its prompt's text and, with
+// logprobs, the prompt tokens' entries (engine::RequestEvent::prompt_logprobs).
+struct Echo {
+  std::string text;
+  std::shared_ptr<const std::vector<engine::SampleResult>> logprobs;  // null: no logprobs
+};
+
 // What one choice (one sample of one prompt) has produced so far.
 struct ChoiceState {
   std::string text;
   std::vector<engine::SampleResult> logprobs;
   std::optional<engine::Finish> finish;
   int32_t completion_tokens = 0;
-  size_t text_offset = 0;  // completions logprobs: offset of the next token's text
+  size_t text_offset = 0;    // completions logprobs: offset of the next token's text
+  std::optional<Echo> echo;  // echo: set by the choice's first event
+  bool echo_sent = false;    // streaming: the echo went out (in the choice's first chunk)
   // Streaming chat with tool-call parsing: reads the text as it comes (unset: no parsing).
   std::optional<ToolCallParser> tool_parser;
 };
@@ -138,10 +155,12 @@ class ResponseWriter {
   // Chat only: the first chunk of a choice, carrying the role.
   json role_chunk(int32_t index) const;
   // A chunk with new text (and its tokens' logprobs) and, on the last one, the finish reason.
-  // `offset` is the completions text offset of the first new token (updated).
+  // `offset` is the completions text offset of the first new token (updated). `echo` (the
+  // choice's first chunk, completions): its text and logprobs come first.
   json delta_chunk(int32_t index, const std::string& text,
                    std::span<const engine::SampleResult> logprobs,
-                   const std::optional<engine::Finish>& finish, size_t& offset) const;
+                   const std::optional<engine::Finish>& finish, size_t& offset,
+                   const Echo* echo = nullptr) const;
   // Chat with tool-call parsing (choice.tool_parser set): the chunks for a choice's new text,
   // read by its parser: a content delta for text that is surely content, then for each call
   // parsed a delta with its index, id, type and name and one with its whole arguments; the
@@ -156,6 +175,11 @@ class ResponseWriter {
 
  private:
   json logprobs_json(std::span<const engine::SampleResult> logprobs, size_t& offset) const;
+  // Completions logprobs of an echoed prompt followed by the choice's own tokens: the prompt
+  // tokens' text offsets point into echo.text, the first token has null logprob and top_logprobs,
+  // and the own tokens' offsets start at echo.text's end. Null without logprobs.
+  json echo_logprobs_json(const Echo& echo, std::span<const engine::SampleResult> logprobs,
+                          size_t& offset) const;
   json base(std::string_view object) const;
 
   ApiKind kind_;

@@ -497,7 +497,7 @@ TEST(SamplingParamsCheck, AcceptsDefaultsAndRejectsNonsense) {
       {{.logit_bias = {{100, 1.0f}}}, "logit_bias"},
       {{.logit_bias = {{1, 101.0f}}}, "logit_bias"},
       {{.min_tokens = -1}, "min_tokens"},
-      {{.max_tokens = 0}, "max_tokens"},
+      {{.max_tokens = -1}, "max_tokens"},
       {{.min_tokens = 5, .max_tokens = 4}, "min_tokens"},
       {{.stop_token_ids = {-1}}, "stop_token_ids"},
       {{.stop_strings = {""}}, "stop"},

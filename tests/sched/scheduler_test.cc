@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <random>
@@ -20,8 +21,12 @@ class Simulation {
       : kv_(kv_config), scheduler_(config, kv_) {}
 
   void add(char name, std::vector<int32_t> prompt, int32_t max_new, int32_t chunk_boundary = 0) {
+    add(name, std::move(prompt), max_new, {.chunk_boundary = chunk_boundary});
+  }
+  void add(char name, std::vector<int32_t> prompt, int32_t max_new,
+           const Scheduler::SequenceOptions& options) {
     max_new_[name] = max_new;
-    scheduler_.add(id(name), std::move(prompt), max_new, {.chunk_boundary = chunk_boundary});
+    scheduler_.add(id(name), std::move(prompt), max_new, options);
   }
   void add(char name, int32_t prompt_len, int32_t max_new) {
     std::vector<int32_t> prompt(prompt_len);
@@ -30,14 +35,15 @@ class Simulation {
   }
 
   // One engine step with a fake runner: every sampling sequence gets token 7; a sequence with
-  // max_new outputs finishes.
+  // max_new outputs finishes. "^N": the step's first N tokens want prompt logits.
   std::string step() {
     ScheduleOutput out = scheduler_.schedule();
     std::string text;
     for (const ScheduledSequence& s : out.scheduled) {
       if (!text.empty()) text += ' ';
       text += name(s.seq_id) + std::to_string(s.num_computed_before) + "+" +
-              std::to_string(s.num_new_tokens) + (s.samples ? "*" : "");
+              std::to_string(s.num_new_tokens) + (s.samples ? "*" : "") +
+              (s.num_prompt_logits > 0 ? "^" + std::to_string(s.num_prompt_logits) : "");
       EXPECT_EQ(static_cast<int32_t>(kv_.block_table(s.seq_id).size()),
                 kv_.num_pages_for(s.num_computed_before + s.num_new_tokens));
     }
@@ -168,6 +174,35 @@ TEST(Scheduler, ChunkBoundariesCutPrefillStepsAndPrefixHits) {
   sim.add('C', prompt, 1);
   EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{"B4+4 C20+1*", "B8+8", "B16+5*"}));
   EXPECT_EQ(sim.kv().num_free_pages(), 32);
+}
+
+// Prompt logprobs: every prompt position but the last (which samples) yields a logits row, chunk
+// by chunk; the prompt is computed whole despite a cached prefix, and published for others.
+TEST(Scheduler, PromptLogitsCoverEveryPromptPositionAndSkipCachedPrefixes) {
+  Simulation sim(config(8), pool(16, /*prefix_caching=*/true));
+  std::vector<int32_t> prompt(18);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  sim.add('A', prompt, 2);
+  EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{"A0+8", "A8+8", "A16+2*", "A18+1*"}));
+  sim.add('B', prompt, 2, {.prompt_logits = true});
+  EXPECT_EQ(sim.run_until_idle(),
+            (std::vector<std::string>{"B0+8^8", "B8+8^8", "B16+2*^1", "B18+1*"}));
+  sim.add('C', prompt, 1);
+  EXPECT_EQ(sim.run_until_idle(), (std::vector<std::string>{"C16+2*"}));
+  EXPECT_EQ(sim.kv().num_free_pages(), 16);
+}
+
+// A recompute after the first sampled token wants no prompt logits (they went out already).
+TEST(Scheduler, PromptLogitsAreNotRecomputedAfterTheFirstToken) {
+  Simulation sim(config(16), pool(4));
+  sim.add('A', 6, 6);
+  std::vector<int32_t> prompt(6);
+  std::iota(prompt.begin(), prompt.end(), 2000);
+  sim.add('B', prompt, 6, {.prompt_logits = true});
+  const std::vector<std::string> steps = sim.run_until_idle();
+  EXPECT_EQ(steps.front(), "A0+6* B0+6*^5");
+  EXPECT_NE(std::find(steps.begin(), steps.end(), "B0+9*"), steps.end());
+  EXPECT_EQ(sim.scheduler().stats().num_preemptions, 1);
 }
 
 TEST(Scheduler, SequenceLimitHoldsNewRequests) {

@@ -128,7 +128,13 @@ TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
       {ApiKind::kCompletion, R"({"prompt":[1, 512]})", "prompt"},
       {ApiKind::kCompletion, R"({"prompt":[]})", "prompt"},
       {ApiKind::kCompletion, R"({"prompt":5})", "prompt"},
-      {ApiKind::kCompletion, R"({"prompt":"x","echo":true})", "echo"},
+      {ApiKind::kCompletion, R"({"prompt":"x","echo":1})", "echo"},
+      {ApiKind::kCompletion, R"({"prompt":"x","echo":true,"max_tokens":-1})", "max_tokens"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})",
+       "max_tokens"},
+      {ApiKind::kChat,
+       R"({"messages":[{"role":"user","content":"x"}],"echo":true,"max_completion_tokens":0})",
+       "max_completion_tokens"},
       {ApiKind::kCompletion, R"({})", "prompt"},
       {ApiKind::kChat, R"({"messages":[]})", "messages"},
       {ApiKind::kChat, R"({"messages":"hi"})", "messages"},
@@ -324,6 +330,126 @@ TEST_F(OpenAiApiTest, ResponseShapes) {
   json full = chat.response(choices, usage);
   EXPECT_EQ(full["choices"][0]["message"]["content"], "Once");
   EXPECT_TRUE(full["choices"][0]["logprobs"].is_null());
+}
+
+// echo: each prompt's text as sent (token ids decoded), prompt logprobs asked of the engine iff
+// logprobs are, and max_tokens 0 (score the prompt) allowed only with it, up to a prompt that
+// fills the context.
+TEST_F(OpenAiApiTest, EchoRepeatsEachPromptAndAsksForPromptLogprobs) {
+  const GenerationRequest plain = parse(ApiKind::kCompletion, R"({"prompt":"Once upon a time"})");
+  EXPECT_FALSE(plain.echo);
+  EXPECT_FALSE(plain.prompt_logprobs.has_value());
+  const GenerationRequest echo =
+      parse(ApiKind::kCompletion, R"({"prompt":"Once upon a time","echo":true})");
+  EXPECT_TRUE(echo.echo);
+  EXPECT_EQ(echo.echo_texts, std::vector<std::string>{"Once upon a time"});
+  EXPECT_FALSE(echo.prompt_logprobs.has_value());
+  const GenerationRequest scored =
+      parse(ApiKind::kCompletion,
+            R"({"prompt":"Once upon a time","echo":true,"logprobs":3,"max_tokens":0})");
+  EXPECT_EQ(scored.prompt_logprobs, 3);
+  EXPECT_EQ(scored.params.logprobs, 3);
+  EXPECT_EQ(scored.params.max_tokens, 0);
+
+  const std::vector<TokenId> ids =
+      tokenizer_->encode("Lily saw a cat", {.add_special = true, .parse_special = true});
+  const GenerationRequest by_ids =
+      parse(ApiKind::kCompletion, json{{"prompt", ids}, {"echo", true}, {"max_tokens", 2}}.dump());
+  EXPECT_EQ(by_ids.echo_texts, std::vector<std::string>{"Lily saw a cat"});
+  const GenerationRequest several = parse(
+      ApiKind::kCompletion, json{{"prompt", {json("Once"), json(ids)}}, {"echo", true}}.dump());
+  EXPECT_EQ(several.echo_texts, (std::vector<std::string>{"Once", "Lily saw a cat"}));
+
+  const GenerationRequest chat =
+      parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}],"echo":true})");
+  EXPECT_FALSE(chat.echo);
+
+  // A prompt that fills the context: only max_tokens 0 leaves room.
+  const json full = std::vector<TokenId>(512, 5);
+  EXPECT_EQ(
+      parse(ApiKind::kCompletion, json{{"prompt", full}, {"echo", true}, {"max_tokens", 0}}.dump())
+          .prompts[0]
+          .size(),
+      512u);
+  EXPECT_EQ(error_of(ApiKind::kCompletion,
+                     json{{"prompt", full}, {"echo", true}, {"max_tokens", 1}}.dump())
+                .code,
+            "context_length_exceeded");
+  EXPECT_EQ(
+      error_of(
+          ApiKind::kCompletion,
+          json{{"prompt", std::vector<TokenId>(513, 5)}, {"echo", true}, {"max_tokens", 0}}.dump())
+          .code,
+      "context_length_exceeded");
+}
+
+// The echoed prompt comes first in the text and the logprobs (the first token's null), and every
+// text_offset points where its token's text starts in the choice's text, prompt and completion.
+TEST_F(OpenAiApiTest, EchoResponseHasThePromptFirstWithConsistentOffsets) {
+  const std::string prompt_text = "Once upon a time";
+  const std::vector<TokenId> ids =
+      tokenizer_->encode(prompt_text, {.add_special = true, .parse_special = true});
+  ASSERT_GT(ids.size(), 3u);
+  auto prompt_logprobs = std::make_shared<std::vector<engine::SampleResult>>();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    engine::SampleResult r{.token = ids[i]};
+    if (i > 0) {
+      r.logprob = -1.0f - static_cast<float>(i);
+      r.top = {{ids[i], *r.logprob}, {7, -9.0f}};
+    }
+    prompt_logprobs->push_back(r);
+  }
+  const TokenId there = tokenizer_->encode("there", {.add_special = false})[0];
+  const std::string there_piece = tokenizer_->token_to_piece(there);
+  std::vector<ChoiceState> choices(1);
+  choices[0].echo = Echo{.text = prompt_text, .logprobs = prompt_logprobs};
+  choices[0].text = there_piece;
+  choices[0].logprobs.push_back({.token = there, .logprob = -0.25f, .top = {{there, -0.25f}}});
+  choices[0].finish = engine::Finish{engine::FinishReason::kLength};
+
+  ResponseWriter writer(ApiKind::kCompletion, "llama", *tokenizer_, /*want_logprobs=*/true);
+  const json r = writer.response(choices, UsageTotals{});
+  const std::string text = r["choices"][0]["text"];
+  EXPECT_EQ(text, prompt_text + there_piece);
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 1);
+  ASSERT_EQ(lp["text_offset"].size(), ids.size() + 1);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["token_logprobs"][1], -2.0f);
+  EXPECT_EQ(lp["top_logprobs"][1].size(), 2u);
+  EXPECT_EQ(lp["token_logprobs"][ids.size()], -0.25f);
+  // Offsets ascend, and each token's span of the text is its piece (the first word's without the
+  // leading space the tokenizer's decode strips; BOS spans nothing).
+  std::vector<size_t> offsets = lp["text_offset"].get<std::vector<size_t>>();
+  offsets.push_back(text.size());
+  EXPECT_EQ(offsets[0], 0u);
+  EXPECT_EQ(offsets[ids.size()], prompt_text.size());
+  for (size_t i = 0; i <= ids.size(); ++i) {
+    ASSERT_LE(offsets[i], offsets[i + 1]) << i;
+    const std::string span = text.substr(offsets[i], offsets[i + 1] - offsets[i]);
+    const std::string piece = tokenizer_->token_to_piece(i < ids.size() ? ids[i] : there);
+    EXPECT_TRUE(span == piece || " " + span == piece)
+        << i << ": '" << span << "' / '" << piece << "'";
+  }
+
+  // Streaming: the first chunk carries the echo, the next ones continue its offsets.
+  size_t offset = 0;
+  const json first = writer.delta_chunk(0, "", {}, std::nullopt, offset, &*choices[0].echo);
+  EXPECT_EQ(first["choices"][0]["text"], prompt_text);
+  EXPECT_EQ(first["choices"][0]["logprobs"]["tokens"].size(), ids.size());
+  EXPECT_EQ(offset, prompt_text.size());
+  const json next =
+      writer.delta_chunk(0, there_piece, choices[0].logprobs, choices[0].finish, offset);
+  EXPECT_EQ(next["choices"][0]["logprobs"]["text_offset"][0], prompt_text.size());
+  EXPECT_EQ(next["choices"][0]["text"], there_piece);
+
+  // Echo without logprobs: the text only.
+  ResponseWriter no_logprobs(ApiKind::kCompletion, "llama", *tokenizer_, false);
+  choices[0].echo->logprobs = nullptr;
+  const json bare = no_logprobs.response(choices, UsageTotals{});
+  EXPECT_EQ(bare["choices"][0]["text"], prompt_text + there_piece);
+  EXPECT_TRUE(bare["choices"][0]["logprobs"].is_null());
 }
 
 TEST_F(OpenAiApiTest, ErrorShape) {

@@ -199,6 +199,109 @@ test('openai client: chat and completions, streaming and not, usage and errors',
   assert.equal(models.data[0].id, 'llama');
 });
 
+// Completions logprobs whose text_offset points where each token's text starts in `text`: ascending,
+// and each token's span is its string (less a leading space the tokenizer's decode strips; BOS
+// spans nothing).
+function expectOffsetsMatchText(text, logprobs) {
+  const { tokens, text_offset: offsets } = logprobs;
+  assert.equal(offsets.length, tokens.length);
+  for (let i = 0; i < tokens.length; ++i) {
+    const end = i + 1 < tokens.length ? offsets[i + 1] : text.length;
+    assert.ok(offsets[i] <= end, `offsets ascend at ${i}: ${offsets}`);
+    const span = text.slice(offsets[i], end);
+    assert.ok(span === tokens[i] || ` ${span}` === tokens[i] || (tokens[i] === '<s>' && span === ''),
+      `token ${i} '${tokens[i]}' spans '${span}' of '${text}'`);
+  }
+}
+
+test('echo on completions: the prompt first, with its logprobs; max_tokens 0 scores it; stream and n = 2', async () => {
+  const prompt = 'Once upon a time, there was a little dog';
+  const greedy = { model: 'llama', prompt, max_tokens: 8, temperature: 0 };
+  const plain = await client.completions.create({ ...greedy, logprobs: 2 });
+  const echoed = await client.completions.create({ ...greedy, echo: true });
+  assert.equal(echoed.choices[0].text, prompt + plain.choices[0].text);
+  assert.equal(echoed.choices[0].logprobs, null);
+  assert.equal(echoed.usage.completion_tokens, 8);
+  assert.equal(echoed.usage.prompt_tokens, plain.usage.prompt_tokens);
+
+  const scored = await client.completions.create({ ...greedy, echo: true, logprobs: 2 });
+  const n = scored.usage.prompt_tokens;
+  const lp = scored.choices[0].logprobs;
+  assert.equal(scored.choices[0].text, echoed.choices[0].text);
+  assert.equal(lp.tokens.length, n + 8);
+  assert.equal(lp.token_logprobs[0], null, 'nothing comes before the first prompt token');
+  assert.equal(lp.top_logprobs[0], null);
+  for (let i = 1; i < n; ++i) {
+    assert.ok(lp.token_logprobs[i] <= 0, `prompt token ${i}: ${lp.token_logprobs[i]}`);
+    const top = lp.top_logprobs[i];
+    assert.ok(Object.keys(top).length >= 2 && Object.keys(top).length <= 3, JSON.stringify(top));
+    assert.equal(top[lp.tokens[i]], lp.token_logprobs[i], 'the token is among its top_logprobs');
+  }
+  expectOffsetsMatchText(scored.choices[0].text, lp);
+  // The completion's part is the request's without echo.
+  assert.deepEqual(lp.tokens.slice(n), plain.choices[0].logprobs.tokens);
+  assert.deepEqual(lp.token_logprobs.slice(n), plain.choices[0].logprobs.token_logprobs);
+  assert.deepEqual(lp.text_offset.slice(n), plain.choices[0].logprobs.text_offset.map((o) => o + prompt.length));
+
+  // max_tokens 0 scores the prompt alone (lm-eval-harness's loglikelihood request).
+  const only = await client.completions.create({ ...greedy, max_tokens: 0, echo: true, logprobs: 2 });
+  assert.equal(only.choices[0].text, prompt);
+  assert.equal(only.choices[0].finish_reason, 'length');
+  assert.equal(only.usage.completion_tokens, 0);
+  assert.equal(only.usage.prompt_tokens, n);
+  assert.deepEqual(only.choices[0].logprobs.tokens, lp.tokens.slice(0, n));
+  assert.deepEqual(only.choices[0].logprobs.token_logprobs, lp.token_logprobs.slice(0, n));
+  await assert.rejects(client.completions.create({ ...greedy, max_tokens: 0 }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.error.param, 'max_tokens');
+    return true;
+  });
+
+  // A prompt of token ids is echoed as its text.
+  const r = await curl([...jsonHeaders, '-d', JSON.stringify({ prompt }), `${server.base}/tokenize`]);
+  const ids = JSON.parse(r.body).tokens;
+  const byIds = await client.completions.create({ ...greedy, prompt: ids, max_tokens: 0, echo: true, logprobs: 2 });
+  assert.equal(byIds.choices[0].text, prompt);
+  assert.deepEqual(byIds.choices[0].logprobs, only.choices[0].logprobs);
+
+  // n = 2 over two prompts, streamed: each choice's first chunk carries its own prompt and its
+  // logprobs; the chunks put together equal the same request not streamed.
+  const both = { model: 'llama', prompt: [prompt, 'The cat sat'], max_tokens: 6, temperature: 0.8, seed: 11, n: 2, echo: true, logprobs: 1 };
+  const whole = await client.completions.create(both);
+  assert.equal(whole.choices.length, 4);
+  const stream = await client.completions.create({ ...both, stream: true, stream_options: { include_usage: true } });
+  const got = Array.from({ length: 4 }, () => ({ text: '', chunks: 0, logprobs: { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] } }));
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      const g = got[c.index];
+      if (g.chunks++ === 0) assert.ok(c.text.startsWith(both.prompt[Math.floor(c.index / 2)]), `first chunk of ${c.index}: ${c.text}`);
+      g.text += c.text;
+      for (const k of Object.keys(g.logprobs)) g.logprobs[k].push(...(c.logprobs?.[k] ?? []));
+    }
+  }
+  for (let i = 0; i < 4; ++i) {
+    const want = whole.choices[i];
+    assert.ok(want.text.startsWith(both.prompt[Math.floor(i / 2)]), want.text);
+    assert.equal(got[i].text, want.text, `choice ${i}`);
+    assert.deepEqual(got[i].logprobs, want.logprobs, `choice ${i}`);
+    expectOffsetsMatchText(want.text, want.logprobs);
+  }
+  assert.equal(usage.completion_tokens, whole.usage.completion_tokens);
+  assert.equal(usage.prompt_tokens, whole.usage.prompt_tokens);
+
+  // Streamed with max_tokens 0: one chunk per choice, the prompt with its logprobs.
+  const scoreStream = await client.completions.create({ ...greedy, max_tokens: 0, echo: true, logprobs: 2, stream: true });
+  const chunks = [];
+  for await (const chunk of scoreStream) chunks.push(...chunk.choices);
+  assert.equal(chunks.length, 1);
+  assert.equal(chunks[0].text, prompt);
+  assert.equal(chunks[0].finish_reason, 'length');
+  assert.deepEqual(chunks[0].logprobs.token_logprobs, only.choices[0].logprobs.token_logprobs);
+  await expectPoolEmpty(server.base);
+});
+
 const WORDS = ['dog', 'cat', 'ball', 'park', 'tree', 'sun', 'girl', 'boy', 'bird', 'car', 'cake', 'fish', 'moon', 'box'];
 function prompts(count, seed) {
   const next = rng(seed);
@@ -433,7 +536,7 @@ function malformedBodies(count, seed) {
         bodies.push({ path, body: chat ? `{"messages":[{"role":"user","content":"${'dog '.repeat(2000)}"}]}` : `{"prompt":"${'dog '.repeat(2000)}"}` });
         break;
       case 7:  // unknown model, unsupported features
-        bodies.push({ path, body: `{${base},${pick(['"model":"gpt-9"', '"model":5', '"response_format":{"type":"json_object"}', '"stream_options":{"include_usage":true}', '"best_of":3', chat ? '"top_logprobs":3' : '"echo":true'])}}` });
+        bodies.push({ path, body: `{${base},${pick(['"model":"gpt-9"', '"model":5', '"response_format":{"type":"yaml"}', '"stream_options":{"include_usage":true}', '"best_of":3', chat ? '"top_logprobs":3' : '"suffix":"x"'])}}` });
         break;
       default:  // negative or huge counts for the chat extensions
         bodies.push({ path, body: `{${base},${pick(['"min_tokens":-3', '"stop_token_ids":[-1]', '"stop_token_ids":"x"', '"stream_options":5',
