@@ -3,12 +3,13 @@
 // its output is read back into OpenAI `tool_calls` (whole or streamed), and the grammar that
 // makes `tool_choice: "required"` / a named function always produce a valid call.
 //
-//   family      the model writes (after its prompt)                          constrained output
-//   llama3_json [<|python_tag|>]{"name": f, "parameters": {..}} [; {..}]    {"name": f,
-//   "parameters": ..} hermes      <tool_call>\n{"name": f, "arguments": {..}}\n</tool_call>
-//   {"name": f, "arguments": ..} mistral     [TOOL_CALLS] [{"name": f, "arguments": {..}, "id"?},
-//   ..]     [{"name": f, "arguments": ..}]
-//               or [TOOL_CALLS]f[ARGS]{..} (newer tokenizers; [CALL_ID]id optional)
+// What each family's model writes (after its prompt), and the constrained output:
+// - llama3_json: [<|python_tag|>]{"name": f, "parameters": {..}} [; {..}];
+//   constrained: {"name": f, "parameters": ..}
+// - hermes: <tool_call>\n{"name": f, "arguments": {..}}\n</tool_call>;
+//   constrained: {"name": f, "arguments": ..}
+// - mistral: [TOOL_CALLS] [{"name": f, "arguments": {..}, "id"?}, ..], or [TOOL_CALLS]f[ARGS]{..}
+//   of newer tokenizers ([CALL_ID]id optional); constrained: [{"name": f, "arguments": ..}]
 //
 // A constrained output carries no marker: the grammar engine never samples special tokens
 // (<|python_tag|>, [TOOL_CALLS], Qwen's <tool_call>), so it writes the JSON part only and the
@@ -16,9 +17,8 @@
 // constrained calls (parallel_tool_calls) are separated by "\n" (hermes) or "; " (llama3_json),
 // or are elements of the one array (mistral).
 //
-//   generated text ──► ToolCallParser::push (per choice, any split) ──► content deltas, calls
-//                      ToolCallParser::finish (at the end)           ──► held text: calls or
-//                      content
+//   generated text ──► ToolCallParser::push (per choice, any split) ──► content, calls
+//   end of output  ──► ToolCallParser::finish ──► what was held: calls or content
 #include <nlohmann/json.hpp>
 
 #include <optional>
