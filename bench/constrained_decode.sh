@@ -5,7 +5,8 @@
 # DeepSeek LLM's byte-level BPE (102,400 tokens; the largest vocabulary in ../shared — Llama 3's
 # 128k is not there). Also prints the schema's compile time.
 #   bench/constrained_decode.sh [OUT_DIR]
-# Environment: SIEVE (build/sieve), ROUNDS (3), OUTPUT_TOKENS (64), BATCHES ("1,16"), THREADS.
+# Environment: SIEVE (build/sieve), ROUNDS (3), OUTPUT_TOKENS (64), BATCHES ("1,16"),
+# TEMPERATURE (1; 0 is greedy, which shows the mask's own cost), THREADS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/sieve-constrained-models}

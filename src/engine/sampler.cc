@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cmath>
 #include <limits>
@@ -219,22 +220,7 @@ void Sampler::update_grammar(std::span<const TokenId> output) {
 }
 
 std::span<const float> Sampler::apply_constraint(std::span<const float> logits) {
-  const grammar::TokenMasker& masker = *params_.constraint;
-  const grammar::Vocabulary& vocabulary = masker.vocabulary();
-  size_t num_allowed = 0;
-  if (grammar_state_) {
-    try {
-      num_allowed = masker.fill_mask(*grammar_state_, mask_);
-    } catch (const Error& e) {
-      spdlog::warn("constrained decoding stops: {}", e.what());
-      grammar_state_.reset();
-    }
-  }
-  if (num_allowed == 0) {
-    // Nothing the grammar allows (it gave up, or this vocabulary cannot continue it): end.
-    mask_.reset(vocabulary.size());
-    for (TokenId id : vocabulary.eog_ids()) mask_.set(static_cast<size_t>(id));
-  }
+  fill_constraint_mask();
   // One pass, word by word: masks are mostly long runs of all-allowed or all-refused tokens.
   // Logits beyond the tokenizer's vocabulary (padded output rows) are never allowed.
   masked_.resize(logits.size());
@@ -252,6 +238,43 @@ std::span<const float> Sampler::apply_constraint(std::span<const float> logits) 
     }
   }
   return masked_;
+}
+
+TokenId Sampler::constrained_argmax(std::span<const float> logits) {
+  fill_constraint_mask();
+  const std::span<const uint64_t> words = mask_.words();
+  TokenId best = -1;
+  float best_logit = kNegInf;
+  for (size_t w = 0; w < words.size() && w * 64 < logits.size(); ++w) {
+    for (uint64_t bits = words[w]; bits != 0; bits &= bits - 1) {
+      const size_t i = w * 64 + static_cast<size_t>(std::countr_zero(bits));
+      if (i >= logits.size()) break;
+      if (best < 0 || logits[i] > best_logit) {  // ascending ids: ties go to the lowest
+        best = static_cast<TokenId>(i);
+        best_logit = logits[i];
+      }
+    }
+  }
+  return best;
+}
+
+void Sampler::fill_constraint_mask() {
+  const grammar::TokenMasker& masker = *params_.constraint;
+  const grammar::Vocabulary& vocabulary = masker.vocabulary();
+  size_t num_allowed = 0;
+  if (grammar_state_) {
+    try {
+      num_allowed = masker.fill_mask(*grammar_state_, mask_);
+    } catch (const Error& e) {
+      spdlog::warn("constrained decoding stops: {}", e.what());
+      grammar_state_.reset();
+    }
+  }
+  if (num_allowed == 0) {
+    // Nothing the grammar allows (it gave up, or this vocabulary cannot continue it): end.
+    mask_.reset(vocabulary.size());
+    for (TokenId id : vocabulary.eog_ids()) mask_.set(static_cast<size_t>(id));
+  }
 }
 
 void Sampler::update_history(const SequenceTokens& history) {
@@ -386,6 +409,12 @@ SampleResult Sampler::sample(std::span<const float> logits, const SequenceTokens
   const auto num_output = static_cast<int64_t>(history.output.size());
   if (params_.constraint) {
     update_grammar(history.output);
+    // Greedy with nothing else to apply: the argmax over the allowed tokens, no masked copy.
+    if (params_.temperature < kGreedyTemperature && !params_.logprobs &&
+        !needs_scratch(num_output) &&
+        num_output >= static_cast<int64_t>(params_.forced_tokens.size())) {
+      if (const TokenId best = constrained_argmax(logits); best >= 0) return {.token = best};
+    }
     logits = apply_constraint(logits);
   }
   std::span<const float> processed = logits;

@@ -147,8 +147,13 @@ class Sampler {
  private:
   void update_history(const SequenceTokens& history);
   void update_grammar(std::span<const TokenId> output);
+  // mask_ := what the grammar allows now (only EOG when it cannot go on).
+  void fill_constraint_mask();
   // The logits with every token the grammar does not allow at -inf, in masked_.
   std::span<const float> apply_constraint(std::span<const float> logits);
+  // Greedy's token among the allowed ones (ties: lowest id), without the masked copy; -1 when
+  // nothing in range is allowed.
+  TokenId constrained_argmax(std::span<const float> logits);
   bool needs_scratch(int64_t num_output) const;
   void apply_bias_and_penalties(std::span<float> logits, int64_t num_output) const;
   TokenId sample_truncated(std::span<const float> logits);
