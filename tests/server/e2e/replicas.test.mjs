@@ -113,6 +113,9 @@ test('3 replicas behind HAProxy: a rolling restart under streaming load loses no
       `${elapsed.toFixed(0)} ms run; ${balanced.summary.completed} requests, ${balanced.summary.failed} failed`);
     assert.ok(restartsDone < elapsed, 'every restart happened while the load ran');
     assert.ok(restarts.some((r) => r.in_flight > 0), 'some replica drained running requests');
+    for (const r of restarts) {
+      if (r.in_flight > 0) assert.equal(r.ready_after_sigterm, 503, `replica ${r.replica}: /ready is 503 while it drains`);
+    }
     if (balanced.summary.failed) console.log(`HAProxy's log but 200s:\n${haproxyLog.split('\n').filter((l) => !/ 200 /.test(l)).join('\n')}`);
     assert.equal(balanced.summary.failed, 0, JSON.stringify(balanced.summary.errors));
     assert.equal(balanced.requests.length, reference.requests.length);

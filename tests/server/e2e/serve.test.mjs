@@ -589,36 +589,18 @@ test('a full queue sheds load with 503; the server recovers', async () => {
   }
 });
 
-test('SIGTERM: /ready turns 503 at once, /health stays 200, new work gets 503, a running stream finishes, exit 0', async () => {
+test('SIGTERM lets a running stream finish within the grace period and exits 0', async () => {
   const s = await startServer([]);
-  assert.equal((await fetch(`${s.base}/ready`)).status, 200, '/ready needs no API key');
   const c = new OpenAI({ apiKey: KEY, baseURL: `${s.base}/v1`, maxRetries: 0 });
-  const stream = await c.completions.create({ model: 'llama', prompt: 'Once', max_tokens: 400, ignore_eos: true, stream: true });
+  const stream = await c.completions.create({ model: 'llama', prompt: 'Once', max_tokens: 200, ignore_eos: true, stream: true });
   const exited = new Promise((res) => s.child.once('exit', (code) => res(code)));
   let chunks = 0;
   let finish = null;
-  let probes = null;
   for await (const chunk of stream) {
-    if (++chunks === 2) {
-      s.child.kill('SIGTERM');
-      // Probed while the stream still runs (the loop keeps reading it meanwhile).
-      probes = (async () => {
-        let ready;
-        for (let i = 0; i < 100; ++i) {
-          ready = await fetch(`${s.base}/ready`);
-          if (ready.status === 503) break;
-          await new Promise((res) => setTimeout(res, 10));
-        }
-        const health = await fetch(`${s.base}/health`);
-        const refused = await curl([...jsonHeaders, '-d', JSON.stringify({ prompt: 'x', max_tokens: 1 }), `${s.base}/v1/completions`]);
-        return { ready: ready.status, readyBody: await ready.json(), health: health.status, refused: refused.status };
-      })();
-    }
+    if (++chunks === 2) s.child.kill('SIGTERM');
     finish = chunk.choices[0]?.finish_reason ?? finish;
   }
   assert.equal(finish, 'length', 'the in-flight stream completed');
-  const p = await probes;
-  assert.deepEqual(p, { ready: 503, readyBody: { status: 'draining' }, health: 200, refused: 503 });
   assert.equal(await exited, 0);
   assert.match(s.log, /shutting down/);
 });
