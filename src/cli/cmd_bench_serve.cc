@@ -272,7 +272,9 @@ void bench_serve(const BenchServeOptions& options) {
         short_outputs);
   }
   if (!options.out_path.empty()) {
-    write_file(options.out_path, report.dump(2) + "\n");
+    // Generated texts from other servers may hold invalid UTF-8: written replaced, not thrown.
+    write_file(options.out_path,
+               report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     fmt::print(stderr, "results written to {}\n", options.out_path);
   }
   if (!options.plot_path.empty()) {

@@ -93,10 +93,10 @@ void serve(ServeOptions options) {
   limits.write_timeout = to_ms(options.write_timeout_seconds);
   server::HttpServer http(options.server);
   http.bind();
-  spdlog::info("listening on http://{}:{} (/health answers 503 until the model is loaded)",
+  spdlog::info("listening on http://{}:{} (/ready answers 503 until the model is loaded)",
                options.server.host, http.port());
   if (http.metrics_port() >= 0) {
-    spdlog::info("probes: http://{}:{}/health and /metrics", options.server.host,
+    spdlog::info("probes: http://{}:{}/health, /ready and /metrics", options.server.host,
                  http.metrics_port());
   }
   std::thread listener([&] { http.listen(); });
@@ -135,8 +135,11 @@ void serve(ServeOptions options) {
     check_speculative_option(*engine, config.speculative);
     engine->start();
     const engine::EngineConfig& ec = engine->config();
-    const std::string name =
-        options.server.served_model_name.empty() ? loaded.name : options.server.served_model_name;
+    const std::vector<std::string>& names = options.server.served_model_names;
+    const std::string name = names.empty() ? loaded.name : names.front();
+    const std::vector<std::string> aliases =
+        names.size() > 1 ? std::vector<std::string>(names.begin() + 1, names.end())
+                         : std::vector<std::string>{};
     spdlog::info("model '{}' from {}: {} layers, {} heads ({} KV), vocab {}, context {} tokens",
                  name, options.model.model_path, mc.num_layers, mc.num_heads, mc.num_kv_heads,
                  mc.vocab_size, mc.context_length);
@@ -166,6 +169,7 @@ void serve(ServeOptions options) {
     http.set_backend({.engine = engine,
                       .tokenizer = loaded.tokenizer,
                       .model_name = name,
+                      .model_aliases = aliases,
                       .context_length = mc.context_length,
                       .render_chat =
                           [chat_template](const nlohmann::json& context) {
@@ -175,10 +179,11 @@ void serve(ServeOptions options) {
                       .grammars = std::make_shared<grammar::GrammarCache>(
                           grammar::Vocabulary::from_tokenizer(*loaded.tokenizer)),
                       .tool_call_format = tool_call_format});
-    spdlog::info("ready: http://{}:{}/v1 serves '{}'", options.server.host, http.port(), name);
+    spdlog::info("ready: http://{}:{}/v1 serves '{}'{}", options.server.host, http.port(), name,
+                 aliases.empty() ? "" : fmt::format(" (aliases: {})", fmt::join(aliases, ", ")));
 
     g_signalled.acquire();
-    spdlog::info("shutting down: {} request(s) in flight, grace {:.1f} s",
+    spdlog::info("shutting down: /ready answers 503; {} request(s) in flight, grace {:.1f} s",
                  http.num_active_requests(), options.shutdown_grace_seconds);
     http.shutdown();
     listener.join();
@@ -204,10 +209,13 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   command->add_option("--api-key", options->server.api_key,
-                      "Require 'Authorization: Bearer KEY' on every route but /health");
-  command->add_option(
-      "--served-model-name", options->server.served_model_name,
-      "Model name clients use (default: general.name of the GGUF, else the file name)");
+                      "Require 'Authorization: Bearer KEY' on every route but /health and /ready");
+  command
+      ->add_option("--served-model-name", options->server.served_model_names,
+                   "Model name(s) clients use; the first names the model in responses and "
+                   "metrics, the others are aliases requests may give too (space- or "
+                   "comma-separated; default: general.name of the GGUF, else the file name)")
+      ->delimiter(',');
   command
       ->add_option(
           "--chat-template", options->chat_template_file,
@@ -225,8 +233,8 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command
       ->add_option("--metrics-port", options->server.metrics_port,
-                   "Also serve GET /health and GET /metrics on this port, with a thread of its own "
-                   "(0: any free port; default: off)")
+                   "Also serve GET /health, /ready and /metrics on this port, with a thread of "
+                   "its own (0: any free port; default: off)")
       ->check(CLI::Range(0, 65535));
   command
       ->add_option("--allowed-origins", options->server.allowed_origins,

@@ -68,7 +68,8 @@ nlohmann::json to_json(const RequestRecord& r, size_t index) {
        r.prompt_tokens ? nlohmann::json(*r.prompt_tokens) : nlohmann::json(nullptr)},
       {"input_tokens", r.input_tokens ? nlohmann::json(*r.input_tokens) : nlohmann::json(nullptr)},
       {"finish_reason",
-       r.finish_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.finish_reason)}};
+       r.finish_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.finish_reason)},
+      {"generated_text", r.generated_text}};  // e.g. to compare greedy outputs between runs
 }
 
 nlohmann::json to_json(const RunSummary& s) {

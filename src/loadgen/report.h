@@ -24,7 +24,7 @@ namespace sieve::loadgen {
 //              "requests": [{"index", "ok", "error", "http_status", "start_ms", "ttft_ms",
 //                            "tpot_ms", "e2el_ms", "itl_ms": [...], "num_chunks", "output_tokens",
 //                            "output_tokens_source", "requested_output_tokens", "prompt_tokens",
-//                            "input_tokens", "finish_reason"}]}]}
+//                            "input_tokens", "finish_reason", "generated_text"}]}]}
 // Missing values are null (e.g. TPOT of a one-token output, statistics of no values).
 inline constexpr int kSchemaVersion = 1;
 

@@ -17,7 +17,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr const char* kJsonType = "application/json";
 // Paths served even when the connection limit is reached (and on --metrics-port).
-const std::vector<std::string> kProbePaths = {"/health", "/metrics"};
+const std::vector<std::string> kProbePaths = {"/health", "/ready", "/metrics"};
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -47,8 +47,8 @@ std::optional<json> parse_body(const HttpRequest& request, ApiError& error) {
   return body;
 }
 
-json model_card(const Backend& b) {
-  return json{{"id", b.model_name},
+json model_card(const Backend& b, const std::string& id) {
+  return json{{"id", id},
               {"object", "model"},
               {"created", std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::system_clock::now().time_since_epoch())
@@ -57,6 +57,11 @@ json model_card(const Backend& b) {
               {"root", b.model_name},
               {"parent", nullptr},
               {"max_model_len", b.context_length}};
+}
+
+bool serves_name(const Backend& b, const std::string& name) {
+  return name == b.model_name ||
+         std::find(b.model_aliases.begin(), b.model_aliases.end(), name) != b.model_aliases.end();
 }
 
 }  // namespace
@@ -243,10 +248,18 @@ void HttpServer::send_error(const HttpRequest& request, Responder& responder,
   send(request, responder, error.status, error.to_json());
 }
 
+// Liveness: the process answers. 200 while draining too (restarting a draining replica would
+// cut its running streams); 503 only while the model loads.
 void HttpServer::serve_health(const HttpRequest& request, Responder& responder) {
   if (!backend()) return send(request, responder, 503, {{"status", "loading"}});
-  if (draining_) return send(request, responder, 503, {{"status", "shutting down"}});
-  send(request, responder, 200, {{"status", "ok"}});
+  send(request, responder, 200, {{"status", draining_ ? "draining" : "ok"}});
+}
+
+// Readiness: whether a balancer should send new requests here.
+void HttpServer::serve_ready(const HttpRequest& request, Responder& responder) {
+  if (!backend()) return send(request, responder, 503, {{"status", "loading"}});
+  if (draining_) return send(request, responder, 503, {{"status", "draining"}});
+  send(request, responder, 200, {{"status", "ready"}});
 }
 
 void HttpServer::serve_metrics(const HttpRequest& request, Responder& responder) {
@@ -299,13 +312,16 @@ void HttpServer::route_probe(HttpRequest request, std::shared_ptr<Responder> res
   if (request.method == "GET" && request.path == "/health") {
     return serve_health(request, *responder);
   }
+  if (request.method == "GET" && request.path == "/ready") {
+    return serve_ready(request, *responder);
+  }
   if (request.method == "GET" && request.path == "/metrics") {
     return serve_metrics(request, *responder);
   }
   send_error(request, *responder,
              ApiError{.status = 404,
                       .message = fmt::format("no route {} {} on the metrics port (it serves "
-                                             "GET /health and GET /metrics)",
+                                             "GET /health, GET /ready and GET /metrics)",
                                              request.method, request.path),
                       .type = "NotFoundError"});
 }
@@ -323,11 +339,13 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
     response.headers.emplace_back("Allow", "GET, POST, OPTIONS");
     return r.respond(std::move(response));
   }
-  if (request.path == "/health") {
+  if (request.path == "/health" || request.path == "/ready") {  // probes: no API key
     if (request.method != "GET") {
-      return send_error(request, r, ApiError{.status = 405, .message = "/health answers GET"});
+      return send_error(
+          request, r,
+          ApiError{.status = 405, .message = fmt::format("{} answers GET", request.path)});
     }
-    return serve_health(request, r);
+    return request.path == "/ready" ? serve_ready(request, r) : serve_health(request, r);
   }
   if (!config_.api_key.empty()) {
     const std::string auth = request.header("authorization");
@@ -390,11 +408,14 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
   switch (found->route) {
     case Route::kMetrics:
       return serve_metrics(request, r);
-    case Route::kModels:
-      return send(request, r, 200, {{"object", "list"}, {"data", json::array({model_card(*b)})}});
+    case Route::kModels: {
+      json cards = json::array({model_card(*b, b->model_name)});
+      for (const std::string& alias : b->model_aliases) cards.push_back(model_card(*b, alias));
+      return send(request, r, 200, {{"object", "list"}, {"data", std::move(cards)}});
+    }
     case Route::kModel: {
       const std::string id = request.path.substr(std::string_view("/v1/models/").size());
-      if (id != b->model_name) {
+      if (!serves_name(*b, id)) {
         return send_error(request, r,
                           ApiError{.status = 404,
                                    .message = fmt::format("The model `{}` does not exist.", id),
@@ -402,7 +423,7 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
                                    .param = "model",
                                    .code = "model_not_found"});
       }
-      return send(request, r, 200, model_card(*b));
+      return send(request, r, 200, model_card(*b, id));
     }
     default:
       break;
@@ -440,6 +461,7 @@ void HttpServer::serve_tokenize(const HttpRequest& request, Responder& responder
     std::vector<TokenId> ids;
     if (body->contains("messages")) {
       ModelInfo info{.served_name = b->model_name,
+                     .aliases = b->model_aliases,
                      .context_length = b->context_length,
                      .tokenizer = b->tokenizer.get(),
                      .render_chat = b->render_chat,
@@ -613,6 +635,7 @@ void HttpServer::handle_generation(ApiKind kind, const HttpRequest& http_request
   const Backend& b = *ex->backend;
   try {
     ModelInfo info{.served_name = b.model_name,
+                   .aliases = b.model_aliases,
                    .context_length = b.context_length,
                    .tokenizer = b.tokenizer.get(),
                    .render_chat = b.render_chat,
@@ -634,7 +657,7 @@ void HttpServer::start_generation(const std::shared_ptr<Exchange>& ex) {
   const Backend& b = *ex->backend;
   const GenerationRequest& request = ex->request;
   ex->writer =
-      std::make_unique<ResponseWriter>(ex->request.kind, b.model_name, *b.tokenizer,
+      std::make_unique<ResponseWriter>(ex->request.kind, request.model, *b.tokenizer,
                                        request.params.logprobs.has_value(), request.tool_calls);
   ex->choices.resize(request.prompts.size() * request.params.n);
   if (request.stream && request.tool_calls.format != ToolCallFormat::kNone) {

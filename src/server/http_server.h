@@ -2,7 +2,7 @@
 // `sieve serve`: the OpenAI-compatible HTTP front of the engine. Thin by design:
 //
 //   I/O threads (HttpTransport, event-driven): read requests under deadlines and limits, answer
-//                 /health, /metrics and /v1/models at once, write responses and SSE chunks
+//                 /health, /ready, /metrics and /v1/models at once, write responses and SSE chunks
 //   handler threads: body ─► parse_generation_request (tokenizes) ─► on the connection's strand:
 //                 Engine::submit (one per prompt)
 //   engine thread (Engine::start): steps the batch; each sequence's events are posted to its
@@ -34,11 +34,13 @@ namespace sieve::server {
 struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8080;
-  // >= 0: /health and /metrics are also served on this port by a listener and thread of their
-  // own (0: any free port), e.g. for a load balancer's probes and a Prometheus scraper.
+  // >= 0: /health, /ready and /metrics are also served on this port by a listener and thread of
+  // their own (0: any free port), e.g. for a load balancer's probes and a Prometheus scraper.
   int metrics_port = -1;
-  std::string api_key;            // empty: no authentication
-  std::string served_model_name;  // empty: the model's name
+  std::string api_key;  // empty: no authentication
+  // Names clients may give as "model": the first is the model's name in responses and metrics,
+  // the rest are aliases. Empty: the model's own name.
+  std::vector<std::string> served_model_names;
   // Origins a browser page may call the API from (CORS); empty: none, "*": any.
   std::vector<std::string> allowed_origins;
   HttpLimits limits;
@@ -51,7 +53,8 @@ struct ServerConfig {
 struct Backend {
   std::shared_ptr<engine::Engine> engine;
   std::shared_ptr<const tok::Tokenizer> tokenizer;
-  std::string model_name;  // as clients must name it
+  std::string model_name;                  // as responses and metrics name it
+  std::vector<std::string> model_aliases;  // other names requests may use
   int64_t context_length = 0;
   std::function<std::string(const json&)> render_chat;
   sparsity::PolicySpec default_kv_policy;
@@ -70,12 +73,14 @@ class HttpServer {
   void bind();
   int port() const { return bound_port_; }
   int metrics_port() const { return bound_metrics_port_; }
-  // Serves until stop(); call from one thread. /health answers 503 until set_backend().
+  // Serves until stop(); call from one thread. /health and /ready answer 503 until set_backend().
   void listen();
-  // Makes the model available; /health turns 200.
+  // Makes the model available; /health (liveness) and /ready (readiness) turn 200.
   void set_backend(Backend backend);
-  // Graceful shutdown: refuse new work (503), let running requests finish for up to
-  // config.shutdown_grace, cancel the rest, then stop listening. Returns when listen() may return.
+  // Graceful shutdown (a drain): /ready turns 503 and new work is refused with 503 at once, so a
+  // balancer stops sending and may retry elsewhere; /health stays 200 (the process is alive);
+  // running requests finish for up to config.shutdown_grace, the rest are cancelled, then the
+  // server stops listening. Returns when listen() may return.
   void shutdown();
 
   int64_t num_active_requests() const { return active_requests_.load(); }
@@ -87,6 +92,7 @@ class HttpServer {
   void route(HttpRequest request, std::shared_ptr<Responder> responder);
   void route_probe(HttpRequest request, std::shared_ptr<Responder> responder);
   void serve_health(const HttpRequest& request, Responder& responder);
+  void serve_ready(const HttpRequest& request, Responder& responder);
   void serve_metrics(const HttpRequest& request, Responder& responder);
   void serve_tokenize(const HttpRequest& request, Responder& responder);
   void serve_detokenize(const HttpRequest& request, Responder& responder);

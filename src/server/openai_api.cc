@@ -745,20 +745,24 @@ json chat_template_context(const json& messages, bool add_generation_prompt,
 
 GenerationRequest parse_generation_request(ApiKind kind, const json& body, const ModelInfo& model) {
   if (!body.is_object()) throw_invalid("body", "the request body must be a JSON object");
+  std::string model_name = model.served_name;
   if (const json* v = field(body, "model")) {
     const std::string name = string_of(*v, "model");
-    if (name != model.served_name) {
+    if (name != model.served_name &&
+        std::find(model.aliases.begin(), model.aliases.end(), name) == model.aliases.end()) {
       throw ApiException(ApiError{.status = 404,
                                   .message = fmt::format("The model `{}` does not exist.", name),
                                   .type = "NotFoundError",
                                   .param = "model",
                                   .code = "model_not_found"});
     }
+    model_name = name;
   }
   reject_unsupported(kind, body);
 
   GenerationRequest request;
   request.kind = kind;
+  request.model = std::move(model_name);
   const size_t vocab = model.tokenizer->vocab().size();
   parse_sampling(kind, body, vocab, request.params);
   if (const json* v = field(body, "stream")) request.stream = bool_of(*v, "stream");

@@ -57,6 +57,7 @@ enum class ApiKind { kCompletion, kChat };
 // What parsing needs to know about the served model.
 struct ModelInfo {
   std::string served_name;
+  std::vector<std::string> aliases;  // other names "model" may give (--served-model-name)
   int64_t context_length = 0;
   const tok::Tokenizer* tokenizer = nullptr;
   // Renders a chat template context ({"messages", "add_generation_prompt", "bos_token", ...})
@@ -73,6 +74,7 @@ struct ModelInfo {
 
 struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
+  std::string model;  // the name the request gave (an alias too), else served_name: echoed back
   std::vector<std::vector<TokenId>> prompts;  // one per prompt; each runs params.n samples
   engine::SamplingParams params;
   bool stream = false;

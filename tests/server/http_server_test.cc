@@ -17,7 +17,7 @@
 namespace sieve::server {
 namespace {
 
-TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedThenServes) {
+TEST(HttpServerTest, HealthAndReadyAre503UntilTheModelIsLoadedThenServes) {
   HttpServer server({.port = 0, .api_key = "k"});
   server.bind();
   std::thread listener([&] { server.listen(); });
@@ -27,6 +27,7 @@ TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedThenServes) {
   auto health = client.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(client.Get("/ready")->status, 503);
   auto models = client.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(models->status, 503);
@@ -41,12 +42,29 @@ TEST(HttpServerTest, HealthIs503UntilTheModelIsLoadedThenServes) {
   server.set_backend({.engine = engine,
                       .tokenizer = loaded.tokenizer,
                       .model_name = "stories",
+                      .model_aliases = {"tiny"},
                       .context_length = 512,
                       .render_chat = [chatml](const json& c) { return chatml->render(c); }});
 
   httplib::Client anonymous("127.0.0.1", server.port());
-  EXPECT_EQ(anonymous.Get("/health")->status, 200);  // /health needs no key
+  EXPECT_EQ(anonymous.Get("/health")->status, 200);  // the probes need no key
+  EXPECT_EQ(anonymous.Get("/ready")->status, 200);
+  EXPECT_EQ(anonymous.Post("/ready", "", "text/plain")->status, 405);
   EXPECT_EQ(anonymous.Get("/v1/models")->status, 401);
+  const json cards = json::parse(client.Get("/v1/models")->body)["data"];
+  ASSERT_EQ(cards.size(), 2u);
+  EXPECT_EQ(cards[0]["id"], "stories");
+  EXPECT_EQ(cards[1]["id"], "tiny");
+  EXPECT_EQ(cards[1]["root"], "stories");
+  EXPECT_EQ(client.Get("/v1/models/tiny")->status, 200);
+  auto aliased = client.Post(
+      "/v1/completions", R"({"model":"tiny","prompt":"Once","max_tokens":2})", "application/json");
+  ASSERT_EQ(aliased->status, 200) << aliased->body;
+  EXPECT_EQ(json::parse(aliased->body)["model"], "tiny");  // the name the request gave
+  EXPECT_EQ(
+      client.Post("/v1/completions", R"({"model":"other","prompt":"Once"})", "application/json")
+          ->status,
+      404);
   auto reply = client.Post("/v1/completions",
                            R"({"prompt":"Once upon a time","max_tokens":8,"temperature":0})",
                            "application/json");
