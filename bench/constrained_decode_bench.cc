@@ -27,32 +27,13 @@
 #include "engine/engine.h"
 #include "grammar/grammar_cache.h"
 #include "model/loader.h"
+#include "order_schema.h"
 
 namespace {
 
 using namespace sieve;
 using Clock = std::chrono::steady_clock;
-
-// A realistic extraction schema: nested objects, arrays, enums, optional and nullable fields.
-const char* const kSchema = R"({
-  "type": "object",
-  "properties": {
-    "id": {"type": "integer"},
-    "customer": {"type": "object", "properties": {
-      "name": {"type": "string", "maxLength": 64},
-      "email": {"type": "string"},
-      "tier": {"enum": ["free", "pro", "enterprise"]}},
-      "required": ["name", "email", "tier"], "additionalProperties": false},
-    "items": {"type": "array", "items": {"type": "object", "properties": {
-      "sku": {"type": "string"}, "qty": {"type": "integer"}, "price": {"type": "number"},
-      "note": {"type": ["string", "null"]}}, "required": ["sku", "qty", "price"]},
-      "minItems": 1, "maxItems": 20},
-    "paid": {"type": "boolean"},
-    "tags": {"type": "array", "items": {"type": "string"}}
-  },
-  "required": ["id", "customer", "items", "paid"],
-  "additionalProperties": false
-})";
+using bench::kOrderSchema;
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -150,14 +131,14 @@ int main(int argc, char** argv) {
     grammar::GrammarCache cache(grammar::Vocabulary::from_tokenizer(*loaded.tokenizer));
     const double vocabulary_ms = seconds(Clock::now() - start) * 1e3;
     start = Clock::now();
-    auto masker = cache.get({grammar::GrammarKind::kJsonSchema, kSchema});
+    auto masker = cache.get({grammar::GrammarKind::kJsonSchema, kOrderSchema});
     const double compile_ms = seconds(Clock::now() - start) * 1e3;
     start = Clock::now();
     grammar::TokenBitset mask;
     masker->fill_mask(masker->new_state(), mask);
     const double first_mask_ms = seconds(Clock::now() - start) * 1e3;
     start = Clock::now();
-    cache.get({grammar::GrammarKind::kJsonSchema, kSchema});
+    cache.get({grammar::GrammarKind::kJsonSchema, kOrderSchema});
     const double cached_us = seconds(Clock::now() - start) * 1e6;
     std::printf(
         "  vocabulary trie %.1f ms (once per model); schema compile %.2f ms + first mask %.2f ms "

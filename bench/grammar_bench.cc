@@ -20,6 +20,7 @@
 #include "grammar/grammar_cache.h"
 #include "grammar/json_schema.h"
 #include "grammar/token_masker.h"
+#include "order_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -31,24 +32,7 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-const char* const kSchema = R"({
-  "type": "object",
-  "properties": {
-    "id": {"type": "integer"},
-    "customer": {"type": "object", "properties": {
-      "name": {"type": "string", "maxLength": 64},
-      "email": {"type": "string"},
-      "tier": {"enum": ["free", "pro", "enterprise"]}}, "required": ["name", "email", "tier"]},
-    "items": {"type": "array", "items": {"type": "object", "properties": {
-      "sku": {"type": "string"}, "qty": {"type": "integer"}, "price": {"type": "number"},
-      "note": {"type": ["string", "null"]}}, "required": ["sku", "qty", "price"]},
-      "minItems": 1, "maxItems": 20},
-    "paid": {"type": "boolean"},
-    "tags": {"type": "array", "items": {"type": "string"}}
-  },
-  "required": ["id", "customer", "items", "paid"],
-  "additionalProperties": false
-})";
+const char* const kSchema = sieve::bench::kOrderSchema;
 
 const char* const kDocument =
     R"({"id": 48213, "customer": {"name": "Ada Lovelace", "email": "ada@example.com", )"
