@@ -187,7 +187,10 @@ std::vector<PolicyFidelity> run_sparsity_eval(
   const auto f32_page_bytes = static_cast<double>(
       model::KvCache::bytes_per_page(model->config(), kPageSize, kernels::DType::kF32));
   std::vector<PolicyFidelity> out;
-  const auto [dense_policies, dense] = evaluate("full", 1.0, kernels::DType::kF32);
+  // Not a structured binding: the lambda below captures it (clang 14 cannot capture bindings).
+  const auto dense_run = evaluate("full", 1.0, kernels::DType::kF32);
+  const auto& dense_policies = dense_run.first;
+  const auto& dense = dense_run.second;
   auto summarize = [&](const std::string& family, double budget,
                        const std::vector<std::string>& policies, const std::vector<Result>& results,
                        kernels::DType kv_dtype) {
