@@ -2,16 +2,17 @@
 # The whole test suite, from a fresh clone:
 #   0. every tracked C++ file formatted as .clang-format says (scripts/check-format.sh);
 #   1. install dependencies, build Release, run every unit/golden/CLI test (ctest);
-#   2. build the input-parsing code (GGUF reader, tokenizers) with AddressSanitizer +
-#      UndefinedBehaviorSanitizer and run its tests;
-#   3. build the libFuzzer targets with clang and run each for FUZZ_SECONDS (default 20: CI
+#   2. build with clang, AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer coverage,
+#      and run the tests of the input-parsing code (GGUF reader, tokenizers, templates, grammars,
+#      HTTP) and of the KV bookkeeping;
+#   3. run the libFuzzer targets of that same build for FUZZ_SECONDS each (default 10: CI
 #      must stay well under 30 minutes on 2 cores; a person hunting bugs gives it more).
 # Shared data (models, golden outputs) is read from ../shared (override: SIEVE_SHARED_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 jobs=$(nproc)
-fuzz_seconds=${FUZZ_SECONDS:-20}
+fuzz_seconds=${FUZZ_SECONDS:-10}
 shared=${SIEVE_SHARED_DIR:-$root/../shared}
 if [ ! -d "$shared/models" ]; then
   echo "test.sh: shared test data not found at $shared (set SIEVE_SHARED_DIR)" >&2
@@ -30,26 +31,27 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIEVE_SHARED_DIR="$sha
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
-echo "== [2/3] ASan + UBSan: GGUF reader, tokenizer and chat-template tests; KV pages, scheduler, KV sparsity; grammars; HTTP"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSIEVE_SANITIZE=ON -DSIEVE_SHARED_DIR="$shared"
-cmake --build build-asan -j"$jobs" --target gguf_test tokenizer_test chat_template_test kv_test sched_test \
-  sparse_engine_test grammar_test http_transport_test
+echo "== [2/3] ASan + UBSan (clang): GGUF reader, tokenizer and chat-template tests; KV pages, scheduler, KV sparsity; grammars; HTTP"
+# One clang build serves the sanitized tests and the fuzzers (stage 3): the libraries are
+# compiled once, with ASan + UBSan and libFuzzer's coverage.
+CC=clang CXX=clang++ cmake -S . -B build-sanitizers -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+  -DSIEVE_SANITIZE=ON -DSIEVE_FUZZ=ON -DSIEVE_SHARED_DIR="$shared"
+cmake --build build-sanitizers -j"$jobs" --target gguf_test tokenizer_test chat_template_test \
+  kv_test sched_test sparse_engine_test grammar_test http_transport_test \
+  gguf_fuzz tokenizer_fuzz chat_template_fuzz
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest --test-dir build-asan --output-on-failure -j"$jobs" -L input
+ctest --test-dir build-sanitizers --output-on-failure -j"$jobs" -L input
 # Compaction plans, slice moves and forks of compressed sequences: memory errors would hide here.
-ctest --test-dir build-asan --output-on-failure -j"$jobs" \
+ctest --test-dir build-sanitizers --output-on-failure -j"$jobs" \
   -R '^(SparseEngine|SparseLayoutTest|Seeds/SparseStressTest|KvStress|KvManager|PagePool|BlockHash|Scheduler)\.'
 # Hostile input: grammars and JSON schemas from requests; mutated HTTP against the server.
-ctest --test-dir build-asan --output-on-failure -j"$jobs" \
+ctest --test-dir build-sanitizers --output-on-failure -j"$jobs" \
   -R '^(GbnfParser|Recognizer|TokenMasker\.(SpecialTokens|PartialCharacters)|JsonSchema\.(Unsupported|OrderedProperties)|HttpTransportTest)'
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
 echo "== [3/3] libFuzzer: ${fuzz_seconds}s per target"
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DSIEVE_FUZZ=ON -DSIEVE_BUILD_TESTS=OFF
-cmake --build build-fuzz -j"$jobs" --target gguf_fuzz tokenizer_fuzz chat_template_fuzz
 for target in gguf tokenizer chat_template; do
-  corpus="build-fuzz/corpus/$target"
+  corpus="build-sanitizers/corpus/$target"
   rm -rf "$corpus" && mkdir -p "$corpus"
   extra=()
   if [ "$target" = gguf ]; then
@@ -60,7 +62,7 @@ for target in gguf tokenizer chat_template; do
   else
     cp "$shared"/golden/tokenizer/*.inp "$corpus"/
   fi
-  SIEVE_SHARED_DIR="$shared" "build-fuzz/fuzz/${target}_fuzz" -max_total_time="$fuzz_seconds" \
+  SIEVE_SHARED_DIR="$shared" "build-sanitizers/fuzz/${target}_fuzz" -max_total_time="$fuzz_seconds" \
     -rss_limit_mb=2048 -print_final_stats=1 "${extra[@]}" "$corpus" 2>&1 | tail -n 15
 done
 echo "== all tests passed"
