@@ -29,10 +29,12 @@ class OpenAiApiTest : public ::testing::Test {
   GenerationRequest parse(ApiKind kind, const std::string& body) const {
     return parse_generation_request(kind, json::parse(body), info());
   }
-  // The error a body gets; fails the test when it is accepted.
-  ApiError error_of(ApiKind kind, const std::string& body) const {
+  // The error a body gets (from a server described by `model`, default info()); fails the test
+  // when it is accepted.
+  ApiError error_of(ApiKind kind, const std::string& body,
+                    const std::optional<ModelInfo>& model = std::nullopt) const {
     try {
-      parse(kind, body);
+      parse_generation_request(kind, json::parse(body), model ? *model : info());
     } catch (const ApiException& e) {
       return e.error();
     }
@@ -492,15 +494,6 @@ TEST_F(OpenAiApiTest, ResponseFormatAndGrammarBecomeTheConstraint) {
   auto parse_with = [&](ApiKind kind, const std::string& body) {
     return parse_generation_request(kind, json::parse(body), constrained);
   };
-  auto error_with = [&](ApiKind kind, const std::string& body) {
-    try {
-      parse_with(kind, body);
-    } catch (const ApiException& e) {
-      return e.error();
-    }
-    ADD_FAILURE() << "accepted: " << body;
-    return ApiError{};
-  };
   const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
   EXPECT_EQ(
       parse_with(ApiKind::kChat, chat + R"("response_format":{"type":"text"}})").params.constraint,
@@ -563,7 +556,7 @@ TEST_F(OpenAiApiTest, ResponseFormatAndGrammarBecomeTheConstraint) {
        "combined"},
   };
   for (const Case& c : cases) {
-    const ApiError e = error_with(ApiKind::kChat, c.body);
+    const ApiError e = error_of(ApiKind::kChat, c.body, constrained);
     EXPECT_EQ(e.status, 400) << c.body;
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_NE(e.message.find(c.says), std::string::npos) << c.body << " -> " << e.message;
