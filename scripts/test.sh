@@ -22,6 +22,8 @@ fi
 scripts/install-deps.sh
 # The end-to-end server tests use the official openai client from npm (versions pinned by the lock file).
 npm ci --prefix tests/server/e2e --no-audit --no-fund --loglevel=error
+# The Kubernetes manifests are validated with kubernetes-models (the API's schemas) from npm.
+npm ci --prefix tests/deploy --no-audit --no-fund --loglevel=error
 
 echo "== [0/3] clang-format check (scripts/check-format.sh --fix formats)"
 scripts/check-format.sh
