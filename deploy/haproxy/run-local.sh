@@ -2,7 +2,10 @@
 # N `sieve serve` replicas behind HAProxy on loopback, each replica restarted when it exits (as a
 # Kubernetes Deployment would); Ctrl-C (or SIGTERM) drains and stops them all.
 #
-#   deploy/haproxy/run-local.sh -m MODEL.gguf [-n 3] [-p 8080] [-- more sieve serve options]
+#   deploy/haproxy/run-local.sh -m MODEL.gguf [-n 3] [-p 8080] [--prefix-affinity] [-- more sieve serve options]
+#
+# --prefix-affinity sends requests whose prompts start alike to the same replica (haproxy.cfg
+# says how), so that groups of requests sharing a system prompt hit one replica's prefix cache.
 #
 # HAProxy listens on 127.0.0.1:PORT, the replicas on PORT+1 .. PORT+N. Pid files and logs go to
 # $SIEVE_RUN_DIR (default: a new temporary folder). A rolling restart by hand:
@@ -14,13 +17,15 @@ sieve=${SIEVE_BIN:-$root/build/sieve}
 model=""
 replicas=3
 port=8080
+affinity=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -m) model=$2; shift 2 ;;
     -n) replicas=$2; shift 2 ;;
     -p) port=$2; shift 2 ;;
+    --prefix-affinity) affinity=1; shift ;;
     --) shift; break ;;
-    *) echo "usage: $0 -m MODEL.gguf [-n REPLICAS] [-p PORT] [-- sieve serve options]" >&2; exit 2 ;;
+    *) echo "usage: $0 -m MODEL.gguf [-n REPLICAS] [-p PORT] [--prefix-affinity] [-- sieve serve options]" >&2; exit 2 ;;
   esac
 done
 [ -n "$model" ] || { echo "$0: -m MODEL.gguf is required" >&2; exit 2; }
@@ -31,8 +36,11 @@ mkdir -p "$run_dir"
 
 servers=""
 for i in $(seq 1 "$replicas"); do servers+="    server replica-$i 127.0.0.1:$((port + i))"$'\n'; done
-awk -v servers="$servers" '/^@SERVERS@$/ { printf "%s", servers; next } { print }' \
-  "$here/haproxy.cfg" > "$run_dir/haproxy.cfg"
+awk -v servers="$servers" -v affinity="$affinity" '
+  /^@SERVERS@$/ { printf "%s", servers; next }
+  affinity && /^ *balance leastconn$/ { next }
+  affinity { sub(/^ *#affinity /, "    ") }
+  { print }' "$here/haproxy.cfg" > "$run_dir/haproxy.cfg"
 export SIEVE_LB_ADDR=127.0.0.1 SIEVE_LB_PORT=$port
 haproxy -c -q -f "$run_dir/haproxy.cfg"
 

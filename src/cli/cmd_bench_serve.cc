@@ -32,6 +32,7 @@ struct BenchServeOptions {
   int64_t output_len = 128;
   double range_ratio = 0.0;
   int64_t shared_prefix_len = 0;
+  int64_t num_prefixes = 1;
   int64_t num_prompts = 100;
   std::optional<double> request_rate;
   double burstiness = 1.0;
@@ -130,6 +131,7 @@ nlohmann::json config_json(const BenchServeOptions& o, const loadgen::GoodputSlo
           {"output_len", o.output_len},
           {"range_ratio", o.range_ratio},
           {"shared_prefix_len", o.shared_prefix_len},
+          {"num_prefixes", o.num_prefixes},
           {"num_prompts", o.num_prompts},
           {"request_rate", optional(o.request_rate)},
           {"burstiness", o.burstiness},
@@ -220,8 +222,9 @@ void bench_serve(const BenchServeOptions& options) {
                                     prompts_per_point);
     }
     return loadgen::random_prompts(
-        tokenizer.get(), {options.input_len, options.output_len, options.range_ratio,
-                          options.shared_prefix_len, prompts_per_point, options.seed + point_idx});
+        tokenizer.get(),
+        {options.input_len, options.output_len, options.range_ratio, options.shared_prefix_len,
+         prompts_per_point, options.seed + point_idx, options.num_prefixes});
   };
 
   fmt::print(stderr, "POST {} at {} ({} point{}, {} prompts each)\n",
@@ -325,6 +328,11 @@ void add_bench_serve_command(CLI::App& app) {
       ->add_option(
           "--shared-prefix-len", options->shared_prefix_len,
           "Tokens at the start of every random prompt that are the same (part of --input-len)")
+      ->capture_default_str();
+  command
+      ->add_option("--num-prefixes", options->num_prefixes,
+                   "Different shared prefixes: prompt i starts with prefix i mod N (groups sharing "
+                   "a system prompt)")
       ->capture_default_str();
   command->add_option("--num-prompts", options->num_prompts, "Requests per point")
       ->capture_default_str();

@@ -102,6 +102,8 @@ std::vector<Prompt> random_prompts(const tok::Tokenizer* tokenizer,
     fail("--range-ratio must be in [0, 1) (got {})", workload.range_ratio);
   }
   if (workload.shared_prefix_len < 0) fail("--shared-prefix-len must not be negative");
+  if (workload.num_prefixes < 1)
+    fail("--num-prefixes must be positive (got {})", workload.num_prefixes);
   const auto min_input =
       static_cast<int64_t>(std::floor(workload.input_len * (1.0 - workload.range_ratio)));
   if (workload.shared_prefix_len > 0 && workload.shared_prefix_len >= min_input) {
@@ -111,15 +113,18 @@ std::vector<Prompt> random_prompts(const tok::Tokenizer* tokenizer,
   std::mt19937_64 rng(workload.seed);
   std::vector<tok::TokenId> candidates;
   if (tokenizer) candidates = plain_token_ids(*tokenizer);
-  std::string prefix;
+  std::vector<std::string> prefixes(static_cast<size_t>(workload.num_prefixes));
   if (workload.shared_prefix_len > 0) {
-    prefix = tokenizer
-                 ? exact_length_text(*tokenizer, candidates, workload.shared_prefix_len, rng, "")
-                 : random_words(workload.shared_prefix_len, rng);
+    for (std::string& prefix : prefixes) {
+      prefix = tokenizer
+                   ? exact_length_text(*tokenizer, candidates, workload.shared_prefix_len, rng, "")
+                   : random_words(workload.shared_prefix_len, rng);
+    }
   }
   std::vector<Prompt> prompts;
   prompts.reserve(static_cast<size_t>(std::max<int64_t>(workload.num_prompts, 0)));
   for (int64_t i = 0; i < workload.num_prompts; ++i) {
+    const std::string& prefix = prefixes[static_cast<size_t>(i % workload.num_prefixes)];
     Prompt prompt;
     const int64_t input_len = draw_length(workload.input_len, workload.range_ratio, rng);
     prompt.output_tokens = draw_length(workload.output_len, workload.range_ratio, rng);

@@ -31,6 +31,9 @@ struct RandomWorkload {
   int64_t shared_prefix_len = 0;
   int64_t num_prompts = 0;
   uint64_t seed = 0;
+  // With a shared prefix: how many different prefixes; prompt i starts with prefix i % this
+  // (groups of requests sharing a system prompt, for prefix-affinity routing).
+  int64_t num_prefixes = 1;
 };
 
 // With a tokenizer, each prompt re-encodes (without BOS/EOS) to exactly its input length.

@@ -427,6 +427,30 @@ TEST(Workload, RandomPromptsHaveExactTokenLengthsAndASharedPrefix) {
   EXPECT_EQ(again[7].text, prompts[7].text);
 }
 
+TEST(Workload, PrefixGroupsTakeTurns) {
+  const std::shared_ptr<const tok::Tokenizer> tokenizer = stories_tokenizer();
+  const std::vector<Prompt> prompts = random_prompts(tokenizer.get(), {.input_len = 64,
+                                                                       .output_len = 4,
+                                                                       .shared_prefix_len = 32,
+                                                                       .num_prompts = 9,
+                                                                       .seed = 3,
+                                                                       .num_prefixes = 3});
+  ASSERT_EQ(prompts.size(), 9u);
+  std::mt19937_64 rng(3);  // the prefixes are drawn first, in group order
+  std::vector<std::string> prefixes;
+  for (int g = 0; g < 3; ++g) prefixes.push_back(exact_length_text(*tokenizer, 32, rng));
+  EXPECT_EQ(std::set<std::string>(prefixes.begin(), prefixes.end()).size(), 3u);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(prompts[i].text.starts_with(prefixes[i % 3])) << i;
+    EXPECT_EQ(tokenizer->encode(prompts[i].text, {false, false}).size(), 64u) << i;
+  }
+  EXPECT_NE(prompts[0].text, prompts[3].text);  // the same prefix, different rest
+  EXPECT_THROW(random_prompts(
+                   tokenizer.get(),
+                   {.input_len = 64, .shared_prefix_len = 32, .num_prompts = 1, .num_prefixes = 0}),
+               Error);
+}
+
 TEST(Workload, LongExactPrompt) {
   std::mt19937_64 rng(11);
   const std::string text = exact_length_text(*stories_tokenizer(), 2000, rng);
