@@ -34,13 +34,11 @@ command -v haproxy > /dev/null || { echo "$0: haproxy is not installed (scripts/
 run_dir=${SIEVE_RUN_DIR:-$(mktemp -d -t sieve-replicas.XXXXXX)}
 mkdir -p "$run_dir"
 
-servers=""
-for i in $(seq 1 "$replicas"); do servers+="    server replica-$i 127.0.0.1:$((port + i))"$'\n'; done
-awk -v servers="$servers" -v affinity="$affinity" '
-  /^@SERVERS@$/ { printf "%s", servers; next }
-  affinity && /^ *balance leastconn$/ { next }
-  affinity { sub(/^ *#affinity /, "    ") }
-  { print }' "$here/haproxy.cfg" > "$run_dir/haproxy.cfg"
+addresses=()
+for i in $(seq 1 "$replicas"); do addresses+=("127.0.0.1:$((port + i))"); done
+affinity_flag=()
+[ "$affinity" -eq 1 ] && affinity_flag=(--prefix-affinity)
+"$here/render-config.sh" "${affinity_flag[@]}" "${addresses[@]}" > "$run_dir/haproxy.cfg"
 export SIEVE_LB_ADDR=127.0.0.1 SIEVE_LB_PORT=$port
 haproxy -c -q -f "$run_dir/haproxy.cfg"
 
