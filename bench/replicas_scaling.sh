@@ -10,14 +10,16 @@
 #      --prefix-affinity: the prefix-cache hit rate summed over the replicas' /metrics
 #      (vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, in tokens) and TTFT.
 #   bench/replicas_scaling.sh [OUT_DIR]    (OUT_DIR: /tmp/sieve-bench-models; results go there too)
-# Environment: ROUNDS (2), PROMPTS (64), SIEVE (build/sieve). HAProxy and the client share the
+# Environment: ROUNDS (2), PROMPTS (64 per scaling point), AFFINITY_PROMPTS (128), NUM_PREFIXES
+# (16), SHARED_PREFIX (1024), SIEVE (build/sieve). HAProxy and the client share the
 # two cores with the replicas in every configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/sieve-bench-models}
 rounds=${ROUNDS:-2}
 prompts=${PROMPTS:-64}
-num_prefixes=${NUM_PREFIXES:-8}
+num_prefixes=${NUM_PREFIXES:-16}
+affinity_prompts=${AFFINITY_PROMPTS:-128}
 shared_prefix=${SHARED_PREFIX:-1024}
 shared=${SIEVE_SHARED_DIR:-../shared}
 sieve=${SIEVE:-build/sieve}
@@ -76,11 +78,11 @@ metric_sum() {
   echo "$total"
 }
 
-load() {  # load NAME [bench-serve args...]
-  local name=$1
-  shift
+load() {  # load NAME NUM_PROMPTS [bench-serve args...]
+  local name=$1 num_prompts=$2
+  shift 2
   "$sieve" bench-serve --base-url "http://127.0.0.1:$lb_port" --tokenizer "$model" \
-    --num-prompts "$prompts" --seed 7 --out "$out/$name.json" "$@" > /dev/null 2>> "$out/bench-serve.log"
+    --num-prompts "$num_prompts" --seed 7 --out "$out/$name.json" "$@" > /dev/null 2>> "$out/bench-serve.log"
 }
 
 echo "== scaling: output tok/s (ratio to one 2-thread replica in the same round)"
@@ -88,16 +90,16 @@ scaling_load=(--input-len 128 --output-len 128 --max-concurrency 16 --warmup 4)
 for round in $(seq "$rounds"); do
   start_replica 0,1 2
   start_balancer
-  load one-2t "${scaling_load[@]}"
+  load one-2t "$prompts" "${scaling_load[@]}"
   stop_all
   start_replica 0 1
   start_balancer
-  load one-1t "${scaling_load[@]}"
+  load one-1t "$prompts" "${scaling_load[@]}"
   stop_all
   start_replica 0 1
   start_replica 1 1
   start_balancer
-  load two-1t "${scaling_load[@]}"
+  load two-1t "$prompts" "${scaling_load[@]}"
   stop_all
   base=$(json "$out/one-2t.json" r.output_throughput)
   for c in one-2t one-1t two-1t; do
@@ -108,15 +110,15 @@ for round in $(seq "$rounds"); do
   done
 done
 
-echo "== prefix affinity: $num_prefixes groups sharing a $shared_prefix-token prefix, 2 replicas (-t 1, 32 MiB KV each)"
+echo "== prefix affinity: $num_prefixes groups sharing a $shared_prefix-token prefix, 2 replicas (-t 1, 48 MiB KV each)"
 affinity_load=(--input-len $((shared_prefix + 64)) --shared-prefix-len "$shared_prefix"
   --num-prefixes "$num_prefixes" --output-len 16 --max-concurrency 4)
 for round in $(seq "$rounds"); do
   for mode in leastconn prefix-affinity; do
-    start_replica 0 1 --kv-memory 32
-    start_replica 1 1 --kv-memory 32
+    start_replica 0 1 --kv-memory 48
+    start_replica 1 1 --kv-memory 48
     if [ "$mode" = prefix-affinity ]; then start_balancer --prefix-affinity; else start_balancer; fi
-    load "affinity-$mode" "${affinity_load[@]}"
+    load "affinity-$mode" "$affinity_prompts" "${affinity_load[@]}"
     hits=$(metric_sum vllm:prefix_cache_hits_total)
     queries=$(metric_sum vllm:prefix_cache_queries_total)
     stop_all

@@ -47,6 +47,7 @@ supervisors=()
 # Runs replica $1 on port $2 until the script stops, starting it again whenever it exits.
 supervise() {
   local i=$1 p=$2
+  shift 2
   trap 'stopping=1; [ -f "$run_dir/replica-$i.pid" ] && kill -TERM "$(cat "$run_dir/replica-$i.pid")" 2>/dev/null || true' TERM
   while [ "$stopping" -eq 0 ]; do
     "$sieve" serve -m "$model" --host 127.0.0.1 --port "$p" "$@" >> "$run_dir/replica-$i.log" 2>&1 &

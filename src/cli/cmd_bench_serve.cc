@@ -331,8 +331,8 @@ void add_bench_serve_command(CLI::App& app) {
       ->capture_default_str();
   command
       ->add_option("--num-prefixes", options->num_prefixes,
-                   "Different shared prefixes: prompt i starts with prefix i mod N (groups sharing "
-                   "a system prompt)")
+                   "Different shared prefixes, one drawn at random per prompt (groups of requests "
+                   "sharing a system prompt)")
       ->capture_default_str();
   command->add_option("--num-prompts", options->num_prompts, "Requests per point")
       ->capture_default_str();

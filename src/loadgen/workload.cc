@@ -124,7 +124,12 @@ std::vector<Prompt> random_prompts(const tok::Tokenizer* tokenizer,
   std::vector<Prompt> prompts;
   prompts.reserve(static_cast<size_t>(std::max<int64_t>(workload.num_prompts, 0)));
   for (int64_t i = 0; i < workload.num_prompts; ++i) {
-    const std::string& prefix = prefixes[static_cast<size_t>(i % workload.num_prefixes)];
+    // Groups in random order: taking turns (i mod N) would line up with a balancer's own
+    // alternation and hand it an affinity it did not choose.
+    const std::string& prefix =
+        prefixes.size() == 1
+            ? prefixes[0]
+            : prefixes[std::uniform_int_distribution<size_t>(0, prefixes.size() - 1)(rng)];
     Prompt prompt;
     const int64_t input_len = draw_length(workload.input_len, workload.range_ratio, rng);
     prompt.output_tokens = draw_length(workload.output_len, workload.range_ratio, rng);

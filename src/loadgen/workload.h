@@ -31,8 +31,8 @@ struct RandomWorkload {
   int64_t shared_prefix_len = 0;
   int64_t num_prompts = 0;
   uint64_t seed = 0;
-  // With a shared prefix: how many different prefixes; prompt i starts with prefix i % this
-  // (groups of requests sharing a system prompt, for prefix-affinity routing).
+  // With a shared prefix: how many different prefixes; each prompt starts with one of them,
+  // drawn at random (groups of requests sharing a system prompt, for prefix-affinity routing).
   int64_t num_prefixes = 1;
 };
 

@@ -427,24 +427,35 @@ TEST(Workload, RandomPromptsHaveExactTokenLengthsAndASharedPrefix) {
   EXPECT_EQ(again[7].text, prompts[7].text);
 }
 
-TEST(Workload, PrefixGroupsTakeTurns) {
+TEST(Workload, PromptsShareOneOfSeveralPrefixes) {
   const std::shared_ptr<const tok::Tokenizer> tokenizer = stories_tokenizer();
   const std::vector<Prompt> prompts = random_prompts(tokenizer.get(), {.input_len = 64,
                                                                        .output_len = 4,
                                                                        .shared_prefix_len = 32,
-                                                                       .num_prompts = 9,
+                                                                       .num_prompts = 24,
                                                                        .seed = 3,
                                                                        .num_prefixes = 3});
-  ASSERT_EQ(prompts.size(), 9u);
-  std::mt19937_64 rng(3);  // the prefixes are drawn first, in group order
+  ASSERT_EQ(prompts.size(), 24u);
+  std::mt19937_64 rng(3);  // the prefixes are drawn first
   std::vector<std::string> prefixes;
   for (int g = 0; g < 3; ++g) prefixes.push_back(exact_length_text(*tokenizer, 32, rng));
   EXPECT_EQ(std::set<std::string>(prefixes.begin(), prefixes.end()).size(), 3u);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_TRUE(prompts[i].text.starts_with(prefixes[i % 3])) << i;
-    EXPECT_EQ(tokenizer->encode(prompts[i].text, {false, false}).size(), 64u) << i;
+  std::vector<int> group_sizes(3, 0);
+  std::vector<int> groups;
+  for (const Prompt& p : prompts) {
+    const auto group =
+        std::find_if(prefixes.begin(), prefixes.end(),
+                     [&](const std::string& prefix) { return p.text.starts_with(prefix); });
+    ASSERT_NE(group, prefixes.end()) << p.text;
+    groups.push_back(static_cast<int>(group - prefixes.begin()));
+    ++group_sizes[static_cast<size_t>(groups.back())];
+    EXPECT_EQ(tokenizer->encode(p.text, {false, false}).size(), 64u);
   }
-  EXPECT_NE(prompts[0].text, prompts[3].text);  // the same prefix, different rest
+  for (int size : group_sizes) EXPECT_GT(size, 0);
+  // Not taking turns: a balancer alternating between replicas must not line up with the groups.
+  bool turns = true;
+  for (size_t i = 0; i < groups.size(); ++i) turns = turns && groups[i] == static_cast<int>(i % 3);
+  EXPECT_FALSE(turns);
   EXPECT_THROW(random_prompts(
                    tokenizer.get(),
                    {.input_len = 64, .shared_prefix_len = 32, .num_prompts = 1, .num_prefixes = 0}),
