@@ -42,23 +42,25 @@ void run_eval(EvalOptions options) {
   }
   const eval::SparsityEvalConfig& c = options.config;
   fmt::print(
-      "{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {}-token span, {} "
-      "given after compression; KV pages in {}, compared with the f32 dense cache\n",
-      c.num_prompts, c.prompt_tokens, c.continuation_tokens, c.retrieval_span, c.retrieval_cue,
-      model::kv_dtype_name(c.kv_dtype));
-  fmt::print("{:<10} {:>5} {:>7} {:>8} {:>8} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8}  {}\n", "policy",
-             "dtype", "budget", "kv kept", "KV bytes", "top-1", "KL", "ppl", "ppl delta",
-             "retrieval", "recovery", "spec (first prompt)");
+      "{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {} cases of a "
+      "{}-token span, {} given after compression (95% interval over cases); KV pages in {}, "
+      "compared with the f32 dense cache\n",
+      c.num_prompts, c.prompt_tokens, c.continuation_tokens, c.retrieval_prompts, c.retrieval_span,
+      c.retrieval_cue, model::kv_dtype_name(c.kv_dtype));
+  fmt::print("{:<10} {:>5} {:>7} {:>8} {:>8} {:>7} {:>8} {:>8} {:>9} {:>15} {:>8} {:>8}  {}\n",
+             "policy", "dtype", "budget", "kv kept", "KV bytes", "top-1", "KL", "ppl", "ppl delta",
+             "retrieval", "vs dense", "recovery", "spec (first prompt)");
   const auto results = eval::run_sparsity_eval(
       loaded.model, loaded.tokenizer, buffer.str(), options.config,
       [](const eval::PolicyFidelity& f) {
         const std::string budget = f.family == "fastgen" ? fmt::format("T={:g}", f.budget)
                                                          : fmt::format("{:.3f}", f.budget);
         fmt::print(
-            "{:<10} {:>5} {:>7} {:>8.3f} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>9.3f} "
-            "{:>8}  {}\n",
+            "{:<10} {:>5} {:>7} {:>8.3f} {:>8.3f} {:>7.3f} {:>8.4f} {:>8.4f} {:>+9.4f} {:>15} "
+            "{:>8.3f} {:>8}  {}\n",
             f.family, f.kv_dtype, budget, f.kv_kept, f.kv_bytes_kept, f.top1_agreement, f.mean_kl,
-            f.perplexity, f.perplexity_delta, f.retrieval,
+            f.perplexity, f.perplexity_delta,
+            fmt::format("{:.3f} ± {:.3f}", f.retrieval, f.retrieval_ci95), f.retrieval_vs_dense,
             f.attention_recovery < 0 ? std::string("-")
                                      : fmt::format("{:.3f}", f.attention_recovery),
             f.spec);
@@ -80,6 +82,7 @@ void run_eval(EvalOptions options) {
                       {"perplexity", f.perplexity},
                       {"perplexity_delta", f.perplexity_delta},
                       {"retrieval", f.retrieval},
+                      {"retrieval_ci95", f.retrieval_ci95},
                       {"retrieval_vs_dense", f.retrieval_vs_dense},
                       {"attention_recovery", f.attention_recovery < 0
                                                  ? nlohmann::json(nullptr)
@@ -90,6 +93,8 @@ void run_eval(EvalOptions options) {
                           {"num_prompts", c.num_prompts},
                           {"prompt_tokens", c.prompt_tokens},
                           {"continuation_tokens", c.continuation_tokens},
+                          {"retrieval_prompts", c.retrieval_prompts},
+                          {"seed", c.seed},
                           {"kv_dtype", model::kv_dtype_name(c.kv_dtype)},
                           {"reference", "f32 full"},
                           {"results", rows}};
@@ -130,9 +135,17 @@ void add_eval_command(CLI::App& app) {
           "fastgen's thresholds T (it keeps what recovers >= 1 - T of the attention; no budget)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option("--prompts", c.num_prompts, "Prompts (each also gives one retrieval case)")
+  command->add_option("--prompts", c.num_prompts, "Prompts (language modelling: top-1, KL, ppl)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--retrieval-prompts", c.retrieval_prompts,
+                   "Retrieval cases (a span at the start, filler, the span's start as a cue; the "
+                   "95% interval narrows as 1/sqrt of this)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--seed", c.seed, "Where the retrieval spans and fillers come from")
+      ->capture_default_str();
   command->add_option("--prompt-tokens", c.prompt_tokens, "Tokens per prompt")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

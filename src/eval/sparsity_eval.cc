@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "engine/engine.h"
 #include "model/kv_cache.h"
@@ -38,13 +39,17 @@ struct Result {
 std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
                              const SparsityEvalConfig& c) {
   const int64_t segment = c.prompt_tokens + c.continuation_tokens;
-  const int64_t needed = 2 * c.num_prompts * segment + c.retrieval_span;
-  if (static_cast<int64_t>(text.size()) < needed) {
-    fail("the text has {} tokens; {} prompts of {} + {} tokens need {}", text.size(), c.num_prompts,
-         c.prompt_tokens, c.continuation_tokens, needed);
+  const auto text_size = static_cast<int64_t>(text.size());
+  if (text_size < c.num_prompts * segment) {
+    fail("the text has {} tokens; {} prompts of {} + {} tokens need {}", text_size, c.num_prompts,
+         c.prompt_tokens, c.continuation_tokens, c.num_prompts * segment);
   }
   if (c.retrieval_cue <= 0 || c.retrieval_cue >= c.retrieval_span)
     fail("the retrieval cue must be shorter than the span");
+  const int64_t filler_len = c.prompt_tokens - 1 - c.retrieval_span;
+  if (c.retrieval_prompts > 0 &&
+      (filler_len <= 0 || text_size < 2 * (filler_len + c.retrieval_span)))
+    fail("retrieval needs prompts longer than the span and a text of at least twice a prompt");
   std::vector<Case> cases;
   for (int32_t i = 0; i < c.num_prompts; ++i) {
     const auto begin = text.begin() + i * segment;
@@ -54,14 +59,21 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
     lm.forced.assign(begin + (c.prompt_tokens - 1),
                      begin + (c.prompt_tokens - 1 + c.continuation_tokens));
     cases.push_back(std::move(lm));
-
-    // Retrieval: the span, then filler from elsewhere in the text; the cue comes after compression.
-    const auto span = text.begin() + (c.num_prompts + i) * segment;
-    const auto filler = text.begin() + (c.num_prompts + i) * segment + c.retrieval_span + 8;
+  }
+  // Retrieval: a span, then filler from elsewhere in the text (never overlapping the span, so the
+  // answer is only in the span); the cue comes after compression.
+  std::mt19937_64 rng(c.seed);
+  std::uniform_int_distribution<int64_t> span_at(0, text_size - c.retrieval_span);
+  std::uniform_int_distribution<int64_t> filler_at(0, text_size - filler_len);
+  for (int32_t i = 0; i < c.retrieval_prompts; ++i) {
+    const int64_t s = span_at(rng);
+    int64_t f = filler_at(rng);
+    while (f < s + c.retrieval_span && s < f + filler_len) f = filler_at(rng);
+    const auto span = text.begin() + s;
     Case r{.max_tokens = c.retrieval_span, .retrieval = true};
     r.prompt.push_back(bos);
     r.prompt.insert(r.prompt.end(), span, span + c.retrieval_span);
-    r.prompt.insert(r.prompt.end(), filler, filler + (c.prompt_tokens - 1 - c.retrieval_span));
+    r.prompt.insert(r.prompt.end(), text.begin() + f, text.begin() + f + filler_len);
     r.forced.assign(span, span + c.retrieval_cue);
     r.answer.assign(span + c.retrieval_cue, span + c.retrieval_span);
     cases.push_back(std::move(r));
@@ -199,18 +211,21 @@ std::vector<PolicyFidelity> run_sparsity_eval(
                      .spec = policies[0],
                      .kv_dtype = std::string(model::kv_dtype_name(kv_dtype))};
     double kept_bytes = 0;
-    double kept = 0, agree = 0, kl = 0, nll = 0, retrieved = 0, dense_retrieved = 0, recovery = 0;
-    int64_t positions = 0, num_lm = 0, span_tokens = 0, num_recovery = 0;
+    double kept = 0, agree = 0, kl = 0, nll = 0, recovery = 0;
+    double dense_retrieved = 0;
+    std::vector<double> retrieved;  // per case: fraction of the span reproduced
+    int64_t positions = 0, num_lm = 0, num_recovery = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
       const Result& r = results[i];
       if (c.retrieval) {
+        double hits = 0;
         for (size_t j = 0; j < c.answer.size(); ++j) {
           const size_t at = c.forced.size() + j;
-          retrieved += at < r.tokens.size() && r.tokens[at] == c.answer[j];
+          hits += at < r.tokens.size() && r.tokens[at] == c.answer[j];
           dense_retrieved += at < dense[i].tokens.size() && dense[i].tokens[at] == c.answer[j];
-          ++span_tokens;
         }
+        retrieved.push_back(hits / static_cast<double>(c.answer.size()));
         continue;
       }
       ++num_lm;
@@ -243,8 +258,17 @@ std::vector<PolicyFidelity> run_sparsity_eval(
     f.top1_agreement = positions ? agree / positions : 1.0;
     f.mean_kl = positions ? kl / positions : 0.0;
     f.perplexity = positions ? std::exp(nll / positions) : 0.0;
-    f.retrieval = span_tokens ? retrieved / span_tokens : 0.0;
-    f.retrieval_vs_dense = dense_retrieved > 0 ? retrieved / dense_retrieved : 0.0;
+    const auto n = static_cast<double>(retrieved.size());
+    double sum = 0, squares = 0;
+    for (double x : retrieved) sum += x;
+    f.retrieval = n > 0 ? sum / n : 0.0;
+    for (double x : retrieved) squares += (x - f.retrieval) * (x - f.retrieval);
+    f.retrieval_ci95 = n > 1 ? 1.96 * std::sqrt(squares / (n - 1) / n) : 0.0;
+    const double dense_mean =
+        n > 0 ? dense_retrieved /
+                    (n * static_cast<double>(config.retrieval_span - config.retrieval_cue))
+              : 0.0;
+    f.retrieval_vs_dense = dense_mean > 0 ? f.retrieval / dense_mean : 0.0;
     f.attention_recovery = num_recovery ? recovery / num_recovery : -1.0;
     return f;
   };

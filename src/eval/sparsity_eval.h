@@ -12,7 +12,10 @@
 //   retrieval     a span of text appears early in the prompt, a filler follows; after the
 //                 prompt is compressed, the span's first tokens are forced (the question arrives
 //                 after compression) and the model continues greedily: the fraction of the
-//                 span's remaining tokens it reproduces
+//                 span's remaining tokens it reproduces. Spans and fillers are drawn from the
+//                 text at seeded random places (retrieval_prompts cases, independent of the
+//                 language-modelling prompts), and the mean comes with a 95% confidence
+//                 interval over the cases
 // The reference is always the f32 dense cache: with kv_dtype q8 / q4 (or f16) every policy runs
 // on pages of that dtype, and a "full" row in it comes first after the reference, so what the
 // dtype costs and what sparsity costs on top of it are both measured against f32 (issue 13).
@@ -43,8 +46,10 @@ struct SparsityEvalConfig {
   int32_t num_prompts = 8;
   int32_t prompt_tokens = 256;
   int32_t continuation_tokens = 32;
-  int32_t retrieval_span = 16;  // tokens of the span to recall
-  int32_t retrieval_cue = 4;    // of which the first ones are given after compression
+  int32_t retrieval_span = 16;    // tokens of the span to recall
+  int32_t retrieval_cue = 4;      // of which the first ones are given after compression
+  int32_t retrieval_prompts = 8;  // retrieval cases
+  uint64_t seed = 1;              // where the retrieval spans and fillers are taken from
   int32_t observation_window = 8;
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;  // for lserve
   kernels::DType kv_dtype = kernels::DType::kF32;  // of the policies' pages (not the reference's)
@@ -61,7 +66,8 @@ struct PolicyFidelity {
   double mean_kl = 0.0;
   double perplexity = 0.0;
   double perplexity_delta = 0.0;  // minus the dense perplexity
-  double retrieval = 0.0;         // fraction of span tokens reproduced
+  double retrieval = 0.0;         // fraction of span tokens reproduced, mean over cases
+  double retrieval_ci95 = 0.0;    // half-width of its 95% confidence interval (normal, over cases)
   double retrieval_vs_dense = 1.0;
   double attention_recovery = -1.0;  // mean over prompts; -1: the policy scores nothing
 };

@@ -52,6 +52,41 @@ TEST(SparsityEval, DenseAgreesWithItselfAndBudgetsKeepLess) {
   EXPECT_NE(svg.find("snapkv"), std::string::npos);
 }
 
+// copy-lm copies a span from the start of its prompt when given the span's first tokens: dense
+// retrieval is high, a window that drops the span loses it, and the interval is over the cases.
+TEST(SparsityEval, RetrievalOnACopyingModelWithAnInterval) {
+  model::LoadedModel loaded =
+      model::load_model({sieve::testing::shared_path("models/copy/copy-lm.gguf"), ""});
+  std::ifstream in(sieve::testing::shared_path("models/copy/heldout.txt"));
+  std::stringstream text;
+  text << in.rdbuf();
+  SparsityEvalConfig config{.families = {"streaming"},
+                            .budgets = {0.125},
+                            .num_prompts = 1,
+                            .prompt_tokens = 256,
+                            .continuation_tokens = 8,
+                            .retrieval_prompts = 40};
+  const std::vector<PolicyFidelity> results =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  ASSERT_EQ(results.size(), 2u);
+  const PolicyFidelity& dense = results[0];
+  const PolicyFidelity& window = results[1];
+  EXPECT_GT(dense.retrieval, 0.6);
+  EXPECT_GT(dense.retrieval_ci95, 0.0);
+  EXPECT_LT(dense.retrieval_ci95, 0.2);
+  EXPECT_DOUBLE_EQ(dense.retrieval_vs_dense, 1.0);
+  EXPECT_LT(window.retrieval, 0.3) << "a sink + window cache no longer holds the span";
+  EXPECT_NEAR(window.retrieval_vs_dense, window.retrieval / dense.retrieval, 1e-9);
+  // The same seed draws the same cases; another seed, other ones.
+  const std::vector<PolicyFidelity> again =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  EXPECT_DOUBLE_EQ(again[0].retrieval, dense.retrieval);
+  config.seed = 2;
+  const std::vector<PolicyFidelity> other =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  EXPECT_NE(other[0].retrieval, dense.retrieval);
+}
+
 TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
