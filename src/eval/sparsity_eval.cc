@@ -155,7 +155,8 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
   // Quest reads K whole pages (of the eval engine's page size) per decode step.
   const int32_t pages = std::max(2, (keep + kPageSize - 1) / kPageSize);
   if (family == "quest") return fmt::format("quest:K={},R=1,S=4,W={}", pages, window);
-  if (family == "lserve") return fmt::format("lserve:K={},R=4,S=4,W={},f=0.5", pages, keep - 4);
+  if (family == "lserve")
+    return fmt::format("lserve:K={},R=4,S=4,W={},f=0.5,t=0.5", pages, keep - 4);
   if (family == "fastgen") fail("fastgen takes a threshold, not a budget (fastgen_policy)");
   fail(
       "unknown policy family '{}' (streaming, snapkv, pyramidkv, adakv, layerwise, h2o, fastgen, "

@@ -287,11 +287,12 @@ PolicySpec parse_node(std::string_view text) {
   }
   if (name == "quest") return {parse_quest_params(Params(name, items, {"K", "R", "S", "W"}))};
   if (name == "lserve") {
-    const Params params(name, items, {"K", "R", "S", "W", "f"});
+    const Params params(name, items, {"K", "R", "S", "W", "f", "t"});
     LServeSpec spec;
     spec.quest = parse_quest_params(params);
     if (!params.get("R")) spec.quest.reuse_steps = 4;  // LServe reuses a selection by default
     spec.streaming_fraction = params.get_double("f", spec.streaming_fraction);
+    spec.min_streaming_score = params.get_double("t", spec.min_streaming_score);
     return {spec};
   }
   if (name == "layerwise") {
@@ -390,6 +391,7 @@ struct Validator {
   void operator()(const LServeSpec& s) const {
     validate_quest(s.quest, "lserve");
     check_fraction(s.streaming_fraction, "lserve", "f");
+    check_fraction(s.min_streaming_score, "lserve", "t");
     check(s.streaming_fraction == 0.0 || s.quest.window >= 1, "lserve",
           "W must be >= 1 when f > 0 (the streaming heads' window)");
   }
@@ -462,7 +464,9 @@ struct Printer {
   }
   std::string operator()(const QuestSpec& s) const { return "quest:" + quest_params(s); }
   std::string operator()(const LServeSpec& s) const {
-    return fmt::format("lserve:{},f={}", quest_params(s.quest), s.streaming_fraction);
+    std::string out = fmt::format("lserve:{},f={}", quest_params(s.quest), s.streaming_fraction);
+    if (s.min_streaming_score > 0) out += fmt::format(",t={}", s.min_streaming_score);
+    return out;
   }
   std::string operator()(const LayerwiseSpec& s) const {
     return fmt::format("layerwise:L={},rest={}", s.num_full_layers, to_string(*s.rest));
@@ -537,6 +541,7 @@ Json to_json_value(const PolicySpec& spec) {
     Json operator()(const LServeSpec& s) const {
       Json j = quest("lserve", s.quest);
       j["f"] = s.streaming_fraction;
+      if (s.min_streaming_score > 0) j["t"] = s.min_streaming_score;
       return j;
     }
     Json operator()(const LayerwiseSpec& s) const {
@@ -743,8 +748,11 @@ class Resolver {
     }
   }
   void assign_node(const LServeSpec& s, const std::vector<Cell>& cells) {
-    const std::vector<Cell> streaming =
+    std::vector<Cell> streaming =
         most_streaming(cells, s.streaming_fraction, cells.size(), "lserve");
+    std::erase_if(streaming, [&](const Cell& c) {
+      return profile_->score(c.layer, c.kv_head) < s.min_streaming_score;
+    });
     set_all(streaming, StreamingSpec{.num_sinks = s.quest.num_sinks, .window = s.quest.window});
     set_all(without(cells, streaming), s.quest);
   }

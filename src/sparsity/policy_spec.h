@@ -33,10 +33,10 @@
 //                                            reads the top-K pages by a q·k upper bound (pages
 //                                            holding the first S and last W tokens always), the
 //                                            choice reused for R steps
-//   lserve:K=64,R=4,S=4,W=32,f=0.5           the fraction f of KV heads that a calibration
+//   lserve:K=64,R=4,S=4,W=32,f=0.5,t=0.5     the fraction f of KV heads that a calibration
 //                                            profile rates most streaming-like keep S sinks + W
-//                                            window; the others are quest heads (R defaults
-//                                            to 4 here, f to 0.5)
+//                                            window (only those scoring >= t); the others are
+//                                            quest heads (R defaults to 4 here, f to 0.5, t to 0)
 //   heads:(streaming:S=4,W=64)@profile=0.5,rest=snapkv:B=256
 //   heads:streaming@kv=0+2-3,rest=full       per KV head: a group takes the fraction of heads a
 //                                            calibration profile rates most streaming-like
@@ -139,6 +139,10 @@ struct QuestSpec {
 struct LServeSpec {
   QuestSpec quest;  // the dynamic heads; S and W are also the streaming heads' sinks and window
   double streaming_fraction = 0.5;  // f: [0, 1]; needs a calibration profile when > 0
+  // t: [0, 1]; of those, only heads whose calibrated streaming score is at least t stream: a
+  // fraction alone can make a retrieval head (little attention near its sinks and window)
+  // streaming when a model has few streaming-like heads, and it then loses what it retrieves.
+  double min_streaming_score = 0.0;
   friend bool operator==(const LServeSpec&, const LServeSpec&) = default;
 };
 

@@ -190,7 +190,7 @@ TEST(SparsityEval, PolicyStringsScaleWithTheBudget) {
   EXPECT_THROW(policy_for_budget("fastgen", 0.5, 256, 8), Error) << "a threshold, not a budget";
   EXPECT_EQ(fastgen_policy(0.05, 256, 8), "fastgen:T=0.05,W=32,F=0.1");
   EXPECT_EQ(policy_for_budget("quest", 0.25, 256, 8), "quest:K=4,R=1,S=4,W=8");
-  EXPECT_EQ(policy_for_budget("lserve", 0.25, 256, 8), "lserve:K=4,R=4,S=4,W=60,f=0.5");
+  EXPECT_EQ(policy_for_budget("lserve", 0.25, 256, 8), "lserve:K=4,R=4,S=4,W=60,f=0.5,t=0.5");
 }
 
 }  // namespace

@@ -168,6 +168,7 @@ TEST(PolicySpec, ErrorsNameTheProblem) {
       {"quest:R=2", "missing K"},
       {"quest:K=4,R=0", "R must be >= 1"},
       {"lserve:K=4,f=2", "f must be in [0, 1]"},
+      {"lserve:K=4,t=-1", "t must be in [0, 1]"},
       {"layerwise:L=2", "missing rest"},
       {"layerwise:rest=full", "missing L"},
       {"layerwise:L=2,rest=snapkv:B=0", "snapkv: B must be >= 1"},
@@ -323,6 +324,16 @@ TEST(Resolve, ProfileSelectsTheMostStreamingLikeHeads) {
   const SparsityPlan three = resolve(parse_policy("lserve:K=4,S=4,W=64,f=0.375"), {2, 4}, &profile);
   EXPECT_EQ(three.at(0, 3), HeadPolicy(SinkWindowHead{4, 64}));
   EXPECT_EQ(three.at(1, 3), HeadPolicy(PageSelectHead{4, 4, 4, 64}));
+  // t: of those 3, only heads scoring at least t stream (0.8 < 0.85 stays a quest head).
+  const SparsityPlan scored =
+      resolve(parse_policy("lserve:K=4,S=4,W=64,f=0.375,t=0.85"), {2, 4}, &profile);
+  EXPECT_EQ(scored.at(0, 1), HeadPolicy(SinkWindowHead{4, 64}));
+  EXPECT_EQ(scored.at(1, 2), HeadPolicy(SinkWindowHead{4, 64}));
+  EXPECT_EQ(scored.at(0, 3), HeadPolicy(PageSelectHead{4, 4, 4, 64}));
+  EXPECT_EQ(to_string(parse_policy("lserve:K=4,f=0.375,t=0.85")),
+            "lserve:K=4,R=4,S=4,W=32,f=0.375,t=0.85");
+  EXPECT_EQ(parse_policy_json(R"({"name": "lserve", "K": 4, "t": 0.85})"),
+            parse_policy("lserve:K=4,t=0.85"));
   const CalibrationProfile tied = test_profile(1, 4, {0.5, 0.5, 0.5, 0.5});
   const SparsityPlan half = resolve(parse_policy("lserve:K=4,f=0.5"), {1, 4}, &tied);
   EXPECT_TRUE(std::holds_alternative<SinkWindowHead>(half.at(0, 0)));
