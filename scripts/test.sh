@@ -22,6 +22,9 @@ fi
 scripts/install-deps.sh
 # The end-to-end server tests use the official openai client from npm (versions pinned by the lock file).
 npm ci --prefix tests/server/e2e --no-audit --no-fund --loglevel=error
+# The web page's libraries, embedded into the binary; its browser tests' playwright-core and axe-core.
+npm ci --prefix webui --no-audit --no-fund --loglevel=error
+npm ci --prefix tests/webui --no-audit --no-fund --loglevel=error
 
 echo "== [0/3] clang-format check (scripts/check-format.sh --fix formats)"
 scripts/check-format.sh

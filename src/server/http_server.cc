@@ -308,6 +308,30 @@ void HttpServer::serve_metrics(const HttpRequest& request, Responder& responder)
   responder.respond(std::move(response));
 }
 
+// The page's files hold no secret and the page must load before it can ask for the API key:
+// served to anyone, also while the model loads.
+bool HttpServer::serve_web_asset(const HttpRequest& request, Responder& responder) {
+  if (request.method != "GET") return false;
+  const auto& assets = config_.web_assets;
+  const auto it = std::find_if(assets.begin(), assets.end(),
+                               [&](const WebAsset& a) { return a.path == request.path; });
+  if (it == assets.end()) return false;
+  HttpResponse response{.status = 200,
+                        .content_type = std::string(it->content_type),
+                        .body = std::string(it->body),
+                        .headers = cors_headers(request)};
+  // Model output is rendered as (sanitized) markdown: the policy is a second line of defence,
+  // allowing only the page's own scripts and styles and calls to this server.
+  response.headers.emplace_back(
+      "Content-Security-Policy",
+      "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+      "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'");
+  response.headers.emplace_back("X-Content-Type-Options", "nosniff");
+  response.headers.emplace_back("Cache-Control", "no-cache");
+  responder.respond(std::move(response));
+  return true;
+}
+
 void HttpServer::route_probe(HttpRequest request, std::shared_ptr<Responder> responder) {
   if (request.method == "GET" && request.path == "/health") {
     return serve_health(request, *responder);
@@ -347,6 +371,7 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
     }
     return request.path == "/ready" ? serve_ready(request, r) : serve_health(request, r);
   }
+  if (serve_web_asset(request, r)) return;
   if (!config_.api_key.empty()) {
     const std::string auth = request.header("authorization");
     if (auth != "Bearer " + config_.api_key) {

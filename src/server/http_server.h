@@ -28,6 +28,7 @@
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/web_assets.h"
 
 namespace sieve::server {
 
@@ -43,6 +44,9 @@ struct ServerConfig {
   std::vector<std::string> served_model_names;
   // Origins a browser page may call the API from (CORS); empty: none, "*": any.
   std::vector<std::string> allowed_origins;
+  // The web page's files (GET / and /webui/...), served without the API key: the page asks the
+  // user for it. Empty: no page (--no-webui).
+  std::span<const WebAsset> web_assets;
   HttpLimits limits;
   int io_threads = 2;       // event loop threads (they never wait on a client)
   int handler_threads = 2;  // parse and tokenize request bodies off the I/O threads
@@ -94,6 +98,7 @@ class HttpServer {
   void serve_health(const HttpRequest& request, Responder& responder);
   void serve_ready(const HttpRequest& request, Responder& responder);
   void serve_metrics(const HttpRequest& request, Responder& responder);
+  bool serve_web_asset(const HttpRequest& request, Responder& responder);
   void serve_tokenize(const HttpRequest& request, Responder& responder);
   void serve_detokenize(const HttpRequest& request, Responder& responder);
   void handle_generation(ApiKind kind, const HttpRequest& request,
