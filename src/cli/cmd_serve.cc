@@ -181,6 +181,8 @@ void serve(ServeOptions options) {
                       .tool_call_format = tool_call_format});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'{}", options.server.host, http.port(), name,
                  aliases.empty() ? "" : fmt::format(" (aliases: {})", fmt::join(aliases, ", ")));
+    spdlog::info("web UI: http://{}:{}/ (live KV cache: GET /v1/kv/state)", options.server.host,
+                 http.port());
 
     g_signalled.acquire();
     spdlog::info("shutting down: /ready answers 503; {} request(s) in flight, grace {:.1f} s",
