@@ -2,7 +2,9 @@
 // `sieve serve`: the OpenAI-compatible HTTP front of the engine. Thin by design:
 //
 //   I/O threads (HttpTransport, event-driven): read requests under deadlines and limits, answer
-//                 /health, /ready, /metrics and /v1/models at once, write responses and SSE chunks
+//                 /health, /ready, /metrics and /v1/models at once, write responses and SSE chunks;
+//                 GET /v1/kv/state asks the engine for a snapshot at its next step boundary and
+//                 answers from the connection's strand (server/kv_state.h)
 //   handler threads: body ─► parse_generation_request (tokenizes) ─► on the connection's strand:
 //                 Engine::submit (one per prompt)
 //   engine thread (Engine::start): steps the batch; each sequence's events are posted to its
@@ -99,6 +101,7 @@ class HttpServer {
   void serve_ready(const HttpRequest& request, Responder& responder);
   void serve_metrics(const HttpRequest& request, Responder& responder);
   bool serve_web_asset(const HttpRequest& request, Responder& responder);
+  void serve_kv_state(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
   void serve_tokenize(const HttpRequest& request, Responder& responder);
   void serve_detokenize(const HttpRequest& request, Responder& responder);
   void handle_generation(ApiKind kind, const HttpRequest& request,
