@@ -57,24 +57,15 @@ afterEach(async () => {
   assert.deepEqual(errors, [], 'console errors');
 });
 
-// Whether the server has GET /v1/kv/state (it comes with issue 17's server half; until it is
-// merged the dashboard falls back on /metrics, and its first call's 404 is expected).
-async function servesKvState(server) {
-  const r = await fetch(`${server.base}/v1/kv/state`, { headers: { Authorization: `Bearer ${KEY}` } });
-  return r.status === 200;
-}
-
 // A page of `server` in a fresh browser context (its own localStorage), with the API key already
 // kept unless `withKey` is false. `allowed` filters console errors the test expects.
 async function openPage(server, { hash = '', withKey = true, allowed = () => false } = {}) {
-  const kvState = await servesKvState(server);
-  const expected = (m) => allowed(m) || (!kvState && m.location().url.endsWith('/v1/kv/state') && m.text().includes('404'));
   const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   if (withKey) await context.addInitScript((key) => localStorage.setItem('sieve.apiKey', key), KEY);
   const page = await context.newPage();
   const entry = { context, page, errors: [] };
   page.on('console', (m) => {
-    if (m.type() === 'error' && !expected(m)) entry.errors.push(`${m.text()} (${m.location().url})`);
+    if (m.type() === 'error' && !allowed(m)) entry.errors.push(`${m.text()} (${m.location().url})`);
   });
   page.on('pageerror', (e) => entry.errors.push(`uncaught: ${e.message}`));
   pages.push(entry);
@@ -284,11 +275,7 @@ function background(server, body) {
   return { id, done, stop: () => controller.abort() };
 }
 
-test('the dashboard shows running requests\' pages, fewer once snapkv compresses, and each head', async (t) => {
-  if (!(await servesKvState(slow))) {
-    t.skip('this server has no GET /v1/kv/state yet');
-    return;
-  }
+test('the dashboard shows running requests\' pages, fewer once snapkv compresses, and each head', async () => {
   const page = await openPage(slow, { hash: '#dashboard' });
   // A 1500-token prompt (token ids), then thousands of tokens: both run for seconds.
   const prompt = Array.from({ length: 1500 }, (_, i) => 3 + ((i * 37) % 500));
