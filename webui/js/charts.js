@@ -42,19 +42,24 @@ export function lineChart(container, { series, max, samples, label }) {
   }
 }
 
-// A histogram's buckets as bars: [{le, count}] with `unit` formatting each bound.
+// A histogram's buckets as bars: [{le, count}], `format` writing each upper bound.
 export function barChart(container, { buckets, label, format }) {
-  const width = 420;
+  const width = 440;
   const height = 160;
+  const left = 36;  // room for the first bound's label, which is rotated leftwards
   const bottom = 34;
   const top = 14;
   const svg = frame(container, label, width, height);
   const shown = buckets.filter((b) => b.le !== Infinity || b.count > 0);
   const max = Math.max(1, ...shown.map((b) => b.count));
-  const slot = width / Math.max(1, shown.length);
+  const slot = (width - left) / Math.max(1, shown.length);
+  if (shown.every((b) => b.count === 0)) {
+    svg.append(el('text', { x: width / 2, y: (height - bottom) / 2, class: 'axis', 'text-anchor': 'middle' },
+      'no requests measured yet'));
+  }
   shown.forEach((b, i) => {
     const h = ((height - bottom - top) * b.count) / max;
-    const x = i * slot;
+    const x = left + i * slot;
     svg.append(el('rect', { x: x + 2, y: height - bottom - h, width: Math.max(1, slot - 4), height: h, class: 'bar' }));
     if (b.count > 0) {
       svg.append(el('text', { x: x + slot / 2, y: height - bottom - h - 2, class: 'axis', 'text-anchor': 'middle' }, String(b.count)));
