@@ -7,6 +7,7 @@ packages=(
   clang-format                        # scripts/check-format.sh
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev prometheus-cpp-dev
   curl                                # end-to-end server tests
+  chromium                            # the web page's browser tests (driven by playwright-core)
   haproxy                             # replicas behind a balancer (deploy/haproxy, its e2e test)
   libhwy-dev libpcre2-dev
   libboost-dev                        # Boost.Beast / Asio: the event-driven HTTP server

@@ -24,6 +24,9 @@ scripts/install-deps.sh
 npm ci --prefix tests/server/e2e --no-audit --no-fund --loglevel=error
 # The Kubernetes manifests are validated with kubernetes-models (the API's schemas) from npm.
 npm ci --prefix tests/deploy --no-audit --no-fund --loglevel=error
+# The web page's libraries, embedded into the binary; its browser tests' playwright-core and axe-core.
+npm ci --prefix webui --no-audit --no-fund --loglevel=error
+npm ci --prefix tests/webui --no-audit --no-fund --loglevel=error
 
 echo "== [0/3] clang-format check (scripts/check-format.sh --fix formats)"
 scripts/check-format.sh

@@ -37,6 +37,7 @@ struct ServeOptions {
   double request_timeout_seconds = 30.0;
   double keep_alive_timeout_seconds = 5.0;
   double write_timeout_seconds = 30.0;
+  bool no_webui = false;
 };
 
 std::chrono::milliseconds to_ms(double seconds) {
@@ -91,6 +92,7 @@ void serve(ServeOptions options) {
   limits.request_timeout = to_ms(options.request_timeout_seconds);
   limits.keep_alive_timeout = to_ms(options.keep_alive_timeout_seconds);
   limits.write_timeout = to_ms(options.write_timeout_seconds);
+  if (!options.no_webui) options.server.web_assets = server::embedded_web_assets();
   server::HttpServer http(options.server);
   http.bind();
   spdlog::info("listening on http://{}:{} (/ready answers 503 until the model is loaded)",
@@ -181,6 +183,10 @@ void serve(ServeOptions options) {
                       .tool_call_format = tool_call_format});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'{}", options.server.host, http.port(), name,
                  aliases.empty() ? "" : fmt::format(" (aliases: {})", fmt::join(aliases, ", ")));
+    if (!options.no_webui) {
+      spdlog::info("web page (chat, KV dashboard, compare): http://{}:{}/", options.server.host,
+                   http.port());
+    }
 
     g_signalled.acquire();
     spdlog::info("shutting down: /ready answers 503; {} request(s) in flight, grace {:.1f} s",
@@ -241,6 +247,8 @@ void add_serve_command(CLI::App& app) {
                    "Origins whose browser pages may call the API (CORS), e.g. "
                    "https://chat.example.com; '*' for any (default: none)")
       ->delimiter(',');
+  command->add_flag("--no-webui", options->no_webui,
+                    "Serve no web page at / (chat, KV dashboard, compare)");
   command
       ->add_option("--max-connections", options->server.limits.max_connections,
                    "Open client connections served; beyond it new ones get a fast 503 (a reserve "

@@ -91,6 +91,7 @@ struct Engine::PendingRequest {
   std::unique_ptr<sparsity::SparsityController> sparsity;  // null: dense
   SparseAdmission admission;
   std::optional<int64_t> max_pages;  // sparse admission bound
+  std::string policy_name;           // canonical kv_policy, for KV snapshots
   spec::SpeculativeConfig speculative;
   std::shared_ptr<EventSink> sink;
   Clock::time_point arrival;
@@ -111,9 +112,12 @@ struct Engine::Sample {
   int32_t cached_prompt_tokens = 0;
   Timings timings;
   std::unique_ptr<sparsity::SparsityController> sparsity;  // null: dense
-  int32_t chunk_boundary = 0;                              // SparseAdmission's
-  std::optional<float> attention_recovery;                 // from the compression
-  spec::SpeculativeConfig speculative;                     // the request's, or the server's
+  // For KV snapshots only: the request's label and canonical kv_policy (shared by its samples).
+  std::shared_ptr<const RequestLabel> label;
+  std::shared_ptr<const std::string> policy_name;
+  int32_t chunk_boundary = 0;               // SparseAdmission's
+  std::optional<float> attention_recovery;  // from the compression
+  spec::SpeculativeConfig speculative;      // the request's, or the server's
   int32_t spec_draft_tokens = 0;
   int32_t spec_accepted_tokens = 0;
   // Prompt logprobs (Request::prompt_logprobs): the top N per row; the prompt tokens' entries so
@@ -293,6 +297,7 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
   pending->sparsity = std::move(sparsity);
   pending->admission = admission;
   pending->speculative = std::move(speculative);
+  pending->policy_name = sparsity::to_string(pending->request.kv_policy);  // off the engine thread
   if (pending->sparsity) pending->max_pages = pages_needed;
   const RequestId id = pending->id;
   pending_.push_back(std::move(pending));
@@ -498,6 +503,8 @@ void Engine::admit() {
         static_cast<int32_t>(p->request.prompt.size()), p->arrival);
     sample->num_samples_to_fork = n - 1;
     sample->sparsity = std::move(p->sparsity);
+    sample->label = std::make_shared<const RequestLabel>(std::move(p->request.label));
+    sample->policy_name = std::make_shared<const std::string>(std::move(p->policy_name));
     sample->chunk_boundary = p->admission.chunk_boundary;
     sample->speculative = p->speculative;
     sample->prompt_logprobs = p->request.prompt_logprobs;
@@ -582,6 +589,8 @@ std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) 
     // A sparse parent's child has its keys, so it continues from its policies' state.
     if (first.sparsity)
       sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
+    sample->label = first.label;
+    sample->policy_name = first.policy_name;
     sample->chunk_boundary = first.chunk_boundary;
     sample->speculative = first.speculative;
     sample->unsent_prompt_logprobs = first.unsent_prompt_logprobs;
@@ -794,6 +803,8 @@ bool Engine::step() {
   // Admit first, so that a request cancelled before its first step is found and stopped.
   admit();
   apply_cancellations();
+  // Between steps, finished and cancelled sequences gone: a consistent view for snapshots.
+  if (snapshot_asked_.load(std::memory_order_relaxed)) serve_kv_snapshots();
   propose_drafts();
   sched::ScheduleOutput out = scheduler_.schedule();
   restart_preempted(out.preempted);
@@ -855,20 +866,23 @@ void Engine::start() {
       if (step()) continue;
       std::unique_lock lock(mutex_);
       work_available_.wait_for(lock, std::chrono::milliseconds(50), [&] {
-        return stop_requested_ || !pending_.empty() || !cancelled_.empty();
+        return stop_requested_ || !pending_.empty() || !cancelled_.empty() ||
+               !snapshot_asks_.empty();
       });
     }
   });
 }
 
 void Engine::stop() {
-  if (!loop_.joinable()) return;
-  {
-    std::lock_guard lock(mutex_);
-    stop_requested_ = true;
-    work_available_.notify_all();
+  if (loop_.joinable()) {
+    {
+      std::lock_guard lock(mutex_);
+      stop_requested_ = true;
+      work_available_.notify_all();
+    }
+    loop_.join();
   }
-  loop_.join();
+  serve_kv_snapshots();  // nothing steps now: answer what was asked meanwhile
 }
 
 EngineStats Engine::stats() const {
@@ -955,6 +969,138 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
       new_class);
   if (std::any_of(drops.begin(), drops.end(), [](const auto& d) { return !d.empty(); }))
     runner_.apply(kv_.drop_tokens(seq, drops));
+}
+
+}  // namespace sieve::engine
+
+namespace sieve::engine {
+
+std::string_view phase_name(SequencePhase phase) {
+  switch (phase) {
+    case SequencePhase::kWaiting:
+      return "waiting";
+    case SequencePhase::kPreempted:
+      return "preempted";
+    case SequencePhase::kPrefill:
+      return "prefill";
+    case SequencePhase::kDecode:
+      return "decode";
+  }
+  return "?";
+}
+
+void Engine::request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done) {
+  std::lock_guard lock(mutex_);
+  snapshot_asks_.push_back({.query = std::move(query), .done = std::move(done)});
+  snapshot_asked_.store(true, std::memory_order_relaxed);
+  work_available_.notify_one();
+}
+
+void Engine::serve_kv_snapshots() {
+  std::vector<SnapshotAsk> asks;
+  {
+    std::lock_guard lock(mutex_);
+    asks.swap(snapshot_asks_);
+    snapshot_asked_.store(false, std::memory_order_relaxed);
+  }
+  if (asks.empty()) return;
+  // Dashboards polling together share one walk over the sequences.
+  const KvSnapshot common = make_kv_snapshot();
+  for (SnapshotAsk& ask : asks) {
+    KvSnapshot snapshot = common;
+    if (ask.query.label_id) snapshot.heads = kv_heads(ask.query);
+    ask.done(std::move(snapshot));
+  }
+}
+
+// O(sequences + pages held + pool pages): integers copied out of the pool, the scheduler and the
+// samples; the pool walk counts cached-free pages, which nothing tracks on the hot path.
+KvSnapshot Engine::make_kv_snapshot() const {
+  const kv::PagePool& pool = kv_.pool();
+  KvSnapshot snapshot{.taken_at = std::chrono::system_clock::now(),
+                      .page_size = config_.page_size,
+                      .bytes_per_page = kv_bytes_per_page_,
+                      .kv_dtype = std::string(model::kv_dtype_name(config_.kv_dtype)),
+                      .num_pages = kv_.num_pages(),
+                      .num_pages_used = kv_.num_pages() - kv_.num_free_pages(),
+                      .num_pages_free = kv_.num_free_pages(),
+                      .num_pages_cached = pool.num_cached_pages(),
+                      .num_running = scheduler_.stats().num_running,
+                      .num_waiting = scheduler_.stats().num_waiting};
+  for (int32_t p = 0; p < pool.num_pages(); ++p) {
+    const kv::PageId page{p};
+    if (pool.ref_count(page) == 0 && pool.block_hash(page)) ++snapshot.num_pages_cached_free;
+  }
+  std::vector<sched::SeqId> seqs;
+  seqs.reserve(samples_.size());
+  for (const auto& [seq, sample] : samples_) seqs.push_back(seq);
+  std::sort(seqs.begin(), seqs.end());  // ids are handed out in admission order
+  for (sched::SeqId seq : seqs) {
+    const Sample& sample = *samples_.at(seq);
+    KvSequenceSnapshot s{.label_id = sample.label->id,
+                         .choice = sample.label->first_choice + sample.sample_idx,
+                         .policy = *sample.policy_name,
+                         .num_prompt_tokens = sample.num_prompt_tokens,
+                         .num_generated_tokens = scheduler_.num_output_tokens(seq),
+                         .num_computed_tokens = scheduler_.num_computed(seq),
+                         .attention_recovery = sample.attention_recovery};
+    s.num_context_tokens = s.num_prompt_tokens + s.num_generated_tokens;
+    if (scheduler_.is_running(seq)) {
+      s.phase = s.num_computed_tokens < s.num_prompt_tokens ? SequencePhase::kPrefill
+                                                            : SequencePhase::kDecode;
+    } else {
+      s.phase = sample.first_scheduled ? SequencePhase::kPreempted : SequencePhase::kWaiting;
+    }
+    if (kv_.contains(seq)) {
+      s.num_pages_held = kv_.num_pages_held(seq);
+      s.compressed = kv_.is_sparse(seq);
+      if (!s.compressed) {
+        for (kv::PageId page : kv_.block_table(seq)) s.num_pages_shared += pool.ref_count(page) > 1;
+      }
+    }
+    s.num_pages_dense = (s.num_computed_tokens + config_.page_size - 1) / config_.page_size;
+    snapshot.sequences.push_back(std::move(s));
+  }
+  return snapshot;
+}
+
+std::optional<KvSnapshot::Heads> Engine::kv_heads(const KvSnapshotQuery& query) const {
+  // The sequence asked about: that choice, or the lowest live choice of the label.
+  const Sample* found = nullptr;
+  sched::SeqId found_seq{0};
+  for (const auto& [seq, sample] : samples_) {
+    if (sample->label->id != *query.label_id) continue;
+    const int32_t choice = sample->label->first_choice + sample->sample_idx;
+    if (query.choice ? choice != *query.choice
+                     : found && choice >= found->label->first_choice + found->sample_idx)
+      continue;
+    found = sample.get();
+    found_seq = seq;
+  }
+  if (!found) return std::nullopt;
+  const model::ModelConfig& mc = model_->config();
+  KvSnapshot::Heads heads{.label_id = found->label->id,
+                          .choice = found->label->first_choice + found->sample_idx,
+                          .num_layers = static_cast<int32_t>(mc.num_layers),
+                          .num_kv_heads = static_cast<int32_t>(mc.num_kv_heads)};
+  const auto num_streams = static_cast<size_t>(heads.num_layers) * heads.num_kv_heads;
+  heads.heads.assign(num_streams, KvHeadSnapshot{.kind = "full"});
+  if (kv_.contains(found_seq)) {
+    const std::vector<int32_t> lengths =
+        kv_.is_sparse(found_seq)
+            ? kv_.stream_lengths(found_seq, kv_.sparse_layout(found_seq).num_positions)
+            : kv_.stream_lengths(found_seq, scheduler_.num_computed(found_seq));
+    for (size_t s = 0; s < num_streams; ++s) heads.heads[s].num_tokens = lengths[s];
+  }
+  if (found->sparsity) {
+    const std::vector<sparsity::SparsityController::StreamState> states = found->sparsity->report();
+    for (size_t s = 0; s < num_streams; ++s) {
+      heads.heads[s].kind = states[s].report.kind;
+      heads.heads[s].num_pages_read = states[s].report.pages_read;
+      heads.heads[s].recovery = states[s].recovery;
+    }
+  }
+  return heads;
 }
 
 }  // namespace sieve::engine

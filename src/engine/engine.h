@@ -43,6 +43,7 @@
 
 #include "engine/admission.h"
 #include "engine/draft_model.h"
+#include "engine/kv_snapshot.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -130,6 +131,8 @@ struct Request {
   // kv_policy compressed chunk by chunk, a later chunk's rows attend to the keys kept so far
   // (what the model really computed); compressed only at the prompt's end, they are dense.
   std::optional<int32_t> prompt_logprobs;
+  // Echoed back in KV snapshots only (engine/kv_snapshot.h).
+  RequestLabel label;
 };
 
 struct Usage {
@@ -233,6 +236,10 @@ class Engine {
   void stop();
 
   EngineStats stats() const;
+  // The KV cache as it stands between two steps (engine/kv_snapshot.h). `done` is called once,
+  // on the stepping thread, at the next step boundary (an idle loop wakes for it) or by stop();
+  // it must not block: post the answer's work elsewhere. Any thread.
+  void request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done);
   // Throws sieve::Error naming the problem if `policy` cannot run on this engine (e.g. lserve
   // without a calibration profile): a server checks its default policy once at start.
   void check_policy(const sparsity::PolicySpec& policy) const { (void)resolve_policy(policy); }
@@ -268,6 +275,10 @@ class Engine {
   // without sampling.
   void finish_unsampled(sched::SeqId seq, Sample& sample);
   void publish_stats();
+  // Answers the queued request_kv_snapshot calls (stepping thread, between steps).
+  void serve_kv_snapshots();
+  KvSnapshot make_kv_snapshot() const;
+  std::optional<KvSnapshot::Heads> kv_heads(const KvSnapshotQuery& query) const;
   // Parallel sampling: starts the n - 1 other samples of `seq`'s request, which sampled its
   // first token this step; returns all of the request's sequences, `seq` first.
   std::vector<sched::SeqId> fork_samples(sched::SeqId seq, Sample& first);
@@ -320,6 +331,14 @@ class Engine {
   std::vector<RequestId> cancelled_;
   std::atomic<RequestId> next_request_id_{1};
   EngineStats published_stats_;
+  struct SnapshotAsk {
+    KvSnapshotQuery query;
+    KvSnapshotSink done;
+  };
+  std::vector<SnapshotAsk> snapshot_asks_;
+  // snapshot_asks_ is not empty: the one thing step() reads when nobody asked (relaxed; the
+  // mutex orders the queue itself).
+  std::atomic<bool> snapshot_asked_{false};
 
   std::thread loop_;
   std::atomic<bool> stop_requested_{false};

@@ -149,6 +149,11 @@ class Scheduler {
   void finish(SeqId seq);
 
   bool contains(SeqId seq) const { return seqs_.contains(seq); }
+  // Running (scheduled last step or admitted), not waiting or preempted.
+  bool is_running(SeqId seq) const {
+    auto it = seqs_.find(seq);
+    return it != seqs_.end() && it->second.running;
+  }
   std::span<const int32_t> tokens(SeqId seq) const;
   int32_t num_computed(SeqId seq) const;
   int32_t num_output_tokens(SeqId seq) const;

@@ -8,6 +8,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <thread>
 
+#include "server/kv_state.h"
 #include "util/error.h"
 
 namespace sieve::server {
@@ -308,6 +309,30 @@ void HttpServer::serve_metrics(const HttpRequest& request, Responder& responder)
   responder.respond(std::move(response));
 }
 
+// The page's files hold no secret and the page must load before it can ask for the API key:
+// served to anyone, also while the model loads.
+bool HttpServer::serve_web_asset(const HttpRequest& request, Responder& responder) {
+  if (request.method != "GET") return false;
+  const auto& assets = config_.web_assets;
+  const auto it = std::find_if(assets.begin(), assets.end(),
+                               [&](const WebAsset& a) { return a.path == request.path; });
+  if (it == assets.end()) return false;
+  HttpResponse response{.status = 200,
+                        .content_type = std::string(it->content_type),
+                        .body = std::string(it->body),
+                        .headers = cors_headers(request)};
+  // Model output is rendered as (sanitized) markdown: the policy is a second line of defence,
+  // allowing only the page's own scripts and styles and calls to this server.
+  response.headers.emplace_back(
+      "Content-Security-Policy",
+      "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+      "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'");
+  response.headers.emplace_back("X-Content-Type-Options", "nosniff");
+  response.headers.emplace_back("Cache-Control", "no-cache");
+  responder.respond(std::move(response));
+  return true;
+}
+
 void HttpServer::route_probe(HttpRequest request, std::shared_ptr<Responder> responder) {
   if (request.method == "GET" && request.path == "/health") {
     return serve_health(request, *responder);
@@ -347,6 +372,7 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
     }
     return request.path == "/ready" ? serve_ready(request, r) : serve_health(request, r);
   }
+  if (serve_web_asset(request, r)) return;
   if (!config_.api_key.empty()) {
     const std::string auth = request.header("authorization");
     if (auth != "Bearer " + config_.api_key) {
@@ -369,7 +395,16 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
 
   // Routes: method, path (a trailing '*' matches the rest), and whether the handler runs on a
   // handler thread (it parses a body) or at once.
-  enum class Route { kMetrics, kModels, kModel, kTokenize, kDetokenize, kCompletions, kChat };
+  enum class Route {
+    kMetrics,
+    kModels,
+    kModel,
+    kKvState,
+    kTokenize,
+    kDetokenize,
+    kCompletions,
+    kChat
+  };
   struct Entry {
     const char* method;
     std::string_view path;
@@ -379,6 +414,7 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
       {"GET", "/metrics", Route::kMetrics},
       {"GET", "/v1/models", Route::kModels},
       {"GET", "/v1/models/*", Route::kModel},
+      {"GET", "/v1/kv/state", Route::kKvState},
       {"POST", "/tokenize", Route::kTokenize},
       {"POST", "/detokenize", Route::kDetokenize},
       {"POST", "/v1/completions", Route::kCompletions},
@@ -425,6 +461,8 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
       }
       return send(request, r, 200, model_card(*b, id));
     }
+    case Route::kKvState:
+      return serve_kv_state(request, responder);
     default:
       break;
   }
@@ -450,6 +488,28 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
                  ApiError{.status = 500, .message = e.what(), .type = "internal_server_error"});
     }
   });
+}
+
+// Nothing waits here: the engine answers at its next step boundary and the JSON is built on the
+// connection's strand, not on the engine thread (see engine/kv_snapshot.h).
+void HttpServer::serve_kv_state(const HttpRequest& request,
+                                const std::shared_ptr<Responder>& responder) {
+  KvStateQuery parsed = parse_kv_state_query(request.query);
+  if (parsed.error) return send_error(request, *responder, *parsed.error);
+  HttpHeaders headers = cors_headers(request);
+  headers.emplace_back("Cache-Control", "no-store");
+  const std::shared_ptr<const Backend> b = backend();
+  b->engine->request_kv_snapshot(
+      parsed.query, [responder, headers = std::move(headers), query = parsed.query,
+                     model_name = b->model_name](engine::KvSnapshot snapshot) {
+        responder->post([responder, headers, query, model_name, snapshot = std::move(snapshot)] {
+          KvStateResponse response = kv_state_response(snapshot, query, model_name);
+          responder->respond(HttpResponse{.status = response.status,
+                                          .content_type = kJsonType,
+                                          .body = dump(response.body),
+                                          .headers = headers});
+        });
+      });
 }
 
 void HttpServer::serve_tokenize(const HttpRequest& request, Responder& responder) {
@@ -680,7 +740,9 @@ void HttpServer::start_generation(const std::shared_ptr<Exchange>& ex) {
          .params = request.params,
          .kv_policy = request.kv_policy,
          .speculative = request.speculative,
-         .prompt_logprobs = request.prompt_logprobs},
+         .prompt_logprobs = request.prompt_logprobs,
+         .label = {.id = ex->writer->id(),
+                   .first_choice = static_cast<int32_t>(i) * request.params.n}},
         [this, weak, responder = ex->responder](const engine::RequestEvent& event) {
           responder->post([this, weak, event] {
             if (auto alive = weak.lock()) on_event(*alive, event);

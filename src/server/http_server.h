@@ -2,7 +2,9 @@
 // `sieve serve`: the OpenAI-compatible HTTP front of the engine. Thin by design:
 //
 //   I/O threads (HttpTransport, event-driven): read requests under deadlines and limits, answer
-//                 /health, /ready, /metrics and /v1/models at once, write responses and SSE chunks
+//                 /health, /ready, /metrics and /v1/models at once, write responses and SSE chunks;
+//                 GET /v1/kv/state asks the engine for a snapshot at its next step boundary and
+//                 answers from the connection's strand (server/kv_state.h)
 //   handler threads: body ─► parse_generation_request (tokenizes) ─► on the connection's strand:
 //                 Engine::submit (one per prompt)
 //   engine thread (Engine::start): steps the batch; each sequence's events are posted to its
@@ -28,6 +30,7 @@
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/web_assets.h"
 
 namespace sieve::server {
 
@@ -43,6 +46,9 @@ struct ServerConfig {
   std::vector<std::string> served_model_names;
   // Origins a browser page may call the API from (CORS); empty: none, "*": any.
   std::vector<std::string> allowed_origins;
+  // The web page's files (GET / and /webui/...), served without the API key: the page asks the
+  // user for it. Empty: no page (--no-webui).
+  std::span<const WebAsset> web_assets;
   HttpLimits limits;
   int io_threads = 2;       // event loop threads (they never wait on a client)
   int handler_threads = 2;  // parse and tokenize request bodies off the I/O threads
@@ -94,6 +100,8 @@ class HttpServer {
   void serve_health(const HttpRequest& request, Responder& responder);
   void serve_ready(const HttpRequest& request, Responder& responder);
   void serve_metrics(const HttpRequest& request, Responder& responder);
+  bool serve_web_asset(const HttpRequest& request, Responder& responder);
+  void serve_kv_state(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
   void serve_tokenize(const HttpRequest& request, Responder& responder);
   void serve_detokenize(const HttpRequest& request, Responder& responder);
   void handle_generation(ApiKind kind, const HttpRequest& request,

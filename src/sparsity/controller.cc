@@ -20,12 +20,14 @@ SparsityController::SparsityController(SparsityPlan plan) : plan_(std::move(plan
 SparsityController::SparsityController(const SparsityController& other)
     : plan_(other.plan_),
       groups_(clone_groups(other.groups_)),
+      stream_recovery_(other.stream_recovery_),
       compressed_through_(other.compressed_through_),
       prompt_compressed_(other.prompt_compressed_),
       decode_positions_(other.decode_positions_) {}
 
 void SparsityController::restart() {
   groups_ = make_policy_groups(plan_);
+  stream_recovery_.assign(num_streams(), std::nullopt);
   compressed_through_ = 0;
   prompt_compressed_ = false;
   decode_positions_ = 0;
@@ -74,6 +76,7 @@ SparsityController::Compression SparsityController::propose(const CompressPoint&
   out.num_positions = point.num_positions;
   out.prompt_done = point.prompt_done;
   out.keep.resize(num_streams());
+  out.stream_recovery.resize(num_streams());
   out.next = clone_groups(groups_);
   double recovery = 0.0;
   int num_scored = 0;
@@ -97,6 +100,7 @@ SparsityController::Compression SparsityController::propose(const CompressPoint&
       if (results[m].recovery) {
         recovery += *results[m].recovery;
         ++num_scored;
+        out.stream_recovery[group.streams[m]] = static_cast<float>(*results[m].recovery);
       }
       out.changes_layout = out.changes_layout || results[m].keep.has_value();
       out.keep[group.streams[m]] = std::move(results[m].keep);
@@ -110,6 +114,7 @@ SparsityController::Compression SparsityController::propose(const CompressPoint&
 
 void SparsityController::commit(Compression&& compression) {
   groups_ = std::move(compression.next);
+  stream_recovery_ = std::move(compression.stream_recovery);
   compressed_through_ = compression.num_positions;
   if (compression.prompt_done) {
     prompt_compressed_ = true;
@@ -145,6 +150,15 @@ std::vector<uint8_t> SparsityController::decode_attention_streams() const {
 
 bool SparsityController::acts_on_decode() const {
   return prompt_compressed_ && any_group([](const GroupPolicy& p) { return p.acts_on_decode(); });
+}
+
+std::vector<SparsityController::StreamState> SparsityController::report() const {
+  std::vector<StreamState> states(num_streams());
+  for (const PolicyGroup& g : groups_) {
+    for (size_t m = 0; m < g.streams.size(); ++m) states[g.streams[m]].report = g.policy->report(m);
+  }
+  for (size_t s = 0; s < states.size(); ++s) states[s].recovery = stream_recovery_[s];
+  return states;
 }
 
 DropPerStream SparsityController::after_decode_step(int32_t num_positions,

@@ -61,7 +61,8 @@ class SparsityController {
     std::optional<float> attention_recovery;  // mean over the scored streams
    private:
     friend class SparsityController;
-    std::vector<PolicyGroup> next;  // the policies' states once committed
+    std::vector<PolicyGroup> next;                      // the policies' states once committed
+    std::vector<std::optional<float>> stream_recovery;  // [stream], where scored
     int32_t num_positions = 0;
     bool prompt_done = false;
   };
@@ -77,6 +78,15 @@ class SparsityController {
   std::vector<uint8_t> decode_attention_streams() const;  // empty when no stream wants them
   bool acts_on_decode() const;
 
+  // For reports: what each stream's policy does now and, where the last committed compression
+  // scored it, the attention mass its kept keys received from the observation rows over all
+  // keys (nullopt: never scored, e.g. window, quest, full). [stream]. O(streams), no math.
+  struct StreamState {
+    StreamReport report;
+    std::optional<float> recovery;
+  };
+  std::vector<StreamState> report() const;
+
   // After a step that added position num_positions - 1 to every stream: the keys each stream
   // drops. attention: [stream] this step's weights; chosen: [stream] the slices a choosing row
   // read (empty span or entries: none).
@@ -91,6 +101,7 @@ class SparsityController {
   bool any_group(Fn&& fn) const;
 
   std::vector<PolicyGroup> groups_;
+  std::vector<std::optional<float>> stream_recovery_;  // [stream], of the last commit
   int32_t compressed_through_ = 0;
   bool prompt_compressed_ = false;
   int32_t decode_positions_ = 0;  // positions the decode-time policies have seen

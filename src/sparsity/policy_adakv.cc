@@ -91,6 +91,7 @@ class SharedBudgetPolicy final : public GroupPolicy {
       out[m].keep = std::move(keep);
     }
   }
+  StreamReport report(size_t) const override { return {.kind = "adakv"}; }
 
  private:
   int64_t floor_keys() const {

@@ -27,6 +27,10 @@ class FastGenPolicy final : public CopyableStreamPolicy<FastGenPolicy> {
     if (decision.choice != FastGenChoice::kFull) result.keep = decision.keep;
     return result;
   }
+  StreamReport report() const override {
+    if (!state_) return {.kind = "fastgen:pending"};
+    return {.kind = "fastgen:" + std::string(to_string(state_->choice()))};
+  }
 
   bool acts_on_decode() const override {
     return state_ && state_->choice() != FastGenChoice::kFull;

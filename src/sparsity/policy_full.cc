@@ -10,6 +10,7 @@ class FullPolicy final : public CopyableStreamPolicy<FullPolicy> {
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override { return std::nullopt; }
   bool is_dense() const override { return true; }
   CompressResult compress(const CompressInput&) override { return {}; }
+  StreamReport report() const override { return {.kind = "full"}; }
 };
 
 }  // namespace

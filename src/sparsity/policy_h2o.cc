@@ -32,6 +32,7 @@ class HeavyHitterPolicy final : public CopyableStreamPolicy<HeavyHitterPolicy> {
     const double recovery = kept_mass_ratio(in.scores, keep);
     return {.keep = std::move(keep), .recovery = recovery};
   }
+  StreamReport report() const override { return {.kind = "heavy_hitters"}; }
 
   bool acts_on_decode() const override { return true; }
   bool wants_decode_attention() const override { return state_.has_value(); }

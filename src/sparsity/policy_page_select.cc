@@ -20,6 +20,10 @@ class PageSelectPolicy final : public CopyableStreamPolicy<PageSelectPolicy> {
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override { return std::nullopt; }
   bool selects_pages() const override { return true; }
   CompressResult compress(const CompressInput&) override { return {}; }
+  StreamReport report() const override {
+    if (chosen_.empty()) return {.kind = "quest"};
+    return {.kind = "quest", .pages_read = static_cast<int32_t>(chosen_.size())};
+  }
 
   std::optional<PageReads> decode_reads(int32_t num_keys, int32_t page_size) const override {
     PageReads reads;

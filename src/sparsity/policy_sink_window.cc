@@ -15,6 +15,7 @@ class SinkWindowPolicy final : public CopyableStreamPolicy<SinkWindowPolicy> {
   CompressResult compress(const CompressInput& in) override {
     return {.keep = select_sink_window(in.num_keys, head_)};
   }
+  StreamReport report() const override { return {.kind = "window"}; }
   bool acts_on_decode() const override { return true; }
   std::vector<int32_t> after_decode_step(const DecodeInput& in) override {
     std::vector<int32_t> dropped;

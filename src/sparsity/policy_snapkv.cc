@@ -18,6 +18,7 @@ class SnapKvPolicy final : public CopyableStreamPolicy<SnapKvPolicy> {
     const double recovery = kept_mass_ratio(in.scores, keep);
     return {.keep = std::move(keep), .recovery = recovery};
   }
+  StreamReport report() const override { return {.kind = "snapkv"}; }
 
  private:
   ObservationTopHead head_;

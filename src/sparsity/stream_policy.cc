@@ -33,6 +33,7 @@ class SingleStream final : public GroupPolicy {
   void compress(std::span<const CompressInput> in, std::span<CompressResult> out) override {
     out[0] = policy_->compress(in[0]);
   }
+  StreamReport report(size_t) const override { return policy_->report(); }
   bool acts_on_decode() const override { return policy_->acts_on_decode(); }
   bool wants_decode_attention(size_t) const override { return policy_->wants_decode_attention(); }
   void after_decode_step(std::span<const DecodeInput> in,

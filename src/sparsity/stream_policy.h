@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "sparsity/policy_spec.h"
@@ -62,6 +63,21 @@ struct PageReads {
   bool operator==(const PageReads&) const = default;
 };
 
+// What a stream's policy does now, for reports (GET /v1/kv/state's per-head view). Read from
+// the state the policy keeps anyway; describing it computes nothing.
+struct StreamReport {
+  // "full", "window" (sinks + recent window), "snapkv" (snapkv, pyramidkv), "adakv",
+  // "heavy_hitters" (h2o), "quest" (quest, lserve's dynamic heads), "fastgen:<choice>" (the
+  // choice made at the prompt's end, e.g. "fastgen:special+punct+local"; "fastgen:pending"
+  // before it).
+  std::string kind;
+  // Quest: the slices (pages) its latest selection chose for a decode row, forced sink and
+  // window pages included; between selections (R > 1) rows also read slices started since.
+  // nullopt: its rows read every key it keeps (every other kind), or no selection yet.
+  std::optional<int32_t> pages_read;
+  bool operator==(const StreamReport&) const = default;
+};
+
 class StreamPolicy {
  public:
   virtual ~StreamPolicy() = default;
@@ -85,6 +101,7 @@ class StreamPolicy {
   }
 
   virtual CompressResult compress(const CompressInput& in) = 0;
+  virtual StreamReport report() const = 0;
 
   // After the prompt's compression: whether decode steps call after_decode_step, and whether
   // they must return this stream's attention weights for it.
@@ -121,6 +138,7 @@ class GroupPolicy {
   }
   // in / out: one per member.
   virtual void compress(std::span<const CompressInput> in, std::span<CompressResult> out) = 0;
+  virtual StreamReport report(size_t member) const = 0;
   virtual bool acts_on_decode() const { return false; }
   virtual bool wants_decode_attention(size_t member) const { return false; }
   virtual void after_decode_step(std::span<const DecodeInput> in,

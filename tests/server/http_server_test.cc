@@ -85,6 +85,45 @@ TEST(HttpServerTest, HealthAndReadyAre503UntilTheModelIsLoadedThenServes) {
   EXPECT_EQ(server.num_active_requests(), 0);
 }
 
+// The web page's files need no API key and no model (the page asks for the key, and shows that
+// the model loads); everything else, and any other method, still does.
+TEST(HttpServerTest, WebAssetsAreServedWithoutTheKeyWhileTheModelLoads) {
+  static constexpr WebAsset kAssets[] = {
+      {"/", "text/html; charset=utf-8", "<!doctype html><p>page</p>"},
+      {"/webui/js/main.js", "text/javascript; charset=utf-8", "export {};"}};
+  HttpServer server({.port = 0, .api_key = "k", .web_assets = kAssets});
+  server.bind();
+  std::thread listener([&] { server.listen(); });
+  httplib::Client anonymous("127.0.0.1", server.port());
+
+  auto page = anonymous.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->body, "<!doctype html><p>page</p>");
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(page->get_header_value("Content-Security-Policy").find("script-src 'self'"),
+            std::string::npos);
+  EXPECT_EQ(page->get_header_value("X-Content-Type-Options"), "nosniff");
+  auto script = anonymous.Get("/webui/js/main.js");
+  ASSERT_TRUE(script);
+  EXPECT_EQ(script->status, 200);
+  EXPECT_EQ(script->get_header_value("Content-Type"), "text/javascript; charset=utf-8");
+  EXPECT_EQ(anonymous.Get("/webui/js/other.js")->status, 401);  // not a file of the page
+  EXPECT_EQ(anonymous.Post("/", "", "text/plain")->status, 401);
+  EXPECT_EQ(anonymous.Get("/v1/models")->status, 401);
+
+  server.shutdown();
+  listener.join();
+
+  HttpServer without({.port = 0});  // --no-webui
+  without.bind();
+  std::thread listener2([&] { without.listen(); });
+  httplib::Client client("127.0.0.1", without.port());
+  EXPECT_EQ(client.Get("/")->status, 503);  // an API route like any other: the model loads
+  without.shutdown();
+  listener2.join();
+}
+
 // A q4 KV cache on copy-lm (head_dim 32): usage.kv_cache and /metrics count bytes of the q4
 // pages (pages x the engine's bytes per page), and the pool --kv-memory buys is counted in them.
 TEST(HttpServerTest, KvUsageAndMetricsReportBytesOfTheKvDType) {

@@ -1,0 +1,356 @@
+// Browser tests of the page `sieve serve` serves at /: Debian's chromium, headless, driven by
+// playwright-core, against real servers. Run by ctest (test "webui"); needs SIEVE_BIN,
+// SIEVE_SHARED_DIR, SIEVE_CHROMIUM and SIEVE_WEBUI_SCREENSHOTS, and `npm ci` in this folder
+// (scripts/test.sh does it).
+//
+// Two servers: stories260K (greedy answers to compare with the API), and a generated
+// random-weight model with an 8192-token context, slow enough per token (a few milliseconds)
+// that a request lives for seconds: long enough to be seen on the dashboard and stopped.
+import { test, before, after, afterEach } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+import { BIN, KEY, SHARED, execFileP, expectPoolEmpty, metrics, startServer } from '../server/e2e/lib.mjs';
+
+const CHROMIUM = process.env.SIEVE_CHROMIUM;
+const SHOTS = process.env.SIEVE_WEBUI_SCREENSHOTS;
+assert.ok(CHROMIUM, 'SIEVE_CHROMIUM names the chromium binary');
+assert.ok(SHOTS, 'SIEVE_WEBUI_SCREENSHOTS names the screenshot folder');
+const AXE = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+
+let browser;
+let stories;  // server of stories260K
+let slow;  // server of the generated model
+let dir;
+const pages = [];  // every page opened by a test, with the console errors it logged
+
+before(async () => {
+  mkdirSync(SHOTS, { recursive: true });
+  dir = mkdtempSync(join(tmpdir(), 'sieve-webui-'));
+  const model = join(dir, 'slow.gguf');
+  await execFileP(BIN, ['gen-model', '--dim', '256', '--layers', '4', '--heads', '8', '--kv-heads', '4', '--ffn', '768',
+    '--ctx', '8192', '--type', 'f32', '--seed', '7', '--vocab', `${SHARED}/models/stories260K.gguf`, '-o', model]);
+  [stories, slow, browser] = await Promise.all([
+    startServer([]),
+    startServer(['--served-model-name', 'llama'], model),
+    chromium.launch({ executablePath: CHROMIUM }),
+  ]);
+});
+
+after(async () => {
+  await browser?.close();
+  for (const server of [stories, slow]) {
+    if (!server) continue;
+    const { code } = await server.stop();
+    assert.equal(code, 0, `graceful exit:\n${server.log}`);
+  }
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+// Each test's pages must have logged no console error and thrown nothing.
+afterEach(async () => {
+  const errors = pages.flatMap((p) => p.errors);
+  for (const p of pages.splice(0)) await p.context.close();
+  assert.deepEqual(errors, [], 'console errors');
+});
+
+// A page of `server` in a fresh browser context (its own localStorage), with the API key already
+// kept unless `withKey` is false. `allowed` filters console errors the test expects.
+async function openPage(server, { hash = '', withKey = true, allowed = () => false } = {}) {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  if (withKey) await context.addInitScript((key) => localStorage.setItem('sieve.apiKey', key), KEY);
+  const page = await context.newPage();
+  const entry = { context, page, errors: [] };
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !allowed(m)) entry.errors.push(`${m.text()} (${m.location().url})`);
+  });
+  page.on('pageerror', (e) => entry.errors.push(`uncaught: ${e.message}`));
+  pages.push(entry);
+  await page.goto(`${server.base}/${hash}`);
+  await page.locator('#model-status', { hasText: 'llama' }).waitFor();
+  return page;
+}
+
+// axe-core in the page: no serious or critical violation of WCAG 2 A/AA or best practice.
+async function audit(page, what) {
+  await page.evaluate(AXE);
+  const violations = await page.evaluate(async () => {
+    const result = await window.axe.run(document);
+    return result.violations
+      .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+      .map((v) => `${v.id} (${v.impact}): ${v.help} at ${v.nodes.map((n) => n.target.join(' ')).join(', ')}`);
+  });
+  assert.deepEqual(violations, [], `accessibility of ${what}`);
+}
+
+async function screenshot(page, name) {
+  const path = join(SHOTS, `${name}.png`);
+  await page.screenshot({ path, fullPage: true });
+  console.log(`screenshot: ${path}`);
+}
+
+async function api(server, path, body) {
+  const r = await fetch(`${server.base}${path}`, {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  assert.equal(r.status, 200, await r.clone().text());
+  return r.json();
+}
+
+async function setField(page, id, value) {
+  await page.fill(`#${id}`, String(value));
+}
+
+const lastAnswer = (page) => page.locator('#chat-log article[data-role="assistant"]').last();
+
+test('--no-webui serves no page and the log names none', async () => {
+  const server = await startServer(['--no-webui']);
+  try {
+    const r = await fetch(`${server.base}/`);
+    assert.equal(r.status, 401, 'GET / is an API route like any other, behind the key');
+    const withKey = await fetch(`${server.base}/`, { headers: { Authorization: `Bearer ${KEY}` } });
+    assert.equal(withKey.status, 404);
+    assert.doesNotMatch(server.log, /web page/);
+    assert.match(stories.log, /web page \(chat, KV dashboard, compare\): http:\/\/127\.0\.0\.1:\d+\//);
+  } finally {
+    await server.stop();
+  }
+});
+
+test('the API key is asked for once and kept', async () => {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  const errors = [];
+  page.on('console', (m) => {
+    // The first calls' 401s are how the page learns that the server needs a key.
+    if (m.type() === 'error' && !m.text().includes('status of 401')) errors.push(m.text());
+  });
+  page.on('pageerror', (e) => errors.push(e.message));
+  pages.push({ context, page, errors });
+  await page.goto(`${stories.base}/`);
+  const dialog = page.getByRole('dialog', { name: 'API key' });
+  await dialog.waitFor();
+  await expectFocused(page, 'key-input');
+  await page.keyboard.type(KEY);
+  await page.keyboard.press('Enter');
+  await page.locator('#model-status', { hasText: 'llama' }).waitFor();
+  assert.equal(await page.evaluate(() => localStorage.getItem('sieve.apiKey')), KEY);
+  await page.reload();
+  await page.locator('#model-status', { hasText: 'llama' }).waitFor();
+  assert.equal(await dialog.isVisible(), false, 'no dialog once the key is kept');
+});
+
+async function expectFocused(page, id) {
+  await page.waitForFunction((want) => document.activeElement && document.activeElement.id === want, id,
+    { timeout: 2000 }).catch(async () => {
+    assert.fail(`focus on #${id}, not on ${await page.evaluate(() => document.activeElement?.outerHTML.slice(0, 120))}`);
+  });
+}
+
+test('every view loads with no console error and no serious accessibility violation', async () => {
+  const page = await openPage(stories);
+  for (const view of ['chat', 'dashboard', 'compare']) {
+    await page.click(`#nav-${view}`);
+    await page.locator(`#view-${view}`).waitFor({ state: 'visible' });
+    assert.equal(await page.getAttribute(`#nav-${view}`, 'aria-current'), 'page');
+    await audit(page, `the empty ${view} view`);
+  }
+  // The page and its libraries are in the binary: no request left the server.
+  const r = await fetch(`${stories.base}/webui/vendor/marked.esm.js`);
+  assert.equal(r.status, 200);
+  assert.match(r.headers.get('content-type'), /^text\/javascript/);
+  assert.match(r.headers.get('content-security-policy'), /script-src 'self'/);
+});
+
+test('a chat answer streams and equals the same request over the API (greedy)', async () => {
+  const page = await openPage(stories);
+  await setField(page, 'set-temperature', 0);
+  await setField(page, 'set-max-tokens', 64);
+  await setField(page, 'set-kv-policy', 'full');
+  const prompt = 'Tell me a story about a cat.';
+  await page.fill('#chat-input', prompt);
+  await page.click('#chat-send');
+  await lastAnswer(page).and(page.locator('[data-finish]')).waitFor();
+  const stored = await page.evaluate(() => JSON.parse(localStorage.getItem('sieve.conversations')));
+  const answer = stored[0].messages[1];
+  assert.equal(stored[0].messages[0].content, prompt);
+
+  const expected = await api(stories, '/v1/chat/completions', {
+    messages: [{ role: 'user', content: prompt }], temperature: 0, top_p: 1, max_tokens: 64, kv_policy: 'full',
+  });
+  assert.ok(expected.choices[0].message.content.length > 0);
+  assert.equal(answer.content, expected.choices[0].message.content, 'streamed in the page = the API answer');
+  assert.equal(answer.stats.completion_tokens, expected.usage.completion_tokens);
+  // Shown as markdown: the same words (whitespace aside).
+  const shown = await lastAnswer(page).locator('.body').innerText();
+  const words = (s) => s.replace(/\s+/g, ' ').trim();
+  assert.equal(words(shown), words(answer.content));
+  const stats = await lastAnswer(page).locator('.stats').innerText();
+  assert.match(stats, /TTFT \d+ ms/);
+  assert.match(stats, /[\d.]+ tok\/s/);
+  assert.match(stats, new RegExp(`${expected.usage.completion_tokens} tokens`));
+
+  // Kept across a reload, with its settings.
+  await page.reload();
+  await lastAnswer(page).waitFor();
+  assert.equal(await page.inputValue('#set-temperature'), '0');
+  await audit(page, 'the chat with an answer');
+  await screenshot(page, 'chat');
+});
+
+test('keyboard only: skip link, tab order, Enter sends, Shift+Enter adds a line', async () => {
+  const page = await openPage(stories);
+  await page.keyboard.press('Tab');
+  await expectFocused(page, 'skip-to-message');
+  await page.keyboard.press('Enter');
+  await expectFocused(page, 'chat-input');
+  await page.keyboard.type('Once upon');
+  await page.keyboard.press('Shift+Enter');
+  await page.keyboard.type('a time');
+  assert.equal(await page.inputValue('#chat-input'), 'Once upon\na time');
+  await page.keyboard.press('Enter');
+  await lastAnswer(page).and(page.locator('[data-finish]')).waitFor();
+  assert.equal(await page.inputValue('#chat-input'), '', 'sent');
+  assert.equal(await page.locator('#chat-log article[data-role="user"]').innerText(), 'You\nOnce upon\na time');
+  // From the message box on: send, then (stop is disabled) this conversation's settings in order.
+  await page.focus('#chat-input');
+  for (const id of ['chat-send', 'set-system', 'set-temperature', 'set-top-p', 'set-max-tokens', 'set-min-tokens',
+    'set-seed', 'set-kv-policy']) {
+    await page.keyboard.press('Tab');
+    await expectFocused(page, id);
+  }
+  // Backwards from the message box: the messages (scrollable by keyboard), then the conversations.
+  await page.focus('#chat-input');
+  await page.keyboard.press('Shift+Tab');
+  await expectFocused(page, 'chat-log');
+  await page.keyboard.press('Shift+Tab');
+  assert.match(await page.evaluate(() => document.activeElement.className), /conv-delete/);
+});
+
+test('stop cancels the answer and the pool returns to empty', async () => {
+  const page = await openPage(slow);
+  await setField(page, 'set-max-tokens', 4000);
+  await setField(page, 'set-min-tokens', 4000);
+  await page.fill('#chat-input', 'Say a lot.');
+  await page.keyboard.press('Enter');  // the box keeps focus after fill
+  // Tokens arrive, the request holds pages; then Stop.
+  await page.waitForFunction(() => {
+    const body = [...document.querySelectorAll('#chat-log article[data-role="assistant"] .body')].pop();
+    return body && body.textContent.length > 20;
+  });
+  let m = await metrics(slow.base);
+  assert.ok(m['sieve:kv_pages_used{model_name="llama"}'] > 0, 'the answer holds KV pages');
+  assert.equal(await page.isEnabled('#chat-send'), false, 'no second message while one streams');
+  await page.click('#chat-stop');
+  await lastAnswer(page).and(page.locator('[data-finish="stopped"]')).waitFor();
+  assert.match(await lastAnswer(page).locator('.stats').innerText(), /stopped/);
+  m = await expectPoolEmpty(slow.base);
+  assert.equal(await page.isEnabled('#chat-send'), true);
+  assert.ok(await page.isDisabled('#chat-stop'));
+});
+
+// Streams a completion in the background; resolves `id` with the response id at its first chunk.
+function background(server, body) {
+  const controller = new AbortController();
+  let resolveId;
+  const id = new Promise((res) => { resolveId = res; });
+  const done = (async () => {
+    const r = await fetch(`${server.base}/v1/completions`, {
+      method: 'POST', signal: controller.signal,
+      headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ ...body, stream: true }),
+    });
+    assert.equal(r.status, 200);
+    const decoder = new TextDecoder();
+    for await (const bytes of r.body) {
+      const m = decoder.decode(bytes).match(/"id":"([^"]+)"/);
+      if (m) resolveId(m[1]);
+    }
+  })().catch((e) => { if (e.name !== 'AbortError') throw e; });
+  return { id, done, stop: () => controller.abort() };
+}
+
+test('the dashboard shows running requests\' pages, fewer once snapkv compresses, and each head', async () => {
+  const page = await openPage(slow, { hash: '#dashboard' });
+  // A 1500-token prompt (token ids), then thousands of tokens: both run for seconds.
+  const prompt = Array.from({ length: 1500 }, (_, i) => 3 + ((i * 37) % 500));
+  const common = { prompt, max_tokens: 4000, ignore_eos: true, temperature: 0 };
+  const dense = background(slow, { ...common, kv_policy: 'full' });
+  const sparse = background(slow, { ...common, kv_policy: 'snapkv:B=64' });
+  const [denseId, sparseId] = await Promise.all([dense.id, sparse.id]);
+  try {
+    const row = (id) => page.locator(`#seq-body tr[data-id="${id}"]`);
+    await row(denseId).waitFor();
+    await row(sparseId).waitFor();
+    // The snapkv request holds fewer pages than dense once compressed; the full one holds its dense size.
+    await page.waitForFunction((id) => {
+      const r = document.querySelector(`#seq-body tr[data-id="${id}"]`);
+      return r && Number(r.dataset.pagesHeld) > 0 && Number(r.dataset.pagesHeld) < Number(r.dataset.pagesDense);
+    }, sparseId);
+    const d = await row(denseId).evaluate((r) => [Number(r.dataset.pagesHeld), Number(r.dataset.pagesDense)]);
+    assert.ok(d[0] > 0 && d[0] === d[1], `the dense request holds its dense size: ${d}`);
+    assert.match(await row(sparseId).innerText(), /snapkv:B=64/);
+    assert.equal(await page.innerText('#dash-running'), '2');
+    // Its heads: layers x KV heads, each keeping what snapkv chose.
+    await row(sparseId).getByRole('button').click();
+    const map = page.locator('#heads-map table');
+    await map.waitFor();
+    assert.equal(await map.locator('tbody tr').count(), 4, 'one row per layer');
+    assert.equal(await map.locator('tbody tr').first().locator('td').count(), 4, 'one cell per KV head');
+    assert.match(await map.locator('td').first().innerText(), /snapkv[\s\S]*\d+ keys/);
+    await page.locator('#ttft-chart svg').waitFor();
+    await audit(page, 'the dashboard with running requests');
+    await screenshot(page, 'dashboard');
+  } finally {
+    dense.stop();
+    sparse.stop();
+    await Promise.all([dense.done, sparse.done]);
+  }
+  await expectPoolEmpty(slow.base);
+  await page.locator('#seq-body tr').first().waitFor({ state: 'detached' });
+  await page.locator('#dash-used', { hasText: /^0$/ }).waitFor();
+  assert.match(await page.innerText('#heads-info'), /has finished/);
+});
+
+test('compare shows each policy\'s answer, KV kept and agreement with the dense model', async () => {
+  const page = await openPage(stories, { hash: '#compare' });
+  const prompt = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her ' +
+    'friends. One day, she saw a big red ball under a tree. She ran to get it, but a dog came and took the ball. ' +
+    'Lily was sad and she cried. Her mom came and gave her a hug. They went home and ate cookies together.';
+  await page.fill('#cmp-prompt', prompt);
+  await setField(page, 'cmp-max-tokens', 48);
+  // Two policies: full (the reference) and snapkv; the third default removed.
+  await page.getByRole('button', { name: 'Remove policy 3' }).click();
+  assert.equal(await page.locator('#cmp-policies input').count(), 2);
+  await page.click('#cmp-run');
+  const cards = page.locator('#cmp-results article');
+  await page.waitForFunction(() => [...document.querySelectorAll('#cmp-results article')]
+    .every((a) => a.dataset.state === 'done') && document.querySelectorAll('#cmp-results article').length === 2);
+  assert.equal(await cards.count(), 2);
+  const figures = async (policy) => page.locator(`#cmp-results article[data-policy="${policy}"]`).evaluate((a) => ({
+    answer: a.querySelector('.answer').textContent,
+    pages: Number(a.querySelector('[data-kv-pages]').dataset.kvPages),
+    kept: a.querySelector('[data-kv-pages]').textContent,
+    agreed: Number(a.querySelector('[data-agreed]').dataset.agreed),
+    compared: Number(a.querySelector('[data-compared]').dataset.compared),
+  }));
+  const full = await figures('full');
+  const snap = await figures('snapkv:B=64');
+  // The dense answer equals the API's and agrees with itself read back under the dense cache.
+  const expected = await api(stories, '/v1/completions', { prompt, max_tokens: 48, temperature: 0, seed: 1, kv_policy: 'full' });
+  assert.equal(full.answer, expected.choices[0].text);
+  const dense = expected.usage.kv_cache;
+  assert.equal(full.kept, `${dense.pages} of ${dense.dense_pages} pages (100%)`);
+  assert.ok(full.compared > 40, `compared ${full.compared} tokens`);
+  assert.equal(full.agreed, full.compared, 'greedy dense tokens are the dense top-1');
+  // snapkv kept fewer pages; its agreement is a count over its tokens.
+  assert.ok(snap.pages < full.pages, `snapkv kept ${snap.pages} pages, dense ${full.pages}`);
+  assert.ok(snap.compared > 0 && snap.agreed <= snap.compared);
+  await audit(page, 'the compare view with results');
+  await screenshot(page, 'compare');
+});

@@ -1,0 +1,258 @@
+// KV dashboard: polls GET /v1/kv/state and /metrics twice a second while shown. The pool's pages
+// over the last minute, each live sequence's pages held against its dense size, what each
+// (layer, KV head) of a chosen sequence keeps, and the latency histograms.
+import { ApiError, getJson, getText } from './api.js';
+import { barChart, lineChart } from './charts.js';
+import { histogram, metricValue, parseMetrics } from './prometheus.js';
+
+const $ = (id) => document.getElementById(id);
+const POLL_MS = 500;
+const HISTORY = 120;  // samples kept for the pool chart: a minute at POLL_MS
+
+const ms = (seconds) => (seconds < 1 ? `${Math.round(seconds * 1000)} ms` : `${seconds} s`);
+
+function cell(row, text, className) {
+  const td = document.createElement('td');
+  td.textContent = text;
+  if (className) td.className = className;
+  row.append(td);
+  return td;
+}
+
+// "fastgen:special+punct" -> a CSS class of its family: full, window, heavy, fastgen, quest.
+function kindClass(kind) {
+  if (kind === 'full' || kind === 'fastgen:full') return 'kind-full';
+  if (kind === 'window') return 'kind-window';
+  if (kind === 'quest') return 'kind-quest';
+  if (kind.startsWith('fastgen')) return 'kind-fastgen';
+  return 'kind-heavy';  // snapkv, adakv, heavy_hitters: keys chosen by attention scores
+}
+
+export function mountDashboard() {
+  const history = [];  // {used, cached, free}
+  let timer = 0;
+  let shown = false;
+  let selected = null;  // {id, index} of the sequence whose heads are mapped
+  let finishedNote = '';  // said in place of the map once the chosen sequence has finished
+  let hasKvState = true;  // false on a server without /v1/kv/state: /metrics only
+  let busy = false;  // a poll is in flight
+  let again = false;  // and another was asked for meanwhile (a click): run it right after
+
+  function renderFigures({ running, waiting, usage, pool }) {
+    $('dash-running').textContent = running ?? '–';
+    $('dash-waiting').textContent = waiting ?? '–';
+    $('dash-usage').textContent = usage === null ? '–' : `${(usage * 100).toFixed(1)}%`;
+    $('dash-used').textContent = pool.used ?? '–';
+    $('dash-cached').textContent = pool.cached ?? '–';
+    $('dash-free').textContent = pool.free ?? '–';
+  }
+
+  function renderPoolChart(total) {
+    const last = history[history.length - 1];
+    lineChart($('pool-chart'), {
+      series: [
+        { className: 'used', values: history.map((h) => h.used) },
+        { className: 'cached', values: history.map((h) => h.cached ?? 0) },
+        { className: 'free', values: history.map((h) => h.free) },
+      ],
+      max: total,
+      samples: HISTORY,
+      label: `Pool pages over the last minute; now ${last.used} used, ${last.cached ?? 0} cached, ${last.free} free of ${total}`,
+    });
+  }
+
+  function renderSequences(sequences) {
+    const body = $('seq-body');
+    body.replaceChildren(...sequences.map((s) => {
+      const row = document.createElement('tr');
+      row.dataset.id = s.id;
+      row.dataset.index = s.index ?? 0;
+      row.dataset.pagesHeld = s.pages_held;
+      row.dataset.pagesDense = s.pages_dense;
+      const first = document.createElement('td');
+      const pick = document.createElement('button');
+      pick.type = 'button';
+      pick.className = 'link';
+      pick.textContent = `${s.id}${s.index ? ` #${s.index}` : ''}`;
+      const isSelected = selected && selected.id === s.id && selected.index === (s.index ?? 0);
+      pick.setAttribute('aria-pressed', isSelected ? 'true' : 'false');
+      pick.title = 'Show what each KV head of this request keeps';
+      pick.addEventListener('click', () => {
+        selected = isSelected ? null : { id: s.id, index: s.index ?? 0 };
+        finishedNote = '';
+        poll();
+      });
+      first.append(pick);
+      row.append(first);
+      cell(row, s.policy, 'mono');
+      cell(row, s.state);
+      cell(row, s.prompt_tokens, 'num');
+      cell(row, s.generated_tokens, 'num');
+      cell(row, s.context_tokens, 'num');
+      const pages = cell(row, '', 'pages');
+      const share = s.pages_dense > 0 ? s.pages_held / s.pages_dense : 0;
+      const bar = document.createElement('span');
+      bar.className = 'bar-track';
+      bar.setAttribute('aria-hidden', 'true');
+      const fill = document.createElement('span');
+      fill.className = 'bar-fill';
+      fill.style.width = `${Math.min(100, share * 100)}%`;
+      bar.append(fill);
+      const text = document.createElement('span');
+      text.className = 'pages-text';
+      text.textContent = `${s.pages_held} / ${s.pages_dense}` + (s.pages_dense > 0 ? ` (${Math.round(share * 100)}%)` : '');
+      pages.append(bar, text);
+      cell(row, s.attention_recovery === null || s.attention_recovery === undefined
+        ? '–' : `${(s.attention_recovery * 100).toFixed(1)}%`, 'num');
+      return row;
+    }));
+    $('seq-empty').hidden = sequences.length > 0;
+  }
+
+  function renderHeads(heads) {
+    const map = $('heads-map');
+    if (!heads) {
+      map.replaceChildren();
+      $('heads-info').textContent = finishedNote || 'Choose a request above to see its heads.';
+      return;
+    }
+    $('heads-info').textContent =
+      `${heads.request}${heads.index ? ` #${heads.index}` : ''}: ${heads.layers} layers × ${heads.kv_heads} KV heads. ` +
+      'Each cell: what the head keeps, its keys, and for Quest heads the pages read per step.';
+    const table = document.createElement('table');
+    table.className = 'heads';
+    const caption = document.createElement('caption');
+    caption.textContent = `KV heads of ${heads.request}`;
+    const head = document.createElement('tr');
+    head.append(Object.assign(document.createElement('th'), { scope: 'col', textContent: 'Layer' }));
+    for (let h = 0; h < heads.kv_heads; ++h) {
+      head.append(Object.assign(document.createElement('th'), { scope: 'col', textContent: `KV head ${h}` }));
+    }
+    const thead = document.createElement('thead');
+    thead.append(head);
+    const tbody = document.createElement('tbody');
+    heads.kept.forEach((layer, l) => {
+      const row = document.createElement('tr');
+      row.append(Object.assign(document.createElement('th'), { scope: 'row', textContent: String(l) }));
+      for (const k of layer) {
+        const td = cell(row, '', `head ${kindClass(k.kind)}`);
+        const kind = document.createElement('span');
+        kind.className = 'kind';
+        kind.textContent = k.kind;
+        const detail = document.createElement('span');
+        detail.className = 'detail';
+        detail.textContent = `${k.tokens} keys` +
+          (k.pages_read !== null && k.pages_read !== undefined ? ` · reads ${k.pages_read} pages` : '') +
+          (k.recovery !== null && k.recovery !== undefined ? ` · ${(k.recovery * 100).toFixed(0)}% attn` : '');
+        td.append(kind, detail);
+      }
+      tbody.append(row);
+    });
+    table.append(caption, thead, tbody);
+    map.replaceChildren(table);
+  }
+
+  function renderHistograms(samples) {
+    for (const [name, id, label] of [
+      ['vllm:time_to_first_token_seconds', 'ttft-chart', 'Time to first token'],
+      ['vllm:inter_token_latency_seconds', 'itl-chart', 'Inter-token latency'],
+    ]) {
+      const h = histogram(samples, name);
+      const mean = h.count > 0 ? ` (mean ${ms(Number((h.sum / h.count).toFixed(4)))})` : '';
+      barChart($(id), {
+        buckets: h.buckets,
+        format: ms,
+        label: `${label}: ${h.count} observations${mean}, per bucket: ` +
+          h.buckets.filter((b) => b.count > 0).map((b) => `${b.count} at most ${b.le === Infinity ? 'infinity' : ms(b.le)}`).join(', '),
+      });
+    }
+  }
+
+  // The state, with the chosen sequence's heads while it lives: asking only for a sequence the
+  // plain state still lists keeps a finished one from answering 404 on every poll.
+  async function fetchState() {
+    if (!hasKvState) return null;
+    let state;
+    try {
+      state = await getJson('/v1/kv/state');
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 404) throw e;
+      hasKvState = false;  // a server without the endpoint
+      $('dash-pool-info').textContent = 'This server has no /v1/kv/state: pool figures come from /metrics, per-request figures are not shown.';
+      return null;
+    }
+    const live = selected && state.sequences.some((s) => s.id === selected.id && (s.index ?? 0) === selected.index);
+    if (!live) {
+      if (selected) finishedNote = `${selected.id} has finished.`;
+      selected = null;
+      return state;
+    }
+    try {
+      return await getJson(`/v1/kv/state?request=${encodeURIComponent(selected.id)}&index=${selected.index}`);
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 404) throw e;
+      return state;  // it finished between the two reads
+    }
+  }
+
+  async function poll() {
+    if (busy) {
+      again = true;
+      return;
+    }
+    busy = true;
+    clearTimeout(timer);
+    try {
+      const [state, metricsText] = await Promise.all([fetchState(), getText('/metrics')]);
+      const samples = parseMetrics(metricsText);
+      const pool = state
+        ? { used: state.pool.pages_used, free: state.pool.pages_free, cached: state.pool.pages_cached, total: state.pool.pages_total }
+        : (() => {
+          const used = metricValue(samples, 'sieve:kv_pages_used');
+          const free = metricValue(samples, 'sieve:kv_pages_free');
+          return { used, free, cached: null, total: used + free };
+        })();
+      renderFigures({
+        running: state ? state.requests.running : metricValue(samples, 'vllm:num_requests_running'),
+        waiting: state ? state.requests.waiting : metricValue(samples, 'vllm:num_requests_waiting'),
+        usage: metricValue(samples, 'vllm:kv_cache_usage_perc'),
+        pool,
+      });
+      if (state) {
+        $('dash-pool-info').textContent =
+          `${state.pool.pages_total} pages of ${state.page_tokens} tokens, ${(state.bytes_per_page / 1024).toFixed(1)} KiB each (${state.kv_dtype}).`;
+      }
+      history.push(pool);
+      if (history.length > HISTORY) history.shift();
+      renderPoolChart(pool.total);
+      renderSequences(state ? state.sequences : []);
+      renderHeads(state ? state.heads : null);
+      renderHistograms(samples);
+      $('dash-error').textContent = '';
+    } catch (e) {
+      $('dash-error').textContent = `Cannot read the server's state: ${e.message}`;
+    }
+    busy = false;
+    if (again) {
+      again = false;
+      poll();
+      return;
+    }
+    if (shown && !document.hidden) timer = setTimeout(poll, POLL_MS);
+  }
+
+  document.addEventListener('visibilitychange', () => {
+    if (shown && !document.hidden) poll();
+  });
+  return {
+    show() {
+      if (shown) return;
+      shown = true;
+      poll();
+    },
+    hide() {
+      shown = false;
+      clearTimeout(timer);
+    },
+  };
+}
