@@ -7,6 +7,7 @@
 //   Engine::step(), a pipeline:
 //     admit()                        pending ──► Scheduler waiting queue (one sequence), or
 //                                    refused at the queue limit (RequestEvent::refused)
+//     (cancellations, then KV snapshots asked for: request_kv_snapshot, engine/kv_snapshot.h)
 //     propose_drafts()               speculative decoding: decoding sequences get draft tokens
 //                                    (ngram: prompt lookup; draft_model: the draft model's own
 //                                    passes over its own paged KV, engine/draft_model.h)
@@ -24,9 +25,9 @@
 //     apply_sparsity()               compress completed prompts, drop keys that left a window
 //   finished or cancelled ──► Scheduler::finish ──► pages back to the pool in the same step
 //
-// Threading: submit() and cancel() may be called from any thread; step() runs on one thread
-// (the caller's, or the engine's own loop after start()). Event sinks are called on that
-// thread and must not block.
+// Threading: submit(), cancel() and request_kv_snapshot() may be called from any thread;
+// step() runs on one thread (the caller's, or the engine's own loop after start()). Event sinks
+// are called on that thread and must not block.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
