@@ -846,8 +846,20 @@ void Engine::publish_stats() {
     stats.draft_kv = draft_->kv_stats();
     stats.draft_kv_bytes_per_page = draft_->kv_bytes_per_page();
   }
+  // Built outside the lock: only this thread changes what it reads.
+  std::shared_ptr<const KvSnapshot> snapshot;
+  if (watched_.load(std::memory_order_relaxed))
+    snapshot = std::make_shared<const KvSnapshot>(make_kv_snapshot());
   std::lock_guard lock(mutex_);
   published_stats_ = stats;
+  if (snapshot) {
+    if (Clock::now() < watched_until_) {
+      watched_snapshot_ = std::move(snapshot);
+    } else {  // nobody polled for a while: stop publishing
+      watched_.store(false, std::memory_order_relaxed);
+      watched_snapshot_.reset();
+    }
+  }
 }
 
 void Engine::run_until_idle() {
@@ -990,10 +1002,24 @@ std::string_view phase_name(SequencePhase phase) {
 }
 
 void Engine::request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done) {
-  std::lock_guard lock(mutex_);
-  snapshot_asks_.push_back({.query = std::move(query), .done = std::move(done)});
-  snapshot_asked_.store(true, std::memory_order_relaxed);
-  work_available_.notify_one();
+  std::shared_ptr<const KvSnapshot> published;
+  {
+    std::lock_guard lock(mutex_);
+    if (!query.label_id) {  // an overview: a dashboard polling keeps the engine publishing
+      const auto now = Clock::now();
+      if (watched_.load(std::memory_order_relaxed) && now < watched_until_)
+        published = watched_snapshot_;
+      watched_until_ = now + kSnapshotWatchWindow;
+      watched_.store(true, std::memory_order_relaxed);
+    }
+    if (!published) {
+      snapshot_asks_.push_back({.query = std::move(query), .done = std::move(done)});
+      snapshot_asked_.store(true, std::memory_order_relaxed);
+      work_available_.notify_one();
+      return;
+    }
+  }
+  done(*published);
 }
 
 void Engine::serve_kv_snapshots() {

@@ -7,6 +7,7 @@
 //   Engine::step(), a pipeline:
 //     admit()                        pending ──► Scheduler waiting queue (one sequence), or
 //                                    refused at the queue limit (RequestEvent::refused)
+//     (cancellations, then KV snapshots asked for: request_kv_snapshot, engine/kv_snapshot.h)
 //     propose_drafts()               speculative decoding: decoding sequences get draft tokens
 //                                    (ngram: prompt lookup; draft_model: the draft model's own
 //                                    passes over its own paged KV, engine/draft_model.h)
@@ -24,9 +25,9 @@
 //     apply_sparsity()               compress completed prompts, drop keys that left a window
 //   finished or cancelled ──► Scheduler::finish ──► pages back to the pool in the same step
 //
-// Threading: submit() and cancel() may be called from any thread; step() runs on one thread
-// (the caller's, or the engine's own loop after start()). Event sinks are called on that
-// thread and must not block.
+// Threading: submit(), cancel() and request_kv_snapshot() may be called from any thread;
+// step() runs on one thread (the caller's, or the engine's own loop after start()). Event sinks
+// are called on that thread and must not block.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -238,8 +239,11 @@ class Engine {
   EngineStats stats() const;
   // The KV cache as it stands between two steps (engine/kv_snapshot.h). `done` is called once,
   // on the stepping thread, at the next step boundary (an idle loop wakes for it) or by stop();
-  // it must not block: post the answer's work elsewhere. Any thread.
+  // it must not block: post the answer's work elsewhere. Any thread. While someone polls (an
+  // ask without label_id in the last kSnapshotWatchWindow), every step's end also publishes
+  // one, and such asks get it at once, on the calling thread: at most one step old.
   void request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done);
+  static constexpr std::chrono::seconds kSnapshotWatchWindow{3};
   // Throws sieve::Error naming the problem if `policy` cannot run on this engine (e.g. lserve
   // without a calibration profile): a server checks its default policy once at start.
   void check_policy(const sparsity::PolicySpec& policy) const { (void)resolve_policy(policy); }
@@ -339,6 +343,11 @@ class Engine {
   // snapshot_asks_ is not empty: the one thing step() reads when nobody asked (relaxed; the
   // mutex orders the queue itself).
   std::atomic<bool> snapshot_asked_{false};
+  // Someone polled within kSnapshotWatchWindow (until watched_until_): publish_stats() publishes
+  // watched_snapshot_ each step.
+  std::atomic<bool> watched_{false};
+  Clock::time_point watched_until_;
+  std::shared_ptr<const KvSnapshot> watched_snapshot_;
 
   std::thread loop_;
   std::atomic<bool> stop_requested_{false};

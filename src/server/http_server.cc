@@ -490,8 +490,9 @@ void HttpServer::route(HttpRequest request, std::shared_ptr<Responder> responder
   });
 }
 
-// Nothing waits here: the engine answers at its next step boundary and the JSON is built on the
-// connection's strand, not on the engine thread (see engine/kv_snapshot.h).
+// Nothing waits here: the engine answers at its next step boundary (or at once, while a dashboard
+// polls, with the snapshot its last step published) and the JSON is built on the connection's
+// strand, not on the engine thread (see engine/kv_snapshot.h).
 void HttpServer::serve_kv_state(const HttpRequest& request,
                                 const std::shared_ptr<Responder>& responder) {
   KvStateQuery parsed = parse_kv_state_query(request.query);

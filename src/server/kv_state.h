@@ -3,7 +3,9 @@
 // The engine copies the numbers out between two steps (engine/kv_snapshot.h); this file only
 // turns them into JSON and reads the query string. Every field:
 //
-//   time              unix seconds (fractional) when the engine took the snapshot
+//   time              unix seconds (fractional) when the engine took the snapshot: at the step
+//                     boundary after the ask, or, while the overview is polled (within 3 s of
+//                     the last poll), at the end of the latest step (engine/kv_snapshot.h)
 //   model             the served model name
 //   kv_dtype          "f32" | "f16" | "q8" | "q4" (--kv-dtype)
 //   page_tokens       tokens per page

@@ -417,6 +417,28 @@ TEST_F(KvStateTest, PollingWhileRequestsFinishIsConsistent) {
   EXPECT_EQ(s["pool"]["pages_used"], 0);
 }
 
+// Once a dashboard polls, each step's end publishes a snapshot and the next overview poll gets
+// it without waiting for a step (the engine does not step here); ?request= still waits.
+TEST_F(KvStateTest, WhileWatchedTheOverviewIsAnsweredAtOnceFromTheLastStep) {
+  std::future<Reply> reply =
+      post({{"prompt", story("Ann baked bread", 2)}, {"max_tokens", 100}, {"ignore_eos", true}});
+  step_until([&] { return engine_->stats().num_generated_tokens > 0; });
+  const Reply first = state();  // waits for a boundary, and starts the watch
+  ASSERT_EQ(first.status, 200);
+  engine_->step();  // publishes at its end
+  const int64_t generated = engine_->stats().num_generated_tokens;
+  auto r = client()->Get("/v1/kv/state");  // no step runs meanwhile
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json s = json::parse(r->body);
+  ASSERT_EQ(s["sequences"].size(), 1u) << s;
+  EXPECT_EQ(s["sequences"][0]["generated_tokens"], generated);
+  EXPECT_GT(s["sequences"][0]["generated_tokens"].get<int>(),
+            first.body["sequences"][0]["generated_tokens"].get<int>());
+  EXPECT_GE(s["time"].get<double>(), first.body["time"].get<double>());
+  EXPECT_EQ(await(reply).status, 200);
+}
+
 TEST(KvStateQueryTest, ParsesRequestAndIndexAndIgnoresOtherKeys) {
   KvStateQuery q = parse_kv_state_query("request=cmpl-ab%2Dc&index=3&_=1733130000");
   ASSERT_FALSE(q.error);
