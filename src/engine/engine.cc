@@ -983,9 +983,7 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
     runner_.apply(kv_.drop_tokens(seq, drops));
 }
 
-}  // namespace sieve::engine
-
-namespace sieve::engine {
+// --- KV snapshots (engine/kv_snapshot.h) ---------------------------------------------------
 
 std::string_view phase_name(SequencePhase phase) {
   switch (phase) {
