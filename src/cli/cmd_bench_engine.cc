@@ -22,6 +22,7 @@ struct BenchEngineOptions {
   eval::EngineBenchConfig config;
   int64_t kv_memory_mib = 0;  // 0: sized per point
   int threads = 0;            // 0: all cores
+  std::string calibration_path;
   bool json = false;
 };
 
@@ -101,6 +102,10 @@ void bench_engine(BenchEngineOptions options) {
   eval::EngineBenchConfig& config = options.config;
   if (options.kv_memory_mib > 0)
     config.kv_memory_bytes = static_cast<uint64_t>(options.kv_memory_mib) << 20;
+  if (!options.calibration_path.empty()) {
+    config.calibration = std::make_shared<const sparsity::CalibrationProfile>(
+        sparsity::load_calibration(options.calibration_path));
+  }
   model::LoadedModel loaded = model::load_model(
       {.model_path = options.model_path, .backend = {.device = "cpu", .threads = options.threads}});
   const model::ModelConfig& mc = loaded.model->config();
@@ -243,6 +248,10 @@ void add_bench_engine_command(CLI::App& app) {
                    "Depth prompts repeat a random span of this many tokens (text that repeats "
                    "itself, for prompt lookup); 0: random tokens")
       ->capture_default_str();
+  command
+      ->add_option("--calibration", options->calibration_path,
+                   "Calibration profile of the model's KV heads (`sieve calibrate`), for lserve")
+      ->check(CLI::ExistingFile);
   command->add_flag("--json", options->json, "Print the results as one JSON object");
   command->callback([options] { bench_engine(*options); });
 }

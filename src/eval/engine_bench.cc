@@ -41,6 +41,7 @@ engine::EngineConfig engine_config(const EngineBenchConfig& config, int32_t page
   ec.enable_prefix_caching = false;  // every point pays for every prompt token
   ec.kv_dtype = config.kv_dtype;
   ec.speculative = config.speculative;
+  ec.calibration = config.calibration;
   if (config.kv_memory_bytes) {
     ec.num_kv_pages = 0;
     ec.kv_memory_bytes = *config.kv_memory_bytes;

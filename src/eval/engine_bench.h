@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/llama.h"
+#include "sparsity/calibration.h"
 #include "spec/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
@@ -40,6 +41,8 @@ struct EngineBenchConfig {
   // > 0: the depth prompt is a random span of this many tokens repeated (text that repeats
   // itself, for prompt lookup); 0: random tokens throughout.
   int32_t depth_prompt_period = 0;
+  // The model's KV-head calibration (`sieve calibrate`), for kv_policies that need one (lserve).
+  std::shared_ptr<const sparsity::CalibrationProfile> calibration;
 };
 
 struct ConcurrencyPoint {
