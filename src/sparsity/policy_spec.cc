@@ -181,6 +181,7 @@ SnapKvSpec parse_snapkv_params(std::string_view name, const Params& params) {
   spec.budget = params.get_int("B", std::nullopt, "the token budget");
   spec.window = params.get_int("W", spec.window, "");
   spec.pool_kernel = params.get_int("P", spec.pool_kernel, "");
+  spec.follow = params.get_int("G", spec.follow, "");
   if (const auto pool = params.get("pool")) {
     if (*pool == "max") {
       spec.pooling = Pooling::kMax;
@@ -196,8 +197,10 @@ SnapKvSpec parse_snapkv_params(std::string_view name, const Params& params) {
 // snapkv's parameters plus one of the policy's own (pyramidkv's beta, adakv's alpha).
 template <typename Spec>
 Spec parse_snapkv_plus(std::string_view name, const std::vector<Item>& items, std::string_view key,
-                       double Spec::*extra) {
-  const Params params(name, items, {"B", "W", "P", "pool", key});
+                       double Spec::*extra, bool takes_follow) {
+  std::vector<std::string_view> allowed = {"B", "W", "P", "pool", key};
+  if (takes_follow) allowed.push_back("G");
+  const Params params(name, items, std::move(allowed));
   Spec spec;
   spec.snapkv = parse_snapkv_params(name, params);
   spec.*extra = params.get_double(key, spec.*extra);
@@ -273,10 +276,15 @@ PolicySpec parse_node(std::string_view text) {
     return {spec};
   }
   if (name == "snapkv") {
-    return {parse_snapkv_params(name, Params(name, items, {"B", "W", "P", "pool"}))};
+    return {parse_snapkv_params(name, Params(name, items, {"B", "W", "P", "pool", "G"}))};
   }
-  if (name == "pyramidkv") return {parse_snapkv_plus(name, items, "beta", &PyramidKvSpec::beta)};
-  if (name == "adakv") return {parse_snapkv_plus(name, items, "alpha", &AdaKvSpec::alpha)};
+  if (name == "pyramidkv") {
+    return {parse_snapkv_plus(name, items, "beta", &PyramidKvSpec::beta, /*takes_follow=*/true)};
+  }
+  // Ada-KV ranks pooled scores across its heads: no G.
+  if (name == "adakv") {
+    return {parse_snapkv_plus(name, items, "alpha", &AdaKvSpec::alpha, /*takes_follow=*/false)};
+  }
   if (name == "fastgen") {
     const Params params(name, items, {"T", "W", "F"});
     FastGenSpec spec;
@@ -356,6 +364,7 @@ void validate_snapkv(const SnapKvSpec& spec, std::string_view name) {
   check(spec.budget >= 1, name, "B must be >= 1");
   check(spec.window >= 1, name, "W (the observation window) must be >= 1");
   check(spec.pool_kernel >= 1 && spec.pool_kernel % 2 == 1, name, "P must be odd and >= 1");
+  check(spec.follow >= 0, name, "G must be >= 0");
 }
 
 void validate_quest(const QuestSpec& spec, std::string_view name) {
@@ -436,8 +445,8 @@ std::string index_list_string(const IndexList& list) {
 std::string_view pooling_name(Pooling pooling) { return pooling == Pooling::kMax ? "max" : "avg"; }
 
 std::string snapkv_params(const SnapKvSpec& s) {
-  return fmt::format("B={},W={},P={},pool={}", s.budget, s.window, s.pool_kernel,
-                     pooling_name(s.pooling));
+  return fmt::format("B={},W={},P={},pool={}{}", s.budget, s.window, s.pool_kernel,
+                     pooling_name(s.pooling), s.follow > 0 ? fmt::format(",G={}", s.follow) : "");
 }
 
 std::string quest_params(const QuestSpec& s) {
@@ -507,11 +516,13 @@ Json to_json_value(const PolicySpec& spec) {
       return {{"name", "h2o"}, {"B", s.heavy_budget}, {"W", s.window}};
     }
     static Json snapkv(std::string_view name, const SnapKvSpec& s) {
-      return {{"name", name},
-              {"B", s.budget},
-              {"W", s.window},
-              {"P", s.pool_kernel},
-              {"pool", pooling_name(s.pooling)}};
+      Json j = {{"name", name},
+                {"B", s.budget},
+                {"W", s.window},
+                {"P", s.pool_kernel},
+                {"pool", pooling_name(s.pooling)}};
+      if (s.follow > 0) j["G"] = s.follow;
+      return j;
     }
     Json operator()(const SnapKvSpec& s) const { return snapkv("snapkv", s); }
     Json operator()(const PyramidKvSpec& s) const {

@@ -111,6 +111,11 @@ struct SnapKvSpec {
   int64_t window = 32;      // W: observation window = the last W prompt tokens, always kept
   int64_t pool_kernel = 7;  // P: odd, >= 1 (1 = no pooling)
   Pooling pooling = Pooling::kMax;
+  // G: each selected key brings the G prompt tokens after it (within the budget). A question at
+  // the prompt's end attends where its answer *starts* (an induction head looks at the token
+  // after the match); the answer is the text that follows, which the window's attention never
+  // touches. 0: plain SnapKV.
+  int64_t follow = 0;
   friend bool operator==(const SnapKvSpec&, const SnapKvSpec&) = default;
 };
 struct PyramidKvSpec {

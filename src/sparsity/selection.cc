@@ -83,7 +83,30 @@ std::vector<int32_t> select_snapkv(std::span<const float> scores, const Observat
   const int64_t n = std::ssize(scores);
   if (n <= head.budget + head.window) return iota_indices(0, n);
   const std::vector<float> pooled = pool_scores(scores, head);
-  std::vector<int32_t> keep = top_k_indices(pooled, head.budget);
+  std::vector<int32_t> keep;
+  if (head.follow <= 0) {
+    keep = top_k_indices(pooled, head.budget);
+  } else {
+    // Best first; each brings the `follow` tokens after it until the budget is spent.
+    const auto prefix = static_cast<int32_t>(pooled.size());
+    std::vector<int32_t> order = iota_indices(0, prefix);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return ranks_before(rank_value(pooled[a]), a, rank_value(pooled[b]), b);
+    });
+    std::vector<uint8_t> kept(static_cast<size_t>(prefix), 0);
+    int64_t left = head.budget;
+    for (size_t r = 0; r < order.size() && left > 0; ++r) {
+      const int64_t end = std::min<int64_t>(prefix, int64_t{order[r]} + head.follow + 1);
+      for (int64_t i = order[r]; i < end && left > 0; ++i) {
+        if (kept[static_cast<size_t>(i)]) continue;
+        kept[static_cast<size_t>(i)] = 1;
+        --left;
+      }
+    }
+    for (int32_t i = 0; i < prefix; ++i) {
+      if (kept[static_cast<size_t>(i)]) keep.push_back(i);
+    }
+  }
   const std::vector<int32_t> window = iota_indices(n - head.window, n);
   keep.insert(keep.end(), window.begin(), window.end());
   return keep;

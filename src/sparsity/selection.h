@@ -32,7 +32,8 @@ std::vector<int32_t> select_sink_window(int64_t num_tokens, const SinkWindowHead
 // prefix [0, n - window) is smoothed by 1-D pooling (kernel pool_kernel, centered, over the
 // in-range neighbours only: max, or mean of those present) and its top `budget` are kept.
 // Everything is kept when n <= budget + window. Pooling runs over candidate order, so after
-// earlier compression neighbours need not be adjacent positions.
+// earlier compression neighbours need not be adjacent positions. With head.follow = G > 0 the
+// budget is spent best first, each chosen index bringing the G indices after it.
 std::vector<int32_t> select_snapkv(std::span<const float> scores, const ObservationTopHead& head);
 // The pooled prefix scores select_snapkv ranks ([n - window] values; empty when n <= window).
 std::vector<float> pool_scores(std::span<const float> scores, const ObservationTopHead& head);

@@ -80,6 +80,43 @@ TEST(SnapKv, PoolsThePrefixAndKeepsTopBPlusTheWindow) {
   EXPECT_EQ(select_snapkv(std::vector<float>(5, 1.0f), max3), range(0, 5));
 }
 
+// G spends the budget best first, each chosen key bringing the G tokens after it: a question
+// that attends where its answer starts keeps the answer.
+TEST(SnapKv, FollowBringsTheTokensAfterEachChosenKey) {
+  std::vector<float> scores(22, 0.0f);  // window 2: prefix 0..19
+  scores[5] = 1.0f;
+  scores[14] = 0.5f;
+  scores[15] = 0.4f;
+  ObservationTopHead head{6, 2, 1, Pooling::kMax};
+  head.follow = 3;
+  // 5 brings 6..8; 14 brings 15 before the budget (6) runs out.
+  EXPECT_EQ(select_snapkv(scores, head), (std::vector<int32_t>{5, 6, 7, 8, 14, 15, 20, 21}));
+  // A chosen key near the prefix's end brings what there is; the budget goes on down the ranking.
+  std::vector<float> late(22, 0.0f);
+  late[18] = 1.0f;
+  late[2] = 0.5f;
+  head.budget = 5;
+  EXPECT_EQ(select_snapkv(late, head), (std::vector<int32_t>{2, 3, 4, 18, 19, 20, 21}));
+  // Tokens already kept are not counted twice: 4 (best) brings 5..7; 6, next best and kept,
+  // still brings what follows it (8), which spends the budget before 0.
+  std::vector<float> overlap(22, 0.0f);
+  overlap[4] = 1.0f;
+  overlap[6] = 0.9f;
+  overlap[0] = 0.8f;
+  EXPECT_EQ(select_snapkv(overlap, head), (std::vector<int32_t>{4, 5, 6, 7, 8, 20, 21}));
+  // Budget and window are respected on random scores, and G = 0 is plain SnapKV.
+  for (uint32_t seed = 0; seed < 10; ++seed) {
+    const std::vector<float> r = random_scores(80, seed);
+    ObservationTopHead h{static_cast<int64_t>(seed * 3 + 1), 4, 3, Pooling::kMax};
+    const std::vector<int32_t> plain = select_snapkv(r, h);
+    h.follow = seed % 5;
+    const std::vector<int32_t> got = select_snapkv(r, h);
+    EXPECT_EQ(std::ssize(got), h.budget + h.window) << seed;
+    EXPECT_TRUE(std::is_sorted(got.begin(), got.end()));
+    if (h.follow == 0) EXPECT_EQ(got, plain);
+  }
+}
+
 TEST(SnapKv, MatchesBruteForceOnRandomScores) {
   for (uint32_t seed = 0; seed < 30; ++seed) {
     const int64_t n = 50 + seed * 7;
