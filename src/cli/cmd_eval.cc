@@ -43,10 +43,12 @@ void run_eval(EvalOptions options) {
   const eval::SparsityEvalConfig& c = options.config;
   fmt::print(
       "{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {} cases of a "
-      "{}-token span, {} given after compression (95% interval over cases); KV pages in {}, "
-      "compared with the f32 dense cache\n",
+      "{}-token span, {} given {} (95% interval over cases); KV pages in {}, compared with the "
+      "f32 dense cache\n",
       c.num_prompts, c.prompt_tokens, c.continuation_tokens, c.retrieval_prompts, c.retrieval_span,
-      c.retrieval_cue, model::kv_dtype_name(c.kv_dtype));
+      c.retrieval_cue,
+      c.retrieval_cue_in_prompt ? "at the prompt's end, before compression" : "after compression",
+      model::kv_dtype_name(c.kv_dtype));
   fmt::print("{:<10} {:>5} {:>7} {:>8} {:>8} {:>7} {:>8} {:>8} {:>9} {:>15} {:>8} {:>8}  {}\n",
              "policy", "dtype", "budget", "kv kept", "KV bytes", "top-1", "KL", "ppl", "ppl delta",
              "retrieval", "vs dense", "recovery", "spec (first prompt)");
@@ -94,6 +96,7 @@ void run_eval(EvalOptions options) {
                           {"prompt_tokens", c.prompt_tokens},
                           {"continuation_tokens", c.continuation_tokens},
                           {"retrieval_prompts", c.retrieval_prompts},
+                          {"retrieval_cue", c.retrieval_cue_in_prompt ? "prompt" : "after"},
                           {"seed", c.seed},
                           {"kv_dtype", model::kv_dtype_name(c.kv_dtype)},
                           {"reference", "f32 full"},
@@ -144,6 +147,14 @@ void add_eval_command(CLI::App& app) {
                    "95% interval narrows as 1/sqrt of this)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  command
+      ->add_option_function<std::string>(
+          "--retrieval-cue",
+          [&c](const std::string& where) { c.retrieval_cue_in_prompt = where == "prompt"; },
+          "Where the retrieval cue (the question) goes: after (forced after compression: the "
+          "question comes after the document) or prompt (the prompt's last tokens, seen before "
+          "compression; default: after)")
+      ->check(CLI::IsMember({"after", "prompt"}));
   command->add_option("--seed", c.seed, "Where the retrieval spans and fillers come from")
       ->capture_default_str();
   command->add_option("--prompt-tokens", c.prompt_tokens, "Tokens per prompt")

@@ -48,7 +48,7 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
     fail("the retrieval cue must be shorter than the span");
   const int64_t filler_len = c.prompt_tokens - 1 - c.retrieval_span;
   if (c.retrieval_prompts > 0 &&
-      (filler_len <= 0 || text_size < 2 * (filler_len + c.retrieval_span)))
+      (filler_len <= c.retrieval_cue || text_size < 2 * (filler_len + c.retrieval_span)))
     fail("retrieval needs prompts longer than the span and a text of at least twice a prompt");
   std::vector<Case> cases;
   for (int32_t i = 0; i < c.num_prompts; ++i) {
@@ -61,7 +61,7 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
     cases.push_back(std::move(lm));
   }
   // Retrieval: a span, then filler from elsewhere in the text (never overlapping the span, so the
-  // answer is only in the span); the cue comes after compression.
+  // answer is only in the span); the cue comes after compression, or ends the prompt.
   std::mt19937_64 rng(c.seed);
   std::uniform_int_distribution<int64_t> span_at(0, text_size - c.retrieval_span);
   std::uniform_int_distribution<int64_t> filler_at(0, text_size - filler_len);
@@ -73,8 +73,15 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
     Case r{.max_tokens = c.retrieval_span, .retrieval = true};
     r.prompt.push_back(bos);
     r.prompt.insert(r.prompt.end(), span, span + c.retrieval_span);
-    r.prompt.insert(r.prompt.end(), text.begin() + f, text.begin() + f + filler_len);
-    r.forced.assign(span, span + c.retrieval_cue);
+    if (c.retrieval_cue_in_prompt) {
+      r.prompt.insert(r.prompt.end(), text.begin() + f,
+                      text.begin() + f + (filler_len - c.retrieval_cue));
+      r.prompt.insert(r.prompt.end(), span, span + c.retrieval_cue);
+      r.max_tokens = c.retrieval_span - c.retrieval_cue;
+    } else {
+      r.prompt.insert(r.prompt.end(), text.begin() + f, text.begin() + f + filler_len);
+      r.forced.assign(span, span + c.retrieval_cue);
+    }
     r.answer.assign(span + c.retrieval_cue, span + c.retrieval_span);
     cases.push_back(std::move(r));
   }
@@ -140,8 +147,44 @@ std::vector<double> distribution(const engine::SampleResult& step, size_t vocab)
 
 }  // namespace
 
-std::string policy_for_budget(const std::string& family, double budget, int32_t prompt_len,
-                              int32_t window) {
+namespace {
+
+// family "NAME:K=V,..." is NAME's budget policy with those parameters set (or overridden).
+std::string with_overrides(const std::string& policy, std::string_view overrides) {
+  if (overrides.empty()) return policy;
+  const size_t colon = policy.find(':');
+  std::vector<std::pair<std::string, std::string>> params;
+  for (std::string_view rest = colon == std::string::npos
+                                   ? std::string_view()
+                                   : std::string_view(policy).substr(colon + 1);
+       !rest.empty();) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    const size_t eq = item.find('=');
+    params.emplace_back(std::string(item.substr(0, eq)),
+                        eq == std::string_view::npos ? "" : std::string(item.substr(eq + 1)));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  for (std::string_view rest = overrides; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) fail("'{}' in '{}' is not KEY=VALUE", item, overrides);
+    const std::string key(item.substr(0, eq));
+    auto at =
+        std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == key; });
+    if (at == params.end()) at = params.insert(params.end(), {key, ""});
+    at->second = std::string(item.substr(eq + 1));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  std::string out = policy.substr(0, colon);
+  for (size_t i = 0; i < params.size(); ++i)
+    out += fmt::format("{}{}={}", i == 0 ? ":" : ",", params[i].first, params[i].second);
+  return out;
+}
+
+std::string base_policy_for_budget(const std::string& family, double budget, int32_t prompt_len,
+                                   int32_t window) {
   const int32_t keep =
       std::max<int32_t>(2 * window, static_cast<int32_t>(std::lround(budget * prompt_len)));
   if (family == "full") return "full";
@@ -164,6 +207,20 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
       family);
 }
 
+}  // namespace
+
+std::string policy_for_budget(const std::string& family_and_overrides, double budget,
+                              int32_t prompt_len, int32_t window) {
+  const size_t colon = family_and_overrides.find(':');
+  const std::string family = family_and_overrides.substr(0, colon);
+  const std::string_view overrides = colon == std::string::npos
+                                         ? std::string_view()
+                                         : std::string_view(family_and_overrides).substr(colon + 1);
+  if (family == "layerwise" && !overrides.empty())
+    fail("layerwise takes no parameters here ('{}')", family_and_overrides);
+  return with_overrides(base_policy_for_budget(family, budget, prompt_len, window), overrides);
+}
+
 std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window) {
   return fmt::format("fastgen:T={},W={},F=0.1", threshold, std::max(2 * window, prompt_len / 8));
 }
@@ -178,8 +235,11 @@ std::vector<PolicyFidelity> run_sparsity_eval(
       tokenizer->encode(text, {.add_special = false, .parse_special = false});
   const std::vector<Case> cases = make_cases(tokens, *vocab.bos, config);
   const size_t vocab_size = vocab.size();
-  if (!config.calibration && std::find(config.families.begin(), config.families.end(), "lserve") !=
-                                 config.families.end()) {
+  const auto is_lserve = [](const std::string& family) {
+    return family.substr(0, family.find(':')) == "lserve";
+  };
+  if (!config.calibration &&
+      std::any_of(config.families.begin(), config.families.end(), is_lserve)) {
     fail("lserve needs a calibration profile (--calibration FILE, written by `sieve calibrate`)");
   }
 

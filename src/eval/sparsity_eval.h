@@ -15,7 +15,10 @@
 //                 span's remaining tokens it reproduces. Spans and fillers are drawn from the
 //                 text at seeded random places (retrieval_prompts cases, independent of the
 //                 language-modelling prompts), and the mean comes with a 95% confidence
-//                 interval over the cases
+//                 interval over the cases. With retrieval_cue_in_prompt the cue instead ends the
+//                 prompt (the question is part of the prompt, as in needle-in-a-haystack and
+//                 RULER: the setting SnapKV's observation window was designed for), so a
+//                 policy that evicts at prefill sees the question before it chooses
 // The reference is always the f32 dense cache: with kv_dtype q8 / q4 (or f16) every policy runs
 // on pages of that dtype, and a "full" row in it comes first after the reference, so what the
 // dtype costs and what sparsity costs on top of it are both measured against f32 (issue 13).
@@ -49,7 +52,10 @@ struct SparsityEvalConfig {
   int32_t retrieval_span = 16;    // tokens of the span to recall
   int32_t retrieval_cue = 4;      // of which the first ones are given after compression
   int32_t retrieval_prompts = 8;  // retrieval cases
-  uint64_t seed = 1;              // where the retrieval spans and fillers are taken from
+  // false: the cue is forced after compression (the question comes after the document);
+  // true: the cue is the prompt's last tokens (same prompt length: the filler is shorter).
+  bool retrieval_cue_in_prompt = false;
+  uint64_t seed = 1;  // where the retrieval spans and fillers are taken from
   int32_t observation_window = 8;
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;  // for lserve
   kernels::DType kv_dtype = kernels::DType::kF32;  // of the policies' pages (not the reference's)

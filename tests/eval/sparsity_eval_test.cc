@@ -87,6 +87,38 @@ TEST(SparsityEval, RetrievalOnACopyingModelWithAnInterval) {
   EXPECT_NE(other[0].retrieval, dense.retrieval);
 }
 
+// With the question (the cue) at the prompt's end, SnapKV's observation window sees it before
+// evicting; the cue attends where the span's rest starts, and G keeps what follows. With the
+// cue after compression no evicting policy can know the span.
+TEST(SparsityEval, RetrievalWithTheQuestionInThePrompt) {
+  model::LoadedModel loaded =
+      model::load_model({sieve::testing::shared_path("models/copy/copy-lm.gguf"), ""});
+  std::ifstream in(sieve::testing::shared_path("models/copy/heldout.txt"));
+  std::stringstream text;
+  text << in.rdbuf();
+  SparsityEvalConfig config{.families = {"snapkv", "snapkv:G=11"},
+                            .budgets = {0.125},
+                            .num_prompts = 1,
+                            .prompt_tokens = 256,
+                            .continuation_tokens = 8,
+                            .retrieval_prompts = 40,
+                            .retrieval_cue_in_prompt = true};
+  const std::vector<PolicyFidelity> in_prompt =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  ASSERT_EQ(in_prompt.size(), 3u);
+  EXPECT_EQ(in_prompt[2].spec, "snapkv:B=24,W=8,G=11");
+  EXPECT_GT(in_prompt[0].retrieval, 0.6);
+  EXPECT_LT(in_prompt[2].kv_kept, 0.25) << "it frees pages";
+  EXPECT_GT(in_prompt[2].retrieval, 0.5);
+  EXPECT_GT(in_prompt[2].retrieval, in_prompt[1].retrieval + 0.2) << "G keeps the span's rest";
+  config.retrieval_cue_in_prompt = false;
+  const std::vector<PolicyFidelity> after =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+  EXPECT_GT(after[0].retrieval, 0.6);
+  EXPECT_LT(after[1].retrieval, 0.3);
+  EXPECT_LT(after[2].retrieval, 0.3) << "evicted before the question: nothing to follow";
+}
+
 TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
