@@ -20,6 +20,7 @@ struct BatchOptions {
   ModelOptions model;
   EngineOptions engine;
   std::string prompts_path;
+  std::string kv_policy = "full";
   int32_t max_tokens = 128;
   engine::SamplingParams sampling{.temperature = 0.0f};
   bool json = false;
@@ -71,13 +72,16 @@ void run_batch(const BatchOptions& options) {
   config.model_path = options.model.model_path;
   engine::Engine engine(config, loaded.model, loaded.tokenizer);
   check_speculative_option(engine, config.speculative);
+  const sparsity::PolicySpec kv_policy = sparsity::parse_policy(options.kv_policy);
+  engine.check_policy(kv_policy);
 
   std::vector<Result> results(items.size());
   std::vector<std::optional<std::string>> rejections(items.size());
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < items.size(); ++i) {
     engine::Request request{.prompt = loaded.tokenizer->encode(items[i].prompt),
-                            .params = options.sampling};
+                            .params = options.sampling,
+                            .kv_policy = kv_policy};
     request.params.max_tokens = items[i].max_tokens.value_or(options.max_tokens);
     auto submitted =
         engine.submit(std::move(request), [&results, i](const engine::RequestEvent& event) {
@@ -109,7 +113,11 @@ void run_batch(const BatchOptions& options) {
                             {"usage",
                              {{"prompt_tokens", r.last.usage.prompt_tokens},
                               {"completion_tokens", r.last.usage.completion_tokens},
-                              {"cached_prompt_tokens", r.last.usage.cached_prompt_tokens}}},
+                              {"cached_prompt_tokens", r.last.usage.cached_prompt_tokens},
+                              {"kv_cache",
+                               {{"pages", r.last.usage.kv_pages},
+                                {"dense_pages", r.last.usage.kv_dense_pages},
+                                {"bytes", r.last.usage.kv_bytes}}}}},
                             {"queue_seconds", r.last.timings.queue_seconds},
                             {"time_to_first_token_seconds", r.last.timings.first_token_seconds},
                             {"total_seconds", r.last.timings.total_seconds}};
@@ -161,6 +169,10 @@ void add_batch_command(CLI::App& app) {
                     "Keep generating after end-of-generation tokens");
   command->add_flag("--json", options->json,
                     "One JSON object per prompt (text, tokens, usage, timings)");
+  command
+      ->add_option("--kv-policy", options->kv_policy,
+                   "KV sparsity policy of every request (README's table; e.g. snapkv:B=1024)")
+      ->capture_default_str();
   command->callback([options] { run_batch(*options); });
 }
 

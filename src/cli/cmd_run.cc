@@ -21,6 +21,7 @@ struct RunOptions {
   ModelOptions model;
   EngineOptions engine;
   std::string prompt;
+  std::string kv_policy = "full";
   int32_t max_tokens = 128;
   engine::SamplingParams sampling{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f};
   bool no_bos = false;
@@ -38,13 +39,18 @@ void run(RunOptions options) {
   }
   options.sampling.max_tokens = static_cast<int32_t>(
       std::min<int64_t>(options.max_tokens, context - static_cast<int64_t>(prompt.size())));
-  // One sequence: the pool needs only the pages this request can fill.
+  const sparsity::PolicySpec kv_policy = sparsity::parse_policy(options.kv_policy);
+  // One dense sequence: the pool needs only the pages it can fill. A sparse one's admission
+  // bound is the engine's (kv::sparse_peak_pages): it gets the engine's default pool.
   engine::EngineConfig config = options.engine.engine_config();
   config.model_path = options.model.model_path;
-  config.num_kv_pages = static_cast<int32_t>(
-      (prompt.size() + *options.sampling.max_tokens + config.page_size - 1) / config.page_size);
+  if (std::holds_alternative<sparsity::FullSpec>(kv_policy.policy)) {
+    config.num_kv_pages = static_cast<int32_t>(
+        (prompt.size() + *options.sampling.max_tokens + config.page_size - 1) / config.page_size);
+  }
   engine::Engine engine(config, loaded.model, loaded.tokenizer);
   check_speculative_option(engine, config.speculative);
+  engine.check_policy(kv_policy);
 
   std::vector<tok::TokenId> generated;
   std::string text;
@@ -53,16 +59,17 @@ void run(RunOptions options) {
     std::fputs(options.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  auto submitted = engine.submit(
-      {.prompt = prompt, .params = options.sampling}, [&](const engine::RequestEvent& event) {
-        generated.insert(generated.end(), event.tokens.begin(), event.tokens.end());
-        text += event.text;
-        if (!options.json) {
-          std::fputs(event.text.c_str(), stdout);
-          std::fflush(stdout);
-        }
-        if (event.finish) last = event;
-      });
+  auto submitted =
+      engine.submit({.prompt = prompt, .params = options.sampling, .kv_policy = kv_policy},
+                    [&](const engine::RequestEvent& event) {
+                      generated.insert(generated.end(), event.tokens.begin(), event.tokens.end());
+                      text += event.text;
+                      if (!options.json) {
+                        std::fputs(event.text.c_str(), stdout);
+                        std::fflush(stdout);
+                      }
+                      if (event.finish) last = event;
+                    });
   if (const auto* rejection = std::get_if<engine::AdmissionError>(&submitted))
     fail("{}", rejection->message);
   engine.run_until_idle();
@@ -87,6 +94,11 @@ void run(RunOptions options) {
         {"prompt_tokens_per_second", prompt_tps},
         {"generated_tokens_per_second", generate_tps},
         {"threads", loaded.model->backend().num_threads()},
+        {"kv_policy", sparsity::to_string(kv_policy)},
+        {"kv_cache",
+         {{"pages", last.usage.kv_pages},
+          {"dense_pages", last.usage.kv_dense_pages},
+          {"bytes", last.usage.kv_bytes}}},
     };
     if (config.speculative.enabled()) {
       out["speculative"] = {{"draft_tokens", last.usage.spec_draft_tokens},
@@ -142,6 +154,10 @@ void add_run_command(CLI::App& app) {
                    "Repetition penalty (1 = off)")
       ->capture_default_str();
   command->add_option("--stop", options->sampling.stop_strings, "Stop string (repeatable)");
+  command
+      ->add_option("--kv-policy", options->kv_policy,
+                   "KV sparsity policy of the request (README's table; e.g. snapkv:B=1024)")
+      ->capture_default_str();
   command->callback([options] { run(*options); });
 }
 

@@ -97,6 +97,41 @@ TEST(Cli, BatchRunsEveryPromptAndMatchesRun) {
   EXPECT_NE(bad.exit_code, 0);
 }
 
+// run and batch take a request's KV policy: a small window holds fewer pages than dense, and
+// a policy the model cannot run is an error before anything is generated.
+TEST(Cli, RunAndBatchTakeAKvPolicy) {
+  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"));
+  std::string text(600, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  for (char& c : text) {
+    if (c == '\'' || c == '\n') c = ' ';
+  }
+  Result r = run("run -m " + model() + " -p '" + text +
+                 "' -n 40 --temp 0 --json --kv-policy streaming:S=4,W=16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["kv_policy"], "streaming:S=4,W=16");
+  EXPECT_EQ(out["tokens"].size(), 40u);
+  EXPECT_LT(out["kv_cache"]["pages"].get<int>(), out["kv_cache"]["dense_pages"].get<int>());
+
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "sieve_cli_policy_prompts.txt").string();
+  {
+    std::ofstream prompts(path);
+    prompts << text << "\n";
+  }
+  Result b = run("batch -m " + model() + " -f " + path + " -n 40 --json --kv-policy snapkv:B=16");
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  const nlohmann::json line = nlohmann::json::parse(b.out);
+  EXPECT_LT(line["usage"]["kv_cache"]["pages"].get<int>(),
+            line["usage"]["kv_cache"]["dense_pages"].get<int>());
+  std::filesystem::remove(path);
+
+  Result bad = run("run -m " + model() + " -p hi -n 4 --kv-policy lserve:K=4", true);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--calibration"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, TokenizeVocabOnlyFile) {
   Result r =
       run("tokenize -m " + testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf") +
