@@ -13,19 +13,24 @@
 namespace sieve::eval {
 namespace {
 
+std::string shared_text(const std::string& path) {
+  std::ifstream in(sieve::testing::shared_path(path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 TEST(SparsityEval, DenseAgreesWithItselfAndBudgetsKeepLess) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
-  std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = shared_text("golden/stories260K/tinystories_valid.txt");
   SparsityEvalConfig config{.families = {"snapkv", "streaming"},
                             .budgets = {2.0, 0.25},
                             .num_prompts = 2,
                             .prompt_tokens = 96,
                             .continuation_tokens = 8};
   const std::vector<PolicyFidelity> results =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   ASSERT_EQ(results.size(), 5u);
   const PolicyFidelity& dense = results[0];
   EXPECT_EQ(dense.family, "full");
@@ -57,9 +62,7 @@ TEST(SparsityEval, DenseAgreesWithItselfAndBudgetsKeepLess) {
 TEST(SparsityEval, RetrievalOnACopyingModelWithAnInterval) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/copy/copy-lm.gguf"), ""});
-  std::ifstream in(sieve::testing::shared_path("models/copy/heldout.txt"));
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = shared_text("models/copy/heldout.txt");
   SparsityEvalConfig config{.families = {"streaming"},
                             .budgets = {0.125},
                             .num_prompts = 1,
@@ -67,7 +70,7 @@ TEST(SparsityEval, RetrievalOnACopyingModelWithAnInterval) {
                             .continuation_tokens = 8,
                             .retrieval_prompts = 40};
   const std::vector<PolicyFidelity> results =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   ASSERT_EQ(results.size(), 2u);
   const PolicyFidelity& dense = results[0];
   const PolicyFidelity& window = results[1];
@@ -79,11 +82,11 @@ TEST(SparsityEval, RetrievalOnACopyingModelWithAnInterval) {
   EXPECT_NEAR(window.retrieval_vs_dense, window.retrieval / dense.retrieval, 1e-9);
   // The same seed draws the same cases; another seed, other ones.
   const std::vector<PolicyFidelity> again =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   EXPECT_DOUBLE_EQ(again[0].retrieval, dense.retrieval);
   config.seed = 2;
   const std::vector<PolicyFidelity> other =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   EXPECT_NE(other[0].retrieval, dense.retrieval);
 }
 
@@ -93,9 +96,7 @@ TEST(SparsityEval, RetrievalOnACopyingModelWithAnInterval) {
 TEST(SparsityEval, RetrievalWithTheQuestionInThePrompt) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/copy/copy-lm.gguf"), ""});
-  std::ifstream in(sieve::testing::shared_path("models/copy/heldout.txt"));
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = shared_text("models/copy/heldout.txt");
   SparsityEvalConfig config{.families = {"snapkv", "snapkv:G=11"},
                             .budgets = {0.125},
                             .num_prompts = 1,
@@ -104,7 +105,7 @@ TEST(SparsityEval, RetrievalWithTheQuestionInThePrompt) {
                             .retrieval_prompts = 40,
                             .retrieval_cue_in_prompt = true};
   const std::vector<PolicyFidelity> in_prompt =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   ASSERT_EQ(in_prompt.size(), 3u);
   EXPECT_EQ(in_prompt[2].spec, "snapkv:B=24,W=8,G=11");
   EXPECT_GT(in_prompt[0].retrieval, 0.6);
@@ -113,7 +114,7 @@ TEST(SparsityEval, RetrievalWithTheQuestionInThePrompt) {
   EXPECT_GT(in_prompt[2].retrieval, in_prompt[1].retrieval + 0.2) << "G keeps the span's rest";
   config.retrieval_cue_in_prompt = false;
   const std::vector<PolicyFidelity> after =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   EXPECT_GT(after[0].retrieval, 0.6);
   EXPECT_LT(after[1].retrieval, 0.3);
   EXPECT_LT(after[2].retrieval, 0.3) << "evicted before the question: nothing to follow";
@@ -122,9 +123,7 @@ TEST(SparsityEval, RetrievalWithTheQuestionInThePrompt) {
 TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
-  std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = shared_text("golden/stories260K/tinystories_valid.txt");
   SparsityEvalConfig config{.families = {"fastgen"},
                             .budgets = {0.25},
                             .fastgen_thresholds = {0.0, 0.5},
@@ -132,7 +131,7 @@ TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
                             .prompt_tokens = 96,
                             .continuation_tokens = 8};
   const std::vector<PolicyFidelity> results =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   ASSERT_EQ(results.size(), 3u) << "the dense baseline and one row per threshold";
   const PolicyFidelity& dense = results[0];
   const PolicyFidelity& all = results[1];
@@ -150,16 +149,14 @@ TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
 TEST(SparsityEval, QuestReadsFewerPagesButKeepsThemAll) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
-  std::ifstream in(sieve::testing::shared_path("golden/stories260K/tinystories_valid.txt"));
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = shared_text("golden/stories260K/tinystories_valid.txt");
   SparsityEvalConfig config{.families = {"quest"},
                             .budgets = {2.0, 0.125},
                             .num_prompts = 2,
                             .prompt_tokens = 96,
                             .continuation_tokens = 8};
   const std::vector<PolicyFidelity> results =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   ASSERT_EQ(results.size(), 3u);
   const PolicyFidelity& dense = results[0];
   const PolicyFidelity& every_page = results[1];
@@ -170,7 +167,7 @@ TEST(SparsityEval, QuestReadsFewerPagesButKeepsThemAll) {
   EXPECT_GT(two_pages.mean_kl, 1e-6) << "reading 2 of 7 pages changes the distributions";
 
   config.families = {"lserve"};
-  EXPECT_THROW(run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config), Error)
+  EXPECT_THROW(run_sparsity_eval(loaded.model, loaded.tokenizer, text, config), Error)
       << "lserve without a calibration profile";
 }
 
@@ -180,9 +177,7 @@ TEST(SparsityEval, QuestReadsFewerPagesButKeepsThemAll) {
 TEST(SparsityEval, QuantizedKvIsMeasuredAgainstF32Dense) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/copy/copy-lm.gguf"), ""});
-  std::ifstream in(sieve::testing::shared_path("models/copy/heldout.txt"));
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = shared_text("models/copy/heldout.txt");
   SparsityEvalConfig config{.families = {"snapkv"},
                             .budgets = {2.0, 0.25},
                             .num_prompts = 2,
@@ -190,7 +185,7 @@ TEST(SparsityEval, QuantizedKvIsMeasuredAgainstF32Dense) {
                             .continuation_tokens = 16,
                             .kv_dtype = kernels::DType::kQ8_0};
   const std::vector<PolicyFidelity> results =
-      run_sparsity_eval(loaded.model, loaded.tokenizer, text.str(), config);
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
   ASSERT_EQ(results.size(), 4u) << "f32 dense, q8 full, then the budgets";
   const PolicyFidelity& reference = results[0];
   const PolicyFidelity& q8_full = results[1];
