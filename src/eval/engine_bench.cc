@@ -239,6 +239,7 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                                     spec_config.num_speculative_tokens);
     if (spec_config.method == spec::Method::kSelfSparse)
       point.speculative += " " + sparsity::to_string(spec_config.kv_policy);
+    if (spec_config.adaptive) point.speculative += " adaptive";
   }
   point.spec_draft_tokens = finished.usage.spec_draft_tokens;
   point.spec_accepted_tokens = finished.usage.spec_accepted_tokens;
