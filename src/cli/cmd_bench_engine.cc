@@ -64,6 +64,8 @@ nlohmann::json to_json(const eval::DepthPoint& p) {
           {"decode_tokens", p.decode_tokens},
           {"decode_seconds", p.decode_seconds},
           {"decode_tokens_per_s", p.decode_tokens_per_s},
+          {"decode_cpu_seconds", p.decode_cpu_seconds},
+          {"cpu_ratio_vs_baseline", p.cpu_ratio_vs_baseline},
           {"steps", p.steps},
           {"ratio_vs_depth0", p.ratio_vs_depth0}};
 }

@@ -33,11 +33,14 @@ inline CLI::Option* add_speculative_config_option(CLI::App& command,
           "Speculative decoding, as vLLM's JSON: {\"method\": \"ngram\", "
           "\"num_speculative_tokens\": 4} (prompt lookup; also prompt_lookup_max/min) or "
           "{\"method\": \"self_sparse\", \"num_speculative_tokens\": 4, \"kv_policy\": "
-          "\"streaming:S=4,W=1020\"} (the model drafts from a sink + window view of its own KV) or "
+          "\"streaming:S=4,W=1020\"} (the model drafts from a sink + window view of its own KV; or "
+          "\"quest:K=64\": the top-64 pages by a q·k bound) or "
           "{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, \"model\": "
           "\"draft.gguf\"} (a smaller model with the same vocabulary drafts; it is loaded once, "
           "at start, and its KV pages come out of the same --kv-memory; requests may ask only "
-          "for this draft file); disable_by_batch_size. Output is unchanged (greedy; sampling "
+          "for this draft file); disable_by_batch_size; \"adaptive\": true (each sequence's k "
+          "moves in [1, num_speculative_tokens] with its acceptance). Output is unchanged (greedy; "
+          "sampling "
           "for the same seed). Default: off")
       ->check(valid);
 }

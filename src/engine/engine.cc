@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "sparsity/controller.h"
+#include "spec/draft_length.h"
 #include "spec/ngram_proposer.h"
 #include "spec/self_sparse_view.h"
 #include "util/error.h"
@@ -115,9 +116,10 @@ struct Engine::Sample {
   // For KV snapshots only: the request's label and canonical kv_policy (shared by its samples).
   std::shared_ptr<const RequestLabel> label;
   std::shared_ptr<const std::string> policy_name;
-  int32_t chunk_boundary = 0;               // SparseAdmission's
-  std::optional<float> attention_recovery;  // from the compression
-  spec::SpeculativeConfig speculative;      // the request's, or the server's
+  int32_t chunk_boundary = 0;                     // SparseAdmission's
+  std::optional<float> attention_recovery;        // from the compression
+  spec::SpeculativeConfig speculative;            // the request's, or the server's
+  std::optional<spec::DraftLength> draft_length;  // speculative.adaptive: this sequence's k
   int32_t spec_draft_tokens = 0;
   int32_t spec_accepted_tokens = 0;
   // Prompt logprobs (Request::prompt_logprobs): the top N per row; the prompt tokens' entries so
@@ -380,8 +382,9 @@ void Engine::propose_drafts() {
     if (static_cast<int32_t>(tokens.size()) <= sample->num_prompt_tokens ||
         scheduler_.num_computed(seq) + 1 != static_cast<int32_t>(tokens.size()))
       continue;
-    const int32_t max_tokens =
-        std::min(config.num_speculative_tokens, scheduler_.max_draft_tokens(seq));
+    const int32_t k =
+        sample->draft_length ? sample->draft_length->next() : config.num_speculative_tokens;
+    const int32_t max_tokens = std::min(k, scheduler_.max_draft_tokens(seq));
     if (max_tokens <= 0) continue;
     if (config.method == spec::Method::kSelfSparse) {
       // Placeholders: the draft passes need the step's pages, which schedule() reserves; they
@@ -439,11 +442,11 @@ void Engine::draft_self_sparse(const sched::ScheduleOutput& out) {
     for (const Drafting& d : drafting) {
       if (j >= d.num_drafts) continue;
       const int32_t position = d.first_position + j;
-      rows.push_back(
-          {.seq = d.seq,
-           .token = scheduler_.tokens(d.seq)[static_cast<size_t>(position)],
-           .position = position,
-           .read_blocks = spec::draft_view_blocks(*d.view, position, config_.page_size)});
+      rows.push_back({.seq = d.seq,
+                      .token = scheduler_.tokens(d.seq)[static_cast<size_t>(position)],
+                      .position = position,
+                      .num_verified = d.first_position,
+                      .view = spec::draft_view(*d.view, position, config_.page_size)});
     }
     if (rows.empty()) return;
     const std::vector<float>& logits = runner_.run_draft(rows);
@@ -507,6 +510,8 @@ void Engine::admit() {
     sample->policy_name = std::make_shared<const std::string>(std::move(p->policy_name));
     sample->chunk_boundary = p->admission.chunk_boundary;
     sample->speculative = p->speculative;
+    if (p->speculative.adaptive)
+      sample->draft_length.emplace(p->speculative.num_speculative_tokens);
     sample->prompt_logprobs = p->request.prompt_logprobs;
     if (sample->prompt_logprobs) sample->prompt_rows.push_back({.token = p->request.prompt[0]});
     const int32_t max_new = *p->request.params.max_tokens;
@@ -593,6 +598,7 @@ std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) 
     sample->policy_name = first.policy_name;
     sample->chunk_boundary = first.chunk_boundary;
     sample->speculative = first.speculative;
+    sample->draft_length = first.draft_length;
     sample->unsent_prompt_logprobs = first.unsent_prompt_logprobs;
     samples_.emplace(child, std::move(sample));
     seqs.push_back(child);
@@ -755,6 +761,7 @@ void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResul
     ++spec_num_drafts_;
     spec_num_draft_tokens_ += num_drafts;
     spec_num_accepted_tokens_ += num_accepted;
+    if (sample.draft_length) sample.draft_length->record(num_drafts, num_accepted);
     for (int32_t i = 0; i < num_accepted; ++i)
       ++spec_accepted_per_position_[static_cast<size_t>(i)];
   }
@@ -767,14 +774,15 @@ void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResul
 }
 
 // A preempted sequence is recomputed from its tokens as a dense one: compress again when that is
-// done. Its draft model pages go back too (it drafts again once it decodes).
+// done. Its draft model pages go back too (it drafts again once it decodes), and the runner's
+// key summaries (Quest's, a Quest draft view's), which describe K about to be recomputed.
 void Engine::restart_preempted(const std::vector<sched::SeqId>& preempted) {
   for (sched::SeqId seq : preempted) {
     if (draft_) draft_->release(seq);
+    runner_.forget(seq);
     if (auto it = samples_.find(seq); it != samples_.end() && it->second->sparsity &&
                                       it->second->sparsity->compressed_through() > 0) {
       it->second->sparsity->restart();
-      runner_.forget(seq);
     }
   }
 }

@@ -13,7 +13,9 @@
 //                                    passes over its own paged KV, engine/draft_model.h)
 //     out    = scheduler.schedule()  ids and counts: who computes which tokens
 //     draft_self_sparse(out)         self-speculation's draft passes (sparse views of the
-//                                    sequences' own pages) fill in their drafts
+//                                    sequences' own pages: sink + window, or Quest's choice
+//                                    by key summaries) fill in their drafts; k per sequence
+//                                    is fixed or adaptive (spec/draft_length.h)
 //     prefill_draft_model(out)       draft_model: the draft model computes the step's prompt
 //                                    chunks too
 //     plan_row_requests(out)         what sparse sequences' decode rows must do (Quest slice

@@ -48,9 +48,18 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
                                                    int32_t num_written) {
   if (summaries.size() <= stream_idx) summaries.resize(stream_idx + 1);
   SliceSummaries& summary = summaries[stream_idx];
-  const int32_t page_size = cache_.page_size();
+  summarize(summary, stream.slices, num_written / cache_.page_size());
+  return {.choose = reads.choose,
+          .summaries = reads.choose ? summary.values.as<float>() : nullptr,
+          .num_summarized = reads.choose ? summary.num_summarized : 0,
+          .top_k = reads.top_k,
+          .forced = reads.forced,
+          .reuse = reads.reuse};
+}
+
+float* ModelRunner::summarize(SliceSummaries& summary, std::span<const int32_t> slices,
+                              int32_t num_full) {
   const int64_t summary_floats = 2 * model_.config().head_dim;
-  const int32_t num_full = num_written / page_size;
   if (num_full > summary.num_summarized) {
     const size_t kept_bytes = summary.num_summarized * summary_floats * sizeof(float);
     const size_t bytes = num_full * summary_floats * sizeof(float);
@@ -61,16 +70,10 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
       if (kept_bytes > 0) backend.copy(grown.data(), summary.values.data(), kept_bytes);
       summary.values = std::move(grown);
     }
-    cache_.summarize_slices(stream.slices, summary.num_summarized, num_full,
-                            summary.values.as<float>());
+    cache_.summarize_slices(slices, summary.num_summarized, num_full, summary.values.as<float>());
     summary.num_summarized = num_full;
   }
-  return {.choose = reads.choose,
-          .summaries = reads.choose ? summary.values.as<float>() : nullptr,
-          .num_summarized = reads.choose ? summary.num_summarized : 0,
-          .top_k = reads.top_k,
-          .forced = reads.forced,
-          .reuse = reads.reuse};
+  return summary.values.as<float>();
 }
 
 void ModelRunner::copy_pages(const sched::ScheduleOutput& out) {
@@ -86,13 +89,22 @@ const std::vector<float>& ModelRunner::run_draft(std::span<const DraftRow> rows)
   for (const DraftRow& row : rows) {
     std::span<const kv::PageId> table = kv_.block_table(row.seq);
     const kv::PageId own_page = table[static_cast<size_t>(row.position / page_size)];
+    const std::vector<int32_t>& blocks = row.view.blocks;
     model::SequenceKv view;
     view.streams.resize(static_cast<size_t>(shape.num_streams()));
     const auto num_keys =
-        static_cast<int32_t>(row.read_blocks.size() - 1) * page_size + row.position % page_size + 1;
+        static_cast<int32_t>(blocks.size() - 1) * page_size + row.position % page_size + 1;
+    // A Quest view lists every block up to the row's own, so stream slice b is block b and a
+    // block's summary stays valid from draft step to draft step (full verified blocks only).
+    std::vector<SliceSummaries>* summaries = nullptr;
+    if (row.view.choice) {
+      summaries = &summaries_[row.seq];
+      summaries->resize(static_cast<size_t>(shape.num_streams()));
+    }
+    const int32_t num_full = std::min(row.num_verified, row.position) / page_size;
     for (int32_t s = 0; s < shape.num_streams(); ++s) {
       model::KvStream& stream = view.streams[static_cast<size_t>(s)];
-      for (int32_t block : row.read_blocks) {
+      for (int32_t block : blocks) {
         stream.slices.push_back(
             static_cast<int32_t>(shape.dense_slice(table[static_cast<size_t>(block)], s).value));
       }
@@ -101,12 +113,20 @@ const std::vector<float>& ModelRunner::run_draft(std::span<const DraftRow> rows)
       stream.num_dropped = row.position + 1 - num_keys;
       stream.new_rows.emplace_back(static_cast<int32_t>(shape.dense_slice(own_page, s).value),
                                    row.position % page_size);
+      if (!summaries) continue;
+      SliceSummaries& summary = (*summaries)[static_cast<size_t>(s)];
+      float* values = summarize(summary, stream.slices, num_full);
+      stream.selection = model::SliceSelection{.choose = true,
+                                               .summaries = values,
+                                               .num_summarized = summary.num_summarized,
+                                               .top_k = row.view.choice->top_k,
+                                               .forced = row.view.choice->forced};
     }
     batch_.begin_sequence(std::move(view));
     batch_.add(row.token, row.position, /*logits=*/true);
   }
   logits_.clear();
-  if (batch_.size() > 0) model_.forward(batch_, cache_, scratch_, logits_);
+  if (batch_.size() > 0) model_.forward(batch_, cache_, scratch_, logits_, &draft_outputs_);
   return logits_;
 }
 

@@ -14,6 +14,7 @@
 #include "model/llama.h"
 #include "sched/scheduler.h"
 #include "sparsity/stream_policy.h"
+#include "spec/self_sparse_view.h"
 
 namespace sieve::engine {
 
@@ -43,16 +44,20 @@ class ModelRunner {
   void copy_pages(const sched::ScheduleOutput& out);
 
   // Self-speculation: one draft pass. Row r computes `token` at `position` of a sequence whose
-  // streams share a block table, reading only the keys of block-table entries `read_blocks`
-  // (ascending, the position's own block last) with every one of them visible: a sparse view
-  // of the sequence's own pages, no copy of them. Its K/V is written at `position` in the
-  // sequence's pages (the verification step writes that position again). Returns logits
-  // [rows][vocab].
+  // streams share a block table, reading only the keys of `view.blocks` (block-table indices,
+  // ascending, the position's own block last) with every one of them visible: a sparse view
+  // of the sequence's own pages, no copy of them. A Quest view (view.choice) reads, per (layer,
+  // KV head), the forced blocks and the best others by q·k upper bound, from key summaries of
+  // the sequence's full blocks below `num_verified` (positions computed by the full model; the
+  // draft rows' K/V above it are rewritten by verification); newer blocks count as +inf. Its K/V
+  // is written at `position` in the sequence's pages (the verification step writes that
+  // position again). Returns logits [rows][vocab].
   struct DraftRow {
     sched::SeqId seq;
     int32_t token = 0;
     int32_t position = 0;
-    std::vector<int32_t> read_blocks;
+    int32_t num_verified = 0;
+    spec::DraftView view;
   };
   const std::vector<float>& run_draft(std::span<const DraftRow> rows);
   // After run(): what the sequence's rows handed back (attention weights, Quest choices); null
@@ -78,8 +83,8 @@ class ModelRunner {
   const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens,
                                    int32_t window);
 
-  // Drops what the runner keeps for a sequence (Quest's slice key summaries): it finished, or
-  // its K/V is recomputed.
+  // Drops what the runner keeps for a sequence (Quest's slice key summaries, a Quest draft
+  // view's block summaries): it finished, or its K/V is recomputed.
   void forget(sched::SeqId seq) { summaries_.erase(seq); }
 
  private:
@@ -95,6 +100,9 @@ class ModelRunner {
   // `append` (may be null): where this step's new tokens go in streams of their own.
   model::SequenceKv sequence_kv(sched::SeqId seq, const kv::SparseAppend* append,
                                 const RowRequests* requests);
+  // Summarizes slices [summary.num_summarized, num_full) of `slices` (full ones), growing the
+  // buffer; returns the summaries.
+  float* summarize(SliceSummaries& summary, std::span<const int32_t> slices, int32_t num_full);
   model::SliceSelection slice_selection(const sparsity::PageReads& reads,
                                         std::vector<SliceSummaries>& summaries, size_t stream_idx,
                                         const model::KvStream& stream, int32_t num_written);
@@ -106,7 +114,8 @@ class ModelRunner {
   std::unordered_map<sched::SeqId, std::vector<SliceSummaries>> summaries_;  // [stream]
   std::unordered_map<sched::SeqId, size_t> step_index_;  // this step's sequences in batch_
   model::Batch batch_;
-  std::vector<model::StreamOutputs> outputs_;  // [batch_ sequence]
+  std::vector<model::StreamOutputs> outputs_;        // [batch_ sequence]
+  std::vector<model::StreamOutputs> draft_outputs_;  // run_draft's (Quest choices, unused)
   model::ForwardScratch scratch_;
   std::vector<float> logits_;
 };

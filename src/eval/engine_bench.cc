@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <variant>
@@ -66,12 +67,17 @@ struct Finished {
   engine::Usage usage;
   engine::Timings timings;
   std::vector<Clock::time_point> token_times;  // when each token's event arrived
+  std::vector<double> token_cpu_seconds;       // process CPU time then (std::clock)
 };
 
 engine::RequestId submit_or_fail(engine::Engine& engine, engine::Request request, Finished& slot) {
   auto submitted = engine.submit(std::move(request), [&slot](const engine::RequestEvent& event) {
     if (!event.tokens.empty())
       slot.token_times.insert(slot.token_times.end(), event.tokens.size(), Clock::now());
+    if (!event.tokens.empty()) {
+      slot.token_cpu_seconds.insert(slot.token_cpu_seconds.end(), event.tokens.size(),
+                                    static_cast<double>(std::clock()) / CLOCKS_PER_SEC);
+    }
     if (!event.finish) return;
     slot.done = true;
     slot.error = event.error;
@@ -240,6 +246,7 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                                     spec_config.num_speculative_tokens);
     if (spec_config.method == spec::Method::kSelfSparse)
       point.speculative += " " + sparsity::to_string(spec_config.kv_policy);
+    if (spec_config.adaptive) point.speculative += " adaptive";
   }
   point.spec_draft_tokens = finished.usage.spec_draft_tokens;
   point.spec_accepted_tokens = finished.usage.spec_accepted_tokens;
@@ -266,6 +273,9 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                      gaps.end());
     point.itl_p50_seconds = gaps[gaps.size() / 2];
   }
+  if (finished.token_cpu_seconds.size() >= 2)
+    point.decode_cpu_seconds =
+        finished.token_cpu_seconds.back() - finished.token_cpu_seconds.front();
   point.steps = engine.stats().num_steps;
   return point;
 }
@@ -328,6 +338,8 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel
         point.ratio_vs_baseline = point.decode_tokens_per_s / baseline->decode_tokens_per_s;
       if (point.itl_p50_seconds > 0)
         point.itl_ratio_vs_baseline = baseline->itl_p50_seconds / point.itl_p50_seconds;
+      if (point.decode_cpu_seconds > 0)
+        point.cpu_ratio_vs_baseline = baseline->decode_cpu_seconds / point.decode_cpu_seconds;
       if (d == 0 && !d0) d0 = point.decode_tokens_per_s;
       if (d0 && *d0 > 0) point.ratio_vs_depth0 = point.decode_tokens_per_s / *d0;
       if (progress.on_depth) progress.on_depth(point);

@@ -87,6 +87,10 @@ struct DepthPoint {
   // Median time between two decode tokens: steady decode, without one-off work such as a
   // sparse policy's compression right after the first token (which the mean above includes).
   double itl_p50_seconds = 0.0;
+  // Process CPU time from the first token's event to the last: with one thread (-t 1) the
+  // decode's own work, which wall time on a shared machine is not.
+  double decode_cpu_seconds = 0.0;
+  double cpu_ratio_vs_baseline = 0.0;  // the first policy's decode_cpu_seconds / this one's
   int64_t steps = 0;
   double ratio_vs_depth0 = 0.0;  // decode tok/s / the depth-0 figure (0 when no depth-0 point)
 };

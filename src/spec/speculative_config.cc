@@ -60,11 +60,12 @@ SpeculativeConfig parse_speculative_config(std::string_view json_text) {
   for (const auto& [key, value] : object.items()) {
     static constexpr std::string_view kKeys[] = {
         "method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "kv_policy",
-        "model",  "disable_by_batch_size"};
+        "model",  "disable_by_batch_size",  "adaptive"};
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       fail(
           "speculative_config: unknown key \"{}\" (keys: method, num_speculative_tokens, "
-          "prompt_lookup_max, prompt_lookup_min, kv_policy, model, disable_by_batch_size)",
+          "prompt_lookup_max, prompt_lookup_min, kv_policy, model, disable_by_batch_size, "
+          "adaptive)",
           key);
     }
   }
@@ -77,6 +78,11 @@ SpeculativeConfig parse_speculative_config(std::string_view json_text) {
       int_field(object, "num_speculative_tokens", 1, kMaxSpeculativeTokens);
   if (object.contains("disable_by_batch_size"))
     config.disable_by_batch_size = int_field(object, "disable_by_batch_size", 1, 1 << 20);
+  if (object.contains("adaptive")) {
+    if (!object.at("adaptive").is_boolean())
+      fail("speculative_config: \"adaptive\" must be true or false");
+    config.adaptive = object.at("adaptive").get<bool>();
+  }
 
   const bool has_max = object.contains("prompt_lookup_max");
   const bool has_min = object.contains("prompt_lookup_min");
@@ -131,6 +137,7 @@ std::string to_json(const SpeculativeConfig& config) {
     object["kv_policy"] = sparsity::to_string(config.kv_policy);
   if (config.method == Method::kDraftModel) object["model"] = config.model;
   if (config.disable_by_batch_size) object["disable_by_batch_size"] = *config.disable_by_batch_size;
+  if (config.adaptive) object["adaptive"] = true;
   return object.dump();
 }
 

@@ -9,12 +9,15 @@
 //
 // plus "disable_by_batch_size": N (vLLM's name): no sequence speculates in a step that runs at
 // least N sequences, where decode is compute-bound and verifying drafts costs more than it saves.
+// "adaptive": true (not a vLLM key; transformers calls the idea a "heuristic" assistant-token
+// schedule): each sequence's k moves in [1, num_speculative_tokens] with its recent acceptance
+// (spec/draft_length.h); false (default): k = num_speculative_tokens.
 // "method": "none" (or an empty object) turns speculation off, e.g. for one request of a server
 // that speculates. Unknown keys and out-of-range values are errors naming the key.
 //
 // Defaults: num_speculative_tokens is required (1..kMaxSpeculativeTokens); prompt_lookup_max 4
 // and prompt_lookup_min 1 (when only one is given, the other is clamped to it); self_sparse's
-// kv_policy streaming:S=4,W=1020.
+// kv_policy streaming:S=4,W=1020 (or quest:K=..: spec/self_sparse_view.h).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -41,6 +44,7 @@ struct SpeculativeConfig {
   sparsity::PolicySpec kv_policy;  // self_sparse's draft view
   std::string model;               // draft_model's GGUF file
   std::optional<int32_t> disable_by_batch_size;
+  bool adaptive = false;  // k from recent acceptance, at most num_speculative_tokens
   bool enabled() const { return method != Method::kNone && num_speculative_tokens > 0; }
   bool operator==(const SpeculativeConfig&) const = default;
 };

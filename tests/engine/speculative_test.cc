@@ -23,6 +23,18 @@ spec::SpeculativeConfig self_sparse(int32_t k, const char* view = "streaming:S=4
           .kv_policy = sparsity::parse_policy(view)};
 }
 
+// Self-speculation through a Quest view: sinks, the window and the best pages by q·k bound.
+// Page size 16: these contexts (20-100 tokens) have 2-7 pages, so K=3 with one sink and one
+// window page leaves one page to choose once there are four.
+spec::SpeculativeConfig self_quest(int32_t k, const char* view = "quest:K=3,S=1,W=1") {
+  return self_sparse(k, view);
+}
+
+spec::SpeculativeConfig adaptive(spec::SpeculativeConfig config) {
+  config.adaptive = true;
+  return config;
+}
+
 struct GreedyCase {
   std::string name;
   bool generated_model = false;
@@ -83,7 +95,10 @@ INSTANTIATE_TEST_SUITE_P(
                       GreedyCase{"Stories260K_selfsparse3", false, self_sparse(3)},
                       GreedyCase{"Stories260K_selfsparse6_wide", false,
                                  self_sparse(6, "streaming:S=16,W=40"), false},
-                      GreedyCase{"GeneratedGqa_selfsparse4", true, self_sparse(4)}),
+                      GreedyCase{"GeneratedGqa_selfsparse4", true, self_sparse(4)},
+                      GreedyCase{"Stories260K_quest4", false, self_quest(4)},
+                      GreedyCase{"GeneratedGqa_quest4", true, self_quest(4)},
+                      GreedyCase{"Stories260K_ngram8_adaptive", false, adaptive(ngram(8))}),
     [](const auto& info) { return info.param.name; });
 
 // Sampling: each row draws from the sequence's own RNG as plain decoding does, so the same seed
@@ -348,6 +363,126 @@ TEST(Speculative, DraftsStopAtMaxTokensAndTheContext) {
   expect_all_pages_free(speculative);
 }
 
+// A Quest draft view in one batch with everything else: streaming drafts, prompt lookup, adaptive
+// k, no speculation, a sparse target policy (which decodes without drafts) and n > 1 sampling;
+// each request gets the tokens the same batch gives without speculation.
+TEST(Speculative, QuestDraftInAMixedBatchEqualsPlain) {
+  model::LoadedModel loaded = load_generated();
+  auto all_prompts = prompts(*loaded.tokenizer, 6);
+  for (auto& p : repetitive_prompts(*loaded.tokenizer)) all_prompts.push_back(p);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < all_prompts.size(); ++i) {
+    Request r = greedy(all_prompts[i], 60);
+    switch (i % 5) {
+      case 0:
+        r.speculative = self_sparse(3);
+        break;
+      case 1:
+        r.speculative = ngram(4);
+        break;
+      case 2:
+        r.kv_policy = sparsity::parse_policy("quest:K=2,S=1,W=1");
+        break;
+      case 3:
+        r.params.n = 2;
+        r.params.temperature = 0.9f;
+        r.params.seed = 11 + i;
+        break;
+      case 4:
+        r.speculative = adaptive(self_quest(8));
+        break;
+    }
+    requests.push_back(r);
+  }
+  std::vector<Request> plain_requests = requests;
+  for (Request& r : plain_requests) r.speculative = spec::SpeculativeConfig{};
+  Engine plain(config(512), loaded.model, loaded.tokenizer);
+  const auto expected = run(plain, plain_requests);
+  EngineConfig c = config(512);
+  c.speculative = self_quest(4);  // the n > 1 requests draft with the default
+  Engine together(c, loaded.model, loaded.tokenizer);
+  const auto got = run(together, requests);
+  expect_same_tokens(got, expected);
+  expect_all_pages_free(together);
+  const EngineStats stats = together.stats();
+  EXPECT_GT(stats.spec_num_accepted_tokens, 0);
+  EXPECT_LT(stats.spec_num_accepted_tokens, stats.spec_num_draft_tokens);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i % 5 == 2) EXPECT_EQ(got.at({i, 0}).usage.spec_draft_tokens, 0) << "sparse target " << i;
+    // Self-speculation always drafts (prompt lookup only when it finds a match).
+    if (i % 5 == 0 || i % 5 == 4) EXPECT_GT(got.at({i, 0}).usage.spec_draft_tokens, 0) << i;
+  }
+}
+
+// Adaptive k with the same seed: sampled tokens equal plain decoding's, and k moved: drafts were
+// shorter than the cap (a self_sparse draft is always k long) but not all of length 1.
+TEST(Speculative, AdaptiveKSampledOutputEqualsPlainForTheSameSeed) {
+  model::LoadedModel loaded = load_stories();
+  auto all_prompts = repetitive_prompts(*loaded.tokenizer);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < all_prompts.size() * 2; ++i) {
+    Request r{.prompt = all_prompts[i % all_prompts.size()]};
+    r.params.temperature = i % 2 == 0 ? 1.0f : 0.7f;
+    r.params.top_p = i % 2 == 1 ? 0.9f : 1.0f;
+    r.params.repetition_penalty = i % 2 == 0 ? 1.1f : 1.0f;
+    r.params.seed = 300 + i;
+    r.params.max_tokens = 48;
+    r.params.ignore_eos = true;
+    requests.push_back(r);
+  }
+  Engine plain(config(512), loaded.model, loaded.tokenizer);
+  const auto expected = run(plain, requests);
+  for (const spec::SpeculativeConfig& speculative : {adaptive(self_sparse(8, "streaming:S=4,W=8")),
+                                                     adaptive(self_quest(8)), adaptive(ngram(8))}) {
+    EngineConfig c = config(512);
+    c.speculative = speculative;
+    Engine engine(c, loaded.model, loaded.tokenizer);
+    const auto got = run(engine, requests);
+    SCOPED_TRACE(spec::to_json(speculative));
+    expect_same_tokens(got, expected);
+    expect_all_pages_free(engine);
+    const EngineStats stats = engine.stats();
+    EXPECT_GT(stats.spec_num_accepted_tokens, 0);
+    if (speculative.method == spec::Method::kSelfSparse) {
+      EXPECT_LT(stats.spec_num_draft_tokens, 8 * stats.spec_num_drafts) << "k never went down";
+      EXPECT_GT(stats.spec_num_draft_tokens, stats.spec_num_drafts) << "k never went up";
+    }
+  }
+}
+
+// Preemption and cancellation while sequences draft through Quest views with adaptive k: outputs
+// unchanged, every page back (the runner's block summaries are dropped and rebuilt).
+TEST(Speculative, QuestDraftPreemptionAndCancellationFreeEverything) {
+  model::LoadedModel loaded = load_stories();
+  auto all_prompts = prompts(*loaded.tokenizer, 6);
+  for (auto& p : repetitive_prompts(*loaded.tokenizer)) all_prompts.push_back(p);
+  const std::vector<Request> requests = greedy_requests(all_prompts, 48);
+  Engine roomy(config(512), loaded.model, loaded.tokenizer);
+  const auto expected = run(roomy, requests);
+  EngineConfig c = config(10, 64);
+  c.speculative = adaptive(self_quest(6));
+  Engine tight(c, loaded.model, loaded.tokenizer);
+  const auto got = run(tight, requests);
+  EXPECT_GT(tight.stats().num_preemptions, 0);
+  EXPECT_GT(tight.stats().spec_num_drafts, 0);
+  expect_same_tokens(got, expected);
+  expect_all_pages_free(tight);
+
+  EngineConfig roomy_config = config(256);
+  roomy_config.speculative = c.speculative;
+  Engine engine(roomy_config, loaded.model, loaded.tokenizer);
+  std::vector<RequestId> ids;
+  for (const auto& p : repetitive_prompts(*loaded.tokenizer)) {
+    auto id = engine.submit(greedy(p, 200), [](const RequestEvent&) {});
+    ASSERT_TRUE(std::holds_alternative<RequestId>(id));
+    ids.push_back(std::get<RequestId>(id));
+  }
+  while (engine.stats().spec_num_drafts < 8) ASSERT_TRUE(engine.step());
+  for (RequestId id : ids) engine.cancel(id);
+  engine.run_until_idle();
+  expect_all_pages_free(engine);
+}
+
 TEST(Speculative, UnavailableMethodsAreRefusedClearly) {
   model::LoadedModel loaded = load_stories();
   Engine engine(config(64), loaded.model, loaded.tokenizer);
@@ -357,6 +492,14 @@ TEST(Speculative, UnavailableMethodsAreRefusedClearly) {
   auto refused = engine.submit(r, [](const RequestEvent&) {});
   ASSERT_TRUE(std::holds_alternative<AdmissionError>(refused));
   EXPECT_EQ(std::get<AdmissionError>(refused).param, "speculative");
+  // A self_sparse view must be streaming or quest with R=1.
+  r.speculative = self_sparse(2, "quest:K=4,R=2");
+  refused = engine.submit(r, [](const RequestEvent&) {});
+  ASSERT_TRUE(std::holds_alternative<AdmissionError>(refused));
+  EXPECT_EQ(std::get<AdmissionError>(refused).param, "speculative");
+  r.speculative = self_sparse(2, "snapkv:B=64");
+  refused = engine.submit(r, [](const RequestEvent&) {});
+  ASSERT_TRUE(std::holds_alternative<AdmissionError>(refused));
 }
 
 }  // namespace

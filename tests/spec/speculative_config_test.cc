@@ -35,6 +35,27 @@ TEST(SpeculativeConfig, SelfSparseDefaultsToAStreamingDraftAndDraftModelNeedsAFi
       parse_speculative_config(R"({"method": "draft_model", "num_speculative_tokens": 3})"), Error);
 }
 
+TEST(SpeculativeConfig, AdaptiveIsABooleanForEveryMethod) {
+  EXPECT_FALSE(
+      parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 4})").adaptive);
+  for (const char* json :
+       {R"({"method": "ngram", "num_speculative_tokens": 8, "adaptive": true})",
+        R"({"method": "self_sparse", "num_speculative_tokens": 8, "adaptive": true})",
+        R"({"method": "draft_model", "num_speculative_tokens": 8, "model": "d.gguf",
+            "adaptive": true})"}) {
+    const SpeculativeConfig c = parse_speculative_config(json);
+    EXPECT_TRUE(c.adaptive) << json;
+    EXPECT_EQ(c.num_speculative_tokens, 8);
+    EXPECT_EQ(parse_speculative_config(to_json(c)), c) << to_json(c);
+  }
+  try {
+    parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 4, "adaptive": 1})");
+    ADD_FAILURE() << "adaptive: 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"adaptive\""), std::string::npos) << e.what();
+  }
+}
+
 TEST(SpeculativeConfig, NoneOrEmptyTurnsItOff) {
   EXPECT_FALSE(parse_speculative_config("{}").enabled());
   EXPECT_FALSE(parse_speculative_config(R"({"method": "none"})").enabled());
