@@ -65,6 +65,8 @@ struct MatrixView {
   int64_t cols = 0;
   // Optional, Q8_0 only: the same matrix repacked by pack_q8_0_for_matmul(), which matmul()
   // uses instead of `data` where packed_q8_0_matmul_supported(). The owner keeps it alive.
+  // `data` may then be null (a matrix stacked from others, whose stacked bytes were only needed
+  // for packing: model/llama.cc).
   const void* packed = nullptr;
 };
 

@@ -104,17 +104,58 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights,
   const auto prepare = [&](const kernels::MatrixView& m) {
     return m.data ? b.prepare_weights(m) : m;
   };
+  // Matrices that read the same input and share a type are stacked into one (rows of the
+  // first, then the next): one matmul instead of three (Q, K, V) or two (gate, up), so decode
+  // quantizes each activation once and runs one parallel region, not one per matrix. Only where
+  // that costs no memory: the parts lie back to back in the file (the mapped bytes are the
+  // stacked matrix), or the backend makes its own copy anyway (packed Q8_0), which then
+  // replaces the parts' copies and the stacked host bytes are dropped.
+  const auto stack = [&](std::initializer_list<const kernels::MatrixView*> parts)
+      -> std::optional<kernels::MatrixView> {
+    const kernels::MatrixView& first = **parts.begin();
+    int64_t rows = 0;
+    for (const kernels::MatrixView* m : parts) {
+      if (!m->data || m->dtype != first.dtype || m->cols != first.cols) return std::nullopt;
+      rows += m->rows;
+    }
+    const size_t row_bytes = kernels::row_bytes(first.dtype, first.cols);
+    const auto* next = static_cast<const uint8_t*>(first.data);
+    bool adjacent = true;
+    for (const kernels::MatrixView* m : parts) {
+      adjacent = adjacent && m->data == next;
+      next += static_cast<size_t>(m->rows) * row_bytes;
+    }
+    if (adjacent)
+      return prepare({.dtype = first.dtype, .data = first.data, .rows = rows, .cols = first.cols});
+    std::vector<uint8_t> bytes(static_cast<size_t>(rows) * row_bytes);
+    size_t at = 0;
+    for (const kernels::MatrixView* m : parts) {
+      std::memcpy(bytes.data() + at, m->data, static_cast<size_t>(m->rows) * row_bytes);
+      at += static_cast<size_t>(m->rows) * row_bytes;
+    }
+    kernels::MatrixView view =
+        prepare({.dtype = first.dtype, .data = bytes.data(), .rows = rows, .cols = first.cols});
+    if (view.packed == nullptr) return std::nullopt;  // it would read our copy: keep the parts
+    view.data = nullptr;  // matmul reads the packed copy only; `bytes` goes now
+    return view;
+  };
   for (const LayerWeights& w : weights_.layers) {
     DeviceLayer& d = layers_.emplace_back();
-    d.wq = prepare(w.wq);
-    d.wk = prepare(w.wk);
-    d.wv = prepare(w.wv);
+    if (w.wqkv) {
+      d.wqkv = prepare(*w.wqkv);
+    } else if (!(d.wqkv = stack({&w.wq, &w.wk, &w.wv}))) {
+      d.wq = prepare(w.wq);
+      d.wk = prepare(w.wk);
+      d.wv = prepare(w.wv);
+    }
     d.wo = prepare(w.wo);
-    d.w_gate = prepare(w.w_gate);
-    d.w_up = prepare(w.w_up);
+    if (w.w_gate_up) {
+      d.w_gate_up = prepare(*w.w_gate_up);
+    } else if (!(d.w_gate_up = stack({&w.w_gate, &w.w_up}))) {
+      d.w_gate = prepare(w.w_gate);
+      d.w_up = prepare(w.w_up);
+    }
     d.w_down = prepare(w.w_down);
-    if (w.wqkv) d.wqkv = prepare(*w.wqkv);
-    if (w.w_gate_up) d.w_gate_up = prepare(*w.w_gate_up);
     d.attn_norm = upload(w.attn_norm);
     d.ffn_norm = upload(w.ffn_norm);
     d.bq = upload(w.bq);
