@@ -339,6 +339,7 @@ std::vector<PolicyFidelity> run_sparsity_eval(
   std::vector<std::pair<std::string, double>> settings;
   if (config.kv_dtype != kernels::DType::kF32) settings.emplace_back("full", 1.0);
   for (const std::string& family : config.families) {
+    if (family == "full") continue;  // the rows above: f32, and the dtype's own when it differs
     for (double budget : family == "fastgen" ? config.fastgen_thresholds : config.budgets)
       settings.emplace_back(family, budget);
   }

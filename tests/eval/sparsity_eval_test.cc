@@ -120,6 +120,25 @@ TEST(SparsityEval, RetrievalWithTheQuestionInThePrompt) {
   EXPECT_LT(after[2].retrieval, 0.3) << "evicted before the question: nothing to follow";
 }
 
+// "full" takes no budget: asking for it gives the dense row once, not once per budget.
+TEST(SparsityEval, FullIsOneRowWhateverTheBudgets) {
+  model::LoadedModel loaded =
+      model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
+  const std::string text = shared_text("golden/stories260K/tinystories_valid.txt");
+  const SparsityEvalConfig config{.families = {"full", "streaming"},
+                                  .budgets = {0.5, 0.25},
+                                  .num_prompts = 1,
+                                  .prompt_tokens = 64,
+                                  .continuation_tokens = 4,
+                                  .retrieval_prompts = 0};
+  const std::vector<PolicyFidelity> results =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
+  ASSERT_EQ(results.size(), 3u) << "dense once, then streaming at each budget";
+  EXPECT_EQ(results[0].family, "full");
+  EXPECT_EQ(results[1].family, "streaming");
+  EXPECT_EQ(results[2].family, "streaming");
+}
+
 TEST(SparsityEval, FastGenRunsAtThresholdsInsteadOfBudgets) {
   model::LoadedModel loaded =
       model::load_model({sieve::testing::shared_path("models/stories260K.gguf"), ""});
