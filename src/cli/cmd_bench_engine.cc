@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/kv_dtype_option.h"
+#include "cli/model_options.h"
 #include "cli/speculative_option.h"
 #include "eval/engine_bench.h"
 #include "kernels/ops.h"
@@ -18,10 +19,9 @@ namespace sieve::cli {
 namespace {
 
 struct BenchEngineOptions {
-  std::string model_path;
+  ModelOptions model;
   eval::EngineBenchConfig config;
   int64_t kv_memory_mib = 0;  // 0: sized per point
-  int threads = 0;            // 0: all cores
   std::string calibration_path;
   bool json = false;
 };
@@ -108,15 +108,14 @@ void bench_engine(BenchEngineOptions options) {
     config.calibration = std::make_shared<const sparsity::CalibrationProfile>(
         sparsity::load_calibration(options.calibration_path));
   }
-  model::LoadedModel loaded = model::load_model(
-      {.model_path = options.model_path, .backend = {.device = "cpu", .threads = options.threads}});
+  model::LoadedModel loaded = model::load_model(options.model.load_options());
   const model::ModelConfig& mc = loaded.model->config();
 
   eval::EngineBenchProgress progress;
   bool depth_header = false;
   if (!options.json) {
     const int threads = loaded.model->backend().num_threads();
-    fmt::print("model {} (dim {}, {} layers, vocab {}, ctx {})\n", options.model_path, mc.dim,
+    fmt::print("model {} (dim {}, {} layers, vocab {}, ctx {})\n", options.model.model_path, mc.dim,
                mc.num_layers, mc.vocab_size, mc.context_length);
     fmt::print(
         "threads {}, SIMD target {}, page size {}, KV dtype {}, max batch tokens {}, prefix "
@@ -155,7 +154,7 @@ void bench_engine(BenchEngineOptions options) {
 
   if (options.json) {
     nlohmann::json out = {
-        {"model", options.model_path},
+        {"model", options.model.model_path},
         {"model_config",
          {{"dim", mc.dim},
           {"layers", mc.num_layers},
@@ -194,9 +193,7 @@ void add_bench_engine_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "bench-engine",
       "Measure the batching engine: throughput vs concurrency, decode speed vs context depth");
-  command->add_option("-m,--model", options->model_path, "GGUF model")
-      ->required()
-      ->check(CLI::ExistingFile);
+  options->model.add_to(*command);
   command
       ->add_option("--prompt-tokens", config.prompt_tokens,
                    "Prompt length of each concurrent request")
@@ -232,7 +229,6 @@ void add_bench_engine_command(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--page-size", config.page_size, "KV page size in tokens")
       ->capture_default_str();
-  command->add_option("-t,--threads", options->threads, "Worker threads (default: all cores)");
   add_kv_dtype_option(*command, config.kv_dtype);
   add_speculative_config_option(*command, config.speculative);
   command

@@ -15,6 +15,10 @@ struct ModelOptions {
   std::string tokenizer_path;
   int threads = 0;  // 0: all hardware threads
   std::string device = "cpu";
+  int64_t context_size = 0;  // 0: the file's
+  std::string rope_scaling;  // empty: the file's
+  float rope_scale = 0.0f;   // 0: the file's
+  int64_t yarn_original_context = 0;
 
   void add_to(CLI::App& command) {
     command.add_option("-m,--model", model_path, "Model file: GGUF, or a llama2.c .bin checkpoint")
@@ -32,11 +36,35 @@ struct ModelOptions {
                                 "kernels, for checking results; slow)",
                                 kernels::kBackendDevices))
         ->capture_default_str();
+    command
+        .add_option("--ctx-size", context_size,
+                    "Context (positions per sequence) instead of the model file's; beyond the "
+                    "context it was trained for, stretch its RoPE with --rope-scaling")
+        ->check(CLI::PositiveNumber);
+    command
+        .add_option("--rope-scaling", rope_scaling,
+                    "RoPE scaling instead of the file's: none, linear or yarn")
+        ->check(CLI::IsMember({"none", "linear", "yarn"}));
+    command
+        .add_option("--rope-scale", rope_scale,
+                    "RoPE context scaling factor (the context is stretched by it; linear unless "
+                    "--rope-scaling or the file says yarn)")
+        ->check(CLI::Range(1.0f, 1e6f));
+    command
+        .add_option("--yarn-orig-ctx", yarn_original_context,
+                    "YaRN: the context the model was trained for (default: the file's)")
+        ->check(CLI::PositiveNumber);
   }
   model::LoadOptions load_options() const {
+    model::ContextOverrides context;
+    if (context_size > 0) context.context_length = context_size;
+    if (!rope_scaling.empty()) context.rope_scaling = model::parse_rope_scaling(rope_scaling);
+    if (rope_scale > 0.0f) context.rope_scale = rope_scale;
+    if (yarn_original_context > 0) context.yarn_original_context = yarn_original_context;
     return {.model_path = model_path,
             .tokenizer_path = tokenizer_path,
-            .backend = {.device = device, .threads = threads}};
+            .backend = {.device = device, .threads = threads},
+            .context = context};
   }
 };
 

@@ -159,4 +159,47 @@ ModelConfig config_from_gguf(const gguf::File& file) {
   return config;
 }
 
+std::optional<RopeScaling> parse_rope_scaling(std::string_view name) {
+  if (name == "none") return RopeScaling::kNone;
+  if (name == "linear") return RopeScaling::kLinear;
+  if (name == "yarn") return RopeScaling::kYarn;
+  return std::nullopt;
+}
+
+void apply_context_overrides(ModelConfig& config, const ContextOverrides& overrides) {
+  if (overrides.empty()) return;
+  // YaRN's ramp is measured against the context the model was trained for, so take it before
+  // the served context replaces it.
+  const int64_t trained_context = config.context_length;
+  RopeConfig& rope = config.rope;
+  if (overrides.rope_scaling) rope.scaling = *overrides.rope_scaling;
+  if (overrides.rope_scale) {
+    if (!(*overrides.rope_scale >= 1.0f))
+      fail("RoPE scale must be at least 1 (the factor the context is stretched by), got {}",
+           *overrides.rope_scale);
+    rope.freq_scale = 1.0f / *overrides.rope_scale;
+    // A factor with no type stretches linearly, as llama.cpp does with --rope-scale alone.
+    if (rope.scaling == RopeScaling::kNone) rope.scaling = RopeScaling::kLinear;
+  }
+  if (rope.scaling == RopeScaling::kNone) {
+    rope.freq_scale = 1.0f;
+    rope.yarn = {};
+  } else if (rope.scaling == RopeScaling::kLinear) {
+    rope.yarn = {};
+  } else if (rope.yarn.ext_factor == 0.0f) {  // newly YaRN: llama.cpp's defaults
+    rope.yarn = {.ext_factor = 1.0f,
+                 .beta_fast = 32.0f,
+                 .beta_slow = 1.0f,
+                 .original_context = trained_context};
+  }
+  if (overrides.yarn_original_context) {
+    if (rope.scaling != RopeScaling::kYarn)
+      fail("--yarn-orig-ctx applies to YaRN RoPE scaling only (this model's is {})",
+           rope.scaling == RopeScaling::kLinear ? "linear" : "none");
+    rope.yarn.original_context = *overrides.yarn_original_context;
+  }
+  if (overrides.context_length) config.context_length = *overrides.context_length;
+  config.validate();
+}
+
 }  // namespace sieve::model

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/rope.h"
@@ -65,5 +66,24 @@ struct ModelConfig {
 // architectures and missing required keys are errors naming the key. The vocabulary size comes from
 // the tokenizer tokens array (or `<arch>.vocab_size`).
 ModelConfig config_from_gguf(const gguf::File& file);
+
+// What a user may change of a file's context at load, as llama.cpp's -c, --rope-scaling,
+// --rope-scale and --yarn-orig-ctx do: run a model beyond the context it was trained for, with
+// its RoPE stretched to fit (YaRN keeps the fast-turning pairs, which carry local position, as
+// trained and interpolates the slow ones). Unset fields keep the file's values.
+struct ContextOverrides {
+  std::optional<int64_t> context_length;         // positions a sequence may use
+  std::optional<RopeScaling> rope_scaling;       // replaces the file's scaling type
+  std::optional<float> rope_scale;               // context scaling factor (freq_scale = 1 / it)
+  std::optional<int64_t> yarn_original_context;  // YaRN's n_ctx_orig (default: the file's
+                                                 // training context)
+  bool empty() const {
+    return !context_length && !rope_scaling && !rope_scale && !yarn_original_context;
+  }
+};
+// Applies `overrides` to a config read from its file, then validates it (sieve::Error naming
+// the bad value).
+void apply_context_overrides(ModelConfig& config, const ContextOverrides& overrides);
+std::optional<RopeScaling> parse_rope_scaling(std::string_view name);  // none, linear, yarn
 
 }  // namespace sieve::model

@@ -59,6 +59,7 @@ LoadedModel load_model(const LoadOptions& options) {
     if (auto name = file->get_string("general.name"); name && !name->empty()) loaded.name = *name;
     loaded.chat_template = file->get_string("tokenizer.chat_template");
     ModelConfig config = config_from_gguf(*file);
+    apply_context_overrides(config, options.context);
     loaded.tokenizer = tok::Tokenizer::create(tok::load_vocab(*file));
     Weights weights = weights_from_gguf(file, config);
     if (options.on_progress) touch_tensors(*file, options.on_progress);
@@ -72,6 +73,7 @@ LoadedModel load_model(const LoadOptions& options) {
           options.model_path);
     }
     Llama2cModel checkpoint = load_llama2c_checkpoint(options.model_path);
+    apply_context_overrides(checkpoint.config, options.context);
     loaded.tokenizer = tok::Tokenizer::create(
         tok::load_llama2c_vocab(options.tokenizer_path, checkpoint.config.vocab_size));
     loaded.model = std::make_shared<const LlamaModel>(

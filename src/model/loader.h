@@ -24,6 +24,8 @@ struct LoadOptions {
   // Set: the model runs on this backend instead of a new one made from `backend` (a draft model
   // beside its target, so the two share one set of worker threads and one memory).
   std::shared_ptr<kernels::Backend> shared_backend;
+  // The served context and RoPE scaling, when not the file's.
+  ContextOverrides context;
 };
 
 struct LoadedModel {

@@ -160,12 +160,16 @@ TEST(Cli, BadModelFileIsAClearError) {
   EXPECT_NE(r.exit_code, 0);
 }
 
-TEST(Cli, PromptLongerThanContextIsRejected) {
+TEST(Cli, PromptLongerThanContextIsRejectedUnlessTheContextIsStretched) {
   std::string prompt(3000, 'a');
   for (size_t i = 1; i < prompt.size(); i += 2) prompt[i] = ' ';
   Result r = run("run -m " + model() + " -p '" + prompt + "' -n 1", true);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("context"), std::string::npos) << r.out.substr(0, 300);
+  // A longer context, the model's RoPE stretched to it (as llama.cpp's -c with --rope-scaling).
+  Result stretched = run("run -m " + model() + " -p '" + prompt +
+                         "' -n 1 -t 2 --ctx-size 4096 --rope-scaling yarn --rope-scale 8");
+  EXPECT_EQ(stretched.exit_code, 0) << stretched.out.substr(0, 300);
 }
 
 TEST(Cli, ServeRefusesADefaultPolicyItCannotRun) {

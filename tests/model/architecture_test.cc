@@ -291,6 +291,63 @@ TEST(RopeScaling, YarnWithoutAnOriginalContextUsesTheTrainingContext) {
             loaded.model->config().context_length);
 }
 
+// --ctx-size / --rope-scaling / --rope-scale / --yarn-orig-ctx give the model what a file with
+// those metadata keys would: the same RoPE (so the same forward pass) and the served context.
+TEST(RopeScaling, LoadOverridesEqualTheSameMetadataInTheFile) {
+  EditedModel file("golden/quant/base-F16.gguf", [](gguf::Writer& w) {
+    w.set_string("llama.rope.scaling.type", "yarn");
+    w.set_f32("llama.rope.scaling.factor", 4.0f);
+    w.set_u32("llama.rope.scaling.original_context_length", 512);
+    w.set_u32("llama.context_length", 2048);
+  });
+  const model::ModelConfig from_file = model::load_model({file.path(), ""}).model->config();
+  model::LoadOptions options{.model_path = testing::shared_path("golden/quant/base-F16.gguf")};
+  options.context = {.context_length = 2048,
+                     .rope_scaling = model::RopeScaling::kYarn,
+                     .rope_scale = 4.0f,
+                     .yarn_original_context = 512};
+  const model::ModelConfig overridden = model::load_model(options).model->config();
+  EXPECT_EQ(overridden.context_length, 2048);
+  EXPECT_EQ(overridden.rope.scaling, from_file.rope.scaling);
+  EXPECT_EQ(overridden.rope.freq_scale, from_file.rope.freq_scale);
+  EXPECT_EQ(overridden.rope.yarn.ext_factor, from_file.rope.yarn.ext_factor);
+  EXPECT_EQ(overridden.rope.yarn.beta_fast, from_file.rope.yarn.beta_fast);
+  EXPECT_EQ(overridden.rope.yarn.beta_slow, from_file.rope.yarn.beta_slow);
+  EXPECT_EQ(overridden.rope.yarn.original_context, from_file.rope.yarn.original_context);
+
+  // YaRN's original context defaults to the file's training context, not the served one.
+  model::LoadOptions stretched{.model_path = testing::shared_path("golden/quant/base-F16.gguf")};
+  const int64_t trained = model::load_model(stretched).model->config().context_length;
+  stretched.context = {
+      .context_length = 4 * trained, .rope_scaling = model::RopeScaling::kYarn, .rope_scale = 4.0f};
+  const model::ModelConfig yarn = model::load_model(stretched).model->config();
+  EXPECT_EQ(yarn.context_length, 4 * trained);
+  EXPECT_EQ(yarn.rope.yarn.original_context, trained);
+
+  // A factor alone stretches linearly; "none" undoes the file's scaling.
+  stretched.context = {.rope_scale = 2.0f};
+  const model::ModelConfig linear = model::load_model(stretched).model->config();
+  EXPECT_EQ(linear.rope.scaling, model::RopeScaling::kLinear);
+  EXPECT_FLOAT_EQ(linear.rope.freq_scale, 0.5f);
+  model::LoadOptions unscaled{.model_path = file.path()};
+  unscaled.context = {.rope_scaling = model::RopeScaling::kNone};
+  const model::ModelConfig none = model::load_model(unscaled).model->config();
+  EXPECT_EQ(none.rope.freq_scale, 1.0f);
+  EXPECT_EQ(none.rope.yarn.ext_factor, 0.0f);
+}
+
+TEST(RopeScaling, BadLoadOverridesAreErrorsNamingThem) {
+  model::LoadOptions options{.model_path = testing::shared_path("golden/quant/base-F16.gguf")};
+  options.context = {.rope_scale = 0.5f};
+  EXPECT_NE(error_of([&] { model::load_model(options); }).find("RoPE scale"), std::string::npos);
+  options.context = {.rope_scaling = model::RopeScaling::kLinear, .yarn_original_context = 512};
+  EXPECT_NE(error_of([&] { model::load_model(options); }).find("--yarn-orig-ctx"),
+            std::string::npos);
+  options.context = {.context_length = 0};
+  EXPECT_NE(error_of([&] { model::load_model(options); }).find("context length"),
+            std::string::npos);
+}
+
 TEST(SlidingWindow, ReadForArchitecturesThatHonourIt) {
   EditedModel file("golden/quant/base-F16.gguf",
                    [](gguf::Writer& w) { w.set_u32("llama.attention.sliding_window", 4096); });
