@@ -382,8 +382,10 @@ void Engine::propose_drafts() {
     if (static_cast<int32_t>(tokens.size()) <= sample->num_prompt_tokens ||
         scheduler_.num_computed(seq) + 1 != static_cast<int32_t>(tokens.size()))
       continue;
-    const int32_t k =
-        sample->draft_length ? sample->draft_length->next() : config.num_speculative_tokens;
+    const int32_t k = sample->draft_length
+                          ? sample->draft_length->next(config.draft_token_cost.value_or(
+                                step_cost_.draft_token_cost(config.method, num_running)))
+                          : config.num_speculative_tokens;
     const int32_t max_tokens = std::min(k, scheduler_.max_draft_tokens(seq));
     if (max_tokens <= 0) continue;
     if (config.method == spec::Method::kSelfSparse) {
@@ -403,7 +405,13 @@ void Engine::propose_drafts() {
     if (!draft.empty()) scheduler_.set_draft(seq, draft);
   }
   if (draft_model_wants.empty()) return;
+  const auto start = Clock::now();
   const std::vector<std::vector<int32_t>> drafts = draft_->propose(draft_model_wants);
+  int32_t num_passes = 0;
+  for (const DraftModelProposer::Want& want : draft_model_wants)
+    num_passes = std::max(num_passes, want.max_drafts);
+  step_cost_.record_draft_pass(spec::Method::kDraftModel,
+                               seconds_between(start, Clock::now()) / num_passes);
   for (size_t i = 0; i < drafts.size(); ++i) {
     if (!drafts[i].empty()) scheduler_.set_draft(draft_model_wants[i].seq, drafts[i]);
   }
@@ -449,7 +457,9 @@ void Engine::draft_self_sparse(const sched::ScheduleOutput& out) {
                       .view = spec::draft_view(*d.view, position, config_.page_size)});
     }
     if (rows.empty()) return;
+    const auto start = Clock::now();
     const std::vector<float>& logits = runner_.run_draft(rows);
+    step_cost_.record_draft_pass(spec::Method::kSelfSparse, seconds_between(start, Clock::now()));
     for (size_t r = 0; r < rows.size(); ++r) {
       const std::span<const float> row(&logits[r * vocab], vocab);
       scheduler_.set_draft_token(rows[r].seq, j, argmax(row));
@@ -822,12 +832,14 @@ bool Engine::step() {
     runner_.copy_pages(out);
     draft_self_sparse(out);
     prefill_draft_model(out);
+    const auto run_start = Clock::now();
     const std::vector<float>& logits = runner_.run(
         out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); },
         [&](sched::SeqId seq) -> const ModelRunner::RowRequests* {
           auto it = row_requests_.find(seq);
           return it == row_requests_.end() ? nullptr : &it->second;
         });
+    record_step_cost(out, seconds_between(run_start, Clock::now()));
     scheduler_.on_step_done(out);
     process_outputs(out, logits);
     apply_sparsity();
@@ -835,6 +847,17 @@ bool Engine::step() {
   }
   publish_stats();
   return did_work;
+}
+
+// Decode-only steps (no prompt chunk, whose cost is another matter) feed the step-time fit
+// behind adaptive k's draft token cost.
+void Engine::record_step_cost(const sched::ScheduleOutput& out, double seconds) {
+  int64_t tokens = 0;
+  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
+    if (!scheduled.samples || scheduled.num_new_tokens != scheduled.num_draft_tokens + 1) return;
+    tokens += scheduled.num_new_tokens;
+  }
+  step_cost_.record_step(tokens, static_cast<int64_t>(out.scheduled.size()), seconds);
 }
 
 void Engine::publish_stats() {

@@ -58,6 +58,7 @@
 #include "sparsity/calibration.h"
 #include "sparsity/policy_spec.h"
 #include "spec/speculative_config.h"
+#include "spec/step_cost.h"
 #include "tokenizer/tokenizer.h"
 #include "util/thread_pool.h"
 
@@ -280,6 +281,7 @@ class Engine {
   // A request with max_tokens 0: its samples finish with "length" once the prompt is computed,
   // without sampling.
   void finish_unsampled(sched::SeqId seq, Sample& sample);
+  void record_step_cost(const sched::ScheduleOutput& out, double seconds);
   void publish_stats();
   // Answers the queued request_kv_snapshot calls (stepping thread, between steps).
   void serve_kv_snapshots();
@@ -314,6 +316,7 @@ class Engine {
   sched::Scheduler scheduler_;
   ModelRunner runner_;
   std::unique_ptr<DraftModelProposer> draft_;  // with draft_model_
+  spec::StepCost step_cost_;                   // what a draft token costs, for adaptive k
   int64_t kv_bytes_per_page_ = 0;
 
   // Owned by the stepping thread.

@@ -60,12 +60,12 @@ SpeculativeConfig parse_speculative_config(std::string_view json_text) {
   for (const auto& [key, value] : object.items()) {
     static constexpr std::string_view kKeys[] = {
         "method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "kv_policy",
-        "model",  "disable_by_batch_size",  "adaptive"};
+        "model",  "disable_by_batch_size",  "adaptive",          "draft_token_cost"};
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       fail(
           "speculative_config: unknown key \"{}\" (keys: method, num_speculative_tokens, "
           "prompt_lookup_max, prompt_lookup_min, kv_policy, model, disable_by_batch_size, "
-          "adaptive)",
+          "adaptive, draft_token_cost)",
           key);
     }
   }
@@ -82,6 +82,14 @@ SpeculativeConfig parse_speculative_config(std::string_view json_text) {
     if (!object.at("adaptive").is_boolean())
       fail("speculative_config: \"adaptive\" must be true or false");
     config.adaptive = object.at("adaptive").get<bool>();
+  }
+  if (object.contains("draft_token_cost")) {
+    const json& cost = object.at("draft_token_cost");
+    if (!config.adaptive)
+      fail("speculative_config: \"draft_token_cost\" is for \"adaptive\": true");
+    if (!cost.is_number() || !(cost.get<double>() >= 0.0) || cost.get<double>() > 16.0)
+      fail("speculative_config: \"draft_token_cost\" must be a number in [0, 16]");
+    config.draft_token_cost = cost.get<double>();
   }
 
   const bool has_max = object.contains("prompt_lookup_max");
@@ -138,6 +146,7 @@ std::string to_json(const SpeculativeConfig& config) {
   if (config.method == Method::kDraftModel) object["model"] = config.model;
   if (config.disable_by_batch_size) object["disable_by_batch_size"] = *config.disable_by_batch_size;
   if (config.adaptive) object["adaptive"] = true;
+  if (config.draft_token_cost) object["draft_token_cost"] = *config.draft_token_cost;
   return object.dump();
 }
 

@@ -10,8 +10,9 @@
 // plus "disable_by_batch_size": N (vLLM's name): no sequence speculates in a step that runs at
 // least N sequences, where decode is compute-bound and verifying drafts costs more than it saves.
 // "adaptive": true (not a vLLM key; transformers calls the idea a "heuristic" assistant-token
-// schedule): each sequence's k moves in [1, num_speculative_tokens] with its recent acceptance
-// (spec/draft_length.h); false (default): k = num_speculative_tokens.
+// schedule): each sequence's k moves in [0, num_speculative_tokens] with its recent acceptance
+// and the measured cost of a draft token (spec/draft_length.h), or with "draft_token_cost": c
+// given (the same for every machine); false (default): k = num_speculative_tokens.
 // "method": "none" (or an empty object) turns speculation off, e.g. for one request of a server
 // that speculates. Unknown keys and out-of-range values are errors naming the key.
 //
@@ -45,6 +46,9 @@ struct SpeculativeConfig {
   std::string model;               // draft_model's GGUF file
   std::optional<int32_t> disable_by_batch_size;
   bool adaptive = false;  // k from recent acceptance, at most num_speculative_tokens
+  // adaptive's c (spec/draft_length.h) when set; otherwise measured as the engine runs
+  // (spec/step_cost.h). Fixed, k depends on the tokens alone, not on the machine's speed.
+  std::optional<double> draft_token_cost;
   bool enabled() const { return method != Method::kNone && num_speculative_tokens > 0; }
   bool operator==(const SpeculativeConfig&) const = default;
 };

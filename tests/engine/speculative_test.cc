@@ -10,6 +10,7 @@
 
 #include "engine/engine.h"
 #include "engine_test_util.h"
+#include "spec/draft_length.h"
 #include "spec/speculative_config.h"
 #include "speculative_test_util.h"
 
@@ -30,8 +31,11 @@ spec::SpeculativeConfig self_quest(int32_t k, const char* view = "quest:K=3,S=1,
   return self_sparse(k, view);
 }
 
-spec::SpeculativeConfig adaptive(spec::SpeculativeConfig config) {
+// Adaptive k at a fixed draft token cost, so that which k a step takes depends on the tokens
+// alone (measured costs move with the machine's load).
+spec::SpeculativeConfig adaptive(spec::SpeculativeConfig config, double draft_token_cost = 0.2) {
   config.adaptive = true;
+  config.draft_token_cost = draft_token_cost;
   return config;
 }
 
@@ -447,6 +451,41 @@ TEST(Speculative, AdaptiveKSampledOutputEqualsPlainForTheSameSeed) {
       EXPECT_LT(stats.spec_num_draft_tokens, 8 * stats.spec_num_drafts) << "k never went down";
       EXPECT_GT(stats.spec_num_draft_tokens, stats.spec_num_drafts) << "k never went up";
     }
+  }
+}
+
+// Where a draft token costs a whole step, adaptive k turns speculation off (k = 0) but for one
+// probe token every DraftLength::kProbeInterval steps; with the cost measured (whatever it is on
+// this machine) the output is plain decoding's too.
+TEST(Speculative, AdaptiveTurnsItselfOffWhenDraftsCostAStep) {
+  model::LoadedModel loaded = load_stories();
+  const auto prompts = repetitive_prompts(*loaded.tokenizer);
+  std::vector<Request> requests;
+  for (size_t i = 0; i < 3; ++i) {
+    Request r{.prompt = prompts[i % prompts.size()]};
+    r.params.temperature = 0.0f;
+    r.params.max_tokens = 64;
+    r.params.ignore_eos = true;
+    requests.push_back(r);
+  }
+  Engine plain(config(512), loaded.model, loaded.tokenizer);
+  const auto expected = run(plain, requests);
+  for (const std::optional<double> cost : {std::optional<double>(1.0), std::optional<double>()}) {
+    EngineConfig c = config(512);
+    c.speculative = adaptive(self_sparse(8, "streaming:S=4,W=8"));
+    c.speculative.draft_token_cost = cost;
+    Engine engine(c, loaded.model, loaded.tokenizer);
+    const auto got = run(engine, requests);
+    SCOPED_TRACE(spec::to_json(c.speculative));
+    expect_same_tokens(got, expected);
+    expect_all_pages_free(engine);
+    if (!cost) continue;
+    const EngineStats stats = engine.stats();
+    EXPECT_EQ(stats.spec_num_draft_tokens, stats.spec_num_drafts) << "only one-token probes";
+    // At most 63 decode steps per request (fewer where a probe is accepted): a probe at every
+    // 16th.
+    EXPECT_GE(stats.spec_num_drafts, 3 * 3);
+    EXPECT_LE(stats.spec_num_drafts, 3 * 4);
   }
 }
 

@@ -56,6 +56,31 @@ TEST(SpeculativeConfig, AdaptiveIsABooleanForEveryMethod) {
   }
 }
 
+TEST(SpeculativeConfig, DraftTokenCostPinsAdaptivesCost) {
+  const SpeculativeConfig c = parse_speculative_config(
+      R"({"method": "self_sparse", "num_speculative_tokens": 8, "adaptive": true,
+          "draft_token_cost": 0.5})");
+  ASSERT_TRUE(c.draft_token_cost.has_value());
+  EXPECT_EQ(*c.draft_token_cost, 0.5);
+  EXPECT_EQ(parse_speculative_config(to_json(c)), c) << to_json(c);
+  EXPECT_FALSE(parse_speculative_config(
+                   R"({"method": "ngram", "num_speculative_tokens": 4, "adaptive": true})")
+                   .draft_token_cost.has_value());
+  for (const char* bad :
+       {R"({"method": "ngram", "num_speculative_tokens": 4, "draft_token_cost": 0.2})",
+        R"({"method": "ngram", "num_speculative_tokens": 4, "adaptive": true,
+            "draft_token_cost": -1})",
+        R"({"method": "ngram", "num_speculative_tokens": 4, "adaptive": true,
+            "draft_token_cost": "0.2"})"}) {
+    try {
+      parse_speculative_config(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("\"draft_token_cost\""), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SpeculativeConfig, NoneOrEmptyTurnsItOff) {
   EXPECT_FALSE(parse_speculative_config("{}").enabled());
   EXPECT_FALSE(parse_speculative_config(R"({"method": "none"})").enabled());
