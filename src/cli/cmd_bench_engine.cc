@@ -32,6 +32,8 @@ nlohmann::json to_json(const eval::ConcurrencyPoint& p) {
           {"prompt_tokens", p.prompt_tokens},
           {"generated_tokens", p.generated_tokens},
           {"wall_seconds", p.wall_seconds},
+          {"cpu_seconds", p.cpu_seconds},
+          {"generated_tokens_per_cpu_s", p.generated_tokens_per_cpu_s},
           {"generated_tokens_per_s", p.generated_tokens_per_s},
           {"total_tokens_per_s", p.total_tokens_per_s},
           {"mean_ttft_seconds", p.mean_ttft_seconds},
@@ -74,10 +76,12 @@ std::string ratio(double r) { return r > 0 ? fmt::format("{:.2f}x", r) : std::st
 
 void print_concurrency_row(const eval::ConcurrencyPoint& p) {
   fmt::print(
-      "{:>5} {:>8} {:>9.2f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.2f} {:>11.1f} {:>6} {:>7} {:>8}\n",
+      "{:>5} {:>8} {:>9.2f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.2f} {:>11.1f} {:>6} {:>7} {:>8} "
+      "{:>10.1f}\n",
       p.concurrency, p.generated_tokens, p.wall_seconds, p.generated_tokens_per_s,
       p.total_tokens_per_s, 1e3 * p.mean_ttft_seconds, 1e3 * p.mean_tpot_seconds,
-      p.decode_phase_tokens_per_s, p.steps, p.preemptions, ratio(p.speedup_vs_c1));
+      p.decode_phase_tokens_per_s, p.steps, p.preemptions, ratio(p.speedup_vs_c1),
+      p.generated_tokens_per_cpu_s);
   std::fflush(stdout);
 }
 
@@ -126,9 +130,9 @@ void bench_engine(BenchEngineOptions options) {
         "throughput vs concurrency: {} prompt + {} generated tokens per request, greedy, "
         "ignore_eos\n",
         config.prompt_tokens, config.output_tokens);
-    fmt::print("{:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>11} {:>6} {:>7} {:>8}\n", "C",
-               "gen tok", "wall s", "gen tok/s", "all tok/s", "TTFT ms", "TPOT ms", "dec tok/s",
-               "steps", "preempt", "vs C=1");
+    fmt::print("{:>5} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>11} {:>6} {:>7} {:>8} {:>10}\n",
+               "C", "gen tok", "wall s", "gen tok/s", "all tok/s", "TTFT ms", "TPOT ms",
+               "dec tok/s", "steps", "preempt", "vs C=1", "gen/cpu-s");
     std::fflush(stdout);
     progress.on_concurrency = print_concurrency_row;
     progress.on_depth = [&](const eval::DepthPoint& p) {

@@ -147,15 +147,18 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
   std::vector<Finished> finished(concurrency);
 
   const auto start = Clock::now();
+  const std::clock_t cpu_start = std::clock();
   for (int32_t i = 0; i < concurrency; ++i)
     submit_or_fail(engine, std::move(requests[i]), finished[i]);
   engine.run_until_idle();
   const double wall = seconds_between(start, Clock::now());
+  const double cpu = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
 
   ConcurrencyPoint point;
   point.concurrency = concurrency;
   point.num_kv_pages = engine.config().num_kv_pages;
   point.wall_seconds = wall;
+  point.cpu_seconds = cpu;
   double ttft_sum = 0.0, tpot_sum = 0.0;
   int32_t tpot_count = 0;
   for (const Finished& f : finished) {
@@ -170,6 +173,7 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
     }
   }
   point.generated_tokens_per_s = wall > 0 ? point.generated_tokens / wall : 0.0;
+  point.generated_tokens_per_cpu_s = cpu > 0 ? point.generated_tokens / cpu : 0.0;
   point.total_tokens_per_s = wall > 0 ? (point.prompt_tokens + point.generated_tokens) / wall : 0.0;
   point.mean_ttft_seconds = ttft_sum / concurrency;
   point.mean_tpot_seconds = tpot_count > 0 ? tpot_sum / tpot_count : 0.0;

@@ -51,6 +51,10 @@ struct ConcurrencyPoint {
   int64_t prompt_tokens = 0;     // over all requests
   int64_t generated_tokens = 0;  // over all requests
   double wall_seconds = 0.0;     // first submit to idle
+  // Process CPU time (all threads) over the same span: on a shared machine it moves less than
+  // wall time with what else runs there.
+  double cpu_seconds = 0.0;
+  double generated_tokens_per_cpu_s = 0.0;
   double generated_tokens_per_s = 0.0;
   double total_tokens_per_s = 0.0;  // (prompt + generated) / wall
   double mean_ttft_seconds = 0.0;
