@@ -407,11 +407,10 @@ void Engine::propose_drafts() {
   if (draft_model_wants.empty()) return;
   const auto start = Clock::now();
   const std::vector<std::vector<int32_t>> drafts = draft_->propose(draft_model_wants);
-  int32_t num_passes = 0;
-  for (const DraftModelProposer::Want& want : draft_model_wants)
-    num_passes = std::max(num_passes, want.max_drafts);
-  step_cost_.record_draft_pass(spec::Method::kDraftModel,
-                               seconds_between(start, Clock::now()) / num_passes);
+  int32_t num_rows = 0;  // one per drafted token: the passes' rows together
+  for (const DraftModelProposer::Want& want : draft_model_wants) num_rows += want.max_drafts;
+  step_cost_.record_draft_pass(spec::Method::kDraftModel, num_rows,
+                               seconds_between(start, Clock::now()));
   for (size_t i = 0; i < drafts.size(); ++i) {
     if (!drafts[i].empty()) scheduler_.set_draft(draft_model_wants[i].seq, drafts[i]);
   }
@@ -459,7 +458,8 @@ void Engine::draft_self_sparse(const sched::ScheduleOutput& out) {
     if (rows.empty()) return;
     const auto start = Clock::now();
     const std::vector<float>& logits = runner_.run_draft(rows);
-    step_cost_.record_draft_pass(spec::Method::kSelfSparse, seconds_between(start, Clock::now()));
+    step_cost_.record_draft_pass(spec::Method::kSelfSparse, static_cast<int64_t>(rows.size()),
+                                 seconds_between(start, Clock::now()));
     for (size_t r = 0; r < rows.size(); ++r) {
       const std::span<const float> row(&logits[r * vocab], vocab);
       scheduler_.set_draft_token(rows[r].seq, j, argmax(row));

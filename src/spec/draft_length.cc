@@ -12,7 +12,8 @@ int32_t DraftLength::next(double cost) {
     steps_off_ = 0;
     return k;
   }
-  if (++steps_off_ < kProbeInterval) return 0;
+  // At c >= 1 no acceptance pays (E(k) <= k + 1 <= 1 + c k): nothing to probe for.
+  if (cost >= 1.0 || ++steps_off_ < kProbeInterval) return 0;
   steps_off_ = 0;
   return 1;
 }

@@ -16,9 +16,11 @@
 // one moves it towards 1, the rejected one (if any) towards 0, by kStep (memory: ~10 positions).
 // A rejection weighs as much as an accepted position, so after a long copy span k falls from 8
 // to 4 in three steps whose first draft is rejected, and climbs back as fast once drafts hold.
-// Before any verification, a = kPriorAcceptance. While k is 0 nothing is verified, so every
-// kProbeInterval-th step drafts one token anyway: acceptance and cost stay measured, and
-// speculation comes back when text turns repetitive or the batch shrinks.
+// Before any verification, a = kPriorAcceptance. While k is 0 for want of acceptance nothing is
+// verified, so every kProbeInterval-th step drafts one token anyway: acceptance stays measured,
+// and speculation comes back when the text turns repetitive. While it is 0 because c >= 1 (no
+// acceptance could pay), nothing is probed: c itself is measured on plain steps, and drafting
+// resumes when it falls (the batch shrinks).
 #include <cstdint>
 
 namespace sieve::spec {

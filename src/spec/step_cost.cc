@@ -20,14 +20,15 @@ void StepCost::record_step(int64_t tokens, int64_t sequences, double seconds) {
           .xy = kKeep * fit_.xy + x * seconds};
 }
 
-void StepCost::record_draft_pass(Method method, double seconds) {
-  if (!(seconds > 0)) return;
-  double& mean = draft_pass_seconds_[static_cast<size_t>(method)];
-  mean = mean == 0 ? seconds : kKeep * mean + (1 - kKeep) * seconds;
+void StepCost::record_draft_pass(Method method, int64_t rows, double seconds) {
+  if (rows <= 0 || !(seconds > 0)) return;
+  const double per_row = seconds / static_cast<double>(rows);
+  double& mean = draft_row_seconds_[static_cast<size_t>(method)];
+  mean = mean == 0 ? per_row : kKeep * mean + (1 - kKeep) * per_row;
 }
 
 double StepCost::draft_token_cost(Method method, int64_t sequences) const {
-  const double pass = draft_pass_seconds_[static_cast<size_t>(method)];
+  const double pass = draft_row_seconds_[static_cast<size_t>(method)];
   const bool drafts_free = method == Method::kNgram;
   if ((pass == 0 && !drafts_free) || fit_.w < 1) return kPriorCost;
   const double mean_x = fit_.x / fit_.w, mean_y = fit_.y / fit_.w;
@@ -41,9 +42,9 @@ double StepCost::draft_token_cost(Method method, int64_t sequences) const {
     b = kPriorTokenShare * mean_y / std::max(mean_x, 1.0);
     a = mean_y - b * mean_x;
   }
-  const double plain_step = a + b * n;
-  if (!(plain_step > 0)) return kPriorCost;
-  return ((drafts_free ? 0.0 : pass) + b) / plain_step;
+  const double plain_token = (a + b * n) / n;
+  if (!(plain_token > 0)) return kPriorCost;
+  return ((drafts_free ? 0.0 : pass) + b) / plain_token;
 }
 
 }  // namespace sieve::spec

@@ -1,21 +1,26 @@
 #pragma once
 // What a draft token costs, measured as the engine runs (for adaptive k, spec/draft_length.h).
 //
-// One drafted token costs its share of a draft pass (a self_sparse pass over the sparse view, or
-// a draft model's pass; prompt lookup: nothing worth measuring) plus its verification: one more
-// row in the target's step. Relative to the plain decode step it replaces:
+// One drafted token of one sequence costs its row of a draft pass (a self_sparse pass over the
+// sparse views, or a draft model's pass, over all the sequences drafting in it; prompt lookup:
+// nothing worth measuring) plus its verification: one more row in the target's step. It is
+// weighed against what one token costs in a plain step of the same batch, the step's time over
+// its n sequences:
 //
-//   c = (draft pass seconds + b) / (a + b * n)
+//   c = (draft pass seconds per row + b) / ((a + b * n) / n)
 //
-// where a + b * T is the target's forward time for T tokens over n sequences, fitted by least
-// squares over recent decode-only steps (exponential forgetting, ~kMemorySteps steps): a is what
-// a step costs whatever its size (the weights' read, once per step when decode is memory-bound),
-// b what each more token adds (its share of compute; the attention over its keys). Until the fit
-// has seen steps of different sizes, b stays at kPriorTokenShare of a step, and until a draft
-// pass was timed c is kPriorCost (DraftLength's old constant).
+// where a + b * T is the target's forward time for T tokens, fitted by least squares over
+// recent decode-only steps (exponential forgetting, ~kMemorySteps steps): a is what a step
+// costs whatever its size (the weights' read, once per step while decode is memory-bound), b
+// what each more token adds (its compute, and the attention over its keys). One sequence
+// decoding at a long context: c is small (a dominates). Sixteen sequences of a small model: a
+// plain step's time is mostly b * 16, so a draft token costs a whole token and c >= 1: batched
+// decode is compute-bound, and adaptive k stops drafting there by itself. Until the fit has
+// seen steps of different sizes, b stays at kPriorTokenShare of a step's time; until a draft
+// pass was timed, c is kPriorCost (DraftLength's old constant).
 //
-// Wall-clock seconds of the engine thread: on a busy machine they move, which moves c with
-// them; the exponential memory lets it follow.
+// Wall-clock seconds of the engine thread: on a busy machine they move, and c with them; the
+// exponential memory lets it follow.
 #include <array>
 #include <cstdint>
 
@@ -32,8 +37,8 @@ class StepCost {
   // A decode step of the target (no prompt chunk in it): `tokens` rows (decoded and drafted)
   // over `sequences` sequences took `seconds`.
   void record_step(int64_t tokens, int64_t sequences, double seconds);
-  // One draft pass of `method` (all its drafting sequences at once) took `seconds`.
-  void record_draft_pass(Method method, double seconds);
+  // One draft pass of `method` over `rows` drafting sequences took `seconds`.
+  void record_draft_pass(Method method, int64_t rows, double seconds);
 
   // c for one more draft token of `method` in a step of `sequences` decoding sequences.
   double draft_token_cost(Method method, int64_t sequences) const;
@@ -43,7 +48,7 @@ class StepCost {
     double w = 0, x = 0, y = 0, xx = 0, xy = 0;
   };
   Fit fit_;
-  std::array<double, 4> draft_pass_seconds_{};  // by Method, EMA; 0: never timed
+  std::array<double, 4> draft_row_seconds_{};  // by Method, EMA of a pass's time per row; 0: never
 };
 
 }  // namespace sieve::spec

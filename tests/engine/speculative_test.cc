@@ -454,9 +454,10 @@ TEST(Speculative, AdaptiveKSampledOutputEqualsPlainForTheSameSeed) {
   }
 }
 
-// Where a draft token costs a whole step, adaptive k turns speculation off (k = 0) but for one
-// probe token every DraftLength::kProbeInterval steps; with the cost measured (whatever it is on
-// this machine) the output is plain decoding's too.
+// Where a draft token costs a whole step (c = 1) adaptive k turns speculation off (k = 0); at
+// c = 0.9 only acceptance near 1 would pay, so it drafts a one-token probe every
+// DraftLength::kProbeInterval steps; with c measured (whatever it is on this machine) the output
+// is plain decoding's too.
 TEST(Speculative, AdaptiveTurnsItselfOffWhenDraftsCostAStep) {
   model::LoadedModel loaded = load_stories();
   const auto prompts = repetitive_prompts(*loaded.tokenizer);
@@ -470,7 +471,8 @@ TEST(Speculative, AdaptiveTurnsItselfOffWhenDraftsCostAStep) {
   }
   Engine plain(config(512), loaded.model, loaded.tokenizer);
   const auto expected = run(plain, requests);
-  for (const std::optional<double> cost : {std::optional<double>(1.0), std::optional<double>()}) {
+  for (const std::optional<double> cost :
+       {std::optional<double>(1.0), std::optional<double>(0.9), std::optional<double>()}) {
     EngineConfig c = config(512);
     c.speculative = adaptive(self_sparse(8, "streaming:S=4,W=8"));
     c.speculative.draft_token_cost = cost;
@@ -481,6 +483,10 @@ TEST(Speculative, AdaptiveTurnsItselfOffWhenDraftsCostAStep) {
     expect_all_pages_free(engine);
     if (!cost) continue;
     const EngineStats stats = engine.stats();
+    if (*cost >= 1.0) {
+      EXPECT_EQ(stats.spec_num_draft_tokens, 0);
+      continue;
+    }
     EXPECT_EQ(stats.spec_num_draft_tokens, stats.spec_num_drafts) << "only one-token probes";
     // At most 63 decode steps per request (fewer where a probe is accepted): a probe at every
     // 16th.
