@@ -263,9 +263,10 @@ void register_super_blocks() {
       }
     }
   }
-  // Small batches (batched decode), one thread: where the VNNI tiles start to pay.
-  for (DType dtype : {DType::kQ4_K, DType::kQ6_K}) {
-    for (int64_t num_x : {2, 4, 8, 16, 64}) {
+  // Small batches (batched decode), one thread: where the VNNI tiles start to pay (Q4_0, Q5_1:
+  // the 16-row group tiles of cpu/matmul_vnni_small_blocks.cc).
+  for (DType dtype : {DType::kQ4_0, DType::kQ5_1, DType::kQ4_K, DType::kQ6_K}) {
+    for (int64_t num_x : {2, 3, 4, 8, 16, 64}) {
       const MatmulCase c{target, dtype, 4096, 4096, num_x, 1};
       benchmark::RegisterBenchmark(
           ("SuperBlocks/Batch/" + shape_name(c) + "/x" + std::to_string(num_x) + "/threads:1")

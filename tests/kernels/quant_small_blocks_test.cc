@@ -206,6 +206,36 @@ TEST_P(SmallBlockMatmul, MatchesReferenceOnRawRandomBlocks) {
   }
 }
 
+// The prefill tiles of 16 weight rows (AVX-512 VNNI CPUs, from 4 activation rows; other targets
+// run their usual kernels here): arbitrary block bytes of every type with 32-value blocks, row
+// counts that cut a 16-row group (and a whole group), activation rows on both sides of the
+// threshold and of the 8-row activation tile, 1 and 3 blocks, and 33 blocks (two column slices,
+// the last one a single block).
+TEST_P(SmallBlockMatmul, GroupTilesMatchReferenceOnRawRandomBlocks) {
+  ThreadPool pool1(1), pool3(3);
+  std::mt19937 rng(17);
+  uint32_t seed = 900;
+  for (DType dtype : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL}) {
+    for (int64_t cols : {32, 96, 33 * 32}) {
+      for (int64_t rows : {1, 15, 16, 37}) {
+        std::vector<uint8_t> bytes(row_bytes(dtype, cols) * rows);
+        for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
+        std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
+        for (size_t offset = 0; offset < bytes.size(); offset += block_bytes(dtype)) {
+          const uint16_t d = f32_to_f16(scale(rng)), m = f32_to_f16(scale(rng));
+          std::memcpy(&bytes[offset], &d, 2);
+          if (has_min(dtype)) std::memcpy(&bytes[offset + 2], &m, 2);
+        }
+        const MatrixView w{dtype, bytes.data(), rows, cols};
+        for (int64_t num_x : {3, 4, 5, 8, 9, 20}) {
+          for (ThreadPool* pool : {&pool1, &pool3})
+            expect_matmul_matches_ref(w, num_x, *pool, ++seed, magnitudes);
+        }
+      }
+    }
+  }
+}
+
 // Row offsets past 2 GiB (32-bit index arithmetic would wrap): a sparse anonymous mapping of
 // zero pages (zero blocks: y = 0) whose last rows hold data; decode and prefill. On the best
 // target only (the VNNI tiles where the CPU has them): each call reads 2 GiB of zero pages,
@@ -227,7 +257,7 @@ TEST(SmallBlocks, RowOffsetsBeyond2GiB) {
   std::memcpy(base + (rows - num_data_rows) * bytes_per_row, tail.bytes.data(),
               num_data_rows * bytes_per_row);
   const MatrixView w{dtype, base, rows, cols};
-  for (int64_t num_x : {1, 2}) {
+  for (int64_t num_x : {1, 2, 4}) {  // 4: the 16-row group tiles
     const std::vector<float> x = random_floats(num_x * cols, 78);
     std::vector<float> y(num_x * rows, 1.0f), y_tail(num_x * num_data_rows);
     matmul(w, x.data(), num_x, y.data(), pool);

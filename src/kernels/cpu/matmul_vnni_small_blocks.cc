@@ -12,15 +12,21 @@
 //   [qs_b, qs_b, qs_b1, qs_b1] (128-bit lanes) >> [0, 4, 0, 4] & 0xF
 // which puts columns 0-15 (low nibbles) then 16-31 (high nibbles) of each block in order.
 //
-// Per block pair: one weight decode per weight row, one activation load (+ offset vpdpbusd) per
-// activation row, and per (weight row, activation row) vpdpbusd, convert, scale, FMA (+ one FMA
-// for the minimum). Prefill loop order as cpu/matmul_vnni.cc: column slices, weight tiles
-// (prefetched one ahead, decoded once into an L1 buffer: measured 1.2-1.5x), then activation
-// tiles over it. Decode: whole rows, 4 at a time, with a streaming prefetch cursor.
+// small_block_rows, per block pair: one weight decode per weight row, one activation load (+
+// offset vpdpbusd) per activation row, and per (weight row, activation row) vpdpbusd, convert,
+// scale, FMA (+ one FMA for the minimum). Decode: whole rows, 4 at a time, with a streaming
+// prefetch cursor. Prefill of 2-3 rows: loop order as cpu/matmul_vnni.cc, column slices, weight
+// tiles (prefetched one ahead, decoded once into an L1 buffer), then activation tiles over it.
+//
+// small_block_groups (prefill from 4 rows): the same decode, transposed so that one vector holds
+// 4 columns of 16 weight rows; per block and activation row 8 vpdpbusd against broadcast
+// activation bytes and one convert, scale, FMA for all 16 rows: 11 vector ops per 512 products
+// where the tiles above need 32 (measured 1.9x at 64 rows, 4096x4096 Q4_0, one thread).
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstring>
 
 #include "kernels/blocks.h"
@@ -36,38 +42,39 @@ inline constexpr int kRowsW = 4;
 inline constexpr int kRowsX = 4;
 inline constexpr int64_t kSliceBlocks = 32;  // 1024 columns: 4 activation rows = 4 KiB in L1
 
-// What each format needs from its block struct; every block starts with its f16 d.
+// What each format needs from its block struct; every block starts with its f16 d. u + kOffset
+// is the weight's integer value.
 template <SmallBlockFormat kFormat>
 struct Format;
 template <>
 struct Format<SmallBlockFormat::kQ4_0> {
   using Block = BlockQ4_0;
   static constexpr bool kFifthBits = false, kMin = false, kTable = false;
-  static constexpr int kOffset = -8;  // u + kOffset: the weight's integer value
+  static constexpr int kOffset = level_offset(SmallBlockFormat::kQ4_0);
 };
 template <>
 struct Format<SmallBlockFormat::kQ4_1> {
   using Block = BlockQ4_1;
   static constexpr bool kFifthBits = false, kMin = true, kTable = false;
-  static constexpr int kOffset = 0;  // u + kOffset: the weight's integer value
+  static constexpr int kOffset = level_offset(SmallBlockFormat::kQ4_1);
 };
 template <>
 struct Format<SmallBlockFormat::kQ5_0> {
   using Block = BlockQ5_0;
   static constexpr bool kFifthBits = true, kMin = false, kTable = false;
-  static constexpr int kOffset = -16;  // u + kOffset: the weight's integer value
+  static constexpr int kOffset = level_offset(SmallBlockFormat::kQ5_0);
 };
 template <>
 struct Format<SmallBlockFormat::kQ5_1> {
   using Block = BlockQ5_1;
   static constexpr bool kFifthBits = true, kMin = true, kTable = false;
-  static constexpr int kOffset = 0;  // u + kOffset: the weight's integer value
+  static constexpr int kOffset = level_offset(SmallBlockFormat::kQ5_1);
 };
 template <>
 struct Format<SmallBlockFormat::kIQ4_NL> {
   using Block = BlockIQ4_NL;
   static constexpr bool kFifthBits = false, kMin = false, kTable = true;
-  static constexpr int kOffset = -128;  // u + kOffset: the weight's integer value
+  static constexpr int kOffset = level_offset(SmallBlockFormat::kIQ4_NL);
 };
 
 // {v[lane0] x 8, v[lane1] x 8} from the f32 lanes of v.
@@ -322,6 +329,146 @@ SIEVE_VNNI_ATTR inline void PrefetchRows(const SmallBlockProblem& p, size_t bloc
   }
 }
 
+// ---------------------------------------------------------------- prefill in 16-row groups
+
+// kGroupRows weight rows x a slice's blocks, decoded for vpdpbusd against 4 broadcast activation
+// bytes: levels[b][k] holds columns 4k .. 4k + 3 of block b, 4 bytes per row for the 16 rows.
+// 20 KiB with minimums: it stays in L1 while the activation rows pass over it.
+inline constexpr int kGroupRows = 16;
+template <SmallBlockFormat kFormat>
+struct LevelTile {
+  alignas(64) uint8_t levels[kSliceBlocks][8][64];
+  alignas(64) float scales[kSliceBlocks][kGroupRows];                            // d_w
+  alignas(64) float mins[Format<kFormat>::kMin ? kSliceBlocks : 1][kGroupRows];  // m_w
+};
+
+// The group's rows [r0, r0 + 16) & `rows` over the slice into the tile; rows outside `rows`
+// are zeros (scale 0: they add nothing). Per row and block pair the decode path's Decode() (64
+// bytes, in column order), then per block pair one 16 x 16 transpose of 4-byte groups.
+template <SmallBlockFormat kFormat>
+SIEVE_VNNI_ATTR inline void FillTile(const SmallBlockProblem& p, int64_t r0, int num_rows,
+                                     const Slice& s, LevelTile<kFormat>& t) {
+  using F = Format<kFormat>;
+  using Block = typename F::Block;
+  alignas(64) uint16_t scales16[kSliceBlocks][kGroupRows];
+  alignas(64) uint16_t mins16[F::kMin ? kSliceBlocks : 1][kGroupRows];
+  for (int64_t b = s.begin; b < s.end; b += 2) {
+    const int64_t tb = b - s.begin;
+    const bool pair = b + 1 < s.end;
+    __m512i rows16[kGroupRows];
+    for (int r = 0; r < kGroupRows; ++r) {
+      if (r >= num_rows) {
+        rows16[r] = _mm512_setzero_si512();
+        scales16[tb][r] = scales16[tb + 1][r] = 0;
+        if constexpr (F::kMin) mins16[tb][r] = mins16[tb + 1][r] = 0;
+        continue;
+      }
+      const Block* block = reinterpret_cast<const Block*>(p.w + (r0 + r) * p.row_bytes) + b;
+      const DecodedPair<kFormat> decoded = Decode<kFormat>(block, pair);
+      rows16[r] = decoded.u;
+      // Without a pair the upper half is zero (scale 0 for the unused block tb + 1).
+      constexpr int kBits = F::kMin ? 32 : 16;
+      scales16[tb][r] = static_cast<uint16_t>(decoded.scales);
+      scales16[tb + 1][r] = static_cast<uint16_t>(decoded.scales >> kBits);
+      if constexpr (F::kMin) {
+        mins16[tb][r] = static_cast<uint16_t>(decoded.scales >> 16);
+        mins16[tb + 1][r] = static_cast<uint16_t>(decoded.scales >> 48);
+      }
+    }
+    Transpose16x16(rows16, t.levels[tb][0]);  // blocks tb and tb + 1
+  }
+  const int64_t num_pairs_blocks = (s.end - s.begin + 1) / 2 * 2;
+  for (int64_t tb = 0; tb < num_pairs_blocks; ++tb) {
+    _mm512_store_ps(
+        t.scales[tb],
+        _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales16[tb]))));
+    if constexpr (F::kMin) {
+      _mm512_store_ps(
+          t.mins[tb],
+          _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mins16[tb]))));
+    }
+  }
+}
+
+SIEVE_VNNI_ATTR inline __m512i Broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// Activation rows [x0, x0 + kX) over the tile of rows [r0, r0 + 16) & `rows`. Per block and
+// activation row: 8 vpdpbusd into int32 lanes that start at the offset correction (exact, as
+// the decode path), one conversion, one FMA with d_w * d_x (+ one with m_w * s_x).
+template <SmallBlockFormat kFormat, int kX>
+SIEVE_VNNI_ATTR inline void ActivationTile(const SmallBlockProblem& p, const LevelTile<kFormat>& t,
+                                           int64_t r0, __mmask16 rows, int64_t x0, const Slice& s) {
+  using F = Format<kFormat>;
+  const int64_t num_blocks = p.cols / kQBlock;
+  __m512 acc[kX];
+  for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = s.begin; b < s.end; ++b) {
+    const int64_t tb = b - s.begin;
+    __m512i w[8];
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_load_si512(t.levels[tb][k]);
+    const __m512 dw = _mm512_load_ps(t.scales[tb]);
+#pragma GCC unroll 16  // keeps the accumulators in registers
+    for (int i = 0; i < kX; ++i) {
+      const int64_t xb = (x0 + i) * num_blocks + b;
+      const int8_t* xq = p.xq + xb * kQBlock;
+      __m512i dot = _mm512_setzero_si512();
+      if constexpr (F::kOffset != 0) dot = _mm512_set1_epi32(p.offset_sums[xb]);
+      for (int k = 0; k < 8; ++k) dot = _mm512_dpbusd_epi32(dot, w[k], Broadcast4(xq + 4 * k));
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(p.xd[xb])),
+                               acc[i]);
+      if constexpr (F::kMin)
+        acc[i] = _mm512_fmadd_ps(_mm512_load_ps(t.mins[tb]), _mm512_set1_ps(p.xsum[xb]), acc[i]);
+    }
+  }
+  for (int i = 0; i < kX; ++i) {
+    float* out = p.y + (x0 + i) * p.rows + r0;
+    const __m512 value =
+        s.accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(rows, out), acc[i]) : acc[i];
+    _mm512_mask_storeu_ps(out, rows, value);
+  }
+}
+
+// 8 accumulators + 8 level vectors + scales, minimums and temporaries in the 32 zmm.
+inline constexpr int kGroupRowsX = 8;
+
+// The last num_x_left < kGroupRowsX activation rows as one tile.
+template <SmallBlockFormat kFormat, int kX>
+SIEVE_VNNI_ATTR inline void ActivationRemainder(const SmallBlockProblem& p,
+                                                const LevelTile<kFormat>& t, int64_t r0,
+                                                __mmask16 rows, int64_t x0, int64_t num_x_left,
+                                                const Slice& s) {
+  if constexpr (kX > 0) {
+    if (num_x_left == kX) return ActivationTile<kFormat, kX>(p, t, r0, rows, x0, s);
+    ActivationRemainder<kFormat, kX - 1>(p, t, r0, rows, x0, num_x_left, s);
+  }
+}
+
+template <SmallBlockFormat kFormat>
+SIEVE_VNNI_ATTR void Groups(const SmallBlockProblem& p, int64_t g_begin, int64_t g_end,
+                            int64_t num_x) {
+  const int64_t num_blocks = p.cols / kQBlock;
+  LevelTile<kFormat> tile;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const int64_t r0 = g * kGroupRows;
+    const int num_rows = static_cast<int>(std::min<int64_t>(kGroupRows, p.rows - r0));
+    const __mmask16 rows = static_cast<__mmask16>((1u << num_rows) - 1);
+    for (int64_t b0 = 0; b0 < num_blocks; b0 += kSliceBlocks) {
+      const Slice s{b0, std::min(num_blocks, b0 + kSliceBlocks), b0 != 0};
+      FillTile<kFormat>(p, r0, num_rows, s, tile);
+      int64_t x0 = 0;
+      for (; x0 + kGroupRowsX <= num_x; x0 += kGroupRowsX)
+        ActivationTile<kFormat, kGroupRowsX>(p, tile, r0, rows, x0, s);
+      ActivationRemainder<kFormat, kGroupRowsX - 1>(p, tile, r0, rows, x0, num_x - x0, s);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- decode and small prefill
+
 template <SmallBlockFormat kFormat>
 SIEVE_VNNI_ATTR void Rows(const SmallBlockProblem& p, int64_t r_begin, int64_t r_end,
                           int64_t num_x) {
@@ -364,9 +511,26 @@ SIEVE_VNNI_ATTR void small_block_rows(const SmallBlockProblem& p, int64_t r_begi
   }
 }
 
+SIEVE_VNNI_ATTR void small_block_groups(const SmallBlockProblem& p, int64_t g_begin, int64_t g_end,
+                                        int64_t num_x) {
+  switch (p.format) {
+    case SmallBlockFormat::kQ4_0:
+      return Groups<SmallBlockFormat::kQ4_0>(p, g_begin, g_end, num_x);
+    case SmallBlockFormat::kQ4_1:
+      return Groups<SmallBlockFormat::kQ4_1>(p, g_begin, g_end, num_x);
+    case SmallBlockFormat::kQ5_0:
+      return Groups<SmallBlockFormat::kQ5_0>(p, g_begin, g_end, num_x);
+    case SmallBlockFormat::kQ5_1:
+      return Groups<SmallBlockFormat::kQ5_1>(p, g_begin, g_end, num_x);
+    case SmallBlockFormat::kIQ4_NL:
+      return Groups<SmallBlockFormat::kIQ4_NL>(p, g_begin, g_end, num_x);
+  }
+}
+
 #else  // not x86-64 with GCC/Clang: vnni::supported() is false, nothing calls this
 
 void small_block_rows(const SmallBlockProblem&, int64_t, int64_t, int64_t) {}
+void small_block_groups(const SmallBlockProblem&, int64_t, int64_t, int64_t) {}
 
 #endif
 

@@ -24,7 +24,34 @@ struct SmallBlockProblem {
   const float* xd;
   const float* xsum;
   float* y;
+  // small_block_groups only, formats with an offset: offset * (the sum of each block's q)
+  // int32 [num_x][cols / 32] (level_offset()).
+  const int32_t* offset_sums = nullptr;
 };
 void small_block_rows(const SmallBlockProblem& p, int64_t r_begin, int64_t r_end, int64_t num_x);
+
+// The offset above: u + level_offset(format) is the weight's integer value.
+constexpr int level_offset(SmallBlockFormat format) {
+  switch (format) {
+    case SmallBlockFormat::kQ4_0:
+      return -8;
+    case SmallBlockFormat::kQ5_0:
+      return -16;
+    case SmallBlockFormat::kIQ4_NL:
+      return -128;
+    case SmallBlockFormat::kQ4_1:
+    case SmallBlockFormat::kQ5_1:
+      break;
+  }
+  return 0;
+}
+
+// The same product for prefill, in tasks of whole 16-row groups: rows [g_begin * 16,
+// min(rows, g_end * 16)). Per group and column slice, the 16 rows' weights are decoded once into
+// matmul_super_blocks_vnni.h's tile layout (4 columns of all 16 rows per 64 bytes, f32 scales
+// and minimums per row and block); every activation row then runs over the tile: per block 8
+// vpdpbusd against broadcast activation bytes, one conversion and one FMA for the 16 rows.
+// Needs offset_sums where level_offset(format) != 0.
+void small_block_groups(const SmallBlockProblem& p, int64_t g_begin, int64_t g_end, int64_t num_x);
 
 }  // namespace sieve::kernels::vnni
