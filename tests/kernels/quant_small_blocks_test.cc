@@ -185,6 +185,20 @@ TEST_P(SmallBlockMatmul, MatchesReferenceAcrossColumnSlices) {
   }
 }
 
+// rows x cols of `dtype` blocks of arbitrary bytes (every nibble and fifth bit), with scales and
+// minimums of both signs in [-0.1, 0.1].
+std::vector<uint8_t> raw_random_blocks(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::vector<uint8_t> bytes(row_bytes(dtype, cols) * rows);
+  for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
+  for (size_t offset = 0; offset < bytes.size(); offset += block_bytes(dtype)) {
+    const uint16_t d = f32_to_f16(scale(rng)), m = f32_to_f16(scale(rng));
+    std::memcpy(&bytes[offset], &d, 2);
+    if (has_min(dtype)) std::memcpy(&bytes[offset + 2], &m, 2);
+  }
+  return bytes;
+}
+
 // Blocks of arbitrary bytes, not only what the quantizers produce: every nibble and fifth bit,
 // scales and minimums of both signs.
 TEST_P(SmallBlockMatmul, MatchesReferenceOnRawRandomBlocks) {
@@ -192,14 +206,7 @@ TEST_P(SmallBlockMatmul, MatchesReferenceOnRawRandomBlocks) {
   std::mt19937 rng(9);
   for (DType dtype : kSmallBlockTypes) {
     const int64_t rows = 37, cols = 288;
-    std::vector<uint8_t> bytes(row_bytes(dtype, cols) * rows);
-    for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
-    std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
-    for (size_t offset = 0; offset < bytes.size(); offset += block_bytes(dtype)) {
-      const uint16_t d = f32_to_f16(scale(rng)), m = f32_to_f16(scale(rng));
-      std::memcpy(&bytes[offset], &d, 2);
-      if (has_min(dtype)) std::memcpy(&bytes[offset + 2], &m, 2);
-    }
+    const std::vector<uint8_t> bytes = raw_random_blocks(dtype, rows, cols, rng);
     const MatrixView w{dtype, bytes.data(), rows, cols};
     for (int64_t num_x : {1, 4, 7})
       expect_matmul_matches_ref(w, num_x, pool, 31 + num_x, magnitudes);
@@ -218,14 +225,7 @@ TEST_P(SmallBlockMatmul, GroupTilesMatchReferenceOnRawRandomBlocks) {
   for (DType dtype : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL}) {
     for (int64_t cols : {32, 96, 33 * 32}) {
       for (int64_t rows : {1, 15, 16, 37}) {
-        std::vector<uint8_t> bytes(row_bytes(dtype, cols) * rows);
-        for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng());
-        std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
-        for (size_t offset = 0; offset < bytes.size(); offset += block_bytes(dtype)) {
-          const uint16_t d = f32_to_f16(scale(rng)), m = f32_to_f16(scale(rng));
-          std::memcpy(&bytes[offset], &d, 2);
-          if (has_min(dtype)) std::memcpy(&bytes[offset + 2], &m, 2);
-        }
+        const std::vector<uint8_t> bytes = raw_random_blocks(dtype, rows, cols, rng);
         const MatrixView w{dtype, bytes.data(), rows, cols};
         for (int64_t num_x : {3, 4, 5, 8, 9, 20}) {
           for (ThreadPool* pool : {&pool1, &pool3})
