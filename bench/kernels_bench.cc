@@ -89,7 +89,7 @@ struct MatmulCase {
   DType dtype;
   int64_t rows, cols, num_x;
   int threads;
-  bool packed = false;  // Q8_0: attach pack_q8_0_for_matmul()
+  bool packed = false;  // attach pack_for_matmul() (Q8_0, Q4_0, ...)
 };
 
 void run_matmul(benchmark::State& state, const MatmulCase& c) {
@@ -102,7 +102,7 @@ void run_matmul(benchmark::State& state, const MatmulCase& c) {
   Weights w{{}, weights_of_case.view};
   std::vector<uint8_t> packed;
   if (c.packed) {
-    packed = pack_q8_0_for_matmul(w.view);
+    packed = pack_for_matmul(w.view);
     w.view.packed = packed.data();
   }
   const std::vector<float> x = random_floats(c.num_x * c.cols, 99);

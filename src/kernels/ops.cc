@@ -7,10 +7,12 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "kernels/blocks.h"
 #include "kernels/quant_formats.h"
 #include "kernels/cpu/matmul_vnni.h"
+#include "kernels/cpu/matmul_vnni_small_blocks.h"
 
 namespace sieve::kernels {
 
@@ -314,9 +316,26 @@ void dequantize_row(DType dtype, const void* src, float* dst, int64_t n) {
   }
 }
 
-bool packed_q8_0_matmul_supported() { return vnni::supported(); }
+namespace {
 
-std::vector<uint8_t> pack_q8_0_for_matmul(const MatrixView& w) {
+std::optional<vnni::SmallBlockFormat> small_block_format(DType dtype) {
+  switch (dtype) {
+    case DType::kQ4_0:
+      return vnni::SmallBlockFormat::kQ4_0;
+    case DType::kQ4_1:
+      return vnni::SmallBlockFormat::kQ4_1;
+    case DType::kQ5_0:
+      return vnni::SmallBlockFormat::kQ5_0;
+    case DType::kQ5_1:
+      return vnni::SmallBlockFormat::kQ5_1;
+    case DType::kIQ4_NL:
+      return vnni::SmallBlockFormat::kIQ4_NL;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::vector<uint8_t> pack_q8_0(const MatrixView& w) {
   assert(w.dtype == DType::kQ8_0 && w.cols % kQBlock == 0);
   constexpr int64_t kGroupRows = 16, kBlockBytes = 32 + kGroupRows * kQBlock;
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
@@ -347,6 +366,52 @@ std::vector<uint8_t> pack_q8_0_for_matmul(const MatrixView& w) {
     }
   }
   return packed;
+}
+
+// The 32-value blocks of 4 / 5 bits, layout as packed_block_bytes(). Every such block starts
+// with its f16 d, then (Q4_1 / Q5_1) its f16 m, then (Q5_x) 4 bytes qh, then 16 bytes qs.
+// Padding rows stay all zero: scale 0 adds nothing.
+std::vector<uint8_t> pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format) {
+  constexpr int64_t kGroupRows = 16;
+  const int64_t block_size = static_cast<int64_t>(block_bytes(w.dtype));
+  const int64_t packed_bytes = vnni::packed_block_bytes(format);
+  assert(packed_bytes == kGroupRows * block_size && w.cols % kQBlock == 0);
+  const bool has_min = vnni::packed_has_min(format);
+  const bool has_fifth = vnni::packed_has_fifth_bits(format);
+  const int64_t qh_at = has_min ? 4 : 2, qs_at = qh_at + (has_fifth ? 4 : 0);
+  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  const int64_t num_blocks = w.cols / kQBlock;
+  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
+  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), 0);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * bytes_per_row;
+    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const uint8_t* block = row + b * block_size;
+      uint8_t* out = packed.data() + (g * num_blocks + b) * packed_bytes;
+      std::memcpy(out + 2 * lane, block, 2);
+      if (has_min) std::memcpy(out + 32 + 2 * lane, block + 2, 2);
+      if (has_fifth)
+        std::memcpy(out + vnni::packed_fifth_offset(format) + 4 * lane, block + qh_at, 4);
+      uint8_t* levels = out + vnni::packed_levels_offset(format);
+      for (int64_t k = 0; k < 4; ++k)
+        std::memcpy(levels + (k * kGroupRows + lane) * 4, block + qs_at + 4 * k, 4);
+    }
+  }
+  return packed;
+}
+
+}  // namespace
+
+bool packed_matmul_supported(DType dtype) {
+  return (dtype == DType::kQ8_0 || small_block_format(dtype)) && vnni::supported();
+}
+
+std::vector<uint8_t> pack_for_matmul(const MatrixView& w) {
+  if (w.dtype == DType::kQ8_0) return pack_q8_0(w);
+  const std::optional<vnni::SmallBlockFormat> format = small_block_format(w.dtype);
+  assert(format);
+  return pack_small_blocks(w, *format);
 }
 
 }  // namespace sieve::kernels

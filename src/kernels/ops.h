@@ -63,10 +63,10 @@ struct MatrixView {
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  // Optional, Q8_0 only: the same matrix repacked by pack_q8_0_for_matmul(), which matmul()
-  // uses instead of `data` where packed_q8_0_matmul_supported(). The owner keeps it alive.
-  // `data` may then be null (a matrix stacked from others, whose stacked bytes were only needed
-  // for packing: model/llama.cc).
+  // Optional: the same matrix repacked by pack_for_matmul(), which matmul() uses instead of
+  // `data` where packed_matmul_supported(dtype). The owner keeps it alive. `data` may then be
+  // null (a matrix stacked from others, whose stacked bytes were only needed for packing:
+  // model/llama.cc).
   const void* packed = nullptr;
 };
 
@@ -95,14 +95,19 @@ void quantize_activations_q8(const float* x, int64_t n, int8_t* q, float* d, flo
 // products run in integers with one f32 scale per block.
 void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool);
 
-// Q8_0 weights repacked for matmul on x86 CPUs with AVX-512 VNNI: groups of 16 rows (the
-// last one padded with zero rows), and per group and 32-column block 544 bytes:
+// Weights repacked for matmul on x86 CPUs with AVX-512 VNNI, where
+// packed_matmul_supported(dtype): Q8_0 and the 32-value blocks Q4_0, Q4_1, Q5_0, Q5_1 and
+// IQ4_NL. Groups of 16 rows (the last one padded with zero rows), and per group and 32-column
+// block the 16 rows' scales side by side, then their values interleaved so that one 64-byte load
+// holds 4 columns of all 16 rows (one int32 lane per row), the operand of vpdpbusd against 4
+// broadcast activation bytes: matmul needs no horizontal sums and decodes each weight once for
+// up to 8 activation rows. Q8_0, per block 544 bytes:
 //   16 f16 scales (row order), then for k = 0..7, for row r = 0..15: the 4 bytes of columns
-//   4k..4k+3 of row r, each as w + 128 (u8)
-// so one 64-byte load holds 4 columns of all 16 rows (one int32 lane per row), the operand
-// of vpdpbusd against 4 broadcast activation bytes. Same size as Q8_0, rounded up to 16 rows.
-bool packed_q8_0_matmul_supported();
-std::vector<uint8_t> pack_q8_0_for_matmul(const MatrixView& w);  // w.dtype must be kQ8_0
+//   4k..4k+3 of row r, each as w + 128 (u8);
+// the others as cpu/matmul_vnni_small_blocks.h's packed_block_bytes() (nibbles stay packed).
+// Same size as the blocks, rounded up to 16 rows.
+bool packed_matmul_supported(DType dtype);
+std::vector<uint8_t> pack_for_matmul(const MatrixView& w);  // packed_matmul_supported(w.dtype)
 
 // --- vector ops (single-threaded; callers parallelise over rows/heads) ---
 float dot(const float* a, const float* b, int64_t n);

@@ -34,8 +34,8 @@ class CpuBackend final : public HostMemoryBackend {
   int num_threads() const override { return pool_.num_threads(); }
 
   MatrixView prepare_weights(const MatrixView& w) override {
-    if (w.dtype != DType::kQ8_0 || w.packed != nullptr || !packed_q8_0_matmul_supported()) return w;
-    std::vector<uint8_t> packed = pack_q8_0_for_matmul(w);
+    if (w.packed != nullptr || !packed_matmul_supported(w.dtype)) return w;
+    std::vector<uint8_t> packed = pack_for_matmul(w);
     MatrixView view = w;
     view.packed = packed.data();  // stays put when packed_ grows (moved, not copied)
     const std::lock_guard lock(packed_mutex_);
@@ -234,7 +234,7 @@ class CpuBackend final : public HostMemoryBackend {
   std::unique_ptr<ThreadPool> owned_pool_;  // make_cpu_backend(num_threads); else null
   ThreadPool& pool_;
   std::mutex packed_mutex_;
-  std::vector<std::vector<uint8_t>> packed_;  // Q8_0 repackings handed out by prepare_weights
+  std::vector<std::vector<uint8_t>> packed_;  // repackings handed out by prepare_weights
 };
 
 }  // namespace

@@ -545,7 +545,7 @@ struct Q8_0VnniKernel {
     vnni::q8_0_rows(problem, r_begin, r_end, num_x);
   }
 };
-// Q8_0 packed by pack_q8_0_for_matmul(), same CPUs: tasks of whole 16-row groups.
+// Q8_0 packed by pack_for_matmul(), same CPUs: tasks of whole 16-row groups.
 struct PackedQ8_0VnniKernel {
   static constexpr int64_t kRowAlign = 16;
   vnni::PackedQ8_0Problem problem;
@@ -569,7 +569,18 @@ struct SmallBlockVnniKernel {
     vnni::small_block_rows(problem, r_begin, r_end, num_x);
   }
 };
-// The same types from kMinSmallBlockGroupRows activation rows on: tasks of whole 16-row groups,
+// The same types packed by pack_for_matmul(), any num_x: tasks of whole 16-row groups.
+struct PackedSmallBlockVnniKernel {
+  static constexpr int64_t kRowAlign = 16;
+  vnni::SmallBlockProblem problem;
+  size_t row_bytes;
+  int64_t rows, cols;
+  void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
+    vnni::packed_small_block_groups(problem, r_begin / kRowAlign,
+                                    (r_end + kRowAlign - 1) / kRowAlign, num_x);
+  }
+};
+// Unpacked, from kMinSmallBlockGroupRows activation rows on: tasks of whole 16-row groups,
 // each group's weights decoded once per column slice for all activation rows.
 struct SmallBlockGroupVnniKernel {
   static constexpr int64_t kRowAlign = 16;
@@ -795,11 +806,16 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
                                       d.data(),
                                       sums.data(),
                                       y};
-      if (num_x >= kMinSmallBlockGroupRows) {
+      const bool packed = w.packed != nullptr;
+      if (packed || num_x >= kMinSmallBlockGroupRows) {
         constexpr int32_t kOffset = vnni::level_offset(Row::kVnniFormat);
         const std::vector<int32_t> offset_sums =
             kOffset != 0 ? ScaledBlockSums(q, kOffset) : std::vector<int32_t>();
         problem.offset_sums = offset_sums.data();
+        if (packed) {
+          problem.w = static_cast<const uint8_t*>(w.packed);
+          return Run(PackedSmallBlockVnniKernel{problem, bytes, w.rows, w.cols}, num_x, pool);
+        }
         return Run(SmallBlockGroupVnniKernel{problem, bytes, w.rows, w.cols}, num_x, pool);
       }
       return Run(SmallBlockVnniKernel{problem, bytes, w.rows, w.cols}, num_x, pool);

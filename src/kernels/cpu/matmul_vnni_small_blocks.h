@@ -54,4 +54,35 @@ constexpr int level_offset(SmallBlockFormat format) {
 // Needs offset_sums where level_offset(format) != 0.
 void small_block_groups(const SmallBlockProblem& p, int64_t g_begin, int64_t g_end, int64_t num_x);
 
+// Weights packed by pack_for_matmul() (ops.h): groups of 16 rows (the last one padded with zero
+// rows), and per group and 32-column block, packed_block_bytes(format) bytes, the same as the 16
+// rows' blocks:
+//   16 f16 scales d (row order); with a minimum, 16 f16 minimums m; with fifth bits, the 16 rows'
+//   4 qh bytes (row order); then for k = 0..3, for row r = 0..15: qs[4k .. 4k + 3] of row r
+// so one 64-byte load holds, per int32 lane r, columns 4k .. 4k + 3 (low nibbles) and 16 + 4k ..
+// 16 + 4k + 3 (high nibbles) of row r: two vpdpbusd operands against 4 broadcast activation
+// bytes, with no transpose at run time.
+constexpr bool packed_has_min(SmallBlockFormat format) {
+  return format == SmallBlockFormat::kQ4_1 || format == SmallBlockFormat::kQ5_1;
+}
+constexpr bool packed_has_fifth_bits(SmallBlockFormat format) {
+  return format == SmallBlockFormat::kQ5_0 || format == SmallBlockFormat::kQ5_1;
+}
+constexpr int64_t packed_fifth_offset(SmallBlockFormat format) {
+  return 32 + (packed_has_min(format) ? 32 : 0);
+}
+constexpr int64_t packed_levels_offset(SmallBlockFormat format) {
+  return packed_fifth_offset(format) + (packed_has_fifth_bits(format) ? 64 : 0);
+}
+constexpr int64_t packed_block_bytes(SmallBlockFormat format) {
+  return packed_levels_offset(format) + 256;
+}
+
+// The product from such packed weights (p.w the packed bytes, p.row_bytes unused), any num_x:
+// per group, block and activation row, 8 vpdpbusd (low then high nibbles of the 4 level
+// vectors), one conversion and one FMA for the 16 rows (+ one for the minimum). Needs
+// offset_sums where level_offset(format) != 0. Rows [g_begin * 16, min(rows, g_end * 16)).
+void packed_small_block_groups(const SmallBlockProblem& p, int64_t g_begin, int64_t g_end,
+                               int64_t num_x);
+
 }  // namespace sieve::kernels::vnni
