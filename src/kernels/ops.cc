@@ -11,6 +11,8 @@
 
 #include "kernels/blocks.h"
 #include "kernels/quant_formats.h"
+#include "kernels/quant_super_blocks.h"
+#include "kernels/cpu/matmul_super_blocks_vnni.h"
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
 
@@ -401,14 +403,57 @@ std::vector<uint8_t> pack_small_blocks(const MatrixView& w, vnni::SmallBlockForm
   return packed;
 }
 
+// Q4_K, layout as vnni::kPackedQ4_KBytes: levels from the block's decoding, so the nibbles are
+// placed by column, whatever the block's own order.
+std::vector<uint8_t> pack_q4_k(const MatrixView& w) {
+  constexpr int64_t kGroupRows = 16;
+  assert(w.dtype == DType::kQ4_K && w.cols % kQKBlock == 0);
+  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  const int64_t num_blocks = w.cols / kQKBlock;
+  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
+  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedQ4_KBytes),
+                              0);
+  quant::SuperBlockInts ints;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const auto* row =
+        reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
+    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      quant::decode_super_block(DType::kQ4_K, &row[b], &ints);
+      uint8_t* out = packed.data() + (g * num_blocks + b) * vnni::kPackedQ4_KBytes;
+      std::memcpy(out + 2 * lane, &row[b].d, 2);
+      std::memcpy(out + 32 + 2 * lane, &row[b].dmin, 2);
+      uint8_t* scales = out + 64;
+      uint8_t* mins = scales + 8 * kGroupRows;
+      uint8_t* levels = mins + 8 * kGroupRows;
+      for (int s = 0; s < 8; ++s) {  // SuperBlockInts has them per 16 values
+        scales[s * kGroupRows + lane] = static_cast<uint8_t>(ints.scales[2 * s]);
+        mins[s * kGroupRows + lane] = static_cast<uint8_t>(ints.mins[2 * s]);
+      }
+      for (int j = 0; j < 4; ++j) {
+        for (int k = 0; k < 8; ++k) {
+          for (int e = 0; e < 4; ++e) {
+            const int c = 64 * j + 4 * k + e;
+            levels[((j * 8 + k) * kGroupRows + lane) * 4 + e] =
+                static_cast<uint8_t>(ints.q[c] | (ints.q[c + 32] << 4));
+          }
+        }
+      }
+    }
+  }
+  return packed;
+}
+
 }  // namespace
 
 bool packed_matmul_supported(DType dtype) {
-  return (dtype == DType::kQ8_0 || small_block_format(dtype)) && vnni::supported();
+  return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || small_block_format(dtype)) &&
+         vnni::supported();
 }
 
 std::vector<uint8_t> pack_for_matmul(const MatrixView& w) {
   if (w.dtype == DType::kQ8_0) return pack_q8_0(w);
+  if (w.dtype == DType::kQ4_K) return pack_q4_k(w);
   const std::optional<vnni::SmallBlockFormat> format = small_block_format(w.dtype);
   assert(format);
   return pack_small_blocks(w, *format);

@@ -96,16 +96,17 @@ void quantize_activations_q8(const float* x, int64_t n, int8_t* q, float* d, flo
 void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool);
 
 // Weights repacked for matmul on x86 CPUs with AVX-512 VNNI, where
-// packed_matmul_supported(dtype): Q8_0 and the 32-value blocks Q4_0, Q4_1, Q5_0, Q5_1 and
-// IQ4_NL. Groups of 16 rows (the last one padded with zero rows), and per group and 32-column
+// packed_matmul_supported(dtype): Q8_0, the 32-value blocks Q4_0, Q4_1, Q5_0, Q5_1 and
+// IQ4_NL, and Q4_K. Groups of 16 rows (the last one padded with zero rows), and per group and
 // block the 16 rows' scales side by side, then their values interleaved so that one 64-byte load
 // holds 4 columns of all 16 rows (one int32 lane per row), the operand of vpdpbusd against 4
 // broadcast activation bytes: matmul needs no horizontal sums and decodes each weight once for
 // up to 8 activation rows. Q8_0, per block 544 bytes:
 //   16 f16 scales (row order), then for k = 0..7, for row r = 0..15: the 4 bytes of columns
 //   4k..4k+3 of row r, each as w + 128 (u8);
-// the others as cpu/matmul_vnni_small_blocks.h's packed_block_bytes() (nibbles stay packed).
-// Same size as the blocks, rounded up to 16 rows.
+// the 32-value blocks as cpu/matmul_vnni_small_blocks.h's packed_block_bytes() (nibbles stay
+// packed), the same size as the blocks, rounded up to 16 rows; Q4_K as
+// cpu/matmul_super_blocks_vnni.h's kPackedQ4_KBytes, 2.8% more (scales and mins as bytes).
 bool packed_matmul_supported(DType dtype);
 std::vector<uint8_t> pack_for_matmul(const MatrixView& w);  // packed_matmul_supported(w.dtype)
 

@@ -897,34 +897,72 @@ struct SuperBlockVnniKernel {
 // The activation side of the VNNI tiles: per row and column group, -offset * sum(q_x) and
 // -sum(q_x) (from the Q8_K sums per 16).
 template <class Row>
-void MatmulVnni(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
-                ThreadPool& pool) {
-  constexpr int kPerGroup = Row::kGroupCols / 16;
-  const int64_t num_blocks = w.cols / kQKBlock;
-  const int64_t groups_per_row = w.cols / Row::kGroupCols;
-  std::vector<int32_t> offset_sums(static_cast<size_t>(num_x * groups_per_row));
-  std::vector<float> neg_sums(offset_sums.size());
-  for (int64_t i = 0; i < num_x; ++i) {
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const BlockQ8_K& block = xq[i * num_blocks + b];
-      for (int g = 0; g < kQKBlock / Row::kGroupCols; ++g) {
-        int32_t sum = 0;
-        for (int k = 0; k < kPerGroup; ++k) sum += block.bsums[g * kPerGroup + k];
-        const size_t at =
-            static_cast<size_t>(i * groups_per_row + b * (kQKBlock / Row::kGroupCols) + g);
-        offset_sums[at] = -Row::kLevelOffset * sum;
-        neg_sums[at] = static_cast<float>(-sum);
+struct GroupSums {
+  std::vector<int32_t> offset_sums;
+  std::vector<float> neg_sums;
+  int64_t groups_per_row;
+
+  GroupSums(const BlockQ8_K* xq, int64_t num_x, int64_t cols)
+      : offset_sums(static_cast<size_t>(num_x * (cols / Row::kGroupCols))),
+        neg_sums(offset_sums.size()),
+        groups_per_row(cols / Row::kGroupCols) {
+    constexpr int kPerGroup = Row::kGroupCols / 16;
+    const int64_t num_blocks = cols / kQKBlock;
+    for (int64_t i = 0; i < num_x; ++i) {
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        const BlockQ8_K& block = xq[i * num_blocks + b];
+        for (int g = 0; g < kQKBlock / Row::kGroupCols; ++g) {
+          int32_t sum = 0;
+          for (int k = 0; k < kPerGroup; ++k) sum += block.bsums[g * kPerGroup + k];
+          const size_t at =
+              static_cast<size_t>(i * groups_per_row + b * (kQKBlock / Row::kGroupCols) + g);
+          offset_sums[at] = -Row::kLevelOffset * sum;
+          neg_sums[at] = static_cast<float>(-sum);
+        }
       }
     }
   }
-  const SuperBlockVnniKernel<Row> kernel{
-      static_cast<const uint8_t*>(w.data),
-      row_bytes(w.dtype, w.cols),
-      w.rows,
-      w.cols,
-      vnni::SuperBlockActivations{xq, num_blocks, offset_sums.data(), neg_sums.data(),
-                                  groups_per_row},
-      y};
+  vnni::SuperBlockActivations activations(const BlockQ8_K* xq, int64_t cols) const {
+    return {xq, cols / kQKBlock, offset_sums.data(), neg_sums.data(), groups_per_row};
+  }
+};
+
+template <class Row>
+void MatmulVnni(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
+                ThreadPool& pool) {
+  const GroupSums<Row> sums(xq, num_x, w.cols);
+  const SuperBlockVnniKernel<Row> kernel{static_cast<const uint8_t*>(w.data),
+                                         row_bytes(w.dtype, w.cols),
+                                         w.rows,
+                                         w.cols,
+                                         sums.activations(xq, w.cols),
+                                         y};
+  Run(kernel, num_x, pool);
+}
+
+// Q4_K packed by pack_for_matmul(), any number of activation rows: tasks of whole 16-row groups.
+struct PackedQ4_KVnniKernel {
+  static constexpr int64_t kRowAlign = 16;
+  const uint8_t* packed;
+  size_t row_bytes;
+  int64_t rows, cols;
+  vnni::SuperBlockActivations x;
+  float* y;
+  void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
+    vnni::packed_q4_k_groups(packed, rows, cols, x, y, r_begin / kRowAlign,
+                             (r_end + kRowAlign - 1) / kRowAlign, num_x);
+  }
+};
+
+void MatmulPackedQ4_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
+                      ThreadPool& pool) {
+  const GroupSums<Q4_KUnpack> sums(xq, num_x, w.cols);
+  const PackedQ4_KVnniKernel kernel{static_cast<const uint8_t*>(w.packed),
+                                    row_bytes(w.dtype, w.cols),
+                                    w.rows,
+                                    w.cols,
+                                    sums.activations(xq, w.cols),
+                                    y};
   Run(kernel, num_x, pool);
 }
 #endif
@@ -933,6 +971,9 @@ template <class Row>
 void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
                 ThreadPool& pool) {
 #if HWY_TARGET == HWY_AVX3
+  if constexpr (std::is_same_v<Row, Q4_KUnpack>) {
+    if (w.packed != nullptr && vnni::supported()) return MatmulPackedQ4_K(w, xq, num_x, y, pool);
+  }
   if (num_x >= kVnniMinRows && vnni::supported()) return MatmulVnni<Row>(w, xq, num_x, y, pool);
 #endif
 #if HWY_TARGET <= HWY_AVX3

@@ -103,6 +103,78 @@ SIEVE_VNNI_ATTR void AllRows(const SuperBlockTile& t, const SuperBlockActivation
                                        accumulate);
 }
 
+// 16 packed Q4_K rows (group at `group`) x activation rows [x0, x0 + kX), all super-blocks.
+// The same sums as Tile<32, true, kX> over an unpacked tile, the levels and the f32 scales and
+// mins (d * scale, dmin * min, as the unpacked tile holds them) made in registers.
+template <int kX>
+SIEVE_VNNI_ATTR inline void PackedQ4_KTile(const uint8_t* group, int64_t num_blocks,
+                                           const SuperBlockActivations& a, int64_t x0, float* y,
+                                           int64_t y_stride, __mmask16 rows) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 acc[kX];
+  for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < num_blocks; ++sb) {
+    const uint8_t* block = group + sb * kPackedQ4_KBytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    const __m512 dmin =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+    const uint8_t* scales = block + 64;
+    const uint8_t* mins = scales + 8 * 16;
+    const uint8_t* levels = mins + 8 * 16;
+    const BlockQ8_K* xb[kX];
+    const float* sums[kX];
+    for (int i = 0; i < kX; ++i) {
+      xb[i] = a.x + (x0 + i) * a.blocks_per_row + sb;
+      sums[i] = a.neg_sums + (x0 + i) * a.groups_per_row + sb * 8;
+    }
+    __m512 block_acc[kX];
+    for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* chunk = levels + (s / 2) * 8 * 64;
+      __m512i w[8];
+      for (int k = 0; k < 8; ++k) {
+        __m512i v = _mm512_loadu_si512(chunk + 64 * k);
+        if (s % 2 == 1) v = _mm512_srli_epi16(v, 4);
+        w[k] = _mm512_and_si512(v, nibble);
+      }
+      const auto expand = [](const uint8_t* bytes) SIEVE_VNNI_ATTR {
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))));
+      };
+      const __m512 scale = _mm512_mul_ps(d, expand(scales + 16 * s));
+      const __m512 min = _mm512_mul_ps(dmin, expand(mins + 16 * s));
+      const int column = (s / 2) * 64 + (s % 2) * 32;
+#pragma GCC unroll 8  // keeps the accumulators in registers
+      for (int i = 0; i < kX; ++i) {
+        const int8_t* xq = xb[i]->qs + column;
+        // Two chains of 4, so one activation row (decode) is not bound by one chain's latency.
+        __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k += 2) {
+          even = _mm512_dpbusd_epi32(even, w[k], Broadcast4(xq + 4 * k));
+          odd = _mm512_dpbusd_epi32(odd, w[k + 1], Broadcast4(xq + 4 * k + 4));
+        }
+        block_acc[i] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)), scale, block_acc[i]);
+        block_acc[i] = _mm512_fmadd_ps(min, _mm512_set1_ps(sums[i][s]), block_acc[i]);
+      }
+    }
+    for (int i = 0; i < kX; ++i)
+      acc[i] = _mm512_fmadd_ps(block_acc[i], _mm512_set1_ps(xb[i]->d), acc[i]);
+  }
+  for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(y + (x0 + i) * y_stride, rows, acc[i]);
+}
+
+template <int kX>
+SIEVE_VNNI_ATTR void PackedQ4_KRemainder(const uint8_t* group, int64_t num_blocks,
+                                         const SuperBlockActivations& a, int64_t x0,
+                                         int64_t num_x_left, float* y, int64_t y_stride,
+                                         __mmask16 rows) {
+  if constexpr (kX > 0) {
+    if (num_x_left == kX) return PackedQ4_KTile<kX>(group, num_blocks, a, x0, y, y_stride, rows);
+    PackedQ4_KRemainder<kX - 1>(group, num_blocks, a, x0, num_x_left, y, y_stride, rows);
+  }
+}
+
 }  // namespace
 
 SIEVE_VNNI_ATTR void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x,
@@ -118,10 +190,29 @@ SIEVE_VNNI_ATTR void super_block_tile(const SuperBlockTile& tile, const SuperBlo
   return AllRows<16, false>(tile, x, first_block, num_x, y, y_stride, rows, accumulate);
 }
 
+SIEVE_VNNI_ATTR void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
+                                        int64_t g_end, int64_t num_x) {
+  constexpr int kX = 6;  // as AllRows<32, true>: 6 accumulators + 6 block sums + 8 level vectors
+  const int64_t num_blocks = cols / kQKBlock;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const int64_t r0 = g * 16;
+    const __mmask16 mask =
+        rows - r0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (rows - r0)) - 1);
+    const uint8_t* group = packed + g * num_blocks * kPackedQ4_KBytes;
+    int64_t x0 = 0;
+    for (; x0 + kX <= num_x; x0 += kX)
+      PackedQ4_KTile<kX>(group, num_blocks, x, x0, y + r0, rows, mask);
+    PackedQ4_KRemainder<kX - 1>(group, num_blocks, x, x0, num_x - x0, y + r0, rows, mask);
+  }
+}
+
 #else
 
 void super_block_tile(const SuperBlockTile&, const SuperBlockActivations&, int64_t, int64_t, float*,
                       int64_t, int, bool) {}
+void packed_q4_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
+                        int64_t, int64_t, int64_t) {}
 
 #endif
 

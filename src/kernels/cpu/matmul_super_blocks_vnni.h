@@ -40,4 +40,22 @@ void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x
                       int64_t first_block, int64_t num_x, float* y, int64_t y_stride, int num_rows,
                       bool accumulate);
 
+// Q4_K weights packed by pack_for_matmul() (ops.h): groups of 16 rows (the last one padded
+// with zero rows), and per group and super-block kPackedQ4_KBytes:
+//   16 f16 d, 16 f16 dmin (row order); scales [8 sub-blocks][16 rows] u8; mins [8][16] u8;
+//   then for chunk j = 0..3 (64 columns), k = 0..7, row r: 4 bytes, byte b holding the level of
+//   column 64j + 4k + b (low nibble, sub-block 2j) and of column 64j + 32 + 4k + b (high
+//   nibble, sub-block 2j + 1)
+// so one 64-byte load gives two vpdpbusd operands of 4 columns x 16 rows. 2368 bytes where the
+// 16 rows' blocks take 2304: the 6-bit scales and mins are stored as bytes (+2.8%).
+inline constexpr int64_t kPackedQ4_KBytes = 64 + 2 * 8 * 16 + 4 * 8 * 64;
+
+// The product from such packed weights, any number of activation rows (x as for
+// super_block_tile; Q4_K has no level offset, so only neg_sums is read): per group, sub-block and
+// activation row 8 vpdpbusd, one conversion and two FMAs for the 16 rows; per super-block one
+// FMA with the activation scale. Rows [g_begin * 16, min(rows, g_end * 16)), y [num_x][rows].
+void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
+                        int64_t num_x);
+
 }  // namespace sieve::kernels::vnni
