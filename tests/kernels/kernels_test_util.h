@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <random>
 #include <span>
 #include <string>
@@ -60,6 +61,40 @@ inline void expect_matmul_matches_ref(const MatrixView& w, int64_t num_x, Thread
         << " threads=" << pool.num_threads() << " x_row=" << k / w.rows << " w_row=" << k % w.rows;
   }
   EXPECT_EQ(y[num_x * w.rows], kSentinel) << "wrote past the end";
+}
+
+// w packed by pack_for_matmul(): matmul on the packed copy equals the reference on w's bytes,
+// for each num_x, with 1 and 3 threads; the packed size is expected_packed_bytes. Where the
+// packing is used (packed_matmul_supported and the AVX3 target), the view's own bytes are zero
+// blocks, so the result can only come from the packed copy (no vacuous pass).
+inline void expect_packed_matmul_matches_ref(const MatrixView& w, size_t expected_packed_bytes,
+                                             std::initializer_list<int64_t> num_x_list,
+                                             uint32_t& seed, MagnitudesFn magnitudes,
+                                             double tolerance) {
+  ThreadPool pool1(1), pool3(3);
+  const std::vector<uint8_t> packed = pack_for_matmul(w);
+  ASSERT_EQ(packed.size(), expected_packed_bytes);
+  const std::vector<uint8_t> zero_blocks(row_bytes(w.dtype, w.cols) * w.rows, 0);
+  MatrixView packed_view = w;
+  packed_view.packed = packed.data();
+  if (packed_matmul_supported(w.dtype) && active_target() == "AVX3")
+    packed_view.data = zero_blocks.data();
+  for (int64_t num_x : num_x_list) {
+    const std::vector<float> x = random_floats(num_x * w.cols, ++seed);
+    std::vector<float> y_ref(num_x * w.rows);
+    ref::matmul(w, x.data(), num_x, y_ref.data());
+    const std::vector<double> mags = magnitudes(w, x.data(), num_x);
+    for (ThreadPool* pool : {&pool1, &pool3}) {
+      std::vector<float> y(num_x * w.rows + 1, 12345.0f);
+      matmul(packed_view, x.data(), num_x, y.data(), *pool);
+      for (int64_t k = 0; k < num_x * w.rows; ++k) {
+        ASSERT_NEAR(y[k], y_ref[k], tolerance * mags[k] + 1e-30)
+            << to_string(w.dtype) << " rows=" << w.rows << " cols=" << w.cols << " num_x=" << num_x
+            << " threads=" << pool->num_threads() << " k=" << k;
+      }
+      EXPECT_EQ(y[num_x * w.rows], 12345.0f) << "wrote past the end";
+    }
+  }
 }
 
 // expect_matmul_matches_ref for each dtype and cols, random weight matrices of 1 / 3 / 64 / 67

@@ -242,37 +242,15 @@ TEST_P(SmallBlockMatmul, GroupTilesMatchReferenceOnRawRandomBlocks) {
 // tile), 1 and 3 threads. Where the packing is used, the matrix's own bytes are replaced by
 // zero blocks, so a result equal to the reference's can only come from the packed copy.
 TEST_P(SmallBlockMatmul, PackedGroupsMatchReferenceOnRawRandomBlocks) {
-  ThreadPool pool1(1), pool3(3);
   std::mt19937 rng(23);
   uint32_t seed = 1300;
   for (DType dtype : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kIQ4_NL}) {
-    const bool used = packed_matmul_supported(dtype) && active_target() == "AVX3";
     for (int64_t cols : {32, 96, 33 * 32}) {
       for (int64_t rows : {1, 15, 16, 37}) {
         const std::vector<uint8_t> bytes = raw_random_blocks(dtype, rows, cols, rng);
         const MatrixView w{dtype, bytes.data(), rows, cols};
-        const std::vector<uint8_t> packed = pack_for_matmul(w);
-        ASSERT_EQ(packed.size(), (rows + 15) / 16 * 16 * row_bytes(dtype, cols));
-        const std::vector<uint8_t> zero_blocks(bytes.size(), 0);
-        MatrixView packed_view = w;
-        packed_view.packed = packed.data();
-        if (used) packed_view.data = zero_blocks.data();
-        for (int64_t num_x : {1, 2, 3, 8, 9, 17}) {
-          const std::vector<float> x = random_floats(num_x * cols, ++seed);
-          std::vector<float> y_ref(num_x * rows);
-          ref::matmul(w, x.data(), num_x, y_ref.data());
-          const std::vector<double> mags = magnitudes(w, x.data(), num_x);
-          for (ThreadPool* pool : {&pool1, &pool3}) {
-            std::vector<float> y(num_x * rows + 1, 12345.0f);
-            matmul(packed_view, x.data(), num_x, y.data(), *pool);
-            for (int64_t k = 0; k < num_x * rows; ++k) {
-              ASSERT_NEAR(y[k], y_ref[k], 1e-5 * mags[k] + 1e-30)
-                  << to_string(dtype) << " rows=" << rows << " cols=" << cols << " num_x=" << num_x
-                  << " threads=" << pool->num_threads() << " k=" << k;
-            }
-            EXPECT_EQ(y[num_x * rows], 12345.0f) << "wrote past the end";
-          }
-        }
+        expect_packed_matmul_matches_ref(w, (rows + 15) / 16 * 16 * row_bytes(dtype, cols),
+                                         {1, 2, 3, 8, 9, 17}, seed, magnitudes, 1e-5);
       }
     }
   }

@@ -306,36 +306,15 @@ TEST_P(SuperBlockMatmul, MatchesReferenceOnRandomBlocks) {
 // 6-row tile. Where the packing is used, the matrix's own bytes are zero blocks, so a result
 // equal to the reference's can only come from the packed copy.
 TEST_P(SuperBlockMatmul, PackedQ4_KMatchesReference) {
-  ThreadPool pool1(1), pool3(3);
-  const bool used = packed_matmul_supported(DType::kQ4_K) && active_target() == "AVX3";
   uint32_t seed = 700;
   for (int fill : {-1, 0xFF}) {
     for (int64_t cols : {256, 1280}) {
       for (int64_t rows : {1, 15, 16, 37}) {
         const std::vector<uint8_t> bytes = random_blocks(DType::kQ4_K, rows, cols, ++seed, fill);
         const MatrixView w{DType::kQ4_K, bytes.data(), rows, cols};
-        const std::vector<uint8_t> packed = pack_for_matmul(w);
-        ASSERT_EQ(packed.size(), (rows + 15) / 16 * (cols / 256) * 2368);
-        const std::vector<uint8_t> zero_blocks(bytes.size(), 0);
-        MatrixView packed_view = w;
-        packed_view.packed = packed.data();
-        if (used) packed_view.data = zero_blocks.data();
-        for (int64_t num_x : {1, 2, 5, 6, 7, 13}) {
-          const std::vector<float> x = random_floats(num_x * cols, ++seed);
-          std::vector<float> y_ref(num_x * rows);
-          ref::matmul(w, x.data(), num_x, y_ref.data());
-          const std::vector<double> mags = magnitudes(w, x.data(), num_x);
-          for (ThreadPool* pool : {&pool1, &pool3}) {
-            std::vector<float> y(num_x * rows + 1, 12345.0f);
-            matmul(packed_view, x.data(), num_x, y.data(), *pool);
-            for (int64_t k = 0; k < num_x * rows; ++k) {
-              ASSERT_NEAR(y[k], y_ref[k], 2e-6 * mags[k] + 1e-30)
-                  << "fill=" << fill << " rows=" << rows << " cols=" << cols << " num_x=" << num_x
-                  << " threads=" << pool->num_threads() << " k=" << k;
-            }
-            EXPECT_EQ(y[num_x * rows], 12345.0f) << "wrote past the end";
-          }
-        }
+        SCOPED_TRACE(fill);
+        expect_packed_matmul_matches_ref(w, (rows + 15) / 16 * (cols / 256) * 2368,
+                                         {1, 2, 5, 6, 7, 13}, seed, magnitudes, 2e-6);
       }
     }
   }
