@@ -222,9 +222,9 @@ void register_all() {
   }
 }
 
-// The super-block types (K-quants, IQ4_XS) against Q8_0 / Q4_0 (and packed Q8_0 for prefill)
-// in the same run, on the best target with all threads:
-//   SuperBlocks/Decode/<dtype>/RxC        GB/s of weights streamed (32000x4096 exceeds the L3;
+// The super-block types (K-quants, IQ4_XS) against Q8_0 / Q4_0 in the same run, on the best
+// target with all threads, each also with its packed copy (/packed) where the CPU packs it:
+//   SuperBlocks/Decode/<dtype>/RxC[/packed]  GB/s of weights streamed (32000x4096 exceeds the L3;
 //                                         /threads:1: from L3, per CPU second)
 //   SuperBlocks/Prefill/<dtype>/RxC/x256/threads:T  GFLOP/s (T = 1: per CPU second)
 void register_super_blocks() {
@@ -238,21 +238,25 @@ void register_super_blocks() {
         ->Unit(benchmark::kMillisecond);
   };
   for (DType dtype : dtypes) {
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {32000, 4096}}) {
-      const MatmulCase c{target, dtype, rows, cols, 1, threads};
-      add("SuperBlocks/Decode/" + shape_name(c), c);
+    for (bool packed : {false, true}) {
+      if (packed && !packed_matmul_supported(dtype)) continue;
+      const std::string suffix = packed ? "/packed" : "";
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {32000, 4096}}) {
+        const MatmulCase c{target, dtype, rows, cols, 1, threads, packed};
+        add("SuperBlocks/Decode/" + shape_name(c) + suffix, c);
+      }
+      // From L3 on one thread, in CPU time: the kernel's own speed, without DRAM or other load.
+      const MatmulCase c{target, dtype, 4096, 4096, 1, 1, packed};
+      benchmark::RegisterBenchmark(
+          ("SuperBlocks/Decode/" + shape_name(c) + suffix + "/threads:1").c_str(), run_matmul, c)
+          ->Unit(benchmark::kMillisecond);
     }
-    // From L3 on one thread, in CPU time: the kernel's own speed, without DRAM or other load.
-    const MatmulCase c{target, dtype, 4096, 4096, 1, 1};
-    benchmark::RegisterBenchmark(("SuperBlocks/Decode/" + shape_name(c) + "/threads:1").c_str(),
-                                 run_matmul, c)
-        ->Unit(benchmark::kMillisecond);
   }
   // Prefill also on one thread, timed in CPU time (less disturbed by other load on the machine).
   for (int num_threads : {threads, 1}) {
     for (DType dtype : dtypes) {
       for (bool packed : {false, true}) {
-        if (packed && dtype != DType::kQ8_0) continue;
+        if (packed && !packed_matmul_supported(dtype)) continue;
         const MatmulCase c{target, dtype, 4096, 4096, 256, num_threads, packed};
         const std::string name = "SuperBlocks/Prefill/" + shape_name(c) +
                                  (packed ? "/packed" : "") +
