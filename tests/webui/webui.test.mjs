@@ -288,10 +288,16 @@ test('the dashboard shows running requests\' pages, fewer once snapkv compresses
     await row(denseId).waitFor();
     await row(sparseId).waitFor();
     // The snapkv request holds fewer pages than dense once compressed; the full one holds its dense size.
-    await page.waitForFunction((id) => {
-      const r = document.querySelector(`#seq-body tr[data-id="${id}"]`);
-      return r && Number(r.dataset.pagesHeld) > 0 && Number(r.dataset.pagesHeld) < Number(r.dataset.pagesDense);
-    }, sparseId);
+    // Both are waited for in one snapshot: on a loaded machine the dense request can arrive after the
+    // sparse one has been compressed, and shows 0 pages while it waits for its prefill.
+    await page.waitForFunction(([sparse, dense]) => {
+      const held = (id) => {
+        const r = document.querySelector(`#seq-body tr[data-id="${id}"]`);
+        return r ? [Number(r.dataset.pagesHeld), Number(r.dataset.pagesDense)] : [0, 0];
+      };
+      const [s, sDense] = held(sparse), [d] = held(dense);
+      return s > 0 && s < sDense && d > 0;
+    }, [sparseId, denseId]);
     const d = await row(denseId).evaluate((r) => [Number(r.dataset.pagesHeld), Number(r.dataset.pagesDense)]);
     assert.ok(d[0] > 0 && d[0] === d[1], `the dense request holds its dense size: ${d}`);
     assert.match(await row(sparseId).innerText(), /snapkv:B=64/);
