@@ -64,9 +64,8 @@ constexpr uint32_t kSmoothingSeed = 20260501;
 // the CPU backend's packed copy (kernels::pack_for_matmul, where packed_matmul_supported(dtype)):
 // matmul() on it runs 16 rows per vector with no horizontal sums (Q8_0: 2.7x the multiply-adds
 // per second of the plain VNNI kernel at bench-engine's shapes, 16-512 rows; Q4_0 decode
-// ~1.45x, prefill ~1.15x, one thread) and streams decode's weights faster; it costs a second copy
-// of those weights in memory (the mapped originals are no longer read) and a pass over them at
-// load.
+// ~1.45x, prefill ~1.15x, one thread) and streams decode's weights faster; it costs a pass over
+// the weights at load, and the backend hands the mapped originals' pages back once packed.
 LlamaModel::LlamaModel(ModelConfig config, Weights weights,
                        std::shared_ptr<kernels::Backend> backend)
     : config_(std::move(config)), weights_(std::move(weights)), backend_(std::move(backend)) {
