@@ -44,6 +44,13 @@ async function waitFor(url, status, what, ms = 30000) {
   }
 }
 
+// vllm:num_requests_running of the server on `port` (0 when it does not answer).
+async function runningRequests(port) {
+  const text = await fetch(`http://127.0.0.1:${port}/metrics`).then((r) => r.text()).catch(() => '');
+  const m = text.match(/^vllm:num_requests_running(?:\{[^}]*\})? (\S+)/m);
+  return m ? Number(m[1]) : 0;
+}
+
 // The same prompts (seeded) and greedy decoding, so runs can be compared request by request.
 function benchServe(base, out, extra = []) {
   const args = ['bench-serve', '--base-url', base, '--dataset', 'random', '--tokenizer', MODEL,
@@ -90,6 +97,9 @@ test('3 replicas behind HAProxy: a rolling restart under streaming load loses no
     for (let i = 0; i < replicas.length; ++i) {
       await sleep(400);
       const old = replicas[i];
+      // On a loaded machine the load can still be starting, or between requests on this replica:
+      // wait (up to ~2 s) until it runs one, so that its drain has something to finish.
+      for (let k = 0; k < 200 && (await runningRequests(old.port)) === 0; ++k) await sleep(10);
       const t0 = performance.now();
       old.child.kill('SIGTERM');
       let ready = 200;  // until the signal is handled
