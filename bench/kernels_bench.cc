@@ -250,6 +250,10 @@ void register_super_blocks() {
       benchmark::RegisterBenchmark(
           ("SuperBlocks/Decode/" + shape_name(c) + suffix + "/threads:1").c_str(), run_matmul, c)
           ->Unit(benchmark::kMillisecond);
+      // From DRAM on one thread: what one core's streams (the prefetchers, the misses it keeps in
+      // flight) draw, apart from the compute.
+      const MatmulCase dram{target, dtype, 32000, 4096, 1, 1, packed};
+      add("SuperBlocks/Decode/" + shape_name(dram) + suffix + "/threads:1", dram);
     }
   }
   // Prefill also on one thread, timed in CPU time (less disturbed by other load on the machine).

@@ -442,16 +442,64 @@ std::vector<uint8_t> pack_q4_k(const MatrixView& w) {
   return packed;
 }
 
+// Q6_K, layout as vnni::kPackedQ6_KBytes; levels q + 32 from the block's decoding.
+std::vector<uint8_t> pack_q6_k(const MatrixView& w) {
+  constexpr int64_t kGroupRows = 16;
+  assert(w.dtype == DType::kQ6_K && w.cols % kQKBlock == 0);
+  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  const int64_t num_blocks = w.cols / kQKBlock;
+  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
+  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedQ6_KBytes),
+                              0);
+  quant::SuperBlockInts ints;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const auto* row =
+        reinterpret_cast<const BlockQ6_K*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
+    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      quant::decode_super_block(DType::kQ6_K, &row[b], &ints);
+      uint8_t* out = packed.data() + (g * num_blocks + b) * vnni::kPackedQ6_KBytes;
+      std::memcpy(out + 2 * lane, &row[b].d, 2);
+      uint8_t* scales = out + 32;
+      for (int s = 0; s < 16; ++s)
+        scales[s * kGroupRows + lane] = static_cast<uint8_t>(row[b].scales[s]);
+      const auto level = [&](int c) { return ints.q[c] + 32; };
+      for (int j = 0; j < 4; ++j) {
+        uint8_t* low = scales + 16 * kGroupRows + j * vnni::kPackedQ6_KChunkBytes;
+        uint8_t* high = low + 8 * 64;
+        for (int k = 0; k < 8; ++k) {
+          for (int e = 0; e < 4; ++e) {
+            const int c = 64 * j + 4 * k + e;
+            low[(k * kGroupRows + lane) * 4 + e] =
+                static_cast<uint8_t>((level(c) & 0xF) | (level(c + 32) & 0xF) << 4);
+          }
+        }
+        for (int h = 0; h < 4; ++h) {
+          for (int e = 0; e < 4; ++e) {
+            const int c = 64 * j + 4 * h + e;
+            const int bits = level(c) >> 4 | (level(c + 32) >> 4) << 2 | (level(c + 16) >> 4) << 4 |
+                             (level(c + 48) >> 4) << 6;
+            high[(h * kGroupRows + lane) * 4 + e] = static_cast<uint8_t>(bits);
+          }
+        }
+      }
+    }
+  }
+  return packed;
+}
+
 }  // namespace
 
 bool packed_matmul_supported(DType dtype) {
-  return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || small_block_format(dtype)) &&
+  return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || dtype == DType::kQ6_K ||
+          small_block_format(dtype)) &&
          vnni::supported();
 }
 
 std::vector<uint8_t> pack_for_matmul(const MatrixView& w) {
   if (w.dtype == DType::kQ8_0) return pack_q8_0(w);
   if (w.dtype == DType::kQ4_K) return pack_q4_k(w);
+  if (w.dtype == DType::kQ6_K) return pack_q6_k(w);
   const std::optional<vnni::SmallBlockFormat> format = small_block_format(w.dtype);
   assert(format);
   return pack_small_blocks(w, *format);

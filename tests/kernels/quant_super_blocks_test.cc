@@ -300,21 +300,24 @@ TEST_P(SuperBlockMatmul, MatchesReferenceOnRandomBlocks) {
   }
 }
 
-// Q4_K with the packed copy (pack_for_matmul) attached: decode and prefill from 16-row groups on
-// AVX-512 VNNI CPUs, ignored on other targets. Random block bytes (every level, 6-bit scale and
-// min; the 0xFF fill: the largest), rows that cut a group, activation rows on both sides of the
-// 6-row tile. Where the packing is used, the matrix's own bytes are zero blocks, so a result
+// Q4_K and Q6_K with the packed copy (pack_for_matmul) attached: decode and prefill from 16-row
+// groups on AVX-512 VNNI CPUs, ignored on other targets. Random block bytes (every level, 6-bit
+// scale and min; the 0xFF fill: the largest), rows that cut a group, activation rows on both sides
+// of the 6-row tile. Where the packing is used, the matrix's own bytes are zero blocks, so a result
 // equal to the reference's can only come from the packed copy.
-TEST_P(SuperBlockMatmul, PackedQ4_KMatchesReference) {
+TEST_P(SuperBlockMatmul, PackedQ4_KAndQ6_KMatchReference) {
   uint32_t seed = 700;
-  for (int fill : {-1, 0xFF}) {
-    for (int64_t cols : {256, 1280}) {
-      for (int64_t rows : {1, 15, 16, 37}) {
-        const std::vector<uint8_t> bytes = random_blocks(DType::kQ4_K, rows, cols, ++seed, fill);
-        const MatrixView w{DType::kQ4_K, bytes.data(), rows, cols};
-        SCOPED_TRACE(fill);
-        expect_packed_matmul_matches_ref(w, (rows + 15) / 16 * (cols / 256) * 2368,
-                                         {1, 2, 5, 6, 7, 13}, seed, magnitudes, 2e-6);
+  for (const auto& [dtype, packed_block] :
+       {std::pair{DType::kQ4_K, size_t{2368}}, std::pair{DType::kQ6_K, size_t{3360}}}) {
+    for (int fill : {-1, 0xFF}) {
+      for (int64_t cols : {256, 1280}) {
+        for (int64_t rows : {1, 15, 16, 37}) {
+          const std::vector<uint8_t> bytes = random_blocks(dtype, rows, cols, ++seed, fill);
+          const MatrixView w{dtype, bytes.data(), rows, cols};
+          SCOPED_TRACE(std::string(to_string(dtype)) + " fill=" + std::to_string(fill));
+          expect_packed_matmul_matches_ref(w, (rows + 15) / 16 * (cols / 256) * packed_block,
+                                           {1, 2, 5, 6, 7, 13}, seed, magnitudes, 2e-6);
+        }
       }
     }
   }

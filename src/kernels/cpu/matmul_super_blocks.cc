@@ -940,29 +940,36 @@ void MatmulVnni(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* 
   Run(kernel, num_x, pool);
 }
 
-// Q4_K packed by pack_for_matmul(), any number of activation rows: tasks of whole 16-row groups.
-struct PackedQ4_KVnniKernel {
+// Q4_K / Q6_K packed by pack_for_matmul(), any number of activation rows: tasks of whole
+// 16-row groups.
+using PackedGroupsFn = void (*)(const uint8_t*, int64_t, int64_t,
+                                const vnni::SuperBlockActivations&, float*, int64_t, int64_t,
+                                int64_t);
+struct PackedSuperBlockVnniKernel {
   static constexpr int64_t kRowAlign = 16;
+  PackedGroupsFn groups;
   const uint8_t* packed;
   size_t row_bytes;
   int64_t rows, cols;
   vnni::SuperBlockActivations x;
   float* y;
   void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
-    vnni::packed_q4_k_groups(packed, rows, cols, x, y, r_begin / kRowAlign,
-                             (r_end + kRowAlign - 1) / kRowAlign, num_x);
+    groups(packed, rows, cols, x, y, r_begin / kRowAlign, (r_end + kRowAlign - 1) / kRowAlign,
+           num_x);
   }
 };
 
-void MatmulPackedQ4_K(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
-                      ThreadPool& pool) {
-  const GroupSums<Q4_KUnpack> sums(xq, num_x, w.cols);
-  const PackedQ4_KVnniKernel kernel{static_cast<const uint8_t*>(w.packed),
-                                    row_bytes(w.dtype, w.cols),
-                                    w.rows,
-                                    w.cols,
-                                    sums.activations(xq, w.cols),
-                                    y};
+template <class Row>
+void MatmulPacked(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
+                  ThreadPool& pool, PackedGroupsFn groups) {
+  const GroupSums<Row> sums(xq, num_x, w.cols);
+  const PackedSuperBlockVnniKernel kernel{groups,
+                                          static_cast<const uint8_t*>(w.packed),
+                                          row_bytes(w.dtype, w.cols),
+                                          w.rows,
+                                          w.cols,
+                                          sums.activations(xq, w.cols),
+                                          y};
   Run(kernel, num_x, pool);
 }
 #endif
@@ -971,8 +978,11 @@ template <class Row>
 void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
                 ThreadPool& pool) {
 #if HWY_TARGET == HWY_AVX3
-  if constexpr (std::is_same_v<Row, Q4_KUnpack>) {
-    if (w.packed != nullptr && vnni::supported()) return MatmulPackedQ4_K(w, xq, num_x, y, pool);
+  if (w.packed != nullptr && vnni::supported()) {
+    if constexpr (std::is_same_v<Row, Q4_KUnpack>)
+      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q4_k_groups);
+    if constexpr (std::is_same_v<Row, Q6_KUnpack>)
+      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q6_k_groups);
   }
   if (num_x >= kVnniMinRows && vnni::supported()) return MatmulVnni<Row>(w, xq, num_x, y, pool);
 #endif

@@ -103,6 +103,18 @@ SIEVE_VNNI_ATTR void AllRows(const SuperBlockTile& t, const SuperBlockActivation
                                        accumulate);
 }
 
+// Packed weights stream from memory as one sequence per thread, where the unpacked tiles read 16
+// rows' streams at once. The hardware prefetchers alone keep too few lines of one stream in flight:
+// decode then waits on DRAM at each 64-column chunk (packed Q6_K from DRAM, one thread: 9-13 GB/s
+// against 16-21 unpacked). So each super-block prefetches the bytes this far ahead into L2
+// (PREFETCHT1: prefetching into L1 instead gained nothing, it holds L1's few miss buffers).
+inline constexpr int64_t kPackedPrefetchBytes = 8192;
+template <int64_t kBytes>
+SIEVE_VNNI_ATTR inline void PrefetchAhead(const uint8_t* block) {
+  for (int64_t at = 0; at < kBytes; at += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(block + kPackedPrefetchBytes + at), _MM_HINT_T1);
+}
+
 // 16 packed Q4_K rows (group at `group`) x activation rows [x0, x0 + kX), all super-blocks.
 // The same sums as Tile<32, true, kX> over an unpacked tile, the levels and the f32 scales and
 // mins (d * scale, dmin * min, as the unpacked tile holds them) made in registers.
@@ -115,6 +127,7 @@ SIEVE_VNNI_ATTR inline void PackedQ4_KTile(const uint8_t* group, int64_t num_blo
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < num_blocks; ++sb) {
     const uint8_t* block = group + sb * kPackedQ4_KBytes;
+    PrefetchAhead<kPackedQ4_KBytes>(block);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
     const __m512 dmin =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
@@ -129,6 +142,7 @@ SIEVE_VNNI_ATTR inline void PackedQ4_KTile(const uint8_t* group, int64_t num_blo
     }
     __m512 block_acc[kX];
     for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
+#pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
       const uint8_t* chunk = levels + (s / 2) * 8 * 64;
       __m512i w[8];
@@ -164,14 +178,119 @@ SIEVE_VNNI_ATTR inline void PackedQ4_KTile(const uint8_t* group, int64_t num_blo
   for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(y + (x0 + i) * y_stride, rows, acc[i]);
 }
 
+// 16 packed Q6_K rows x activation rows [x0, x0 + kX), all super-blocks: the sums of
+// Tile<16, false, kX>, levels (low nibble | high bits << 4) and f32 scales made in registers.
 template <int kX>
-SIEVE_VNNI_ATTR void PackedQ4_KRemainder(const uint8_t* group, int64_t num_blocks,
-                                         const SuperBlockActivations& a, int64_t x0,
-                                         int64_t num_x_left, float* y, int64_t y_stride,
-                                         __mmask16 rows) {
+SIEVE_VNNI_ATTR inline void PackedQ6_KTile(const uint8_t* group, int64_t num_blocks,
+                                           const SuperBlockActivations& a, int64_t x0, float* y,
+                                           int64_t y_stride, __mmask16 rows) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
+  __m512 acc[kX];
+  for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < num_blocks; ++sb) {
+    const uint8_t* block = group + sb * kPackedQ6_KBytes;
+    PrefetchAhead<kPackedQ6_KBytes>(block);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    const auto* scales = reinterpret_cast<const int8_t*>(block + 32);
+    const uint8_t* levels = block + 32 + 16 * 16;
+    const BlockQ8_K* xb[kX];
+    const int32_t* offsets[kX];
+    for (int i = 0; i < kX; ++i) {
+      xb[i] = a.x + (x0 + i) * a.blocks_per_row + sb;
+      offsets[i] = a.offset_sums + (x0 + i) * a.groups_per_row + sb * 16;
+    }
+    __m512 block_acc[kX];
+    for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
+#pragma GCC unroll 4               // each load instruction then strides by one super-block
+    for (int j = 0; j < 4; ++j) {  // 64-column chunks, read in address order
+      const uint8_t* chunk = levels + j * kPackedQ6_KChunkBytes;
+      __m512i low[8], high[4];
+      for (int k = 0; k < 8; ++k) low[k] = _mm512_loadu_si512(chunk + 64 * k);
+      for (int h = 0; h < 4; ++h) high[h] = _mm512_loadu_si512(chunk + 8 * 64 + 64 * h);
+#pragma GCC unroll 2                          // the shifts become constants
+      for (int half = 0; half < 2; ++half) {  // columns 64j + 32 half + [0, 32)
+        const int s = 2 * j + half;
+        __m512i w[8];
+        for (int k = 0; k < 8; ++k) {
+          const __m512i v = half == 0 ? low[k] : _mm512_srli_epi16(low[k], 4);
+          // The pair of bits 2 half + 4 (k / 4) of high[k % 4] to bits 4, 5 (16-bit shifts:
+          // what crosses a byte is masked off).
+          const int shift = 2 * half + 4 * (k / 4);
+          __m512i h = high[k % 4];
+          if (shift < 4) h = _mm512_slli_epi16(h, 4 - shift);
+          if (shift > 4) h = _mm512_srli_epi16(h, shift - 4);
+          w[k] = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_and_si512(h, high_bits));
+        }
+        const auto group_scale = [&](int g) SIEVE_VNNI_ATTR {
+          return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                      reinterpret_cast<const __m128i*>(scales + 16 * g)))));
+        };
+        const __m512 scale0 = group_scale(2 * s), scale1 = group_scale(2 * s + 1);
+        const int column = 64 * j + 32 * half;
+#pragma GCC unroll 8  // keeps the accumulators in registers
+        for (int i = 0; i < kX; ++i) {
+          const int8_t* xq = xb[i]->qs + column;
+          __m512i dot0 = _mm512_set1_epi32(offsets[i][2 * s]);
+          __m512i dot1 = _mm512_set1_epi32(offsets[i][2 * s + 1]);
+          for (int k = 0; k < 4; ++k) {
+            dot0 = _mm512_dpbusd_epi32(dot0, w[k], Broadcast4(xq + 4 * k));
+            dot1 = _mm512_dpbusd_epi32(dot1, w[4 + k], Broadcast4(xq + 16 + 4 * k));
+          }
+          block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), scale0, block_acc[i]);
+          block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), scale1, block_acc[i]);
+        }
+      }
+    }
+    for (int i = 0; i < kX; ++i)
+      acc[i] = _mm512_fmadd_ps(block_acc[i], _mm512_set1_ps(xb[i]->d), acc[i]);
+  }
+  for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(y + (x0 + i) * y_stride, rows, acc[i]);
+}
+
+// The last num_x_left < kX activation rows of a packed group as one Tile<kX'>.
+template <template <int> class Tile, int kX>
+SIEVE_VNNI_ATTR void PackedRemainder(const uint8_t* group, int64_t num_blocks,
+                                     const SuperBlockActivations& a, int64_t x0, int64_t num_x_left,
+                                     float* y, int64_t y_stride, __mmask16 rows) {
   if constexpr (kX > 0) {
-    if (num_x_left == kX) return PackedQ4_KTile<kX>(group, num_blocks, a, x0, y, y_stride, rows);
-    PackedQ4_KRemainder<kX - 1>(group, num_blocks, a, x0, num_x_left, y, y_stride, rows);
+    if (num_x_left == kX) return Tile<kX>::Run(group, num_blocks, a, x0, y, y_stride, rows);
+    PackedRemainder<Tile, kX - 1>(group, num_blocks, a, x0, num_x_left, y, y_stride, rows);
+  }
+}
+
+template <int kX>
+struct PackedQ4_K {
+  SIEVE_VNNI_ATTR static void Run(const uint8_t* group, int64_t num_blocks,
+                                  const SuperBlockActivations& a, int64_t x0, float* y,
+                                  int64_t y_stride, __mmask16 rows) {
+    PackedQ4_KTile<kX>(group, num_blocks, a, x0, y, y_stride, rows);
+  }
+};
+template <int kX>
+struct PackedQ6_K {
+  SIEVE_VNNI_ATTR static void Run(const uint8_t* group, int64_t num_blocks,
+                                  const SuperBlockActivations& a, int64_t x0, float* y,
+                                  int64_t y_stride, __mmask16 rows) {
+    PackedQ6_KTile<kX>(group, num_blocks, a, x0, y, y_stride, rows);
+  }
+};
+
+// Groups [g_begin, g_end) of packed weights (kBytes per group and super-block), 6 activation
+// rows at a time (6 accumulators + 6 block sums + 8 level vectors, as AllRows<32, true>).
+template <template <int> class Tile, int64_t kBytes>
+SIEVE_VNNI_ATTR void PackedGroups(const uint8_t* packed, int64_t rows, int64_t cols,
+                                  const SuperBlockActivations& x, float* y, int64_t g_begin,
+                                  int64_t g_end, int64_t num_x) {
+  constexpr int kX = 6;
+  const int64_t num_blocks = cols / kQKBlock;
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const int64_t r0 = g * 16;
+    const __mmask16 mask =
+        rows - r0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (rows - r0)) - 1);
+    const uint8_t* group = packed + g * num_blocks * kBytes;
+    int64_t x0 = 0;
+    for (; x0 + kX <= num_x; x0 += kX) Tile<kX>::Run(group, num_blocks, x, x0, y + r0, rows, mask);
+    PackedRemainder<Tile, kX - 1>(group, num_blocks, x, x0, num_x - x0, y + r0, rows, mask);
   }
 }
 
@@ -193,18 +312,13 @@ SIEVE_VNNI_ATTR void super_block_tile(const SuperBlockTile& tile, const SuperBlo
 SIEVE_VNNI_ATTR void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
                                         const SuperBlockActivations& x, float* y, int64_t g_begin,
                                         int64_t g_end, int64_t num_x) {
-  constexpr int kX = 6;  // as AllRows<32, true>: 6 accumulators + 6 block sums + 8 level vectors
-  const int64_t num_blocks = cols / kQKBlock;
-  for (int64_t g = g_begin; g < g_end; ++g) {
-    const int64_t r0 = g * 16;
-    const __mmask16 mask =
-        rows - r0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (rows - r0)) - 1);
-    const uint8_t* group = packed + g * num_blocks * kPackedQ4_KBytes;
-    int64_t x0 = 0;
-    for (; x0 + kX <= num_x; x0 += kX)
-      PackedQ4_KTile<kX>(group, num_blocks, x, x0, y + r0, rows, mask);
-    PackedQ4_KRemainder<kX - 1>(group, num_blocks, x, x0, num_x - x0, y + r0, rows, mask);
-  }
+  PackedGroups<PackedQ4_K, kPackedQ4_KBytes>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+}
+
+SIEVE_VNNI_ATTR void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
+                                        int64_t g_end, int64_t num_x) {
+  PackedGroups<PackedQ6_K, kPackedQ6_KBytes>(packed, rows, cols, x, y, g_begin, g_end, num_x);
 }
 
 #else
@@ -212,6 +326,8 @@ SIEVE_VNNI_ATTR void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int
 void super_block_tile(const SuperBlockTile&, const SuperBlockActivations&, int64_t, int64_t, float*,
                       int64_t, int, bool) {}
 void packed_q4_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
+                        int64_t, int64_t, int64_t) {}
+void packed_q6_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
                         int64_t, int64_t, int64_t) {}
 
 #endif

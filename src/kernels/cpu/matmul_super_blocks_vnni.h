@@ -58,4 +58,19 @@ void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
                         const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
                         int64_t num_x);
 
+// Q6_K packed by pack_for_matmul(): groups of 16 rows, and per group and super-block
+// kPackedQ6_KBytes, the same as the 16 rows' blocks:
+//   16 f16 d (row order); scales [16 groups of 16 columns][16 rows] i8; then for chunk j = 0..3
+//   (64 columns, kPackedQ6_KChunkBytes each, so that a tile reads the block in address order):
+//   - the levels' low 4 bits as Q4_K's levels above (k = 0..7, row r, byte b: columns
+//     c = 64j + 4k + b and c + 32);
+//   - their high 2 bits, for h = 0..3, row r: 4 bytes, byte b holding those of columns c, c + 32,
+//     c + 16 and c + 48 (c = 64j + 4h + b) in bits 0-1, 2-3, 4-5 and 6-7.
+// Levels are q + 32 (0..63); the offset is folded into x.offset_sums as in super_block_tile.
+inline constexpr int64_t kPackedQ6_KChunkBytes = 8 * 64 + 4 * 64;
+inline constexpr int64_t kPackedQ6_KBytes = 32 + 16 * 16 + 4 * kPackedQ6_KChunkBytes;
+void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
+                        int64_t num_x);
+
 }  // namespace sieve::kernels::vnni
