@@ -17,12 +17,6 @@ namespace sieve::kernels::vnni {
 
 namespace {
 
-SIEVE_VNNI_ATTR inline __m512i Broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-
 template <int kGroupCols, bool kMins, int kX>
 SIEVE_VNNI_ATTR inline void Tile(const SuperBlockTile& t, const SuperBlockActivations& a,
                                  int64_t first_block, int64_t x0, float* y, int64_t y_stride,
@@ -103,18 +97,6 @@ SIEVE_VNNI_ATTR void AllRows(const SuperBlockTile& t, const SuperBlockActivation
                                        accumulate);
 }
 
-// Packed weights stream from memory as one sequence per thread, where the unpacked tiles read 16
-// rows' streams at once. The hardware prefetchers alone keep too few lines of one stream in flight:
-// decode then waits on DRAM at each 64-column chunk (packed Q6_K from DRAM, one thread: 9-13 GB/s
-// against 16-21 unpacked). So each super-block prefetches the bytes this far ahead into L2
-// (PREFETCHT1: prefetching into L1 instead gained nothing, it holds L1's few miss buffers).
-inline constexpr int64_t kPackedPrefetchBytes = 8192;
-template <int64_t kBytes>
-SIEVE_VNNI_ATTR inline void PrefetchAhead(const uint8_t* block) {
-  for (int64_t at = 0; at < kBytes; at += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(block + kPackedPrefetchBytes + at), _MM_HINT_T1);
-}
-
 // 16 packed Q4_K rows (group at `group`) x activation rows [x0, x0 + kX), all super-blocks.
 // The same sums as Tile<32, true, kX> over an unpacked tile, the levels and the f32 scales and
 // mins (d * scale, dmin * min, as the unpacked tile holds them) made in registers.
@@ -127,7 +109,7 @@ SIEVE_VNNI_ATTR inline void PackedQ4_KTile(const uint8_t* group, int64_t num_blo
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < num_blocks; ++sb) {
     const uint8_t* block = group + sb * kPackedQ4_KBytes;
-    PrefetchAhead<kPackedQ4_KBytes>(block);
+    PrefetchPackedAhead<kPackedQ4_KBytes>(block);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
     const __m512 dmin =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
@@ -189,7 +171,7 @@ SIEVE_VNNI_ATTR inline void PackedQ6_KTile(const uint8_t* group, int64_t num_blo
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < num_blocks; ++sb) {
     const uint8_t* block = group + sb * kPackedQ6_KBytes;
-    PrefetchAhead<kPackedQ6_KBytes>(block);
+    PrefetchPackedAhead<kPackedQ6_KBytes>(block);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
     const auto* scales = reinterpret_cast<const int8_t*>(block + 32);
     const uint8_t* levels = block + 32 + 16 * 16;

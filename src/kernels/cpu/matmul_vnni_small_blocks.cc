@@ -396,12 +396,6 @@ SIEVE_VNNI_ATTR inline void FillTile(const SmallBlockProblem& p, int64_t r0, int
   }
 }
 
-SIEVE_VNNI_ATTR inline __m512i Broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return _mm512_set1_epi32(v);
-}
-
 // Activation rows [x0, x0 + kX) over the tile of rows [r0, r0 + 16) & `rows`. Per block and
 // activation row: 8 vpdpbusd into int32 lanes that start at the offset correction (exact, as
 // the decode path), one conversion, one FMA with d_w * d_x (+ one with m_w * s_x).
@@ -529,6 +523,7 @@ SIEVE_VNNI_ATTR inline void PackedGroupTile(const SmallBlockProblem& p, int64_t 
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < num_blocks; ++b) {
     const uint8_t* block = group + b * kBytes;
+    PrefetchPackedAhead<kBytes>(block);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
     __m512 mw = _mm512_setzero_ps();
     if constexpr (F::kMin)
