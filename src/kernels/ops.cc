@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "kernels/blocks.h"
 #include "kernels/quant_formats.h"
@@ -403,25 +404,29 @@ std::vector<uint8_t> pack_small_blocks(const MatrixView& w, vnni::SmallBlockForm
   return packed;
 }
 
-// Q4_K, layout as vnni::kPackedQ4_KBytes. The block's own qs already pair column 64j + l (low
-// nibble) with 64j + 32 + l (high) in byte 32j + l, so the levels move as 4-byte copies; only
-// the 6-bit scales and mins are unpacked (quant::decode_super_block would decode all 256 levels
-// too: ~1/4 of a short run's time at load).
-std::vector<uint8_t> pack_q4_k(const MatrixView& w) {
+// Q4_K and Q5_K (Block), layouts as vnni::kPackedQ4_KBytes and kPackedQ5_KBytes. The block's own
+// qs already pair column 64j + l (low nibble) with 64j + 32 + l (high) in byte 32j + l, so the
+// levels move as 4-byte copies; only the 6-bit scales and mins (and Q5_K's fifth bits) are
+// unpacked (quant::decode_super_block would decode all 256 levels too: ~1/4 of a short run's time
+// at load).
+template <class Block>
+std::vector<uint8_t> pack_q4_k_or_q5_k(const MatrixView& w) {
+  constexpr bool kFifthBits = std::is_same_v<Block, BlockQ5_K>;
   constexpr int64_t kGroupRows = 16;
-  assert(w.dtype == DType::kQ4_K && w.cols % kQKBlock == 0);
+  constexpr int64_t kBytes = kFifthBits ? vnni::kPackedQ5_KBytes : vnni::kPackedQ4_KBytes;
+  constexpr int64_t kChunkBytes = kFifthBits ? vnni::kPackedQ5_KChunkBytes : 8 * 64;
+  assert(w.cols % kQKBlock == 0);
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQKBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedQ4_KBytes),
-                              0);
+  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * kBytes), 0);
   for (int64_t r = 0; r < w.rows; ++r) {
     const auto* row =
-        reinterpret_cast<const BlockQ4_K*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
+        reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
     for (int64_t b = 0; b < num_blocks; ++b) {
-      const BlockQ4_K& block = row[b];
-      uint8_t* out = packed.data() + (g * num_blocks + b) * vnni::kPackedQ4_KBytes;
+      const Block& block = row[b];
+      uint8_t* out = packed.data() + (g * num_blocks + b) * kBytes;
       std::memcpy(out + 2 * lane, &block.d, 2);
       std::memcpy(out + 32 + 2 * lane, &block.dmin, 2);
       uint8_t* scales = out + 64;
@@ -434,8 +439,20 @@ std::vector<uint8_t> pack_q4_k(const MatrixView& w) {
         mins[s * kGroupRows + lane] = static_cast<uint8_t>(min);
       }
       for (int j = 0; j < 4; ++j) {
+        uint8_t* chunk = levels + j * kChunkBytes;
         for (int k = 0; k < 8; ++k)
-          std::memcpy(levels + ((j * 8 + k) * kGroupRows + lane) * 4, block.qs + 32 * j + 4 * k, 4);
+          std::memcpy(chunk + (k * kGroupRows + lane) * 4, block.qs + 32 * j + 4 * k, 4);
+        if constexpr (kFifthBits) {
+          // Column 64j + 32 half + l has its fifth bit at bit 2j + half of qh[l].
+          for (int half = 0; half < 2; ++half) {
+            for (int e = 0; e < 4; ++e) {
+              int bits = 0;
+              for (int k = 0; k < 8; ++k)
+                bits |= ((block.qh[4 * k + e] >> (2 * j + half)) & 1) << k;
+              chunk[8 * 64 + half * 64 + lane * 4 + e] = static_cast<uint8_t>(bits);
+            }
+          }
+        }
       }
     }
   }
@@ -491,14 +508,15 @@ std::vector<uint8_t> pack_q6_k(const MatrixView& w) {
 }  // namespace
 
 bool packed_matmul_supported(DType dtype) {
-  return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || dtype == DType::kQ6_K ||
-          small_block_format(dtype)) &&
+  return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || dtype == DType::kQ5_K ||
+          dtype == DType::kQ6_K || small_block_format(dtype)) &&
          vnni::supported();
 }
 
 std::vector<uint8_t> pack_for_matmul(const MatrixView& w) {
   if (w.dtype == DType::kQ8_0) return pack_q8_0(w);
-  if (w.dtype == DType::kQ4_K) return pack_q4_k(w);
+  if (w.dtype == DType::kQ4_K) return pack_q4_k_or_q5_k<BlockQ4_K>(w);
+  if (w.dtype == DType::kQ5_K) return pack_q4_k_or_q5_k<BlockQ5_K>(w);
   if (w.dtype == DType::kQ6_K) return pack_q6_k(w);
   const std::optional<vnni::SmallBlockFormat> format = small_block_format(w.dtype);
   assert(format);

@@ -97,17 +97,17 @@ void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y, Thread
 
 // Weights repacked for matmul on x86 CPUs with AVX-512 VNNI, where
 // packed_matmul_supported(dtype): Q8_0, the 32-value blocks Q4_0, Q4_1, Q5_0, Q5_1 and
-// IQ4_NL, Q4_K and Q6_K. Groups of 16 rows (the last one padded with zero rows), and per group and
-// block the 16 rows' scales side by side, then their values interleaved so that one 64-byte load
-// holds 4 columns of all 16 rows (one int32 lane per row), the operand of vpdpbusd against 4
-// broadcast activation bytes: matmul needs no horizontal sums and decodes each weight once for
-// up to 8 activation rows. Q8_0, per block 544 bytes:
+// IQ4_NL, Q4_K, Q5_K and Q6_K. Groups of 16 rows (the last one padded with zero rows), and per
+// group and block the 16 rows' scales side by side, then their values interleaved so that one
+// 64-byte load holds 4 columns of all 16 rows (one int32 lane per row), the operand of vpdpbusd
+// against 4 broadcast activation bytes: matmul needs no horizontal sums and decodes each weight
+// once for up to 8 activation rows. Q8_0, per block 544 bytes:
 //   16 f16 scales (row order), then for k = 0..7, for row r = 0..15: the 4 bytes of columns
 //   4k..4k+3 of row r, each as w + 128 (u8);
 // the 32-value blocks as cpu/matmul_vnni_small_blocks.h's packed_block_bytes() (nibbles stay
 // packed), the same size as the blocks, rounded up to 16 rows; Q4_K as
-// cpu/matmul_super_blocks_vnni.h's kPackedQ4_KBytes, 2.8% more (scales and mins as bytes), Q6_K
-// as its kPackedQ6_KBytes, the same size.
+// cpu/matmul_super_blocks_vnni.h's kPackedQ4_KBytes, 2.8% more (scales and mins as bytes), Q5_K
+// as its kPackedQ5_KBytes (+2.3%), Q6_K as its kPackedQ6_KBytes, the same size.
 bool packed_matmul_supported(DType dtype);
 std::vector<uint8_t> pack_for_matmul(const MatrixView& w);  // packed_matmul_supported(w.dtype)
 

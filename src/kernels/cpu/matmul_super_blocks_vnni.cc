@@ -97,19 +97,21 @@ SIEVE_VNNI_ATTR void AllRows(const SuperBlockTile& t, const SuperBlockActivation
                                        accumulate);
 }
 
-// 16 packed Q4_K rows (group at `group`) x activation rows [x0, x0 + kX), all super-blocks.
-// The same sums as Tile<32, true, kX> over an unpacked tile, the levels and the f32 scales and
-// mins (d * scale, dmin * min, as the unpacked tile holds them) made in registers.
-template <int kX>
+// 16 packed Q4_K (kFifthBits: Q5_K) rows (group at `group`) x activation rows [x0, x0 + kX),
+// all super-blocks. The same sums as Tile<32, true, kX> over an unpacked tile, the levels and the
+// f32 scales and mins (d * scale, dmin * min, as the unpacked tile holds them) made in registers.
+template <int kX, bool kFifthBits>
 SIEVE_VNNI_ATTR inline void PackedQ4_KTile(const uint8_t* group, int64_t num_blocks,
                                            const SuperBlockActivations& a, int64_t x0, float* y,
                                            int64_t y_stride, __mmask16 rows) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  constexpr int64_t kBytes = kFifthBits ? kPackedQ5_KBytes : kPackedQ4_KBytes;
+  constexpr int64_t kChunkBytes = kFifthBits ? kPackedQ5_KChunkBytes : 8 * 64;
+  const __m512i nibble = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(0x10);
   __m512 acc[kX];
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < num_blocks; ++sb) {
-    const uint8_t* block = group + sb * kPackedQ4_KBytes;
-    PrefetchPackedAhead<kPackedQ4_KBytes>(block);
+    const uint8_t* block = group + sb * kBytes;
+    PrefetchPackedAhead<kBytes>(block);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
     const __m512 dmin =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
@@ -126,12 +128,19 @@ SIEVE_VNNI_ATTR inline void PackedQ4_KTile(const uint8_t* group, int64_t num_blo
     for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
-      const uint8_t* chunk = levels + (s / 2) * 8 * 64;
+      const uint8_t* chunk = levels + (s / 2) * kChunkBytes;
       __m512i w[8];
       for (int k = 0; k < 8; ++k) {
         __m512i v = _mm512_loadu_si512(chunk + 64 * k);
         if (s % 2 == 1) v = _mm512_srli_epi16(v, 4);
         w[k] = _mm512_and_si512(v, nibble);
+      }
+      if constexpr (kFifthBits) {  // bit k of each byte: the fifth bit of w[k]'s byte
+        const __m512i fifth = _mm512_loadu_si512(chunk + 8 * 64 + 64 * (s % 2));
+        for (int k = 0; k < 8; ++k) {
+          const __mmask64 set = _mm512_test_epi8_mask(fifth, _mm512_set1_epi8(char(1 << k)));
+          w[k] = _mm512_mask_add_epi8(w[k], set, w[k], sixteen);
+        }
       }
       const auto expand = [](const uint8_t* bytes) SIEVE_VNNI_ATTR {
         return _mm512_cvtepi32_ps(
@@ -245,7 +254,15 @@ struct PackedQ4_K {
   SIEVE_VNNI_ATTR static void Run(const uint8_t* group, int64_t num_blocks,
                                   const SuperBlockActivations& a, int64_t x0, float* y,
                                   int64_t y_stride, __mmask16 rows) {
-    PackedQ4_KTile<kX>(group, num_blocks, a, x0, y, y_stride, rows);
+    PackedQ4_KTile<kX, false>(group, num_blocks, a, x0, y, y_stride, rows);
+  }
+};
+template <int kX>
+struct PackedQ5_K {
+  SIEVE_VNNI_ATTR static void Run(const uint8_t* group, int64_t num_blocks,
+                                  const SuperBlockActivations& a, int64_t x0, float* y,
+                                  int64_t y_stride, __mmask16 rows) {
+    PackedQ4_KTile<kX, true>(group, num_blocks, a, x0, y, y_stride, rows);
   }
 };
 template <int kX>
@@ -297,6 +314,12 @@ SIEVE_VNNI_ATTR void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int
   PackedGroups<PackedQ4_K, kPackedQ4_KBytes>(packed, rows, cols, x, y, g_begin, g_end, num_x);
 }
 
+SIEVE_VNNI_ATTR void packed_q5_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
+                                        int64_t g_end, int64_t num_x) {
+  PackedGroups<PackedQ5_K, kPackedQ5_KBytes>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+}
+
 SIEVE_VNNI_ATTR void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
                                         const SuperBlockActivations& x, float* y, int64_t g_begin,
                                         int64_t g_end, int64_t num_x) {
@@ -308,6 +331,8 @@ SIEVE_VNNI_ATTR void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int
 void super_block_tile(const SuperBlockTile&, const SuperBlockActivations&, int64_t, int64_t, float*,
                       int64_t, int, bool) {}
 void packed_q4_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
+                        int64_t, int64_t, int64_t) {}
+void packed_q5_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
                         int64_t, int64_t, int64_t) {}
 void packed_q6_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
                         int64_t, int64_t, int64_t) {}
