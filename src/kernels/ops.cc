@@ -459,6 +459,38 @@ std::vector<uint8_t> pack_q4_k_or_q5_k(const MatrixView& w) {
   return packed;
 }
 
+// IQ4_XS, layout as vnni::kPackedIQ4_XSBytes: each sub-block's 16 qs bytes are a 32-value
+// block's, so they move as 4-byte copies; the 6-bit scales are unpacked to ls - 32.
+std::vector<uint8_t> pack_iq4_xs(const MatrixView& w) {
+  constexpr int64_t kGroupRows = 16;
+  assert(w.dtype == DType::kIQ4_XS && w.cols % kQKBlock == 0);
+  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  const int64_t num_blocks = w.cols / kQKBlock;
+  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
+  std::vector<uint8_t> packed(
+      static_cast<size_t>(num_groups * num_blocks * vnni::kPackedIQ4_XSBytes), 0);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const auto* row = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w.data) +
+                                                           r * bytes_per_row);
+    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const BlockIQ4_XS& block = row[b];
+      uint8_t* out = packed.data() + (g * num_blocks + b) * vnni::kPackedIQ4_XSBytes;
+      std::memcpy(out + 2 * lane, &block.d, 2);
+      uint8_t* scales = out + 32;
+      uint8_t* levels = scales + 8 * kGroupRows;
+      for (int s = 0; s < 8; ++s) {
+        const int ls = ((block.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) |
+                       (((block.scales_h >> (2 * s)) & 3) << 4);
+        scales[s * kGroupRows + lane] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+        for (int k = 0; k < 4; ++k)
+          std::memcpy(levels + 256 * s + (k * kGroupRows + lane) * 4, block.qs + 16 * s + 4 * k, 4);
+      }
+    }
+  }
+  return packed;
+}
+
 // Q6_K, layout as vnni::kPackedQ6_KBytes; levels q + 32 from the block's decoding.
 std::vector<uint8_t> pack_q6_k(const MatrixView& w) {
   constexpr int64_t kGroupRows = 16;
@@ -509,7 +541,7 @@ std::vector<uint8_t> pack_q6_k(const MatrixView& w) {
 
 bool packed_matmul_supported(DType dtype) {
   return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || dtype == DType::kQ5_K ||
-          dtype == DType::kQ6_K || small_block_format(dtype)) &&
+          dtype == DType::kQ6_K || dtype == DType::kIQ4_XS || small_block_format(dtype)) &&
          vnni::supported();
 }
 
@@ -518,6 +550,7 @@ std::vector<uint8_t> pack_for_matmul(const MatrixView& w) {
   if (w.dtype == DType::kQ4_K) return pack_q4_k_or_q5_k<BlockQ4_K>(w);
   if (w.dtype == DType::kQ5_K) return pack_q4_k_or_q5_k<BlockQ5_K>(w);
   if (w.dtype == DType::kQ6_K) return pack_q6_k(w);
+  if (w.dtype == DType::kIQ4_XS) return pack_iq4_xs(w);
   const std::optional<vnni::SmallBlockFormat> format = small_block_format(w.dtype);
   assert(format);
   return pack_small_blocks(w, *format);

@@ -985,6 +985,8 @@ void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* 
       return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q5_k_groups);
     if constexpr (std::is_same_v<Row, Q6_KUnpack>)
       return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q6_k_groups);
+    if constexpr (std::is_same_v<Row, IQ4_XSUnpack>)
+      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_iq4_xs_groups);
   }
   if (num_x >= kVnniMinRows && vnni::supported()) return MatmulVnni<Row>(w, xq, num_x, y, pool);
 #endif

@@ -7,6 +7,7 @@
 // mins with the group's activation sum); per super-block one FMA with the activation scale.
 #include "kernels/cpu/matmul_super_blocks_vnni.h"
 
+#include <array>
 #include <cstring>
 
 #include "kernels/cpu/vnni_common.h"
@@ -97,139 +98,157 @@ SIEVE_VNNI_ATTR void AllRows(const SuperBlockTile& t, const SuperBlockActivation
                                        accumulate);
 }
 
-// 16 packed Q4_K (kFifthBits: Q5_K) rows (group at `group`) x activation rows [x0, x0 + kX),
-// all super-blocks. The same sums as Tile<32, true, kX> over an unpacked tile, the levels and the
-// f32 scales and mins (d * scale, dmin * min, as the unpacked tile holds them) made in registers.
-template <int kX, bool kFifthBits>
-SIEVE_VNNI_ATTR inline void PackedQ4_KTile(const uint8_t* group, int64_t num_blocks,
-                                           const SuperBlockActivations& a, int64_t x0, float* y,
-                                           int64_t y_stride, __mmask16 rows) {
-  constexpr int64_t kBytes = kFifthBits ? kPackedQ5_KBytes : kPackedQ4_KBytes;
-  constexpr int64_t kChunkBytes = kFifthBits ? kPackedQ5_KChunkBytes : 8 * 64;
-  const __m512i nibble = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(0x10);
+// The packed formats (layouts in matmul_super_blocks_vnni.h), as PackedTile reads them: per
+// super-block, 8 sub-blocks of 32 columns, each 8 level vectors (Levels: w[k] columns 4k .. 4k + 3
+// of the 16 rows, one int32 lane per row) and the rows' scales, per 32 columns (kGroupCols 32) or
+// per 16 (Scale(2s), Scale(2s + 1): columns 0-15 are w[0..3], 16-31 w[4..7]).
+SIEVE_VNNI_ATTR inline __m512 ExpandBytes(const uint8_t* bytes, bool is_signed) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+  return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
+}
+
+// Q4_K (kFifthBits: Q5_K): levels 0..15 (0..31), u8 scales and mins per 32 columns.
+template <bool kFifthBits>
+struct PackedQ4_KFormat {
+  static constexpr int64_t kBytes = kFifthBits ? kPackedQ5_KBytes : kPackedQ4_KBytes;
+  static constexpr int64_t kChunkBytes = kFifthBits ? kPackedQ5_KChunkBytes : 8 * 64;
+  static constexpr int kGroupCols = 32;
+  static constexpr bool kMins = true, kOffset = false;
+  const uint8_t* block;
+  SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const uint8_t* chunk = block + 64 + 2 * 8 * 16 + (s / 2) * kChunkBytes;
+    for (int k = 0; k < 8; ++k) {
+      __m512i v = _mm512_loadu_si512(chunk + 64 * k);
+      if (s % 2 == 1) v = _mm512_srli_epi16(v, 4);
+      w[k] = _mm512_and_si512(v, nibble);
+    }
+    if constexpr (kFifthBits) {  // bit k of each byte: the fifth bit of w[k]'s byte
+      const __m512i fifth = _mm512_loadu_si512(chunk + 8 * 64 + 64 * (s % 2));
+      for (int k = 0; k < 8; ++k) {
+        const __mmask64 set = _mm512_test_epi8_mask(fifth, _mm512_set1_epi8(char(1 << k)));
+        w[k] = _mm512_mask_add_epi8(w[k], set, w[k], _mm512_set1_epi8(0x10));
+      }
+    }
+  }
+  SIEVE_VNNI_ATTR __m512 Scale(int s) const {
+    return _mm512_mul_ps(HalfScales(0), ExpandBytes(block + 64 + 16 * s, false));
+  }
+  SIEVE_VNNI_ATTR __m512 Min(int s) const {
+    return _mm512_mul_ps(HalfScales(32), ExpandBytes(block + 64 + 8 * 16 + 16 * s, false));
+  }
+  SIEVE_VNNI_ATTR __m512 HalfScales(int at) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + at)));
+  }
+};
+
+// Q6_K: levels q + 32 (0..63), i8 scales per 16 columns.
+struct PackedQ6_KFormat {
+  static constexpr int64_t kBytes = kPackedQ6_KBytes;
+  static constexpr int kGroupCols = 16;
+  static constexpr bool kMins = false, kOffset = true;
+  const uint8_t* block;
+  SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
+    const uint8_t* chunk = block + 32 + 16 * 16 + (s / 2) * kPackedQ6_KChunkBytes;
+    const int half = s % 2;  // columns 64 (s / 2) + 32 half + [0, 32)
+    for (int k = 0; k < 8; ++k) {
+      __m512i v = _mm512_loadu_si512(chunk + 64 * k);
+      if (half == 1) v = _mm512_srli_epi16(v, 4);
+      // The pair of bits 2 half + 4 (k / 4) of high vector k % 4 to bits 4, 5 (16-bit shifts:
+      // what crosses a byte is masked off).
+      const int shift = 2 * half + 4 * (k / 4);
+      __m512i h = _mm512_loadu_si512(chunk + 8 * 64 + 64 * (k % 4));
+      if (shift < 4) h = _mm512_slli_epi16(h, 4 - shift);
+      if (shift > 4) h = _mm512_srli_epi16(h, shift - 4);
+      w[k] = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_and_si512(h, high_bits));
+    }
+  }
+  SIEVE_VNNI_ATTR __m512 Scale(int g) const {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    return _mm512_mul_ps(d, ExpandBytes(block + 32 + 16 * g, true));
+  }
+};
+
+// IQ4_XS: levels kIQ4NLValues + 128 (u8) by nibble, i8 scales (ls - 32) per 32 columns.
+struct PackedIQ4_XSFormat {
+  static constexpr int64_t kBytes = kPackedIQ4_XSBytes;
+  static constexpr int kGroupCols = 32;
+  static constexpr bool kMins = false, kOffset = true;
+  const uint8_t* block;
+  SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
+    alignas(16) static constexpr std::array<uint8_t, 16> kBiased = BiasedIQ4NLValues();
+    const __m512i table =
+        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kBiased.data())));
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const uint8_t* levels = block + 32 + 8 * 16 + 256 * s;
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = _mm512_loadu_si512(levels + 64 * k);
+      w[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, nibble));
+      w[4 + k] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
+    }
+  }
+  SIEVE_VNNI_ATTR __m512 Scale(int s) const {
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    return _mm512_mul_ps(d, ExpandBytes(block + 32 + 16 * s, true));
+  }
+};
+
+// 16 packed rows (group at `group`) x activation rows [x0, x0 + kX), all super-blocks: the sums
+// of super_block_tile's Tile<F::kGroupCols, F::kMins, kX>, with the levels and the f32 scales
+// made in registers from the packed bytes.
+template <class F, int kX>
+SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
+                                       const SuperBlockActivations& a, int64_t x0, float* y,
+                                       int64_t y_stride, __mmask16 rows) {
+  constexpr int kGroups = kQKBlock / F::kGroupCols;
   __m512 acc[kX];
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < num_blocks; ++sb) {
-    const uint8_t* block = group + sb * kBytes;
-    PrefetchPackedAhead<kBytes>(block);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-    const __m512 dmin =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
-    const uint8_t* scales = block + 64;
-    const uint8_t* mins = scales + 8 * 16;
-    const uint8_t* levels = mins + 8 * 16;
+    const F f{group + sb * F::kBytes};
+    PrefetchPackedAhead<F::kBytes>(f.block);
     const BlockQ8_K* xb[kX];
+    const int32_t* offsets[kX];
     const float* sums[kX];
     for (int i = 0; i < kX; ++i) {
       xb[i] = a.x + (x0 + i) * a.blocks_per_row + sb;
-      sums[i] = a.neg_sums + (x0 + i) * a.groups_per_row + sb * 8;
+      offsets[i] = a.offset_sums + (x0 + i) * a.groups_per_row + sb * kGroups;
+      sums[i] = a.neg_sums + (x0 + i) * a.groups_per_row + sb * kGroups;
     }
     __m512 block_acc[kX];
     for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
-      const uint8_t* chunk = levels + (s / 2) * kChunkBytes;
       __m512i w[8];
-      for (int k = 0; k < 8; ++k) {
-        __m512i v = _mm512_loadu_si512(chunk + 64 * k);
-        if (s % 2 == 1) v = _mm512_srli_epi16(v, 4);
-        w[k] = _mm512_and_si512(v, nibble);
-      }
-      if constexpr (kFifthBits) {  // bit k of each byte: the fifth bit of w[k]'s byte
-        const __m512i fifth = _mm512_loadu_si512(chunk + 8 * 64 + 64 * (s % 2));
-        for (int k = 0; k < 8; ++k) {
-          const __mmask64 set = _mm512_test_epi8_mask(fifth, _mm512_set1_epi8(char(1 << k)));
-          w[k] = _mm512_mask_add_epi8(w[k], set, w[k], sixteen);
-        }
-      }
-      const auto expand = [](const uint8_t* bytes) SIEVE_VNNI_ATTR {
-        return _mm512_cvtepi32_ps(
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))));
-      };
-      const __m512 scale = _mm512_mul_ps(d, expand(scales + 16 * s));
-      const __m512 min = _mm512_mul_ps(dmin, expand(mins + 16 * s));
-      const int column = (s / 2) * 64 + (s % 2) * 32;
+      f.Levels(s, w);
+      constexpr bool kHalves = F::kGroupCols == 16;
+      const __m512 scale0 = f.Scale(kHalves ? 2 * s : s);
+      const __m512 scale1 = kHalves ? f.Scale(2 * s + 1) : scale0;
+      __m512 min = _mm512_setzero_ps();
+      if constexpr (F::kMins) min = f.Min(s);
 #pragma GCC unroll 8  // keeps the accumulators in registers
       for (int i = 0; i < kX; ++i) {
-        const int8_t* xq = xb[i]->qs + column;
-        // Two chains of 4, so one activation row (decode) is not bound by one chain's latency.
-        __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-        for (int k = 0; k < 8; k += 2) {
-          even = _mm512_dpbusd_epi32(even, w[k], Broadcast4(xq + 4 * k));
-          odd = _mm512_dpbusd_epi32(odd, w[k + 1], Broadcast4(xq + 4 * k + 4));
+        const int8_t* xq = xb[i]->qs + 32 * s;
+        // Two chains of 4 (columns 0-15 and 16-31), so one activation row (decode) is not bound
+        // by one chain's latency; they start at the level offset's correction.
+        __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();
+        if constexpr (F::kOffset) {
+          dot0 = _mm512_set1_epi32(offsets[i][kHalves ? 2 * s : s]);
+          if constexpr (kHalves) dot1 = _mm512_set1_epi32(offsets[i][2 * s + 1]);
         }
-        block_acc[i] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)), scale, block_acc[i]);
-        block_acc[i] = _mm512_fmadd_ps(min, _mm512_set1_ps(sums[i][s]), block_acc[i]);
-      }
-    }
-    for (int i = 0; i < kX; ++i)
-      acc[i] = _mm512_fmadd_ps(block_acc[i], _mm512_set1_ps(xb[i]->d), acc[i]);
-  }
-  for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(y + (x0 + i) * y_stride, rows, acc[i]);
-}
-
-// 16 packed Q6_K rows x activation rows [x0, x0 + kX), all super-blocks: the sums of
-// Tile<16, false, kX>, levels (low nibble | high bits << 4) and f32 scales made in registers.
-template <int kX>
-SIEVE_VNNI_ATTR inline void PackedQ6_KTile(const uint8_t* group, int64_t num_blocks,
-                                           const SuperBlockActivations& a, int64_t x0, float* y,
-                                           int64_t y_stride, __mmask16 rows) {
-  const __m512i nibble = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
-  __m512 acc[kX];
-  for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t sb = 0; sb < num_blocks; ++sb) {
-    const uint8_t* block = group + sb * kPackedQ6_KBytes;
-    PrefetchPackedAhead<kPackedQ6_KBytes>(block);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-    const auto* scales = reinterpret_cast<const int8_t*>(block + 32);
-    const uint8_t* levels = block + 32 + 16 * 16;
-    const BlockQ8_K* xb[kX];
-    const int32_t* offsets[kX];
-    for (int i = 0; i < kX; ++i) {
-      xb[i] = a.x + (x0 + i) * a.blocks_per_row + sb;
-      offsets[i] = a.offset_sums + (x0 + i) * a.groups_per_row + sb * 16;
-    }
-    __m512 block_acc[kX];
-    for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
-#pragma GCC unroll 4               // each load instruction then strides by one super-block
-    for (int j = 0; j < 4; ++j) {  // 64-column chunks, read in address order
-      const uint8_t* chunk = levels + j * kPackedQ6_KChunkBytes;
-      __m512i low[8], high[4];
-      for (int k = 0; k < 8; ++k) low[k] = _mm512_loadu_si512(chunk + 64 * k);
-      for (int h = 0; h < 4; ++h) high[h] = _mm512_loadu_si512(chunk + 8 * 64 + 64 * h);
-#pragma GCC unroll 2                          // the shifts become constants
-      for (int half = 0; half < 2; ++half) {  // columns 64j + 32 half + [0, 32)
-        const int s = 2 * j + half;
-        __m512i w[8];
-        for (int k = 0; k < 8; ++k) {
-          const __m512i v = half == 0 ? low[k] : _mm512_srli_epi16(low[k], 4);
-          // The pair of bits 2 half + 4 (k / 4) of high[k % 4] to bits 4, 5 (16-bit shifts:
-          // what crosses a byte is masked off).
-          const int shift = 2 * half + 4 * (k / 4);
-          __m512i h = high[k % 4];
-          if (shift < 4) h = _mm512_slli_epi16(h, 4 - shift);
-          if (shift > 4) h = _mm512_srli_epi16(h, shift - 4);
-          w[k] = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_and_si512(h, high_bits));
+        for (int k = 0; k < 4; ++k) {
+          dot0 = _mm512_dpbusd_epi32(dot0, w[k], Broadcast4(xq + 4 * k));
+          dot1 = _mm512_dpbusd_epi32(dot1, w[4 + k], Broadcast4(xq + 16 + 4 * k));
         }
-        const auto group_scale = [&](int g) SIEVE_VNNI_ATTR {
-          return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                                      reinterpret_cast<const __m128i*>(scales + 16 * g)))));
-        };
-        const __m512 scale0 = group_scale(2 * s), scale1 = group_scale(2 * s + 1);
-        const int column = 64 * j + 32 * half;
-#pragma GCC unroll 8  // keeps the accumulators in registers
-        for (int i = 0; i < kX; ++i) {
-          const int8_t* xq = xb[i]->qs + column;
-          __m512i dot0 = _mm512_set1_epi32(offsets[i][2 * s]);
-          __m512i dot1 = _mm512_set1_epi32(offsets[i][2 * s + 1]);
-          for (int k = 0; k < 4; ++k) {
-            dot0 = _mm512_dpbusd_epi32(dot0, w[k], Broadcast4(xq + 4 * k));
-            dot1 = _mm512_dpbusd_epi32(dot1, w[4 + k], Broadcast4(xq + 16 + 4 * k));
-          }
+        if constexpr (kHalves) {
           block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), scale0, block_acc[i]);
           block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), scale1, block_acc[i]);
+        } else {
+          block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)), scale0,
+                                         block_acc[i]);
         }
+        if constexpr (F::kMins)
+          block_acc[i] = _mm512_fmadd_ps(min, _mm512_set1_ps(sums[i][s]), block_acc[i]);
       }
     }
     for (int i = 0; i < kX; ++i)
@@ -238,45 +257,20 @@ SIEVE_VNNI_ATTR inline void PackedQ6_KTile(const uint8_t* group, int64_t num_blo
   for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(y + (x0 + i) * y_stride, rows, acc[i]);
 }
 
-// The last num_x_left < kX activation rows of a packed group as one Tile<kX'>.
-template <template <int> class Tile, int kX>
+// The last num_x_left < kX activation rows of a packed group as one PackedTile<F, kX'>.
+template <class F, int kX>
 SIEVE_VNNI_ATTR void PackedRemainder(const uint8_t* group, int64_t num_blocks,
                                      const SuperBlockActivations& a, int64_t x0, int64_t num_x_left,
                                      float* y, int64_t y_stride, __mmask16 rows) {
   if constexpr (kX > 0) {
-    if (num_x_left == kX) return Tile<kX>::Run(group, num_blocks, a, x0, y, y_stride, rows);
-    PackedRemainder<Tile, kX - 1>(group, num_blocks, a, x0, num_x_left, y, y_stride, rows);
+    if (num_x_left == kX) return PackedTile<F, kX>(group, num_blocks, a, x0, y, y_stride, rows);
+    PackedRemainder<F, kX - 1>(group, num_blocks, a, x0, num_x_left, y, y_stride, rows);
   }
 }
 
-template <int kX>
-struct PackedQ4_K {
-  SIEVE_VNNI_ATTR static void Run(const uint8_t* group, int64_t num_blocks,
-                                  const SuperBlockActivations& a, int64_t x0, float* y,
-                                  int64_t y_stride, __mmask16 rows) {
-    PackedQ4_KTile<kX, false>(group, num_blocks, a, x0, y, y_stride, rows);
-  }
-};
-template <int kX>
-struct PackedQ5_K {
-  SIEVE_VNNI_ATTR static void Run(const uint8_t* group, int64_t num_blocks,
-                                  const SuperBlockActivations& a, int64_t x0, float* y,
-                                  int64_t y_stride, __mmask16 rows) {
-    PackedQ4_KTile<kX, true>(group, num_blocks, a, x0, y, y_stride, rows);
-  }
-};
-template <int kX>
-struct PackedQ6_K {
-  SIEVE_VNNI_ATTR static void Run(const uint8_t* group, int64_t num_blocks,
-                                  const SuperBlockActivations& a, int64_t x0, float* y,
-                                  int64_t y_stride, __mmask16 rows) {
-    PackedQ6_KTile<kX>(group, num_blocks, a, x0, y, y_stride, rows);
-  }
-};
-
-// Groups [g_begin, g_end) of packed weights (kBytes per group and super-block), 6 activation
-// rows at a time (6 accumulators + 6 block sums + 8 level vectors, as AllRows<32, true>).
-template <template <int> class Tile, int64_t kBytes>
+// Groups [g_begin, g_end) of packed weights, 6 activation rows at a time (6 accumulators + 6
+// block sums + 8 level vectors, as AllRows<32, true>).
+template <class F>
 SIEVE_VNNI_ATTR void PackedGroups(const uint8_t* packed, int64_t rows, int64_t cols,
                                   const SuperBlockActivations& x, float* y, int64_t g_begin,
                                   int64_t g_end, int64_t num_x) {
@@ -286,10 +280,11 @@ SIEVE_VNNI_ATTR void PackedGroups(const uint8_t* packed, int64_t rows, int64_t c
     const int64_t r0 = g * 16;
     const __mmask16 mask =
         rows - r0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (rows - r0)) - 1);
-    const uint8_t* group = packed + g * num_blocks * kBytes;
+    const uint8_t* group = packed + g * num_blocks * F::kBytes;
     int64_t x0 = 0;
-    for (; x0 + kX <= num_x; x0 += kX) Tile<kX>::Run(group, num_blocks, x, x0, y + r0, rows, mask);
-    PackedRemainder<Tile, kX - 1>(group, num_blocks, x, x0, num_x - x0, y + r0, rows, mask);
+    for (; x0 + kX <= num_x; x0 += kX)
+      PackedTile<F, kX>(group, num_blocks, x, x0, y + r0, rows, mask);
+    PackedRemainder<F, kX - 1>(group, num_blocks, x, x0, num_x - x0, y + r0, rows, mask);
   }
 }
 
@@ -311,19 +306,25 @@ SIEVE_VNNI_ATTR void super_block_tile(const SuperBlockTile& tile, const SuperBlo
 SIEVE_VNNI_ATTR void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
                                         const SuperBlockActivations& x, float* y, int64_t g_begin,
                                         int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedQ4_K, kPackedQ4_KBytes>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+  PackedGroups<PackedQ4_KFormat<false>>(packed, rows, cols, x, y, g_begin, g_end, num_x);
 }
 
 SIEVE_VNNI_ATTR void packed_q5_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
                                         const SuperBlockActivations& x, float* y, int64_t g_begin,
                                         int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedQ5_K, kPackedQ5_KBytes>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+  PackedGroups<PackedQ4_KFormat<true>>(packed, rows, cols, x, y, g_begin, g_end, num_x);
 }
 
 SIEVE_VNNI_ATTR void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
                                         const SuperBlockActivations& x, float* y, int64_t g_begin,
                                         int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedQ6_K, kPackedQ6_KBytes>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+  PackedGroups<PackedQ6_KFormat>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+}
+
+SIEVE_VNNI_ATTR void packed_iq4_xs_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                                          const SuperBlockActivations& x, float* y, int64_t g_begin,
+                                          int64_t g_end, int64_t num_x) {
+  PackedGroups<PackedIQ4_XSFormat>(packed, rows, cols, x, y, g_begin, g_end, num_x);
 }
 
 #else
@@ -336,6 +337,8 @@ void packed_q5_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActiva
                         int64_t, int64_t, int64_t) {}
 void packed_q6_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
                         int64_t, int64_t, int64_t) {}
+void packed_iq4_xs_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
+                          int64_t, int64_t, int64_t) {}
 
 #endif
 

@@ -82,4 +82,14 @@ void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
                         const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
                         int64_t num_x);
 
+// IQ4_XS packed by pack_for_matmul(): groups of 16 rows, and per group and super-block
+// kPackedIQ4_XSBytes: 16 f16 d (row order); scales [8 sub-blocks][16 rows] i8 (ls - 32); then per
+// sub-block s (32 columns) as the packed 32-value blocks (matmul_vnni_small_blocks.h): for
+// k = 0..3, row r: the sub-block's qs[4k .. 4k + 3] (low nibbles columns 4k.., high 16 + 4k..),
+// indices into kIQ4NLValues. 2208 bytes where the rows' blocks take 2176 (+1.5%).
+inline constexpr int64_t kPackedIQ4_XSBytes = 32 + 8 * 16 + 8 * 256;
+void packed_iq4_xs_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                          const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
+                          int64_t num_x);
+
 }  // namespace sieve::kernels::vnni

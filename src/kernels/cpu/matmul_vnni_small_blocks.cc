@@ -95,13 +95,6 @@ SIEVE_VNNI_ATTR inline uint32_t LoadU32(const void* p) {
   return v;
 }
 
-// IQ4_NL's levels + 128 (1 .. 241) as unsigned bytes.
-constexpr std::array<uint8_t, 16> BiasedIQ4NLValues() {
-  std::array<uint8_t, 16> biased{};
-  for (int k = 0; k < 16; ++k) biased[k] = static_cast<uint8_t>(kIQ4NLValues[k] + 128);
-  return biased;
-}
-
 // The weights of blocks b (and b + 1 if `pair`) as unsigned bytes; the f16 scales of the two
 // blocks as {d_b, d_b1} in 16-bit fields, with a minimum {d_b, m_b, d_b1, m_b1} (the blocks'
 // first 4 bytes).

@@ -4,8 +4,11 @@
 // attribute their functions carry (SIEVE_VNNI is 0 where there are none), the column slices of
 // the prefill loops and the scale spreading. Include it only from those files: everything here
 // is compiled for AVX-512 via SIEVE_VNNI_ATTR, not the file's flags.
+#include <array>
 #include <cstdint>
 #include <cstring>
+
+#include "kernels/blocks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -21,6 +24,13 @@
 #endif
 
 namespace sieve::kernels::vnni {
+
+// IQ4_NL's levels + 128 (1 .. 241) as unsigned bytes: vpdpbusd's unsigned operand.
+constexpr std::array<uint8_t, 16> BiasedIQ4NLValues() {
+  std::array<uint8_t, 16> biased{};
+  for (int k = 0; k < 16; ++k) biased[k] = static_cast<uint8_t>(kIQ4NLValues[k] + 128);
+  return biased;
+}
 
 // Blocks [begin, end) of a column slice of the prefill loops.
 struct Slice {
