@@ -100,7 +100,7 @@ void run_matmul(benchmark::State& state, const MatmulCase& c) {
   }
   const Weights& weights_of_case = weights(c.dtype, c.rows, c.cols);
   Weights w{{}, weights_of_case.view};
-  std::vector<uint8_t> packed;
+  PackedBytes packed;
   if (c.packed) {
     packed = pack_for_matmul(w.view);
     w.view.packed = packed.data();

@@ -338,14 +338,14 @@ std::optional<vnni::SmallBlockFormat> small_block_format(DType dtype) {
   }
 }
 
-std::vector<uint8_t> pack_q8_0(const MatrixView& w) {
+PackedBytes pack_q8_0(const MatrixView& w) {
   assert(w.dtype == DType::kQ8_0 && w.cols % kQBlock == 0);
   constexpr int64_t kGroupRows = 16, kBlockBytes = 32 + kGroupRows * kQBlock;
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
   // Padding rows: scale 0, weights 0 (stored as 0x80).
-  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * kBlockBytes), 0x80);
+  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * kBlockBytes), 0x80);
   for (int64_t r = 0; r < w.rows; ++r) {
     const auto* row =
         reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
@@ -374,7 +374,7 @@ std::vector<uint8_t> pack_q8_0(const MatrixView& w) {
 // The 32-value blocks of 4 / 5 bits, layout as packed_block_bytes(). Every such block starts
 // with its f16 d, then (Q4_1 / Q5_1) its f16 m, then (Q5_x) 4 bytes qh, then 16 bytes qs.
 // Padding rows stay all zero: scale 0 adds nothing.
-std::vector<uint8_t> pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format) {
+PackedBytes pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format) {
   constexpr int64_t kGroupRows = 16;
   const int64_t block_size = static_cast<int64_t>(block_bytes(w.dtype));
   const int64_t packed_bytes = vnni::packed_block_bytes(format);
@@ -385,7 +385,7 @@ std::vector<uint8_t> pack_small_blocks(const MatrixView& w, vnni::SmallBlockForm
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), 0);
+  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), 0);
   for (int64_t r = 0; r < w.rows; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * bytes_per_row;
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
@@ -410,7 +410,7 @@ std::vector<uint8_t> pack_small_blocks(const MatrixView& w, vnni::SmallBlockForm
 // unpacked (quant::decode_super_block would decode all 256 levels too: ~1/4 of a short run's time
 // at load).
 template <class Block>
-std::vector<uint8_t> pack_q4_k_or_q5_k(const MatrixView& w) {
+PackedBytes pack_q4_k_or_q5_k(const MatrixView& w) {
   constexpr bool kFifthBits = std::is_same_v<Block, BlockQ5_K>;
   constexpr int64_t kGroupRows = 16;
   constexpr int64_t kBytes = kFifthBits ? vnni::kPackedQ5_KBytes : vnni::kPackedQ4_KBytes;
@@ -419,7 +419,7 @@ std::vector<uint8_t> pack_q4_k_or_q5_k(const MatrixView& w) {
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQKBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * kBytes), 0);
+  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * kBytes), 0);
   for (int64_t r = 0; r < w.rows; ++r) {
     const auto* row =
         reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
@@ -461,14 +461,13 @@ std::vector<uint8_t> pack_q4_k_or_q5_k(const MatrixView& w) {
 
 // IQ4_XS, layout as vnni::kPackedIQ4_XSBytes: each sub-block's 16 qs bytes are a 32-value
 // block's, so they move as 4-byte copies; the 6-bit scales are unpacked to ls - 32.
-std::vector<uint8_t> pack_iq4_xs(const MatrixView& w) {
+PackedBytes pack_iq4_xs(const MatrixView& w) {
   constexpr int64_t kGroupRows = 16;
   assert(w.dtype == DType::kIQ4_XS && w.cols % kQKBlock == 0);
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQKBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  std::vector<uint8_t> packed(
-      static_cast<size_t>(num_groups * num_blocks * vnni::kPackedIQ4_XSBytes), 0);
+  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedIQ4_XSBytes), 0);
   for (int64_t r = 0; r < w.rows; ++r) {
     const auto* row = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w.data) +
                                                            r * bytes_per_row);
@@ -492,14 +491,13 @@ std::vector<uint8_t> pack_iq4_xs(const MatrixView& w) {
 }
 
 // Q6_K, layout as vnni::kPackedQ6_KBytes; levels q + 32 from the block's decoding.
-std::vector<uint8_t> pack_q6_k(const MatrixView& w) {
+PackedBytes pack_q6_k(const MatrixView& w) {
   constexpr int64_t kGroupRows = 16;
   assert(w.dtype == DType::kQ6_K && w.cols % kQKBlock == 0);
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQKBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  std::vector<uint8_t> packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedQ6_KBytes),
-                              0);
+  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedQ6_KBytes), 0);
   quant::SuperBlockInts ints;
   for (int64_t r = 0; r < w.rows; ++r) {
     const auto* row =
@@ -545,7 +543,7 @@ bool packed_matmul_supported(DType dtype) {
          vnni::supported();
 }
 
-std::vector<uint8_t> pack_for_matmul(const MatrixView& w) {
+PackedBytes pack_for_matmul(const MatrixView& w) {
   if (w.dtype == DType::kQ8_0) return pack_q8_0(w);
   if (w.dtype == DType::kQ4_K) return pack_q4_k_or_q5_k<BlockQ4_K>(w);
   if (w.dtype == DType::kQ5_K) return pack_q4_k_or_q5_k<BlockQ5_K>(w);

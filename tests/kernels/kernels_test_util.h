@@ -72,7 +72,7 @@ inline void expect_packed_matmul_matches_ref(const MatrixView& w, size_t expecte
                                              uint32_t& seed, MagnitudesFn magnitudes,
                                              double tolerance) {
   ThreadPool pool1(1), pool3(3);
-  const std::vector<uint8_t> packed = pack_for_matmul(w);
+  const PackedBytes packed = pack_for_matmul(w);
   ASSERT_EQ(packed.size(), expected_packed_bytes);
   const std::vector<uint8_t> zero_blocks(row_bytes(w.dtype, w.cols) * w.rows, 0);
   MatrixView packed_view = w;

@@ -86,7 +86,7 @@ TEST_P(Matmul, PackedQ8_0) {
   for (int64_t cols : {32, 64, 96, 320}) {
     for (int64_t rows : {1, 3, 16, 17, 64, 67, 100}) {
       const TestMatrix w(DType::kQ8_0, rows, cols, ++seed);
-      const std::vector<uint8_t> packed = pack_for_matmul(w.view);
+      const PackedBytes packed = pack_for_matmul(w.view);
       EXPECT_EQ(packed.size(), (rows + 15) / 16 * row_bytes(DType::kQ8_0, cols) * 16);
       MatrixView view = w.view;
       view.packed = packed.data();
@@ -105,12 +105,12 @@ TEST_P(Matmul, PackedQ8_0) {
     std::memcpy(&bytes[offset], &d, 2);
   }
   MatrixView raw{DType::kQ8_0, bytes.data(), rows, cols};
-  const std::vector<uint8_t> raw_packed = pack_for_matmul(raw);
+  const PackedBytes raw_packed = pack_for_matmul(raw);
   raw.packed = raw_packed.data();
   for (int64_t num_x : {1, 4, 11})
     expect_matmul_matches_ref(raw, num_x, pool3, 40 + num_x, magnitudes);
   const TestMatrix big(DType::kQ8_0, 131, 2080, ++seed);
-  const std::vector<uint8_t> big_packed = pack_for_matmul(big.view);
+  const PackedBytes big_packed = pack_for_matmul(big.view);
   MatrixView big_view = big.view;
   big_view.packed = big_packed.data();
   for (int64_t num_x : {1, 19})

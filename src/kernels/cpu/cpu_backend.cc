@@ -55,7 +55,7 @@ class CpuBackend final : public HostMemoryBackend {
 
   MatrixView prepare_weights(const MatrixView& w) override {
     if (w.packed != nullptr || !packed_matmul_supported(w.dtype)) return w;
-    std::vector<uint8_t> packed = pack_for_matmul(w);
+    PackedBytes packed = pack_for_matmul(w);
     release_pages(w);
     MatrixView view = w;
     view.packed = packed.data();  // stays put when packed_ grows (moved, not copied)
@@ -255,7 +255,7 @@ class CpuBackend final : public HostMemoryBackend {
   std::unique_ptr<ThreadPool> owned_pool_;  // make_cpu_backend(num_threads); else null
   ThreadPool& pool_;
   std::mutex packed_mutex_;
-  std::vector<std::vector<uint8_t>> packed_;  // repackings handed out by prepare_weights
+  std::vector<PackedBytes> packed_;  // repackings handed out by prepare_weights
 };
 
 }  // namespace
