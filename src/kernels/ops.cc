@@ -459,6 +459,65 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w) {
   return packed;
 }
 
+// Q2_K and Q3_K, layouts as vnni::kPackedQ2_KBytes and kPackedQ3_KBytes, from the decoded
+// blocks (levels q, or q + 4 for Q3_K's signed ones).
+PackedBytes pack_q2_k_or_q3_k(const MatrixView& w) {
+  constexpr int64_t kGroupRows = 16;
+  const bool q3 = w.dtype == DType::kQ3_K;
+  assert((q3 || w.dtype == DType::kQ2_K) && w.cols % kQKBlock == 0);
+  const int64_t packed_bytes = q3 ? vnni::kPackedQ3_KBytes : vnni::kPackedQ2_KBytes;
+  const int64_t levels_at = q3 ? 320 : 64 + 16 * 16;
+  const int64_t chunk_bytes = q3 ? vnni::kPackedQ3_KChunkBytes : 4 * 64;
+  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  const int64_t num_blocks = w.cols / kQKBlock;
+  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
+  const size_t block_size = block_bytes(w.dtype);
+  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), 0);
+  quant::SuperBlockInts ints;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * bytes_per_row;
+    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const uint8_t* block = row + b * block_size;
+      quant::decode_super_block(w.dtype, block, &ints);
+      uint8_t* out = packed.data() + (g * num_blocks + b) * packed_bytes;
+      if (q3) {
+        std::memcpy(out + 2 * lane, &reinterpret_cast<const BlockQ3_K*>(block)->d, 2);
+        for (int s = 0; s < 16; ++s)
+          out[32 + s * kGroupRows + lane] = static_cast<uint8_t>(ints.scales[s]);
+      } else {
+        const auto* q2 = reinterpret_cast<const BlockQ2_K*>(block);
+        std::memcpy(out + 2 * lane, &q2->d, 2);
+        std::memcpy(out + 32 + 2 * lane, &q2->dmin, 2);
+        for (int s = 0; s < 16; ++s) out[64 + s * kGroupRows + lane] = q2->scales[s];
+      }
+      const auto level = [&](int c) { return ints.q[c] + (q3 ? 4 : 0); };
+      for (int j = 0; j < 4; ++j) {
+        uint8_t* low = out + levels_at + j * chunk_bytes;
+        for (int m = 0; m < 4; ++m) {
+          for (int e = 0; e < 4; ++e) {
+            int bits = 0;
+            for (int f = 0; f < 4; ++f) {
+              const int c = 64 * j + 32 * (f / 2) + 4 * (m + 4 * (f % 2)) + e;
+              bits |= (level(c) & 3) << (2 * f);
+            }
+            low[(m * kGroupRows + lane) * 4 + e] = static_cast<uint8_t>(bits);
+          }
+        }
+        if (!q3) continue;
+        for (int half = 0; half < 2; ++half) {
+          for (int e = 0; e < 4; ++e) {
+            int bits = 0;
+            for (int k = 0; k < 8; ++k) bits |= (level(64 * j + 32 * half + 4 * k + e) >> 2) << k;
+            low[4 * 64 + half * 64 + lane * 4 + e] = static_cast<uint8_t>(bits);
+          }
+        }
+      }
+    }
+  }
+  return packed;
+}
+
 // IQ4_XS, layout as vnni::kPackedIQ4_XSBytes: each sub-block's 16 qs bytes are a 32-value
 // block's, so they move as 4-byte copies; the 6-bit scales are unpacked to ls - 32.
 PackedBytes pack_iq4_xs(const MatrixView& w) {
@@ -539,7 +598,8 @@ PackedBytes pack_q6_k(const MatrixView& w) {
 
 bool packed_matmul_supported(DType dtype) {
   return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || dtype == DType::kQ5_K ||
-          dtype == DType::kQ6_K || dtype == DType::kIQ4_XS || small_block_format(dtype)) &&
+          dtype == DType::kQ6_K || dtype == DType::kIQ4_XS || dtype == DType::kQ2_K ||
+          dtype == DType::kQ3_K || small_block_format(dtype)) &&
          vnni::supported();
 }
 
@@ -549,6 +609,7 @@ PackedBytes pack_for_matmul(const MatrixView& w) {
   if (w.dtype == DType::kQ5_K) return pack_q4_k_or_q5_k<BlockQ5_K>(w);
   if (w.dtype == DType::kQ6_K) return pack_q6_k(w);
   if (w.dtype == DType::kIQ4_XS) return pack_iq4_xs(w);
+  if (w.dtype == DType::kQ2_K || w.dtype == DType::kQ3_K) return pack_q2_k_or_q3_k(w);
   const std::optional<vnni::SmallBlockFormat> format = small_block_format(w.dtype);
   assert(format);
   return pack_small_blocks(w, *format);

@@ -300,7 +300,7 @@ TEST_P(SuperBlockMatmul, MatchesReferenceOnRandomBlocks) {
   }
 }
 
-// Q4_K, Q5_K, Q6_K and IQ4_XS with the packed copy (pack_for_matmul) attached: decode and prefill
+// The K-quants and IQ4_XS with the packed copy (pack_for_matmul) attached: decode and prefill
 // from 16-row groups on AVX-512 VNNI CPUs, ignored on other targets. Random block bytes (every
 // level, 6-bit scale and min; the 0xFF fill: the largest), rows that cut a group, activation rows
 // on both sides of the 6-row tile. Where the packing is used, the matrix's own bytes are zero
@@ -308,7 +308,8 @@ TEST_P(SuperBlockMatmul, MatchesReferenceOnRandomBlocks) {
 TEST_P(SuperBlockMatmul, PackedK_QuantsMatchReference) {
   uint32_t seed = 700;
   for (const auto& [dtype, packed_block] :
-       {std::pair{DType::kQ4_K, size_t{2368}}, std::pair{DType::kQ5_K, size_t{2880}},
+       {std::pair{DType::kQ2_K, size_t{1344}}, std::pair{DType::kQ3_K, size_t{1856}},
+        std::pair{DType::kQ4_K, size_t{2368}}, std::pair{DType::kQ5_K, size_t{2880}},
         std::pair{DType::kQ6_K, size_t{3360}}, std::pair{DType::kIQ4_XS, size_t{2208}}}) {
     for (int fill : {-1, 0xFF}) {
       for (int64_t cols : {256, 1280}) {

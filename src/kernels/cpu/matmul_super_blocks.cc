@@ -981,6 +981,10 @@ void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* 
   if (w.packed != nullptr && vnni::supported()) {
     if constexpr (std::is_same_v<Row, Q4_KUnpack>)
       return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q4_k_groups);
+    if constexpr (std::is_same_v<Row, Q2_KUnpack>)
+      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q2_k_groups);
+    if constexpr (std::is_same_v<Row, Q3_KUnpack>)
+      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q3_k_groups);
     if constexpr (std::is_same_v<Row, Q5_KUnpack>)
       return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q5_k_groups);
     if constexpr (std::is_same_v<Row, Q6_KUnpack>)

@@ -107,6 +107,11 @@ SIEVE_VNNI_ATTR inline __m512 ExpandBytes(const uint8_t* bytes, bool is_signed) 
   return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
 }
 
+// The 16 rows' f16 d (or dmin) at `at` as f32.
+SIEVE_VNNI_ATTR inline __m512 RowScales(const uint8_t* at) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+}
+
 // Q4_K (kFifthBits: Q5_K): levels 0..15 (0..31), u8 scales and mins per 32 columns.
 template <bool kFifthBits>
 struct PackedQ4_KFormat {
@@ -131,14 +136,11 @@ struct PackedQ4_KFormat {
       }
     }
   }
-  SIEVE_VNNI_ATTR __m512 Scale(int s) const {
-    return _mm512_mul_ps(HalfScales(0), ExpandBytes(block + 64 + 16 * s, false));
-  }
+  SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
+  SIEVE_VNNI_ATTR __m512 DMin() const { return RowScales(block + 32); }
+  SIEVE_VNNI_ATTR __m512 Scale(int s) const { return ExpandBytes(block + 64 + 16 * s, false); }
   SIEVE_VNNI_ATTR __m512 Min(int s) const {
-    return _mm512_mul_ps(HalfScales(32), ExpandBytes(block + 64 + 8 * 16 + 16 * s, false));
-  }
-  SIEVE_VNNI_ATTR __m512 HalfScales(int at) const {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + at)));
+    return ExpandBytes(block + 64 + 8 * 16 + 16 * s, false);
   }
 };
 
@@ -164,10 +166,8 @@ struct PackedQ6_KFormat {
       w[k] = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_and_si512(h, high_bits));
     }
   }
-  SIEVE_VNNI_ATTR __m512 Scale(int g) const {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-    return _mm512_mul_ps(d, ExpandBytes(block + 32 + 16 * g, true));
-  }
+  SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
+  SIEVE_VNNI_ATTR __m512 Scale(int g) const { return ExpandBytes(block + 32 + 16 * g, true); }
 };
 
 // IQ4_XS: levels kIQ4NLValues + 128 (u8) by nibble, i8 scales (ls - 32) per 32 columns.
@@ -188,10 +188,58 @@ struct PackedIQ4_XSFormat {
       w[4 + k] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble));
     }
   }
-  SIEVE_VNNI_ATTR __m512 Scale(int s) const {
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
-    return _mm512_mul_ps(d, ExpandBytes(block + 32 + 16 * s, true));
+  SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
+  SIEVE_VNNI_ATTR __m512 Scale(int s) const { return ExpandBytes(block + 32 + 16 * s, true); }
+};
+
+// The 2-bit fields of Q2_K / Q3_K's packed levels (4 vectors per 64-column chunk): byte b of row
+// r's lane in vector k % 4 holds columns 64j + 32 half + 4k + b in bits 2f, 2f + 1, f = 2 half +
+// k / 4. Level vector k of half `half` of the chunk at `low`:
+SIEVE_VNNI_ATTR inline __m512i TwoBitLevels(const uint8_t* low, int half, int k) {
+  const __m512i v = _mm512_loadu_si512(low + 64 * (k % 4));
+  // 16-bit shifts: what crosses a byte is masked off.
+  return _mm512_and_si512(_mm512_srli_epi16(v, 2 * (2 * half + k / 4)), _mm512_set1_epi8(3));
+}
+
+// Q2_K: levels 0..3, per 16 columns a byte of 4-bit scale (low) and min (high), as the blocks'.
+struct PackedQ2_KFormat {
+  static constexpr int64_t kBytes = kPackedQ2_KBytes;
+  static constexpr int kGroupCols = 16;
+  static constexpr bool kMins = true, kOffset = false;
+  const uint8_t* block;
+  SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
+    const uint8_t* low = block + 64 + 16 * 16 + (s / 2) * 4 * 64;
+    for (int k = 0; k < 8; ++k) w[k] = TwoBitLevels(low, s % 2, k);
   }
+  SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
+  SIEVE_VNNI_ATTR __m512 DMin() const { return RowScales(block + 32); }
+  SIEVE_VNNI_ATTR __m512 Scale(int g) const { return Nibble(g, 0); }
+  SIEVE_VNNI_ATTR __m512 Min(int g) const { return Nibble(g, 4); }
+  SIEVE_VNNI_ATTR __m512 Nibble(int g, int shift) const {
+    const __m512i bytes = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 64 + 16 * g)));
+    return _mm512_cvtepi32_ps(
+        _mm512_and_si512(_mm512_srli_epi32(bytes, shift), _mm512_set1_epi32(15)));
+  }
+};
+
+// Q3_K: levels q + 4 (0..7) from 2 low bits and a high bit, i8 scales per 16 columns.
+struct PackedQ3_KFormat {
+  static constexpr int64_t kBytes = kPackedQ3_KBytes;
+  static constexpr int kGroupCols = 16;
+  static constexpr bool kMins = false, kOffset = true;
+  const uint8_t* block;
+  SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
+    const uint8_t* low = block + 320 + (s / 2) * kPackedQ3_KChunkBytes;
+    const __m512i high = _mm512_loadu_si512(low + 4 * 64 + 64 * (s % 2));
+    for (int k = 0; k < 8; ++k) {
+      w[k] = TwoBitLevels(low, s % 2, k);
+      const __mmask64 set = _mm512_test_epi8_mask(high, _mm512_set1_epi8(char(1 << k)));
+      w[k] = _mm512_mask_add_epi8(w[k], set, w[k], _mm512_set1_epi8(4));
+    }
+  }
+  SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
+  SIEVE_VNNI_ATTR __m512 Scale(int g) const { return ExpandBytes(block + 32 + 16 * g, true); }
 };
 
 // 16 packed rows (group at `group`) x activation rows [x0, x0 + kX), all super-blocks: the sums
@@ -215,8 +263,11 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
       offsets[i] = a.offset_sums + (x0 + i) * a.groups_per_row + sb * kGroups;
       sums[i] = a.neg_sums + (x0 + i) * a.groups_per_row + sb * kGroups;
     }
-    __m512 block_acc[kX];
-    for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
+    // Per super-block, as llama.cpp's dot products: the integer scales times the integer sums
+    // (exact in f32: each |dot x scale| < 2^24), then one product with d and the activation scale
+    // (the mins' sums likewise apart, with dmin), so the packed copies round as its kernels do.
+    __m512 block_acc[kX], min_acc[kX];
+    for (int i = 0; i < kX; ++i) block_acc[i] = min_acc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
       __m512i w[8];
@@ -224,8 +275,11 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
       constexpr bool kHalves = F::kGroupCols == 16;
       const __m512 scale0 = f.Scale(kHalves ? 2 * s : s);
       const __m512 scale1 = kHalves ? f.Scale(2 * s + 1) : scale0;
-      __m512 min = _mm512_setzero_ps();
-      if constexpr (F::kMins) min = f.Min(s);
+      __m512 min0 = _mm512_setzero_ps(), min1 = _mm512_setzero_ps();
+      if constexpr (F::kMins) {
+        min0 = f.Min(kHalves ? 2 * s : s);
+        if constexpr (kHalves) min1 = f.Min(2 * s + 1);
+      }
 #pragma GCC unroll 8  // keeps the accumulators in registers
       for (int i = 0; i < kX; ++i) {
         const int8_t* xq = xb[i]->qs + 32 * s;
@@ -247,12 +301,21 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
           block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)), scale0,
                                          block_acc[i]);
         }
-        if constexpr (F::kMins)
-          block_acc[i] = _mm512_fmadd_ps(min, _mm512_set1_ps(sums[i][s]), block_acc[i]);
+        if constexpr (F::kMins) {
+          min_acc[i] =
+              _mm512_fmadd_ps(min0, _mm512_set1_ps(sums[i][kHalves ? 2 * s : s]), min_acc[i]);
+          if constexpr (kHalves)
+            min_acc[i] = _mm512_fmadd_ps(min1, _mm512_set1_ps(sums[i][2 * s + 1]), min_acc[i]);
+        }
       }
     }
-    for (int i = 0; i < kX; ++i)
-      acc[i] = _mm512_fmadd_ps(block_acc[i], _mm512_set1_ps(xb[i]->d), acc[i]);
+    const __m512 d = f.D();
+    for (int i = 0; i < kX; ++i) {
+      const __m512 xd = _mm512_set1_ps(xb[i]->d);
+      acc[i] = _mm512_fmadd_ps(block_acc[i], _mm512_mul_ps(d, xd), acc[i]);
+      if constexpr (F::kMins)
+        acc[i] = _mm512_fmadd_ps(min_acc[i], _mm512_mul_ps(f.DMin(), xd), acc[i]);
+    }
   }
   for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(y + (x0 + i) * y_stride, rows, acc[i]);
 }
@@ -303,6 +366,18 @@ SIEVE_VNNI_ATTR void super_block_tile(const SuperBlockTile& tile, const SuperBlo
   return AllRows<16, false>(tile, x, first_block, num_x, y, y_stride, rows, accumulate);
 }
 
+SIEVE_VNNI_ATTR void packed_q2_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
+                                        int64_t g_end, int64_t num_x) {
+  PackedGroups<PackedQ2_KFormat>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+}
+
+SIEVE_VNNI_ATTR void packed_q3_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
+                                        int64_t g_end, int64_t num_x) {
+  PackedGroups<PackedQ3_KFormat>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+}
+
 SIEVE_VNNI_ATTR void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
                                         const SuperBlockActivations& x, float* y, int64_t g_begin,
                                         int64_t g_end, int64_t num_x) {
@@ -331,6 +406,10 @@ SIEVE_VNNI_ATTR void packed_iq4_xs_groups(const uint8_t* packed, int64_t rows, i
 
 void super_block_tile(const SuperBlockTile&, const SuperBlockActivations&, int64_t, int64_t, float*,
                       int64_t, int, bool) {}
+void packed_q2_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
+                        int64_t, int64_t, int64_t) {}
+void packed_q3_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
+                        int64_t, int64_t, int64_t) {}
 void packed_q4_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
                         int64_t, int64_t, int64_t) {}
 void packed_q5_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,

@@ -40,6 +40,27 @@ void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x
                       int64_t first_block, int64_t num_x, float* y, int64_t y_stride, int num_rows,
                       bool accumulate);
 
+// Q2_K and Q3_K weights packed by pack_for_matmul() (ops.h): groups of 16 rows (the last one
+// padded with zero rows); their levels' 2 low bits, per 64-column chunk j, for m = 0..3, row r:
+// 4 bytes, byte b holding in bits 2f, 2f + 1 (f = 0..3) the column 64j + 32 (f / 2) + 4k + b with
+// k = m + 4 (f % 2). Per group and super-block:
+//   Q2_K, kPackedQ2_KBytes (the same as the rows' blocks): 16 f16 d, 16 f16 dmin (row order);
+//     [16 groups of 16 columns][16 rows] bytes, scale | min << 4 as in the block; the 4 chunks'
+//     2-bit levels (256 bytes each).
+//   Q3_K, kPackedQ3_KBytes (+5.5%): 16 f16 d; [16 groups][16 rows] i8 scales; 32 bytes of
+//     padding (so chunks start on a cache line); per chunk the 2-bit fields of q + 4 (256 bytes),
+//     then for half = 0, 1, row r: 4 bytes, bit k of byte b its high bit (bit 2) for column
+//     64j + 32 half + 4k + b. Levels q + 4 (0..7); the offset is folded into x.offset_sums.
+inline constexpr int64_t kPackedQ2_KBytes = 64 + 16 * 16 + 4 * 4 * 64;
+inline constexpr int64_t kPackedQ3_KChunkBytes = 4 * 64 + 2 * 64;
+inline constexpr int64_t kPackedQ3_KBytes = 320 + 4 * kPackedQ3_KChunkBytes;
+void packed_q2_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
+                        int64_t num_x);
+void packed_q3_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
+                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
+                        int64_t num_x);
+
 // Q4_K weights packed by pack_for_matmul() (ops.h): groups of 16 rows (the last one padded
 // with zero rows), and per group and super-block kPackedQ4_KBytes:
 //   16 f16 d, 16 f16 dmin (row order); scales [8 sub-blocks][16 rows] u8; mins [8][16] u8;
