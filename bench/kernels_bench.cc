@@ -225,7 +225,8 @@ void register_all() {
 // The super-block types (K-quants, IQ4_XS) against Q8_0 / Q4_0 in the same run, on the best
 // target with all threads, each also with its packed copy (/packed) where the CPU packs it:
 //   SuperBlocks/Decode/<dtype>/RxC[/packed]  GB/s of weights streamed (32000x4096 exceeds the L3;
-//                                         /threads:1: from L3, per CPU second)
+//                                         4096x4096/threads:1: from L3, per CPU second;
+//                                         32000x4096/threads:1: from DRAM on one core)
 //   SuperBlocks/Prefill/<dtype>/RxC/x256/threads:T  GFLOP/s (T = 1: per CPU second)
 void register_super_blocks() {
   const int threads = hardware_threads();

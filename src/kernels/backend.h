@@ -144,9 +144,9 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;      // device -> device
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   // The view matmul() and get_rows() should be given for a weight matrix of the (mapped) model
-  // file; the backend keeps what it makes alive. CPU: the same bytes, plus a repacking
-  // where packed_matmul_supported(dtype) (Q8_0 and the 32-value 4- / 5-bit blocks); a device
-  // backend: a copy in device memory.
+  // file; the backend keeps what it makes alive. CPU: the same bytes, plus a repacking where
+  // packed_matmul_supported(dtype) (Q8_0, the 32-value 4- / 5-bit blocks, the K-quants and
+  // IQ4_XS); a device backend: a copy in device memory.
   virtual MatrixView prepare_weights(const MatrixView& w) = 0;
   // The same for a matrix only get_rows() reads (an untied embedding table): CPU: the same
   // bytes, no repacking; a device backend: a copy in device memory.

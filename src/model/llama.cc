@@ -60,12 +60,13 @@ constexpr uint32_t kSmoothingSeed = 20260501;
 
 }  // namespace
 
-// Every Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q4_K matrix the forward pass multiplies by gets
-// the CPU backend's packed copy (kernels::pack_for_matmul, where packed_matmul_supported(dtype)):
-// matmul() on it runs 16 rows per vector with no horizontal sums (Q8_0: 2.7x the multiply-adds
-// per second of the plain VNNI kernel at bench-engine's shapes, 16-512 rows; Q4_0 decode
-// ~1.45x, prefill ~1.15x, one thread) and streams decode's weights faster; it costs a pass over
-// the weights at load, and the backend hands the mapped originals' pages back once packed.
+// Every quantized matrix the forward pass multiplies by (Q8_0, Q4_0 .. Q5_1, IQ4_NL, Q2_K .. Q6_K,
+// IQ4_XS) gets the CPU backend's packed copy (kernels::pack_for_matmul, where
+// packed_matmul_supported(dtype)): matmul() on it runs 16 rows per vector with no horizontal sums
+// (Q8_0: 2.7x the multiply-adds per second of the plain VNNI kernel at bench-engine's shapes,
+// 16-512 rows; Q4_0 decode ~1.45x, prefill ~1.15x, one thread) and streams decode's weights faster;
+// it costs a pass over the weights at load, and the backend hands the mapped originals' pages back
+// once packed.
 LlamaModel::LlamaModel(ModelConfig config, Weights weights,
                        std::shared_ptr<kernels::Backend> backend)
     : config_(std::move(config)), weights_(std::move(weights)), backend_(std::move(backend)) {
@@ -109,7 +110,7 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights,
   // first, then the next): one matmul instead of three (Q, K, V) or two (gate, up), so decode
   // quantizes each activation once and runs one parallel region, not one per matrix. Only where
   // that costs no memory: the parts lie back to back in the file (the mapped bytes are the
-  // stacked matrix), or the backend makes its own copy anyway (packed Q8_0), which then
+  // stacked matrix), or the backend makes its own copy anyway (packed types), which then
   // replaces the parts' copies and the stacked host bytes are dropped.
   const auto stack = [&](std::initializer_list<const kernels::MatrixView*> parts)
       -> std::optional<kernels::MatrixView> {

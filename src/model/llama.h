@@ -78,9 +78,10 @@ struct ForwardScratch {
 
 class LlamaModel {
  public:
-  // Prepares every weight matrix on `backend` (kernels::Backend::prepare_weights: on CPU a Q8_0
-  // repacking, on a device a copy in its memory) and copies norms and biases into its memory.
-  // The model holds `backend` (shared) as long as it lives: the prepared weights are its memory.
+  // Prepares every weight matrix on `backend` (kernels::Backend::prepare_weights: on CPU a
+  // repacking of the quantized types, on a device a copy in its memory) and copies norms and biases
+  // into its memory. The model holds `backend` (shared) as long as it lives: the prepared weights
+  // are its memory.
   LlamaModel(ModelConfig config, Weights weights, std::shared_ptr<kernels::Backend> backend);
 
   const ModelConfig& config() const { return config_; }
