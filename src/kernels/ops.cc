@@ -16,6 +16,7 @@
 #include "kernels/cpu/matmul_super_blocks_vnni.h"
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
+#include "util/thread_pool.h"
 
 namespace sieve::kernels {
 
@@ -338,7 +339,20 @@ std::optional<vnni::SmallBlockFormat> small_block_format(DType dtype) {
   }
 }
 
-PackedBytes pack_q8_0(const MatrixView& w) {
+// Calls pack_row(r) for rows [0, rows): on the pool's threads where there is one, in ranges of
+// whole 16-row groups, so that each group's packed bytes are written by one thread.
+template <class Fn>
+void for_each_row(int64_t rows, ThreadPool* pool, const Fn& pack_row) {
+  constexpr int64_t kGroupRows = 16;
+  const auto pack_groups = [&](int64_t g_begin, int64_t g_end) {
+    for (int64_t r = g_begin * kGroupRows; r < std::min(rows, g_end * kGroupRows); ++r) pack_row(r);
+  };
+  const int64_t num_groups = (rows + kGroupRows - 1) / kGroupRows;
+  if (pool == nullptr || pool->num_threads() == 1) return pack_groups(0, num_groups);
+  pool->parallel_for(num_groups, pack_groups);
+}
+
+PackedBytes pack_q8_0(const MatrixView& w, ThreadPool* pool) {
   assert(w.dtype == DType::kQ8_0 && w.cols % kQBlock == 0);
   constexpr int64_t kGroupRows = 16, kBlockBytes = 32 + kGroupRows * kQBlock;
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
@@ -346,7 +360,7 @@ PackedBytes pack_q8_0(const MatrixView& w) {
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
   // Padding rows: scale 0, weights 0 (stored as 0x80).
   PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * kBlockBytes), 0x80);
-  for (int64_t r = 0; r < w.rows; ++r) {
+  for_each_row(w.rows, pool, [&](int64_t r) {
     const auto* row =
         reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
@@ -360,7 +374,7 @@ PackedBytes pack_q8_0(const MatrixView& w) {
         }
       }
     }
-  }
+  });
   for (int64_t r = w.rows; r < num_groups * kGroupRows; ++r) {  // zero scales
     for (int64_t b = 0; b < num_blocks; ++b) {
       uint8_t* out = packed.data() + ((r / kGroupRows) * num_blocks + b) * kBlockBytes;
@@ -374,7 +388,8 @@ PackedBytes pack_q8_0(const MatrixView& w) {
 // The 32-value blocks of 4 / 5 bits, layout as packed_block_bytes(). Every such block starts
 // with its f16 d, then (Q4_1 / Q5_1) its f16 m, then (Q5_x) 4 bytes qh, then 16 bytes qs.
 // Padding rows stay all zero: scale 0 adds nothing.
-PackedBytes pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format) {
+PackedBytes pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format,
+                              ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
   const int64_t block_size = static_cast<int64_t>(block_bytes(w.dtype));
   const int64_t packed_bytes = vnni::packed_block_bytes(format);
@@ -386,7 +401,7 @@ PackedBytes pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format
   const int64_t num_blocks = w.cols / kQBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
   PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), 0);
-  for (int64_t r = 0; r < w.rows; ++r) {
+  for_each_row(w.rows, pool, [&](int64_t r) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * bytes_per_row;
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
     for (int64_t b = 0; b < num_blocks; ++b) {
@@ -400,7 +415,7 @@ PackedBytes pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format
       for (int64_t k = 0; k < 4; ++k)
         std::memcpy(levels + (k * kGroupRows + lane) * 4, block + qs_at + 4 * k, 4);
     }
-  }
+  });
   return packed;
 }
 
@@ -410,7 +425,7 @@ PackedBytes pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format
 // unpacked (quant::decode_super_block would decode all 256 levels too: ~1/4 of a short run's time
 // at load).
 template <class Block>
-PackedBytes pack_q4_k_or_q5_k(const MatrixView& w) {
+PackedBytes pack_q4_k_or_q5_k(const MatrixView& w, ThreadPool* pool) {
   constexpr bool kFifthBits = std::is_same_v<Block, BlockQ5_K>;
   constexpr int64_t kGroupRows = 16;
   constexpr int64_t kBytes = kFifthBits ? vnni::kPackedQ5_KBytes : vnni::kPackedQ4_KBytes;
@@ -420,7 +435,7 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w) {
   const int64_t num_blocks = w.cols / kQKBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
   PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * kBytes), 0);
-  for (int64_t r = 0; r < w.rows; ++r) {
+  for_each_row(w.rows, pool, [&](int64_t r) {
     const auto* row =
         reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
@@ -455,13 +470,13 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w) {
         }
       }
     }
-  }
+  });
   return packed;
 }
 
 // Q2_K and Q3_K, layouts as vnni::kPackedQ2_KBytes and kPackedQ3_KBytes, from the decoded
 // blocks (levels q, or q + 4 for Q3_K's signed ones).
-PackedBytes pack_q2_k_or_q3_k(const MatrixView& w) {
+PackedBytes pack_q2_k_or_q3_k(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
   const bool q3 = w.dtype == DType::kQ3_K;
   assert((q3 || w.dtype == DType::kQ2_K) && w.cols % kQKBlock == 0);
@@ -473,8 +488,8 @@ PackedBytes pack_q2_k_or_q3_k(const MatrixView& w) {
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
   const size_t block_size = block_bytes(w.dtype);
   PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), 0);
-  quant::SuperBlockInts ints;
-  for (int64_t r = 0; r < w.rows; ++r) {
+  for_each_row(w.rows, pool, [&](int64_t r) {
+    quant::SuperBlockInts ints;
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * bytes_per_row;
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
     for (int64_t b = 0; b < num_blocks; ++b) {
@@ -514,20 +529,20 @@ PackedBytes pack_q2_k_or_q3_k(const MatrixView& w) {
         }
       }
     }
-  }
+  });
   return packed;
 }
 
 // IQ4_XS, layout as vnni::kPackedIQ4_XSBytes: each sub-block's 16 qs bytes are a 32-value
 // block's, so they move as 4-byte copies; the 6-bit scales are unpacked to ls - 32.
-PackedBytes pack_iq4_xs(const MatrixView& w) {
+PackedBytes pack_iq4_xs(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
   assert(w.dtype == DType::kIQ4_XS && w.cols % kQKBlock == 0);
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQKBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
   PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedIQ4_XSBytes), 0);
-  for (int64_t r = 0; r < w.rows; ++r) {
+  for_each_row(w.rows, pool, [&](int64_t r) {
     const auto* row = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w.data) +
                                                            r * bytes_per_row);
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
@@ -545,20 +560,20 @@ PackedBytes pack_iq4_xs(const MatrixView& w) {
           std::memcpy(levels + 256 * s + (k * kGroupRows + lane) * 4, block.qs + 16 * s + 4 * k, 4);
       }
     }
-  }
+  });
   return packed;
 }
 
 // Q6_K, layout as vnni::kPackedQ6_KBytes; levels q + 32 from the block's decoding.
-PackedBytes pack_q6_k(const MatrixView& w) {
+PackedBytes pack_q6_k(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
   assert(w.dtype == DType::kQ6_K && w.cols % kQKBlock == 0);
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQKBlock;
   const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
   PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedQ6_KBytes), 0);
-  quant::SuperBlockInts ints;
-  for (int64_t r = 0; r < w.rows; ++r) {
+  for_each_row(w.rows, pool, [&](int64_t r) {
+    quant::SuperBlockInts ints;
     const auto* row =
         reinterpret_cast<const BlockQ6_K*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
     const int64_t g = r / kGroupRows, lane = r % kGroupRows;
@@ -590,7 +605,7 @@ PackedBytes pack_q6_k(const MatrixView& w) {
         }
       }
     }
-  }
+  });
   return packed;
 }
 
@@ -603,16 +618,16 @@ bool packed_matmul_supported(DType dtype) {
          vnni::supported();
 }
 
-PackedBytes pack_for_matmul(const MatrixView& w) {
-  if (w.dtype == DType::kQ8_0) return pack_q8_0(w);
-  if (w.dtype == DType::kQ4_K) return pack_q4_k_or_q5_k<BlockQ4_K>(w);
-  if (w.dtype == DType::kQ5_K) return pack_q4_k_or_q5_k<BlockQ5_K>(w);
-  if (w.dtype == DType::kQ6_K) return pack_q6_k(w);
-  if (w.dtype == DType::kIQ4_XS) return pack_iq4_xs(w);
-  if (w.dtype == DType::kQ2_K || w.dtype == DType::kQ3_K) return pack_q2_k_or_q3_k(w);
+PackedBytes pack_for_matmul(const MatrixView& w, ThreadPool* pool) {
+  if (w.dtype == DType::kQ8_0) return pack_q8_0(w, pool);
+  if (w.dtype == DType::kQ4_K) return pack_q4_k_or_q5_k<BlockQ4_K>(w, pool);
+  if (w.dtype == DType::kQ5_K) return pack_q4_k_or_q5_k<BlockQ5_K>(w, pool);
+  if (w.dtype == DType::kQ6_K) return pack_q6_k(w, pool);
+  if (w.dtype == DType::kIQ4_XS) return pack_iq4_xs(w, pool);
+  if (w.dtype == DType::kQ2_K || w.dtype == DType::kQ3_K) return pack_q2_k_or_q3_k(w, pool);
   const std::optional<vnni::SmallBlockFormat> format = small_block_format(w.dtype);
   assert(format);
-  return pack_small_blocks(w, *format);
+  return pack_small_blocks(w, *format, pool);
 }
 
 }  // namespace sieve::kernels

@@ -55,11 +55,12 @@ class CpuBackend final : public HostMemoryBackend {
 
   MatrixView prepare_weights(const MatrixView& w) override {
     if (w.packed != nullptr || !packed_matmul_supported(w.dtype)) return w;
-    PackedBytes packed = pack_for_matmul(w);
+    // Held while packing too: the pool runs one parallel loop at a time.
+    const std::lock_guard lock(packed_mutex_);
+    PackedBytes packed = pack_for_matmul(w, &pool_);
     release_pages(w);
     MatrixView view = w;
     view.packed = packed.data();  // stays put when packed_ grows (moved, not copied)
-    const std::lock_guard lock(packed_mutex_);
     packed_.push_back(std::move(packed));
     return view;
   }
