@@ -339,42 +339,53 @@ std::optional<vnni::SmallBlockFormat> small_block_format(DType dtype) {
   }
 }
 
-// Calls pack_row(r) for rows [0, rows): on the pool's threads where there is one, in ranges of
-// whole 16-row groups, so that each group's packed bytes are written by one thread.
+// The packed copy of w: groups of 16 rows, per group and block (block_bytes(w.dtype) bytes of a
+// row, block_cols columns) packed_bytes bytes, all `fill` at first. pack_block(block, out, lane)
+// writes row `lane`'s share of the group's packed block `out`; rows run on the pool's threads
+// where there is one, in whole groups, so that each group's bytes are written by one thread.
 template <class Fn>
-void for_each_row(int64_t rows, ThreadPool* pool, const Fn& pack_row) {
+PackedBytes pack_blocks(const MatrixView& w, int64_t block_cols, int64_t packed_bytes,
+                        ThreadPool* pool, const Fn& pack_block, uint8_t fill = 0) {
   constexpr int64_t kGroupRows = 16;
+  assert(w.cols % block_cols == 0);
+  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
+  const int64_t num_blocks = w.cols / block_cols;
+  const size_t bytes_per_row = row_bytes(w.dtype, w.cols), block_size = block_bytes(w.dtype);
+  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), fill);
   const auto pack_groups = [&](int64_t g_begin, int64_t g_end) {
-    for (int64_t r = g_begin * kGroupRows; r < std::min(rows, g_end * kGroupRows); ++r) pack_row(r);
+    for (int64_t r = g_begin * kGroupRows; r < std::min(w.rows, g_end * kGroupRows); ++r) {
+      const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * bytes_per_row;
+      const int64_t g = r / kGroupRows, lane = r % kGroupRows;
+      for (int64_t b = 0; b < num_blocks; ++b)
+        pack_block(row + b * block_size, packed.data() + (g * num_blocks + b) * packed_bytes, lane);
+    }
   };
-  const int64_t num_groups = (rows + kGroupRows - 1) / kGroupRows;
-  if (pool == nullptr || pool->num_threads() == 1) return pack_groups(0, num_groups);
-  pool->parallel_for(num_groups, pack_groups);
+  if (pool == nullptr || pool->num_threads() == 1) {
+    pack_groups(0, num_groups);
+  } else {
+    pool->parallel_for(num_groups, pack_groups);
+  }
+  return packed;
 }
 
 PackedBytes pack_q8_0(const MatrixView& w, ThreadPool* pool) {
-  assert(w.dtype == DType::kQ8_0 && w.cols % kQBlock == 0);
+  assert(w.dtype == DType::kQ8_0);
   constexpr int64_t kGroupRows = 16, kBlockBytes = 32 + kGroupRows * kQBlock;
+  // Padding rows: weights 0 (stored as 0x80), scale 0 (below).
+  PackedBytes packed = pack_blocks(
+      w, kQBlock, kBlockBytes, pool,
+      [](const uint8_t* bytes, uint8_t* out, int64_t lane) {
+        const auto& block = *reinterpret_cast<const BlockQ8_0*>(bytes);
+        std::memcpy(out + 2 * lane, &block.d, 2);
+        for (int64_t k = 0; k < kQBlock / 4; ++k) {
+          for (int64_t j = 0; j < 4; ++j)
+            out[32 + (k * kGroupRows + lane) * 4 + j] =
+                static_cast<uint8_t>(block.qs[4 * k + j]) ^ 0x80;
+        }
+      },
+      0x80);
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / kQBlock;
-  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  // Padding rows: scale 0, weights 0 (stored as 0x80).
-  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * kBlockBytes), 0x80);
-  for_each_row(w.rows, pool, [&](int64_t r) {
-    const auto* row =
-        reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
-    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      uint8_t* out = packed.data() + (g * num_blocks + b) * kBlockBytes;
-      std::memcpy(out + 2 * lane, &row[b].d, 2);
-      for (int64_t k = 0; k < kQBlock / 4; ++k) {
-        for (int64_t j = 0; j < 4; ++j) {
-          out[32 + (k * kGroupRows + lane) * 4 + j] =
-              static_cast<uint8_t>(row[b].qs[4 * k + j]) ^ 0x80;
-        }
-      }
-    }
-  });
   for (int64_t r = w.rows; r < num_groups * kGroupRows; ++r) {  // zero scales
     for (int64_t b = 0; b < num_blocks; ++b) {
       uint8_t* out = packed.data() + ((r / kGroupRows) * num_blocks + b) * kBlockBytes;
@@ -391,32 +402,21 @@ PackedBytes pack_q8_0(const MatrixView& w, ThreadPool* pool) {
 PackedBytes pack_small_blocks(const MatrixView& w, vnni::SmallBlockFormat format,
                               ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
-  const int64_t block_size = static_cast<int64_t>(block_bytes(w.dtype));
   const int64_t packed_bytes = vnni::packed_block_bytes(format);
-  assert(packed_bytes == kGroupRows * block_size && w.cols % kQBlock == 0);
+  assert(packed_bytes == kGroupRows * static_cast<int64_t>(block_bytes(w.dtype)));
   const bool has_min = vnni::packed_has_min(format);
   const bool has_fifth = vnni::packed_has_fifth_bits(format);
   const int64_t qh_at = has_min ? 4 : 2, qs_at = qh_at + (has_fifth ? 4 : 0);
-  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
-  const int64_t num_blocks = w.cols / kQBlock;
-  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), 0);
-  for_each_row(w.rows, pool, [&](int64_t r) {
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * bytes_per_row;
-    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const uint8_t* block = row + b * block_size;
-      uint8_t* out = packed.data() + (g * num_blocks + b) * packed_bytes;
-      std::memcpy(out + 2 * lane, block, 2);
-      if (has_min) std::memcpy(out + 32 + 2 * lane, block + 2, 2);
-      if (has_fifth)
-        std::memcpy(out + vnni::packed_fifth_offset(format) + 4 * lane, block + qh_at, 4);
-      uint8_t* levels = out + vnni::packed_levels_offset(format);
-      for (int64_t k = 0; k < 4; ++k)
-        std::memcpy(levels + (k * kGroupRows + lane) * 4, block + qs_at + 4 * k, 4);
-    }
-  });
-  return packed;
+  const auto pack_block = [&](const uint8_t* block, uint8_t* out, int64_t lane) {
+    std::memcpy(out + 2 * lane, block, 2);
+    if (has_min) std::memcpy(out + 32 + 2 * lane, block + 2, 2);
+    if (has_fifth)
+      std::memcpy(out + vnni::packed_fifth_offset(format) + 4 * lane, block + qh_at, 4);
+    uint8_t* levels = out + vnni::packed_levels_offset(format);
+    for (int64_t k = 0; k < 4; ++k)
+      std::memcpy(levels + (k * kGroupRows + lane) * 4, block + qs_at + 4 * k, 4);
+  };
+  return pack_blocks(w, kQBlock, packed_bytes, pool, pack_block);
 }
 
 // Q4_K and Q5_K (Block), layouts as vnni::kPackedQ4_KBytes and kPackedQ5_KBytes. The block's own
@@ -430,48 +430,36 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
   constexpr int64_t kBytes = kFifthBits ? vnni::kPackedQ5_KBytes : vnni::kPackedQ4_KBytes;
   constexpr int64_t kChunkBytes = kFifthBits ? vnni::kPackedQ5_KChunkBytes : 8 * 64;
-  assert(w.cols % kQKBlock == 0);
-  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
-  const int64_t num_blocks = w.cols / kQKBlock;
-  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * kBytes), 0);
-  for_each_row(w.rows, pool, [&](int64_t r) {
-    const auto* row =
-        reinterpret_cast<const Block*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
-    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const Block& block = row[b];
-      uint8_t* out = packed.data() + (g * num_blocks + b) * kBytes;
-      std::memcpy(out + 2 * lane, &block.d, 2);
-      std::memcpy(out + 32 + 2 * lane, &block.dmin, 2);
-      uint8_t* scales = out + 64;
-      uint8_t* mins = scales + 8 * kGroupRows;
-      uint8_t* levels = mins + 8 * kGroupRows;
-      for (int s = 0; s < 8; ++s) {
-        int scale = 0, min = 0;
-        quant::scale_min_k4(s, block.scales, &scale, &min);
-        scales[s * kGroupRows + lane] = static_cast<uint8_t>(scale);
-        mins[s * kGroupRows + lane] = static_cast<uint8_t>(min);
-      }
-      for (int j = 0; j < 4; ++j) {
-        uint8_t* chunk = levels + j * kChunkBytes;
-        for (int k = 0; k < 8; ++k)
-          std::memcpy(chunk + (k * kGroupRows + lane) * 4, block.qs + 32 * j + 4 * k, 4);
-        if constexpr (kFifthBits) {
-          // Column 64j + 32 half + l has its fifth bit at bit 2j + half of qh[l].
-          for (int half = 0; half < 2; ++half) {
-            for (int e = 0; e < 4; ++e) {
-              int bits = 0;
-              for (int k = 0; k < 8; ++k)
-                bits |= ((block.qh[4 * k + e] >> (2 * j + half)) & 1) << k;
-              chunk[8 * 64 + half * 64 + lane * 4 + e] = static_cast<uint8_t>(bits);
-            }
+  const auto pack_block = [](const uint8_t* bytes, uint8_t* out, int64_t lane) {
+    const Block& block = *reinterpret_cast<const Block*>(bytes);
+    std::memcpy(out + 2 * lane, &block.d, 2);
+    std::memcpy(out + 32 + 2 * lane, &block.dmin, 2);
+    uint8_t* scales = out + 64;
+    uint8_t* mins = scales + 8 * kGroupRows;
+    uint8_t* levels = mins + 8 * kGroupRows;
+    for (int s = 0; s < 8; ++s) {
+      int scale = 0, min = 0;
+      quant::scale_min_k4(s, block.scales, &scale, &min);
+      scales[s * kGroupRows + lane] = static_cast<uint8_t>(scale);
+      mins[s * kGroupRows + lane] = static_cast<uint8_t>(min);
+    }
+    for (int j = 0; j < 4; ++j) {
+      uint8_t* chunk = levels + j * kChunkBytes;
+      for (int k = 0; k < 8; ++k)
+        std::memcpy(chunk + (k * kGroupRows + lane) * 4, block.qs + 32 * j + 4 * k, 4);
+      if constexpr (kFifthBits) {
+        // Column 64j + 32 half + l has its fifth bit at bit 2j + half of qh[l].
+        for (int half = 0; half < 2; ++half) {
+          for (int e = 0; e < 4; ++e) {
+            int bits = 0;
+            for (int k = 0; k < 8; ++k) bits |= ((block.qh[4 * k + e] >> (2 * j + half)) & 1) << k;
+            chunk[8 * 64 + half * 64 + lane * 4 + e] = static_cast<uint8_t>(bits);
           }
         }
       }
     }
-  });
-  return packed;
+  };
+  return pack_blocks(w, kQKBlock, kBytes, pool, pack_block);
 }
 
 // Q2_K and Q3_K, layouts as vnni::kPackedQ2_KBytes and kPackedQ3_KBytes, from the decoded
@@ -479,134 +467,104 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w, ThreadPool* pool) {
 PackedBytes pack_q2_k_or_q3_k(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
   const bool q3 = w.dtype == DType::kQ3_K;
-  assert((q3 || w.dtype == DType::kQ2_K) && w.cols % kQKBlock == 0);
-  const int64_t packed_bytes = q3 ? vnni::kPackedQ3_KBytes : vnni::kPackedQ2_KBytes;
+  assert(q3 || w.dtype == DType::kQ2_K);
   const int64_t levels_at = q3 ? 320 : 64 + 16 * 16;
   const int64_t chunk_bytes = q3 ? vnni::kPackedQ3_KChunkBytes : 4 * 64;
-  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
-  const int64_t num_blocks = w.cols / kQKBlock;
-  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  const size_t block_size = block_bytes(w.dtype);
-  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * packed_bytes), 0);
-  for_each_row(w.rows, pool, [&](int64_t r) {
+  const auto pack_block = [&](const uint8_t* block, uint8_t* out, int64_t lane) {
     quant::SuperBlockInts ints;
-    const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * bytes_per_row;
-    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const uint8_t* block = row + b * block_size;
-      quant::decode_super_block(w.dtype, block, &ints);
-      uint8_t* out = packed.data() + (g * num_blocks + b) * packed_bytes;
-      if (q3) {
-        std::memcpy(out + 2 * lane, &reinterpret_cast<const BlockQ3_K*>(block)->d, 2);
-        for (int s = 0; s < 16; ++s)
-          out[32 + s * kGroupRows + lane] = static_cast<uint8_t>(ints.scales[s]);
-      } else {
-        const auto* q2 = reinterpret_cast<const BlockQ2_K*>(block);
-        std::memcpy(out + 2 * lane, &q2->d, 2);
-        std::memcpy(out + 32 + 2 * lane, &q2->dmin, 2);
-        for (int s = 0; s < 16; ++s) out[64 + s * kGroupRows + lane] = q2->scales[s];
-      }
-      const auto level = [&](int c) { return ints.q[c] + (q3 ? 4 : 0); };
-      for (int j = 0; j < 4; ++j) {
-        uint8_t* low = out + levels_at + j * chunk_bytes;
-        for (int m = 0; m < 4; ++m) {
-          for (int e = 0; e < 4; ++e) {
-            int bits = 0;
-            for (int f = 0; f < 4; ++f) {
-              const int c = 64 * j + 32 * (f / 2) + 4 * (m + 4 * (f % 2)) + e;
-              bits |= (level(c) & 3) << (2 * f);
-            }
-            low[(m * kGroupRows + lane) * 4 + e] = static_cast<uint8_t>(bits);
+    quant::decode_super_block(w.dtype, block, &ints);
+    if (q3) {
+      std::memcpy(out + 2 * lane, &reinterpret_cast<const BlockQ3_K*>(block)->d, 2);
+      for (int s = 0; s < 16; ++s)
+        out[32 + s * kGroupRows + lane] = static_cast<uint8_t>(ints.scales[s]);
+    } else {
+      const auto* q2 = reinterpret_cast<const BlockQ2_K*>(block);
+      std::memcpy(out + 2 * lane, &q2->d, 2);
+      std::memcpy(out + 32 + 2 * lane, &q2->dmin, 2);
+      for (int s = 0; s < 16; ++s) out[64 + s * kGroupRows + lane] = q2->scales[s];
+    }
+    const auto level = [&](int c) { return ints.q[c] + (q3 ? 4 : 0); };
+    for (int j = 0; j < 4; ++j) {
+      uint8_t* low = out + levels_at + j * chunk_bytes;
+      for (int m = 0; m < 4; ++m) {
+        for (int e = 0; e < 4; ++e) {
+          int bits = 0;
+          for (int f = 0; f < 4; ++f) {
+            const int c = 64 * j + 32 * (f / 2) + 4 * (m + 4 * (f % 2)) + e;
+            bits |= (level(c) & 3) << (2 * f);
           }
+          low[(m * kGroupRows + lane) * 4 + e] = static_cast<uint8_t>(bits);
         }
-        if (!q3) continue;
-        for (int half = 0; half < 2; ++half) {
-          for (int e = 0; e < 4; ++e) {
-            int bits = 0;
-            for (int k = 0; k < 8; ++k) bits |= (level(64 * j + 32 * half + 4 * k + e) >> 2) << k;
-            low[4 * 64 + half * 64 + lane * 4 + e] = static_cast<uint8_t>(bits);
-          }
+      }
+      if (!q3) continue;
+      for (int half = 0; half < 2; ++half) {
+        for (int e = 0; e < 4; ++e) {
+          int bits = 0;
+          for (int k = 0; k < 8; ++k) bits |= (level(64 * j + 32 * half + 4 * k + e) >> 2) << k;
+          low[4 * 64 + half * 64 + lane * 4 + e] = static_cast<uint8_t>(bits);
         }
       }
     }
-  });
-  return packed;
+  };
+  return pack_blocks(w, kQKBlock, q3 ? vnni::kPackedQ3_KBytes : vnni::kPackedQ2_KBytes, pool,
+                     pack_block);
 }
 
 // IQ4_XS, layout as vnni::kPackedIQ4_XSBytes: each sub-block's 16 qs bytes are a 32-value
 // block's, so they move as 4-byte copies; the 6-bit scales are unpacked to ls - 32.
 PackedBytes pack_iq4_xs(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
-  assert(w.dtype == DType::kIQ4_XS && w.cols % kQKBlock == 0);
-  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
-  const int64_t num_blocks = w.cols / kQKBlock;
-  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedIQ4_XSBytes), 0);
-  for_each_row(w.rows, pool, [&](int64_t r) {
-    const auto* row = reinterpret_cast<const BlockIQ4_XS*>(static_cast<const uint8_t*>(w.data) +
-                                                           r * bytes_per_row);
-    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const BlockIQ4_XS& block = row[b];
-      uint8_t* out = packed.data() + (g * num_blocks + b) * vnni::kPackedIQ4_XSBytes;
-      std::memcpy(out + 2 * lane, &block.d, 2);
-      uint8_t* scales = out + 32;
-      uint8_t* levels = scales + 8 * kGroupRows;
-      for (int s = 0; s < 8; ++s) {
-        const int ls = ((block.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) |
-                       (((block.scales_h >> (2 * s)) & 3) << 4);
-        scales[s * kGroupRows + lane] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
-        for (int k = 0; k < 4; ++k)
-          std::memcpy(levels + 256 * s + (k * kGroupRows + lane) * 4, block.qs + 16 * s + 4 * k, 4);
-      }
+  assert(w.dtype == DType::kIQ4_XS);
+  const auto pack_block = [](const uint8_t* bytes, uint8_t* out, int64_t lane) {
+    const auto& block = *reinterpret_cast<const BlockIQ4_XS*>(bytes);
+    std::memcpy(out + 2 * lane, &block.d, 2);
+    uint8_t* scales = out + 32;
+    uint8_t* levels = scales + 8 * kGroupRows;
+    for (int s = 0; s < 8; ++s) {
+      const int ls = ((block.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) |
+                     (((block.scales_h >> (2 * s)) & 3) << 4);
+      scales[s * kGroupRows + lane] = static_cast<uint8_t>(static_cast<int8_t>(ls - 32));
+      for (int k = 0; k < 4; ++k)
+        std::memcpy(levels + 256 * s + (k * kGroupRows + lane) * 4, block.qs + 16 * s + 4 * k, 4);
     }
-  });
-  return packed;
+  };
+  return pack_blocks(w, kQKBlock, vnni::kPackedIQ4_XSBytes, pool, pack_block);
 }
 
 // Q6_K, layout as vnni::kPackedQ6_KBytes; levels q + 32 from the block's decoding.
 PackedBytes pack_q6_k(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
-  assert(w.dtype == DType::kQ6_K && w.cols % kQKBlock == 0);
-  const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
-  const int64_t num_blocks = w.cols / kQKBlock;
-  const size_t bytes_per_row = row_bytes(w.dtype, w.cols);
-  PackedBytes packed(static_cast<size_t>(num_groups * num_blocks * vnni::kPackedQ6_KBytes), 0);
-  for_each_row(w.rows, pool, [&](int64_t r) {
+  assert(w.dtype == DType::kQ6_K);
+  const auto pack_block = [](const uint8_t* bytes, uint8_t* out, int64_t lane) {
+    const auto& block = *reinterpret_cast<const BlockQ6_K*>(bytes);
     quant::SuperBlockInts ints;
-    const auto* row =
-        reinterpret_cast<const BlockQ6_K*>(static_cast<const uint8_t*>(w.data) + r * bytes_per_row);
-    const int64_t g = r / kGroupRows, lane = r % kGroupRows;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      quant::decode_super_block(DType::kQ6_K, &row[b], &ints);
-      uint8_t* out = packed.data() + (g * num_blocks + b) * vnni::kPackedQ6_KBytes;
-      std::memcpy(out + 2 * lane, &row[b].d, 2);
-      uint8_t* scales = out + 32;
-      for (int s = 0; s < 16; ++s)
-        scales[s * kGroupRows + lane] = static_cast<uint8_t>(row[b].scales[s]);
-      const auto level = [&](int c) { return ints.q[c] + 32; };
-      for (int j = 0; j < 4; ++j) {
-        uint8_t* low = scales + 16 * kGroupRows + j * vnni::kPackedQ6_KChunkBytes;
-        uint8_t* high = low + 8 * 64;
-        for (int k = 0; k < 8; ++k) {
-          for (int e = 0; e < 4; ++e) {
-            const int c = 64 * j + 4 * k + e;
-            low[(k * kGroupRows + lane) * 4 + e] =
-                static_cast<uint8_t>((level(c) & 0xF) | (level(c + 32) & 0xF) << 4);
-          }
+    quant::decode_super_block(DType::kQ6_K, &block, &ints);
+    std::memcpy(out + 2 * lane, &block.d, 2);
+    uint8_t* scales = out + 32;
+    for (int s = 0; s < 16; ++s)
+      scales[s * kGroupRows + lane] = static_cast<uint8_t>(block.scales[s]);
+    const auto level = [&](int c) { return ints.q[c] + 32; };
+    for (int j = 0; j < 4; ++j) {
+      uint8_t* low = scales + 16 * kGroupRows + j * vnni::kPackedQ6_KChunkBytes;
+      uint8_t* high = low + 8 * 64;
+      for (int k = 0; k < 8; ++k) {
+        for (int e = 0; e < 4; ++e) {
+          const int c = 64 * j + 4 * k + e;
+          low[(k * kGroupRows + lane) * 4 + e] =
+              static_cast<uint8_t>((level(c) & 0xF) | (level(c + 32) & 0xF) << 4);
         }
-        for (int h = 0; h < 4; ++h) {
-          for (int e = 0; e < 4; ++e) {
-            const int c = 64 * j + 4 * h + e;
-            const int bits = level(c) >> 4 | (level(c + 32) >> 4) << 2 | (level(c + 16) >> 4) << 4 |
-                             (level(c + 48) >> 4) << 6;
-            high[(h * kGroupRows + lane) * 4 + e] = static_cast<uint8_t>(bits);
-          }
+      }
+      for (int h = 0; h < 4; ++h) {
+        for (int e = 0; e < 4; ++e) {
+          const int c = 64 * j + 4 * h + e;
+          const int bits = level(c) >> 4 | (level(c + 32) >> 4) << 2 | (level(c + 16) >> 4) << 4 |
+                           (level(c + 48) >> 4) << 6;
+          high[(h * kGroupRows + lane) * 4 + e] = static_cast<uint8_t>(bits);
         }
       }
     }
-  });
-  return packed;
+  };
+  return pack_blocks(w, kQKBlock, vnni::kPackedQ6_KBytes, pool, pack_block);
 }
 
 }  // namespace
