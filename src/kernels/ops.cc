@@ -7,6 +7,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <type_traits>
 
@@ -17,6 +18,10 @@
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
 #include "util/thread_pool.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace sieve::kernels {
 
@@ -568,6 +573,22 @@ PackedBytes pack_q6_k(const MatrixView& w, ThreadPool* pool) {
 }
 
 }  // namespace
+
+constexpr size_t kHugePageBytes = size_t{2} << 20;  // x86-64's transparent huge pages
+
+void* allocate_packed(size_t bytes) {
+  if (bytes < kHugePageBytes) return ::operator new (bytes, std::align_val_t{64});
+  void* p = ::operator new (bytes, std::align_val_t{kHugePageBytes});
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  // Before the first write: the faults then map huge pages where the kernel has them. A hint.
+  madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void free_packed(void* p, size_t bytes) {
+  ::operator delete (p, std::align_val_t{bytes < kHugePageBytes ? 64 : kHugePageBytes});
+}
 
 bool packed_matmul_supported(DType dtype) {
   return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || dtype == DType::kQ5_K ||

@@ -18,7 +18,6 @@
 //   IQ4_XS (256 / 136).
 #include <cstddef>
 #include <cstdint>
-#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -112,19 +111,22 @@ void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y, Thread
 //
 // The bytes start on a cache line: the packed tiles load whole 64-byte lines, and from the 16
 // bytes past one that malloc gives, every load spans two (kernels_bench: L3-resident packed
-// decode 20-40% slower).
+// decode 20-40% slower). Copies of 2 MiB or more start on a 2 MiB boundary and ask for
+// transparent huge pages (madvise), so that decode, which streams all of them every token, does
+// not walk the page tables every 4 KiB.
+void* allocate_packed(size_t bytes);
+void free_packed(void* p, size_t bytes);
 template <class T>
-struct CacheLineAllocator {
+struct PackedAllocator {
   using value_type = T;
-  static constexpr std::align_val_t kAlignment{64};
-  CacheLineAllocator() = default;
+  PackedAllocator() = default;
   template <class U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding, as std::allocator
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
-  void deallocate(T* p, size_t) { ::operator delete(p, kAlignment); }
-  friend bool operator==(const CacheLineAllocator&, const CacheLineAllocator&) { return true; }
+  PackedAllocator(const PackedAllocator<U>&) {}  // NOLINT: rebinding, as std::allocator
+  T* allocate(size_t n) { return static_cast<T*>(allocate_packed(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { free_packed(p, n * sizeof(T)); }
+  friend bool operator==(const PackedAllocator&, const PackedAllocator&) { return true; }
 };
-using PackedBytes = std::vector<uint8_t, CacheLineAllocator<uint8_t>>;
+using PackedBytes = std::vector<uint8_t, PackedAllocator<uint8_t>>;
 bool packed_matmul_supported(DType dtype);
 // Where packed_matmul_supported(w.dtype); on `pool`'s threads when given (load time: ~0.2 s per
 // 250 MB of weights on one thread here).
