@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/generator.h"
+#include "kernels/ops.h"
 #include "util/thread_pool.h"
 
 namespace sieve::eval {
@@ -20,7 +21,13 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t bytes, int repetitions) {
   const uint64_t num_words = bytes / sizeof(uint64_t);
-  std::unique_ptr<uint64_t[]> buffer(new uint64_t[num_words]);
+  // In memory of the kind the packed weights get (huge pages where the kernel gives them), so the
+  // roofline and decode's weight reads pay the same page walks.
+  const auto free_buffer = [bytes = num_words * sizeof(uint64_t)](uint64_t* p) {
+    kernels::free_packed(p, bytes);
+  };
+  const std::unique_ptr<uint64_t[], decltype(free_buffer)> buffer(
+      static_cast<uint64_t*>(kernels::allocate_packed(num_words * sizeof(uint64_t))), free_buffer);
   const int num_threads = pool.num_threads();
   const int64_t per_thread = static_cast<int64_t>((num_words + num_threads - 1) / num_threads);
   // First touch from the thread that will read each part (NUMA placement), nonzero content.
