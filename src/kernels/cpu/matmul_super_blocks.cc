@@ -940,30 +940,27 @@ void MatmulVnni(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* 
   Run(kernel, num_x, pool);
 }
 
-// Q4_K / Q6_K packed by pack_for_matmul(), any number of activation rows: tasks of whole
-// 16-row groups.
-using PackedGroupsFn = void (*)(const uint8_t*, int64_t, int64_t,
-                                const vnni::SuperBlockActivations&, float*, int64_t, int64_t,
-                                int64_t);
+// The K-quants and IQ4_XS packed by pack_for_matmul(), any number of activation rows: tasks of
+// whole 16-row groups.
 struct PackedSuperBlockVnniKernel {
   static constexpr int64_t kRowAlign = 16;
-  PackedGroupsFn groups;
+  DType dtype;
   const uint8_t* packed;
-  size_t row_bytes;
+  size_t row_bytes;  // of the unpacked rows: Run sizes its tasks by them
   int64_t rows, cols;
   vnni::SuperBlockActivations x;
   float* y;
   void Rows(int64_t r_begin, int64_t r_end, int64_t num_x) const {
-    groups(packed, rows, cols, x, y, r_begin / kRowAlign, (r_end + kRowAlign - 1) / kRowAlign,
-           num_x);
+    vnni::packed_super_block_groups(dtype, packed, rows, cols, x, y, r_begin / kRowAlign,
+                                    (r_end + kRowAlign - 1) / kRowAlign, num_x);
   }
 };
 
 template <class Row>
 void MatmulPacked(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
-                  ThreadPool& pool, PackedGroupsFn groups) {
+                  ThreadPool& pool) {
   const GroupSums<Row> sums(xq, num_x, w.cols);
-  const PackedSuperBlockVnniKernel kernel{groups,
+  const PackedSuperBlockVnniKernel kernel{w.dtype,
                                           static_cast<const uint8_t*>(w.packed),
                                           row_bytes(w.dtype, w.cols),
                                           w.rows,
@@ -978,20 +975,8 @@ template <class Row>
 void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
                 ThreadPool& pool) {
 #if HWY_TARGET == HWY_AVX3
-  if (w.packed != nullptr && vnni::supported()) {
-    if constexpr (std::is_same_v<Row, Q4_KUnpack>)
-      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q4_k_groups);
-    if constexpr (std::is_same_v<Row, Q2_KUnpack>)
-      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q2_k_groups);
-    if constexpr (std::is_same_v<Row, Q3_KUnpack>)
-      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q3_k_groups);
-    if constexpr (std::is_same_v<Row, Q5_KUnpack>)
-      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q5_k_groups);
-    if constexpr (std::is_same_v<Row, Q6_KUnpack>)
-      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_q6_k_groups);
-    if constexpr (std::is_same_v<Row, IQ4_XSUnpack>)
-      return MatmulPacked<Row>(w, xq, num_x, y, pool, &vnni::packed_iq4_xs_groups);
-  }
+  // Every super-block type is packed (pack_for_matmul) where the CPU has VNNI.
+  if (w.packed != nullptr && vnni::supported()) return MatmulPacked<Row>(w, xq, num_x, y, pool);
   if (num_x >= kVnniMinRows && vnni::supported()) return MatmulVnni<Row>(w, xq, num_x, y, pool);
 #endif
 #if HWY_TARGET <= HWY_AVX3

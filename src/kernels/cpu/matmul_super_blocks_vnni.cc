@@ -8,6 +8,7 @@
 #include "kernels/cpu/matmul_super_blocks_vnni.h"
 
 #include <array>
+#include <cassert>
 #include <cstring>
 
 #include "kernels/cpu/vnni_common.h"
@@ -366,58 +367,37 @@ SIEVE_VNNI_ATTR void super_block_tile(const SuperBlockTile& tile, const SuperBlo
   return AllRows<16, false>(tile, x, first_block, num_x, y, y_stride, rows, accumulate);
 }
 
-SIEVE_VNNI_ATTR void packed_q2_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
-                                        int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedQ2_KFormat>(packed, rows, cols, x, y, g_begin, g_end, num_x);
-}
-
-SIEVE_VNNI_ATTR void packed_q3_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
-                                        int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedQ3_KFormat>(packed, rows, cols, x, y, g_begin, g_end, num_x);
-}
-
-SIEVE_VNNI_ATTR void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
-                                        int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedQ4_KFormat<false>>(packed, rows, cols, x, y, g_begin, g_end, num_x);
-}
-
-SIEVE_VNNI_ATTR void packed_q5_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
-                                        int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedQ4_KFormat<true>>(packed, rows, cols, x, y, g_begin, g_end, num_x);
-}
-
-SIEVE_VNNI_ATTR void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                                        const SuperBlockActivations& x, float* y, int64_t g_begin,
-                                        int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedQ6_KFormat>(packed, rows, cols, x, y, g_begin, g_end, num_x);
-}
-
-SIEVE_VNNI_ATTR void packed_iq4_xs_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                                          const SuperBlockActivations& x, float* y, int64_t g_begin,
-                                          int64_t g_end, int64_t num_x) {
-  PackedGroups<PackedIQ4_XSFormat>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+SIEVE_VNNI_ATTR void packed_super_block_groups(DType dtype, const uint8_t* packed, int64_t rows,
+                                               int64_t cols, const SuperBlockActivations& x,
+                                               float* y, int64_t g_begin, int64_t g_end,
+                                               int64_t num_x) {
+  const auto run = [&]<class Format>(Format*) SIEVE_VNNI_ATTR {
+    PackedGroups<Format>(packed, rows, cols, x, y, g_begin, g_end, num_x);
+  };
+  switch (dtype) {
+    case DType::kQ2_K:
+      return run(static_cast<PackedQ2_KFormat*>(nullptr));
+    case DType::kQ3_K:
+      return run(static_cast<PackedQ3_KFormat*>(nullptr));
+    case DType::kQ4_K:
+      return run(static_cast<PackedQ4_KFormat<false>*>(nullptr));
+    case DType::kQ5_K:
+      return run(static_cast<PackedQ4_KFormat<true>*>(nullptr));
+    case DType::kQ6_K:
+      return run(static_cast<PackedQ6_KFormat*>(nullptr));
+    case DType::kIQ4_XS:
+      return run(static_cast<PackedIQ4_XSFormat*>(nullptr));
+    default:
+      assert(false && "not a packed super-block type");
+  }
 }
 
 #else
 
 void super_block_tile(const SuperBlockTile&, const SuperBlockActivations&, int64_t, int64_t, float*,
                       int64_t, int, bool) {}
-void packed_q2_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
-                        int64_t, int64_t, int64_t) {}
-void packed_q3_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
-                        int64_t, int64_t, int64_t) {}
-void packed_q4_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
-                        int64_t, int64_t, int64_t) {}
-void packed_q5_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
-                        int64_t, int64_t, int64_t) {}
-void packed_q6_k_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
-                        int64_t, int64_t, int64_t) {}
-void packed_iq4_xs_groups(const uint8_t*, int64_t, int64_t, const SuperBlockActivations&, float*,
-                          int64_t, int64_t, int64_t) {}
+void packed_super_block_groups(DType, const uint8_t*, int64_t, int64_t,
+                               const SuperBlockActivations&, float*, int64_t, int64_t, int64_t) {}
 
 #endif
 

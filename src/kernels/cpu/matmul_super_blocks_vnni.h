@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/blocks.h"
+#include "kernels/ops.h"
 
 namespace sieve::kernels::vnni {
 
@@ -54,12 +55,6 @@ void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x
 inline constexpr int64_t kPackedQ2_KBytes = 64 + 16 * 16 + 4 * 4 * 64;
 inline constexpr int64_t kPackedQ3_KChunkBytes = 4 * 64 + 2 * 64;
 inline constexpr int64_t kPackedQ3_KBytes = 320 + 4 * kPackedQ3_KChunkBytes;
-void packed_q2_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
-                        int64_t num_x);
-void packed_q3_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
-                        int64_t num_x);
 
 // Q4_K weights packed by pack_for_matmul() (ops.h): groups of 16 rows (the last one padded
 // with zero rows), and per group and super-block kPackedQ4_KBytes:
@@ -71,22 +66,11 @@ void packed_q3_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
 // 16 rows' blocks take 2304: the 6-bit scales and mins are stored as bytes (+2.8%).
 inline constexpr int64_t kPackedQ4_KBytes = 64 + 2 * 8 * 16 + 4 * 8 * 64;
 
-// The product from such packed weights, any number of activation rows (x as for
-// super_block_tile; Q4_K has no level offset, so only neg_sums is read): per group, sub-block and
-// activation row 8 vpdpbusd, one conversion and two FMAs for the 16 rows; per super-block one
-// FMA with the activation scale. Rows [g_begin * 16, min(rows, g_end * 16)), y [num_x][rows].
-void packed_q4_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
-                        int64_t num_x);
-
 // Q5_K packed the same way, each 64-column chunk's nibbles (512 bytes) followed by their fifth
 // bits: for half = 0, 1 (columns 64j + 32 half + [0, 32)), row r: 4 bytes, bit k of byte b the
 // fifth bit of column 64j + 32 half + 4k + b. 2880 bytes where the rows' blocks take 2816 (+2.3%).
 inline constexpr int64_t kPackedQ5_KChunkBytes = 8 * 64 + 2 * 64;
 inline constexpr int64_t kPackedQ5_KBytes = 64 + 2 * 8 * 16 + 4 * kPackedQ5_KChunkBytes;
-void packed_q5_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
-                        int64_t num_x);
 
 // Q6_K packed by pack_for_matmul(): groups of 16 rows, and per group and super-block
 // kPackedQ6_KBytes, the same as the 16 rows' blocks:
@@ -99,9 +83,6 @@ void packed_q5_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
 // Levels are q + 32 (0..63); the offset is folded into x.offset_sums as in super_block_tile.
 inline constexpr int64_t kPackedQ6_KChunkBytes = 8 * 64 + 4 * 64;
 inline constexpr int64_t kPackedQ6_KBytes = 32 + 16 * 16 + 4 * kPackedQ6_KChunkBytes;
-void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                        const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
-                        int64_t num_x);
 
 // IQ4_XS packed by pack_for_matmul(): groups of 16 rows, and per group and super-block
 // kPackedIQ4_XSBytes: 16 f16 d (row order); scales [8 sub-blocks][16 rows] i8 (ls - 32); then per
@@ -109,8 +90,14 @@ void packed_q6_k_groups(const uint8_t* packed, int64_t rows, int64_t cols,
 // k = 0..3, row r: the sub-block's qs[4k .. 4k + 3] (low nibbles columns 4k.., high 16 + 4k..),
 // indices into kIQ4NLValues. 2208 bytes where the rows' blocks take 2176 (+1.5%).
 inline constexpr int64_t kPackedIQ4_XSBytes = 32 + 8 * 16 + 8 * 256;
-void packed_iq4_xs_groups(const uint8_t* packed, int64_t rows, int64_t cols,
-                          const SuperBlockActivations& x, float* y, int64_t g_begin, int64_t g_end,
-                          int64_t num_x);
+
+// The product from weights of `dtype` (Q2_K .. Q6_K, IQ4_XS) packed as above, any number of
+// activation rows (x as for super_block_tile: the types with a level offset read offset_sums,
+// those with mins neg_sums): per group, sub-block and activation row 8 vpdpbusd and one or two
+// FMAs for the 16 rows; per super-block one FMA with d and the activation scale (and one with
+// dmin). Rows [g_begin * 16, min(rows, g_end * 16)), y [num_x][rows].
+void packed_super_block_groups(DType dtype, const uint8_t* packed, int64_t rows, int64_t cols,
+                               const SuperBlockActivations& x, float* y, int64_t g_begin,
+                               int64_t g_end, int64_t num_x);
 
 }  // namespace sieve::kernels::vnni
