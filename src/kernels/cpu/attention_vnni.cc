@@ -126,9 +126,8 @@ SIEVE_VNNI_ATTR inline void ScoreRows(const __m512i* kv, const float* dk, const 
     for (int g = 0; g < 8; ++g) {
       const __m512i k = _mm512_load_si512(kv + 8 * b + g);
       for (int r = 0; r < kR; ++r) {
-        int32_t word;
-        std::memcpy(&word, q + r * vec_bytes + b * kQBlock + 4 * g, 4);
-        acc[r] = _mm512_dpbusd_epi32(acc[r], k, _mm512_set1_epi32(word));
+        const auto* word = reinterpret_cast<const int8_t*>(q + r * vec_bytes + b * kQBlock + 4 * g);
+        acc[r] = DpbusdBroadcast(acc[r], k, word);
       }
     }
     const __m512 d = _mm512_load_ps(dk + 16 * b);

@@ -49,8 +49,7 @@ SIEVE_VNNI_ATTR inline void Tile(const SuperBlockTile& t, const SuperBlockActiva
       for (int i = 0; i < kX; ++i) {
         const int8_t* xq = xb[i]->qs + g * kGroupCols;
         __m512i dot = _mm512_set1_epi32(offsets[i][g]);
-        for (int k = 0; k < kVecs; ++k)
-          dot = _mm512_dpbusd_epi32(dot, w[k], Broadcast4(xq + 4 * k));
+        for (int k = 0; k < kVecs; ++k) dot = DpbusdBroadcast(dot, w[k], xq + 4 * k);
         block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, block_acc[i]);
         if constexpr (kMins) {
           block_acc[i] = _mm512_fmadd_ps(min, _mm512_set1_ps(sums[i][g]), block_acc[i]);
@@ -292,8 +291,8 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
           if constexpr (kHalves) dot1 = _mm512_set1_epi32(offsets[i][2 * s + 1]);
         }
         for (int k = 0; k < 4; ++k) {
-          dot0 = _mm512_dpbusd_epi32(dot0, w[k], Broadcast4(xq + 4 * k));
-          dot1 = _mm512_dpbusd_epi32(dot1, w[4 + k], Broadcast4(xq + 16 + 4 * k));
+          dot0 = DpbusdBroadcast(dot0, w[k], xq + 4 * k);
+          dot1 = DpbusdBroadcast(dot1, w[4 + k], xq + 16 + 4 * k);
         }
         if constexpr (kHalves) {
           block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), scale0, block_acc[i]);

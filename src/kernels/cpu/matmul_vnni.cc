@@ -159,9 +159,9 @@ SIEVE_VNNI_ATTR inline void PackedTile(const PackedQ8_0Problem& p, int64_t g, in
     for (int k = 0; k < 8; ++k) w[k] = _mm512_loadu_si512(block + 32 + 64 * k);
     for (int i = 0; i < kX; ++i) {
       const int64_t xb = (x0 + i) * num_blocks + b;
-      const int32_t* x4 = reinterpret_cast<const int32_t*>(p.xq + xb * kQBlock);
+      const int8_t* xq = p.xq + xb * kQBlock;
       __m512i dot = _mm512_set1_epi32(p.xsum[xb]);
-      for (int k = 0; k < 8; ++k) dot = _mm512_dpbusd_epi32(dot, w[k], _mm512_set1_epi32(x4[k]));
+      for (int k = 0; k < 8; ++k) dot = DpbusdBroadcast(dot, w[k], xq + 4 * k);
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(p.xd[xb])),
                                acc[i]);
     }
