@@ -467,8 +467,10 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w, ThreadPool* pool) {
   return pack_blocks(w, kQKBlock, kBytes, pool, pack_block);
 }
 
-// Q2_K and Q3_K, layouts as vnni::kPackedQ2_KBytes and kPackedQ3_KBytes, from the decoded
-// blocks (levels q, or q + 4 for Q3_K's signed ones).
+// Q2_K and Q3_K, layouts as vnni::kPackedQ2_KBytes and kPackedQ3_KBytes: levels q (Q3_K: q + 4,
+// i.e. the 2 stored bits and the hmask bit), moved byte-wise without decoding the block. In both
+// blocks column 128 H + 32 g + l (l < 32) keeps its 2 low bits in bits 2g, 2g + 1 of
+// qs[32 H + l]; Q3_K's third bit is bit 4 H + g of hmask[l].
 PackedBytes pack_q2_k_or_q3_k(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
   const bool q3 = w.dtype == DType::kQ3_K;
@@ -476,36 +478,41 @@ PackedBytes pack_q2_k_or_q3_k(const MatrixView& w, ThreadPool* pool) {
   const int64_t levels_at = q3 ? 320 : 64 + 16 * 16;
   const int64_t chunk_bytes = q3 ? vnni::kPackedQ3_KChunkBytes : 4 * 64;
   const auto pack_block = [&](const uint8_t* block, uint8_t* out, int64_t lane) {
-    quant::SuperBlockInts ints;
-    quant::decode_super_block(w.dtype, block, &ints);
+    const uint8_t* qs;
+    const uint8_t* hmask = nullptr;
     if (q3) {
-      std::memcpy(out + 2 * lane, &reinterpret_cast<const BlockQ3_K*>(block)->d, 2);
+      const auto& b = *reinterpret_cast<const BlockQ3_K*>(block);
+      qs = b.qs;
+      hmask = b.hmask;
+      std::memcpy(out + 2 * lane, &b.d, 2);
       for (int s = 0; s < 16; ++s)
-        out[32 + s * kGroupRows + lane] = static_cast<uint8_t>(ints.scales[s]);
+        out[32 + s * kGroupRows + lane] = static_cast<uint8_t>(quant::scale_q3_k(s, b.scales) - 32);
     } else {
-      const auto* q2 = reinterpret_cast<const BlockQ2_K*>(block);
-      std::memcpy(out + 2 * lane, &q2->d, 2);
-      std::memcpy(out + 32 + 2 * lane, &q2->dmin, 2);
-      for (int s = 0; s < 16; ++s) out[64 + s * kGroupRows + lane] = q2->scales[s];
+      const auto& b = *reinterpret_cast<const BlockQ2_K*>(block);
+      qs = b.qs;
+      std::memcpy(out + 2 * lane, &b.d, 2);
+      std::memcpy(out + 32 + 2 * lane, &b.dmin, 2);
+      for (int s = 0; s < 16; ++s) out[64 + s * kGroupRows + lane] = b.scales[s];
     }
-    const auto level = [&](int c) { return ints.q[c] + (q3 ? 4 : 0); };
     for (int j = 0; j < 4; ++j) {
+      // Chunk j: columns 128 H + 32 g + l for H = j / 2, g = 2 (j % 2) + half.
+      const uint8_t* q = qs + 32 * (j / 2);
+      const int shift = 4 * (j % 2);  // of g's bits for half 0; half 1's are 2 above
       uint8_t* low = out + levels_at + j * chunk_bytes;
+      // Field f of byte (m, e): half f / 2, column l = 4 (m + 4 (f % 2)) + e of it.
       for (int m = 0; m < 4; ++m) {
         for (int e = 0; e < 4; ++e) {
-          int bits = 0;
-          for (int f = 0; f < 4; ++f) {
-            const int c = 64 * j + 32 * (f / 2) + 4 * (m + 4 * (f % 2)) + e;
-            bits |= (level(c) & 3) << (2 * f);
-          }
-          low[(m * kGroupRows + lane) * 4 + e] = static_cast<uint8_t>(bits);
+          const int a = (q[4 * m + e] >> shift) & 0xF, b = (q[16 + 4 * m + e] >> shift) & 0xF;
+          low[(m * kGroupRows + lane) * 4 + e] =
+              static_cast<uint8_t>((a & 3) | (b & 3) << 2 | (a >> 2) << 4 | (b >> 2) << 6);
         }
       }
       if (!q3) continue;
       for (int half = 0; half < 2; ++half) {
+        const int bit = 4 * (j / 2) + 2 * (j % 2) + half;
         for (int e = 0; e < 4; ++e) {
           int bits = 0;
-          for (int k = 0; k < 8; ++k) bits |= (level(64 * j + 32 * half + 4 * k + e) >> 2) << k;
+          for (int k = 0; k < 8; ++k) bits |= ((hmask[4 * k + e] >> bit) & 1) << k;
           low[4 * 64 + half * 64 + lane * 4 + e] = static_cast<uint8_t>(bits);
         }
       }

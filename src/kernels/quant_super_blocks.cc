@@ -29,13 +29,6 @@ constexpr float kGroupMaxEps = 1e-15f;  // below this a group counts as all zero
 
 // ---------------------------------------------------------------------------- decoding
 
-// 6-bit scale j (0..15) of a Q3_K block as stored (0..63; the value is this minus 32).
-int scale_q3_k(int j, const uint8_t* s) {
-  const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
-  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-  return low | (high << 4);
-}
-
 void decode_q2_k(const BlockQ2_K& b, SuperBlockInts* out) {
   out->d = f16_to_f32(b.d);
   out->dmin = f16_to_f32(b.dmin);
@@ -637,6 +630,12 @@ void quantize_blocks(const float* src, void* dst, int64_t n, Fn quantize_block) 
 //   j < 4:  scale = s[j] & 63,                         min = s[j + 4] & 63
 //   j >= 4: scale = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, min = (s[j + 4] >> 4) | (s[j] >> 6) <<
 //   4
+int scale_q3_k(int j, const uint8_t* s) {
+  const int low = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
+  const int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return low | (high << 4);
+}
+
 void scale_min_k4(int j, const uint8_t* s, int* scale, int* min) {
   if (j < 4) {
     *scale = s[j] & 63;

@@ -37,6 +37,9 @@ void decode_super_block(DType dtype, const void* block, SuperBlockInts* out);
 
 // 6-bit scale and min j (0..7) of a Q4_K / Q5_K block from its 12 packed scale bytes.
 void scale_min_k4(int j, const uint8_t* scales, int* scale, int* min);
+// 6-bit scale j (0..15) of a Q3_K block from its 12 packed scale bytes, as stored (0..63; the
+// value is this minus 32).
+int scale_q3_k(int j, const uint8_t* scales);
 
 // ggml's quantize_row_q8_K_ref for n values (a multiple of 256).
 void quantize_row_q8_k(const float* x, BlockQ8_K* y, int64_t n);
