@@ -143,11 +143,15 @@ class Backend {
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // device -> host
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;      // device -> device
   virtual void fill_zero(void* dst, size_t bytes) = 0;
-  // The view matmul() and get_rows() should be given for a weight matrix of the (mapped) model
-  // file; the backend keeps what it makes alive. CPU: the same bytes, plus a repacking where
-  // packed_matmul_supported(dtype) (Q8_0, the 32-value 4- / 5-bit blocks, the K-quants and
-  // IQ4_XS); a device backend: a copy in device memory.
-  virtual MatrixView prepare_weights(const MatrixView& w) = 0;
+  // Where a weight matrix's bytes lie. kMappedFile: pages of the read-only mapped model file,
+  // which a backend that made its own copy may hand back to the OS (a later read brings them
+  // back from the file); kHostMemory: the caller's memory, left alone.
+  enum class WeightSource { kHostMemory, kMappedFile };
+  // The view matmul() and get_rows() should be given for a weight matrix; the backend keeps what
+  // it makes alive. CPU: the same bytes, plus a repacking where packed_matmul_supported(dtype)
+  // (Q8_0, the 32-value 4- / 5-bit blocks, the K-quants and IQ4_XS); a device backend: a copy in
+  // device memory.
+  virtual MatrixView prepare_weights(const MatrixView& w, WeightSource source) = 0;
   // The same for a matrix only get_rows() reads (an untied embedding table): CPU: the same
   // bytes, no repacking; a device backend: a copy in device memory.
   virtual MatrixView prepare_lookup_table(const MatrixView& w) = 0;

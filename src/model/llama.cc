@@ -103,8 +103,12 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights,
     offset += v.size();
     return at;
   };
-  const auto prepare = [&](const kernels::MatrixView& m) {
-    return m.data ? b.prepare_weights(m) : m;
+  // A GGUF file's matrices lie in its mapping (llama2.c checkpoints' F32 ones are never
+  // repacked, so never released); the stacked copies below are ours.
+  using WeightSource = kernels::Backend::WeightSource;
+  const auto prepare = [&](const kernels::MatrixView& m,
+                           WeightSource source = WeightSource::kMappedFile) {
+    return m.data ? b.prepare_weights(m, source) : m;
   };
   // Matrices that read the same input and share a type are stacked into one (rows of the
   // first, then the next): one matmul instead of three (Q, K, V) or two (gate, up), so decode
@@ -136,7 +140,8 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights,
       at += static_cast<size_t>(m->rows) * row_bytes;
     }
     kernels::MatrixView view =
-        prepare({.dtype = first.dtype, .data = bytes.data(), .rows = rows, .cols = first.cols});
+        prepare({.dtype = first.dtype, .data = bytes.data(), .rows = rows, .cols = first.cols},
+                WeightSource::kHostMemory);
     if (view.packed == nullptr) return std::nullopt;  // it would read our copy: keep the parts
     view.data = nullptr;  // matmul reads the packed copy only; `bytes` goes now
     return view;

@@ -186,7 +186,8 @@ void check_get_rows(Backend& tested, Backend& ref, std::mt19937& rng) {
   // A table prepared for matmul() too (a tied embedding), or for get_rows() only.
   const auto run = [&](Backend& b, bool lookup_only) {
     DeviceBuffer out = b.allocate(ids.size() * cols * sizeof(float));
-    b.get_rows(lookup_only ? b.prepare_lookup_table(table.view) : b.prepare_weights(table.view),
+    b.get_rows(lookup_only ? b.prepare_lookup_table(table.view)
+                           : b.prepare_weights(table.view, Backend::WeightSource::kHostMemory),
                ids, out.as<float>());
     return to_host<float>(b, out);
   };
@@ -205,7 +206,8 @@ void check_matmul(Backend& tested, Backend& ref, std::mt19937& rng) {
   const auto run = [&](Backend& b) {
     const DeviceBuffer x_dev = to_device(b, x);
     DeviceBuffer y = b.allocate(num_x * rows * sizeof(float));
-    b.matmul(b.prepare_weights(w.view), x_dev.as<const float>(), num_x, y.as<float>());
+    b.matmul(b.prepare_weights(w.view, Backend::WeightSource::kHostMemory), x_dev.as<const float>(),
+             num_x, y.as<float>());
     return to_host<float>(b, y);
   };
   // The rounding a correct kernel may make scales with sum_c |w[r][c] * x[i][c]|.

@@ -53,12 +53,14 @@ class CpuBackend final : public HostMemoryBackend {
   std::string_view name() const override { return "cpu"; }
   int num_threads() const override { return pool_.num_threads(); }
 
-  MatrixView prepare_weights(const MatrixView& w) override {
+  MatrixView prepare_weights(const MatrixView& w, WeightSource source) override {
     if (w.packed != nullptr || !packed_matmul_supported(w.dtype)) return w;
     // Held while packing too: the pool runs one parallel loop at a time.
     const std::lock_guard lock(packed_mutex_);
     PackedBytes packed = pack_for_matmul(w, &pool_);
-    release_pages(w);
+    // Only file pages: paging out anonymous memory (a caller's buffer about to be freed) would
+    // write it to swap where there is some.
+    if (source == WeightSource::kMappedFile) release_pages(w);
     MatrixView view = w;
     view.packed = packed.data();  // stays put when packed_ grows (moved, not copied)
     packed_.push_back(std::move(packed));

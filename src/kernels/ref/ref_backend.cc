@@ -15,12 +15,14 @@ class ReferenceBackend final : public HostMemoryBackend {
  public:
   std::string_view name() const override { return "reference"; }
 
-  MatrixView prepare_weights(const MatrixView& w) override {
+  MatrixView prepare_weights(const MatrixView& w, WeightSource /*source*/) override {
     MatrixView view = w;
     view.packed = nullptr;  // the references read the ggml layout only
     return view;
   }
-  MatrixView prepare_lookup_table(const MatrixView& w) override { return prepare_weights(w); }
+  MatrixView prepare_lookup_table(const MatrixView& w) override {
+    return prepare_weights(w, WeightSource::kHostMemory);
+  }
 
   void get_rows(const MatrixView& table, std::span<const int32_t> ids, float* out) override {
     const size_t table_row_bytes = row_bytes(table.dtype, table.cols);
