@@ -246,9 +246,9 @@ SIEVE_VNNI_ATTR inline void PvPass(const float* pd, const float* msum, int64_t n
     }
     for (int r = 0; r < kR; ++r) {
       for (int bi = 0; bi < kB; ++bi) {
-        const __m512 w = _mm512_set1_ps(pd[(r * num_blocks + b0 + bi) * kMaxKeys + j]);
-        a[r][2 * bi] = _mm512_fmadd_ps(w, v[2 * bi], a[r][2 * bi]);
-        a[r][2 * bi + 1] = _mm512_fmadd_ps(w, v[2 * bi + 1], a[r][2 * bi + 1]);
+        const float* w = pd + (r * num_blocks + b0 + bi) * kMaxKeys + j;
+        a[r][2 * bi] = FmaddBroadcast(a[r][2 * bi], v[2 * bi], w);
+        a[r][2 * bi + 1] = FmaddBroadcast(a[r][2 * bi + 1], v[2 * bi + 1], w);
       }
     }
   }

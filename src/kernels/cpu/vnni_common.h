@@ -51,6 +51,13 @@ SIEVE_VNNI_ATTR inline __m512i DpbusdBroadcast(__m512i acc, __m512i u, const int
   return acc;
 }
 
+// acc + v * (the float at p in every lane), p read by the FMA's embedded broadcast: as
+// DpbusdBroadcast, GCC would emit a separate vbroadcastss.
+SIEVE_VNNI_ATTR inline __m512 FmaddBroadcast(__m512 acc, __m512 v, const float* p) {
+  asm("vfmadd231ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(v), "m"(*p));
+  return acc;
+}
+
 // Packed weights stream from memory as one sequence per thread, where the unpacked tiles read 16
 // rows' streams at once. The hardware prefetchers alone keep too few lines of one stream in flight:
 // decode then waits on DRAM at each 64-column chunk (packed Q6_K from DRAM, one thread: 9-13 GB/s
