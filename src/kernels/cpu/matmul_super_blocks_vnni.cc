@@ -250,7 +250,8 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
                                        const SuperBlockActivations& a, int64_t x0, float* y,
                                        int64_t y_stride, __mmask16 rows) {
   constexpr int kGroups = kQKBlock / F::kGroupCols;
-  constexpr bool kHalves = F::kGroupCols == 16;
+  __m512 acc[kX];
+  for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < num_blocks; ++sb) {
     const F f{group + sb * F::kBytes};
     PrefetchPackedAhead<F::kBytes>(f.block);
@@ -265,15 +266,21 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
     // Per super-block, as llama.cpp's dot products: the integer scales times the integer sums
     // (exact in f32: each |dot x scale| < 2^24), then one product with d and the activation scale
     // (the mins' sums likewise apart, with dmin), so the packed copies round as its kernels do.
-    __m512 block_acc[kX];
-    for (int i = 0; i < kX; ++i) block_acc[i] = _mm512_setzero_ps();
+    __m512 block_acc[kX], min_acc[kX];
+    for (int i = 0; i < kX; ++i) block_acc[i] = min_acc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
       __m512i w[8];
       f.Levels(s, w);
+      constexpr bool kHalves = F::kGroupCols == 16;
       const __m512 scale0 = f.Scale(kHalves ? 2 * s : s);
       const __m512 scale1 = kHalves ? f.Scale(2 * s + 1) : scale0;
-#pragma GCC unroll 16  // keeps the accumulators in registers
+      __m512 min0 = _mm512_setzero_ps(), min1 = _mm512_setzero_ps();
+      if constexpr (F::kMins) {
+        min0 = f.Min(kHalves ? 2 * s : s);
+        if constexpr (kHalves) min1 = f.Min(2 * s + 1);
+      }
+#pragma GCC unroll 8  // keeps the accumulators in registers
       for (int i = 0; i < kX; ++i) {
         const int8_t* xq = xb[i]->qs + 32 * s;
         // Two chains of 4 (columns 0-15 and 16-31), so one activation row (decode) is not bound
@@ -294,31 +301,23 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
           block_acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)), scale0,
                                          block_acc[i]);
         }
+        if constexpr (F::kMins) {
+          min_acc[i] =
+              _mm512_fmadd_ps(min0, _mm512_set1_ps(sums[i][kHalves ? 2 * s : s]), min_acc[i]);
+          if constexpr (kHalves)
+            min_acc[i] = _mm512_fmadd_ps(min1, _mm512_set1_ps(sums[i][2 * s + 1]), min_acc[i]);
+        }
       }
     }
-    // The mins after the levels (their accumulators would not fit in the registers beside the
-    // levels'): sum_g min_g x sums_g, exact as the scales' sums.
-    __m512 min_acc[kX];
-    if constexpr (F::kMins) {
-      for (int i = 0; i < kX; ++i) min_acc[i] = _mm512_setzero_ps();
-      for (int g = 0; g < kGroups; ++g) {
-        const __m512 min = f.Min(g);
-        for (int i = 0; i < kX; ++i)
-          min_acc[i] = _mm512_fmadd_ps(min, _mm512_set1_ps(sums[i][g]), min_acc[i]);
-      }
-    }
-    // The running sums live in y (one masked load and store per row and super-block): in
-    // registers they would leave room for fewer activation rows.
     const __m512 d = f.D();
     for (int i = 0; i < kX; ++i) {
-      float* out = y + (x0 + i) * y_stride;
       const __m512 xd = _mm512_set1_ps(xb[i]->d);
-      __m512 sum = sb == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rows, out);
-      sum = _mm512_fmadd_ps(block_acc[i], _mm512_mul_ps(d, xd), sum);
-      if constexpr (F::kMins) sum = _mm512_fmadd_ps(min_acc[i], _mm512_mul_ps(f.DMin(), xd), sum);
-      _mm512_mask_storeu_ps(out, rows, sum);
+      acc[i] = _mm512_fmadd_ps(block_acc[i], _mm512_mul_ps(d, xd), acc[i]);
+      if constexpr (F::kMins)
+        acc[i] = _mm512_fmadd_ps(min_acc[i], _mm512_mul_ps(f.DMin(), xd), acc[i]);
     }
   }
+  for (int i = 0; i < kX; ++i) _mm512_mask_storeu_ps(y + (x0 + i) * y_stride, rows, acc[i]);
 }
 
 // The last num_x_left < kX activation rows of a packed group as one PackedTile<F, kX'>.
@@ -332,16 +331,13 @@ SIEVE_VNNI_ATTR void PackedRemainder(const uint8_t* group, int64_t num_blocks,
   }
 }
 
-// Groups [g_begin, g_end) of packed weights, kX activation rows at a time. With the running sums
-// in y, kX block sums + 8 level vectors + scales fit the 32 zmm up to ~10 rows; measured on Zen 4
-// (4096x4096, 256 rows, one core, GFLOP/s): 16-column groups 8 rows (Q6_K 262 against 220-264
-// with 6), 32-column groups 6 (Q4_K 274-310 against 256-260 with 8, IQ4_XS 293-333 against
-// 264-274).
+// Groups [g_begin, g_end) of packed weights, 6 activation rows at a time (6 accumulators + 6
+// block sums + 8 level vectors, as AllRows<32, true>).
 template <class F>
 SIEVE_VNNI_ATTR void PackedGroups(const uint8_t* packed, int64_t rows, int64_t cols,
                                   const SuperBlockActivations& x, float* y, int64_t g_begin,
                                   int64_t g_end, int64_t num_x) {
-  constexpr int kX = F::kGroupCols == 16 ? 8 : 6;
+  constexpr int kX = 6;
   const int64_t num_blocks = cols / kQKBlock;
   for (int64_t g = g_begin; g < g_end; ++g) {
     const int64_t r0 = g * 16;
