@@ -6,6 +6,8 @@
 //   Prefill/<target>/<dtype>/RxC/xN         N = 64 (and 256 for quantized weights) x rows:
 //                                           GFLOP/s (2 * rows * cols * N per call)
 //   Ref{Decode,Prefill}/<dtype>/...         the scalar reference, for scale
+//   Ceiling/Vnni/{dpbusd,tile}              the packed prefill tiles' instruction mix in
+//                                           registers only (one thread): what this CPU allows
 //   Small/<target>/Q8_0/RxC[/packed]/xN              the bench-engine model's shapes (512-dim, ffn
 //   1536,
 //                                           32000 vocab) for N = 1..512 rows, one thread, CPU
@@ -14,6 +16,10 @@
 // Weights are random values quantized to each dtype. Filter with --benchmark_filter, e.g.
 //   kernels_bench --benchmark_filter='Decode/AVX3'
 #include <benchmark/benchmark.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -286,6 +292,68 @@ void register_super_blocks() {
   }
 }
 const bool kSuperBlocksRegistered = (register_super_blocks(), true);
+
+// The ceiling of the packed prefill tiles (cpu/matmul_vnni*.cc): per 16 weight rows x 32
+// columns x one activation row they issue 8 vpdpbusd, then an integer add, a conversion, a
+// multiply (d_w x d_x) and an FMA. The same instructions in registers only, with enough
+// independent chains that latency does not bound them, measure what the vector pipes allow:
+// "tile" against "dpbusd" (the 8 vpdpbusd alone) shows what the float work costs beside them
+// (on Zen 4 the multiply and the FMA each take a cycle of the pipes vpdpbusd runs on). GFLOP/s
+// counts 2 x 512 multiply-adds per row and block, as the Prefill rows do.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SIEVE_CEILING_DPBUSD(acc) asm volatile("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(x))
+__attribute__((target("avx512f,avx512vnni"))) void run_vnni_ceiling(benchmark::State& state,
+                                                                    bool with_scales) {
+  if (!__builtin_cpu_supports("avx512vnni")) {
+    state.SkipWithError("no AVX-512 VNNI");
+    return;
+  }
+  constexpr int64_t kRowBlocksPerRound = 2;
+  constexpr int64_t kRounds = 1 << 16;
+  __m512i a0 = _mm512_set1_epi32(1), a1 = a0, a2 = a0, a3 = a0;
+  const __m512i u = _mm512_set1_epi32(3), x = _mm512_set1_epi32(5);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  const __m512 dw = _mm512_set1_ps(1.0f), dx = _mm512_set1_ps(0.5f);
+  for (auto _ : state) {
+    for (int64_t i = 0; i < kRounds; ++i) {
+      // Two activation rows, each a block's 8 vpdpbusd in two chains (as the tiles' low and
+      // high nibbles).
+      for (int k = 0; k < 4; ++k) {
+        SIEVE_CEILING_DPBUSD(a0);
+        SIEVE_CEILING_DPBUSD(a1);
+        SIEVE_CEILING_DPBUSD(a2);
+        SIEVE_CEILING_DPBUSD(a3);
+      }
+      if (with_scales) {
+        __m512i dot0, dot1;
+        __m512 f0, f1, s0, s1;
+        asm volatile("vpaddd %2, %1, %0" : "=v"(dot0) : "v"(a0), "v"(a1));
+        asm volatile("vpaddd %2, %1, %0" : "=v"(dot1) : "v"(a2), "v"(a3));
+        asm volatile("vcvtdq2ps %1, %0" : "=v"(f0) : "v"(dot0));
+        asm volatile("vcvtdq2ps %1, %0" : "=v"(f1) : "v"(dot1));
+        asm volatile("vmulps %2, %1, %0" : "=v"(s0) : "v"(dw), "v"(dx));
+        asm volatile("vmulps %2, %1, %0" : "=v"(s1) : "v"(dw), "v"(dx));
+        asm volatile("vfmadd231ps %2, %1, %0" : "+v"(acc0) : "v"(f0), "v"(s0));
+        asm volatile("vfmadd231ps %2, %1, %0" : "+v"(acc1) : "v"(f1), "v"(s1));
+      }
+    }
+  }
+  benchmark::DoNotOptimize(acc0);
+  benchmark::DoNotOptimize(acc1);
+  benchmark::DoNotOptimize(a0);
+  const double flops = 2.0 * 512 * kRowBlocksPerRound * kRounds;
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      flops * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+}
+#undef SIEVE_CEILING_DPBUSD
+const bool kCeilingRegistered = [] {
+  benchmark::RegisterBenchmark("Ceiling/Vnni/dpbusd",
+                               [](benchmark::State& state) { run_vnni_ceiling(state, false); });
+  benchmark::RegisterBenchmark("Ceiling/Vnni/tile",
+                               [](benchmark::State& state) { run_vnni_ceiling(state, true); });
+  return true;
+}();
+#endif
 
 }  // namespace
 }  // namespace sieve::kernels
