@@ -128,11 +128,12 @@ struct PackedQ4_KFormat {
       if (s % 2 == 1) v = _mm512_srli_epi16(v, 4);
       w[k] = _mm512_and_si512(v, nibble);
     }
-    if constexpr (kFifthBits) {  // bit k of each byte: the fifth bit of w[k]'s byte
-      const __m512i fifth = _mm512_loadu_si512(chunk + 8 * 64 + 64 * (s % 2));
+    if constexpr (kFifthBits) {  // w[k]'s byte mask of fifth bits, straight into a mask register
+      const uint8_t* masks = chunk + 8 * 64 + 64 * (s % 2);
       for (int k = 0; k < 8; ++k) {
-        const __mmask64 set = _mm512_test_epi8_mask(fifth, _mm512_set1_epi8(char(1 << k)));
-        w[k] = _mm512_mask_add_epi8(w[k], set, w[k], _mm512_set1_epi8(0x10));
+        uint64_t bits;
+        std::memcpy(&bits, masks + 8 * k, sizeof(bits));
+        w[k] = _mm512_mask_add_epi8(w[k], _cvtu64_mask64(bits), w[k], _mm512_set1_epi8(0x10));
       }
     }
   }

@@ -67,8 +67,9 @@ inline constexpr int64_t kPackedQ3_KBytes = 320 + 4 * kPackedQ3_KChunkBytes;
 inline constexpr int64_t kPackedQ4_KBytes = 64 + 2 * 8 * 16 + 4 * 8 * 64;
 
 // Q5_K packed the same way, each 64-column chunk's nibbles (512 bytes) followed by their fifth
-// bits: for half = 0, 1 (columns 64j + 32 half + [0, 32)), row r: 4 bytes, bit k of byte b the
-// fifth bit of column 64j + 32 half + 4k + b. 2880 bytes where the rows' blocks take 2816 (+2.3%).
+// bits as byte masks of the level vectors: for half = 0, 1 (columns 64j + 32 half + [0, 32)) and
+// k = 0..7, 8 bytes whose bit 4r + b is the fifth bit of row r, column 64j + 32 half + 4k + b
+// (byte 4r + b of level vector k). 2880 bytes where the rows' blocks take 2816 (+2.3%).
 inline constexpr int64_t kPackedQ5_KChunkBytes = 8 * 64 + 2 * 64;
 inline constexpr int64_t kPackedQ5_KBytes = 64 + 2 * 8 * 16 + 4 * kPackedQ5_KChunkBytes;
 
