@@ -454,15 +454,13 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w, ThreadPool* pool) {
         std::memcpy(chunk + (k * kGroupRows + lane) * 4, block.qs + 32 * j + 4 * k, 4);
       if constexpr (kFifthBits) {
         // Column 64j + 32 half + 4k + e has its fifth bit at bit 2j + half of qh[4k + e]; it
-        // goes to bit 4 lane + e of level vector k's 8-byte mask.
+        // goes to bit 4 lane + e of level vector k's 8-byte mask (the lane's nibble).
         for (int half = 0; half < 2; ++half) {
           for (int k = 0; k < 8; ++k) {
-            uint8_t* mask = chunk + 8 * 64 + half * 64 + 8 * k;
-            for (int e = 0; e < 4; ++e) {
-              const int bit = 4 * static_cast<int>(lane) + e;
-              if ((block.qh[4 * k + e] >> (2 * j + half)) & 1)
-                mask[bit / 8] |= uint8_t(1 << (bit % 8));
-            }
+            int bits = 0;
+            for (int e = 0; e < 4; ++e) bits |= ((block.qh[4 * k + e] >> (2 * j + half)) & 1) << e;
+            chunk[8 * 64 + half * 64 + 8 * k + lane / 2] |=
+                static_cast<uint8_t>(bits << (4 * (lane % 2)));
           }
         }
       }

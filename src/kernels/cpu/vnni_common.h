@@ -6,7 +6,6 @@
 // is compiled for AVX-512 via SIEVE_VNNI_ATTR, not the file's flags.
 #include <array>
 #include <cstdint>
-#include <cstring>
 
 #include "kernels/blocks.h"
 
@@ -43,7 +42,8 @@ struct Slice {
 // acc + u . (the 4 activation bytes at p in every int32 lane): vpdpbusd against 4 columns of 16
 // rows, the activations read by its embedded broadcast ({1to16}). GCC does not fold
 // _mm512_set1_epi32 of a load into the instruction; the separate vpbroadcastd it emits cost
-// ~10% of packed Q4_0 prefill (one thread, 4096x4096 x 256 rows: 260-270 -> 296-316 GFLOP/s).
+// 5-25% of packed prefill (one thread, 4096x4096 x 256 rows, best of 5: Q4_0 262-313 -> 323-329,
+// Q8_0 235-286 -> 292-307 GFLOP/s).
 SIEVE_VNNI_ATTR inline __m512i DpbusdBroadcast(__m512i acc, __m512i u, const int8_t* p) {
   asm("vpdpbusd %2%{1to16%}, %1, %0"
       : "+v"(acc)
