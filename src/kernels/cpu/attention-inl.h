@@ -720,10 +720,10 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                 dst + i);
     }
     if (p.vnni) {  // the values block_kv_query rounds to, as int8 blocks
-      quantize_activations_q8(dst, head_dim, sc.q_int.get() + v * head_dim,
-                              sc.q_scale.get() + v * (head_dim / kQBlock), nullptr);
+      QuantizeRowQ8_0(dst, head_dim / kQBlock, sc.q_int.get() + v * head_dim,
+                      sc.q_scale.get() + v * (head_dim / kQBlock));
     } else if (p.quantized) {
-      block_kv_query(src, p.q.scale, head_dim, dst);
+      RoundToQ8Blocks(dst, head_dim);
     }
     std::fill(sc.acc + v * p.dp, sc.acc + (v + 1) * p.dp, 0.0f);
     sc.max[v] = kNegInf;

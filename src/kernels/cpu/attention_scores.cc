@@ -155,7 +155,7 @@ HWY_NOINLINE void ObservationTask(const ObservationProblem& p, int64_t kv_head, 
                 dst + c);
     }
     // Block pools: the rounded query paged_attention scores with (block_kv_query).
-    if (is_block_kv_dtype(p.kv.dtype)) block_kv_query(src, w.scale, head_dim, dst);
+    if (is_block_kv_dtype(p.kv.dtype)) RoundToQ8Blocks(dst, head_dim);
     sc.lse[static_cast<size_t>(m)] = p.row_lse[row * w.num_heads + head];
     sc.first[static_cast<size_t>(m)] = first_visible_key(w, static_cast<size_t>(row));
     sc.limit[static_cast<size_t>(m)] = int64_t{w.positions[static_cast<size_t>(row)]} + 1;

@@ -8,6 +8,7 @@
 #define SIEVE_KERNELS_CPU_OPS_INL_H_
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -84,6 +85,64 @@ HWY_INLINE hn::Vec<DF> PromoteBF16(DF df, const uint16_t* HWY_RESTRICT p) {
 HWY_INLINE float F16ToF32(const uint16_t* p) {
   const hn::CappedTag<float, 4> d4;
   return hn::GetLane(PromoteF16(d4, p));
+}
+
+// ----------------------------------------------------------------------------- activations
+
+// One row of activations (num_blocks * 32 values) -> Q8_0 blocks, bit-identical to
+// quantize_activations_q8 (ggml's x86 quantize_row_q8_0 / q8_1): d = max|x| / 127,
+// q = x * (127 / max|x|) rounded half to even. Writes q and d (the f16 scale as f32), and with
+// `s` (Q4_1 / Q5_1 weights; may be null) Q8_1's sum term f16(d * sum q), d unrounded. Two
+// passes, so the two dependent divisions per block overlap across blocks instead of stalling
+// each block's rounding.
+HWY_INLINE void QuantizeRowQ8_0(const float* HWY_RESTRICT x, int64_t num_blocks,
+                                int8_t* HWY_RESTRICT q, float* HWY_RESTRICT d,
+                                float* HWY_RESTRICT s = nullptr) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  constexpr size_t kLanes = hn::MaxLanes(decltype(df)());
+  static_assert(kQBlock % kLanes == 0);
+  constexpr int64_t kChunk = 64;  // blocks per pass
+  float inverse[kChunk], scales[kChunk];
+  for (int64_t b0 = 0; b0 < num_blocks; b0 += kChunk) {
+    const int64_t b1 = std::min(num_blocks, b0 + kChunk);
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* xb = x + b * kQBlock;
+      auto vmax = hn::Zero(df);
+      for (size_t k = 0; k < kQBlock; k += kLanes)
+        vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + k)));
+      const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      scales[b - b0] = amax / 127.0f;
+      inverse[b - b0] = amax != 0.0f ? 127.0f / amax : 0.0f;
+      d[b] = f16_to_f32(f32_to_f16(scales[b - b0]));
+    }
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* xb = x + b * kQBlock;
+      const auto id = hn::Set(df, inverse[b - b0]);
+      auto sum = hn::Zero(di);
+      for (size_t k = 0; k < kQBlock; k += kLanes) {
+        const auto rounded = hn::ConvertTo(di, hn::Round(hn::Mul(hn::LoadU(df, xb + k), id)));
+        sum = hn::Add(sum, rounded);
+        hn::StoreU(hn::DemoteTo(d8, rounded), d8, q + b * kQBlock + k);
+      }
+      if (s != nullptr) {
+        const float q_sum = static_cast<float>(hn::GetLane(hn::SumOfLanes(di, sum)));
+        s[b] = f16_to_f32(f32_to_f16(scales[b - b0] * q_sum));
+      }
+    }
+  }
+}
+
+// x (n values, a multiple of 32) -> its Q8_0 blocks read back (q * d), in place: what
+// block_kv_query makes of a query row already multiplied by its scale, bit for bit.
+HWY_INLINE void RoundToQ8Blocks(float* HWY_RESTRICT x, int64_t n) {
+  for (int64_t b = 0; b < n / kQBlock; ++b) {
+    int8_t q[kQBlock];
+    float d;
+    QuantizeRowQ8_0(x + b * kQBlock, 1, q, &d);
+    for (int64_t j = 0; j < kQBlock; ++j) x[b * kQBlock + j] = static_cast<float>(q[j]) * d;
+  }
 }
 
 // ----------------------------------------------------------------------------- KV blocks
