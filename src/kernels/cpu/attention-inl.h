@@ -250,7 +250,7 @@ HWY_INLINE float SumLanes(DF d, VF v) {
   return ReduceSum(d, v);
 }
 
-// sum * alpha + tile_sum as SoftmaxStepQuant computes it for four query vectors (one MulAdd).
+// sum * alpha + tile_sum as SoftmaxStep4 computes it for four query vectors (one MulAdd).
 HWY_INLINE float RescaledSum(float sum, float alpha, float tile_sum) {
 #if HWY_TARGET != HWY_SCALAR
   const hn::CappedTag<float, 4> d4;
@@ -261,7 +261,7 @@ HWY_INLINE float RescaledSum(float sum, float alpha, float tile_sum) {
 }
 
 // The online softmax's rescale factor exp(old_max - new_max), 1 when the max did not move, by
-// the same vector Exp for one query vector as for four (SoftmaxStepQuant).
+// the same vector Exp for one query vector as for four (SoftmaxStep4).
 HWY_INLINE float RescaleFactor(float old_max, float new_max) {
   if (new_max == old_max) return 1.0f;
 #if HWY_TARGET != HWY_SCALAR
@@ -434,12 +434,12 @@ HWY_INLINE auto Max4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e
 }
 #endif
 
-// Quantized pools: SoftmaxStep with 4 query vectors at a time where the tile is wholly visible
+// SoftmaxStep with 4 query vectors at a time where the tile is wholly visible
 // to all 4 (every tile of a decode row but its last): their maxima, rescale factors and sums
 // as 4 lanes (one Exp for the 4 alphas, no scalar exp, 2 horizontal folds per 4 vectors
 // instead of 2 per vector). The other vectors take SoftmaxRow.
-HWY_INLINE void SoftmaxStepQuant(const Problem& p, const HeadBlock& block, const int64_t* first,
-                                 const int64_t* limit, int64_t key0, int64_t num_keys) {
+HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int64_t* first,
+                             const int64_t* limit, int64_t key0, int64_t num_keys) {
 #if HWY_TARGET != HWY_SCALAR
   const DF d;
   const hn::CappedTag<float, 4> d4;
@@ -779,7 +779,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
         const uint8_t* v_rows[kVnniTileKeys];
         const int64_t num_keys = QuantTileRows(p.kv, kv_head, key0, key1, k_rows, v_rows);
         vnni::attn_scores(format, q_sets, per_head, head_dim, k_rows, num_keys, block.s, p.tp);
-        SoftmaxStepQuant(p, block, first, limit, key0, num_keys);
+        SoftmaxStep4(p, block, first, limit, key0, num_keys);
         vnni::attn_pv(format, block.s, p.tp, block.alpha, per_head, v_rows, num_keys, head_dim,
                       block.acc, p.dp);
       }
@@ -806,11 +806,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                             sc.alpha,
                             per_head};
       Qk(p, block, runs, num_runs);
-      if (p.quantized) {
-        SoftmaxStepQuant(p, block, first, limit, key0, key1 - key0);
-      } else {
-        SoftmaxStep(p, block, first, limit, key0, key1 - key0);
-      }
+      SoftmaxStep4(p, block, first, limit, key0, key1 - key0);
       Pv(p, block, runs, num_runs);
     }
   }
