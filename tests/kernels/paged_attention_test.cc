@@ -317,6 +317,33 @@ TEST_P(PagedAttention, ChunkRowsEqualTheirDecodeBitForBit) {
   }
 }
 
+// A decode row under kAttentionSplitKeys keys is one key piece: with more threads than pieces
+// the plan shares its kv heads out among tasks, which must not change a bit.
+TEST_P(PagedAttention, DecodeRowsEqualWhateverTheThreadsShareOut) {
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  uint32_t seed = 1200;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1}) {
+    const TestCache cache({.num_keys = 300, .num_kv_heads = 4, .head_dim = 64, .dtype = dtype},
+                          ++seed);
+    for (int32_t position : {0, 17, 299}) {
+      const int64_t num_heads = 16, head_dim = 64;
+      const std::vector<float> q = random_floats(num_heads * head_dim, ++seed, -4.0f, 4.0f);
+      const std::vector<int32_t> one = {position};
+      Outputs serial(1, num_heads, head_dim, 0.0f);
+      paged_attention(cache.view(), {q.data(), one, num_heads, 0.25f}, serial.view(), pool1);
+      for (ThreadPool* pool : {&pool2, &pool3}) {
+        Outputs shared(1, num_heads, head_dim, 0.0f);
+        paged_attention(cache.view(), {q.data(), one, num_heads, 0.25f}, shared.view(), *pool);
+        for (int64_t j = 0; j < num_heads * head_dim; ++j) {
+          ASSERT_EQ(serial.out[j], shared.out[j])
+              << to_string(dtype) << " position " << position << " threads " << pool->num_threads();
+        }
+        EXPECT_EQ(serial.row_lse, shared.row_lse);
+      }
+    }
+  }
+}
+
 // Head sizes that cut the value sweeps (8, 4, 2, 1 vectors, a partial vector) differently on
 // each target, and more query heads per kv head than a task's usual budget.
 TEST_P(PagedAttention, OtherHeadSizesAndGroups) {
@@ -730,9 +757,15 @@ TEST(AttentionPlan, DecodeTakesAllKvHeadsPerTaskAndSplitsKeysAtFixedPieces) {
     EXPECT_EQ(plan.merges.size(), 8u);  // one per kv head
     expect_plan_covers(kv, q, threads);
   }
-  // Short contexts are not split.
+  // Short contexts are not split; their kv heads are shared out among the threads (one task of
+  // all 8 on one thread, 2 tasks of 4 on 2, 3 tasks of 3 / 3 / 2 on 3, 8 of 1 on 16).
   const std::vector<int32_t> short_decode = {20};
-  EXPECT_TRUE(plan_paged_attention(kv, {nullptr, short_decode, 32, 1.0f}, 16).merges.empty());
+  for (const auto& [threads, tasks] : {std::pair{1, 1}, {2, 2}, {3, 3}, {16, 8}}) {
+    const AttentionPlan plan = plan_paged_attention(kv, {nullptr, short_decode, 32, 1.0f}, threads);
+    EXPECT_TRUE(plan.merges.empty());
+    EXPECT_EQ(std::ssize(plan.tasks), tasks) << threads << " threads";
+    expect_plan_covers(kv, {nullptr, short_decode, 32, 1.0f}, threads);
+  }
   // Group 8: two tasks of 4 kv heads per piece.
   const AttentionPlan wide = plan_paged_attention(kv, {nullptr, decode, 64, 1.0f}, 1);
   ASSERT_EQ(wide.tasks.size(), 2u * pieces);
