@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -26,9 +27,19 @@ class ThreadPool {
   using RangeFn = std::function<void(int64_t begin, int64_t end)>;
   void parallel_for(int64_t n, const RangeFn& fn, int64_t grain = 0);
 
+  // Calls fn(i, i + 1) for every i in [0, n): thread t first walks its own share, items
+  // [n * t / T, n * (t + 1) / T), in order; a thread done with its share then takes the last
+  // items of the share with the most left, from its end. So each thread reads one long run
+  // (what the hardware prefetchers follow, e.g. a decode matmul's weight rows), and a thread
+  // slowed by something else on its core is relieved instead of waited for. Not re-entrant.
+  void parallel_for_shares(int64_t n, const RangeFn& fn);
+
  private:
-  void worker_loop(uint64_t seen);
+  void worker_loop(uint64_t seen, int participant);
   void run_chunks();
+  void run_shares(int participant);
+  void run_loop(int participant) { shares_active_ ? run_shares(participant) : run_chunks(); }
+  void dispatch();  // starts the posted loop on the workers, runs this thread's part, waits
 
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> generation_{0};
@@ -39,6 +50,10 @@ class ThreadPool {
   int64_t job_n_ = 0;
   int64_t job_grain_ = 1;
   std::atomic<int64_t> next_chunk_{0};
+  // parallel_for_shares: per thread, its share's remaining items [front, back) packed as
+  // front << 32 | back (one CAS claims an item from either end).
+  bool shares_active_ = false;
+  std::unique_ptr<std::atomic<uint64_t>[]> shares_;
 };
 
 }  // namespace sieve

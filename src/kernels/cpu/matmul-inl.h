@@ -639,13 +639,14 @@ void Run(const Kernel& kernel, int64_t num_x, ThreadPool& pool) {
       RunRows(kernel, r_begin, std::min(rows, r_begin + rows_per_task), num_x);
     }
   };
-  if (parallel) {
+  if (parallel && num_x == 1) {
     // Decode streams from DRAM: each thread walks one contiguous run of tasks in order, which
-    // keeps the hardware prefetchers on long linear streams. Prefill tasks are cache-blocked
-    // and uneven, so they are handed out one at a time.
-    const int64_t grain =
-        num_x == 1 ? (num_tasks + pool.num_threads() - 1) / pool.num_threads() : 1;
-    pool.parallel_for(num_tasks, run_tasks, grain);
+    // keeps the hardware prefetchers on long linear streams, and takes over the end of the
+    // other's run when it finishes first (a vCPU slowed by its neighbour is not waited for).
+    pool.parallel_for_shares(num_tasks, run_tasks);
+  } else if (parallel) {
+    // Prefill tasks are cache-blocked and uneven: handed out one at a time.
+    pool.parallel_for(num_tasks, run_tasks, 1);
   } else {
     run_tasks(0, num_tasks);
   }
