@@ -736,31 +736,33 @@ void expect_plan_covers(const PagedKv& kv, const AttentionQuery& q, int num_thre
   }
 }
 
-TEST(AttentionPlan, DecodeTakesAllKvHeadsPerTaskAndSplitsKeysAtFixedPieces) {
+TEST(AttentionPlan, DecodeSplitsKeysAtFixedPiecesAndSharesFewTasksHeadsOut) {
   const std::vector<int32_t> table(1024);
   const PagedKv kv{nullptr, nullptr, 0, 0, 16, 128, 8, table};
   const std::vector<int32_t> decode = {16000};
   const AttentionQuery q{nullptr, decode, 32, 1.0f};  // group 4: 8 kv heads = 32 vectors
-  // 16001 keys: pieces of kAttentionSplitKeys, each one task of all 8 kv heads, whatever the
-  // threads.
+  // 16001 keys: pieces of kAttentionSplitKeys, each one task of all 8 kv heads while that
+  // makes kAttentionTasksPerThread tasks per thread (1 or 2 threads); on 16 threads, two tasks
+  // of 4 kv heads per piece.
   const auto pieces = static_cast<size_t>((16001 + kAttentionSplitKeys - 1) / kAttentionSplitKeys);
   ASSERT_GE(pieces, 2u);
-  for (int threads : {1, 16}) {
+  for (const auto& [threads, heads] : {std::pair{1, 8}, {2, 8}, {16, 4}}) {
     const AttentionPlan plan = plan_paged_attention(kv, q, threads);
     EXPECT_TRUE(plan.row_invariant);
-    ASSERT_EQ(plan.tasks.size(), pieces);
+    ASSERT_EQ(plan.tasks.size(), pieces * 8 / heads);
     for (const AttentionTask& task : plan.tasks) {
-      EXPECT_EQ(task.kv_head_end - task.kv_head_begin, 8);
+      EXPECT_EQ(task.kv_head_end - task.kv_head_begin, heads);
       EXPECT_EQ(task.key_begin % kAttentionSplitKeys, 0);
       EXPECT_LE(task.key_end - task.key_begin, kAttentionSplitKeys);
     }
     EXPECT_EQ(plan.merges.size(), 8u);  // one per kv head
     expect_plan_covers(kv, q, threads);
   }
-  // Short contexts are not split; their kv heads are shared out among the threads (one task of
-  // all 8 on one thread, 2 tasks of 4 on 2, 3 tasks of 3 / 3 / 2 on 3, 8 of 1 on 16).
+  // Short contexts are not split; their kv heads are shared out among the threads, up to
+  // kAttentionTasksPerThread tasks each (one task of all 8 on one thread, 8 of 1 on 2 or more).
+  static_assert(kAttentionTasksPerThread == 4);
   const std::vector<int32_t> short_decode = {20};
-  for (const auto& [threads, tasks] : {std::pair{1, 1}, {2, 2}, {3, 3}, {16, 8}}) {
+  for (const auto& [threads, tasks] : {std::pair{1, 1}, {2, 8}, {3, 8}, {16, 8}}) {
     const AttentionPlan plan = plan_paged_attention(kv, {nullptr, short_decode, 32, 1.0f}, threads);
     EXPECT_TRUE(plan.merges.empty());
     EXPECT_EQ(std::ssize(plan.tasks), tasks) << threads << " threads";

@@ -60,16 +60,18 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
     // alone (decode) or in a short chunk (a speculative verification), so both give the same
     // bits. A piece a row cannot see merges as nothing (max -inf).
     const int64_t split_keys = ceil_div(kAttentionSplitKeys, kv.page_size) * kv.page_size;
-    // Fewer pieces than threads (a decode row under split_keys keys): fewer kv heads per task,
-    // so that the threads share the heads. A head's arithmetic does not depend on which heads
+    // Too few pieces to keep kAttentionTasksPerThread tasks per thread busy (a decode row under
+    // a few split_keys keys; its last piece is short): fewer kv heads per task, so that the
+    // threads share the heads and even out. A head's arithmetic does not depend on which heads
     // share its task, so the bits stay the same.
     int64_t num_pieces_total = 0;
     for (const RowTile& tile : tiles)
       num_pieces_total += (tile.num_keys - 1) / split_keys - tile.first_key / split_keys + 1;
-    if (num_pieces_total > 0 && num_pieces_total * num_head_groups < num_threads &&
+    const int64_t wanted_tasks = num_threads > 1 ? kAttentionTasksPerThread * num_threads : 1;
+    if (num_pieces_total > 0 && num_pieces_total * num_head_groups < wanted_tasks &&
         heads_per_task > 1) {
       const int64_t wanted_groups =
-          std::min(kv.num_kv_heads, ceil_div(num_threads, num_pieces_total));
+          std::min(kv.num_kv_heads, ceil_div(wanted_tasks, num_pieces_total));
       heads_per_task = ceil_div(kv.num_kv_heads, wanted_groups);
     }
     for (const RowTile& tile : tiles) {
