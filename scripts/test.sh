@@ -4,7 +4,7 @@
 #   1. install dependencies, build Release, run every unit/golden/CLI test (ctest);
 #   2. build with clang, AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer coverage,
 #      and run the tests of the input-parsing code (GGUF reader, tokenizers, templates, grammars,
-#      HTTP) and of the KV bookkeeping;
+#      HTTP) and of the KV bookkeeping; and the thread pool's tests under ThreadSanitizer;
 #   3. run the libFuzzer targets of that same build for FUZZ_SECONDS each (default 10: CI
 #      must stay well under 30 minutes on 2 cores; a person hunting bugs gives it more).
 # Shared data (models, golden outputs) is read from ../shared (override: SIEVE_SHARED_DIR).
@@ -53,6 +53,12 @@ ctest --test-dir build-sanitizers --output-on-failure -j"$jobs" \
 ctest --test-dir build-sanitizers --output-on-failure -j"$jobs" \
   -R '^(GbnfParser|Recognizer|TokenMasker\.(SpecialTokens|PartialCharacters)|JsonSchema\.(Unsupported|OrderedProperties)|HttpTransportTest)'
 unset ASAN_OPTIONS UBSAN_OPTIONS
+echo "== ThreadSanitizer: the thread pool (parallel_for_shares claims items from both ends of a share)"
+clang++ -std=c++20 -fsanitize=thread -O1 -g -Isrc src/util/thread_pool.cc \
+  tests/util/thread_pool_test.cc -lgtest -lgtest_main -pthread -o build-sanitizers/thread_pool_tsan
+# ASLR off: older TSan runtimes (Debian's clang 14) abort on high-entropy memory mappings.
+TSAN_OPTIONS=halt_on_error=1 setarch "$(uname -m)" -R build-sanitizers/thread_pool_tsan \
+  --gtest_repeat=10 --gtest_brief=1
 
 echo "== [3/3] libFuzzer: ${fuzz_seconds}s per target"
 for target in gguf tokenizer chat_template; do
