@@ -125,7 +125,6 @@ void ThreadPool::parallel_for_shares(int64_t n, const RangeFn& fn) {
     shares_[t].store(items * t / threads << 32 | items * (t + 1) / threads);
   }
   job_ = &fn;
-  job_n_ = n;
   shares_active_ = true;
   dispatch();
 }

@@ -334,30 +334,34 @@ HWY_NOINLINE void QkRows(const float* HWY_RESTRICT q, int64_t dp, const KeyRun<T
   }
 }
 
+// fn.template operator()<kM>() for the register tile of the query vectors left in a block:
+// kM = min(kMaxRows, rows), kMaxRows 2 or 4.
+template <int kMaxRows, class Fn>
+HWY_INLINE void WithRowTile(int64_t rows, const Fn& fn) {
+  static_assert(kMaxRows == 2 || kMaxRows == 4);
+  switch (std::min<int64_t>(kMaxRows, rows)) {
+    case 1:
+      fn.template operator()<1>();
+      break;
+    case 2:
+      fn.template operator()<2>();
+      break;
+    case 3:
+      if constexpr (kMaxRows >= 4) fn.template operator()<3>();
+      break;
+    default:
+      if constexpr (kMaxRows >= 4) fn.template operator()<4>();
+      break;
+  }
+}
+
 template <typename T>
 HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
                    int64_t num_runs) {
   for (int64_t m = 0; m < block.num_rows; m += kQkRows) {
-    const float* q = block.q + m * p.dp;
-    float* s = block.s + m * p.tp;
-    const int64_t hd = p.kv.head_dim;
-    switch (std::min<int64_t>(kQkRows, block.num_rows - m)) {
-      case 1:
-        QkRows<1>(q, p.dp, runs, num_runs, hd, s, p.tp);
-        break;
-      case 2:
-        QkRows<2>(q, p.dp, runs, num_runs, hd, s, p.tp);
-        break;
-      default:
-        if constexpr (kQkRows >= 4) {
-          if (block.num_rows - m == 3) {
-            QkRows<3>(q, p.dp, runs, num_runs, hd, s, p.tp);
-          } else {
-            QkRows<4>(q, p.dp, runs, num_runs, hd, s, p.tp);
-          }
-        }
-        break;
-    }
+    WithRowTile<kQkRows>(block.num_rows - m, [&]<int kM>() HWY_ATTR {
+      QkRows<kM>(block.q + m * p.dp, p.dp, runs, num_runs, p.kv.head_dim, block.s + m * p.tp, p.tp);
+    });
   }
 }
 
@@ -570,29 +574,11 @@ HWY_NOINLINE void PvRows(const float* HWY_RESTRICT prob, int64_t tp, const KeyRu
 template <typename T>
 HWY_INLINE void Pv(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
                    int64_t num_runs) {
-  static_assert(kPvRows == 2 || kPvRows == 4);
   for (int64_t m = 0; m < block.num_rows; m += kPvRows) {
-    const float* prob = block.s + m * p.tp;
-    const float* alpha = block.alpha + m;
-    float* acc = block.acc + m * p.dp;
-    const int64_t hd = p.kv.head_dim;
-    switch (std::min<int64_t>(kPvRows, block.num_rows - m)) {
-      case 1:
-        PvRows<1>(prob, p.tp, runs, num_runs, hd, alpha, acc, p.dp);
-        break;
-      case 2:
-        PvRows<2>(prob, p.tp, runs, num_runs, hd, alpha, acc, p.dp);
-        break;
-      default:
-        if constexpr (kPvRows >= 4) {
-          if (block.num_rows - m == 3) {
-            PvRows<3>(prob, p.tp, runs, num_runs, hd, alpha, acc, p.dp);
-          } else {
-            PvRows<4>(prob, p.tp, runs, num_runs, hd, alpha, acc, p.dp);
-          }
-        }
-        break;
-    }
+    WithRowTile<kPvRows>(block.num_rows - m, [&]<int kM>() HWY_ATTR {
+      PvRows<kM>(block.s + m * p.tp, p.tp, runs, num_runs, p.kv.head_dim, block.alpha + m,
+                 block.acc + m * p.dp, p.dp);
+    });
   }
 }
 
