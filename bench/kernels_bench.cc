@@ -228,7 +228,7 @@ void register_all() {
   }
 }
 
-// The super-block types (K-quants, IQ4_XS) against Q8_0 / Q4_0 in the same run, on the best
+// The super-block types (K-quants, IQ4_XS) against F16, Q8_0 and Q4_0 in the same run, on the best
 // target with all threads, each also with its packed copy (/packed) where the CPU packs it:
 //   SuperBlocks/Decode/<dtype>/RxC[/packed]  GB/s of weights streamed (32000x4096 exceeds the L3;
 //                                         4096x4096/threads:1: from L3, per CPU second;
@@ -237,7 +237,7 @@ void register_all() {
 void register_super_blocks() {
   const int threads = hardware_threads();
   const std::string target = available_targets().front();
-  const DType dtypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ2_K, DType::kQ3_K,
+  const DType dtypes[] = {DType::kF16,  DType::kQ8_0, DType::kQ4_0, DType::kQ2_K,  DType::kQ3_K,
                           DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS};
   const auto add = [](const std::string& name, const MatmulCase& c) {
     benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)
@@ -280,14 +280,18 @@ void register_super_blocks() {
   }
   // Small batches (batched decode), one thread: where the VNNI tiles start to pay (Q4_0, Q5_1:
   // the 16-row group tiles of cpu/matmul_vnni_small_blocks.cc).
-  for (DType dtype : {DType::kQ4_0, DType::kQ5_1, DType::kQ4_K, DType::kQ6_K}) {
-    for (int64_t num_x : {2, 3, 4, 8, 16, 64}) {
-      const MatmulCase c{target, dtype, 4096, 4096, num_x, 1};
-      benchmark::RegisterBenchmark(
-          ("SuperBlocks/Batch/" + shape_name(c) + "/x" + std::to_string(num_x) + "/threads:1")
-              .c_str(),
-          run_matmul, c)
-          ->Unit(benchmark::kMillisecond);
+  for (DType dtype : {DType::kF16, DType::kQ4_0, DType::kQ5_1, DType::kQ4_K, DType::kQ6_K}) {
+    for (bool packed : {false, true}) {
+      if (packed && (dtype != DType::kF16 || !packed_matmul_supported(dtype))) continue;
+      for (int64_t num_x : {2, 3, 4, 8, 16, 64}) {
+        const MatmulCase c{target, dtype, 4096, 4096, num_x, 1, packed};
+        benchmark::RegisterBenchmark(
+            ("SuperBlocks/Batch/" + shape_name(c) + (packed ? "/packed" : "") + "/x" +
+             std::to_string(num_x) + "/threads:1")
+                .c_str(),
+            run_matmul, c)
+            ->Unit(benchmark::kMillisecond);
+      }
     }
   }
 }

@@ -14,6 +14,7 @@
 #include "kernels/blocks.h"
 #include "kernels/quant_formats.h"
 #include "kernels/quant_super_blocks.h"
+#include "kernels/cpu/matmul_float_avx512.h"
 #include "kernels/cpu/matmul_super_blocks_vnni.h"
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
@@ -348,10 +349,9 @@ std::optional<vnni::SmallBlockFormat> small_block_format(DType dtype) {
 // row, block_cols columns) packed_bytes bytes, all `fill` at first. pack_block(block, out, lane)
 // writes row `lane`'s share of the group's packed block `out`; rows run on the pool's threads
 // where there is one, in whole groups, so that each group's bytes are written by one thread.
-template <class Fn>
+template <int64_t kGroupRows = 16, class Fn>
 PackedBytes pack_blocks(const MatrixView& w, int64_t block_cols, int64_t packed_bytes,
                         ThreadPool* pool, const Fn& pack_block, uint8_t fill = 0) {
-  constexpr int64_t kGroupRows = 16;
   assert(w.cols % block_cols == 0);
   const int64_t num_groups = (w.rows + kGroupRows - 1) / kGroupRows;
   const int64_t num_blocks = w.cols / block_cols;
@@ -371,6 +371,17 @@ PackedBytes pack_blocks(const MatrixView& w, int64_t block_cols, int64_t packed_
     pool->parallel_for(num_groups, pack_groups);
   }
   return packed;
+}
+
+// F16 / BF16 as cpu/matmul_float_avx512.h's packed groups: each value is a "block" of one
+// column; padding rows stay zero.
+PackedBytes pack_floats(const MatrixView& w, ThreadPool* pool) {
+  constexpr int64_t kGroupRows = avx512::kPackedGroupRows;
+  const size_t elem = block_bytes(w.dtype);
+  return pack_blocks<kGroupRows>(w, 1, kGroupRows * static_cast<int64_t>(elem), pool,
+                                 [elem](const uint8_t* value, uint8_t* out, int64_t lane) {
+                                   std::memcpy(out + lane * elem, value, elem);
+                                 });
 }
 
 PackedBytes pack_q8_0(const MatrixView& w, ThreadPool* pool) {
@@ -598,6 +609,7 @@ void free_packed(void* p, size_t bytes) {
 }
 
 bool packed_matmul_supported(DType dtype) {
+  if (dtype == DType::kF16 || dtype == DType::kBF16) return avx512::supported();
   return (dtype == DType::kQ8_0 || dtype == DType::kQ4_K || dtype == DType::kQ5_K ||
           dtype == DType::kQ6_K || dtype == DType::kIQ4_XS || dtype == DType::kQ2_K ||
           dtype == DType::kQ3_K || small_block_format(dtype)) &&
@@ -605,6 +617,7 @@ bool packed_matmul_supported(DType dtype) {
 }
 
 PackedBytes pack_for_matmul(const MatrixView& w, ThreadPool* pool) {
+  if (w.dtype == DType::kF16 || w.dtype == DType::kBF16) return pack_floats(w, pool);
   if (w.dtype == DType::kQ8_0) return pack_q8_0(w, pool);
   if (w.dtype == DType::kQ4_K) return pack_q4_k_or_q5_k<BlockQ4_K>(w, pool);
   if (w.dtype == DType::kQ5_K) return pack_q4_k_or_q5_k<BlockQ5_K>(w, pool);

@@ -95,8 +95,11 @@ void quantize_activations_q8(const float* x, int64_t n, int8_t* q, float* d, flo
 // products run in integers with one f32 scale per block.
 void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool);
 
-// Weights repacked for matmul on x86 CPUs with AVX-512 VNNI, where
-// packed_matmul_supported(dtype): Q8_0, the 32-value blocks Q4_0, Q4_1, Q5_0, Q5_1 and
+// Weights repacked for matmul on x86 CPUs with AVX-512, where packed_matmul_supported(dtype):
+// F16 and BF16 as cpu/matmul_float_avx512.h's packed groups (64 rows, column by column, the same
+// size rounded up to 64 rows: one sequential stream per thread in decode, and each output's sums
+// in column order whatever the batch); with VNNI, the quantized types:
+// Q8_0, the 32-value blocks Q4_0, Q4_1, Q5_0, Q5_1 and
 // IQ4_NL, Q4_K, Q5_K and Q6_K. Groups of 16 rows (the last one padded with zero rows), and per
 // group and block the 16 rows' scales side by side, then their values interleaved so that one
 // 64-byte load holds 4 columns of all 16 rows (one int32 lane per row), the operand of vpdpbusd

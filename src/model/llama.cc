@@ -61,9 +61,9 @@ constexpr uint32_t kSmoothingSeed = 20260501;
 }  // namespace
 
 // Every quantized matrix the forward pass multiplies by (Q8_0, Q4_0 .. Q5_1, IQ4_NL, Q2_K .. Q6_K,
-// IQ4_XS) gets the CPU backend's packed copy (kernels::pack_for_matmul, where
-// packed_matmul_supported(dtype)): matmul() on it runs 16 rows per vector with no horizontal sums
-// (Q8_0: 2.7x the multiply-adds per second of the plain VNNI kernel at bench-engine's shapes,
+// IQ4_XS), and every F16 / BF16 one, gets the CPU backend's packed copy (kernels::pack_for_matmul,
+// where packed_matmul_supported(dtype)): matmul() on it runs 16 rows per vector with no horizontal
+// sums (Q8_0: 2.7x the multiply-adds per second of the plain VNNI kernel at bench-engine's shapes,
 // 16-512 rows; Q4_0 decode ~1.45x, prefill ~1.15x, one thread) and streams decode's weights faster;
 // it costs a pass over the weights at load, and the backend hands the mapped originals' pages back
 // once packed.

@@ -70,6 +70,56 @@ TEST_P(Matmul, FloatWeightsManyActivationRows) {
   }
 }
 
+// F16 / BF16 with the packed copy (groups of 64 rows, column by column): used on AVX3 where
+// the CPU has AVX-512, below 40 activation rows by its own kernel and from 40 on by the panels.
+// Rows around the 64-row groups and the 32-row panels, cols around the 16-column vectors and the
+// 2048-column slices, num_x around the 6-row activation tiles and the panel threshold.
+TEST_P(Matmul, PackedFloatWeights) {
+  uint32_t seed = 7000;
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (int64_t cols : {1, 17, 259, 2100}) {
+      for (int64_t rows : {1, 31, 64, 65, 130}) {
+        const TestMatrix w(dtype, rows, cols, ++seed);
+        const size_t packed_bytes = (rows + 63) / 64 * 64 * row_bytes(dtype, cols);
+        if (cols * rows > 100000) {  // test time
+          expect_packed_matmul_matches_ref(w.view, packed_bytes, {1, 7, 43}, seed, magnitudes,
+                                           1e-5);
+        } else {
+          expect_packed_matmul_matches_ref(w.view, packed_bytes, {1, 2, 5, 6, 7, 13, 40, 43}, seed,
+                                           magnitudes, 1e-5);
+        }
+      }
+    }
+  }
+}
+
+// Where the packed copy is used, each output sums its terms in column order whatever the number
+// of activation rows (decode alone, a batch, a prefill's panels), so a row's result is the same
+// bits alone and in any batch: batch invariance for F16 / BF16 models.
+TEST_P(Matmul, PackedFloatRowsEqualAloneAndInAnyBatch) {
+  ThreadPool pool(3);
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    if (!packed_matmul_supported(dtype) || active_target() != "AVX3") {
+      GTEST_SKIP() << "the packed copy is not used on " << active_target();
+    }
+    const TestMatrix w(dtype, 97, 2100, 77);
+    const PackedBytes packed = pack_for_matmul(w.view);
+    MatrixView view = w.view;
+    view.packed = packed.data();
+    constexpr int64_t kMaxX = 45;
+    const std::vector<float> x = random_floats(kMaxX * w.view.cols, 78);
+    std::vector<float> alone(kMaxX * w.view.rows);
+    for (int64_t i = 0; i < kMaxX; ++i)
+      matmul(view, x.data() + i * w.view.cols, 1, alone.data() + i * w.view.rows, pool);
+    for (int64_t num_x : {2, 6, 7, 39, 40, 45}) {
+      std::vector<float> batch(num_x * w.view.rows);
+      matmul(view, x.data(), num_x, batch.data(), pool);
+      for (int64_t k = 0; k < num_x * w.view.rows; ++k)
+        ASSERT_EQ(batch[k], alone[k]) << to_string(dtype) << " num_x=" << num_x << " k=" << k;
+    }
+  }
+}
+
 TEST_P(Matmul, QuantizedWeightsAnyShape) {
   constexpr DType kTypes[] = {DType::kQ8_0, DType::kQ4_0};
   constexpr int64_t kCols[] = {32, 64, 96, 320};

@@ -16,7 +16,9 @@
 //                     block with scale d_w * d_x (Q4_1 / Q5_1: plus m_w * s_x, ggml's Q8_1 sum
 //                     term f16(d_x * sum(q_x)), made with the activations). cols a multiple of 32.
 // On AVX-512 CPUs, F32 / F16 / BF16 prefill of 40 or more activation rows runs as a packed-panel
-// GEMM in cpu/matmul_float_avx512.cc. On AVX-512 CPUs with VNNI, whole tasks run in intrinsics:
+// GEMM in cpu/matmul_float_avx512.cc, and so do F16 / BF16 weights with their packed copy for any
+// number of rows (fewer than 40: packed_float_groups). On AVX-512 CPUs with VNNI, whole tasks run
+// in intrinsics:
 // Q8_0 prefill (num_x >= 2) in cpu/matmul_vnni.cc; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL decode and
 // prefill in cpu/matmul_vnni_small_blocks.cc (Row::kVnniFormat names the layout; from
 // kMinSmallBlockGroupRows activation rows in tiles of 16 weight rows).
@@ -666,6 +668,19 @@ struct FloatAvx512Kernel {
     avx512::float_rows(problem, r_begin, r_end);
   }
 };
+// F16 / BF16 weights packed by pack_for_matmul() and fewer activation rows than
+// kMinFloatAvx512Rows, decode included: tasks of whole packed groups.
+struct PackedFloatAvx512Kernel {
+  static constexpr int64_t kRowAlign = avx512::kPackedGroupRows;
+  avx512::FloatProblem problem;
+  const float* x;
+  size_t row_bytes;
+  int64_t rows, cols;
+  void Rows(int64_t r_begin, int64_t r_end, int64_t) const {
+    avx512::packed_float_groups(problem, x, r_begin / kRowAlign,
+                                (r_end + kRowAlign - 1) / kRowAlign);
+  }
+};
 // From this many activation rows on. Below, the dot-product tiles are faster: the packing
 // streams the weights at about half their rate, which the fewer FMAs per weight do not hide
 // (measured single-threaded, F16 4096x4096: 0.5x at 8 rows, even at 32, 1.15x at 48, 1.25x at 64).
@@ -681,6 +696,24 @@ inline constexpr avx512::FloatFormat kFloatFormat =
 template <class Row>
 void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
+  const bool packed = w.packed != nullptr && avx512::supported();
+  if (packed && num_x < kMinFloatAvx512Rows) {
+    const size_t bytes = row_bytes(w.dtype, w.cols);
+    const PackedFloatAvx512Kernel kernel{{.format = kFloatFormat<Row>,
+                                          .w = static_cast<const uint8_t*>(w.packed),
+                                          .row_bytes = bytes,
+                                          .rows = w.rows,
+                                          .cols = w.cols,
+                                          .xp = nullptr,
+                                          .num_x = num_x,
+                                          .y = y,
+                                          .packed = true},
+                                         x,
+                                         bytes,
+                                         w.rows,
+                                         w.cols};
+    return Run(kernel, num_x, pool);
+  }
   if (num_x >= kMinFloatAvx512Rows && w.rows > 0 && w.cols > 0 && avx512::supported()) {
     const auto xp = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(num_x * w.cols));
     const int64_t num_tiles = avx512::num_activation_tiles(num_x);
@@ -693,11 +726,12 @@ void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, T
       pack(0, num_tiles);
     }
     const size_t bytes = row_bytes(w.dtype, w.cols);
-    const FloatAvx512Kernel kernel{{kFloatFormat<Row>, static_cast<const uint8_t*>(w.data), bytes,
-                                    w.rows, w.cols, xp.get(), num_x, y},
-                                   bytes,
-                                   w.rows,
-                                   w.cols};
+    const FloatAvx512Kernel kernel{
+        {kFloatFormat<Row>, static_cast<const uint8_t*>(packed ? w.packed : w.data), bytes, w.rows,
+         w.cols, xp.get(), num_x, y, packed},
+        bytes,
+        w.rows,
+        w.cols};
     return Run(kernel, num_x, pool);
   }
 #endif
