@@ -23,6 +23,7 @@ struct BenchOptions {
   int repetitions = 5;
   int64_t prompt_tokens = 128;
   int64_t decode_tokens = 32;
+  int rounds = 4;
   int threads = 0;
   bool json = false;
 };
@@ -45,8 +46,13 @@ void bench(const BenchOptions& options) {
   if (!options.json) {
     fmt::print("threads {}, SIMD target {}\n", pool.num_threads(), kernels::active_target());
   }
-  eval::BandwidthResult bandwidth = eval::measure_read_bandwidth(
-      pool, static_cast<uint64_t>(options.bandwidth_mib) << 20, options.repetitions);
+  eval::ReadBandwidthProbe probe(pool, static_cast<uint64_t>(options.bandwidth_mib) << 20);
+  eval::BandwidthResult bandwidth{.bytes = probe.bytes(), .repetitions = options.repetitions};
+  for (int rep = 0; rep < options.repetitions; ++rep) {
+    const double gb_per_s = probe.pass();
+    bandwidth.best_gb_per_s = std::max(bandwidth.best_gb_per_s, gb_per_s);
+    bandwidth.mean_gb_per_s += gb_per_s / options.repetitions;
+  }
   nlohmann::json out = {{"threads", pool.num_threads()},
                         {"simd_target", kernels::active_target()},
                         {"bandwidth",
@@ -57,15 +63,15 @@ void bench(const BenchOptions& options) {
   if (!options.json) {
     fmt::print("memory read bandwidth (sum over {:.2f} GiB, best of {}): {:.2f} GB/s\n\n",
                bandwidth.bytes / double(1 << 30), options.repetitions, bandwidth.best_gb_per_s);
-    fmt::print("{:<40} {:<10} {:>10} {:>12} {:>14} {:>12} {:>12} {:>8}\n", "model", "type",
+    fmt::print("{:<40} {:<10} {:>10} {:>12} {:>14} {:>12} {:>12} {:>8} {:>9}\n", "model", "type",
                "MB/token", "prompt tok/s", "prompt GFLOP/s", "decode tok/s", "decode GB/s",
-               "bw util");
+               "bw util", "adjacent");
   }
   for (const std::string& path : options.model_paths) {
     model::LoadedModel loaded = model::load_model(
         {.model_path = path, .backend = {.device = "cpu", .threads = options.threads}});
-    eval::ModelSpeed speed =
-        eval::measure_model_speed(*loaded.model, options.prompt_tokens, options.decode_tokens);
+    eval::ModelSpeed speed = eval::measure_model_speed(
+        *loaded.model, options.prompt_tokens, options.decode_tokens, &probe, options.rounds);
     const double utilisation = speed.decode_gb_per_s / bandwidth.best_gb_per_s;
     const std::string file_type = weight_type_name(*loaded.model);
     out["models"].push_back({{"path", path},
@@ -78,18 +84,24 @@ void bench(const BenchOptions& options) {
                              {"decode_tokens", speed.decode_tokens},
                              {"decode_tokens_per_s", speed.decode_tokens_per_s},
                              {"decode_gb_per_s", speed.decode_gb_per_s},
-                             {"bandwidth_utilisation", utilisation}});
+                             {"bandwidth_utilisation", utilisation},
+                             {"round_utilisation", speed.round_utilisation},
+                             {"adjacent_utilisation", speed.median_utilisation}});
     if (!options.json) {
-      fmt::print("{:<40} {:<10} {:>10.1f} {:>12.1f} {:>14.1f} {:>12.2f} {:>12.2f} {:>7.1f}%\n",
-                 path, file_type, speed.bytes_per_token / 1e6, speed.prompt_tokens_per_s,
-                 speed.prompt_gflop_per_s, speed.decode_tokens_per_s, speed.decode_gb_per_s,
-                 100.0 * utilisation);
+      fmt::print(
+          "{:<40} {:<10} {:>10.1f} {:>12.1f} {:>14.1f} {:>12.2f} {:>12.2f} {:>7.1f}% {:>8.1f}%\n",
+          path, file_type, speed.bytes_per_token / 1e6, speed.prompt_tokens_per_s,
+          speed.prompt_gflop_per_s, speed.decode_tokens_per_s, speed.decode_gb_per_s,
+          100.0 * utilisation, 100.0 * speed.median_utilisation);
     }
   }
   if (!options.json) {
     fmt::print(
         "\nprompt GFLOP/s = 2 x (q/k/v/o/gate/up/down parameters of all layers) x prompt tokens / "
-        "prompt time; embedding lookup, output matrix and attention scores not counted\n");
+        "prompt time; embedding lookup, output matrix and attention scores not counted\n"
+        "bw util = decode GB/s / the bandwidth above; adjacent = median over {} decode rounds of "
+        "the round's GB/s / the mean of bandwidth passes just before and after it\n",
+        options.rounds);
   }
   if (options.json) fmt::print("{}\n", out.dump(2));
 }
@@ -111,6 +123,11 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--decode-tokens", options->decode_tokens, "Tokens decoded for decode speed")
       ->capture_default_str();
+  command
+      ->add_option("--rounds", options->rounds,
+                   "Decode rounds, each between two bandwidth passes (the adjacent utilisation)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   command->add_option("-t,--threads", options->threads, "Worker threads (default: all cores)");
   command->add_flag("--json", options->json, "Print the results as JSON");
   command->callback([options] { bench(*options); });

@@ -19,60 +19,71 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 }  // namespace
 
-BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t bytes, int repetitions) {
-  const uint64_t num_words = bytes / sizeof(uint64_t);
-  // In memory of the kind the packed weights get (huge pages where the kernel gives them), so the
-  // roofline and decode's weight reads pay the same page walks.
-  const auto free_buffer = [bytes = num_words * sizeof(uint64_t)](uint64_t* p) {
-    kernels::free_packed(p, bytes);
-  };
-  const std::unique_ptr<uint64_t[], decltype(free_buffer)> buffer(
-      static_cast<uint64_t*>(kernels::allocate_packed(num_words * sizeof(uint64_t))), free_buffer);
-  const int num_threads = pool.num_threads();
-  const int64_t per_thread = static_cast<int64_t>((num_words + num_threads - 1) / num_threads);
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, uint64_t bytes)
+    : pool_(pool),
+      num_words_(bytes / sizeof(uint64_t)),
+      // In memory of the kind the packed weights get (huge pages where the kernel gives them),
+      // so the roofline and decode's weight reads pay the same page walks.
+      buffer_(static_cast<uint64_t*>(kernels::allocate_packed(num_words_ * sizeof(uint64_t)))) {
+  const int num_threads = pool_.num_threads();
+  const uint64_t per_thread = (num_words_ + num_threads - 1) / num_threads;
   // First touch from the thread that will read each part (NUMA placement), nonzero content.
-  pool.parallel_for(
+  pool_.parallel_for(
       num_threads,
       [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-          const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words, lo + per_thread);
-          for (uint64_t i = lo; i < hi; ++i) buffer[i] = i;
+          const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words_, lo + per_thread);
+          for (uint64_t i = lo; i < hi; ++i) buffer_[i] = i;
         }
       },
       1);
+}
+
+ReadBandwidthProbe::~ReadBandwidthProbe() {
+  kernels::free_packed(buffer_, num_words_ * sizeof(uint64_t));
+}
+
+double ReadBandwidthProbe::pass() {
+  const int num_threads = pool_.num_threads();
+  const uint64_t per_thread = (num_words_ + num_threads - 1) / num_threads;
   std::vector<uint64_t> sums(num_threads);
-  BandwidthResult result{.bytes = num_words * sizeof(uint64_t), .repetitions = repetitions};
-  double total = 0.0;
-  for (int rep = 0; rep < repetitions; ++rep) {
-    const auto start = Clock::now();
-    pool.parallel_for(
-        num_threads,
-        [&](int64_t begin, int64_t end) {
-          for (int64_t t = begin; t < end; ++t) {
-            const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words, lo + per_thread);
-            // Four independent accumulators; integer adds vectorise without reassociation flags.
-            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            uint64_t i = lo;
-            for (; i + 4 <= hi; i += 4) {
-              s0 += buffer[i];
-              s1 += buffer[i + 1];
-              s2 += buffer[i + 2];
-              s3 += buffer[i + 3];
-            }
-            for (; i < hi; ++i) s0 += buffer[i];
-            sums[t] = s0 + s1 + s2 + s3;
+  const auto start = Clock::now();
+  pool_.parallel_for(
+      num_threads,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words_, lo + per_thread);
+          // Four independent accumulators; integer adds vectorise without reassociation flags.
+          uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+          uint64_t i = lo;
+          for (; i + 4 <= hi; i += 4) {
+            s0 += buffer_[i];
+            s1 += buffer_[i + 1];
+            s2 += buffer_[i + 2];
+            s3 += buffer_[i + 3];
           }
-        },
-        1);
-    const double gbps =
-        static_cast<double>(result.bytes) / seconds_between(start, Clock::now()) / 1e9;
-    result.best_gb_per_s = std::max(result.best_gb_per_s, gbps);
-    total += gbps;
-  }
-  result.mean_gb_per_s = total / std::max(1, repetitions);
+          for (; i < hi; ++i) s0 += buffer_[i];
+          sums[t] = s0 + s1 + s2 + s3;
+        }
+      },
+      1);
+  const double gb_per_s = static_cast<double>(bytes()) / seconds_between(start, Clock::now()) / 1e9;
   // Keep the sums observable so the loop cannot be optimised away.
   volatile uint64_t sink = 0;
   for (uint64_t s : sums) sink = sink + s;
+  return gb_per_s;
+}
+
+BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t bytes, int repetitions) {
+  ReadBandwidthProbe probe(pool, bytes);
+  BandwidthResult result{.bytes = probe.bytes(), .repetitions = repetitions};
+  double total = 0.0;
+  for (int rep = 0; rep < repetitions; ++rep) {
+    const double gb_per_s = probe.pass();
+    result.best_gb_per_s = std::max(result.best_gb_per_s, gb_per_s);
+    total += gb_per_s;
+  }
+  result.mean_gb_per_s = total / std::max(1, repetitions);
   return result;
 }
 
@@ -87,35 +98,70 @@ uint64_t layer_matmul_params(const model::Weights& weights) {
 }
 
 ModelSpeed measure_model_speed(const model::LlamaModel& model, int64_t prompt_tokens,
-                               int64_t decode_tokens) {
+                               int64_t decode_tokens, ReadBandwidthProbe* probe, int rounds) {
   const int64_t vocab = model.config().vocab_size;
   std::vector<int32_t> prompt(prompt_tokens);
   for (int64_t i = 0; i < prompt_tokens; ++i)
     prompt[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
   engine::GenerateOptions options{.max_tokens = static_cast<int32_t>(decode_tokens + 1),
                                   .sampling = {.temperature = 0.0f}};
+  rounds =
+      probe == nullptr
+          ? 1
+          : static_cast<int>(std::clamp<int64_t>(rounds, 1, std::max<int64_t>(1, decode_tokens)));
+  // Round r is decode steps [round_start(r), round_start(r + 1)); probes[r] is read just before
+  // its first step, probes[rounds] after the last step.
+  const auto round_start = [&](int64_t r) { return r * decode_tokens / rounds; };
   // The first sampled token comes from the prompt's logits; decode speed counts the steps
-  // after it, each of which is one full forward pass for one token.
-  Clock::time_point first_token_time{}, last_token_time{};
-  int64_t generated = 0;
+  // after it, each of which is one full forward pass for one token: the time from the callback's
+  // return to its next call (the probe's passes run inside the callback, outside that time).
+  std::vector<double> round_seconds(rounds, 0.0);
+  std::vector<int64_t> round_steps(rounds, 0);
+  std::vector<double> probes;
+  int64_t calls = 0;
+  int round = 0;
+  Clock::time_point resumed{};
   engine::GenerationStats stats =
       engine::generate(model, prompt, options, [&](int32_t, std::span<const float>) {
-        (generated == 0 ? first_token_time : last_token_time) = Clock::now();
-        ++generated;
+        if (calls > 0) {  // decode step calls - 1 has just ended
+          round_seconds[round] += seconds_between(resumed, Clock::now());
+          ++round_steps[round];
+        }
+        while (probe != nullptr && std::ssize(probes) <= rounds &&
+               round_start(std::ssize(probes)) == calls) {
+          probes.push_back(probe->pass());
+        }
+        round = std::max<int>(0, static_cast<int>(std::ssize(probes)) - 1);
+        round = std::min(round, rounds - 1);
+        ++calls;
+        resumed = Clock::now();
         return true;
       });
   ModelSpeed speed;
   speed.prompt_tokens = prompt_tokens;
   speed.prompt_tokens_per_s = stats.prompt_tokens_per_second();
-  speed.decode_tokens = generated - 1;
-  speed.decode_tokens_per_s =
-      speed.decode_tokens > 0
-          ? speed.decode_tokens / seconds_between(first_token_time, last_token_time)
-          : 0.0;
+  speed.decode_tokens = std::max<int64_t>(0, calls - 1);
+  double decode_seconds = 0.0;
+  for (double s : round_seconds) decode_seconds += s;
+  speed.decode_tokens_per_s = speed.decode_tokens > 0 ? speed.decode_tokens / decode_seconds : 0.0;
   speed.bytes_per_token = model.weights().bytes_per_token();
   speed.decode_gb_per_s = speed.bytes_per_token * speed.decode_tokens_per_s / 1e9;
   speed.matmul_params_per_token = layer_matmul_params(model.weights());
   speed.prompt_gflop_per_s = 2.0 * speed.matmul_params_per_token * speed.prompt_tokens_per_s / 1e9;
+  if (probe != nullptr) {
+    for (int r = 0; r + 1 < std::ssize(probes); ++r) {  // rounds with a probe on both sides
+      if (round_steps[r] == 0 || round_seconds[r] <= 0.0) continue;
+      const double gb_per_s = speed.bytes_per_token * round_steps[r] / round_seconds[r] / 1e9;
+      speed.round_utilisation.push_back(gb_per_s / (0.5 * (probes[r] + probes[r + 1])));
+    }
+    std::vector<double> sorted = speed.round_utilisation;
+    std::sort(sorted.begin(), sorted.end());
+    if (!sorted.empty()) {
+      const size_t n = sorted.size();
+      speed.median_utilisation =
+          n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    }
+  }
   return speed;
 }
 

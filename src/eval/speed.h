@@ -3,6 +3,7 @@
 // prompt-processing and decode throughput, so decode can be reported as a fraction of the
 // bandwidth it could use (decode of a large model is bound by reading every weight once per token).
 #include <cstdint>
+#include <vector>
 
 #include "model/llama.h"
 
@@ -18,7 +19,23 @@ struct BandwidthResult {
   double best_gb_per_s = 0.0;  // 1 GB = 1e9 bytes
   double mean_gb_per_s = 0.0;
 };
-// STREAM-style "sum": every thread sums its share of one buffer of `bytes`; best of N passes.
+// STREAM-style "sum": every thread sums its share of one buffer of `bytes`, allocated and
+// touched once; each pass() reads all of it and returns GB/s.
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(ThreadPool& pool, uint64_t bytes);
+  ~ReadBandwidthProbe();
+  ReadBandwidthProbe(const ReadBandwidthProbe&) = delete;
+  ReadBandwidthProbe& operator=(const ReadBandwidthProbe&) = delete;
+  uint64_t bytes() const { return num_words_ * sizeof(uint64_t); }
+  double pass();
+
+ private:
+  ThreadPool& pool_;
+  uint64_t num_words_;
+  uint64_t* buffer_;
+};
+// Best and mean of N passes of a fresh probe.
 BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t bytes, int repetitions);
 
 struct ModelSpeed {
@@ -34,12 +51,19 @@ struct ModelSpeed {
   uint64_t matmul_params_per_token = 0;
   double prompt_gflop_per_s =
       0.0;  // 2 * matmul_params_per_token * prompt_tokens / prompt time / 1e9
+  // With a bandwidth probe (measure_model_speed): decode in rounds, the probe's pass before each
+  // round and after the last, so each round's decode GB/s is set against the bandwidth the
+  // machine gave at that time (this kind of VM's read bandwidth moves up to 2x within minutes).
+  std::vector<double> round_utilisation;  // round GB/s / mean of the passes around it
+  double median_utilisation = 0.0;
 };
 // Parameters of the matrices each token passes through in every layer (see ModelSpeed).
 uint64_t layer_matmul_params(const model::Weights& weights);
 // One prompt of `prompt_tokens` tokens in a single batch, then `decode_tokens` single-token
-// steps (greedy). Prompt ids are drawn deterministically from the vocabulary.
+// steps (greedy). Prompt ids are drawn deterministically from the vocabulary. With `probe`, the
+// decode steps run in `rounds` rounds between probe passes (not counted in the decode time).
 ModelSpeed measure_model_speed(const model::LlamaModel& model, int64_t prompt_tokens,
-                               int64_t decode_tokens);
+                               int64_t decode_tokens, ReadBandwidthProbe* probe = nullptr,
+                               int rounds = 1);
 
 }  // namespace sieve::eval

@@ -284,8 +284,10 @@ TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
 
 // sieve bench: prefill GFLOP/s counts 2 x the layers' matmul parameters per prompt token.
 TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
-  Result r = run("bench -m " + model() +
-                 " --bandwidth-mib 16 --reps 1 --prompt-tokens 32 --decode-tokens 4 -t 2 --json");
+  Result r =
+      run("bench -m " + model() +
+          " --bandwidth-mib 16 --reps 1 --prompt-tokens 32 --decode-tokens 4 --rounds 2 -t 2 "
+          "--json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const nlohmann::json out = nlohmann::json::parse(r.out);
   ASSERT_EQ(out["models"].size(), 1u);
@@ -300,6 +302,14 @@ TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
               1e-9 * expected_gflops + 1e-12);
   EXPECT_GT(m["prompt_gflop_per_s"].get<double>(), 0.0);
   EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0.0);
+  // Two decode rounds, each set against the bandwidth passes around it; the median of two is
+  // their mean.
+  ASSERT_EQ(m["round_utilisation"].size(), 2u);
+  const double r0 = m["round_utilisation"][0].get<double>(),
+               r1 = m["round_utilisation"][1].get<double>();
+  EXPECT_GT(r0, 0.0);
+  EXPECT_GT(r1, 0.0);
+  EXPECT_NEAR(m["adjacent_utilisation"].get<double>(), 0.5 * (r0 + r1), 1e-12);
 }
 
 // --- files sieve must refuse at load ---------------------------------------------------------
