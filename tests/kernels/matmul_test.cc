@@ -71,9 +71,9 @@ TEST_P(Matmul, FloatWeightsManyActivationRows) {
 }
 
 // F16 / BF16 with the packed copy (groups of 64 rows, column by column): used on AVX3 where
-// the CPU has AVX-512, below 40 activation rows by its own kernel and from 40 on by the panels.
-// Rows around the 64-row groups and the 32-row panels, cols around the 16-column vectors and the
-// 2048-column slices, num_x around the 6-row activation tiles and the panel threshold.
+// the CPU has AVX-512, for any number of activation rows. Rows around the 64-row groups and their
+// 16-row vectors, cols around the 16-column vectors, num_x around the 6-row activation tiles and
+// the 40 rows from which unpacked weights take the panels.
 TEST_P(Matmul, PackedFloatWeights) {
   uint32_t seed = 7000;
   for (DType dtype : {DType::kF16, DType::kBF16}) {
@@ -94,8 +94,8 @@ TEST_P(Matmul, PackedFloatWeights) {
 }
 
 // Where the packed copy is used, each output sums its terms in column order whatever the number
-// of activation rows (decode alone, a batch, a prefill's panels), so a row's result is the same
-// bits alone and in any batch: batch invariance for F16 / BF16 models.
+// of activation rows (decode alone, a batch, a prefill), so a row's result is the same bits alone
+// and in any batch: batch invariance for F16 / BF16 models.
 TEST_P(Matmul, PackedFloatRowsEqualAloneAndInAnyBatch) {
   ThreadPool pool(3);
   for (DType dtype : {DType::kF16, DType::kBF16}) {

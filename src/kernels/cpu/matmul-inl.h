@@ -16,9 +16,8 @@
 //                     block with scale d_w * d_x (Q4_1 / Q5_1: plus m_w * s_x, ggml's Q8_1 sum
 //                     term f16(d_x * sum(q_x)), made with the activations). cols a multiple of 32.
 // On AVX-512 CPUs, F32 / F16 / BF16 prefill of 40 or more activation rows runs as a packed-panel
-// GEMM in cpu/matmul_float_avx512.cc, and so do F16 / BF16 weights with their packed copy for any
-// number of rows (fewer than 40: packed_float_groups). On AVX-512 CPUs with VNNI, whole tasks run
-// in intrinsics:
+// GEMM in cpu/matmul_float_avx512.cc; F16 / BF16 weights with their packed copy run there for any
+// number of rows (packed_float_groups). On AVX-512 CPUs with VNNI, whole tasks run in intrinsics:
 // Q8_0 prefill (num_x >= 2) in cpu/matmul_vnni.cc; Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL decode and
 // prefill in cpu/matmul_vnni_small_blocks.cc (Row::kVnniFormat names the layout; from
 // kMinSmallBlockGroupRows activation rows in tiles of 16 weight rows).
@@ -668,8 +667,8 @@ struct FloatAvx512Kernel {
     avx512::float_rows(problem, r_begin, r_end);
   }
 };
-// F16 / BF16 weights packed by pack_for_matmul() and fewer activation rows than
-// kMinFloatAvx512Rows, decode included: tasks of whole packed groups.
+// F16 / BF16 weights packed by pack_for_matmul(), any number of activation rows: tasks of whole
+// packed groups.
 struct PackedFloatAvx512Kernel {
   static constexpr int64_t kRowAlign = avx512::kPackedGroupRows;
   avx512::FloatProblem problem;
@@ -696,8 +695,7 @@ inline constexpr avx512::FloatFormat kFloatFormat =
 template <class Row>
 void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
-  const bool packed = w.packed != nullptr && avx512::supported();
-  if (packed && num_x < kMinFloatAvx512Rows) {
+  if (w.packed != nullptr && avx512::supported()) {
     const size_t bytes = row_bytes(w.dtype, w.cols);
     const PackedFloatAvx512Kernel kernel{{.format = kFloatFormat<Row>,
                                           .w = static_cast<const uint8_t*>(w.packed),
@@ -706,8 +704,7 @@ void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, T
                                           .cols = w.cols,
                                           .xp = nullptr,
                                           .num_x = num_x,
-                                          .y = y,
-                                          .packed = true},
+                                          .y = y},
                                          x,
                                          bytes,
                                          w.rows,
@@ -726,12 +723,11 @@ void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, T
       pack(0, num_tiles);
     }
     const size_t bytes = row_bytes(w.dtype, w.cols);
-    const FloatAvx512Kernel kernel{
-        {kFloatFormat<Row>, static_cast<const uint8_t*>(packed ? w.packed : w.data), bytes, w.rows,
-         w.cols, xp.get(), num_x, y, packed},
-        bytes,
-        w.rows,
-        w.cols};
+    const FloatAvx512Kernel kernel{{kFloatFormat<Row>, static_cast<const uint8_t*>(w.data), bytes,
+                                    w.rows, w.cols, xp.get(), num_x, y},
+                                   bytes,
+                                   w.rows,
+                                   w.cols};
     return Run(kernel, num_x, pool);
   }
 #endif

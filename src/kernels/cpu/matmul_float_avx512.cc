@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -168,27 +167,6 @@ SIEVE_AVX512_ATTR void PackPanel(const FloatProblem& p, int64_t r0, int64_t nr, 
   }
 }
 
-// The same panel from packed weights (matmul_float_avx512.h): each column's 32 values of the
-// panel's rows are contiguous, so no transposing, only widening. r0 a multiple of kPanelRows;
-// rows past the matrix are the packing's zero rows.
-template <FloatFormat F>
-SIEVE_AVX512_ATTR void PackPackedPanel(const FloatProblem& p, int64_t r0, int64_t c0, int64_t klen,
-                                       float* wp, bool cold) {
-  constexpr int64_t kElemBytes = F == FloatFormat::kF32 ? 4 : 2;
-  constexpr int64_t kColumnBytes = kPackedGroupRows * kElemBytes;
-  const uint8_t* at =
-      p.w + ((r0 / kPackedGroupRows * p.cols + c0) * kPackedGroupRows + r0 % kPackedGroupRows) *
-                kElemBytes;
-  for (int64_t k = 0; k < klen; ++k, at += kColumnBytes) {
-    if (cold) {
-      for (int64_t line = 0; line < kPanelRows * kElemBytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(at + line + kPackPrefetchBytes), _MM_HINT_T0);
-    }
-    _mm512_store_ps(wp + k * kPanelRows, LoadRow<F>(at, 0, 0xFFFF));
-    _mm512_store_ps(wp + k * kPanelRows + 16, LoadRow<F>(at, 16, 0xFFFF));
-  }
-}
-
 // y[i][0 .. 32) (masks m0, m1 for the two halves) += or = sum_k xp[k][i] * wp[k][..], i < M.
 template <int M>
 SIEVE_AVX512_ATTR void Tile(const float* xp, const float* wp, int64_t klen, float* y, int64_t ldy,
@@ -252,37 +230,8 @@ class PanelPrefetcher {
   int64_t r0_, nr_, begin_ = 0, lines_ = 0, per_call_ = 0, row_ = 0, line_ = 0;
 };
 
-// PanelPrefetcher's counterpart for packed weights: the lines of columns [c0, c1) of the panel
-// at rows [r0, r0 + kPanelRows).
-class PackedPanelPrefetcher {
- public:
-  PackedPanelPrefetcher(const FloatProblem& p, int64_t r0, int64_t, int64_t c0, int64_t c1,
-                        int64_t calls)
-      : elem_(static_cast<int64_t>(p.row_bytes) / p.cols),
-        at_(p.w +
-            ((r0 / kPackedGroupRows * p.cols + c0) * kPackedGroupRows + r0 % kPackedGroupRows) *
-                elem_),
-        lines_per_column_(kPanelRows * elem_ / 64),
-        lines_(std::max<int64_t>(0, c1 - c0) * lines_per_column_),
-        per_call_((lines_ + calls - 1) / std::max<int64_t>(1, calls)) {}
-  SIEVE_AVX512_ATTR void Next() {
-    for (int64_t k = 0; k < per_call_ && line_ < lines_; ++k, ++line_) {
-      const int64_t column = line_ / lines_per_column_, part = line_ % lines_per_column_;
-      _mm_prefetch(
-          reinterpret_cast<const char*>(at_ + column * kPackedGroupRows * elem_ + part * 64),
-          _MM_HINT_T1);
-    }
-  }
-
- private:
-  int64_t elem_;
-  const uint8_t* at_;
-  int64_t lines_per_column_, lines_, per_call_, line_ = 0;
-};
-
-template <FloatFormat F, bool kPacked>
+template <FloatFormat F>
 SIEVE_AVX512_ATTR void Rows(const FloatProblem& p, int64_t r_begin, int64_t r_end) {
-  using Prefetcher = std::conditional_t<kPacked, PackedPanelPrefetcher, PanelPrefetcher>;
   // 256 KiB per thread, on the heap: as a thread_local array it would sit in every thread's
   // static TLS block (carved from each thread's stack, whatever the thread does).
   static thread_local std::vector<float> buffer;
@@ -294,18 +243,14 @@ SIEVE_AVX512_ATTR void Rows(const FloatProblem& p, int64_t r_begin, int64_t r_en
     const int64_t klen = std::min(kSliceCols, p.cols - c0);
     for (int64_t r0 = r_begin; r0 < r_end; r0 += kPanelRows) {
       const int64_t nr = std::min(kPanelRows, r_end - r0);
-      if constexpr (kPacked) {
-        PackPackedPanel<F>(p, r0, c0, klen, wp, r0 == r_begin && c0 == 0);
-      } else {
-        PackPanel<F>(p, r0, nr, c0, klen, wp, r0 == r_begin && c0 == 0);
-      }
+      PackPanel<F>(p, r0, nr, c0, klen, wp, r0 == r_begin && c0 == 0);
       // The next panel's weights come from DRAM while the tiles run on this one: the same rows'
       // next slice, or the next rows' first.
       const bool last_panel = r0 + kPanelRows >= r_end;
       const int64_t next_c0 = last_panel ? c0 + kSliceCols : c0;
       const int64_t next_r0 = last_panel ? r_begin : r0 + kPanelRows;
-      Prefetcher prefetcher(p, next_r0, std::min(kPanelRows, r_end - next_r0), next_c0,
-                            std::min(p.cols, next_c0 + kSliceCols), num_tiles);
+      PanelPrefetcher prefetcher(p, next_r0, std::min(kPanelRows, r_end - next_r0), next_c0,
+                                 std::min(p.cols, next_c0 + kSliceCols), num_tiles);
       const auto m0 = static_cast<__mmask16>(nr >= 16 ? 0xFFFF : (1u << nr) - 1);
       const auto m1 = static_cast<__mmask16>(nr >= 32   ? 0xFFFF
                                              : nr <= 16 ? 0
@@ -324,16 +269,13 @@ SIEVE_AVX512_ATTR void Rows(const FloatProblem& p, int64_t r_begin, int64_t r_en
 }  // namespace
 
 void float_rows(const FloatProblem& p, int64_t r_begin, int64_t r_end) {
-  const auto run = [&]<FloatFormat F>() SIEVE_AVX512_ATTR {
-    return p.packed ? Rows<F, true>(p, r_begin, r_end) : Rows<F, false>(p, r_begin, r_end);
-  };
   switch (p.format) {
     case FloatFormat::kF32:
-      return run.operator()<FloatFormat::kF32>();
+      return Rows<FloatFormat::kF32>(p, r_begin, r_end);
     case FloatFormat::kF16:
-      return run.operator()<FloatFormat::kF16>();
+      return Rows<FloatFormat::kF16>(p, r_begin, r_end);
     case FloatFormat::kBF16:
-      return run.operator()<FloatFormat::kBF16>();
+      return Rows<FloatFormat::kBF16>(p, r_begin, r_end);
   }
 }
 
