@@ -266,17 +266,23 @@ SIEVE_AVX512_ATTR void Rows(const FloatProblem& p, int64_t r_begin, int64_t r_en
   }
 }
 
+// fn.template operator()<F>() for the format's F.
+template <class Fn>
+SIEVE_AVX512_ATTR void WithFormat(FloatFormat format, const Fn& fn) {
+  switch (format) {
+    case FloatFormat::kF32:
+      return fn.template operator()<FloatFormat::kF32>();
+    case FloatFormat::kF16:
+      return fn.template operator()<FloatFormat::kF16>();
+    case FloatFormat::kBF16:
+      return fn.template operator()<FloatFormat::kBF16>();
+  }
+}
+
 }  // namespace
 
 void float_rows(const FloatProblem& p, int64_t r_begin, int64_t r_end) {
-  switch (p.format) {
-    case FloatFormat::kF32:
-      return Rows<FloatFormat::kF32>(p, r_begin, r_end);
-    case FloatFormat::kF16:
-      return Rows<FloatFormat::kF16>(p, r_begin, r_end);
-    case FloatFormat::kBF16:
-      return Rows<FloatFormat::kBF16>(p, r_begin, r_end);
-  }
+  WithFormat(p.format, [&]<FloatFormat F>() SIEVE_AVX512_ATTR { Rows<F>(p, r_begin, r_end); });
 }
 
 namespace {
@@ -347,14 +353,8 @@ SIEVE_AVX512_ATTR void PackedGroups(const FloatProblem& p, const float* x, int64
 }  // namespace
 
 void packed_float_groups(const FloatProblem& p, const float* x, int64_t g_begin, int64_t g_end) {
-  switch (p.format) {
-    case FloatFormat::kF32:
-      return PackedGroups<FloatFormat::kF32>(p, x, g_begin, g_end);
-    case FloatFormat::kF16:
-      return PackedGroups<FloatFormat::kF16>(p, x, g_begin, g_end);
-    case FloatFormat::kBF16:
-      return PackedGroups<FloatFormat::kBF16>(p, x, g_begin, g_end);
-  }
+  WithFormat(p.format,
+             [&]<FloatFormat F>() SIEVE_AVX512_ATTR { PackedGroups<F>(p, x, g_begin, g_end); });
 }
 
 #else  // not x86-64 with GCC/Clang
