@@ -47,12 +47,7 @@ void bench(const BenchOptions& options) {
     fmt::print("threads {}, SIMD target {}\n", pool.num_threads(), kernels::active_target());
   }
   eval::ReadBandwidthProbe probe(pool, static_cast<uint64_t>(options.bandwidth_mib) << 20);
-  eval::BandwidthResult bandwidth{.bytes = probe.bytes(), .repetitions = options.repetitions};
-  for (int rep = 0; rep < options.repetitions; ++rep) {
-    const double gb_per_s = probe.pass();
-    bandwidth.best_gb_per_s = std::max(bandwidth.best_gb_per_s, gb_per_s);
-    bandwidth.mean_gb_per_s += gb_per_s / options.repetitions;
-  }
+  const eval::BandwidthResult bandwidth = eval::measure_read_bandwidth(probe, options.repetitions);
   nlohmann::json out = {{"threads", pool.num_threads()},
                         {"simd_target", kernels::active_target()},
                         {"bandwidth",

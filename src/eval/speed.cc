@@ -19,24 +19,31 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 }  // namespace
 
+template <class Fn>
+void ReadBandwidthProbe::for_each_share(const Fn& fn) {
+  const int num_threads = pool_.num_threads();
+  const uint64_t per_thread = (num_words_ + num_threads - 1) / num_threads;
+  pool_.parallel_for(
+      num_threads,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const uint64_t lo = std::min<uint64_t>(num_words_, t * per_thread);
+          fn(t, lo, std::min<uint64_t>(num_words_, lo + per_thread));
+        }
+      },
+      1);
+}
+
 ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, uint64_t bytes)
     : pool_(pool),
       num_words_(bytes / sizeof(uint64_t)),
       // In memory of the kind the packed weights get (huge pages where the kernel gives them),
       // so the roofline and decode's weight reads pay the same page walks.
       buffer_(static_cast<uint64_t*>(kernels::allocate_packed(num_words_ * sizeof(uint64_t)))) {
-  const int num_threads = pool_.num_threads();
-  const uint64_t per_thread = (num_words_ + num_threads - 1) / num_threads;
   // First touch from the thread that will read each part (NUMA placement), nonzero content.
-  pool_.parallel_for(
-      num_threads,
-      [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words_, lo + per_thread);
-          for (uint64_t i = lo; i < hi; ++i) buffer_[i] = i;
-        }
-      },
-      1);
+  for_each_share([&](int64_t, uint64_t lo, uint64_t hi) {
+    for (uint64_t i = lo; i < hi; ++i) buffer_[i] = i;
+  });
 }
 
 ReadBandwidthProbe::~ReadBandwidthProbe() {
@@ -44,29 +51,21 @@ ReadBandwidthProbe::~ReadBandwidthProbe() {
 }
 
 double ReadBandwidthProbe::pass() {
-  const int num_threads = pool_.num_threads();
-  const uint64_t per_thread = (num_words_ + num_threads - 1) / num_threads;
-  std::vector<uint64_t> sums(num_threads);
+  std::vector<uint64_t> sums(pool_.num_threads());
   const auto start = Clock::now();
-  pool_.parallel_for(
-      num_threads,
-      [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          const uint64_t lo = t * per_thread, hi = std::min<uint64_t>(num_words_, lo + per_thread);
-          // Four independent accumulators; integer adds vectorise without reassociation flags.
-          uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-          uint64_t i = lo;
-          for (; i + 4 <= hi; i += 4) {
-            s0 += buffer_[i];
-            s1 += buffer_[i + 1];
-            s2 += buffer_[i + 2];
-            s3 += buffer_[i + 3];
-          }
-          for (; i < hi; ++i) s0 += buffer_[i];
-          sums[t] = s0 + s1 + s2 + s3;
-        }
-      },
-      1);
+  for_each_share([&](int64_t t, uint64_t lo, uint64_t hi) {
+    // Four independent accumulators; integer adds vectorise without reassociation flags.
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    uint64_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+      s0 += buffer_[i];
+      s1 += buffer_[i + 1];
+      s2 += buffer_[i + 2];
+      s3 += buffer_[i + 3];
+    }
+    for (; i < hi; ++i) s0 += buffer_[i];
+    sums[t] = s0 + s1 + s2 + s3;
+  });
   const double gb_per_s = static_cast<double>(bytes()) / seconds_between(start, Clock::now()) / 1e9;
   // Keep the sums observable so the loop cannot be optimised away.
   volatile uint64_t sink = 0;
@@ -74,8 +73,7 @@ double ReadBandwidthProbe::pass() {
   return gb_per_s;
 }
 
-BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t bytes, int repetitions) {
-  ReadBandwidthProbe probe(pool, bytes);
+BandwidthResult measure_read_bandwidth(ReadBandwidthProbe& probe, int repetitions) {
   BandwidthResult result{.bytes = probe.bytes(), .repetitions = repetitions};
   double total = 0.0;
   for (int rep = 0; rep < repetitions; ++rep) {
@@ -131,8 +129,7 @@ ModelSpeed measure_model_speed(const model::LlamaModel& model, int64_t prompt_to
                round_start(std::ssize(probes)) == calls) {
           probes.push_back(probe->pass());
         }
-        round = std::max<int>(0, static_cast<int>(std::ssize(probes)) - 1);
-        round = std::min(round, rounds - 1);
+        round = std::clamp(static_cast<int>(std::ssize(probes)) - 1, 0, rounds - 1);
         ++calls;
         resumed = Clock::now();
         return true;

@@ -31,12 +31,16 @@ class ReadBandwidthProbe {
   double pass();
 
  private:
+  // fn(t, lo, hi) on thread t's share [lo, hi) of the buffer's words, on the pool's threads.
+  template <class Fn>
+  void for_each_share(const Fn& fn);
+
   ThreadPool& pool_;
   uint64_t num_words_;
   uint64_t* buffer_;
 };
-// Best and mean of N passes of a fresh probe.
-BandwidthResult measure_read_bandwidth(ThreadPool& pool, uint64_t bytes, int repetitions);
+// Best and mean of N passes of the probe.
+BandwidthResult measure_read_bandwidth(ReadBandwidthProbe& probe, int repetitions);
 
 struct ModelSpeed {
   int64_t prompt_tokens = 0;
