@@ -20,6 +20,8 @@ if [ ! -d "$shared/models" ]; then
 fi
 
 scripts/install-deps.sh
+# PyTorch, SentencePiece and the Debian texts for the evaluation-model trainer's smoke test.
+tools/train/install-deps.sh
 # The end-to-end server tests use the official openai client from npm (versions pinned by the lock file).
 npm ci --prefix tests/server/e2e --no-audit --no-fund --loglevel=error
 # The Kubernetes manifests are validated with kubernetes-models (the API's schemas) from npm.

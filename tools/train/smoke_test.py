@@ -27,7 +27,14 @@ def main():
     ap.add_argument("--sieve", required=True)
     ap.add_argument("--work", default=None)
     args = ap.parse_args()
-    work = args.work or tempfile.mkdtemp(prefix="sieve-train-smoke-")
+    if args.work is None:
+        with tempfile.TemporaryDirectory(prefix="sieve-train-smoke-") as work:
+            smoke(sieve, work)
+    else:
+        smoke(sieve, args.work)
+
+
+def smoke(sieve, work):
     run(TRAIN + ["prep", "--work", work, "--vocab", "512", "--smoke"])
     run(TRAIN + ["train", "--work", work, "--steps", "12", "--dim", "64", "--layers", "2", "--heads", "2",
                  "--kv-heads", "1", "--ffn", "128", "--context", "4096", "--window", "128", "--batch", "4",
@@ -45,7 +52,7 @@ def main():
     samples = [text[:400], text[1000:1300], "The secret code of Marlow is 4821 lantern.",
                "  two  spaces, digits 2026 and \u00e9\u00e8 accents\nnew line"]
     for s in samples:
-        ours = json.loads(run([args.sieve, "tokenize", "-m", gguf, "--ids", "--no-bos", s]))
+        ours = json.loads(run([sieve, "tokenize", "-m", gguf, "--ids", "--no-bos", s]))
         theirs = sp.encode(s)
         if ours != theirs:
             sys.exit(f"tokenization differs on {s[:40]!r}: sieve {ours[:12]}... spm {theirs[:12]}...")
@@ -61,13 +68,13 @@ def main():
     ids3 = [1] + sp.encode(open(first3, encoding="utf-8").read())
     if ids3[:3 * ctx] != ids[:3 * ctx]:
         sys.exit("re-encoding the first chunks changed their tokens")
-    out = json.loads(run([args.sieve, "perplexity", "-m", gguf, "-f", first3, "-c", str(ctx), "--json"]))
+    out = json.loads(run([sieve, "perplexity", "-m", gguf, "-f", first3, "-c", str(ctx), "--json"]))
     sieve_ppl = out["perplexity"] if "perplexity" in out else out["ppl"]
     rel = abs(sieve_ppl - torch_ppl) / torch_ppl
     print(f"perplexity: PyTorch {torch_ppl:.5f}, sieve {sieve_ppl:.5f} (relative difference {rel:.2e})")
     if rel > 1e-3:
         sys.exit("sieve and PyTorch perplexities differ")
-    gen = run([args.sieve, "run", "-m", gguf, "-p", "The secret code of", "-n", "8", "--temp", "0"])
+    gen = run([sieve, "run", "-m", gguf, "-p", "The secret code of", "-n", "8", "--temp", "0"])
     print("generation:", gen.strip()[:120])
     print("smoke test passed")
 
