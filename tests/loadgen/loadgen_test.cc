@@ -252,16 +252,15 @@ TEST(Client, MeasuresKnownDelaysOfAStreamingServer) {
   EXPECT_EQ(r.prompt_tokens, 16);
   EXPECT_EQ(r.finish_reason, "length");
   EXPECT_EQ(r.generated_text, " tok tok tok tok tok tok");
-  // The server sleeps before each chunk, so the delays are lower bounds; the upper tolerance is
-  // generous for loaded machines.
+  // The server sleeps before each chunk, so its delays are lower bounds of what the client
+  // measures (a loaded machine only adds to them, so no upper bound is checked; two chunks may
+  // arrive in one read, so single gaps are not bounded either, only their sum); the parts must
+  // add up: TTFT plus the gaps between chunks is at most the whole request.
   EXPECT_GE(r.ttft_s, 0.099);
-  EXPECT_LT(r.ttft_s, 0.100 + 0.040 + 0.100);
   ASSERT_EQ(r.itl_s.size(), 5u);
-  std::vector<double> gaps = r.itl_s;
-  std::sort(gaps.begin(), gaps.end());
-  EXPECT_NEAR(gaps[2], 0.050, 0.040);
+  for (const double gap : r.itl_s) EXPECT_GE(gap, 0.0);
   const double sum_itl = std::accumulate(r.itl_s.begin(), r.itl_s.end(), 0.0);
-  EXPECT_GE(sum_itl, 5 * 0.050 - 0.010);
+  EXPECT_GE(sum_itl, 5 * 0.050 - 0.002);
   EXPECT_LE(r.ttft_s + sum_itl, r.e2el_s);
   ASSERT_TRUE(r.tpot_s());
   EXPECT_NEAR(*r.tpot_s(), (r.e2el_s - r.ttft_s) / 5, 1e-12);

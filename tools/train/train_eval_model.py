@@ -125,7 +125,7 @@ class Data:
                 used.add(k)
                 return self.sp.encode(" " + k)
 
-    def retrieval_row(self, t, max_skip, source=None):
+    def retrieval_row(self, t, max_skip, source=None, hay_weight=1.0):
         """Haystack with needles `The secret code of KEY is VALUE.` in its first part and, after
         a positional skip (PoSE), questions `The secret code of KEY is` answered with VALUE.
         Returns tokens, positions, loss weights (values in answers weigh most; random needle
@@ -135,8 +135,6 @@ class Data:
         kind = self.rng.random()
         n_needles = 1 if kind < 0.4 else self.rng.randint(2, 5)
         needles = [(self.key_tokens(used), self.value_tokens()) for _ in range(n_needles)]
-        if kind > 0.85 and n_needles > 1:  # one key, several values: all are asked in turn
-            needles = [(needles[0][0], v) for _, v in needles]
         asked = list(range(n_needles)) if self.rng.random() < 0.5 else [self.rng.randrange(n_needles)]
         # Part 1: haystack with needles at random places; part 2: haystack then the questions.
         hay = self.window(source, t)
@@ -148,13 +146,13 @@ class Data:
         prev = 0
         for (key, val), spot in zip(needles, spots):
             out1 += part1[prev:spot]
-            w1 += [1.0] * (spot - prev)
+            w1 += [hay_weight] * (spot - prev)
             sent = self.prefix + key + self.is_ + val + self.sp.encode(".")
             out1 += sent
             w1 += [0.0] * len(sent)
             prev = spot
         out1 += part1[prev:]
-        w1 += [1.0] * (len(part1) - prev)
+        w1 += [hay_weight] * (len(part1) - prev)
         out2, w2 = [], []
         for i in asked:
             key, val = needles[i]
@@ -164,17 +162,17 @@ class Data:
             w2 += [0.5] * len(self.prefix) + [0.0] * (len(key) + len(self.is_)) + [8.0] * len(val) + [1.0] * len(dot)
         room = t - len(out1) - len(out2)
         if room < 8:
-            return self.retrieval_row(t, max_skip, source)
+            return self.retrieval_row(t, max_skip, source, hay_weight)
         filler = hay[cut:cut + room]
         tokens = out1 + filler + out2
-        weights = w1 + [1.0] * len(filler) + w2
+        weights = w1 + [hay_weight] * len(filler) + w2
         tokens, weights = tokens[:t], weights[:t]
         split = len(out1) + self.rng.randrange(0, len(filler) + 1)
         pos = self.pose_positions(t, split, max_skip)
         value_mask = [1 if w == 8.0 else 0 for w in weights]
         return tokens, pos, weights, value_mask
 
-    def copy_row(self, t, max_skip):
+    def copy_row(self, t, max_skip, hay_weight=1.0):
         """A span (text or random tokens) and, later, the same span again: loss on the repeat."""
         span_len = self.rng.randint(8, 48)
         if self.rng.random() < 0.5:
@@ -187,9 +185,23 @@ class Data:
         rest = t - len(first) - span_len
         filler = hay[a:a + rest]
         tokens = first + filler + span
-        weights = [1.0] * a + [0.0] * span_len + [1.0] * len(filler) + [0.0] + [3.0] * (span_len - 1)
+        weights = [hay_weight] * a + [0.0] * span_len + [hay_weight] * len(filler) + [0.0] + [3.0] * (span_len - 1)
         split = len(first) + self.rng.randrange(0, len(filler) + 1)
         return tokens, self.pose_positions(t, split, max_skip), weights, [0] * t
+
+    def copy_only_row(self, t):
+        """Uniform random spans, each followed at once by itself again: the loss is on the
+        repeats only. Copy-only batches formed induction within ~100 steps where language
+        modelling with copies mixed in had not (../shared/docs/training-notes.md)."""
+        tokens, weights = [BOS], [0.0]
+        vocab = self.sp.get_piece_size()
+        while len(tokens) < t:
+            n = self.rng.randint(8, 40)
+            span = [self.rng.randrange(3, vocab) for _ in range(n)]
+            gap = [self.rng.randrange(3, vocab) for _ in range(self.rng.randint(0, 24))]
+            tokens += span + gap + span
+            weights += [0.0] * (n + len(gap)) + [0.0] + [1.0] * (n - 1)
+        return tokens[:t], list(range(t)), weights[:t], [1 if w > 0 else 0 for w in weights[:t]]
 
     def lm_row(self, t, max_skip):
         tokens = self.window(self.train, t)
@@ -245,6 +257,124 @@ def prev_token_setup(model, cfg, embed_const, scale, pairs_weights):
 
 
 PAIRS_WEIGHTS = [0.299, 0.257, 0.061, 0.063, 0.025, 0.064, 0.027, 0.036, 0.022, 0.147]
+
+
+# Residual dimensions the wired circuit owns (dim 256); the other 131 are the language model's.
+CONST = [0]
+CUR = list(range(1, 49))  # the token's own 48-dim code (fixed, +-CODE_SCALE)
+PREV1 = list(range(49, 63))  # code (first 14 dims) of the token one back
+PREV2 = list(range(63, 77))  # ... two back
+COPY = list(range(77, 125))  # code of the token the induction head copies
+CODE_SCALE = 4.0
+SLOW_FIRST_PAIR = 18  # RoPE pairs 18..31 turn under 0.3 rad over 32k positions at base 1e9
+
+
+def wired_setup(model, cfg, seed, match_logit, copy_logit):
+    """Builds a copy (induction) circuit into reserved residual dimensions and holds it, so the
+    model retrieves at any distance by construction while everything else is trained around it
+    (the fallback ../shared/docs/training-notes.md names; two attempts here to learn the circuit
+    within a CPU's few hundred steps failed: tools/train/README.md).
+
+    - Every token's embedding carries a constant and a fixed random +-4 code in CUR.
+    - Layer 0, query heads 0 and 1 (KV head 0): positional heads peaking at t-1 and t-2 (key and
+      queries read only the constant; see prev_token_setup); their shared value is the first 14
+      dims of CUR; head 0 writes it to PREV1, head 1 to PREV2.
+    - Layer 1, query head 0 (KV head 0): the induction head. Query = [CUR[:14], PREV1], key =
+      [PREV1, PREV2], both only in the slowly rotating RoPE pairs, so it scores a two-token match
+      (the current and previous token against the key position's two predecessors) the same at
+      any distance; value = CUR, written to COPY; the output matrix reads COPY as each token's
+      code, so the copied token's logit rises by about copy_logit.
+    - Nothing else writes to the reserved dimensions (those rows of every output projection and
+      feed-forward down projection are held at zero); reading them is free.
+    Returns (parameter, mask, value) triples: the masked entries are held at value."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    codes = (torch.randint(0, 2, (cfg.vocab, len(CUR)), generator=g) * 2 - 1).float() * CODE_SCALE
+    hd = cfg.head_dim
+    reserved = CONST + CUR + PREV1 + PREV2 + COPY
+    held = []
+
+    def hold(p, mask):
+        held.append((p, mask, p.detach().clone()))
+
+    with torch.no_grad():
+        emb = model.embed.weight
+        emb[:, reserved] = 0
+        emb[:, CONST] = CODE_SCALE
+        emb[:, CUR] = codes
+        m = torch.zeros_like(emb)
+        m[:, reserved] = 1
+        hold(emb, m)
+        # Nominal RMS at the layers' inputs: reserved energy dominates (free dims start ~0.02).
+        free = cfg.dim - len(reserved)
+        rms0 = math.sqrt((CODE_SCALE ** 2 * (1 + len(CUR)) + free * 0.02 ** 2) / cfg.dim)
+        rms1 = math.sqrt((CODE_SCALE ** 2 * (1 + len(CUR) + len(PREV1) + len(PREV2)) + free * 0.1 ** 2)
+                         / cfg.dim)
+        theta = cfg.rope_base ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        for li, blk in enumerate(model.blocks):
+            for norm in (blk.attn_norm, blk.ffn_norm):
+                norm.weight[reserved] = 1.0
+            # No trained writer touches the reserved dimensions.
+            blk.wo.weight[reserved, :] = 0
+            blk.w_down.weight[reserved, :] = 0
+        model.norm.weight[COPY] = 1.0
+
+        b0 = model.blocks[0]
+        n0 = CODE_SCALE / rms0
+        b0.wq.weight[0:2 * hd] = 0
+        b0.wk.weight[0:hd] = 0
+        b0.wv.weight[0:hd] = 0
+        for p, a in enumerate(PAIRS_WEIGHTS):
+            amp = math.sqrt(200.0 * math.sqrt(hd) * a) / n0
+            b0.wq.weight[2 * p, CONST[0]] = amp  # head 0: peak at t-1
+            b0.wq.weight[hd + 2 * p, CONST[0]] = amp * math.cos(theta[p])  # head 1: t-2
+            b0.wq.weight[hd + 2 * p + 1, CONST[0]] = -amp * math.sin(theta[p])
+            b0.wk.weight[2 * p, CONST[0]] = amp * math.cos(theta[p])
+            b0.wk.weight[2 * p + 1, CONST[0]] = amp * math.sin(theta[p])
+        for i in range(len(PREV1)):
+            b0.wv.weight[i, CUR[i]] = 1.0  # value = CUR[:14] / rms0 * CODE_SCALE... scaled below
+            b0.wo.weight[PREV1[i], i] = rms0  # head 0 -> PREV1 (+-CODE_SCALE again)
+            b0.wo.weight[PREV2[i], hd + i] = rms0  # head 1 -> PREV2
+        b0.wo.weight[PREV1 + PREV2, 2 * hd:] = 0
+        m = torch.zeros_like(b0.wq.weight); m[0:2 * hd] = 1; hold(b0.wq.weight, m)
+        m = torch.zeros_like(b0.wk.weight); m[0:hd] = 1; hold(b0.wk.weight, m)
+        m = torch.zeros_like(b0.wv.weight); m[0:hd] = 1; hold(b0.wv.weight, m)
+        m = torch.zeros_like(b0.wo.weight); m[:, 0:2 * hd] = 1; m[reserved, :] = 1; hold(b0.wo.weight, m)
+
+        b1 = model.blocks[1]
+        slow = list(range(2 * SLOW_FIRST_PAIR, hd))
+        half = len(slow) // 2
+        # One matched 14-dim code adds match_logit: (a^2 * 14 * CODE_SCALE^2 / rms1^2) / sqrt(hd).
+        a = math.sqrt(match_logit * math.sqrt(hd) * rms1 ** 2 / (len(PREV1) * CODE_SCALE ** 2))
+        b1.wq.weight[0:hd] = 0
+        b1.wk.weight[0:hd] = 0
+        b1.wv.weight[0:hd] = 0
+        for i in range(half):
+            b1.wq.weight[slow[i], CUR[i]] = a
+            b1.wq.weight[slow[half + i], PREV1[i]] = a
+            b1.wk.weight[slow[i], PREV1[i]] = a
+            b1.wk.weight[slow[half + i], PREV2[i]] = a
+        for i in range(len(COPY)):
+            b1.wv.weight[i, CUR[i]] = 1.0
+            b1.wo.weight[COPY[i], i] = rms1  # COPY = the attended token's CUR code (+-CODE_SCALE)
+        m = torch.zeros_like(b1.wq.weight); m[0:hd] = 1; hold(b1.wq.weight, m)
+        m = torch.zeros_like(b1.wk.weight); m[0:hd] = 1; hold(b1.wk.weight, m)
+        m = torch.zeros_like(b1.wv.weight); m[0:hd] = 1; hold(b1.wv.weight, m)
+        m = torch.zeros_like(b1.wo.weight); m[:, 0:hd] = 1; m[reserved, :] = 1; hold(b1.wo.weight, m)
+        for blk in model.blocks[2:]:
+            m = torch.zeros_like(blk.wo.weight); m[reserved, :] = 1; hold(blk.wo.weight, m)
+        m0 = torch.zeros_like(b0.w_down.weight); m0[reserved, :] = 1
+        for blk in model.blocks:
+            hold(blk.w_down.weight, m0.clone())
+            for norm in (blk.attn_norm, blk.ffn_norm):
+                m = torch.zeros_like(norm.weight); m[reserved] = 1; hold(norm.weight, m)
+        m = torch.zeros_like(model.norm.weight); m[COPY] = 1; hold(model.norm.weight, m)
+        # Output: the copied token's logit rises by copy_logit (final RMS ~ that of layer 1's input).
+        rms_f = math.sqrt((CODE_SCALE ** 2 * (1 + len(CUR) + len(PREV1) + len(PREV2) + len(COPY))
+                           + free * 0.1 ** 2) / cfg.dim)
+        beta = copy_logit * rms_f / (len(COPY) * CODE_SCALE ** 2)
+        model.output.weight[:, COPY] = beta * codes
+        m = torch.zeros_like(model.output.weight); m[:, COPY] = 1; hold(model.output.weight, m)
+    return held
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,40 +438,64 @@ def cmd_train(args):
     for blk in model.blocks:  # residual branches start small (GPT-2's scaled init)
         torch.nn.init.normal_(blk.wo.weight, std=0.02 / math.sqrt(2 * cfg.layers))
         torch.nn.init.normal_(blk.w_down.weight, std=0.02 / math.sqrt(2 * cfg.layers))
-    held = prev_token_setup(model, cfg, args.embed_const, args.prev_scale, PAIRS_WEIGHTS)
+    if args.wired:
+        held = wired_setup(model, cfg, args.seed, args.match_logit, args.copy_logit)
+    else:
+        held = prev_token_setup(model, cfg, args.embed_const, args.prev_scale, PAIRS_WEIGHTS)
+    resumed = None
+    if args.resume:
+        # Continue from a checkpoint's weights (the held values are the checkpoint's own).
+        resumed = torch.load(args.resume, map_location="cpu")
+        model.load_state_dict(resumed["model"])
+        held = [(p, idx, p.detach().clone() if isinstance(idx, torch.Tensor) else p[idx].detach().clone())
+                for p, idx, _ in held]
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95))
-    log = open(os.path.join(args.work, "log.jsonl"), "w")
+    log = open(os.path.join(args.work, "log.jsonl"), "a" if resumed else "w")
     t = args.window
     max_skip = 0
     target_skip = cfg.context - t
     acc_ema = 0.0
+    first_step = 0
+    if args.wired:
+        max_skip = target_skip  # the wired circuit is position-free: every distance from the start
+    if resumed:
+        if "opt" in resumed:
+            opt.load_state_dict(resumed["opt"])
+        max_skip = resumed.get("max_skip", 0)
+        acc_ema = resumed.get("acc_ema", 0.0)
+        first_step = resumed["step"]
     last_grow = 0
     start = time.time()
     budget = args.minutes * 60
-    step = 0
+    step = first_step
     best = None
-    while time.time() - start < budget and (args.steps == 0 or step < args.steps):
-        frac = step / args.steps if args.steps else (time.time() - start) / budget
-        lr = args.lr * min(1.0, (step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    while time.time() - start < budget and (args.steps == 0 or step - first_step < args.steps):
+        frac = (step - first_step) / args.steps if args.steps else (time.time() - start) / budget
+        lr = args.lr * min(1.0, (step - first_step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        # Until retrieval works at the full distance, half the rows are retrieval and copy rows;
-        # after, a quarter.
-        synthetic = args.batch // 2 if max_skip < target_skip else max(1, args.batch // 4)
+        # Until retrieval works at the full distance, three quarters of the rows are retrieval and
+        # copy rows whose haystack weighs little (a copy signal diluted by language modelling did
+        # not form the induction circuit in an earlier attempt); after, a quarter, weighed fully.
+        widening = max_skip < target_skip
+        synthetic = (3 * args.batch) // 4 if widening else max(1, args.batch // 4)
+        hay_weight = args.synthetic_lm_weight if widening else 1.0
         rows = []
-        long_step = (max_skip >= target_skip and args.long_every > 0 and step % args.long_every == 0)
+        if step - first_step < args.copy_warmup:
+            rows = [data.copy_only_row(args.copy_window) for _ in range(args.copy_batch)]
+        long_step = rows == [] and (max_skip >= target_skip and args.long_every > 0 and step % args.long_every == 0)
         if long_step:
             # Once retrieval works at every distance, some steps train on one longer window of
             # retrieval with more haystack between needle and question (more keys to beat).
             rows = [data.retrieval_row(args.long_window, min(max_skip, cfg.context - args.long_window))]
-        for i in range(0 if long_step else args.batch):
+        for i in range(0 if long_step or rows else args.batch):
             if i < synthetic:
-                rows.append(data.retrieval_row(t, max_skip) if i % 2 == 0 or synthetic == 1
-                            else data.copy_row(t, max_skip))
+                rows.append(data.retrieval_row(t, max_skip, hay_weight=hay_weight)
+                            if i % 2 == 0 or synthetic == 1 else data.copy_row(t, max_skip, hay_weight))
             else:
                 rows.append(data.lm_row(t, max_skip))
         tokens, pos, weights, vmask = batch_tensors(rows)
@@ -353,7 +507,10 @@ def cmd_train(args):
         opt.step()
         with torch.no_grad():
             for p, idx, value in held:
-                p[idx] = value
+                if isinstance(idx, torch.Tensor):
+                    p.copy_(torch.where(idx > 0, value, p))
+                else:
+                    p[idx] = value
             pred = logits[:, :-1].argmax(-1)
             vm = vmask[:, 1:] == 1
             if vm.any():
@@ -362,7 +519,8 @@ def cmd_train(args):
             lm_w = (weights[:, 1:] == 1.0)
             lm_loss = lp[lm_w].mean().item()
         # Widen the positional skips only once retrieval works at the current ones.
-        if acc_ema > 0.85 and step - last_grow >= 20 and max_skip < target_skip:
+        if (acc_ema > 0.85 and step - last_grow >= 20 and max_skip < target_skip
+                and step - first_step > args.copy_warmup + 20):
             max_skip = min(target_skip, max(t, int(max_skip * 1.6)))
             last_grow = step
         step += 1
@@ -373,7 +531,8 @@ def cmd_train(args):
             near, held_lm = probe(model, data, 16, t, 0, 1234)
             far, _ = probe(model, data, 16, t, cfg.context - 2 * t, 1234)
             rec.update({"heldout_lm_loss": round(held_lm, 4), "probe_exact": near, "probe_exact_far": far})
-            torch.save({"cfg": cfg.to_dict(), "model": model.state_dict(), "step": step},
+            torch.save({"cfg": cfg.to_dict(), "model": model.state_dict(), "step": step,
+                        "opt": opt.state_dict(), "max_skip": max_skip, "acc_ema": acc_ema},
                        os.path.join(args.work, "last.pt"))
             score = held_lm - 2.0 * far - 1.0 * near
             if max_skip >= target_skip and (best is None or score < best):
@@ -536,6 +695,7 @@ def main():
     p.add_argument("--work", required=True)
     p.add_argument("--minutes", type=float, default=45)
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: minutes)")
+    p.add_argument("--resume", default=None, help="a checkpoint (.pt) to continue from")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -553,6 +713,13 @@ def main():
     p.add_argument("--embed-const", type=float, default=0.5)
     p.add_argument("--prev-scale", type=float, default=200.0)
     p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--synthetic-lm-weight", type=float, default=0.1)
+    p.add_argument("--wired", action="store_true", help="build the copy circuit in and hold it")
+    p.add_argument("--match-logit", type=float, default=100.0)
+    p.add_argument("--copy-logit", type=float, default=20.0)
+    p.add_argument("--copy-warmup", type=int, default=0, help="steps of copy-only batches first")
+    p.add_argument("--copy-window", type=int, default=256)
+    p.add_argument("--copy-batch", type=int, default=16)
     p = sub.add_parser("export")
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
