@@ -98,50 +98,6 @@ struct Engine::PendingRequest {
   Clock::time_point arrival;
 };
 
-// One sequence: one sample of one request.
-struct Engine::Sample {
-  RequestId request_id = 0;
-  int32_t sample_idx = 0;
-  std::shared_ptr<EventSink> sink;
-  SamplingParams params;
-  Sampler sampler;
-  StopMatcher stop;
-  int32_t num_prompt_tokens = 0;
-  int32_t num_samples_to_fork = 0;  // n - 1 on the first sample until its first token
-  Clock::time_point arrival;
-  std::optional<Clock::time_point> first_scheduled;
-  int32_t cached_prompt_tokens = 0;
-  Timings timings;
-  std::unique_ptr<sparsity::SparsityController> sparsity;  // null: dense
-  // For KV snapshots only: the request's label and canonical kv_policy (shared by its samples).
-  std::shared_ptr<const RequestLabel> label;
-  std::shared_ptr<const std::string> policy_name;
-  int32_t chunk_boundary = 0;                     // SparseAdmission's
-  std::optional<float> attention_recovery;        // from the compression
-  spec::SpeculativeConfig speculative;            // the request's, or the server's
-  std::optional<spec::DraftLength> draft_length;  // speculative.adaptive: this sequence's k
-  int32_t spec_draft_tokens = 0;
-  int32_t spec_accepted_tokens = 0;
-  // Prompt logprobs (Request::prompt_logprobs): the top N per row; the prompt tokens' entries so
-  // far ([0]: the first token's, without logprob), until the prompt is done; then the result the
-  // sample's first event carries (moved out when sent).
-  std::optional<int32_t> prompt_logprobs;
-  std::vector<SampleResult> prompt_rows;
-  std::shared_ptr<const std::vector<SampleResult>> unsent_prompt_logprobs;
-
-  Sample(RequestId request, int32_t idx, std::shared_ptr<EventSink> event_sink,
-         const SamplingParams& p, std::span<const TokenId> eos, int32_t prompt_tokens,
-         Clock::time_point arrived)
-      : request_id(request),
-        sample_idx(idx),
-        sink(std::move(event_sink)),
-        params(p),
-        sampler(p, eos),
-        stop(p, eos),
-        num_prompt_tokens(prompt_tokens),
-        arrival(arrived) {}
-};
-
 Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
                std::shared_ptr<const tok::Tokenizer> tokenizer)
     : config_(config),
@@ -156,12 +112,20 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                        .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)}),
       cache_(model_->backend(), model_->config(), kv_.num_pages(), config.page_size,
              config.kv_dtype),
+      kv_bytes_per_page_(static_cast<int64_t>(
+          model::KvCache::bytes_per_page(model_->config(), config.page_size, config.kv_dtype))),
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
                                         .max_num_seqs = config.max_num_seqs,
                                         .max_model_len =
                                             static_cast<int32_t>(model_->config().context_length)},
                  kv_),
-      runner_(*model_, cache_, kv_) {
+      runner_(*model_, cache_, kv_),
+      snapshots_({.page_size = config.page_size,
+                  .bytes_per_page = kv_bytes_per_page_,
+                  .kv_dtype = config.kv_dtype,
+                  .num_layers = static_cast<int32_t>(model_->config().num_layers),
+                  .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)},
+                 kv_, scheduler_, samples_) {
   config_.num_kv_pages = kv_.num_pages();
   if (draft_model_) {
     draft_ = std::make_unique<DraftModelProposer>(
@@ -172,8 +136,6 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                                        .max_batch_tokens = config.max_batch_tokens});
   }
   if (kernels::is_block_kv_dtype(config.kv_dtype)) model_->ensure_key_smoothing();
-  kv_bytes_per_page_ = static_cast<int64_t>(
-      model::KvCache::bytes_per_page(model_->config(), config.page_size, config.kv_dtype));
   if (config_.calibration && config_.calibration->model_fingerprint != model_->fingerprint()) {
     fail(
         "the calibration profile was measured on model '{}' (fingerprint {}), not on this one "
@@ -822,7 +784,7 @@ bool Engine::step() {
   admit();
   apply_cancellations();
   // Between steps, finished and cancelled sequences gone: a consistent view for snapshots.
-  if (snapshot_asked_.load(std::memory_order_relaxed)) serve_kv_snapshots();
+  if (snapshots_.asked()) snapshots_.serve();
   propose_drafts();
   sched::ScheduleOutput out = scheduler_.schedule();
   restart_preempted(out.preempted);
@@ -877,20 +839,11 @@ void Engine::publish_stats() {
     stats.draft_kv = draft_->kv_stats();
     stats.draft_kv_bytes_per_page = draft_->kv_bytes_per_page();
   }
-  // Built outside the lock: only this thread changes what it reads.
-  std::shared_ptr<const KvSnapshot> snapshot;
-  if (watched_.load(std::memory_order_relaxed))
-    snapshot = std::make_shared<const KvSnapshot>(make_kv_snapshot());
-  std::lock_guard lock(mutex_);
-  published_stats_ = stats;
-  if (snapshot) {
-    if (Clock::now() < watched_until_) {
-      watched_snapshot_ = std::move(snapshot);
-    } else {  // nobody polled for a while: stop publishing
-      watched_.store(false, std::memory_order_relaxed);
-      watched_snapshot_.reset();
-    }
+  {
+    std::lock_guard lock(mutex_);
+    published_stats_ = stats;
   }
+  snapshots_.publish();
 }
 
 void Engine::run_until_idle() {
@@ -909,8 +862,7 @@ void Engine::start() {
       if (step()) continue;
       std::unique_lock lock(mutex_);
       work_available_.wait_for(lock, std::chrono::milliseconds(50), [&] {
-        return stop_requested_ || !pending_.empty() || !cancelled_.empty() ||
-               !snapshot_asks_.empty();
+        return stop_requested_ || !pending_.empty() || !cancelled_.empty() || snapshots_.asked();
       });
     }
   });
@@ -925,12 +877,18 @@ void Engine::stop() {
     }
     loop_.join();
   }
-  serve_kv_snapshots();  // nothing steps now: answer what was asked meanwhile
+  snapshots_.serve();  // nothing steps now: answer what was asked meanwhile
 }
 
 EngineStats Engine::stats() const {
   std::lock_guard lock(mutex_);
   return published_stats_;
+}
+
+void Engine::request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done) {
+  if (!snapshots_.request(std::move(query), std::move(done))) return;
+  std::lock_guard lock(mutex_);  // taken, so that a loop about to wait sees the ask
+  work_available_.notify_one();
 }
 
 void Engine::apply_sparsity() {
@@ -1012,150 +970,6 @@ void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
       new_class);
   if (std::any_of(drops.begin(), drops.end(), [](const auto& d) { return !d.empty(); }))
     runner_.apply(kv_.drop_tokens(seq, drops));
-}
-
-// --- KV snapshots (engine/kv_snapshot.h) ---------------------------------------------------
-
-std::string_view phase_name(SequencePhase phase) {
-  switch (phase) {
-    case SequencePhase::kWaiting:
-      return "waiting";
-    case SequencePhase::kPreempted:
-      return "preempted";
-    case SequencePhase::kPrefill:
-      return "prefill";
-    case SequencePhase::kDecode:
-      return "decode";
-  }
-  return "?";
-}
-
-void Engine::request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done) {
-  std::shared_ptr<const KvSnapshot> published;
-  {
-    std::lock_guard lock(mutex_);
-    if (!query.label_id) {  // an overview: a dashboard polling keeps the engine publishing
-      const auto now = Clock::now();
-      if (watched_.load(std::memory_order_relaxed) && now < watched_until_)
-        published = watched_snapshot_;
-      watched_until_ = now + kSnapshotWatchWindow;
-      watched_.store(true, std::memory_order_relaxed);
-    }
-    if (!published) {
-      snapshot_asks_.push_back({.query = std::move(query), .done = std::move(done)});
-      snapshot_asked_.store(true, std::memory_order_relaxed);
-      work_available_.notify_one();
-      return;
-    }
-  }
-  done(*published);
-}
-
-void Engine::serve_kv_snapshots() {
-  std::vector<SnapshotAsk> asks;
-  {
-    std::lock_guard lock(mutex_);
-    asks.swap(snapshot_asks_);
-    snapshot_asked_.store(false, std::memory_order_relaxed);
-  }
-  if (asks.empty()) return;
-  // Dashboards polling together share one walk over the sequences.
-  const KvSnapshot common = make_kv_snapshot();
-  for (SnapshotAsk& ask : asks) {
-    KvSnapshot snapshot = common;
-    if (ask.query.label_id) snapshot.heads = kv_heads(ask.query);
-    ask.done(std::move(snapshot));
-  }
-}
-
-// O(sequences + pages held + pool pages): integers copied out of the pool, the scheduler and the
-// samples; the pool walk counts cached-free pages, which nothing tracks on the hot path.
-KvSnapshot Engine::make_kv_snapshot() const {
-  const kv::PagePool& pool = kv_.pool();
-  KvSnapshot snapshot{.taken_at = std::chrono::system_clock::now(),
-                      .page_size = config_.page_size,
-                      .bytes_per_page = kv_bytes_per_page_,
-                      .kv_dtype = std::string(model::kv_dtype_name(config_.kv_dtype)),
-                      .num_pages = kv_.num_pages(),
-                      .num_pages_used = kv_.num_pages() - kv_.num_free_pages(),
-                      .num_pages_free = kv_.num_free_pages(),
-                      .num_pages_cached = pool.num_cached_pages(),
-                      .num_running = scheduler_.stats().num_running,
-                      .num_waiting = scheduler_.stats().num_waiting};
-  for (int32_t p = 0; p < pool.num_pages(); ++p) {
-    const kv::PageId page{p};
-    if (pool.ref_count(page) == 0 && pool.block_hash(page)) ++snapshot.num_pages_cached_free;
-  }
-  std::vector<sched::SeqId> seqs;
-  seqs.reserve(samples_.size());
-  for (const auto& [seq, sample] : samples_) seqs.push_back(seq);
-  std::sort(seqs.begin(), seqs.end());  // ids are handed out in admission order
-  for (sched::SeqId seq : seqs) {
-    const Sample& sample = *samples_.at(seq);
-    KvSequenceSnapshot s{.label_id = sample.label->id,
-                         .choice = sample.label->first_choice + sample.sample_idx,
-                         .policy = *sample.policy_name,
-                         .num_prompt_tokens = sample.num_prompt_tokens,
-                         .num_generated_tokens = scheduler_.num_output_tokens(seq),
-                         .num_computed_tokens = scheduler_.num_computed(seq),
-                         .attention_recovery = sample.attention_recovery};
-    s.num_context_tokens = s.num_prompt_tokens + s.num_generated_tokens;
-    if (scheduler_.is_running(seq)) {
-      s.phase = s.num_computed_tokens < s.num_prompt_tokens ? SequencePhase::kPrefill
-                                                            : SequencePhase::kDecode;
-    } else {
-      s.phase = sample.first_scheduled ? SequencePhase::kPreempted : SequencePhase::kWaiting;
-    }
-    if (kv_.contains(seq)) {
-      s.num_pages_held = kv_.num_pages_held(seq);
-      s.compressed = kv_.is_sparse(seq);
-      if (!s.compressed) {
-        for (kv::PageId page : kv_.block_table(seq)) s.num_pages_shared += pool.ref_count(page) > 1;
-      }
-    }
-    s.num_pages_dense = (s.num_computed_tokens + config_.page_size - 1) / config_.page_size;
-    snapshot.sequences.push_back(std::move(s));
-  }
-  return snapshot;
-}
-
-std::optional<KvSnapshot::Heads> Engine::kv_heads(const KvSnapshotQuery& query) const {
-  // The sequence asked about: that choice, or the lowest live choice of the label.
-  const Sample* found = nullptr;
-  sched::SeqId found_seq{0};
-  for (const auto& [seq, sample] : samples_) {
-    if (sample->label->id != *query.label_id) continue;
-    const int32_t choice = sample->label->first_choice + sample->sample_idx;
-    if (query.choice ? choice != *query.choice
-                     : found && choice >= found->label->first_choice + found->sample_idx)
-      continue;
-    found = sample.get();
-    found_seq = seq;
-  }
-  if (!found) return std::nullopt;
-  const model::ModelConfig& mc = model_->config();
-  KvSnapshot::Heads heads{.label_id = found->label->id,
-                          .choice = found->label->first_choice + found->sample_idx,
-                          .num_layers = static_cast<int32_t>(mc.num_layers),
-                          .num_kv_heads = static_cast<int32_t>(mc.num_kv_heads)};
-  const auto num_streams = static_cast<size_t>(heads.num_layers) * heads.num_kv_heads;
-  heads.heads.assign(num_streams, KvHeadSnapshot{.kind = "full"});
-  if (kv_.contains(found_seq)) {
-    const std::vector<int32_t> lengths =
-        kv_.is_sparse(found_seq)
-            ? kv_.stream_lengths(found_seq, kv_.sparse_layout(found_seq).num_positions)
-            : kv_.stream_lengths(found_seq, scheduler_.num_computed(found_seq));
-    for (size_t s = 0; s < num_streams; ++s) heads.heads[s].num_tokens = lengths[s];
-  }
-  if (found->sparsity) {
-    const std::vector<sparsity::SparsityController::StreamState> states = found->sparsity->report();
-    for (size_t s = 0; s < num_streams; ++s) {
-      heads.heads[s].kind = states[s].report.kind;
-      heads.heads[s].num_pages_read = states[s].report.pages_read;
-      heads.heads[s].recovery = states[s].recovery;
-    }
-  }
-  return heads;
 }
 
 }  // namespace sieve::engine

@@ -46,151 +46,23 @@
 
 #include "engine/admission.h"
 #include "engine/draft_model.h"
+#include "engine/engine_config.h"
 #include "engine/kv_snapshot.h"
+#include "engine/kv_snapshots.h"
 #include "engine/model_runner.h"
-#include "engine/sampler.h"
-#include "engine/stop_matcher.h"
+#include "engine/request.h"
+#include "engine/sample.h"
 #include "kernels/backend.h"
 #include "kv/kv_manager.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
 #include "sched/scheduler.h"
-#include "sparsity/calibration.h"
 #include "sparsity/policy_spec.h"
 #include "spec/speculative_config.h"
 #include "spec/step_cost.h"
 #include "tokenizer/tokenizer.h"
-#include "util/thread_pool.h"
 
 namespace sieve::engine {
-
-using RequestId = uint64_t;
-using Clock = std::chrono::steady_clock;
-
-struct EngineConfig {
-  int32_t num_kv_pages = 0;  // 0: derived from kv_memory_bytes
-  // The page pool in bytes; unset: default_kv_memory_bytes (sized from the model).
-  std::optional<uint64_t> kv_memory_bytes;
-  int32_t page_size = 16;
-  int32_t max_batch_tokens = 512;
-  // A request with a bounded sparse policy (streaming, snapkv, pyramidkv, h2o heads) is
-  // compressed every this many prompt tokens (rounded up to pages and to its observation
-  // window), so a long prompt holds at most its budget + one chunk; 0: once, after the prompt.
-  int32_t sparse_prefill_chunk = 512;
-  int32_t max_num_seqs = 64;
-  int32_t max_queued = 1024;
-  bool enable_prefix_caching = true;
-  // K/V element type (model/kv_cache.h): kF32; kF16 (half the KV memory and half the bytes
-  // decode attention reads per key; rounding moves logprobs by ~1e-3); kQ8_0 / kQ4_1 (q8 / q4:
-  // 0.27x / 0.16x of f32's bytes; the model's head_dim must be a multiple of 32, checked when
-  // the engine is made). kv_memory_bytes counts real bytes: a q4 pool has ~3.2x the pages of an
-  // f16 one.
-  kernels::DType kv_dtype = model::kKvDefaultDType;
-  // Which KV heads are streaming-like (`sieve calibrate`), for lserve and heads:...@profile=F.
-  // Must be for this model (LlamaModel::fingerprint()); null: such policies are refused.
-  std::shared_ptr<const sparsity::CalibrationProfile> calibration;
-  // Speculative decoding for requests that do not say (spec/speculative_config.h). Drafts are
-  // verified exactly: greedy output equals plain decoding's token for token, and so does sampled
-  // output for the same seed (see Engine::verify_draft). Sequences with a sparse KV policy decode
-  // without drafts (their windows move one token per step, which a k-token verification step
-  // would not reproduce).
-  //
-  // draft_model: the engine loads speculative.model (when that is the method here) once, at
-  // construction, on the target's backend, and refuses a draft whose vocabulary is not the
-  // target's. Its KV pool mirrors the target's (the same page size and number of pages, see
-  // engine/draft_model.h), and both come out of kv_memory_bytes: each page of the budget costs the
-  // target's bytes plus the draft's. A request may ask for draft_model only with this file.
-  spec::SpeculativeConfig speculative;
-  // The target model's file, for messages (a draft_model with another vocabulary); may be empty.
-  std::string model_path;
-};
-
-// The default page pool's ceiling: the fixed default `sieve serve` had before the pool was sized
-// from the model. A model whose full default pool is larger (a 7B model with f32 KV holds ~1k
-// tokens in it) should be given --kv-memory from the memory the machine can spare.
-inline constexpr uint64_t kDefaultKvMemoryCapBytes = 512ull << 20;
-
-// The page pool when EngineConfig::kv_memory_bytes is unset: room for max_num_seqs sequences of
-// the model's whole context each, in pages of the KV dtype, at most kDefaultKvMemoryCapBytes
-// and at least one page. stories260K (5 layers x 4 KV heads x head_dim 8, f32 K and V, 20 KiB
-// per 16-token page; context 512; 64 sequences): 64 x 32 pages = 40 MiB. Throws sieve::Error
-// when the dtype cannot store the model's heads (KvCache::bytes_per_page).
-uint64_t default_kv_memory_bytes(const model::ModelConfig& model, const EngineConfig& config);
-
-struct Request {
-  std::vector<TokenId> prompt;
-  SamplingParams params;
-  // Which KV to keep (sparsity/policy_spec.h); the default keeps everything. The engine runs the
-  // per-(layer, KV head) plans made of full, sink + window (streaming), observation-window
-  // top-B (snapkv, pyramidkv), heavy-hitter (h2o) and page-selecting (quest, lserve) heads,
-  // composed by layerwise / heads / layers; others are refused.
-  sparsity::PolicySpec kv_policy;
-  // Overrides EngineConfig::speculative for this request ({"method": "none"} turns it off).
-  std::optional<spec::SpeculativeConfig> speculative;
-  // Prompt logprobs (vLLM's prompt_logprobs): nullopt: none; N in [0, kMaxTopLogprobs]: each
-  // prompt token's log-probability given the tokens before it, and the top N there
-  // (RequestEvent::prompt_logprobs). Such a request computes its whole prompt: it takes no
-  // prefix-cache hit (cached tokens have no logits), though it publishes its pages for others.
-  // Each prompt row is reduced to (logprob, top N) in the step that computes it. With a sparse
-  // kv_policy compressed chunk by chunk, a later chunk's rows attend to the keys kept so far
-  // (what the model really computed); compressed only at the prompt's end, they are dense.
-  std::optional<int32_t> prompt_logprobs;
-  // Echoed back in KV snapshots only (engine/kv_snapshot.h).
-  RequestLabel label;
-};
-
-struct Usage {
-  int32_t prompt_tokens = 0;
-  int32_t completion_tokens = 0;
-  int32_t cached_prompt_tokens = 0;
-  // KV pages the sequence held when it finished, and what the same tokens take dense; the same
-  // in bytes (pages x the cache's bytes per page: its dtype's).
-  int32_t kv_pages = 0;
-  int32_t kv_dense_pages = 0;
-  int64_t kv_bytes = 0;
-  int64_t kv_dense_bytes = 0;
-  // Attention mass the kept keys received from the observation rows, over all keys, averaged
-  // over the scored streams (SnapKV/PyramidKV/H2O); unset when no stream was scored.
-  std::optional<float> attention_recovery;
-  // Speculative decoding: draft tokens proposed and verified, and how many of them the target
-  // accepted (the tokens sampled after them are not counted).
-  int32_t spec_draft_tokens = 0;
-  int32_t spec_accepted_tokens = 0;
-  // draft_model: the pages the draft model's KV held for this sample when it finished (beside
-  // kv_pages, in the draft's pool), and their bytes.
-  int32_t spec_draft_kv_pages = 0;
-  int64_t spec_draft_kv_bytes = 0;
-};
-
-struct Timings {
-  double queue_seconds = 0.0;         // arrival to first scheduled
-  double first_token_seconds = 0.0;   // arrival to first sampled token (TTFT)
-  double total_seconds = 0.0;         // arrival to finish
-  std::vector<double> token_seconds;  // arrival to each sampled token
-};
-
-// One step's news for one sample of one request.
-struct RequestEvent {
-  RequestId request_id = 0;
-  int32_t sample_idx = 0;
-  std::vector<TokenId> tokens;         // sampled this step (more than one: accepted drafts)
-  std::string text;                    // text now safe to stream (may be empty: held back)
-  std::vector<SampleResult> logprobs;  // per token, when the request asked for logprobs
-  // Request::prompt_logprobs, on each sample's first event (null otherwise): [prompt tokens],
-  // in order; entry i holds prompt token i, its logprob under the logits at position i - 1 and
-  // the top N there (largest first, ties to the lowest id); entry 0 has neither (nothing comes
-  // before it). Shared by the request's samples.
-  std::shared_ptr<const std::vector<SampleResult>> prompt_logprobs;
-  std::optional<Finish> finish;
-  std::optional<std::string> error;  // the request failed; finish is set too
-  bool cancelled = false;            // the error is cancel()'s
-  // The error is a refusal found when the engine came to admit the request after submit()
-  // accepted it (the queue filled meanwhile): what submit() would have returned.
-  std::optional<AdmissionError> refused;
-  Usage usage;      // meaningful with finish
-  Timings timings;  // meaningful with finish
-};
-using EventSink = std::function<void(const RequestEvent&)>;
 
 struct EngineStats {
   int32_t num_running = 0;
@@ -246,7 +118,7 @@ class Engine {
   // ask without label_id in the last kSnapshotWatchWindow), every step's end also publishes
   // one, and such asks get it at once, on the calling thread: at most one step old.
   void request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done);
-  static constexpr std::chrono::seconds kSnapshotWatchWindow{3};
+  static constexpr std::chrono::seconds kSnapshotWatchWindow = KvSnapshots::kWatchWindow;
   // Throws sieve::Error naming the problem if `policy` cannot run on this engine (e.g. lserve
   // without a calibration profile): a server checks its default policy once at start.
   void check_policy(const sparsity::PolicySpec& policy) const { (void)resolve_policy(policy); }
@@ -259,7 +131,6 @@ class Engine {
   int64_t kv_bytes_per_page() const { return kv_bytes_per_page_; }
 
  private:
-  struct Sample;
   struct PendingRequest;
   // The stages of step(), in order.
   void admit();
@@ -283,10 +154,6 @@ class Engine {
   void finish_unsampled(sched::SeqId seq, Sample& sample);
   void record_step_cost(const sched::ScheduleOutput& out, double seconds);
   void publish_stats();
-  // Answers the queued request_kv_snapshot calls (stepping thread, between steps).
-  void serve_kv_snapshots();
-  KvSnapshot make_kv_snapshot() const;
-  std::optional<KvSnapshot::Heads> kv_heads(const KvSnapshotQuery& query) const;
   // Parallel sampling: starts the n - 1 other samples of `seq`'s request, which sampled its
   // first token this step; returns all of the request's sequences, `seq` first.
   std::vector<sched::SeqId> fork_samples(sched::SeqId seq, Sample& first);
@@ -313,14 +180,15 @@ class Engine {
   std::shared_ptr<const model::LlamaModel> draft_model_;  // null: no draft_model speculation
   kv::KvManager kv_;
   model::KvCache cache_;
+  int64_t kv_bytes_per_page_ = 0;  // cache_'s
   sched::Scheduler scheduler_;
   ModelRunner runner_;
   std::unique_ptr<DraftModelProposer> draft_;  // with draft_model_
   spec::StepCost step_cost_;                   // what a draft token costs, for adaptive k
-  int64_t kv_bytes_per_page_ = 0;
 
   // Owned by the stepping thread.
-  std::unordered_map<sched::SeqId, std::unique_ptr<Sample>> samples_;
+  Samples samples_;
+  KvSnapshots snapshots_;
   std::vector<sched::SeqId> to_compress_;  // prompt complete this step, sparse plan
   std::unordered_map<sched::SeqId, ModelRunner::RowRequests> row_requests_;  // this step's
   uint64_t next_seq_id_ = 1;
@@ -340,19 +208,6 @@ class Engine {
   std::vector<RequestId> cancelled_;
   std::atomic<RequestId> next_request_id_{1};
   EngineStats published_stats_;
-  struct SnapshotAsk {
-    KvSnapshotQuery query;
-    KvSnapshotSink done;
-  };
-  std::vector<SnapshotAsk> snapshot_asks_;
-  // snapshot_asks_ is not empty: the one thing step() reads when nobody asked (relaxed; the
-  // mutex orders the queue itself).
-  std::atomic<bool> snapshot_asked_{false};
-  // Someone polled within kSnapshotWatchWindow (until watched_until_): publish_stats() publishes
-  // watched_snapshot_ each step.
-  std::atomic<bool> watched_{false};
-  Clock::time_point watched_until_;
-  std::shared_ptr<const KvSnapshot> watched_snapshot_;
 
   std::thread loop_;
   std::atomic<bool> stop_requested_{false};
