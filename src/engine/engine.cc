@@ -120,6 +120,8 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                                             static_cast<int32_t>(model_->config().context_length)},
                  kv_),
       runner_(*model_, cache_, kv_),
+      outputs_(*tokenizer_, model_->config(), scheduler_, kv_, config.page_size,
+               kv_bytes_per_page_),
       snapshots_({.page_size = config.page_size,
                   .bytes_per_page = kv_bytes_per_page_,
                   .kv_dtype = config.kv_dtype,
@@ -521,29 +523,20 @@ void Engine::apply_cancellations() {
   }
 }
 
-void Engine::finish_sample(sched::SeqId seq, RequestEvent& event) {
-  Sample& sample = *samples_.at(seq);
-  const auto now = Clock::now();
-  sample.timings.total_seconds = seconds_between(sample.arrival, now);
-  const int64_t num_tokens = static_cast<int64_t>(scheduler_.tokens(seq).size());
-  const int32_t kv_pages = kv_.num_pages_held(seq);
-  const auto kv_dense_pages =
-      static_cast<int32_t>((num_tokens - 1 + config_.page_size - 1) / config_.page_size);
-  event.usage = {.prompt_tokens = sample.num_prompt_tokens,
-                 .completion_tokens = scheduler_.num_output_tokens(seq),
-                 .cached_prompt_tokens = sample.cached_prompt_tokens,
-                 .kv_pages = kv_pages,
-                 .kv_dense_pages = kv_dense_pages,
-                 .kv_bytes = kv_pages * kv_bytes_per_page_,
-                 .kv_dense_bytes = kv_dense_pages * kv_bytes_per_page_,
-                 .attention_recovery = sample.attention_recovery,
-                 .spec_draft_tokens = sample.spec_draft_tokens,
-                 .spec_accepted_tokens = sample.spec_accepted_tokens};
+// The event goes to the sample's sink; a finishing sample's usage is taken first, then its
+// sequence and pages go.
+void Engine::send(sched::SeqId seq, Sample& sample, RequestEvent event) {
+  if (event.finish) finish_sample(seq, sample, event);
+  (*sample.sink)(event);
+  if (event.finish) samples_.erase(seq);
+}
+
+void Engine::finish_sample(sched::SeqId seq, Sample& sample, RequestEvent& event) {
+  outputs_.finish(seq, sample, event);
   if (draft_) {
     event.usage.spec_draft_kv_pages = draft_->num_pages_held(seq);
     event.usage.spec_draft_kv_bytes = event.usage.spec_draft_kv_pages * draft_->kv_bytes_per_page();
   }
-  event.timings = std::move(sample.timings);
   forget(seq);
   scheduler_.finish(seq);
 }
@@ -579,31 +572,22 @@ std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) 
   return seqs;
 }
 
-// For each scheduled sequence: timings and prompt accounting; a prefill chunk that ended on a
-// chunk boundary is marked for compression; a sampling row gives each of the request's samples
-// its token: sample → stop → event.
+// For each scheduled sequence, its rows in order: prompt rows to the output stage; a prefill
+// chunk that ended on a chunk boundary is marked for compression; a sampling row gives each of
+// the request's samples its tokens: verify (sample) → stop → event.
 void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits) {
-  const int64_t vocab = model_->config().vocab_size;
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
   const auto now = Clock::now();
-  int64_t row = 0;
+  size_t row = 0;
+  const auto take_rows = [&](int32_t num_rows) {  // the next rows of `logits`, [rows][vocab]
+    const std::span<const float> rows(logits.data() + row * vocab,
+                                      static_cast<size_t>(num_rows) * vocab);
+    row += static_cast<size_t>(num_rows);
+    return rows;
+  };
   for (const sched::ScheduledSequence& scheduled : out.scheduled) {
     Sample& first = *samples_.at(scheduled.seq_id);
-    if (!first.first_scheduled) {
-      first.first_scheduled = now;
-      first.timings.queue_seconds = seconds_between(first.arrival, now);
-      first.cached_prompt_tokens = scheduled.num_computed_before;
-    }
-    if (scheduled.num_computed_before < first.num_prompt_tokens) {
-      num_prompt_tokens_computed_ += std::min(
-          scheduled.num_new_tokens, first.num_prompt_tokens - scheduled.num_computed_before);
-    }
-    if (scheduled.num_prompt_logits > 0) {
-      const int64_t num_rows = scheduled.num_prompt_logits;
-      record_prompt_logprobs(
-          scheduled, first,
-          std::span<const float>(&logits[row * vocab], static_cast<size_t>(num_rows * vocab)));
-      row += num_rows;
-    }
+    outputs_.on_scheduled(scheduled, first, take_rows(scheduled.num_prompt_logits), now);
     if (!scheduled.samples) {
       // A prefill chunk of a sparse request ended on a boundary: compress before the next one.
       const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
@@ -612,13 +596,8 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
         to_compress_.push_back(scheduled.seq_id);
       continue;
     }
-    const int32_t num_rows = scheduled.num_draft_tokens + 1;
-    std::span<const float> rows(&logits[row * vocab], static_cast<size_t>(num_rows * vocab));
-    row += num_rows;
-    if (!first.prompt_rows.empty()) {  // the prompt is done: its logprobs go with first events
-      first.unsent_prompt_logprobs =
-          std::make_shared<const std::vector<SampleResult>>(std::exchange(first.prompt_rows, {}));
-    }
+    const std::span<const float> rows = take_rows(scheduled.num_draft_tokens + 1);
+    outputs_.on_prompt_done(first);
 
     // n > 1: the other samples start here, sharing every prompt page, from the same logits (a
     // sequence that forks has no draft).
@@ -628,7 +607,7 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
     for (sched::SeqId seq : seqs) {
       Sample& sample = *samples_.at(seq);
       if (sample.params.max_tokens == 0) {
-        finish_unsampled(seq, sample);
+        send(seq, sample, outputs_.finish_unsampled(sample));
         continue;
       }
       if (sample.sparsity && !sample.sparsity->prompt_compressed()) to_compress_.push_back(seq);
@@ -637,40 +616,6 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
       emit_tokens(seq, sample, results, scheduled.num_draft_tokens, now);
     }
   }
-}
-
-void Engine::record_prompt_logprobs(const sched::ScheduledSequence& scheduled, Sample& sample,
-                                    std::span<const float> rows) {
-  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
-  std::span<const int32_t> tokens = scheduler_.tokens(scheduled.seq_id);
-  const auto first = static_cast<size_t>(scheduled.num_computed_before);
-  // Chunks come in order and never from the prefix cache; a recompute after preemption starts
-  // again from position 0.
-  assert(sample.prompt_rows.size() >= first + 1);
-  sample.prompt_rows.resize(first + 1);
-  for (size_t i = 0; i < static_cast<size_t>(scheduled.num_prompt_logits); ++i) {
-    const std::span<const float> row = rows.subspan(i * vocab, vocab);
-    const TokenId next = tokens[first + i + 1];
-    SampleResult result{.token = next, .top = top_logprobs(row, *sample.prompt_logprobs)};
-    // One log-sum-exp pass per row (O(V) exps, the reduction's main cost): the top list's first
-    // entry gives it back (lse = its logit - its logprob).
-    result.logprob = result.top.empty()
-                         ? static_cast<float>(token_logprob(row, next))
-                         : static_cast<float>(static_cast<double>(row[next]) -
-                                              static_cast<double>(row[result.top[0].id]) +
-                                              result.top[0].logprob);
-    sample.prompt_rows.push_back(std::move(result));
-  }
-}
-
-void Engine::finish_unsampled(sched::SeqId seq, Sample& sample) {
-  RequestEvent event{.request_id = sample.request_id,
-                     .sample_idx = sample.sample_idx,
-                     .prompt_logprobs = std::move(sample.unsent_prompt_logprobs),
-                     .finish = sample.stop.finish(FinishReason::kLength).finish};
-  finish_sample(seq, event);
-  (*sample.sink)(event);
-  samples_.erase(seq);
 }
 
 // Speculative sampling with a deterministic draft (every proposer here drafts one token per
@@ -702,29 +647,9 @@ void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResul
                          int32_t num_drafts, Clock::time_point now) {
   const auto num_accepted = static_cast<int32_t>(results.size()) - 1;
   const int64_t num_known = static_cast<int64_t>(scheduler_.tokens(seq).size()) - num_drafts;
-  RequestEvent event{.request_id = sample.request_id,
-                     .sample_idx = sample.sample_idx,
-                     .prompt_logprobs = std::move(sample.unsent_prompt_logprobs)};
-  // The stop matcher sees the tokens one by one, as without a draft; a stop inside the accepted
-  // drafts ends the sample there.
-  int32_t num_emitted = 0;
-  for (SampleResult& result : results) {
-    ++num_emitted;
-    event.tokens.push_back(result.token);
-    StopUpdate update = sample.stop.push(result.token, tokenizer_->token_to_piece(result.token));
-    if (!update.finish && num_known + num_emitted >= model_->config().context_length) {
-      StopUpdate rest = sample.stop.finish(FinishReason::kLength);
-      update.text += rest.text;
-      update.finish = rest.finish;
-    }
-    event.text += update.text;
-    if (sample.params.logprobs) event.logprobs.push_back(std::move(result));
-    sample.timings.token_seconds.push_back(seconds_between(sample.arrival, now));
-    if (update.finish) {
-      event.finish = update.finish;
-      break;
-    }
-  }
+  // A stop inside the accepted drafts ends the sample there.
+  RequestEvent event = outputs_.emit(sample, results, num_known, now);
+  const auto num_emitted = static_cast<int32_t>(event.tokens.size());
   const int32_t kept_drafts = std::min(num_accepted, num_emitted);
   if (num_drafts > 0) {
     scheduler_.resolve_draft(seq, kept_drafts);
@@ -738,11 +663,7 @@ void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResul
       ++spec_accepted_per_position_[static_cast<size_t>(i)];
   }
   if (num_emitted > kept_drafts) scheduler_.append_token(seq, event.tokens.back());
-  num_generated_tokens_ += num_emitted;
-  sample.timings.first_token_seconds = sample.timings.token_seconds.front();
-  if (event.finish) finish_sample(seq, event);
-  (*sample.sink)(event);
-  if (event.finish) samples_.erase(seq);
+  send(seq, sample, std::move(event));
 }
 
 // A preempted sequence is recomputed from its tokens as a dense one: compress again when that is
@@ -827,8 +748,8 @@ void Engine::publish_stats() {
                     .num_waiting = scheduler_.stats().num_waiting,
                     .num_preemptions = scheduler_.stats().num_preemptions,
                     .num_steps = num_steps_,
-                    .num_prompt_tokens_computed = num_prompt_tokens_computed_,
-                    .num_generated_tokens = num_generated_tokens_,
+                    .num_prompt_tokens_computed = outputs_.num_prompt_tokens_computed(),
+                    .num_generated_tokens = outputs_.num_generated_tokens(),
                     .spec_num_drafts = spec_num_drafts_,
                     .spec_num_draft_tokens = spec_num_draft_tokens_,
                     .spec_num_accepted_tokens = spec_num_accepted_tokens_,

@@ -50,6 +50,7 @@
 #include "engine/kv_snapshot.h"
 #include "engine/kv_snapshots.h"
 #include "engine/model_runner.h"
+#include "engine/output_stage.h"
 #include "engine/request.h"
 #include "engine/sample.h"
 #include "kernels/backend.h"
@@ -144,26 +145,19 @@ class Engine {
   void prefill_draft_model(const sched::ScheduleOutput& out);
   void plan_row_requests(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
-  // Prompt logprobs: reduces the step's prompt rows of `scheduled` (num_prompt_logits rows of
-  // [vocab] logits) to each next prompt token's logprob and the top N, kept in the sample until
-  // its first event.
-  void record_prompt_logprobs(const sched::ScheduledSequence& scheduled, Sample& sample,
-                              std::span<const float> rows);
-  // A request with max_tokens 0: its samples finish with "length" once the prompt is computed,
-  // without sampling.
-  void finish_unsampled(sched::SeqId seq, Sample& sample);
   void record_step_cost(const sched::ScheduleOutput& out, double seconds);
   void publish_stats();
   // Parallel sampling: starts the n - 1 other samples of `seq`'s request, which sampled its
   // first token this step; returns all of the request's sequences, `seq` first.
   std::vector<sched::SeqId> fork_samples(sched::SeqId seq, Sample& first);
-  void finish_sample(sched::SeqId seq, RequestEvent& event);
+  void send(sched::SeqId seq, Sample& sample, RequestEvent event);
+  void finish_sample(sched::SeqId seq, Sample& sample, RequestEvent& event);
   // The tokens `seq` samples from its step's logits rows (one per row: its last real token's,
   // then each draft token's), stopping after the first that differs from the draft.
   std::vector<SampleResult> verify_draft(sched::SeqId seq, Sample& sample,
                                          std::span<const float> rows, int32_t num_drafts);
-  // Keeps the accepted drafts, appends the last sampled token, runs the stop matcher over them
-  // and sends the event (finishing the sample if it stopped).
+  // Runs the output stage over the sampled tokens, keeps the accepted drafts it let through,
+  // appends the last sampled token and sends the event (finishing the sample if it stopped).
   void emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResult> results,
                    int32_t num_drafts, Clock::time_point now);
   // KV sparsity after a step: compress sequences whose prompt is now complete, and keep the
@@ -183,6 +177,7 @@ class Engine {
   int64_t kv_bytes_per_page_ = 0;  // cache_'s
   sched::Scheduler scheduler_;
   ModelRunner runner_;
+  OutputStage outputs_;
   std::unique_ptr<DraftModelProposer> draft_;  // with draft_model_
   spec::StepCost step_cost_;                   // what a draft token costs, for adaptive k
 
@@ -193,8 +188,6 @@ class Engine {
   std::unordered_map<sched::SeqId, ModelRunner::RowRequests> row_requests_;  // this step's
   uint64_t next_seq_id_ = 1;
   int64_t num_steps_ = 0;
-  int64_t num_prompt_tokens_computed_ = 0;
-  int64_t num_generated_tokens_ = 0;
   int64_t spec_num_drafts_ = 0;
   int64_t spec_num_draft_tokens_ = 0;
   int64_t spec_num_accepted_tokens_ = 0;
