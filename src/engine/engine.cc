@@ -45,13 +45,6 @@ int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model,
   return static_cast<int32_t>(std::min<uint64_t>(pages, 1u << 30));
 }
 
-// FastGen's token classes, from the engine's tokenizer (not hard-coded ids).
-sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token) {
-  if (tokenizer.is_special(token)) return sparsity::TokenClass::kSpecial;
-  if (tokenizer.is_punctuation(token)) return sparsity::TokenClass::kPunctuation;
-  return sparsity::TokenClass::kOther;
-}
-
 // draft_model's drafter, when the engine's own speculative config names one.
 std::shared_ptr<const model::LlamaModel> load_draft(const EngineConfig& config,
                                                     const model::LlamaModel& target,
@@ -75,24 +68,11 @@ uint64_t default_kv_memory_bytes(const model::ModelConfig& model, const EngineCo
   return std::max<uint64_t>(page_bytes, std::min(wanted, kDefaultKvMemoryCapBytes));
 }
 
-// A sparse request's admission terms, shared by its samples.
-struct SparseAdmission {
-  // Prefill is compressed at every multiple of this many positions (0: only at its end), so
-  // the prompt never holds more than the policy's budget + one chunk.
-  int32_t chunk_boundary = 0;
-  // Keeps its pages out of the prefix cache so that its one compression, of the whole prompt,
-  // adopts them in place instead of copying them (no chunks, n = 1). A chunked request shares
-  // prefixes like any other: leaving the cached pages copies one chunk at most.
-  bool private_kv = false;
-};
-
 struct Engine::PendingRequest {
   RequestId id = 0;
   Request request;
-  std::unique_ptr<sparsity::SparsityController> sparsity;  // null: dense
-  SparseAdmission admission;
-  std::optional<int64_t> max_pages;  // sparse admission bound
-  std::string policy_name;           // canonical kv_policy, for KV snapshots
+  SparseAdmission sparse;
+  std::string policy_name;  // canonical kv_policy, for KV snapshots
   spec::SpeculativeConfig speculative;
   std::shared_ptr<EventSink> sink;
   Clock::time_point arrival;
@@ -120,6 +100,7 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                                             static_cast<int32_t>(model_->config().context_length)},
                  kv_),
       runner_(*model_, cache_, kv_),
+      sparsity_(config_, model_->config(), *tokenizer_, kv_, scheduler_, runner_),
       outputs_(*tokenizer_, model_->config(), scheduler_, kv_, config.page_size,
                kv_bytes_per_page_),
       snapshots_({.page_size = config.page_size,
@@ -193,50 +174,11 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
         fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
                     prompt_len, *request.params.max_tokens, context)};
   }
-  // A sliding-window model (Mistral 7B v0.1) never attends to keys older than its window, so a
-  // dense request keeps just the window (sink-free streaming): the pages of older keys go back to
-  // the pool as it runs. The attention kernels mask by the window either way.
-  if (const std::optional<int64_t> window = model_->config().sliding_window;
-      window && std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {
-    request.kv_policy.policy = sparsity::StreamingSpec{.num_sinks = 0, .window = *window};
-  }
-  std::unique_ptr<sparsity::SparsityController> sparsity;
-  SparseAdmission admission;
-  int64_t pages_needed =
-      (prompt_len + *request.params.max_tokens + config_.page_size - 1) / config_.page_size;
-  if (!std::holds_alternative<sparsity::FullSpec>(request.kv_policy.policy)) {
-    try {
-      sparsity = std::make_unique<sparsity::SparsityController>(resolve_policy(request.kv_policy));
-    } catch (const Error& e) {
-      return AdmissionError::invalid("kv_policy", e.what());
-    }
-    if (sparsity->is_dense()) {
-      sparsity.reset();
-    } else {
-      const std::vector<std::optional<int64_t>> bounds =
-          sparsity->max_kept_tokens(prompt_len, *request.params.max_tokens);
-      const bool bounded =
-          std::any_of(bounds.begin(), bounds.end(), [](const auto& b) { return b.has_value(); });
-      if (bounded && config_.sparse_prefill_chunk > 0) {
-        // The observation window must lie inside the chunk it scores, and chunks end on pages
-        // (a prefix-cache hit is capped at the first one).
-        const int32_t chunk = std::max(config_.sparse_prefill_chunk, sparsity->observation_rows());
-        admission.chunk_boundary =
-            (chunk + config_.page_size - 1) / config_.page_size * config_.page_size;
-      }
-      const int64_t first_chunk = admission.chunk_boundary > 0
-                                      ? std::min<int64_t>(prompt_len, admission.chunk_boundary)
-                                      : prompt_len;
-      admission.private_kv = admission.chunk_boundary == 0 && request.params.n <= 1;
-      pages_needed =
-          kv::sparse_peak_pages({.shape = kv_.slice_shape(),
-                                 .max_kept_tokens = bounds,
-                                 .chunk_size = first_chunk,
-                                 .max_total_tokens = prompt_len + *request.params.max_tokens,
-                                 .dense_tokens_at_first_compression = first_chunk,
-                                 .in_place = admission.private_kv});
-    }
-  }
+  request.kv_policy = sparsity_.with_model_window(std::move(request.kv_policy));
+  std::variant<SparseAdmission, AdmissionError> sparse =
+      sparsity_.admit(request.kv_policy, prompt_len, *request.params.max_tokens, request.params.n);
+  if (auto* refused = std::get_if<AdmissionError>(&sparse)) return std::move(*refused);
+  const int64_t pages_needed = std::get<SparseAdmission>(sparse).pages_needed;
   spec::SpeculativeConfig speculative = request.speculative.value_or(config_.speculative);
   try {
     check_speculative(speculative);
@@ -260,45 +202,13 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
   pending->request = std::move(request);
   pending->sink = std::make_shared<EventSink>(std::move(sink));
   pending->arrival = Clock::now();
-  pending->sparsity = std::move(sparsity);
-  pending->admission = admission;
+  pending->sparse = std::get<SparseAdmission>(std::move(sparse));
   pending->speculative = std::move(speculative);
   pending->policy_name = sparsity::to_string(pending->request.kv_policy);  // off the engine thread
-  if (pending->sparsity) pending->max_pages = pages_needed;
   const RequestId id = pending->id;
   pending_.push_back(std::move(pending));
   work_available_.notify_one();
   return id;
-}
-
-// The request's plan, with the server's calibration profile. A policy that needs a profile when
-// the server has none is refused naming --calibration.
-sparsity::SparsityPlan Engine::resolve_policy(const sparsity::PolicySpec& policy) const {
-  const model::ModelConfig& mc = model_->config();
-  const sparsity::ModelShape shape{.num_layers = mc.num_layers, .num_kv_heads = mc.num_kv_heads};
-  try {
-    return sparsity::resolve(policy, shape, config_.calibration.get());
-  } catch (const Error& e) {
-    if (config_.calibration) fail("kv_policy '{}': {}", sparsity::to_string(policy), e.what());
-    // Would any profile do? Then the missing one is the problem.
-    const sparsity::CalibrationProfile any{
-        .model_name = "any",
-        .model_fingerprint = "any",
-        .num_layers = mc.num_layers,
-        .num_kv_heads = mc.num_kv_heads,
-        .streaming_scores =
-            std::vector<double>(static_cast<size_t>(mc.num_layers * mc.num_kv_heads), 0.5)};
-    try {
-      sparsity::resolve(policy, shape, &any);
-    } catch (const Error&) {
-      fail("kv_policy '{}': {}", sparsity::to_string(policy), e.what());
-    }
-    fail(
-        "kv_policy '{}' needs a calibration profile of the model's heads, and this server has "
-        "none: start it "
-        "with --calibration FILE (written by `sieve calibrate`)",
-        sparsity::to_string(policy));
-  }
 }
 
 void Engine::check_speculative(const spec::SpeculativeConfig& speculative) const {
@@ -479,21 +389,22 @@ void Engine::admit() {
         p->id, 0, p->sink, params_for_sample(p->request.params, 0), eos_ids_,
         static_cast<int32_t>(p->request.prompt.size()), p->arrival);
     sample->num_samples_to_fork = n - 1;
-    sample->sparsity = std::move(p->sparsity);
+    sample->sparsity = std::move(p->sparse.controller);
     sample->label = std::make_shared<const RequestLabel>(std::move(p->request.label));
     sample->policy_name = std::make_shared<const std::string>(std::move(p->policy_name));
-    sample->chunk_boundary = p->admission.chunk_boundary;
+    sample->chunk_boundary = p->sparse.chunk_boundary;
     sample->speculative = p->speculative;
     if (p->speculative.adaptive)
       sample->draft_length.emplace(p->speculative.num_speculative_tokens);
     sample->prompt_logprobs = p->request.prompt_logprobs;
     if (sample->prompt_logprobs) sample->prompt_rows.push_back({.token = p->request.prompt[0]});
     const int32_t max_new = *p->request.params.max_tokens;
-    scheduler_.add(seq, std::move(p->request.prompt), max_new,
-                   {.max_pages = p->max_pages,
-                    .chunk_boundary = p->admission.chunk_boundary,
-                    .private_kv = p->admission.private_kv,
-                    .prompt_logits = sample->prompt_logprobs.has_value()});
+    scheduler_.add(
+        seq, std::move(p->request.prompt), max_new,
+        {.max_pages = sample->sparsity ? std::optional(p->sparse.pages_needed) : std::nullopt,
+         .chunk_boundary = p->sparse.chunk_boundary,
+         .private_kv = p->sparse.private_kv,
+         .prompt_logits = sample->prompt_logprobs.has_value()});
     samples_.emplace(seq, std::move(sample));
   }
 }
@@ -589,11 +500,7 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
     Sample& first = *samples_.at(scheduled.seq_id);
     outputs_.on_scheduled(scheduled, first, take_rows(scheduled.num_prompt_logits), now);
     if (!scheduled.samples) {
-      // A prefill chunk of a sparse request ended on a boundary: compress before the next one.
-      const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
-      const int32_t boundary = first.chunk_boundary;
-      if (boundary > 0 && computed % boundary == 0 && !first.sparsity->prompt_compressed())
-        to_compress_.push_back(scheduled.seq_id);
+      sparsity_.on_prefill_chunk(scheduled, first);
       continue;
     }
     const std::span<const float> rows = take_rows(scheduled.num_draft_tokens + 1);
@@ -610,7 +517,7 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
         send(seq, sample, outputs_.finish_unsampled(sample));
         continue;
       }
-      if (sample.sparsity && !sample.sparsity->prompt_compressed()) to_compress_.push_back(seq);
+      sparsity_.on_prompt_done(seq, sample);
       std::vector<SampleResult> results =
           verify_draft(seq, sample, rows, scheduled.num_draft_tokens);
       emit_tokens(seq, sample, results, scheduled.num_draft_tokens, now);
@@ -673,30 +580,7 @@ void Engine::restart_preempted(const std::vector<sched::SeqId>& preempted) {
   for (sched::SeqId seq : preempted) {
     if (draft_) draft_->release(seq);
     runner_.forget(seq);
-    if (auto it = samples_.find(seq); it != samples_.end() && it->second->sparsity &&
-                                      it->second->sparsity->compressed_through() > 0) {
-      it->second->sparsity->restart();
-    }
-  }
-}
-
-// Sequences whose prompt was compressed: their controllers say which slices each stream's decode
-// row reads (Quest) and which streams return attention weights (H2O, FastGen's frequent set).
-void Engine::plan_row_requests(const sched::ScheduleOutput& out) {
-  row_requests_.clear();
-  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
-    const Sample& sample = *samples_.at(scheduled.seq_id);
-    if (!sample.sparsity || !sample.sparsity->prompt_compressed() || !scheduled.stream_slots)
-      continue;
-    const sparsity::SparsityController& controller = *sample.sparsity;
-    ModelRunner::RowRequests requests{.want_attention = controller.decode_attention_streams()};
-    if (controller.selects_pages()) {
-      const std::vector<int32_t> num_keys = kv_.stream_lengths(
-          scheduled.seq_id, scheduled.num_computed_before + scheduled.num_new_tokens);
-      requests.page_reads = controller.decode_reads(num_keys, config_.page_size);
-    }
-    if (requests.want_attention.empty() && requests.page_reads.empty()) continue;
-    row_requests_.emplace(scheduled.seq_id, std::move(requests));
+    if (auto it = samples_.find(seq); it != samples_.end()) sparsity_.on_preempted(*it->second);
   }
 }
 
@@ -711,21 +595,18 @@ bool Engine::step() {
   restart_preempted(out.preempted);
   const bool did_work = !out.empty();
   if (did_work) {
-    plan_row_requests(out);
+    sparsity_.plan_rows(out, samples_);
     runner_.copy_pages(out);
     draft_self_sparse(out);
     prefill_draft_model(out);
     const auto run_start = Clock::now();
     const std::vector<float>& logits = runner_.run(
         out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); },
-        [&](sched::SeqId seq) -> const ModelRunner::RowRequests* {
-          auto it = row_requests_.find(seq);
-          return it == row_requests_.end() ? nullptr : &it->second;
-        });
+        [&](sched::SeqId seq) { return sparsity_.row_requests(seq); });
     record_step_cost(out, seconds_between(run_start, Clock::now()));
     scheduler_.on_step_done(out);
     process_outputs(out, logits);
-    apply_sparsity();
+    sparsity_.after_step(samples_);
     ++num_steps_;
   }
   publish_stats();
@@ -810,87 +691,6 @@ void Engine::request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done) {
   if (!snapshots_.request(std::move(query), std::move(done))) return;
   std::lock_guard lock(mutex_);  // taken, so that a loop about to wait sees the ask
   work_available_.notify_one();
-}
-
-void Engine::apply_sparsity() {
-  std::vector<sched::SeqId> pending;
-  pending.swap(to_compress_);
-  for (sched::SeqId seq : pending) {
-    // A retry (compaction found no free page last step) may since have been preempted: its KV
-    // is gone and its recompute compresses again at its boundaries.
-    if (!kv_.contains(seq)) continue;
-    auto it = samples_.find(seq);
-    if (it != samples_.end() && !it->second->sparsity->prompt_compressed())
-      compress(seq, *it->second);
-  }
-  for (auto& [seq, sample] : samples_) {
-    if (sample->sparsity && sample->sparsity->acts_on_decode()) drop_out_of_window(seq, *sample);
-  }
-}
-
-// At each chunk boundary of the prompt (chunk_boundary) and right after the step that computed
-// the whole prompt (and sampled the first token from the cache as it was), every stream keeps
-// what its policy selects among its current keys: those kept so far, then the new chunk. The
-// prompt's last compression also starts the decode-time policies.
-void Engine::compress(sched::SeqId seq, Sample& sample) {
-  sparsity::SparsityController& controller = *sample.sparsity;
-  const bool last = scheduler_.num_output_tokens(seq) > 0;
-  const int32_t n = scheduler_.num_computed(seq);  // the sampled token is not computed yet
-  const bool sparse = kv_.is_sparse(seq);
-  // (Again) from the start: a recompute after preemption, a child that waited.
-  if (!sparse) controller.restart();
-  if (n <= controller.compressed_through() && !last) return;
-  const std::vector<int32_t> num_keys = kv_.stream_lengths(seq, n);
-  std::vector<std::span<const float>> scores;
-  if (const int32_t rows = controller.observation_rows(); rows > 0) {
-    const ModelRunner::ObservationScores& observed =
-        runner_.observe(seq, scheduler_.tokens(seq).first(n), rows);
-    for (size_t s = 0; s < num_keys.size(); ++s) scores.push_back(observed.stream(s));
-  }
-  std::vector<sparsity::TokenClass> classes;
-  if (last && controller.needs_token_classes()) {
-    for (int32_t i = 0; i < n; ++i)
-      classes.push_back(token_class(*tokenizer_, scheduler_.tokens(seq)[i]));
-  }
-  sparsity::SparsityController::Compression compression = controller.propose({.prompt_done = last,
-                                                                              .num_positions = n,
-                                                                              .num_keys = num_keys,
-                                                                              .scores = scores,
-                                                                              .classes = classes});
-  if (compression.attention_recovery) sample.attention_recovery = compression.attention_recovery;
-  if (compression.changes_layout) {
-    std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, compression.keep);
-    if (!plan) {  // no free page for the copy out of shared pages: stay dense, try next step
-      to_compress_.push_back(seq);
-      return;
-    }
-    runner_.apply(*plan);
-  }
-  controller.commit(std::move(compression));
-}
-
-// After a decode step, each stream drops what its policy lets go (sink + window: the key that
-// left the window; H2O: the lowest accumulated; FastGen: what its choice no longer keeps), and
-// learns what the step's rows handed back (attention weights, Quest's slice choices).
-void Engine::drop_out_of_window(sched::SeqId seq, Sample& sample) {
-  if (!kv_.is_sparse(seq)) return;
-  const kv::SparseLayout& layout = kv_.sparse_layout(seq);
-  const std::vector<int32_t> num_keys = kv_.stream_lengths(seq, layout.num_positions);
-  const model::StreamOutputs* outputs = runner_.outputs(seq);
-  const int32_t new_position = layout.num_positions - 1;
-  const sparsity::TokenClass new_class =
-      sample.sparsity->needs_token_classes()
-          ? token_class(*tokenizer_, scheduler_.tokens(seq)[new_position])
-          : sparsity::TokenClass::kOther;
-  kv::DropSets drops = sample.sparsity->after_decode_step(
-      layout.num_positions, num_keys,
-      outputs ? std::span<const std::vector<float>>(outputs->attention)
-              : std::span<const std::vector<float>>(),
-      outputs ? std::span<const std::vector<int32_t>>(outputs->chosen_slices)
-              : std::span<const std::vector<int32_t>>(),
-      new_class);
-  if (std::any_of(drops.begin(), drops.end(), [](const auto& d) { return !d.empty(); }))
-    runner_.apply(kv_.drop_tokens(seq, drops));
 }
 
 }  // namespace sieve::engine

@@ -53,6 +53,7 @@
 #include "engine/output_stage.h"
 #include "engine/request.h"
 #include "engine/sample.h"
+#include "engine/sparsity_driver.h"
 #include "kernels/backend.h"
 #include "kv/kv_manager.h"
 #include "model/kv_cache.h"
@@ -122,7 +123,7 @@ class Engine {
   static constexpr std::chrono::seconds kSnapshotWatchWindow = KvSnapshots::kWatchWindow;
   // Throws sieve::Error naming the problem if `policy` cannot run on this engine (e.g. lserve
   // without a calibration profile): a server checks its default policy once at start.
-  void check_policy(const sparsity::PolicySpec& policy) const { (void)resolve_policy(policy); }
+  void check_policy(const sparsity::PolicySpec& policy) const { (void)sparsity_.resolve(policy); }
   // The same for a speculative decoding configuration (e.g. a draft_model with another
   // vocabulary, or a method this engine cannot run).
   void check_speculative(const spec::SpeculativeConfig& speculative) const;
@@ -143,7 +144,6 @@ class Engine {
   void forget(sched::SeqId seq);
   void draft_self_sparse(const sched::ScheduleOutput& out);
   void prefill_draft_model(const sched::ScheduleOutput& out);
-  void plan_row_requests(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
   void record_step_cost(const sched::ScheduleOutput& out, double seconds);
   void publish_stats();
@@ -160,12 +160,6 @@ class Engine {
   // appends the last sampled token and sends the event (finishing the sample if it stopped).
   void emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResult> results,
                    int32_t num_drafts, Clock::time_point now);
-  // KV sparsity after a step: compress sequences whose prompt is now complete, and keep the
-  // windows of sink + window streams at their size.
-  void compress(sched::SeqId seq, Sample& sample);
-  void drop_out_of_window(sched::SeqId seq, Sample& sample);
-  void apply_sparsity();
-  sparsity::SparsityPlan resolve_policy(const sparsity::PolicySpec& policy) const;
 
   EngineConfig config_;
   std::shared_ptr<const model::LlamaModel> model_;
@@ -177,6 +171,7 @@ class Engine {
   int64_t kv_bytes_per_page_ = 0;  // cache_'s
   sched::Scheduler scheduler_;
   ModelRunner runner_;
+  SparsityDriver sparsity_;
   OutputStage outputs_;
   std::unique_ptr<DraftModelProposer> draft_;  // with draft_model_
   spec::StepCost step_cost_;                   // what a draft token costs, for adaptive k
@@ -184,8 +179,6 @@ class Engine {
   // Owned by the stepping thread.
   Samples samples_;
   KvSnapshots snapshots_;
-  std::vector<sched::SeqId> to_compress_;  // prompt complete this step, sparse plan
-  std::unordered_map<sched::SeqId, ModelRunner::RowRequests> row_requests_;  // this step's
   uint64_t next_seq_id_ = 1;
   int64_t num_steps_ = 0;
   int64_t spec_num_drafts_ = 0;
