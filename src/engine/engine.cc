@@ -1,15 +1,9 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <cassert>
-#include <filesystem>
 #include <utility>
 #include <fmt/format.h>
 
-#include "sparsity/controller.h"
-#include "spec/draft_length.h"
-#include "spec/ngram_proposer.h"
-#include "spec/self_sparse_view.h"
 #include "util/error.h"
 
 namespace sieve::engine {
@@ -45,14 +39,6 @@ int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model,
   return static_cast<int32_t>(std::min<uint64_t>(pages, 1u << 30));
 }
 
-// draft_model's drafter, when the engine's own speculative config names one.
-std::shared_ptr<const model::LlamaModel> load_draft(const EngineConfig& config,
-                                                    const model::LlamaModel& target,
-                                                    const tok::Tokenizer& tokenizer) {
-  if (config.speculative.method != spec::Method::kDraftModel) return nullptr;
-  return DraftModelProposer::load(config.speculative.model, target, tokenizer, config.model_path);
-}
-
 constexpr const char* kQueueFullMessage = "the server is at its queue limit; retry later";
 
 }  // namespace
@@ -80,12 +66,17 @@ struct Engine::PendingRequest {
 
 Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
                std::shared_ptr<const tok::Tokenizer> tokenizer)
+    : Engine(config, model, tokenizer,
+             SpeculativeDriver::load_draft_model(config, *model, *tokenizer)) {}
+
+Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
+               std::shared_ptr<const tok::Tokenizer> tokenizer,
+               std::shared_ptr<const model::LlamaModel> draft_model)
     : config_(config),
       model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
       eos_ids_(tokenizer_->eog_ids().begin(), tokenizer_->eog_ids().end()),
-      draft_model_(load_draft(config, *model_, *tokenizer_)),
-      kv_(kv::KvConfig{.num_pages = pages_for(config, model_->config(), draft_model_.get()),
+      kv_(kv::KvConfig{.num_pages = pages_for(config, model_->config(), draft_model.get()),
                        .page_size = config.page_size,
                        .enable_prefix_caching = config.enable_prefix_caching,
                        .num_layers = static_cast<int32_t>(model_->config().num_layers),
@@ -100,6 +91,8 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                                             static_cast<int32_t>(model_->config().context_length)},
                  kv_),
       runner_(*model_, cache_, kv_),
+      speculative_(config_, model_->config(), std::move(draft_model), kv_.num_pages(), scheduler_,
+                   runner_),
       sparsity_(config_, model_->config(), *tokenizer_, kv_, scheduler_, runner_),
       outputs_(*tokenizer_, model_->config(), scheduler_, kv_, config.page_size,
                kv_bytes_per_page_),
@@ -110,14 +103,6 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                   .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)},
                  kv_, scheduler_, samples_) {
   config_.num_kv_pages = kv_.num_pages();
-  if (draft_model_) {
-    draft_ = std::make_unique<DraftModelProposer>(
-        draft_model_, DraftModelConfig{.num_pages = kv_.num_pages(),
-                                       .page_size = config.page_size,
-                                       .enable_prefix_caching = config.enable_prefix_caching,
-                                       .kv_dtype = config.kv_dtype,
-                                       .max_batch_tokens = config.max_batch_tokens});
-  }
   if (kernels::is_block_kv_dtype(config.kv_dtype)) model_->ensure_key_smoothing();
   if (config_.calibration && config_.calibration->model_fingerprint != model_->fingerprint()) {
     fail(
@@ -127,12 +112,11 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
         config_.calibration->model_name, config_.calibration->model_fingerprint,
         model_->fingerprint());
   }
+  const SpeculativeStats spec = speculative_.stats();
   published_stats_.kv = kv_.stats();
   published_stats_.kv_bytes_per_page = kv_bytes_per_page_;
-  if (draft_) {
-    published_stats_.draft_kv = draft_->kv_stats();
-    published_stats_.draft_kv_bytes_per_page = draft_->kv_bytes_per_page();
-  }
+  published_stats_.draft_kv = spec.draft_kv;
+  published_stats_.draft_kv_bytes_per_page = spec.draft_kv_bytes_per_page;
 }
 
 Engine::~Engine() { stop(); }
@@ -181,7 +165,7 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
   const int64_t pages_needed = std::get<SparseAdmission>(sparse).pages_needed;
   spec::SpeculativeConfig speculative = request.speculative.value_or(config_.speculative);
   try {
-    check_speculative(speculative);
+    speculative_.check(speculative);
   } catch (const Error& e) {
     return AdmissionError::invalid("speculative", e.what());
   }
@@ -211,152 +195,9 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
   return id;
 }
 
-void Engine::check_speculative(const spec::SpeculativeConfig& speculative) const {
-  switch (speculative.method) {
-    case spec::Method::kNone:
-    case spec::Method::kNgram:
-      return;
-    case spec::Method::kSelfSparse:
-      spec::check_draft_policy(speculative.kv_policy);
-      return;
-    case spec::Method::kDraftModel: {
-      // One draft model per engine, loaded at start: a request may only name that one.
-      if (!draft_) {
-        fail(
-            "this server loaded no draft model: draft_model needs one named at start "
-            "(--speculative-config '{{\"method\": \"draft_model\", \"num_speculative_tokens\": "
-            "4, \"model\": \"{}\"}}'); a server loads one draft model, at start",
-            speculative.model);
-      }
-      const std::string& loaded = config_.speculative.model;
-      std::error_code error;
-      if (speculative.model != loaded &&
-          !std::filesystem::equivalent(speculative.model, loaded, error)) {
-        fail(
-            "draft model '{}' is not the one this server loaded ('{}'): a server loads one draft "
-            "model, at start, and requests may only use that one",
-            speculative.model, loaded);
-      }
-      return;
-    }
-  }
-}
-
-// Decoding sequences that speculate get their draft for this step. A sequence with a sparse KV
-// policy does not (see EngineConfig::speculative), nor one about to fork its n - 1 samples.
-void Engine::propose_drafts() {
-  const int32_t num_running = scheduler_.stats().num_running;
-  std::vector<DraftModelProposer::Want> draft_model_wants;
-  for (auto& [seq, sample] : samples_) {
-    const spec::SpeculativeConfig& config = sample->speculative;
-    if (!config.enabled() || sample->sparsity || sample->num_samples_to_fork > 0) continue;
-    if (config.disable_by_batch_size && num_running >= *config.disable_by_batch_size) continue;
-    std::span<const int32_t> tokens = scheduler_.tokens(seq);
-    // Decoding: the last token, sampled in the previous step, is the only one not computed.
-    if (static_cast<int32_t>(tokens.size()) <= sample->num_prompt_tokens ||
-        scheduler_.num_computed(seq) + 1 != static_cast<int32_t>(tokens.size()))
-      continue;
-    const int32_t k = sample->draft_length
-                          ? sample->draft_length->next(config.draft_token_cost.value_or(
-                                step_cost_.draft_token_cost(config.method, num_running)))
-                          : config.num_speculative_tokens;
-    const int32_t max_tokens = std::min(k, scheduler_.max_draft_tokens(seq));
-    if (max_tokens <= 0) continue;
-    if (config.method == spec::Method::kSelfSparse) {
-      // Placeholders: the draft passes need the step's pages, which schedule() reserves; they
-      // fill the tokens in (draft_self_sparse).
-      scheduler_.set_draft(seq,
-                           std::vector<int32_t>(static_cast<size_t>(max_tokens), tokens.back()));
-      continue;
-    }
-    if (config.method == spec::Method::kDraftModel) {
-      // Drafted below, all such sequences together.
-      draft_model_wants.push_back({.seq = seq, .tokens = tokens, .max_drafts = max_tokens});
-      continue;
-    }
-    const std::vector<int32_t> draft =
-        spec::propose_ngram(tokens, config.prompt_lookup_min, config.prompt_lookup_max, max_tokens);
-    if (!draft.empty()) scheduler_.set_draft(seq, draft);
-  }
-  if (draft_model_wants.empty()) return;
-  const auto start = Clock::now();
-  const std::vector<std::vector<int32_t>> drafts = draft_->propose(draft_model_wants);
-  int32_t num_rows = 0;  // one per drafted token: the passes' rows together
-  for (const DraftModelProposer::Want& want : draft_model_wants) num_rows += want.max_drafts;
-  step_cost_.record_draft_pass(spec::Method::kDraftModel, num_rows,
-                               seconds_between(start, Clock::now()));
-  for (size_t i = 0; i < drafts.size(); ++i) {
-    if (!drafts[i].empty()) scheduler_.set_draft(draft_model_wants[i].seq, drafts[i]);
-  }
-}
-
 void Engine::forget(sched::SeqId seq) {
   runner_.forget(seq);
-  if (draft_) draft_->release(seq);
-}
-
-// Self-speculation: draft pass j computes, for every self_sparse sequence with more than j drafts
-// this step, its token at position num_computed_before + j (the last real token, then draft
-// j - 1) reading only its draft view's pages, and takes the argmax as draft j. The passes write
-// K/V at the positions the verification step computes next, so nothing needs undoing.
-void Engine::draft_self_sparse(const sched::ScheduleOutput& out) {
-  struct Drafting {
-    sched::SeqId seq;
-    int32_t first_position = 0;
-    int32_t num_drafts = 0;
-    const sparsity::PolicySpec* view = nullptr;
-  };
-  std::vector<Drafting> drafting;
-  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
-    if (scheduled.num_draft_tokens == 0) continue;
-    const Sample& sample = *samples_.at(scheduled.seq_id);
-    if (sample.speculative.method != spec::Method::kSelfSparse) continue;
-    drafting.push_back({.seq = scheduled.seq_id,
-                        .first_position = scheduled.num_computed_before,
-                        .num_drafts = scheduled.num_draft_tokens,
-                        .view = &sample.speculative.kv_policy});
-  }
-  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
-  std::vector<ModelRunner::DraftRow> rows;
-  for (int32_t j = 0;; ++j) {
-    rows.clear();
-    for (const Drafting& d : drafting) {
-      if (j >= d.num_drafts) continue;
-      const int32_t position = d.first_position + j;
-      rows.push_back({.seq = d.seq,
-                      .token = scheduler_.tokens(d.seq)[static_cast<size_t>(position)],
-                      .position = position,
-                      .num_verified = d.first_position,
-                      .view = spec::draft_view(*d.view, position, config_.page_size)});
-    }
-    if (rows.empty()) return;
-    const auto start = Clock::now();
-    const std::vector<float>& logits = runner_.run_draft(rows);
-    step_cost_.record_draft_pass(spec::Method::kSelfSparse, static_cast<int64_t>(rows.size()),
-                                 seconds_between(start, Clock::now()));
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const std::span<const float> row(&logits[r * vocab], vocab);
-      scheduler_.set_draft_token(rows[r].seq, j, argmax(row));
-    }
-  }
-}
-
-// draft_model: the draft model computes the prompt chunks the target computes this step, for the
-// sequences that will draft with it.
-void Engine::prefill_draft_model(const sched::ScheduleOutput& out) {
-  if (!draft_) return;
-  std::vector<DraftModelProposer::Prefill> chunks;
-  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
-    const Sample& sample = *samples_.at(scheduled.seq_id);
-    if (sample.speculative.method != spec::Method::kDraftModel || !sample.speculative.enabled() ||
-        sample.sparsity || scheduled.num_computed_before >= sample.num_prompt_tokens)
-      continue;
-    chunks.push_back({.seq = scheduled.seq_id,
-                      .tokens = scheduler_.tokens(scheduled.seq_id)
-                                    .first(static_cast<size_t>(scheduled.num_computed_before +
-                                                               scheduled.num_new_tokens))});
-  }
-  if (!chunks.empty()) draft_->prefill(chunks);
+  speculative_.release(seq);
 }
 
 void Engine::cancel(RequestId id) {
@@ -434,8 +275,7 @@ void Engine::apply_cancellations() {
   }
 }
 
-// The event goes to the sample's sink; a finishing sample's usage is taken first, then its
-// sequence and pages go.
+// A finishing sample's usage is taken first, then its sequence and pages go.
 void Engine::send(sched::SeqId seq, Sample& sample, RequestEvent event) {
   if (event.finish) finish_sample(seq, sample, event);
   (*sample.sink)(event);
@@ -444,10 +284,7 @@ void Engine::send(sched::SeqId seq, Sample& sample, RequestEvent event) {
 
 void Engine::finish_sample(sched::SeqId seq, Sample& sample, RequestEvent& event) {
   outputs_.finish(seq, sample, event);
-  if (draft_) {
-    event.usage.spec_draft_kv_pages = draft_->num_pages_held(seq);
-    event.usage.spec_draft_kv_bytes = event.usage.spec_draft_kv_pages * draft_->kv_bytes_per_page();
-  }
+  speculative_.add_usage(seq, event.usage);
   forget(seq);
   scheduler_.finish(seq);
 }
@@ -519,35 +356,10 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
       }
       sparsity_.on_prompt_done(seq, sample);
       std::vector<SampleResult> results =
-          verify_draft(seq, sample, rows, scheduled.num_draft_tokens);
+          speculative_.verify(seq, sample, rows, scheduled.num_draft_tokens);
       emit_tokens(seq, sample, results, scheduled.num_draft_tokens, now);
     }
   }
-}
-
-// Speculative sampling with a deterministic draft (every proposer here drafts one token per
-// position, so q is one-hot): the draft token d is accepted with probability min(1, p(d) / q(d))
-// = p(d), and on rejection the token comes from max(0, p - q) renormalised, i.e. from p without d.
-// Drawing x ~ p with the sequence's own sampler and accepting d iff x == d does both at once:
-// P(accept) = p(d), and a rejection's x is p conditioned on x != d. p is the target's processed
-// distribution at that position (penalties, bias, temperature, top-k/p, min-p, with the accepted
-// drafts in the history), exactly what plain decoding samples from; each row draws one number
-// from the sequence's RNG as plain decoding does, so with the same seed the output is the same
-// token for token, not only in distribution.
-std::vector<SampleResult> Engine::verify_draft(sched::SeqId seq, Sample& sample,
-                                               std::span<const float> rows, int32_t num_drafts) {
-  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
-  std::span<const int32_t> tokens = scheduler_.tokens(seq);
-  const size_t num_real = tokens.size() - static_cast<size_t>(num_drafts);
-  const auto prompt = static_cast<size_t>(sample.num_prompt_tokens);
-  std::vector<SampleResult> results;
-  for (int32_t i = 0; i <= num_drafts; ++i) {
-    const SequenceTokens history{.prompt = tokens.first(prompt),
-                                 .output = tokens.subspan(prompt, num_real - prompt + i)};
-    results.push_back(sample.sampler.sample(rows.subspan(i * vocab, vocab), history));
-    if (i == num_drafts || results.back().token != tokens[num_real + i]) break;
-  }
-  return results;
 }
 
 void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResult> results,
@@ -558,17 +370,7 @@ void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResul
   RequestEvent event = outputs_.emit(sample, results, num_known, now);
   const auto num_emitted = static_cast<int32_t>(event.tokens.size());
   const int32_t kept_drafts = std::min(num_accepted, num_emitted);
-  if (num_drafts > 0) {
-    scheduler_.resolve_draft(seq, kept_drafts);
-    sample.spec_draft_tokens += num_drafts;
-    sample.spec_accepted_tokens += num_accepted;
-    ++spec_num_drafts_;
-    spec_num_draft_tokens_ += num_drafts;
-    spec_num_accepted_tokens_ += num_accepted;
-    if (sample.draft_length) sample.draft_length->record(num_drafts, num_accepted);
-    for (int32_t i = 0; i < num_accepted; ++i)
-      ++spec_accepted_per_position_[static_cast<size_t>(i)];
-  }
+  speculative_.resolve(seq, sample, num_drafts, num_accepted, kept_drafts);
   if (num_emitted > kept_drafts) scheduler_.append_token(seq, event.tokens.back());
   send(seq, sample, std::move(event));
 }
@@ -578,10 +380,18 @@ void Engine::emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResul
 // key summaries (Quest's, a Quest draft view's), which describe K about to be recomputed.
 void Engine::restart_preempted(const std::vector<sched::SeqId>& preempted) {
   for (sched::SeqId seq : preempted) {
-    if (draft_) draft_->release(seq);
-    runner_.forget(seq);
+    forget(seq);
     if (auto it = samples_.find(seq); it != samples_.end()) sparsity_.on_preempted(*it->second);
   }
+}
+
+const std::vector<float>& Engine::run_model(const sched::ScheduleOutput& out) {
+  const auto start = Clock::now();
+  const std::vector<float>& logits = runner_.run(
+      out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); },
+      [&](sched::SeqId seq) { return sparsity_.row_requests(seq); });
+  speculative_.record_step_time(out, seconds_between(start, Clock::now()));
+  return logits;
 }
 
 bool Engine::step() {
@@ -590,20 +400,15 @@ bool Engine::step() {
   apply_cancellations();
   // Between steps, finished and cancelled sequences gone: a consistent view for snapshots.
   if (snapshots_.asked()) snapshots_.serve();
-  propose_drafts();
+  speculative_.propose(samples_);
   sched::ScheduleOutput out = scheduler_.schedule();
   restart_preempted(out.preempted);
   const bool did_work = !out.empty();
   if (did_work) {
     sparsity_.plan_rows(out, samples_);
     runner_.copy_pages(out);
-    draft_self_sparse(out);
-    prefill_draft_model(out);
-    const auto run_start = Clock::now();
-    const std::vector<float>& logits = runner_.run(
-        out, [&](sched::SeqId seq) { return scheduler_.tokens(seq); },
-        [&](sched::SeqId seq) { return sparsity_.row_requests(seq); });
-    record_step_cost(out, seconds_between(run_start, Clock::now()));
+    speculative_.draft(out, samples_);
+    const std::vector<float>& logits = run_model(out);
     scheduler_.on_step_done(out);
     process_outputs(out, logits);
     sparsity_.after_step(samples_);
@@ -613,34 +418,26 @@ bool Engine::step() {
   return did_work;
 }
 
-// Decode-only steps (no prompt chunk, whose cost is another matter) feed the step-time fit
-// behind adaptive k's draft token cost.
-void Engine::record_step_cost(const sched::ScheduleOutput& out, double seconds) {
-  int64_t tokens = 0;
-  for (const sched::ScheduledSequence& scheduled : out.scheduled) {
-    if (!scheduled.samples || scheduled.num_new_tokens != scheduled.num_draft_tokens + 1) return;
-    tokens += scheduled.num_new_tokens;
-  }
-  step_cost_.record_step(tokens, static_cast<int64_t>(out.scheduled.size()), seconds);
+EngineStats Engine::make_stats() const {
+  SpeculativeStats spec = speculative_.stats();
+  return {.num_running = scheduler_.stats().num_running,
+          .num_waiting = scheduler_.stats().num_waiting,
+          .num_preemptions = scheduler_.stats().num_preemptions,
+          .num_steps = num_steps_,
+          .num_prompt_tokens_computed = outputs_.num_prompt_tokens_computed(),
+          .num_generated_tokens = outputs_.num_generated_tokens(),
+          .spec_num_drafts = spec.num_drafts,
+          .spec_num_draft_tokens = spec.num_draft_tokens,
+          .spec_num_accepted_tokens = spec.num_accepted_tokens,
+          .spec_accepted_per_position = std::move(spec.accepted_per_position),
+          .kv = kv_.stats(),
+          .kv_bytes_per_page = kv_bytes_per_page_,
+          .draft_kv = spec.draft_kv,
+          .draft_kv_bytes_per_page = spec.draft_kv_bytes_per_page};
 }
 
 void Engine::publish_stats() {
-  EngineStats stats{.num_running = scheduler_.stats().num_running,
-                    .num_waiting = scheduler_.stats().num_waiting,
-                    .num_preemptions = scheduler_.stats().num_preemptions,
-                    .num_steps = num_steps_,
-                    .num_prompt_tokens_computed = outputs_.num_prompt_tokens_computed(),
-                    .num_generated_tokens = outputs_.num_generated_tokens(),
-                    .spec_num_drafts = spec_num_drafts_,
-                    .spec_num_draft_tokens = spec_num_draft_tokens_,
-                    .spec_num_accepted_tokens = spec_num_accepted_tokens_,
-                    .spec_accepted_per_position = spec_accepted_per_position_,
-                    .kv = kv_.stats(),
-                    .kv_bytes_per_page = kv_bytes_per_page_};
-  if (draft_) {
-    stats.draft_kv = draft_->kv_stats();
-    stats.draft_kv_bytes_per_page = draft_->kv_bytes_per_page();
-  }
+  EngineStats stats = make_stats();
   {
     std::lock_guard lock(mutex_);
     published_stats_ = stats;

@@ -3,28 +3,27 @@
 //
 // The path of one request:
 //   Request (prompt ids + SamplingParams + kv_policy)
-//     └─ Engine::submit ──► checked and planned, or refused: AdmissionError (engine/admission.h)
-//   Engine::step(), a pipeline:
-//     admit()                        pending ──► Scheduler waiting queue (one sequence), or
-//                                    refused at the queue limit (RequestEvent::refused)
-//     (cancellations, then KV snapshots asked for: request_kv_snapshot, engine/kv_snapshot.h)
-//     propose_drafts()               speculative decoding: decoding sequences get draft tokens
-//                                    (ngram: prompt lookup; draft_model: the draft model's own
-//                                    passes over its own paged KV, engine/draft_model.h)
-//     out    = scheduler.schedule()  ids and counts: who computes which tokens
-//     draft_self_sparse(out)         self-speculation's draft passes (sparse views of the
-//                                    sequences' own pages: sink + window, or Quest's choice
-//                                    by key summaries) fill in their drafts; k per sequence
-//                                    is fixed or adaptive (spec/draft_length.h)
-//     prefill_draft_model(out)       draft_model: the draft model computes the step's prompt
-//                                    chunks too
-//     plan_row_requests(out)         what sparse sequences' decode rows must do (Quest slice
-//                                    reads, attention weights), from their controllers
-//     logits = runner.run(out)       streams' tables → Batch → LlamaModel::forward
-//     process_outputs(out, logits)   fork the n - 1 other samples (first token only), then per
-//                                    sample Sampler (verifying drafts) → StopMatcher →
-//                                    RequestEvent → sink
-//     apply_sparsity()               compress completed prompts, drop keys that left a window
+//     └─ Engine::submit ──► checked and planned (the sparsity driver's admission bound), or
+//                            refused: AdmissionError (engine/admission.h)
+//   Engine::step(), its stages in order:
+//     admit()                         pending ──► Scheduler waiting queue (one sequence, one
+//                                     Sample: engine/sample.h), or refused at the queue limit
+//     apply_cancellations()           pages back to the pool
+//     snapshots_.serve()              KV snapshots asked for (engine/kv_snapshots.h)
+//     speculative_.propose()          decoding sequences get draft tokens (ngram, draft model,
+//                                     self_sparse placeholders: engine/speculative_driver.h)
+//     out = scheduler_.schedule()     ids and counts: who computes which tokens
+//     restart_preempted(out)          preempted sequences drop what they held beside their KV
+//     sparsity_.plan_rows(out)        what compressed sequences' decode rows read and return
+//                                     (engine/sparsity_driver.h)
+//     speculative_.draft(out)         self-speculation's draft passes; the draft model's prefill
+//     logits = run_model(out)         streams' tables → Batch → LlamaModel::forward
+//     process_outputs(out, logits)    per sampling row: fork the n - 1 other samples (first token
+//                                     only), then per sample speculative_.verify (sample, verify
+//                                     drafts) → outputs_.emit (stop matcher, text, logprobs:
+//                                     engine/output_stage.h) → RequestEvent → sink
+//     sparsity_.after_step()          compress completed prompts and chunks, drop what decode-time
+//                                     policies let go
 //   finished or cancelled ──► Scheduler::finish ──► pages back to the pool in the same step
 //
 // Threading: submit(), cancel() and request_kv_snapshot() may be called from any thread;
@@ -54,6 +53,7 @@
 #include "engine/request.h"
 #include "engine/sample.h"
 #include "engine/sparsity_driver.h"
+#include "engine/speculative_driver.h"
 #include "kernels/backend.h"
 #include "kv/kv_manager.h"
 #include "model/kv_cache.h"
@@ -61,7 +61,6 @@
 #include "sched/scheduler.h"
 #include "sparsity/policy_spec.h"
 #include "spec/speculative_config.h"
-#include "spec/step_cost.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::engine {
@@ -126,7 +125,9 @@ class Engine {
   void check_policy(const sparsity::PolicySpec& policy) const { (void)sparsity_.resolve(policy); }
   // The same for a speculative decoding configuration (e.g. a draft_model with another
   // vocabulary, or a method this engine cannot run).
-  void check_speculative(const spec::SpeculativeConfig& speculative) const;
+  void check_speculative(const spec::SpeculativeConfig& speculative) const {
+    speculative_.check(speculative);
+  }
   const EngineConfig& config() const { return config_; }
   const model::LlamaModel& model() const { return *model_; }
   // Bytes of K and V one page takes in this engine's cache (config().kv_dtype).
@@ -134,28 +135,28 @@ class Engine {
 
  private:
   struct PendingRequest;
-  // The stages of step(), in order.
+  // `draft_model`: SpeculativeDriver::load_draft_model's, loaded before the pools are sized.
+  Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
+         std::shared_ptr<const tok::Tokenizer> tokenizer,
+         std::shared_ptr<const model::LlamaModel> draft_model);
+  // The engine's own stages of step() (the others are its stage objects').
   void admit();
   void apply_cancellations();
   void restart_preempted(const std::vector<sched::SeqId>& preempted);
-  void propose_drafts();
+  // The target's forward pass over the step; its time feeds adaptive k.
+  const std::vector<float>& run_model(const sched::ScheduleOutput& out);
   // Gives back what a sequence holds beside its target KV (the draft model's pages, Quest's
   // summaries): it finished, was cancelled or preempted.
   void forget(sched::SeqId seq);
-  void draft_self_sparse(const sched::ScheduleOutput& out);
-  void prefill_draft_model(const sched::ScheduleOutput& out);
   void process_outputs(const sched::ScheduleOutput& out, const std::vector<float>& logits);
-  void record_step_cost(const sched::ScheduleOutput& out, double seconds);
+  EngineStats make_stats() const;
   void publish_stats();
   // Parallel sampling: starts the n - 1 other samples of `seq`'s request, which sampled its
   // first token this step; returns all of the request's sequences, `seq` first.
   std::vector<sched::SeqId> fork_samples(sched::SeqId seq, Sample& first);
+  // Sends `event` to the sample's sink, finishing the sample first if the event does.
   void send(sched::SeqId seq, Sample& sample, RequestEvent event);
   void finish_sample(sched::SeqId seq, Sample& sample, RequestEvent& event);
-  // The tokens `seq` samples from its step's logits rows (one per row: its last real token's,
-  // then each draft token's), stopping after the first that differs from the draft.
-  std::vector<SampleResult> verify_draft(sched::SeqId seq, Sample& sample,
-                                         std::span<const float> rows, int32_t num_drafts);
   // Runs the output stage over the sampled tokens, keeps the accepted drafts it let through,
   // appends the last sampled token and sends the event (finishing the sample if it stopped).
   void emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResult> results,
@@ -165,27 +166,20 @@ class Engine {
   std::shared_ptr<const model::LlamaModel> model_;
   std::shared_ptr<const tok::Tokenizer> tokenizer_;
   std::vector<TokenId> eos_ids_;
-  std::shared_ptr<const model::LlamaModel> draft_model_;  // null: no draft_model speculation
   kv::KvManager kv_;
   model::KvCache cache_;
   int64_t kv_bytes_per_page_ = 0;  // cache_'s
   sched::Scheduler scheduler_;
   ModelRunner runner_;
+  SpeculativeDriver speculative_;
   SparsityDriver sparsity_;
   OutputStage outputs_;
-  std::unique_ptr<DraftModelProposer> draft_;  // with draft_model_
-  spec::StepCost step_cost_;                   // what a draft token costs, for adaptive k
 
   // Owned by the stepping thread.
   Samples samples_;
   KvSnapshots snapshots_;
   uint64_t next_seq_id_ = 1;
   int64_t num_steps_ = 0;
-  int64_t spec_num_drafts_ = 0;
-  int64_t spec_num_draft_tokens_ = 0;
-  int64_t spec_num_accepted_tokens_ = 0;
-  std::vector<int64_t> spec_accepted_per_position_ =
-      std::vector<int64_t>(spec::kMaxSpeculativeTokens, 0);
 
   // Shared with submit()/cancel() callers.
   mutable std::mutex mutex_;

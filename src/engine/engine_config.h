@@ -37,8 +37,8 @@ struct EngineConfig {
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;
   // Speculative decoding for requests that do not say (spec/speculative_config.h). Drafts are
   // verified exactly: greedy output equals plain decoding's token for token, and so does sampled
-  // output for the same seed (see Engine::verify_draft). Sequences with a sparse KV policy decode
-  // without drafts (their windows move one token per step, which a k-token verification step
+  // output for the same seed (see SpeculativeDriver::verify). Sequences with a sparse KV policy
+  // decode without drafts (their windows move one token per step, which a k-token verification step
   // would not reproduce).
   //
   // draft_model: the engine loads speculative.model (when that is the method here) once, at
