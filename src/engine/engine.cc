@@ -59,7 +59,7 @@ struct Engine::PendingRequest {
   Request request;
   SparseAdmission sparse;
   std::string policy_name;  // canonical kv_policy, for KV snapshots
-  spec::SpeculativeConfig speculative;
+  speculative::SpeculativeConfig speculative;
   std::shared_ptr<EventSink> sink;
   Clock::time_point arrival;
 };
@@ -163,7 +163,7 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
       sparsity_.admit(request.kv_policy, prompt_len, *request.params.max_tokens, request.params.n);
   if (auto* refused = std::get_if<AdmissionError>(&sparse)) return std::move(*refused);
   const int64_t pages_needed = std::get<SparseAdmission>(sparse).pages_needed;
-  spec::SpeculativeConfig speculative = request.speculative.value_or(config_.speculative);
+  speculative::SpeculativeConfig speculative = request.speculative.value_or(config_.speculative);
   try {
     speculative_.check(speculative);
   } catch (const Error& e) {

@@ -60,7 +60,7 @@
 #include "model/llama.h"
 #include "sched/scheduler.h"
 #include "sparsity/policy_spec.h"
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::engine {
@@ -125,7 +125,7 @@ class Engine {
   void check_policy(const sparsity::PolicySpec& policy) const { (void)sparsity_.resolve(policy); }
   // The same for a speculative decoding configuration (e.g. a draft_model with another
   // vocabulary, or a method this engine cannot run).
-  void check_speculative(const spec::SpeculativeConfig& speculative) const {
+  void check_speculative(const speculative::SpeculativeConfig& speculative) const {
     speculative_.check(speculative);
   }
   const EngineConfig& config() const { return config_; }

@@ -9,7 +9,7 @@
 #include "model/kv_cache.h"
 #include "model/llama.h"
 #include "sparsity/calibration.h"
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 
 namespace sieve::engine {
 
@@ -35,18 +35,18 @@ struct EngineConfig {
   // Which KV heads are streaming-like (`sieve calibrate`), for lserve and heads:...@profile=F.
   // Must be for this model (LlamaModel::fingerprint()); null: such policies are refused.
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;
-  // Speculative decoding for requests that do not say (spec/speculative_config.h). Drafts are
-  // verified exactly: greedy output equals plain decoding's token for token, and so does sampled
-  // output for the same seed (see SpeculativeDriver::verify). Sequences with a sparse KV policy
-  // decode without drafts (their windows move one token per step, which a k-token verification step
-  // would not reproduce).
+  // Speculative decoding for requests that do not say (speculative/speculative_config.h). Drafts
+  // are verified exactly: greedy output equals plain decoding's token for token, and so does
+  // sampled output for the same seed (see SpeculativeDriver::verify). Sequences with a sparse KV
+  // policy decode without drafts (their windows move one token per step, which a k-token
+  // verification step would not reproduce).
   //
   // draft_model: the engine loads speculative.model (when that is the method here) once, at
   // construction, on the target's backend, and refuses a draft whose vocabulary is not the
   // target's. Its KV pool mirrors the target's (the same page size and number of pages, see
   // engine/draft_model.h), and both come out of kv_memory_bytes: each page of the budget costs the
   // target's bytes plus the draft's. A request may ask for draft_model only with this file.
-  spec::SpeculativeConfig speculative;
+  speculative::SpeculativeConfig speculative;
   // The target model's file, for messages (a draft_model with another vocabulary); may be empty.
   std::string model_path;
 };

@@ -14,7 +14,7 @@
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 #include "sparsity/policy_spec.h"
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 
 namespace sieve::engine {
 
@@ -29,7 +29,7 @@ struct Request {
   // composed by layerwise / heads / layers; others are refused.
   sparsity::PolicySpec kv_policy;
   // Overrides EngineConfig::speculative for this request ({"method": "none"} turns it off).
-  std::optional<spec::SpeculativeConfig> speculative;
+  std::optional<speculative::SpeculativeConfig> speculative;
   // Prompt logprobs (vLLM's prompt_logprobs): nullopt: none; N in [0, kMaxTopLogprobs]: each
   // prompt token's log-probability given the tokens before it, and the top N there
   // (RequestEvent::prompt_logprobs). Such a request computes its whole prompt: it takes no

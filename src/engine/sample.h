@@ -17,8 +17,8 @@
 #include "engine/stop_matcher.h"
 #include "sched/scheduler.h"
 #include "sparsity/controller.h"
-#include "spec/draft_length.h"
-#include "spec/speculative_config.h"
+#include "speculative/draft_length.h"
+#include "speculative/speculative_config.h"
 
 namespace sieve::engine {
 
@@ -54,8 +54,8 @@ struct Sample {
   std::optional<float> attention_recovery;                 // from the compression
 
   // The speculative driver's (engine/speculative_driver.h).
-  spec::SpeculativeConfig speculative;            // the request's, or the server's
-  std::optional<spec::DraftLength> draft_length;  // speculative.adaptive: this sequence's k
+  speculative::SpeculativeConfig speculative;            // the request's, or the server's
+  std::optional<speculative::DraftLength> draft_length;  // speculative.adaptive: this sequence's k
   int32_t spec_draft_tokens = 0;
   int32_t spec_accepted_tokens = 0;
 

@@ -5,9 +5,9 @@
 #include <string>
 #include <utility>
 
-#include "spec/draft_length.h"
-#include "spec/ngram_proposer.h"
-#include "spec/self_sparse_view.h"
+#include "speculative/draft_length.h"
+#include "speculative/ngram_proposer.h"
+#include "speculative/self_sparse_view.h"
 #include "util/error.h"
 
 namespace sieve::engine {
@@ -22,7 +22,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 std::shared_ptr<const model::LlamaModel> SpeculativeDriver::load_draft_model(
     const EngineConfig& config, const model::LlamaModel& target, const tok::Tokenizer& tokenizer) {
-  if (config.speculative.method != spec::Method::kDraftModel) return nullptr;
+  if (config.speculative.method != speculative::Method::kDraftModel) return nullptr;
   return DraftModelProposer::load(config.speculative.model, target, tokenizer, config.model_path);
 }
 
@@ -42,15 +42,15 @@ SpeculativeDriver::SpeculativeDriver(const EngineConfig& config, const model::Mo
   }
 }
 
-void SpeculativeDriver::check(const spec::SpeculativeConfig& speculative) const {
+void SpeculativeDriver::check(const speculative::SpeculativeConfig& speculative) const {
   switch (speculative.method) {
-    case spec::Method::kNone:
-    case spec::Method::kNgram:
+    case speculative::Method::kNone:
+    case speculative::Method::kNgram:
       return;
-    case spec::Method::kSelfSparse:
-      spec::check_draft_policy(speculative.kv_policy);
+    case speculative::Method::kSelfSparse:
+      speculative::check_draft_policy(speculative.kv_policy);
       return;
-    case spec::Method::kDraftModel: {
+    case speculative::Method::kDraftModel: {
       // One draft model per engine, loaded at start: a request may only name that one.
       if (!draft_) {
         fail(
@@ -79,7 +79,7 @@ void SpeculativeDriver::propose(const Samples& samples) {
   const int32_t num_running = scheduler_.stats().num_running;
   std::vector<DraftModelProposer::Want> draft_model_wants;
   for (const auto& [seq, sample] : samples) {
-    const spec::SpeculativeConfig& config = sample->speculative;
+    const speculative::SpeculativeConfig& config = sample->speculative;
     if (!config.enabled() || sample->sparsity || sample->num_samples_to_fork > 0) continue;
     if (config.disable_by_batch_size && num_running >= *config.disable_by_batch_size) continue;
     std::span<const int32_t> tokens = scheduler_.tokens(seq);
@@ -93,20 +93,20 @@ void SpeculativeDriver::propose(const Samples& samples) {
                           : config.num_speculative_tokens;
     const int32_t max_tokens = std::min(k, scheduler_.max_draft_tokens(seq));
     if (max_tokens <= 0) continue;
-    if (config.method == spec::Method::kSelfSparse) {
+    if (config.method == speculative::Method::kSelfSparse) {
       // Placeholders: the draft passes need the step's pages, which schedule() reserves; they
       // fill the tokens in (draft_self_sparse).
       scheduler_.set_draft(seq,
                            std::vector<int32_t>(static_cast<size_t>(max_tokens), tokens.back()));
       continue;
     }
-    if (config.method == spec::Method::kDraftModel) {
+    if (config.method == speculative::Method::kDraftModel) {
       // Drafted below, all such sequences together.
       draft_model_wants.push_back({.seq = seq, .tokens = tokens, .max_drafts = max_tokens});
       continue;
     }
-    const std::vector<int32_t> draft =
-        spec::propose_ngram(tokens, config.prompt_lookup_min, config.prompt_lookup_max, max_tokens);
+    const std::vector<int32_t> draft = speculative::propose_ngram(
+        tokens, config.prompt_lookup_min, config.prompt_lookup_max, max_tokens);
     if (!draft.empty()) scheduler_.set_draft(seq, draft);
   }
   if (draft_model_wants.empty()) return;
@@ -114,7 +114,7 @@ void SpeculativeDriver::propose(const Samples& samples) {
   const std::vector<std::vector<int32_t>> drafts = draft_->propose(draft_model_wants);
   int32_t num_rows = 0;  // one per drafted token: the passes' rows together
   for (const DraftModelProposer::Want& want : draft_model_wants) num_rows += want.max_drafts;
-  step_cost_.record_draft_pass(spec::Method::kDraftModel, num_rows,
+  step_cost_.record_draft_pass(speculative::Method::kDraftModel, num_rows,
                                seconds_between(start, Clock::now()));
   for (size_t i = 0; i < drafts.size(); ++i) {
     if (!drafts[i].empty()) scheduler_.set_draft(draft_model_wants[i].seq, drafts[i]);
@@ -142,7 +142,7 @@ void SpeculativeDriver::draft_self_sparse(const sched::ScheduleOutput& out,
   for (const sched::ScheduledSequence& scheduled : out.scheduled) {
     if (scheduled.num_draft_tokens == 0) continue;
     const Sample& sample = *samples.at(scheduled.seq_id);
-    if (sample.speculative.method != spec::Method::kSelfSparse) continue;
+    if (sample.speculative.method != speculative::Method::kSelfSparse) continue;
     drafting.push_back({.seq = scheduled.seq_id,
                         .first_position = scheduled.num_computed_before,
                         .num_drafts = scheduled.num_draft_tokens,
@@ -159,12 +159,13 @@ void SpeculativeDriver::draft_self_sparse(const sched::ScheduleOutput& out,
                       .token = scheduler_.tokens(d.seq)[static_cast<size_t>(position)],
                       .position = position,
                       .num_verified = d.first_position,
-                      .view = spec::draft_view(*d.view, position, config_.page_size)});
+                      .view = speculative::draft_view(*d.view, position, config_.page_size)});
     }
     if (rows.empty()) return;
     const auto start = Clock::now();
     const std::vector<float>& logits = runner_.run_draft(rows);
-    step_cost_.record_draft_pass(spec::Method::kSelfSparse, static_cast<int64_t>(rows.size()),
+    step_cost_.record_draft_pass(speculative::Method::kSelfSparse,
+                                 static_cast<int64_t>(rows.size()),
                                  seconds_between(start, Clock::now()));
     for (size_t r = 0; r < rows.size(); ++r) {
       const std::span<const float> row(&logits[r * vocab], vocab);
@@ -181,8 +182,9 @@ void SpeculativeDriver::prefill_draft_model(const sched::ScheduleOutput& out,
   std::vector<DraftModelProposer::Prefill> chunks;
   for (const sched::ScheduledSequence& scheduled : out.scheduled) {
     const Sample& sample = *samples.at(scheduled.seq_id);
-    if (sample.speculative.method != spec::Method::kDraftModel || !sample.speculative.enabled() ||
-        sample.sparsity || scheduled.num_computed_before >= sample.num_prompt_tokens)
+    if (sample.speculative.method != speculative::Method::kDraftModel ||
+        !sample.speculative.enabled() || sample.sparsity ||
+        scheduled.num_computed_before >= sample.num_prompt_tokens)
       continue;
     chunks.push_back({.seq = scheduled.seq_id,
                       .tokens = scheduler_.tokens(scheduled.seq_id)

@@ -3,7 +3,8 @@
 // Per step:
 //   before schedule   propose(): ngram drafts (prompt lookup), the draft model's drafts
 //                     (engine/draft_model.h), self_sparse placeholders; k fixed or adaptive
-//                     (spec/draft_length.h, from the measured step costs, spec/step_cost.h)
+//                     (speculative/draft_length.h, from the measured step costs,
+//                     speculative/step_cost.h)
 //   before run        draft(): self-speculation's draft passes over sparse views of the
 //                     sequences' own pages fill the placeholders in; the draft model computes
 //                     the step's prompt chunks
@@ -26,8 +27,8 @@
 #include "kv/kv_manager.h"
 #include "model/llama.h"
 #include "sched/scheduler.h"
-#include "spec/speculative_config.h"
-#include "spec/step_cost.h"
+#include "speculative/speculative_config.h"
+#include "speculative/step_cost.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::engine {
@@ -55,7 +56,7 @@ class SpeculativeDriver {
 
   // Throws sieve::Error naming the problem if `speculative` cannot run on this engine (a
   // draft_model other than the one loaded, a self_sparse view that is not one).
-  void check(const spec::SpeculativeConfig& speculative) const;
+  void check(const speculative::SpeculativeConfig& speculative) const;
 
   // Before schedule(): decoding sequences that speculate get their draft for this step.
   void propose(const Samples& samples);
@@ -89,12 +90,12 @@ class SpeculativeDriver {
   sched::Scheduler& scheduler_;
   ModelRunner& runner_;
   std::unique_ptr<DraftModelProposer> draft_;  // null: no draft_model speculation
-  spec::StepCost step_cost_;                   // what a draft token costs, for adaptive k
+  speculative::StepCost step_cost_;            // what a draft token costs, for adaptive k
   int64_t num_drafts_ = 0;
   int64_t num_draft_tokens_ = 0;
   int64_t num_accepted_tokens_ = 0;
   std::vector<int64_t> accepted_per_position_ =
-      std::vector<int64_t>(spec::kMaxSpeculativeTokens, 0);
+      std::vector<int64_t>(speculative::kMaxSpeculativeTokens, 0);
 };
 
 }  // namespace sieve::engine
