@@ -125,7 +125,7 @@ void bench_engine(BenchEngineOptions options) {
         "threads {}, SIMD target {}, page size {}, KV dtype {}, max batch tokens {}, prefix "
         "caching off, speculative {}\n\n",
         threads, kernels::active_target(), config.page_size, model::kv_dtype_name(config.kv_dtype),
-        config.max_batch_tokens, spec::to_json(config.speculative));
+        config.max_batch_tokens, speculative::to_json(config.speculative));
     fmt::print(
         "throughput vs concurrency: {} prompt + {} generated tokens per request, greedy, "
         "ignore_eos\n",
@@ -178,7 +178,7 @@ void bench_engine(BenchEngineOptions options) {
           {"max_batch_tokens", config.max_batch_tokens},
           {"page_size", config.page_size},
           {"kv_dtype", model::kv_dtype_name(config.kv_dtype)},
-          {"speculative", nlohmann::json::parse(spec::to_json(config.speculative))},
+          {"speculative", nlohmann::json::parse(speculative::to_json(config.speculative))},
           {"prefix_caching", false}}},
         {"concurrency", nlohmann::json::array()},
         {"depths", nlohmann::json::array()}};
@@ -240,7 +240,7 @@ void add_bench_engine_command(CLI::App& app) {
           "--depth-speculative",
           [&config](const std::vector<std::string>& texts) {
             for (const std::string& text : texts)
-              config.depth_speculative.push_back(spec::parse_speculative_config(text));
+              config.depth_speculative.push_back(speculative::parse_speculative_config(text));
           },
           "Also run each depth point with this speculative config (vLLM's JSON; repeat for "
           "several): decode tok/s against the first point, and the draft acceptance")

@@ -152,7 +152,7 @@ void serve(ServeOptions options) {
         static_cast<double>(engine->kv_bytes_per_page()) * ec.num_kv_pages / (1 << 20),
         model::kv_dtype_name(ec.kv_dtype), ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
     spdlog::info("default kv_policy: {}; speculative decoding: {}",
-                 sparsity::to_string(default_policy), spec::to_json(ec.speculative));
+                 sparsity::to_string(default_policy), speculative::to_json(ec.speculative));
     spdlog::info(
         "compute: {} backend, {} threads; chat template: {}; tool calls: {}{}; API key: {}",
         loaded.model->backend().name(), loaded.model->backend().num_threads(), template_origin,

@@ -1,12 +1,12 @@
 #pragma once
-// --speculative-config: vLLM's JSON, with spec::parse_speculative_config's errors, on every
+// --speculative-config: vLLM's JSON, with speculative::parse_speculative_config's errors, on every
 // command that builds an engine from command-line options (serve, run, batch, bench-engine).
 #include <CLI/CLI.hpp>
 
 #include <string>
 
 #include "engine/engine.h"
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 #include "util/error.h"
 
 namespace sieve::cli {
@@ -15,11 +15,11 @@ namespace sieve::cli {
 // must outlive the parse). Malformed JSON, an unknown key or an out-of-range value is a parse
 // error naming the key.
 inline CLI::Option* add_speculative_config_option(CLI::App& command,
-                                                  spec::SpeculativeConfig& config) {
+                                                  speculative::SpeculativeConfig& config) {
   const CLI::Validator valid(
       [](std::string& text) -> std::string {
         try {
-          (void)spec::parse_speculative_config(text);
+          (void)speculative::parse_speculative_config(text);
         } catch (const Error& e) {
           return e.what();
         }
@@ -29,7 +29,9 @@ inline CLI::Option* add_speculative_config_option(CLI::App& command,
   return command
       .add_option_function<std::string>(
           "--speculative-config",
-          [&config](const std::string& text) { config = spec::parse_speculative_config(text); },
+          [&config](const std::string& text) {
+            config = speculative::parse_speculative_config(text);
+          },
           "Speculative decoding, as vLLM's JSON: {\"method\": \"ngram\", "
           "\"num_speculative_tokens\": 4} (prompt lookup; also prompt_lookup_max/min) or "
           "{\"method\": \"self_sparse\", \"num_speculative_tokens\": 4, \"kv_policy\": "
@@ -48,11 +50,11 @@ inline CLI::Option* add_speculative_config_option(CLI::App& command,
 // Throws sieve::Error naming the option when `engine` cannot run `config` (e.g. a method this
 // build does not have): checked once at start instead of refusing every request.
 inline void check_speculative_option(const engine::Engine& engine,
-                                     const spec::SpeculativeConfig& config) {
+                                     const speculative::SpeculativeConfig& config) {
   try {
     engine.check_speculative(config);
   } catch (const Error& e) {
-    fail("--speculative-config {}: {}", spec::to_json(config), e.what());
+    fail("--speculative-config {}: {}", speculative::to_json(config), e.what());
   }
 }
 

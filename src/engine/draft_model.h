@@ -1,7 +1,7 @@
 #pragma once
 // draft_model speculation's proposer: a smaller model with the target's vocabulary drafts k
 // tokens per step for each speculating sequence, greedily (argmax, like self_sparse: the
-// verification treats a draft as one-hot, see Engine::verify_draft).
+// verification treats a draft as one-hot, see SpeculativeDriver::verify).
 //
 // The draft model keeps its own paged KV, in its own layers and dims: a second KvManager and
 // KvCache beside the target's, with the same page size and the same number of pages, both

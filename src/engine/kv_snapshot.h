@@ -5,10 +5,10 @@
 //
 // How it is taken: Engine::request_kv_snapshot queues the query; the stepping thread answers it
 // at its next step boundary (an idle engine wakes for it) and calls the sink there. While
-// someone polls the overview (asked within Engine::kSnapshotWatchWindow), each step's end also
-// publishes one and overview asks get it at once: no wait for a boundary, at most a step old,
-// for O(sequences + pool pages) of integer copies per step while watched. A step nobody watches
-// pays two relaxed atomic loads; nothing on the per-token path changes.
+// someone polls the overview (asked within KvSnapshots::kWatchWindow, engine/kv_snapshots.h), each
+// step's end also publishes one and overview asks get it at once: no wait for a boundary, at most a
+// step old, for O(sequences + pool pages) of integer copies per step while watched. A step nobody
+// watches pays two relaxed atomic loads; nothing on the per-token path changes.
 #include <chrono>
 #include <cstdint>
 #include <functional>

@@ -14,7 +14,7 @@
 #include "model/llama.h"
 #include "sched/scheduler.h"
 #include "sparsity/stream_policy.h"
-#include "spec/self_sparse_view.h"
+#include "speculative/self_sparse_view.h"
 
 namespace sieve::engine {
 
@@ -57,7 +57,7 @@ class ModelRunner {
     int32_t token = 0;
     int32_t position = 0;
     int32_t num_verified = 0;
-    spec::DraftView view;
+    speculative::DraftView view;
   };
   const std::vector<float>& run_draft(std::span<const DraftRow> rows);
   // After run(): what the sequence's rows handed back (attention weights, Quest choices); null

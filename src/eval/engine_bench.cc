@@ -202,7 +202,7 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
 DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                          const EngineBenchConfig& config, int32_t depth, const std::string& policy,
-                         const spec::SpeculativeConfig* speculative) {
+                         const speculative::SpeculativeConfig* speculative) {
   check_config(config);
   const int64_t vocab = model->config().vocab_size;
   const int32_t prompt_len = std::max(1, depth);
@@ -219,7 +219,7 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
       pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
   engine::EngineConfig ec = engine_config(config, pages_needed, 1);
   // The engine loads a draft model named by its own config (one per engine).
-  if (speculative && speculative->method == spec::Method::kDraftModel)
+  if (speculative && speculative->method == speculative::Method::kDraftModel)
     ec.speculative = *speculative;
   engine::Engine engine(ec, model, tokenizer);
 
@@ -244,11 +244,12 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
   DepthPoint point;
   point.depth = depth;
   point.policy = sparsity::to_string(request_policy);
-  const spec::SpeculativeConfig& spec_config = speculative ? *speculative : config.speculative;
+  const speculative::SpeculativeConfig& spec_config =
+      speculative ? *speculative : config.speculative;
   if (spec_config.enabled()) {
-    point.speculative = fmt::format("{} k={}", spec::method_name(spec_config.method),
+    point.speculative = fmt::format("{} k={}", speculative::method_name(spec_config.method),
                                     spec_config.num_speculative_tokens);
-    if (spec_config.method == spec::Method::kSelfSparse)
+    if (spec_config.method == speculative::Method::kSelfSparse)
       point.speculative += " " + sparsity::to_string(spec_config.kv_policy);
     if (spec_config.adaptive) point.speculative += " adaptive";
   }
@@ -329,10 +330,10 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel
   std::optional<double> d0;
   for (int32_t d : depths) {
     std::optional<DepthPoint> baseline;
-    std::vector<std::pair<std::string, const spec::SpeculativeConfig*>> variants;
+    std::vector<std::pair<std::string, const speculative::SpeculativeConfig*>> variants;
     for (const std::string& policy : config.depth_policies) {
       variants.emplace_back(policy, nullptr);
-      for (const spec::SpeculativeConfig& s : config.depth_speculative)
+      for (const speculative::SpeculativeConfig& s : config.depth_speculative)
         variants.emplace_back(policy, &s);
     }
     for (const auto& [policy, speculative] : variants) {

@@ -17,7 +17,7 @@
 
 #include "model/llama.h"
 #include "sparsity/calibration.h"
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::eval {
@@ -34,10 +34,10 @@ struct EngineBenchConfig {
   int32_t max_batch_tokens = 512;
   int32_t page_size = 16;
   kernels::DType kv_dtype = kernels::DType::kF32;
-  spec::SpeculativeConfig speculative;  // every request's (off by default)
+  speculative::SpeculativeConfig speculative;  // every request's (off by default)
   // Speculative decoding at depth: each depth runs each kv_policy as configured, then with
   // each of these (same prompt, same greedy tokens; ratios against the first point).
-  std::vector<spec::SpeculativeConfig> depth_speculative;
+  std::vector<speculative::SpeculativeConfig> depth_speculative;
   // > 0: the depth prompt is a random span of this many tokens repeated (text that repeats
   // itself, for prompt lookup); 0: random tokens throughout.
   int32_t depth_prompt_period = 0;
@@ -116,7 +116,7 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                          const EngineBenchConfig& config, int32_t depth,
                          const std::string& policy = "full",
-                         const spec::SpeculativeConfig* speculative = nullptr);
+                         const speculative::SpeculativeConfig* speculative = nullptr);
 
 // Both tables; `on_point` (optional) is called after each point, e.g. to print progress.
 struct EngineBenchProgress {

@@ -796,7 +796,7 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
     if (!v->is_object())
       throw_invalid("speculative", "'speculative' must be an object, e.g. {\"method\": \"none\"}");
     try {
-      request.speculative = spec::parse_speculative_config(v->dump());
+      request.speculative = speculative::parse_speculative_config(v->dump());
     } catch (const Error& e) {
       throw_invalid("speculative", e.what());
     }

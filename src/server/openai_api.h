@@ -20,7 +20,7 @@
 #include "engine/engine.h"
 #include "grammar/grammar_cache.h"
 #include "sparsity/policy_spec.h"
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 #include "server/tool_calls.h"
 #include "tokenizer/tokenizer.h"
 
@@ -83,7 +83,7 @@ struct GenerationRequest {
   std::string user;
   sparsity::PolicySpec kv_policy;  // "kv_policy": string or object (default: full)
   // "speculative": an object with --speculative-config's keys; unset: the server's default.
-  std::optional<spec::SpeculativeConfig> speculative;
+  std::optional<speculative::SpeculativeConfig> speculative;
   // Chat with tools: how the output is read into tool_calls (format kNone: it is not).
   ToolCallOptions tool_calls;
   // "echo" (completions): each choice's text starts with its prompt's text, and with logprobs

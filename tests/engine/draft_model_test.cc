@@ -11,7 +11,7 @@
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "model/model_file.h"
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 #include "speculative_test_util.h"
 #include "util/error.h"
 
@@ -50,11 +50,11 @@ const std::string& random_stories_draft() {
   return path;
 }
 
-spec::SpeculativeConfig draft_model(int32_t k, const std::string& path) {
-  return {.method = spec::Method::kDraftModel, .num_speculative_tokens = k, .model = path};
+speculative::SpeculativeConfig draft_model(int32_t k, const std::string& path) {
+  return {.method = speculative::Method::kDraftModel, .num_speculative_tokens = k, .model = path};
 }
 
-EngineConfig with_speculation(EngineConfig c, const spec::SpeculativeConfig& speculative) {
+EngineConfig with_speculation(EngineConfig c, const speculative::SpeculativeConfig& speculative) {
   c.speculative = speculative;
   return c;
 }
@@ -188,7 +188,7 @@ TEST(DraftModel, MixedBatchEqualsPlainDecoding) {
         r.speculative = ngram(4);
         break;
       case 3:
-        r.speculative = spec::SpeculativeConfig{};
+        r.speculative = speculative::SpeculativeConfig{};
         break;
       case 4:
         r.kv_policy = sparsity::parse_policy("streaming:S=4,W=32");
@@ -208,12 +208,12 @@ TEST(DraftModel, MixedBatchEqualsPlainDecoding) {
                   loaded.model, loaded.tokenizer);
   // Requests name the loaded draft model: the random one, not stories260K.
   for (Request& r : requests) {
-    if (r.speculative && r.speculative->method == spec::Method::kDraftModel)
+    if (r.speculative && r.speculative->method == speculative::Method::kDraftModel)
       r.speculative->model = random_stories_draft();
   }
   const auto got = run(together, requests);
   std::vector<Request> plain_requests = requests;
-  for (Request& r : plain_requests) r.speculative = spec::SpeculativeConfig{};
+  for (Request& r : plain_requests) r.speculative = speculative::SpeculativeConfig{};
   Engine plain(config(512), loaded.model, loaded.tokenizer);
   const auto expected = run(plain, plain_requests);
   expect_same_tokens(got, expected);

@@ -1,5 +1,6 @@
 #pragma once
-// Helpers of the speculative-decoding engine tests (speculative_test.cc, draft_model_test.cc).
+// Helpers of the speculative-decoding engine tests (speculative_engine_test.cc,
+// draft_model_test.cc).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -7,12 +8,12 @@
 #include <vector>
 
 #include "engine_test_util.h"
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 
 namespace sieve::engine {
 
-inline spec::SpeculativeConfig ngram(int32_t k, int32_t max_n = 4, int32_t min_n = 1) {
-  return {.method = spec::Method::kNgram,
+inline speculative::SpeculativeConfig ngram(int32_t k, int32_t max_n = 4, int32_t min_n = 1) {
+  return {.method = speculative::Method::kNgram,
           .num_speculative_tokens = k,
           .prompt_lookup_max = max_n,
           .prompt_lookup_min = min_n};

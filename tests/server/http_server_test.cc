@@ -206,7 +206,7 @@ TEST(HttpServerTest, SpeculationKeepsGreedyTextAndIsCountedInUsageAndMetrics) {
       model::load_model({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
   engine::EngineConfig config{.num_kv_pages = 64};
   config.speculative =
-      spec::parse_speculative_config(R"({"method":"ngram","num_speculative_tokens":4})");
+      speculative::parse_speculative_config(R"({"method":"ngram","num_speculative_tokens":4})");
   auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
   engine->start();
   HttpServer server({.port = 0});

@@ -213,7 +213,7 @@ TEST_F(OpenAiApiTest, SpeculativeIsParsed) {
       R"("speculative":{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":2}})");
   ASSERT_TRUE(on.speculative.has_value());
   EXPECT_EQ(*on.speculative,
-            spec::parse_speculative_config(
+            speculative::parse_speculative_config(
                 R"({"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":2})"));
   const ApiError e =
       error_of(ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"ngram","foo":1}})");

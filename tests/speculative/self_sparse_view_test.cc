@@ -1,4 +1,4 @@
-#include "spec/self_sparse_view.h"
+#include "speculative/self_sparse_view.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 
 #include "util/error.h"
 
-namespace sieve::spec {
+namespace sieve::speculative {
 namespace {
 
 std::string refusal(const char* policy) {
@@ -54,4 +54,4 @@ TEST(SelfSparseView, QuestOffersEveryBlockAndForcesSinksAndWindow) {
 }
 
 }  // namespace
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

@@ -5,8 +5,8 @@
 // Model: each draft token is accepted with probability a, independently, until the first
 // rejection. With k drafts a step yields E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a)
 // tokens and costs 1 + c * k plain decode steps (c: one draft token's drafting and verification
-// relative to a plain step, measured by spec::StepCost). k is the argmax of E(k) / (1 + c * k)
-// over k >= 0 (k = 0: a plain step, rate 1): a token is drafted while the chance that it is
+// relative to a plain step, measured by speculative::StepCost). k is the argmax of E(k) / (1 + c *
+// k) over k >= 0 (k = 0: a plain step, rate 1): a token is drafted while the chance that it is
 // accepted pays for it. With c = 0.2: a = 0.99 -> 16, 0.95 -> 10, 0.9 -> 7, 0.8 -> 4, 0.7 -> 3,
 // 0.6 -> 2, 0.25 to 0.5 -> 1, 0.2 and below -> 0 (then capped at num_speculative_tokens). Where a
 // draft pass costs about a whole step (c ~ 1, a tiny model drafting itself), no acceptance pays and
@@ -23,7 +23,7 @@
 // resumes when it falls (the batch shrinks).
 #include <cstdint>
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 class DraftLength {
  public:
@@ -49,4 +49,4 @@ class DraftLength {
   int32_t steps_off_ = 0;  // consecutive steps with k = 0
 };
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

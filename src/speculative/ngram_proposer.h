@@ -11,9 +11,9 @@
 #include <span>
 #include <vector>
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n,
                                    int32_t max_tokens);
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

@@ -1,7 +1,7 @@
 #pragma once
-// Self-speculation's draft view (spec::Method::kSelfSparse): the target model drafts by reading a
-// few of the sequence's own pages — no second copy of its KV — and the full cache verifies. This
-// says which pages a draft row reads; the engine reads them in place.
+// Self-speculation's draft view (speculative::Method::kSelfSparse): the target model drafts by
+// reading a few of the sequence's own pages — no second copy of its KV — and the full cache
+// verifies. This says which pages a draft row reads; the engine reads them in place.
 //
 //   block table   [ 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7 ]   row at position p lives in block 7
 //   streaming     [ 0 |                   | 6 | 7 ]   sinks + the blocks of the last W positions
@@ -13,7 +13,7 @@
 
 #include "sparsity/policy_spec.h"
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 // The draft kv_policies a self_sparse config may name: sink + window (streaming:S=..,W=..) or
 // Quest page selection (quest:K=..,S=..,W=.., R = 1: a draft row chooses its own pages).
@@ -38,4 +38,4 @@ struct DraftView {
 // with the choice of sparsity::forced_pages() for the position + 1 keys the row sees.
 DraftView draft_view(const sparsity::PolicySpec& policy, int32_t position, int32_t page_size);
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

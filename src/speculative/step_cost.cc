@@ -1,8 +1,8 @@
-#include "spec/step_cost.h"
+#include "speculative/step_cost.h"
 
 #include <algorithm>
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 namespace {
 
@@ -47,4 +47,4 @@ double StepCost::draft_token_cost(Method method, int64_t sequences) const {
   return ((drafts_free ? 0.0 : pass) + b) / plain_token;
 }
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

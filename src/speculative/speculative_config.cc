@@ -1,4 +1,4 @@
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 
 #include "util/error.h"
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 namespace {
 
@@ -150,4 +150,4 @@ std::string to_json(const SpeculativeConfig& config) {
   return object.dump();
 }
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

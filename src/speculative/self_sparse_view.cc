@@ -1,4 +1,4 @@
-#include "spec/self_sparse_view.h"
+#include "speculative/self_sparse_view.h"
 
 #include <algorithm>
 #include <variant>
@@ -6,7 +6,7 @@
 #include "sparsity/selection.h"
 #include "util/error.h"
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 void check_draft_policy(const sparsity::PolicySpec& policy) {
   if (const auto* quest = std::get_if<sparsity::QuestSpec>(&policy.policy)) {
@@ -60,4 +60,4 @@ DraftView draft_view(const sparsity::PolicySpec& policy, int32_t position, int32
   return streaming_view(std::get<sparsity::StreamingSpec>(policy.policy), position, page_size);
 }
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

@@ -1,5 +1,6 @@
 #pragma once
-// What a draft token costs, measured as the engine runs (for adaptive k, spec/draft_length.h).
+// What a draft token costs, measured as the engine runs (for adaptive k,
+// speculative/draft_length.h).
 //
 // One drafted token of one sequence costs its row of a draft pass (a self_sparse pass over the
 // sparse views, or a draft model's pass, over all the sequences drafting in it; prompt lookup:
@@ -24,9 +25,9 @@
 #include <array>
 #include <cstdint>
 
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 class StepCost {
  public:
@@ -51,4 +52,4 @@ class StepCost {
   std::array<double, 4> draft_row_seconds_{};  // by Method, EMA of a pass's time per row; 0: never
 };
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

@@ -1,8 +1,8 @@
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 
 #include <algorithm>
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 DraftLength::DraftLength(int32_t max_tokens) : max_tokens_(std::max(max_tokens, 1)) {}
 
@@ -41,4 +41,4 @@ int32_t DraftLength::best_length(double acceptance, double cost, int32_t max_tok
   return best;
 }
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

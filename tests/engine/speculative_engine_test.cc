@@ -10,16 +10,16 @@
 
 #include "engine/engine.h"
 #include "engine_test_util.h"
-#include "spec/draft_length.h"
-#include "spec/speculative_config.h"
+#include "speculative/draft_length.h"
+#include "speculative/speculative_config.h"
 #include "speculative_test_util.h"
 
 namespace sieve::engine {
 namespace {
 
 // Self-speculation: the target model drafts through a sink + window view of its own pages.
-spec::SpeculativeConfig self_sparse(int32_t k, const char* view = "streaming:S=4,W=16") {
-  return {.method = spec::Method::kSelfSparse,
+speculative::SpeculativeConfig self_sparse(int32_t k, const char* view = "streaming:S=4,W=16") {
+  return {.method = speculative::Method::kSelfSparse,
           .num_speculative_tokens = k,
           .kv_policy = sparsity::parse_policy(view)};
 }
@@ -27,13 +27,14 @@ spec::SpeculativeConfig self_sparse(int32_t k, const char* view = "streaming:S=4
 // Self-speculation through a Quest view: sinks, the window and the best pages by q·k bound.
 // Page size 16: these contexts (20-100 tokens) have 2-7 pages, so K=3 with one sink and one
 // window page leaves one page to choose once there are four.
-spec::SpeculativeConfig self_quest(int32_t k, const char* view = "quest:K=3,S=1,W=1") {
+speculative::SpeculativeConfig self_quest(int32_t k, const char* view = "quest:K=3,S=1,W=1") {
   return self_sparse(k, view);
 }
 
 // Adaptive k at a fixed draft token cost, so that which k a step takes depends on the tokens
 // alone (measured costs move with the machine's load).
-spec::SpeculativeConfig adaptive(spec::SpeculativeConfig config, double draft_token_cost = 0.2) {
+speculative::SpeculativeConfig adaptive(speculative::SpeculativeConfig config,
+                                        double draft_token_cost = 0.2) {
   config.adaptive = true;
   config.draft_token_cost = draft_token_cost;
   return config;
@@ -42,7 +43,7 @@ spec::SpeculativeConfig adaptive(spec::SpeculativeConfig config, double draft_to
 struct GreedyCase {
   std::string name;
   bool generated_model = false;
-  spec::SpeculativeConfig speculative;
+  speculative::SpeculativeConfig speculative;
   bool some_rejected = true;  // a view wide enough for these short contexts drafts exactly
 };
 
@@ -260,7 +261,7 @@ TEST(Speculative, MixedBatchEachRequestEqualsItselfAlone) {
         r.speculative = ngram(8, 2, 2);
         break;
       case 2:
-        r.speculative = spec::SpeculativeConfig{};
+        r.speculative = speculative::SpeculativeConfig{};
         break;  // off for this request
       case 3:
         r.kv_policy = sparsity::parse_policy("streaming:S=4,W=32");
@@ -399,7 +400,7 @@ TEST(Speculative, QuestDraftInAMixedBatchEqualsPlain) {
     requests.push_back(r);
   }
   std::vector<Request> plain_requests = requests;
-  for (Request& r : plain_requests) r.speculative = spec::SpeculativeConfig{};
+  for (Request& r : plain_requests) r.speculative = speculative::SpeculativeConfig{};
   Engine plain(config(512), loaded.model, loaded.tokenizer);
   const auto expected = run(plain, plain_requests);
   EngineConfig c = config(512);
@@ -436,18 +437,19 @@ TEST(Speculative, AdaptiveKSampledOutputEqualsPlainForTheSameSeed) {
   }
   Engine plain(config(512), loaded.model, loaded.tokenizer);
   const auto expected = run(plain, requests);
-  for (const spec::SpeculativeConfig& speculative : {adaptive(self_sparse(8, "streaming:S=4,W=8")),
-                                                     adaptive(self_quest(8)), adaptive(ngram(8))}) {
+  for (const speculative::SpeculativeConfig& speculative :
+       {adaptive(self_sparse(8, "streaming:S=4,W=8")), adaptive(self_quest(8)),
+        adaptive(ngram(8))}) {
     EngineConfig c = config(512);
     c.speculative = speculative;
     Engine engine(c, loaded.model, loaded.tokenizer);
     const auto got = run(engine, requests);
-    SCOPED_TRACE(spec::to_json(speculative));
+    SCOPED_TRACE(speculative::to_json(speculative));
     expect_same_tokens(got, expected);
     expect_all_pages_free(engine);
     const EngineStats stats = engine.stats();
     EXPECT_GT(stats.spec_num_accepted_tokens, 0);
-    if (speculative.method == spec::Method::kSelfSparse) {
+    if (speculative.method == speculative::Method::kSelfSparse) {
       EXPECT_LT(stats.spec_num_draft_tokens, 8 * stats.spec_num_drafts) << "k never went down";
       EXPECT_GT(stats.spec_num_draft_tokens, stats.spec_num_drafts) << "k never went up";
     }
@@ -478,7 +480,7 @@ TEST(Speculative, AdaptiveTurnsItselfOffWhenDraftsCostAStep) {
     c.speculative.draft_token_cost = cost;
     Engine engine(c, loaded.model, loaded.tokenizer);
     const auto got = run(engine, requests);
-    SCOPED_TRACE(spec::to_json(c.speculative));
+    SCOPED_TRACE(speculative::to_json(c.speculative));
     expect_same_tokens(got, expected);
     expect_all_pages_free(engine);
     if (!cost) continue;
@@ -532,7 +534,7 @@ TEST(Speculative, UnavailableMethodsAreRefusedClearly) {
   model::LoadedModel loaded = load_stories();
   Engine engine(config(64), loaded.model, loaded.tokenizer);
   Request r = greedy(repetitive_prompts(*loaded.tokenizer)[0], 4);
-  r.speculative = spec::parse_speculative_config(
+  r.speculative = speculative::parse_speculative_config(
       R"({"method": "draft_model", "num_speculative_tokens": 2, "model": "/nonexistent.gguf"})");
   auto refused = engine.submit(r, [](const RequestEvent&) {});
   ASSERT_TRUE(std::holds_alternative<AdmissionError>(refused));

@@ -1,8 +1,8 @@
-#include "spec/ngram_proposer.h"
+#include "speculative/ngram_proposer.h"
 
 #include <algorithm>
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int32_t min_n, int32_t max_n,
                                    int32_t max_tokens) {
@@ -21,4 +21,4 @@ std::vector<int32_t> propose_ngram(std::span<const int32_t> tokens, int32_t min_
   return {};
 }
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

@@ -1,8 +1,8 @@
-#include "spec/draft_length.h"
+#include "speculative/draft_length.h"
 
 #include <gtest/gtest.h>
 
-namespace sieve::spec {
+namespace sieve::speculative {
 namespace {
 
 constexpr double kCost = 0.2;
@@ -80,4 +80,4 @@ TEST(DraftLength, TurnsItselfOffWhenDraftsDoNotPayAndProbes) {
 }
 
 }  // namespace
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

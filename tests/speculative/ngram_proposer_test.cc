@@ -1,8 +1,8 @@
-#include "spec/ngram_proposer.h"
+#include "speculative/ngram_proposer.h"
 
 #include <gtest/gtest.h>
 
-namespace sieve::spec {
+namespace sieve::speculative {
 namespace {
 
 using Tokens = std::vector<int32_t>;
@@ -29,4 +29,4 @@ TEST(NgramProposer, NoMatchOrNoRoomGivesAnEmptyDraft) {
 }
 
 }  // namespace
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

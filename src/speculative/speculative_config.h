@@ -11,14 +11,14 @@
 // least N sequences, where decode is compute-bound and verifying drafts costs more than it saves.
 // "adaptive": true (not a vLLM key; transformers calls the idea a "heuristic" assistant-token
 // schedule): each sequence's k moves in [0, num_speculative_tokens] with its recent acceptance
-// and the measured cost of a draft token (spec/draft_length.h), or with "draft_token_cost": c
-// given (the same for every machine); false (default): k = num_speculative_tokens.
-// "method": "none" (or an empty object) turns speculation off, e.g. for one request of a server
-// that speculates. Unknown keys and out-of-range values are errors naming the key.
+// and the measured cost of a draft token (speculative/draft_length.h), or with "draft_token_cost":
+// c given (the same for every machine); false (default): k = num_speculative_tokens. "method":
+// "none" (or an empty object) turns speculation off, e.g. for one request of a server that
+// speculates. Unknown keys and out-of-range values are errors naming the key.
 //
 // Defaults: num_speculative_tokens is required (1..kMaxSpeculativeTokens); prompt_lookup_max 4
 // and prompt_lookup_min 1 (when only one is given, the other is clamped to it); self_sparse's
-// kv_policy streaming:S=4,W=1020 (or quest:K=..: spec/self_sparse_view.h).
+// kv_policy streaming:S=4,W=1020 (or quest:K=..: speculative/self_sparse_view.h).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,7 +26,7 @@
 
 #include "sparsity/policy_spec.h"
 
-namespace sieve::spec {
+namespace sieve::speculative {
 
 inline constexpr int32_t kMaxSpeculativeTokens = 16;
 
@@ -46,8 +46,8 @@ struct SpeculativeConfig {
   std::string model;               // draft_model's GGUF file
   std::optional<int32_t> disable_by_batch_size;
   bool adaptive = false;  // k from recent acceptance, at most num_speculative_tokens
-  // adaptive's c (spec/draft_length.h) when set; otherwise measured as the engine runs
-  // (spec/step_cost.h). Fixed, k depends on the tokens alone, not on the machine's speed.
+  // adaptive's c (speculative/draft_length.h) when set; otherwise measured as the engine runs
+  // (speculative/step_cost.h). Fixed, k depends on the tokens alone, not on the machine's speed.
   std::optional<double> draft_token_cost;
   bool enabled() const { return method != Method::kNone && num_speculative_tokens > 0; }
   bool operator==(const SpeculativeConfig&) const = default;
@@ -59,4 +59,4 @@ std::string_view method_name(Method method);
 // Canonical JSON (the keys that apply to the method).
 std::string to_json(const SpeculativeConfig& config);
 
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

@@ -1,8 +1,8 @@
-#include "spec/step_cost.h"
+#include "speculative/step_cost.h"
 
 #include <gtest/gtest.h>
 
-namespace sieve::spec {
+namespace sieve::speculative {
 namespace {
 
 TEST(StepCost, PriorUntilADraftPassAndAStepWereTimed) {
@@ -74,4 +74,4 @@ TEST(StepCost, FollowsAChangeWithinItsMemory) {
 }
 
 }  // namespace
-}  // namespace sieve::spec
+}  // namespace sieve::speculative

@@ -1,10 +1,10 @@
-#include "spec/speculative_config.h"
+#include "speculative/speculative_config.h"
 
 #include <gtest/gtest.h>
 
 #include "util/error.h"
 
-namespace sieve::spec {
+namespace sieve::speculative {
 namespace {
 
 TEST(SpeculativeConfig, ParsesVllmStyleNgram) {
@@ -121,4 +121,4 @@ TEST(SpeculativeConfig, BadInputNamesTheKey) {
 }
 
 }  // namespace
-}  // namespace sieve::spec
+}  // namespace sieve::speculative
