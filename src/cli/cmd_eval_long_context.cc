@@ -55,6 +55,15 @@ eval::ChatRenderer chat_renderer(const model::LoadedModel& loaded, const std::st
   };
 }
 
+// The text a server tokenizes to `prompt` (special tokens parsed, BOS added when the
+// vocabulary wants one): special tokens written out, the BOS it adds left out.
+std::string prompt_text(const tok::Tokenizer& tokenizer, std::span<const tok::TokenId> prompt) {
+  const tok::Vocab& vocab = tokenizer.vocab();
+  if (vocab.add_bos && vocab.bos && !prompt.empty() && prompt.front() == *vocab.bos)
+    prompt = prompt.subspan(1);
+  return tokenizer.decode(prompt, true);
+}
+
 std::string budget_label(const eval::PolicySetting& s) {
   if (s.family == "full") return "-";
   return s.family == "fastgen" ? fmt::format("T={:g}", s.budget) : fmt::format("{:g}", s.budget);
@@ -71,12 +80,18 @@ std::string file_name(const eval::NeedleResult& r) {
   return name + ".svg";
 }
 
+// Accuracy as a fraction of dense ("-" when dense got nothing right).
+std::string vs_dense(const eval::NeedleResult& r) {
+  return r.accuracy_vs_dense ? fmt::format("{:.2f}", *r.accuracy_vs_dense) : "-";
+}
+
 void print_result(const eval::NeedleResult& r) {
-  fmt::print("{} {} {} budget {}: {:.3f} exact ({:.2f} of dense), {:.3f} of the asked values; "
-             "KV kept {:.3f}; {:.1f} s; {}\n",
-             eval::needle_task_name(r.task), r.setting.family,
-             model::kv_dtype_name(r.setting.kv_dtype), budget_label(r.setting), r.accuracy,
-             r.accuracy_vs_dense, r.query_accuracy, r.kv_kept, r.seconds, r.spec);
+  fmt::print(
+      "{} {} {} budget {}: {:.3f} exact ({} of dense), {:.3f} of the asked values; KV kept "
+      "{:.3f}; {:.1f} s, {} prompt tokens ({} from the prefix cache); {}\n",
+      eval::needle_task_name(r.task), r.setting.family, model::kv_dtype_name(r.setting.kv_dtype),
+      budget_label(r.setting), r.accuracy, vs_dense(r), r.query_accuracy, r.kv_kept, r.seconds,
+      r.prompt_tokens, r.cached_prompt_tokens, r.spec);
   std::vector<int32_t> lengths;
   for (const eval::NeedleCell& cell : r.cells) {
     if (std::find(lengths.begin(), lengths.end(), cell.length) == lengths.end())
@@ -121,7 +136,9 @@ nlohmann::json result_json(const eval::NeedleResult& r) {
   }
   nlohmann::json per_length = nlohmann::json::array();
   for (int32_t length : lengths)
-    per_length.push_back({{"length", length}, {"accuracy", r.accuracy_at(length)}});
+    per_length.push_back({{"length", length},
+                          {"accuracy", r.accuracy_at(length)},
+                          {"spec", r.spec_by_length.at(length)}});
   nlohmann::json cases = nlohmann::json::array();
   for (size_t i = 0; i < r.outcomes.size(); ++i) {
     const eval::NeedleOutcome& o = r.outcomes[i];
@@ -138,9 +155,12 @@ nlohmann::json result_json(const eval::NeedleResult& r) {
           {"kv_dtype", model::kv_dtype_name(r.setting.kv_dtype)},
           {"spec", r.spec},
           {"seconds", r.seconds},
+          {"prompt_tokens", r.prompt_tokens},
+          {"cached_prompt_tokens", r.cached_prompt_tokens},
           {"kv_kept", r.kv_kept},
           {"accuracy", r.accuracy},
-          {"accuracy_vs_dense", r.accuracy_vs_dense},
+          {"accuracy_vs_dense",
+           r.accuracy_vs_dense ? nlohmann::json(*r.accuracy_vs_dense) : nlohmann::json(nullptr)},
           {"query_accuracy", r.query_accuracy},
           {"lengths", per_length},
           {"cells", cells},
@@ -237,7 +257,8 @@ void run_long_context_eval(const SharedEvalOptions& shared, const LongContextOpt
                                                     << 20,
                                  .sparse_prefill_chunk = options.sparse_prefill_chunk};
   config.tasks.clear();
-  for (const std::string& task : options.tasks) config.tasks.push_back(*eval::parse_needle_task(task));
+  for (const std::string& task : options.tasks)
+    config.tasks.push_back(*eval::parse_needle_task(task));
   if (!options.depth_percents.empty()) {
     config.depths.clear();
     for (double percent : options.depth_percents) config.depths.push_back(percent / 100);
@@ -246,8 +267,8 @@ void run_long_context_eval(const SharedEvalOptions& shared, const LongContextOpt
   needles.framing = options.framing == "instruct" ? eval::NeedleFraming::kInstruct
                                                   : eval::NeedleFraming::kCompletion;
   needles.question_in_prompt = shared.question_in_prompt;
-  needles.value_kind =
-      options.value_kind == "digits" ? eval::NeedleValueKind::kDigits : eval::NeedleValueKind::kWords;
+  needles.value_kind = options.value_kind == "digits" ? eval::NeedleValueKind::kDigits
+                                                      : eval::NeedleValueKind::kWords;
   needles.value_min_tokens = options.value_tokens.at(0);
   needles.value_max_tokens = options.value_tokens.at(1);
   needles.num_distractors = options.num_distractors;
@@ -274,9 +295,9 @@ void run_long_context_eval(const SharedEvalOptions& shared, const LongContextOpt
       config.sparse_prefill_chunk > 0 ? fmt::format("every {} tokens", config.sparse_prefill_chunk)
                                       : std::string("once, after the prompt"));
   std::fflush(stdout);
-  const eval::LongContextRun run = eval::run_long_context_eval(
-      loaded.model, loaded.tokenizer, haystack, config,
-      [](const eval::NeedleResult& r) { print_result(r); });
+  const eval::LongContextRun run =
+      eval::run_long_context_eval(loaded.model, loaded.tokenizer, haystack, config,
+                                  [](const eval::NeedleResult& r) { print_result(r); });
 
   const std::string framing_line =
       fmt::format("{} framing, question {}", options.framing,
@@ -285,15 +306,15 @@ void run_long_context_eval(const SharedEvalOptions& shared, const LongContextOpt
     std::filesystem::create_directories(options.heatmap_dir);
     for (const eval::NeedleResult& r : run.results) {
       const bool full = r.setting.family == "full";
-      const std::string title =
-          fmt::format("{}: {}{}, KV {}", eval::needle_task_name(r.task), r.setting.family,
-                      full ? " (dense)"
-                           : fmt::format(" {} {}", r.setting.family == "fastgen" ? "threshold" : "budget",
-                                         budget_label(r.setting)),
-                      model::kv_dtype_name(r.setting.kv_dtype));
-      const std::string subtitle = fmt::format(
-          "{}, {}\n{:.0f}% exact ({:.2f} of dense), KV kept {:.2f}: {}", loaded.name,
-          framing_line, r.accuracy * 100, r.accuracy_vs_dense, r.kv_kept, r.spec);
+      const std::string title = fmt::format(
+          "{}: {}{}, KV {}", eval::needle_task_name(r.task), r.setting.family,
+          full ? " (dense)"
+               : fmt::format(" {} {}", r.setting.family == "fastgen" ? "threshold" : "budget",
+                             budget_label(r.setting)),
+          model::kv_dtype_name(r.setting.kv_dtype));
+      const std::string subtitle =
+          fmt::format("{}, {}\n{:.0f}% exact ({} of dense), KV kept {:.2f}: {}", loaded.name,
+                      framing_line, r.accuracy * 100, vs_dense(r), r.kv_kept, r.spec);
       write_file((std::filesystem::path(options.heatmap_dir) / file_name(r)).string(),
                  eval::needle_heatmap_svg(r, title, subtitle));
     }
@@ -311,20 +332,19 @@ void run_long_context_eval(const SharedEvalOptions& shared, const LongContextOpt
         nlohmann::json queries = nlohmann::json::array();
         for (const eval::NeedleQuery& q : c.queries)
           queries.push_back({{"key", q.key}, {"value", q.value}});
-        const nlohmann::json line = {
-            {"task", eval::needle_task_name(set.task)},
-            {"id", i},
-            {"length", c.length},
-            {"depth", c.depth},
-            {"needle_depth", c.needle_depth},
-            {"case", c.case_idx},
-            {"haystack_tokens", c.num_haystack_tokens},
-            {"needles", placed},
-            {"queries", queries},
-            {"prompt_tokens", c.prompt.size()},
-            {"prompt", loaded.tokenizer->decode(c.prompt, true)},
-            {"forced", loaded.tokenizer->decode(c.forced, true)},
-            {"max_tokens", c.max_tokens}};
+        const nlohmann::json line = {{"task", eval::needle_task_name(set.task)},
+                                     {"id", i},
+                                     {"length", c.length},
+                                     {"depth", c.depth},
+                                     {"needle_depth", c.needle_depth},
+                                     {"case", c.case_idx},
+                                     {"haystack_tokens", c.num_haystack_tokens},
+                                     {"needles", placed},
+                                     {"queries", queries},
+                                     {"prompt_tokens", c.prompt.size()},
+                                     {"prompt", prompt_text(*loaded.tokenizer, c.prompt)},
+                                     {"forced", loaded.tokenizer->decode(c.forced, true)},
+                                     {"max_tokens", c.max_tokens}};
         lines += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
       }
     }
@@ -338,27 +358,27 @@ void run_long_context_eval(const SharedEvalOptions& shared, const LongContextOpt
       cases_per_cell[std::to_string(length)] =
           options.cases_per_cell.value_or(eval::default_cases_per_cell(length));
     }
-    const nlohmann::json doc = {
-        {"model", shared.model.model_path},
-        {"text", shared.text_path},
-        {"context", run.context},
-        {"tasks", options.tasks},
-        {"framing", options.framing},
-        {"retrieval_cue", needles.question_in_prompt ? "prompt" : "after"},
-        {"lengths", run.lengths},
-        {"depths", config.depths},
-        {"cases_per_cell", cases_per_cell},
-        {"value", {{"kind", options.value_kind},
-                   {"min_tokens", needles.value_min_tokens},
-                   {"max_tokens", needles.value_max_tokens}}},
-        {"distractors", needles.num_distractors},
-        {"num_values", needles.num_values},
-        {"queries", needles.num_queries},
-        {"seed", needles.seed},
-        {"kv_dtype", model::kv_dtype_name(config.kv_dtype)},
-        {"sparse_prefill_chunk", config.sparse_prefill_chunk},
-        {"reference", "f32 full"},
-        {"results", results}};
+    const nlohmann::json doc = {{"model", shared.model.model_path},
+                                {"text", shared.text_path},
+                                {"context", run.context},
+                                {"tasks", options.tasks},
+                                {"framing", options.framing},
+                                {"retrieval_cue", needles.question_in_prompt ? "prompt" : "after"},
+                                {"lengths", run.lengths},
+                                {"depths", config.depths},
+                                {"cases_per_cell", cases_per_cell},
+                                {"value",
+                                 {{"kind", options.value_kind},
+                                  {"min_tokens", needles.value_min_tokens},
+                                  {"max_tokens", needles.value_max_tokens}}},
+                                {"distractors", needles.num_distractors},
+                                {"num_values", needles.num_values},
+                                {"queries", needles.num_queries},
+                                {"seed", needles.seed},
+                                {"kv_dtype", model::kv_dtype_name(config.kv_dtype)},
+                                {"sparse_prefill_chunk", config.sparse_prefill_chunk},
+                                {"reference", "f32 full"},
+                                {"results", results}};
     write_file(shared.json_path,
                doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }

@@ -53,8 +53,9 @@ NeedleOutcome score(const NeedleCase& c, const EvalOutput& out, const tok::Token
     outcome.answer = tokenizer.decode(outcome.answer_tokens);
     if (c.scoring == NeedleScoring::kStartsWith) {
       const size_t first = outcome.answer.find_first_not_of(" \t\r\n");
-      const std::string_view text =
-          first == std::string::npos ? std::string_view() : std::string_view(outcome.answer).substr(first);
+      const std::string_view text = first == std::string::npos
+                                        ? std::string_view()
+                                        : std::string_view(outcome.answer).substr(first);
       outcome.num_queries_exact = text.starts_with(c.queries.front().value);
     } else {
       const std::string text = lowercase(outcome.answer);
@@ -132,9 +133,9 @@ std::vector<EvalOutput> run_setting(std::shared_ptr<const model::LlamaModel> mod
 }
 
 NeedleResult summarize(NeedleTask task, const PolicySetting& setting,
-                       const std::vector<NeedleCase>& cases,
-                       const std::vector<EvalOutput>& outputs, const tok::Tokenizer& tokenizer,
-                       const std::vector<int32_t>& lengths, const std::vector<double>& depths) {
+                       const std::vector<NeedleCase>& cases, const std::vector<EvalOutput>& outputs,
+                       const tok::Tokenizer& tokenizer, const std::vector<int32_t>& lengths,
+                       const std::vector<double>& depths) {
   NeedleResult result{.task = task, .setting = setting};
   for (int32_t length : lengths) {
     for (double depth : depths) result.cells.push_back({.length = length, .depth = depth});
@@ -144,8 +145,8 @@ NeedleResult summarize(NeedleTask task, const PolicySetting& setting,
   for (size_t i = 0; i < cases.size(); ++i) {
     const NeedleCase& c = cases[i];
     NeedleOutcome outcome = score(c, outputs[i], tokenizer);
-    const size_t row = static_cast<size_t>(
-        std::find(lengths.begin(), lengths.end(), c.length) - lengths.begin());
+    const size_t row =
+        static_cast<size_t>(std::find(lengths.begin(), lengths.end(), c.length) - lengths.begin());
     const size_t column =
         static_cast<size_t>(std::find(depths.begin(), depths.end(), c.depth) - depths.begin());
     NeedleCell& cell = result.cells[row * depths.size() + column];
@@ -158,8 +159,10 @@ NeedleResult summarize(NeedleTask task, const PolicySetting& setting,
     num_queries += static_cast<int32_t>(c.queries.size());
     num_queries_exact += outcome.num_queries_exact;
     const engine::Usage& usage = outputs[i].usage;
-    kept += usage.kv_dense_pages > 0 ? static_cast<double>(usage.kv_pages) / usage.kv_dense_pages
-                                     : 1.0;
+    kept +=
+        usage.kv_dense_pages > 0 ? static_cast<double>(usage.kv_pages) / usage.kv_dense_pages : 1.0;
+    result.prompt_tokens += usage.prompt_tokens;
+    result.cached_prompt_tokens += usage.cached_prompt_tokens;
     result.outcomes.push_back(std::move(outcome));
   }
   for (NeedleCell& cell : result.cells) {
@@ -167,7 +170,8 @@ NeedleResult summarize(NeedleTask task, const PolicySetting& setting,
   }
   const auto n = static_cast<double>(cases.size());
   result.accuracy = n > 0 ? num_exact / n : 0.0;
-  result.query_accuracy = num_queries > 0 ? static_cast<double>(num_queries_exact) / num_queries : 0.0;
+  result.query_accuracy =
+      num_queries > 0 ? static_cast<double>(num_queries_exact) / num_queries : 0.0;
   result.kv_kept = n > 0 ? kept / n : 1.0;
   return result;
 }
@@ -204,8 +208,8 @@ LongContextRun run_long_context_eval(std::shared_ptr<const model::LlamaModel> mo
                                      const std::function<void(const NeedleResult&)>& on_result) {
   // Everything that can be refused is refused first, before any model work.
   const std::vector<PolicySetting> settings =
-      policy_settings(config.families, config.budgets, config.fastgen_thresholds,
-                      config.kv_dtype, config.calibration != nullptr);
+      policy_settings(config.families, config.budgets, config.fastgen_thresholds, config.kv_dtype,
+                      config.calibration != nullptr);
   if (config.tasks.empty()) fail("no task to run");
   if (config.depths.empty()) fail("no depth to put the needle at");
   for (double depth : config.depths) {
@@ -259,13 +263,15 @@ LongContextRun run_long_context_eval(std::shared_ptr<const model::LlamaModel> mo
       }
       const std::vector<EvalOutput> outputs =
           run_setting(model, tokenizer, set.cases, policies, setting, config);
-      NeedleResult result = summarize(set.task, setting, set.cases, outputs, *tokenizer,
-                                      run.lengths, config.depths);
+      NeedleResult result =
+          summarize(set.task, setting, set.cases, outputs, *tokenizer, run.lengths, config.depths);
       result.spec = policies.front();
+      for (size_t i = 0; i < set.cases.size(); ++i)
+        result.spec_by_length.try_emplace(set.cases[i].length, policies[i]);
       result.seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (&setting == &settings.front()) dense_accuracy = result.accuracy;
-      result.accuracy_vs_dense = dense_accuracy > 0 ? result.accuracy / dense_accuracy : 0.0;
+      if (dense_accuracy > 0) result.accuracy_vs_dense = result.accuracy / dense_accuracy;
       if (on_result) on_result(result);
       run.results.push_back(std::move(result));
     }
@@ -321,13 +327,14 @@ std::string needle_heatmap_svg(const NeedleResult& result, const std::string& ti
   const double left = (width - grid_w - kRight + kLeft) / 2;  // the grid centred
   std::string svg = svg::document_begin(width, height, title);
   for (size_t i = 0; i < subtitle_lines.size(); ++i) {
-    svg += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="12" text-anchor="middle">{}</text>)"
-                       "\n",
-                       width / 2, 42 + 16 * static_cast<double>(i), svg::escape(subtitle_lines[i]));
+    svg +=
+        fmt::format(R"(<text x="{:.1f}" y="{:.1f}" font-size="12" text-anchor="middle">{}</text>)"
+                    "\n",
+                    width / 2, 42 + 16 * static_cast<double>(i), svg::escape(subtitle_lines[i]));
   }
   for (const NeedleCell& cell : result.cells) {
-    const auto column = static_cast<double>(
-        std::find(lengths.begin(), lengths.end(), cell.length) - lengths.begin());
+    const auto column = static_cast<double>(std::find(lengths.begin(), lengths.end(), cell.length) -
+                                            lengths.begin());
     const auto row =
         static_cast<double>(std::find(depths.begin(), depths.end(), cell.depth) - depths.begin());
     const double x = left + column * kCellWidth, y = top + row * kCellHeight;

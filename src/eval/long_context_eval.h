@@ -11,6 +11,7 @@
 // sparse_prefill_chunk tokens (as `sieve serve` does); such prompts take no prefix-cache hit.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,11 +27,11 @@ namespace sieve::eval {
 
 struct LongContextConfig {
   std::vector<NeedleTask> tasks = {NeedleTask::kSingle};
-  NeedleTaskConfig needles;       // framing, question place, values, counts, seed (task: each)
-  std::vector<int32_t> lengths;   // empty: default_needle_lengths
+  NeedleTaskConfig needles;      // framing, question place, values, counts, seed (task: each)
+  std::vector<int32_t> lengths;  // empty: default_needle_lengths
   std::vector<double> depths = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
   std::optional<int32_t> cases_per_cell;  // unset: default_cases_per_cell
-  std::vector<std::string> families = {"streaming", "h2o", "snapkv", "pyramidkv",
+  std::vector<std::string> families = {"streaming", "h2o",       "snapkv",  "pyramidkv",
                                        "adakv",     "layerwise", "fastgen", "quest"};
   std::vector<double> budgets = {0.5, 0.25, 0.125};  // kept tokens per head / prompt tokens
   std::vector<double> fastgen_thresholds = {0.02, 0.05, 0.1, 0.2};  // T, in place of budgets
@@ -70,13 +71,17 @@ struct NeedleResult {
   NeedleTask task = NeedleTask::kSingle;
   PolicySetting setting;
   std::string spec;  // the policy string of the first case (budgets scale per prompt)
+  std::map<int32_t, std::string> spec_by_length;  // that of each length's first case
   double seconds = 0.0;
-  double kv_kept = 1.0;  // pages held at the end / pages of the same tokens dense, mean
-  std::vector<NeedleCell> cells;       // length-major, in the config's depth order
+  double kv_kept = 1.0;              // pages held at the end / pages of the same tokens dense, mean
+  int64_t prompt_tokens = 0;         // over the cases
+  int64_t cached_prompt_tokens = 0;  // of which the prefix cache had
+  std::vector<NeedleCell> cells;     // length-major, in the config's depth order
   std::vector<NeedleOutcome> outcomes;  // per case, as LongContextRun::cases
   double accuracy = 0.0;
   double query_accuracy = 0.0;
-  double accuracy_vs_dense = 1.0;  // / the f32 dense accuracy of the same task (0 if that is 0)
+  // accuracy / the f32 dense accuracy of the same task; unset when that is 0.
+  std::optional<double> accuracy_vs_dense;
   double accuracy_at(int32_t length) const;
 };
 
@@ -95,10 +100,10 @@ struct LongContextRun {
 // `haystack`: any text. Throws sieve::Error before any model work for a length the model's
 // context cannot hold with its answer, an unknown policy family, or a task it cannot make.
 // `on_result` sees each setting as it finishes.
-LongContextRun run_long_context_eval(std::shared_ptr<const model::LlamaModel> model,
-                                     std::shared_ptr<const tok::Tokenizer> tokenizer,
-                                     const std::string& haystack, const LongContextConfig& config,
-                                     const std::function<void(const NeedleResult&)>& on_result = {});
+LongContextRun run_long_context_eval(
+    std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+    const std::string& haystack, const LongContextConfig& config,
+    const std::function<void(const NeedleResult&)>& on_result = {});
 
 // The picture of needle-in-a-haystack results: depth (rows, 0% at the top) x length (columns),
 // each cell coloured by accuracy (red 0 .. yellow .. green 1) and labelled with its percentage.

@@ -132,7 +132,8 @@ NeedleCaseMaker::NeedleCaseMaker(std::shared_ptr<const tok::Tokenizer> tokenizer
     }
   }
   if (!any_sentence_end)
-    fail("the haystack text has no sentence end ('. ', '! ' or '? '): needles go between sentences");
+    fail(
+        "the haystack text has no sentence end ('. ', '! ' or '? '): needles go between sentences");
 
   const tok::Vocab& vocab = tokenizer_->vocab();
   if (c.framing == NeedleFraming::kInstruct) {
@@ -143,8 +144,8 @@ NeedleCaseMaker::NeedleCaseMaker(std::shared_ptr<const tok::Tokenizer> tokenizer
         rendered.find(kMessagePlaceholder, at + 1) != std::string::npos) {
       fail("the chat template does not show the user message once, verbatim: '{}'", rendered);
     }
-    opening_ = tokenizer_->encode(rendered.substr(0, at),
-                                  {.add_special = false, .parse_special = true});
+    opening_ =
+        tokenizer_->encode(rendered.substr(0, at), {.add_special = false, .parse_special = true});
     // As a chat server does: BOS when the vocabulary wants one and the template wrote none.
     if (vocab.add_bos && vocab.bos && (opening_.empty() || opening_.front() != *vocab.bos))
       opening_.insert(opening_.begin(), *vocab.bos);
@@ -251,8 +252,8 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
       words_asked = fmt::format("What are the secret codes of {}? Answer with the codes only.",
                                 list_of(keys));
     } else if (c.task == NeedleTask::kMultiValue) {
-      words_asked = fmt::format(
-          "What are all the secret codes of {}? Answer with the codes only.", first_key);
+      words_asked = fmt::format("What are all the secret codes of {}? Answer with the codes only.",
+                                first_key);
     } else {
       words_asked =
           fmt::format("What is the secret code of {}? Answer with the code only.", first_key);
@@ -274,7 +275,9 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
 
   // The window: it ends at a sentence end and starts at a word, from a seeded place.
   const auto text_len = static_cast<int64_t>(haystack_.size());
-  const auto at = [&](int64_t i) { return static_cast<size_t>(((i % text_len) + text_len) % text_len); };
+  const auto at = [&](int64_t i) {
+    return static_cast<size_t>(((i % text_len) + text_len) % text_len);
+  };
   const auto seeded = static_cast<int64_t>(draw(rng, static_cast<uint64_t>(text_len)));
   int64_t end = -1;
   for (int64_t e = seeded; e < seeded + text_len && end < 0; ++e) {
@@ -337,7 +340,8 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
     document.reserve(static_cast<size_t>(length));
     int32_t done = 0;
     for (size_t i : order) {
-      for (; done < placed[i].haystack_offset; ++done) document.push_back(haystack_[at(begin + done)]);
+      for (; done < placed[i].haystack_offset; ++done)
+        document.push_back(haystack_[at(begin + done)]);
       append(document, needle_tokens[i]);
       out.needles.push_back(placed[i]);
     }
@@ -368,9 +372,9 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
     }
     if (c.framing == NeedleFraming::kInstruct) {
       out.scoring = NeedleScoring::kContains;
-      out.max_tokens = size_of(out.forced) + kInstructSlack +
-                       static_cast<int32_t>(out.queries.size()) *
-                           (c.value_max_tokens + kInstructSlackPerValue);
+      out.max_tokens =
+          size_of(out.forced) + kInstructSlack +
+          static_cast<int32_t>(out.queries.size()) * (c.value_max_tokens + kInstructSlackPerValue);
     } else if (out.queries.size() == 1) {
       out.scoring = NeedleScoring::kStartsWith;
       out.max_tokens = size_of(out.forced) + c.value_max_tokens + kAnswerSlack;

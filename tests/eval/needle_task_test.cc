@@ -97,7 +97,8 @@ TEST_F(NeedleTaskTest, LengthsAreExactInEveryTaskFramingAndPlace) {
                 << needle_task_name(task) << " " << needle_framing_name(framing) << " "
                 << in_prompt;
             EXPECT_EQ(in_prompt, question_after_prompt(c) == 0);
-            EXPECT_LE(static_cast<int32_t>(c.forced.size()) - static_cast<int32_t>(question_after_prompt(c)),
+            EXPECT_LE(static_cast<int32_t>(c.forced.size()) -
+                          static_cast<int32_t>(question_after_prompt(c)),
                       m.answer_room());
             EXPECT_GE(c.max_tokens, static_cast<int32_t>(c.forced.size()));
             EXPECT_LE(c.max_tokens - static_cast<int32_t>(question_after_prompt(c)),
@@ -140,9 +141,9 @@ TEST_F(NeedleTaskTest, NeedlesSitBetweenSentencesAtTheRequestedDepth) {
         EXPECT_EQ(c.needle_depth, c.depth);
       }
       // (Decoding drops the space of the text's first word.)
-      const std::string sentence = fmt::format("{}The secret code of {} is {}.",
-                                               needle.haystack_offset > 0 ? " " : "", needle.key,
-                                               needle.value);
+      const std::string sentence =
+          fmt::format("{}The secret code of {} is {}.", needle.haystack_offset > 0 ? " " : "",
+                      needle.key, needle.value);
       const std::string text = tokenizer().decode(c.prompt);
       const size_t at = text.find(sentence);
       ASSERT_NE(at, std::string::npos) << text;
@@ -194,8 +195,10 @@ TEST_F(NeedleTaskTest, KeysDistinctValuesWithinTokenBounds) {
           EXPECT_GE(tokens, 5u) << n.value;
           EXPECT_LE(tokens, 9u) << n.value;
           for (char ch : n.value) {
-            if (kind == NeedleValueKind::kDigits) EXPECT_TRUE(std::isdigit(ch) || ch == ' ');
-            else EXPECT_TRUE(std::islower(ch) || ch == ' ');
+            if (kind == NeedleValueKind::kDigits)
+              EXPECT_TRUE(std::isdigit(ch) || ch == ' ');
+            else
+              EXPECT_TRUE(std::islower(ch) || ch == ' ');
           }
           const auto& list = needle_keys();
           EXPECT_NE(std::find(list.begin(), list.end(), n.key), list.end());
@@ -249,8 +252,8 @@ TEST_F(NeedleTaskTest, ChainedAnswersAreForcedWhereTheQueriesSay) {
       if (task == NeedleTask::kMultiValue) {
         // In the order the document gives the values.
         for (size_t i = 0; i < 3; ++i) EXPECT_EQ(c.queries[i].value, c.needles[i].value);
-        const std::string want = fmt::format("{}, {}, {}", c.queries[0].value, c.queries[1].value,
-                                             c.queries[2].value);
+        const std::string want =
+            fmt::format("{}, {}, {}", c.queries[0].value, c.queries[1].value, c.queries[2].value);
         EXPECT_NE(forced.find(want), std::string::npos) << forced;
         const std::string text = tokenizer().decode(c.prompt) + " " + forced;
         EXPECT_NE(text.find(fmt::format("The secret codes of {} are", key)), std::string::npos);
@@ -264,9 +267,10 @@ TEST_F(NeedleTaskTest, ChainedAnswersAreForcedWhereTheQueriesSay) {
 }
 
 TEST_F(NeedleTaskTest, InstructPromptsGoThroughTheChatTemplate) {
-  const NeedleCaseMaker m =
-      maker({.task = NeedleTask::kMultiQuery, .framing = NeedleFraming::kInstruct,
-             .num_queries = 3, .render_chat = chatml()});
+  const NeedleCaseMaker m = maker({.task = NeedleTask::kMultiQuery,
+                                   .framing = NeedleFraming::kInstruct,
+                                   .num_queries = 3,
+                                   .render_chat = chatml()});
   const NeedleCase c = m.make_cases(500, 0, std::vector<double>{0.5})[0];
   EXPECT_EQ(c.scoring, NeedleScoring::kContains);
   const std::string text = tokenizer().decode(c.prompt);
