@@ -27,8 +27,8 @@ struct Result {
 };
 
 Result run(const std::string& args, bool merge_stderr = false) {
-  const std::string command = std::string(SIEVE_BINARY_DIR) + "/sieve " + args +
-                              (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  const std::string command =
+      std::string(SIEVE_BINARY_DIR) + "/sieve " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* pipe = ::popen(command.c_str(), "r");
   Result result;
   if (pipe == nullptr) return result;
@@ -144,7 +144,8 @@ TEST_F(EvalNeedleCli, GridWritesJsonHeatmapsAndCasesThatTheModelReproduces) {
       const std::string answer = outcomes[i]["answer"];
       const std::string value = cases[i]["queries"][0]["value"];
       const size_t first = answer.find_first_not_of(" \n");
-      const bool starts = first != std::string::npos && answer.compare(first, value.size(), value) == 0;
+      const bool starts =
+          first != std::string::npos && answer.compare(first, value.size(), value) == 0;
       EXPECT_EQ(outcomes[i]["exact"].get<bool>(), starts) << answer << " / " << value;
       auto& cell = cells[{cases[i]["length"].get<int>(), cases[i]["depth"].get<double>()}];
       cell.first += starts;
@@ -222,8 +223,7 @@ TEST_F(EvalNeedleCli, LengthsBeyondTheContextAndMixedModesAreClearErrors) {
   Result too_long =
       run("eval -m " + model() + " -f " + text() + " --task single --lengths 256,1024", true);
   EXPECT_EQ(too_long.exit_code, 1);
-  EXPECT_NE(too_long.out.find("does not fit the model's context of 1024 tokens"),
-            std::string::npos)
+  EXPECT_NE(too_long.out.find("does not fit the model's context of 1024 tokens"), std::string::npos)
       << too_long.out;
   EXPECT_EQ(too_long.out.find("single full"), std::string::npos) << "refused before any work";
   Result fidelity_option =

@@ -93,8 +93,8 @@ TEST_F(LongContextEvalTest, CellsAddUpAndTheSameSeedGivesTheSameResults) {
     for (size_t i = 0; i < cases.size(); ++i) {
       // Exact means: the generated text, leading white space stripped, starts with the value.
       const NeedleOutcome& o = r.outcomes[i];
-      const std::string text = o.answer.substr(std::min(o.answer.find_first_not_of(" \n"),
-                                                        o.answer.size()));
+      const std::string text =
+          o.answer.substr(std::min(o.answer.find_first_not_of(" \n"), o.answer.size()));
       EXPECT_EQ(o.exact, text.starts_with(cases[i].queries[0].value)) << o.answer;
       EXPECT_EQ(loaded_->tokenizer->decode(o.answer_tokens), o.answer);
     }
@@ -110,7 +110,8 @@ TEST_F(LongContextEvalTest, CellsAddUpAndTheSameSeedGivesTheSameResults) {
   const LongContextRun again = run(config);
   for (size_t r = 0; r < first.results.size(); ++r) {
     for (size_t i = 0; i < cases.size(); ++i)
-      EXPECT_EQ(again.results[r].outcomes[i].answer_tokens, first.results[r].outcomes[i].answer_tokens);
+      EXPECT_EQ(again.results[r].outcomes[i].answer_tokens,
+                first.results[r].outcomes[i].answer_tokens);
   }
 }
 
@@ -171,19 +172,18 @@ TEST_F(LongContextEvalTest, EveryTaskRunsInBothFramingsAndPlaces) {
   };
   for (NeedleFraming framing : {NeedleFraming::kCompletion, NeedleFraming::kInstruct}) {
     for (bool in_prompt : {true, false}) {
-      const LongContextConfig config{
-          .tasks = {NeedleTask::kSingle, NeedleTask::kMultiKey, NeedleTask::kMultiValue,
-                    NeedleTask::kMultiQuery},
-          .needles = {.framing = framing,
-                      .question_in_prompt = in_prompt,
-                      .num_values = 2,
-                      .num_queries = 2,
-                      .render_chat = chatml},
-          .lengths = {300},
-          .depths = {0.5},
-          .cases_per_cell = 2,
-          .families = {"snapkv"},
-          .budgets = {0.25}};
+      const LongContextConfig config{.tasks = {NeedleTask::kSingle, NeedleTask::kMultiKey,
+                                               NeedleTask::kMultiValue, NeedleTask::kMultiQuery},
+                                     .needles = {.framing = framing,
+                                                 .question_in_prompt = in_prompt,
+                                                 .num_values = 2,
+                                                 .num_queries = 2,
+                                                 .render_chat = chatml},
+                                     .lengths = {300},
+                                     .depths = {0.5},
+                                     .cases_per_cell = 2,
+                                     .families = {"snapkv"},
+                                     .budgets = {0.25}};
       const LongContextRun lc = run(config);
       ASSERT_EQ(lc.results.size(), 8u) << "dense and snapkv per task";
       for (const NeedleResult& r : lc.results) {
