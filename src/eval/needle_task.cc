@@ -296,26 +296,28 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
   for (size_t i = 1; i < needles.size(); ++i)
     needles[i].haystack_offset = slots[draw(rng, slots.size())];
 
-  // The chained questions and answers of completion multi-value / multi-query.
-  std::vector<NeedleQuery> queries;
-  std::vector<TokenId> chain;
-  if (c.framing == NeedleFraming::kCompletion && c.task == NeedleTask::kMultiQuery) {
-    for (size_t i = 0; i < needles.size(); ++i) {
-      if (i > 0) {
-        append(chain, encode_after_sentence("."));
-        append(chain, encode_after_sentence(cue_text(needles[i].key)));
+  // Completion multi-value / multi-query: the answers follow the first question in one
+  // forced continuation, with what goes between them: ",", or ". " and the next question.
+  const bool chained =
+      c.framing == NeedleFraming::kCompletion && num_needles > 1 && c.task != NeedleTask::kMultiKey;
+  const std::vector<TokenId> comma = encode_after_sentence(",");
+  const std::vector<TokenId> period = encode_after_sentence(".");
+  const auto chain = [&](const std::vector<PlacedNeedle>& placed, std::span<const size_t> asked,
+                         NeedleCase& out) {
+    for (size_t n = 0; n < asked.size(); ++n) {
+      const size_t i = asked[n];
+      if (n > 0 && c.task == NeedleTask::kMultiValue) append(out.forced, comma);
+      if (n > 0 && c.task == NeedleTask::kMultiQuery) {
+        append(out.forced, period);
+        append(out.forced, encode_after_sentence(cue_text(placed[i].key)));
       }
-      queries.push_back({.key = needles[i].key,
-                         .value = needles[i].value,
-                         .answer_begin = size_of(chain),
-                         .answer_end = size_of(chain) + size_of(value_tokens[i])});
-      append(chain, value_tokens[i]);
+      out.queries.push_back({.key = placed[i].key,
+                             .value = placed[i].value,
+                             .answer_begin = size_of(out.forced),
+                             .answer_end = size_of(out.forced) + size_of(value_tokens[i])});
+      append(out.forced, value_tokens[i]);
     }
-  } else if (c.task == NeedleTask::kMultiValue || c.task == NeedleTask::kMultiQuery) {
-    for (const PlacedNeedle& n : needles) queries.push_back({.key = n.key, .value = n.value});
-  } else {
-    queries.push_back({.key = first_key, .value = needles.front().value});
-  }
+  };
 
   std::vector<NeedleCase> cases;
   for (double depth : depths) {
@@ -347,22 +349,6 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
     }
     for (; done < hay_len; ++done) document.push_back(haystack_[at(begin + done)]);
 
-    out.queries = queries;
-    if (c.framing == NeedleFraming::kCompletion && c.task == NeedleTask::kMultiValue) {
-      // Values in document order, after the question; each answer is forced and read.
-      std::vector<TokenId> values_chain;
-      out.queries.clear();
-      for (size_t n = 0; n < order.size(); ++n) {
-        if (n > 0) append(values_chain, encode_after_sentence(","));
-        const size_t i = order[n];
-        out.queries.push_back({.key = placed[i].key,
-                               .value = placed[i].value,
-                               .answer_begin = size_of(values_chain),
-                               .answer_end = size_of(values_chain) + size_of(value_tokens[i])});
-        append(values_chain, value_tokens[i]);
-      }
-      chain = std::move(values_chain);
-    }
     out.prompt = opening_;
     append(out.prompt, document);
     if (c.question_in_prompt) {
@@ -370,20 +356,25 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
     } else {
       out.forced = question;
     }
-    if (c.framing == NeedleFraming::kInstruct) {
+    if (chained) {
+      // multi-query asks in the order drawn; multi-value lists the values as the document does.
+      std::vector<size_t> asked(needles.size());
+      std::iota(asked.begin(), asked.end(), 0);
+      chain(placed, c.task == NeedleTask::kMultiValue ? order : asked, out);
+      out.scoring = NeedleScoring::kForced;
+      out.max_tokens = size_of(out.forced);
+    } else if (c.framing == NeedleFraming::kInstruct) {
+      const size_t num_asked = c.task == NeedleTask::kMultiKey ? 1 : placed.size();
+      for (size_t i = 0; i < num_asked; ++i)
+        out.queries.push_back({.key = placed[i].key, .value = placed[i].value});
       out.scoring = NeedleScoring::kContains;
       out.max_tokens =
           size_of(out.forced) + kInstructSlack +
-          static_cast<int32_t>(out.queries.size()) * (c.value_max_tokens + kInstructSlackPerValue);
-    } else if (out.queries.size() == 1) {
+          static_cast<int32_t>(num_asked) * (c.value_max_tokens + kInstructSlackPerValue);
+    } else {
+      out.queries.push_back({.key = first_key, .value = placed.front().value});
       out.scoring = NeedleScoring::kStartsWith;
       out.max_tokens = size_of(out.forced) + c.value_max_tokens + kAnswerSlack;
-    } else {
-      out.scoring = NeedleScoring::kForced;
-      const int32_t shift = size_of(out.forced);
-      for (NeedleQuery& q : out.queries) q.answer_begin += shift, q.answer_end += shift;
-      append(out.forced, chain);
-      out.max_tokens = size_of(out.forced);
     }
     cases.push_back(std::move(out));
   }
