@@ -1,4 +1,5 @@
-// `sieve eval`: fidelity of KV sparsity policies against the dense cache (table, JSON, SVG).
+// `sieve eval`: fidelity of KV sparsity policies against the dense cache (table, JSON, SVG), or
+// with --task needle-in-a-haystack accuracy over lengths x depths (cli/eval_long_context.h).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -6,6 +7,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/eval_long_context.h"
 #include "cli/kv_dtype_option.h"
 #include "cli/model_options.h"
 #include "eval/sparsity_eval.h"
@@ -22,6 +24,9 @@ struct EvalOptions {
   std::string json_path;
   std::string plot_path;
   std::string calibration_path;
+  std::string retrieval_cue;  // empty: after (fidelity), prompt (--task)
+  LongContextOptions long_context;
+  std::vector<CLI::Option*> fidelity_options;  // refused with --task
 };
 
 void write_file(const std::string& path, const std::string& contents) {
@@ -31,15 +36,35 @@ void write_file(const std::string& path, const std::string& contents) {
 }
 
 void run_eval(EvalOptions options) {
+  if (!options.calibration_path.empty()) {
+    options.config.calibration = std::make_shared<const sparsity::CalibrationProfile>(
+        sparsity::load_calibration(options.calibration_path));
+  }
+  const auto given = [](const std::vector<CLI::Option*>& list) -> const CLI::Option* {
+    for (const CLI::Option* option : list) {
+      if (option->count() > 0) return option;
+    }
+    return nullptr;
+  };
+  if (!options.long_context.tasks.empty()) {
+    if (const CLI::Option* option = given(options.fidelity_options))
+      fail("{} measures fidelity; it does not go with --task", option->get_name());
+    run_long_context_eval({.model = options.model,
+                           .text_path = options.text_path,
+                           .sweep = options.config,
+                           .question_in_prompt = options.retrieval_cue != "after",
+                           .json_path = options.json_path},
+                          options.long_context);
+    return;
+  }
+  if (const CLI::Option* option = given(options.long_context.own_options))
+    fail("{} needs --task (needle in a haystack)", option->get_name());
+  options.config.retrieval_cue_in_prompt = options.retrieval_cue == "prompt";
   std::ifstream in(options.text_path, std::ios::binary);
   if (!in) fail("cannot open '{}'", options.text_path);
   std::stringstream buffer;
   buffer << in.rdbuf();
   model::LoadedModel loaded = model::load_model(options.model.load_options());
-  if (!options.calibration_path.empty()) {
-    options.config.calibration = std::make_shared<const sparsity::CalibrationProfile>(
-        sparsity::load_calibration(options.calibration_path));
-  }
   const eval::SparsityEvalConfig& c = options.config;
   fmt::print(
       "{} prompts of {} tokens, {} forced continuation tokens each; retrieval: {} cases of a "
@@ -116,7 +141,9 @@ void run_eval(EvalOptions options) {
 void add_eval_command(CLI::App& app) {
   auto options = std::make_shared<EvalOptions>();
   CLI::App* command =
-      app.add_subcommand("eval", "Fidelity of KV sparsity policies against the dense cache");
+      app.add_subcommand("eval",
+                         "Fidelity of KV sparsity policies against the dense cache; with --task, "
+                         "needle-in-a-haystack accuracy over lengths x depths");
   options->model.add_to(*command);
   eval::SparsityEvalConfig& c = options->config;
   command
@@ -138,33 +165,38 @@ void add_eval_command(CLI::App& app) {
           "fastgen's thresholds T (it keeps what recovers >= 1 - T of the attention; no budget)")
       ->delimiter(',')
       ->capture_default_str();
-  command->add_option("--prompts", c.num_prompts, "Prompts (language modelling: top-1, KL, ppl)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  options->fidelity_options.push_back(
+      command
+          ->add_option("--prompts", c.num_prompts, "Prompts (language modelling: top-1, KL, ppl)")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber));
+  options->fidelity_options.push_back(
+      command
+          ->add_option("--retrieval-prompts", c.retrieval_prompts,
+                       "Retrieval cases (a span at the start, filler, the span's start as a cue; "
+                       "the 95% interval narrows as 1/sqrt of this)")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber));
   command
-      ->add_option("--retrieval-prompts", c.retrieval_prompts,
-                   "Retrieval cases (a span at the start, filler, the span's start as a cue; the "
-                   "95% interval narrows as 1/sqrt of this)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  command
-      ->add_option_function<std::string>(
-          "--retrieval-cue",
-          [&c](const std::string& where) { c.retrieval_cue_in_prompt = where == "prompt"; },
-          "Where the retrieval cue (the question) goes: after (forced after compression: the "
-          "question comes after the document) or prompt (the prompt's last tokens, seen before "
-          "compression; default: after)")
+      ->add_option("--retrieval-cue", options->retrieval_cue,
+                   "Where the retrieval cue (the question) goes: after (forced after compression: "
+                   "the question comes after the document) or prompt (the prompt's last tokens, "
+                   "seen before compression; default: after, with --task: prompt)")
       ->check(CLI::IsMember({"after", "prompt"}));
-  command->add_option("--seed", c.seed, "Where the retrieval spans and fillers come from")
-      ->capture_default_str();
-  command->add_option("--prompt-tokens", c.prompt_tokens, "Tokens per prompt")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
   command
-      ->add_option("--continuation", c.continuation_tokens,
-                   "Forced continuation tokens compared per prompt")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->add_option("--seed", c.seed,
+                   "Where the retrieval spans and fillers come from (--task: the cases)")
+      ->capture_default_str();
+  options->fidelity_options.push_back(
+      command->add_option("--prompt-tokens", c.prompt_tokens, "Tokens per prompt")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber));
+  options->fidelity_options.push_back(
+      command
+          ->add_option("--continuation", c.continuation_tokens,
+                       "Forced continuation tokens compared per prompt")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber));
   command->add_option("--window", c.observation_window, "Observation window of snapkv/pyramidkv")
       ->capture_default_str();
   command
@@ -176,8 +208,9 @@ void add_eval_command(CLI::App& app) {
           "K/V element type of the policies' pages (f32, f16, q8, q4); the reference stays the "
           "f32 dense cache, and a non-f32 dtype adds a 'full' row in that dtype");
   command->add_option("--json", options->json_path, "Write the results as JSON");
-  command->add_option("--plot", options->plot_path,
-                      "Write an SVG plot (top-1 agreement vs KV kept)");
+  options->fidelity_options.push_back(command->add_option(
+      "--plot", options->plot_path, "Write an SVG plot (top-1 agreement vs KV kept)"));
+  options->long_context.add_to(*command);
   command->callback([options] { run_eval(*options); });
 }
 

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "eval/eval_requests.h"
 #include "model/kv_cache.h"
 #include "sparsity/policy_spec.h"
 #include "util/error.h"
@@ -27,13 +28,6 @@ struct Case {
   int32_t max_tokens = 0;
   bool retrieval = false;
   std::vector<TokenId> answer;  // retrieval: the span tokens after the cue
-};
-
-struct Result {
-  std::vector<engine::SampleResult> steps;
-  std::vector<TokenId> tokens;
-  engine::Usage usage;
-  std::optional<std::string> error;
 };
 
 std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
@@ -88,12 +82,12 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
   return cases;
 }
 
-std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model,
-                              std::shared_ptr<const tok::Tokenizer> tokenizer,
-                              const std::vector<Case>& cases,
-                              const std::vector<std::string>& policies,
-                              std::shared_ptr<const sparsity::CalibrationProfile> calibration,
-                              kernels::DType kv_dtype) {
+std::vector<EvalOutput> run_cases(std::shared_ptr<const model::LlamaModel> model,
+                                  std::shared_ptr<const tok::Tokenizer> tokenizer,
+                                  const std::vector<Case>& cases,
+                                  const std::vector<std::string>& policies,
+                                  std::shared_ptr<const sparsity::CalibrationProfile> calibration,
+                                  kernels::DType kv_dtype) {
   int64_t pages = 0;
   for (const Case& c : cases)
     pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / kPageSize + 2;
@@ -106,36 +100,16 @@ std::vector<Result> run_cases(std::shared_ptr<const model::LlamaModel> model,
                          .kv_dtype = kv_dtype,
                          .calibration = std::move(calibration)},
                         std::move(model), std::move(tokenizer));
-  std::vector<Result> results(cases.size());
-  std::map<engine::RequestId, size_t> index;
+  std::vector<EvalRequest> requests;
   for (size_t i = 0; i < cases.size(); ++i) {
-    engine::Request request{.prompt = cases[i].prompt,
-                            .kv_policy = sparsity::parse_policy(policies[i])};
-    request.params.max_tokens = cases[i].max_tokens;
-    request.params.ignore_eos = true;
-    request.params.forced_tokens = cases[i].forced;
-    if (!cases[i].retrieval) {
-      request.params.logprobs = 0;
-      request.params.full_logprobs = true;
-    }
-    auto submitted =
-        engine.submit(std::move(request), [&results, &index](const engine::RequestEvent& event) {
-          Result& r = results[index.at(event.request_id)];
-          r.tokens.insert(r.tokens.end(), event.tokens.begin(), event.tokens.end());
-          r.steps.insert(r.steps.end(), event.logprobs.begin(), event.logprobs.end());
-          if (event.finish) r.usage = event.usage;
-          if (event.error) r.error = event.error;
-        });
-    if (const auto* rejection = std::get_if<engine::AdmissionError>(&submitted)) {
-      fail("policy '{}' refused: {}", policies[i], rejection->message);
-    }
-    index[std::get<engine::RequestId>(submitted)] = i;
+    requests.push_back({.prompt = cases[i].prompt,
+                        .forced = cases[i].forced,
+                        .max_tokens = cases[i].max_tokens,
+                        .policy = policies[i],
+                        .logprobs = cases[i].retrieval ? std::nullopt : std::optional<int32_t>(0),
+                        .full_logprobs = !cases[i].retrieval});
   }
-  engine.run_until_idle();
-  for (const Result& r : results) {
-    if (r.error) fail("an evaluation request failed: {}", *r.error);
-  }
-  return results;
+  return run_eval_requests(engine, requests);
 }
 
 // log p of every vocabulary entry, from a full-distribution SampleResult.
@@ -225,6 +199,32 @@ std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window)
   return fmt::format("fastgen:T={},W={},F=0.1", threshold, std::max(2 * window, prompt_len / 8));
 }
 
+std::vector<PolicySetting> policy_settings(const std::vector<std::string>& families,
+                                           const std::vector<double>& budgets,
+                                           const std::vector<double>& fastgen_thresholds,
+                                           kernels::DType kv_dtype, bool have_calibration) {
+  std::vector<PolicySetting> settings = {{"full", 1.0, kernels::DType::kF32}};
+  if (kv_dtype != kernels::DType::kF32) settings.push_back({"full", 1.0, kv_dtype});
+  for (const std::string& family : families) {
+    if (family == "full") continue;  // the rows above: f32, and the dtype's own when it differs
+    const std::string name = family.substr(0, family.find(':'));
+    if (name == "lserve" && !have_calibration) {
+      fail("lserve needs a calibration profile (--calibration FILE, written by `sieve calibrate`)");
+    }
+    for (double budget : family == "fastgen" ? fastgen_thresholds : budgets)
+      settings.push_back({family, budget, kv_dtype});
+  }
+  // An unknown family or parameter fails here, before any work.
+  for (const PolicySetting& s : settings)
+    (void)sparsity::parse_policy(policy_for_setting(s, 1024, 8));
+  return settings;
+}
+
+std::string policy_for_setting(const PolicySetting& setting, int32_t prompt_len, int32_t window) {
+  if (setting.family == "fastgen") return fastgen_policy(setting.budget, prompt_len, window);
+  return policy_for_budget(setting.family, setting.budget, prompt_len, window);
+}
+
 std::vector<PolicyFidelity> run_sparsity_eval(
     std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
     const std::string& text, const SparsityEvalConfig& config,
@@ -235,25 +235,18 @@ std::vector<PolicyFidelity> run_sparsity_eval(
       tokenizer->encode(text, {.add_special = false, .parse_special = false});
   const std::vector<Case> cases = make_cases(tokens, *vocab.bos, config);
   const size_t vocab_size = vocab.size();
-  const auto is_lserve = [](const std::string& family) {
-    return family.substr(0, family.find(':')) == "lserve";
-  };
-  if (!config.calibration &&
-      std::any_of(config.families.begin(), config.families.end(), is_lserve)) {
-    fail("lserve needs a calibration profile (--calibration FILE, written by `sieve calibrate`)");
-  }
+  const std::vector<PolicySetting> settings =
+      policy_settings(config.families, config.budgets, config.fastgen_thresholds, config.kv_dtype,
+                      config.calibration != nullptr);
 
-  auto evaluate = [&](const std::string& family, double budget, kernels::DType kv_dtype) {
+  auto evaluate = [&](const PolicySetting& setting) {
     std::vector<std::string> policies;
     for (const Case& c : cases) {
-      const auto prompt_len = static_cast<int32_t>(c.prompt.size());
-      policies.push_back(
-          family == "fastgen"
-              ? fastgen_policy(budget, prompt_len, config.observation_window)
-              : policy_for_budget(family, budget, prompt_len, config.observation_window));
+      policies.push_back(policy_for_setting(setting, static_cast<int32_t>(c.prompt.size()),
+                                            config.observation_window));
     }
-    return std::make_pair(
-        policies, run_cases(model, tokenizer, cases, policies, config.calibration, kv_dtype));
+    return std::make_pair(policies, run_cases(model, tokenizer, cases, policies, config.calibration,
+                                              setting.kv_dtype));
   };
 
   // Bytes the f32 cache takes per page, the denominator of kv_bytes_kept.
@@ -261,12 +254,12 @@ std::vector<PolicyFidelity> run_sparsity_eval(
       model::KvCache::bytes_per_page(model->config(), kPageSize, kernels::DType::kF32));
   std::vector<PolicyFidelity> out;
   // Not a structured binding: the lambda below captures it (clang 14 cannot capture bindings).
-  const auto dense_run = evaluate("full", 1.0, kernels::DType::kF32);
+  const auto dense_run = evaluate(settings.front());
   const auto& dense_policies = dense_run.first;
   const auto& dense = dense_run.second;
   auto summarize = [&](const std::string& family, double budget,
-                       const std::vector<std::string>& policies, const std::vector<Result>& results,
-                       kernels::DType kv_dtype) {
+                       const std::vector<std::string>& policies,
+                       const std::vector<EvalOutput>& results, kernels::DType kv_dtype) {
     PolicyFidelity f{.family = family,
                      .budget = budget,
                      .spec = policies[0],
@@ -278,7 +271,7 @@ std::vector<PolicyFidelity> run_sparsity_eval(
     int64_t positions = 0, num_lm = 0, num_recovery = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
-      const Result& r = results[i];
+      const EvalOutput& r = results[i];
       if (c.retrieval) {
         double hits = 0;
         for (size_t j = 0; j < c.answer.size(); ++j) {
@@ -336,16 +329,11 @@ std::vector<PolicyFidelity> run_sparsity_eval(
   PolicyFidelity base = summarize("full", 1.0, dense_policies, dense, kernels::DType::kF32);
   out.push_back(base);
   if (on_result) on_result(base);
-  std::vector<std::pair<std::string, double>> settings;
-  if (config.kv_dtype != kernels::DType::kF32) settings.emplace_back("full", 1.0);
-  for (const std::string& family : config.families) {
-    if (family == "full") continue;  // the rows above: f32, and the dtype's own when it differs
-    for (double budget : family == "fastgen" ? config.fastgen_thresholds : config.budgets)
-      settings.emplace_back(family, budget);
-  }
-  for (const auto& [family, budget] : settings) {
-    const auto [policies, results] = evaluate(family, budget, config.kv_dtype);
-    PolicyFidelity f = summarize(family, budget, policies, results, config.kv_dtype);
+  for (size_t i = 1; i < settings.size(); ++i) {
+    const PolicySetting& setting = settings[i];
+    const auto [policies, results] = evaluate(setting);
+    PolicyFidelity f =
+        summarize(setting.family, setting.budget, policies, results, setting.kv_dtype);
     f.perplexity_delta = f.perplexity - base.perplexity;
     out.push_back(f);
     if (on_result) on_result(f);

@@ -85,6 +85,23 @@ std::string policy_for_budget(const std::string& family, double budget, int32_t 
 // 2 * window), frequent set 10% of the prompt.
 std::string fastgen_policy(double threshold, int32_t prompt_len, int32_t window);
 
+// One setting of a sweep: a policy family at a budget (fastgen: at threshold T) on pages of
+// kv_dtype.
+struct PolicySetting {
+  std::string family;  // "full", or a family with parameters of its own ("snapkv:G=11")
+  double budget = 1.0;
+  kernels::DType kv_dtype = kernels::DType::kF32;
+};
+// The settings a sweep runs, in order: the f32 dense reference; "full" in kv_dtype when that is
+// not f32; every other family at each budget (fastgen at each threshold) in kv_dtype. Throws
+// sieve::Error for an unknown family, or lserve without a calibration profile.
+std::vector<PolicySetting> policy_settings(const std::vector<std::string>& families,
+                                           const std::vector<double>& budgets,
+                                           const std::vector<double>& fastgen_thresholds,
+                                           kernels::DType kv_dtype, bool have_calibration);
+// The policy string of `setting` for a prompt of prompt_len tokens.
+std::string policy_for_setting(const PolicySetting& setting, int32_t prompt_len, int32_t window);
+
 // `text`: the source of prompts and continuations (consecutive segments). Progress lines go to
 // `on_result` as each setting finishes. The first result is the dense f32 baseline (the
 // reference); with another kv_dtype the second is "full" in that dtype.
