@@ -14,7 +14,8 @@
 #include "model/loader.h"
 #include "real_chat_templates.h"
 #include "server/chat_template.h"
-#include "server/openai_api.h"
+#include "server/api_requests.h"
+#include "server/api_responses.h"
 #include "shared_data.h"
 
 namespace sieve::server {
