@@ -135,10 +135,10 @@ void check_context(const std::vector<TokenId>& prompt, engine::SamplingParams& p
 }  // namespace
 
 json parse_request_body(std::string_view text) {
-  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) throw_invalid("body", "the request body is not valid JSON (UTF-8)");
-  if (!body.is_object()) throw_invalid("body", "the request body must be a JSON object");
-  return body;
+  std::optional<json> body = parse_json(text);
+  if (!body) throw_invalid("body", "the request body is not valid JSON (UTF-8)");
+  if (!body->is_object()) throw_invalid("body", "the request body must be a JSON object");
+  return *std::move(body);
 }
 
 bool serves_model(const ModelInfo& model, std::string_view name) {

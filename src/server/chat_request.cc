@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
+#include <unordered_set>
 
 #include "server/request_fields.h"
 #include "server/sampling_request.h"
@@ -41,11 +43,12 @@ json tool_calls_for_template(const json& calls, const std::string& where) {
     if (!arguments) {
       target = json::object();
     } else if (arguments->is_string()) {
-      target = json::parse(arguments->get<std::string>(), nullptr, /*allow_exceptions=*/false);
-      if (target.is_discarded()) {
+      std::optional<json> parsed = parse_json(arguments->get<std::string>());
+      if (!parsed) {
         throw_invalid(at + ".function.arguments",
                       fmt::format("'{}.function.arguments' is not valid JSON", at));
       }
+      target = *std::move(parsed);
     } else if (!arguments->is_object()) {
       throw_invalid(at + ".function.arguments",
                     fmt::format("'{}.function.arguments' must be a JSON string", at));
@@ -111,6 +114,7 @@ ToolRequest parse_tool_request(const json& body) {
   const json* list = field(body, "tools");
   if (list) {
     if (!list->is_array()) throw_invalid("tools", "'tools' must be an array");
+    std::unordered_set<std::string> names;
     for (size_t i = 0; i < list->size(); ++i) {
       const json& tool = (*list)[i];
       const std::string where = fmt::format("tools[{}]", i);
@@ -131,11 +135,9 @@ ToolRequest parse_tool_request(const json& body) {
             where + ".function.name",
             fmt::format("function name '{}' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", f.name));
       }
-      for (const ToolFunction& other : tools.functions) {
-        if (other.name == f.name) {
-          throw_invalid(where + ".function.name",
-                        fmt::format("function '{}' is defined twice", f.name));
-        }
+      if (!names.insert(f.name).second) {
+        throw_invalid(where + ".function.name",
+                      fmt::format("function '{}' is defined twice", f.name));
       }
       if (const json* d = field(*function, "description")) {
         string_of(*d, where + ".function.description");
@@ -259,13 +261,24 @@ std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model,
   if (const json* kwargs = field(body, "chat_template_kwargs")) {
     if (!kwargs->is_object())
       throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-    for (const auto& [key, value] : kwargs->items()) {
+    // A kwarg replaces a variable of the context's own (bos_token, tools, ...) in its place, or
+    // comes after them: a scan of those few only, as the kwargs' keys are distinct already.
+    auto& variables = context.get_ref<json::object_t&>();
+    const size_t num_own = variables.size();
+    for (const auto& kwarg : kwargs->items()) {
+      const std::string& key = kwarg.key();
       if (key == "messages" || key == "add_generation_prompt") {
         throw_invalid(
             "chat_template_kwargs",
             fmt::format("'chat_template_kwargs' cannot set '{}': it has its own field", key));
       }
-      context[key] = value;
+      const auto own = std::find_if(variables.begin(), variables.begin() + num_own,
+                                    [&](const auto& variable) { return variable.first == key; });
+      if (own != variables.begin() + num_own) {
+        own->second = kwarg.value();
+      } else {
+        variables.emplace_back(key, kwarg.value());  // the vector's: no scan of what was appended
+      }
     }
   }
   std::string text;

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <limits>
 #include <random>
+#include <unordered_set>
 
 #include "server/request_fields.h"
 #include "util/error.h"
@@ -71,12 +72,14 @@ void check_strict_schema(const json& schema, const std::string& where) {
                                 "'{}' (or set \"strict\": false)",
                                 where));
     }
-    const json* required = field(schema, "required");
+    std::unordered_set<std::string> required;
+    if (const json* list = field(schema, "required"); list && list->is_array()) {
+      for (const json& name : *list) {
+        if (name.is_string()) required.insert(name.get<std::string>());
+      }
+    }
     for (const auto& [name, sub] : properties->items()) {
-      const bool listed =
-          required && required->is_array() &&
-          std::find(required->begin(), required->end(), json(name)) != required->end();
-      if (!listed) {
+      if (!required.contains(name)) {
         throw_invalid("response_format",
                       fmt::format("strict json_schema: property '{}' at '{}' must be in "
                                   "'required' (or set \"strict\": false)",

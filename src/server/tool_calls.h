@@ -19,12 +19,12 @@
 //
 //   generated text ──► ToolCallParser::push (per choice, any split) ──► content, calls
 //   end of output  ──► ToolCallParser::finish ──► what was held: calls or content
-#include <nlohmann/json.hpp>
-
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "server/json.h"
 
 namespace sieve::server {
 
@@ -40,8 +40,8 @@ ToolCallFormat detect_tool_call_format(std::string_view chat_template);
 
 // A function the request offers (tools[i].function), validated.
 struct ToolFunction {
-  std::string name;           // [A-Za-z0-9_-]{1,64}, as OpenAI requires
-  nlohmann::json parameters;  // a JSON Schema; null when the tool has none (no arguments)
+  std::string name;  // [A-Za-z0-9_-]{1,64}, as OpenAI requires
+  json parameters;   // a JSON Schema, its keys in the request's order; null: none (no arguments)
 };
 
 // How a request's output is read: the family, and whether a grammar forced the calls (then the
@@ -59,7 +59,7 @@ struct ToolCall {
 };
 
 // The OpenAI message object of a call: {"id", "type": "function", "function": {name, arguments}}.
-nlohmann::json tool_call_json(const ToolCall& call);
+json tool_call_json(const ToolCall& call);
 
 // What the parser releases: text that is content for sure, then the calls completed since.
 struct ToolCallDelta {

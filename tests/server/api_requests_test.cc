@@ -533,5 +533,66 @@ TEST_F(ApiRequestsTest, ResponseFormatAndGrammarBecomeTheConstraint) {
   }
 }
 
+// Issue 42: a user's JSON keeps its key order wherever it goes (a schema's declared order is the
+// output's), and a repeated key means its last value, as Python's json reads it.
+TEST_F(ApiRequestsTest, UserJsonKeepsItsKeyOrder) {
+  grammar::GrammarCache grammars(grammar::Vocabulary::from_tokenizer(*tokenizer_));
+  json context;  // the last chat template context rendered
+  ModelInfo model = info();
+  model.grammars = &grammars;
+  model.render_chat = [&context](const json& c) {
+    context = c;
+    return std::string("Hi");
+  };
+  auto parse_body = [&](ApiKind kind, const std::string& body) {
+    return parse_generation_request(kind, parse_request_body(body), model);
+  };
+
+  // response_format: the properties in the schema's order, not alphabetical.
+  const auto schema = parse_body(
+      ApiKind::kCompletion,
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"p",)"
+      R"("strict":true,"schema":{"type":"object","properties":{"name":{"type":"string"},)"
+      R"("age":{"type":"integer"},"friends":{"type":"array","items":{"type":"string"}},)"
+      R"("has_pet":{"type":"boolean"},"mood":{"enum":["ok","sad"]}},)"
+      R"("required":["name","age","friends","has_pet","mood"],"additionalProperties":false}}}})");
+  ASSERT_NE(schema.params.constraint, nullptr);
+  auto declared = schema.params.constraint->new_state();
+  EXPECT_TRUE(declared.accept_bytes(
+      R"({"name": "Ann", "age": 3, "friends": [], "has_pet": true, "mood": "ok"})"));
+  EXPECT_TRUE(declared.can_end());
+  EXPECT_FALSE(schema.params.constraint->new_state().accept_bytes(R"({"age")"));
+
+  // Messages, their tool calls' arguments (a JSON string) and the tools reach the template as
+  // sent; chat_template_kwargs come after the context's own variables, or replace one in place.
+  parse_body(ApiKind::kChat,
+             R"({"messages":[{"role":"user","content":"x","name":"u"},)"
+             R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1",)"
+             R"("type":"function","function":{"name":"f",)"
+             R"("arguments":"{\"unit\": \"c\", \"city\": \"Rome\"}"}}]}],)"
+             R"("tools":[{"type":"function","function":{"name":"f",)"
+             R"("parameters":{"type":"object","properties":{"unit":{},"city":{}}}}}],)"
+             R"("chat_template_kwargs":{"zeta":1,"bos_token":"B","alpha":2}})");
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : context.items()) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"messages", "add_generation_prompt", "bos_token",
+                                            "eos_token", "tools", "zeta", "alpha"}));
+  EXPECT_EQ(context["bos_token"], "B");
+  EXPECT_EQ(context["messages"][0].dump(), R"({"role":"user","content":"x","name":"u"})");
+  EXPECT_EQ(context["messages"][1]["tool_calls"][0]["function"]["arguments"].dump(),
+            R"({"unit":"c","city":"Rome"})");
+  EXPECT_EQ(context["tools"][0]["function"]["parameters"]["properties"].dump(),
+            R"({"unit":{},"city":{}})");
+
+  // Repeated keys: the last value (logit_bias, kv_policy, a sampling field).
+  const auto repeated = parse_body(
+      ApiKind::kCompletion,
+      R"({"prompt":"x","temperature":2,"logit_bias":{"5":1,"7":3,"5":-2},"temperature":0.5,)"
+      R"("kv_policy":{"name":"streaming","S":4,"W":64,"W":32}})");
+  EXPECT_EQ(repeated.params.temperature, 0.5f);
+  EXPECT_EQ(repeated.params.logit_bias, (std::map<TokenId, float>{{5, -2.0f}, {7, 3.0f}}));
+  EXPECT_EQ(repeated.kv_policy, sparsity::parse_policy("streaming:S=4,W=32"));
+}
+
 }  // namespace
 }  // namespace sieve::server

@@ -399,7 +399,7 @@ TEST_F(ToolRequestTest, ChoiceSetsParsingAndConstraint) {
   EXPECT_EQ(automatic.tool_calls.format, ToolCallFormat::kHermes);
   EXPECT_FALSE(automatic.tool_calls.constrained);
   EXPECT_EQ(automatic.params.constraint, nullptr);
-  EXPECT_THAT(rendered_, HasSubstr("<tools>\n{\"function\""));
+  EXPECT_THAT(rendered_, HasSubstr("<tools>\n{\"type\": \"function\", \"function\""));
   // "none": no tools in the prompt, no parsing.
   GenerationRequest none = parse(body_with(R"("tool_choice": "none")"), m);
   EXPECT_EQ(none.tool_calls.format, ToolCallFormat::kNone);
@@ -417,6 +417,30 @@ TEST_F(ToolRequestTest, ChoiceSetsParsingAndConstraint) {
   EXPECT_EQ(unknown.tool_calls.format, ToolCallFormat::kNone);
 }
 
+// Issue 42: a forced call's arguments come in the order the tool declares its parameters, and
+// the template prints the tools in the request's key order.
+TEST_F(ToolRequestTest, ForcedCallsKeepTheDeclaredParameterOrder) {
+  const ModelInfo m = info(template_text(k_qwen25), ToolCallFormat::kHermes);
+  const GenerationRequest r = parse_generation_request(
+      ApiKind::kChat, parse_request_body(R"({"messages": [{"role": "user", "content": "hi"}],
+          "tools": [{"type": "function", "function": {"name": "alarm", "parameters": {
+              "type": "object", "properties": {"minute": {"type": "integer"},
+              "hour": {"type": "integer"}, "label": {"enum": ["wake", "nap"]}},
+              "required": ["minute", "hour", "label"], "additionalProperties": false}}}],
+          "tool_choice": {"type": "function", "function": {"name": "alarm"}}})"),
+      m);
+  ASSERT_NE(r.params.constraint, nullptr);
+  auto state = r.params.constraint->new_state();
+  EXPECT_TRUE(state.accept_bytes(
+      R"({"name": "alarm", "arguments": {"minute": 5, "hour": 7, "label": "nap"}})"));
+  EXPECT_TRUE(state.can_end());
+  EXPECT_FALSE(
+      r.params.constraint->new_state().accept_bytes(R"({"name": "alarm", "arguments": {"hour")"));
+  EXPECT_THAT(rendered_, HasSubstr(R"({"type": "function", "function": {"name": "alarm", )"
+                                   R"("parameters": {"type": "object", "properties": )"
+                                   R"({"minute": {"type": "integer"}, "hour": )"));
+}
+
 // A conversation with a call (OpenAI's shape: arguments as a JSON string) and its result.
 std::string conversation_body(const std::string& system) {
   return R"({"messages": [)" + system + R"(
@@ -430,8 +454,9 @@ std::string conversation_body(const std::string& system) {
 
 TEST_F(ToolRequestTest, RendersThroughLlama31) {
   parse(conversation_body(""), info(template_text(k_llama31), ToolCallFormat::kLlama3Json));
-  // tools_in_user_message: the tool (sorted keys: the body is nlohmann::json) goes into the first
-  // user turn; the call prints its parsed arguments; the result is an ipython turn.
+  // tools_in_user_message: the tool (its keys in the request's order, as transformers prints
+  // them) goes into the first user turn; the call prints its parsed arguments; the result is an
+  // ipython turn.
   EXPECT_EQ(rendered_,
             "<s><|start_header_id|>system<|end_header_id|>\n\n"  // stories260K's BOS
             "Environment: ipython\n"
@@ -441,12 +466,13 @@ TEST_F(ToolRequestTest, RendersThroughLlama31) {
             "its proper arguments that best answers the given prompt.\n\n"
             "Respond in the format {\"name\": function name, \"parameters\": dictionary of "
             "argument name and its value}.Do not use variables.\n\n"
-            "{\n    \"function\": {\n        \"description\": \"Get the weather\",\n"
-            "        \"name\": \"get_weather\",\n        \"parameters\": {\n"
+            "{\n    \"type\": \"function\",\n    \"function\": {\n"
+            "        \"name\": \"get_weather\",\n        \"description\": \"Get the weather\",\n"
+            "        \"parameters\": {\n            \"type\": \"object\",\n"
             "            \"properties\": {\n                \"city\": {\n"
             "                    \"type\": \"string\"\n                }\n            },\n"
-            "            \"required\": [\n                \"city\"\n            ],\n"
-            "            \"type\": \"object\"\n        }\n    },\n    \"type\": \"function\"\n}\n\n"
+            "            \"required\": [\n                \"city\"\n            ]\n"
+            "        }\n    }\n}\n\n"
             "Weather in Paris?<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n"
             "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"
@@ -464,9 +490,9 @@ TEST_F(ToolRequestTest, RendersThroughQwen25AndQwen3) {
   const std::string tools_section =
       "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
       "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-      "{\"function\": {\"description\": \"Get the weather\", \"name\": \"get_weather\", "
-      "\"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
-      "[\"city\"], \"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n\n"
+      "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+      "\"Get the weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "
+      "{\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\n"
       "For each function call, return a json object with function name and arguments within "
       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
       "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
@@ -481,10 +507,10 @@ TEST_F(ToolRequestTest, RendersThroughMistral) {
   parse(conversation_body(R"({"role": "system", "content": "Be terse."},)"),
         info(k_mistral_tools, ToolCallFormat::kMistral));
   EXPECT_EQ(rendered_,
-            "<s>[AVAILABLE_TOOLS] [{\"function\": {\"description\": \"Get the weather\", "
-            "\"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": "
-            "\"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}, \"type\": "
-            "\"function\"}][/AVAILABLE_TOOLS][INST] Be terse.\n\nWeather in Paris?[/INST]"
+            "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": "
+            "\"get_weather\", \"description\": \"Get the weather\", \"parameters\": {\"type\": "
+            "\"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
+            "[\"city\"]}}}][/AVAILABLE_TOOLS][INST] Be terse.\n\nWeather in Paris?[/INST]"
             "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
             "\"id\": \"abcDEF123\"}]</s>"
             "[TOOL_RESULTS] {\"content\": \"sunny\", \"call_id\": \"abcDEF123\"}[/TOOL_RESULTS]");

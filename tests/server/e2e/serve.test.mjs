@@ -691,6 +691,15 @@ test('tools: tool_choice required / named returns parsed tool_calls for each fam
         // Greedy: the same call either way.
         assert.equal(calls[0].function.arguments, message.tool_calls[0].function.arguments, where);
       }
+      // Issue 42: the arguments' keys come in the order the tool declares its parameters.
+      const alarm = { type: 'function', function: { name: 'set_alarm', parameters: { type: 'object',
+        properties: { minute: { type: 'integer' }, hour: { type: 'integer' }, label: { enum: ['wake', 'nap'] } },
+        required: ['minute', 'hour', 'label'], additionalProperties: false } } };
+      const set = await c.chat.completions.create({ model: 'llama', messages: [{ role: 'user', content: 'Wake me.' }],
+        tools: [alarm], tool_choice: { type: 'function', function: { name: 'set_alarm' } }, max_tokens: 200, temperature: 0 });
+      const [alarmCall] = set.choices[0].message.tool_calls;
+      assert.deepEqual(Object.keys(JSON.parse(alarmCall.function.arguments)), ['minute', 'hour', 'label'],
+        `${family.parser}: ${alarmCall.function.arguments}`);
       // The call goes back through the template for the next turn.
       const next = await c.chat.completions.create({ model: 'llama', max_tokens: 4, tools, messages: [
         { role: 'user', content: 'Weather?' },
