@@ -10,6 +10,12 @@ namespace sieve::server {
 
 namespace {
 
+// The output stopped at its length limit: finish_reason stays "length" even with tool calls (as
+// OpenAI reports it), and a call it was writing is dropped.
+bool cut_off(const std::optional<engine::Finish>& finish) {
+  return finish && finish->reason == engine::FinishReason::kLength;
+}
+
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -173,14 +179,14 @@ json ResponseWriter::response(const std::vector<ChoiceState>& choices,
     json choice = {{"index", i}};
     json finish_reason = finish_reason_json(c.finish);
     if (kind_ == ApiKind::kChat && tool_calls_.format != ToolCallFormat::kNone) {
-      ParsedToolCalls parsed = parse_tool_calls(tool_calls_, c.text);
+      ParsedToolCalls parsed = parse_tool_calls(tool_calls_, c.text, cut_off(c.finish));
       json message = {{"role", "assistant"},
                       {"content", parsed.content ? json(*parsed.content) : json(nullptr)}};
       if (!parsed.calls.empty()) {
         json calls = json::array();
         for (const ToolCall& call : parsed.calls) calls.push_back(tool_call_json(call));
         message["tool_calls"] = std::move(calls);
-        finish_reason = "tool_calls";
+        if (!cut_off(c.finish)) finish_reason = "tool_calls";
       }
       choice["message"] = std::move(message);
     } else if (kind_ == ApiKind::kChat) {
@@ -236,7 +242,7 @@ std::vector<json> ResponseWriter::tool_delta_chunks(ChoiceState& choice, int32_t
   ToolCallParser& parser = *choice.tool_parser;
   ToolCallDelta delta = parser.push(text);
   if (finish) {
-    ToolCallDelta rest = parser.finish();
+    ToolCallDelta rest = parser.finish(cut_off(finish));
     delta.content += rest.content;
     for (ToolCall& call : rest.calls) delta.calls.push_back(std::move(call));
   }
@@ -265,7 +271,8 @@ std::vector<json> ResponseWriter::tool_delta_chunks(ChoiceState& choice, int32_t
     const bool last = i + 1 == deltas.size();
     c["finish_reason"] = nullptr;
     if (last && finish) {
-      c["finish_reason"] = parser.num_calls() > 0 ? json("tool_calls") : finish_reason_json(finish);
+      c["finish_reason"] = parser.num_calls() > 0 && !cut_off(finish) ? json("tool_calls")
+                                                                      : finish_reason_json(finish);
       c["stop_reason"] = stop_reason_json(finish);
     }
     json out = base("chat.completion.chunk");

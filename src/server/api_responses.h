@@ -80,8 +80,9 @@ class ResponseWriter {
   // Chat with tool-call parsing (choice.tool_parser set): the chunks for a choice's new text,
   // read by its parser: a content delta for text that is surely content, then for each call
   // parsed a delta with its index, id, type and name and one with its whole arguments; the
-  // finish reason ("tool_calls" when the choice made calls) on the last chunk. Logprobs ride on
-  // the first chunk (an empty content delta when the text is held back).
+  // finish reason ("tool_calls" when the choice made calls; "length" when its output was cut
+  // off, and a call it was writing is dropped) on the last chunk. Logprobs ride on the first
+  // chunk (an empty content delta when the text is held back).
   std::vector<json> tool_delta_chunks(ChoiceState& choice, int32_t index, const std::string& text,
                                       std::span<const engine::SampleResult> logprobs,
                                       const std::optional<engine::Finish>& finish,

@@ -188,7 +188,8 @@ ToolCallDelta ToolCallParser::push(std::string_view text) {
   return out;
 }
 
-ToolCallDelta ToolCallParser::finish() {
+ToolCallDelta ToolCallParser::finish(bool cut_off) {
+  cut_off_ = cut_off;
   ToolCallDelta out;
   run(/*final=*/true, out);
   return out;
@@ -254,12 +255,21 @@ void ToolCallParser::run(bool final, ToolCallDelta& out) {
         mode_ = Mode::kCall;
         continue;
       }
-      const size_t keep = final ? 0 : held_tail();
+      // Cut off: a marker's beginning at the end was a call starting; it is dropped.
+      const size_t keep = !final     ? held_tail()
+                          : cut_off_ ? partial_marker(held_, marker_of(options_.format))
+                                     : 0;
       release(std::string_view(held_).substr(0, held_.size() - keep));
       held_.erase(0, held_.size() - keep);
       return;
     }
     Unit unit = read_calls(final, out);
+    if (unit == Unit::kNeedMore && final && cut_off_) {  // a call the length limit cut short
+      held_.clear();
+      pending_.clear();
+      mode_ = Mode::kContent;
+      return;
+    }
     if (unit == Unit::kNeedMore && final) unit = Unit::kBad;
     if (unit == Unit::kNeedMore) return;
     mode_ = Mode::kContent;
@@ -365,10 +375,10 @@ ToolCallParser::Unit ToolCallParser::read_calls(bool final, ToolCallDelta& out) 
   return Unit::kDone;
 }
 
-ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text) {
+ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text, bool cut_off) {
   ToolCallParser parser(options);
   ToolCallDelta a = parser.push(text);
-  ToolCallDelta b = parser.finish();
+  ToolCallDelta b = parser.finish(cut_off);
   ParsedToolCalls out;
   out.calls = std::move(a.calls);
   for (auto& call : b.calls) out.calls.push_back(std::move(call));

@@ -18,7 +18,8 @@
 // or are elements of the one array (mistral).
 //
 //   generated text ──► ToolCallParser::push (per choice, any split) ──► content, calls
-//   end of output  ──► ToolCallParser::finish ──► what was held: calls or content
+//   end of output  ──► ToolCallParser::finish ──► what was held: calls or content (output cut
+//                      off at max_tokens: a call it was writing is dropped, never content)
 #include <optional>
 #include <string>
 #include <string_view>
@@ -79,7 +80,9 @@ class ToolCallParser {
   explicit ToolCallParser(ToolCallOptions options);
   ToolCallDelta push(std::string_view text);
   // The end of the output: a held call that is complete is released, anything else as content.
-  ToolCallDelta finish();
+  // `cut_off` (the output stopped at its length limit): a call not complete yet, or a marker's
+  // beginning, is what the model was writing when it was stopped: dropped, not content.
+  ToolCallDelta finish(bool cut_off = false);
   size_t num_calls() const { return num_calls_; }
 
  private:
@@ -104,6 +107,7 @@ class ToolCallParser {
   bool released_text_ = false;  // some non-whitespace content was released
   bool after_call_ = false;     // the last thing read was a call
   size_t num_calls_ = 0;
+  bool cut_off_ = false;  // finish(cut_off = true)
 };
 
 // The whole output at once: content (nullopt when there are calls and no other text) and calls.
@@ -111,7 +115,8 @@ struct ParsedToolCalls {
   std::optional<std::string> content;
   std::vector<ToolCall> calls;
 };
-ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text);
+ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text,
+                                 bool cut_off = false);
 
 // GBNF for the constrained output of `functions` (the request's tools, or the one named):
 // exactly one call, or one or more when `parallel`. Throws sieve::Error when a parameters

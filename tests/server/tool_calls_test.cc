@@ -717,5 +717,114 @@ TEST(ToolGrammar, ShapeOfTheCall) {
   EXPECT_NO_THROW(grammar::parse_gbnf(several));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Issue 42: output cut off at max_tokens in the middle of a call. Complete calls stay calls,
+// finish_reason is "length", and the cut-off call is dropped: never passed off as content.
+
+TEST(ToolCallParser, ACallCutOffIsDroppedInAnySplit) {
+  struct Case {
+    ToolCallOptions options;
+    std::string text;
+    std::optional<std::string> content;  // with cut_off
+    size_t num_calls;
+  };
+  const std::string call = R"({"name": "get_weather", "arguments": {"city": "Paris"}})";
+  const Case cases[] = {
+      {kHermes, "Sure.\n<tool_call>\n" + call + "\n</tool_call>\n<tool_call>\n{ \"name\" : \"get",
+       "Sure.", 1},
+      {kHermes, "Sure.<tool_call>\n{\"name\": \"get", "Sure.", 0},
+      {kHermes, "Wait <tool_c", "Wait ", 0},
+      {{.format = ToolCallFormat::kHermes, .constrained = true},
+       call + "\n" + call + "\n{\"na",
+       std::nullopt,
+       2},
+      {{.format = ToolCallFormat::kHermes, .constrained = true}, "{\"name\": \"get_wea", "", 0},
+      {kLlama, call + "; {\"name\": ", std::nullopt, 1},
+      {kMistral, "[TOOL_CALLS] [" + call + ", {\"name\"", "", 0},
+  };
+  for (const Case& c : cases) {
+    const ParsedToolCalls whole = parse_tool_calls(c.options, c.text, /*cut_off=*/true);
+    EXPECT_EQ(whole.content, c.content) << c.text;
+    EXPECT_EQ(whole.calls.size(), c.num_calls) << c.text;
+    for (size_t split = 0; split <= c.text.size(); ++split) {
+      ToolCallParser parser(c.options);
+      ToolCallDelta a = parser.push(std::string_view(c.text).substr(0, split));
+      ToolCallDelta b = parser.push(std::string_view(c.text).substr(split));
+      ToolCallDelta end = parser.finish(/*cut_off=*/true);
+      EXPECT_EQ(a.content + b.content + end.content, c.content.value_or("")) << c.text << split;
+      EXPECT_EQ(a.calls.size() + b.calls.size() + end.calls.size(), c.num_calls) << c.text;
+    }
+  }
+  // Not cut off (a stop string, EOS): what was held is content, as before.
+  EXPECT_EQ(parse_tool_calls(kHermes, "Sure.<tool_call>\n{\"name\": \"get").content,
+            "Sure.<tool_call>\n{\"name\": \"get");
+}
+
+TEST_F(ToolRequestTest, ResponsesOfACutOffOutputSayLength) {
+  ResponseWriter writer(ApiKind::kChat, "m", *tokenizer_, false, kHermes);
+  const std::string text =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+      "\n<tool_call>\n{ \"name\" : \"get";
+  std::vector<ChoiceState> choices(1);
+  choices[0].text = text;
+  choices[0].finish = engine::Finish{engine::FinishReason::kLength};
+  const json out = writer.response(choices, {});
+  EXPECT_EQ(out["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(out["choices"][0]["message"]["content"].is_null());
+  ASSERT_EQ(out["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city":"Paris"})");
+
+  // Streamed, in two pieces: the complete call, then the end with "length" and no content.
+  ChoiceState choice;
+  choice.tool_parser.emplace(kHermes);
+  size_t offset = 0;
+  std::vector<json> chunks =
+      writer.tool_delta_chunks(choice, 0, text.substr(0, 90), {}, std::nullopt, offset);
+  for (json& c : writer.tool_delta_chunks(choice, 0, text.substr(90), {},
+                                          engine::Finish{engine::FinishReason::kLength}, offset)) {
+    chunks.push_back(std::move(c));
+  }
+  size_t num_calls = 0;
+  for (const json& chunk : chunks) {
+    const json& delta = chunk["choices"][0]["delta"];
+    EXPECT_EQ(delta.value("content", ""), "") << chunk.dump();
+    if (delta.contains("tool_calls") && delta["tool_calls"][0].contains("id")) ++num_calls;
+  }
+  EXPECT_EQ(num_calls, 1u);
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "length");
+}
+
+// tool_choice "required" with parallel calls: the grammar lets the output end after any
+// complete call, so the model is never made to start another.
+TEST_F(ToolRequestTest, ParallelCallGrammarsMayEndAfterEachCall) {
+  const std::vector<ToolFunction> functions = test_functions();
+  const std::string call = R"({"name": "noargs", "arguments": {}})";
+  const std::pair<ToolCallFormat, std::string> families[] = {
+      {ToolCallFormat::kHermes, call + "\n" + call},
+      {ToolCallFormat::kLlama3Json, R"({"name": "noargs", "parameters": {}}; )"
+                                    R"({"name": "noargs", "parameters": {}})"},
+      {ToolCallFormat::kMistral, "[" + call + ", " + call + "]"},
+  };
+  for (const auto& [format, two_calls] : families) {
+    auto masker = grammars_->get(
+        {grammar::GrammarKind::kGbnf, tool_call_gbnf(format, functions, /*parallel=*/true)});
+    const size_t first_end = format == ToolCallFormat::kMistral ? 0 : two_calls.find("}}") + 2;
+    if (first_end > 0) {
+      auto one = masker->new_state();
+      ASSERT_TRUE(one.accept_bytes(two_calls.substr(0, first_end))) << two_calls;
+      EXPECT_TRUE(one.can_end()) << two_calls.substr(0, first_end);
+    }
+    auto two = masker->new_state();
+    ASSERT_TRUE(two.accept_bytes(two_calls)) << two_calls;
+    EXPECT_TRUE(two.can_end()) << two_calls;
+  }
+  auto mistral = grammars_->get(
+      {grammar::GrammarKind::kGbnf, tool_call_gbnf(ToolCallFormat::kMistral, functions, true)});
+  auto one = mistral->new_state();
+  ASSERT_TRUE(one.accept_bytes("[" + call + "]"));
+  EXPECT_TRUE(one.can_end());
+}
+
 }  // namespace
 }  // namespace sieve::server
