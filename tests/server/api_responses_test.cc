@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include "model/loader.h"
-#include "server/chat_template.h"
 #include "shared_data.h"
 
 namespace sieve::server {
@@ -16,30 +15,6 @@ class ApiResponsesTest : public ::testing::Test {
     holder_ = model::load_tokenizer(
         {.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
     tokenizer_ = holder_.get();
-  }
-  ModelInfo info() const {
-    return {.served_name = "llama",
-            .context_length = 512,
-            .tokenizer = tokenizer_,
-            .render_chat = [](const json& context) {
-              static const ChatTemplate chatml = ChatTemplate::parse(chatml_template());
-              return chatml.render(context);
-            }};
-  }
-  GenerationRequest parse(ApiKind kind, const std::string& body) const {
-    return parse_generation_request(kind, json::parse(body), info());
-  }
-  // The error a body gets (from a server described by `model`, default info()); fails the test
-  // when it is accepted.
-  ApiError error_of(ApiKind kind, const std::string& body,
-                    const std::optional<ModelInfo>& model = std::nullopt) const {
-    try {
-      parse_generation_request(kind, json::parse(body), model ? *model : info());
-    } catch (const ApiException& e) {
-      return e.error();
-    }
-    ADD_FAILURE() << "accepted: " << body;
-    return {};
   }
   static inline std::shared_ptr<const tok::Tokenizer> holder_;
   static inline const tok::Tokenizer* tokenizer_ = nullptr;
@@ -160,8 +135,8 @@ TEST_F(ApiResponsesTest, EchoResponseHasThePromptFirstWithConsistentOffsets) {
 }
 
 TEST_F(ApiResponsesTest, ModelsAndTokens) {
-  ModelInfo model = info();
-  model.aliases = {"tiny"};
+  const ModelInfo model{
+      .served_name = "llama", .aliases = {"tiny"}, .context_length = 512, .tokenizer = tokenizer_};
   const json list = model_list(model);
   EXPECT_EQ(list["object"], "list");
   ASSERT_EQ(list["data"].size(), 2u);

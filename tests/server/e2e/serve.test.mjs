@@ -605,6 +605,27 @@ test('SIGTERM lets a running stream finish within the grace period and exits 0',
   assert.match(s.log, /shutting down/);
 });
 
+// A streamed chat answer put together: its content, its tool calls (by index) and finish reason.
+async function readChatStream(stream) {
+  const calls = [];
+  let content = '';
+  let finish = null;
+  for await (const chunk of stream) {
+    const delta = chunk.choices[0]?.delta ?? {};
+    content += delta.content ?? '';
+    for (const t of delta.tool_calls ?? []) {
+      calls[t.index] ??= { id: '', type: '', function: { name: '', arguments: '' } };
+      const call = calls[t.index];
+      if (t.id) call.id = t.id;
+      if (t.type) call.type = t.type;
+      if (t.function?.name) call.function.name += t.function.name;
+      if (t.function?.arguments) call.function.arguments += t.function.arguments;
+    }
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  return { content, calls, finish };
+}
+
 // A small Hermes (Qwen) style template: the tools' names, the calls of earlier turns.
 const HERMES_TEMPLATE = '{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}' +
   '</tools><|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}' +
@@ -669,23 +690,7 @@ test('tools: tool_choice required / named returns parsed tool_calls for each fam
         checkCall(message.tool_calls[0], choice.names, family, where);
 
         // Streamed: the name first, then the arguments, accumulated by index.
-        const stream = await c.chat.completions.create({ ...request, stream: true });
-        const calls = [];
-        let content = '';
-        let finish = null;
-        for await (const chunk of stream) {
-          const delta = chunk.choices[0]?.delta ?? {};
-          content += delta.content ?? '';
-          for (const t of delta.tool_calls ?? []) {
-            calls[t.index] ??= { id: '', type: '', function: { name: '', arguments: '' } };
-            const call = calls[t.index];
-            if (t.id) call.id = t.id;
-            if (t.type) call.type = t.type;
-            if (t.function?.name) call.function.name += t.function.name;
-            if (t.function?.arguments) call.function.arguments += t.function.arguments;
-          }
-          finish = chunk.choices[0]?.finish_reason ?? finish;
-        }
+        const { content, calls, finish } = await readChatStream(await c.chat.completions.create({ ...request, stream: true }));
         assert.equal(finish, 'tool_calls', where);
         assert.equal(content, '', where);
         assert.equal(calls.length, 1, where);
@@ -759,24 +764,10 @@ test('tools: output cut off by max_tokens says length and keeps only complete ca
         assert.ok(calls.length > 0, where);
       }
 
-      const stream = await c.chat.completions.create({ ...base, max_tokens: max, stream: true });
-      const streamed = [];
-      let content = '';
-      let finish = null;
-      for await (const chunk of stream) {
-        const delta = chunk.choices[0]?.delta ?? {};
-        content += delta.content ?? '';
-        for (const t of delta.tool_calls ?? []) {
-          streamed[t.index] ??= { name: '', arguments: '' };
-          streamed[t.index].name += t.function?.name ?? '';
-          streamed[t.index].arguments += t.function?.arguments ?? '';
-        }
-        finish = chunk.choices[0]?.finish_reason ?? finish;
-      }
-      assert.equal(content, '', `${where} (stream)`);
-      assert.equal(finish, choice.finish_reason, `${where} (stream)`);
-      assert.deepEqual(streamed, calls.map((call) => ({ name: call.function.name, arguments: call.function.arguments })),
-        `${where} (stream)`);
+      const streamed = await readChatStream(await c.chat.completions.create({ ...base, max_tokens: max, stream: true }));
+      assert.equal(streamed.content, '', `${where} (stream)`);
+      assert.equal(streamed.finish, choice.finish_reason, `${where} (stream)`);
+      assert.deepEqual(streamed.calls.map((call) => call.function), calls.map((call) => call.function), `${where} (stream)`);
     }
     assert.ok(cutInFirst > 0, 'some limit cut the first call');
     assert.ok(cutAfterACall > 0, 'some limit cut a later call');
