@@ -168,19 +168,18 @@ void serve(ServeOptions options) {
         options.server.allowed_origins.empty()
             ? std::string("off")
             : fmt::format("{}", fmt::join(options.server.allowed_origins, ", ")));
-    http.set_backend({.engine = engine,
-                      .tokenizer = loaded.tokenizer,
-                      .model_name = name,
-                      .model_aliases = aliases,
-                      .context_length = mc.context_length,
-                      .render_chat =
-                          [chat_template](const nlohmann::json& context) {
-                            return chat_template->render(context);
-                          },
-                      .default_kv_policy = default_policy,
-                      .grammars = std::make_shared<grammar::GrammarCache>(
-                          grammar::Vocabulary::from_tokenizer(*loaded.tokenizer)),
-                      .tool_call_format = tool_call_format});
+    http.set_backend(
+        {.engine = engine,
+         .tokenizer = loaded.tokenizer,
+         .model_name = name,
+         .model_aliases = aliases,
+         .context_length = mc.context_length,
+         .render_chat = [chat_template](
+                            const server::json& context) { return chat_template->render(context); },
+         .default_kv_policy = default_policy,
+         .grammars = std::make_shared<grammar::GrammarCache>(
+             grammar::Vocabulary::from_tokenizer(*loaded.tokenizer)),
+         .tool_call_format = tool_call_format});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'{}", options.server.host, http.port(), name,
                  aliases.empty() ? "" : fmt::format(" (aliases: {})", fmt::join(aliases, ", ")));
     if (!options.no_webui) {

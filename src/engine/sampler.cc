@@ -79,10 +79,10 @@ bool in_range(TokenId id, int32_t vocab_size) { return id >= 0 && id < vocab_siz
 }  // namespace
 
 std::optional<AdmissionError> check_sampling_params(const SamplingParams& p, int32_t vocab_size) {
-  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
+  if (!(p.temperature >= 0.0f && p.temperature <= kMaxTemperature)) {
     return AdmissionError::invalid(
-        "temperature",
-        fmt::format("temperature must be a number >= 0 (0 is greedy), got {}", p.temperature));
+        "temperature", fmt::format("temperature must be in [0, {}] (0 is greedy), got {}",
+                                   kMaxTemperature, p.temperature));
   }
   if (p.top_k < 0) {
     return AdmissionError::invalid(
@@ -96,10 +96,11 @@ std::optional<AdmissionError> check_sampling_params(const SamplingParams& p, int
     return AdmissionError::invalid(
         "min_p", fmt::format("min_p must be in [0, 1] (0 keeps all tokens), got {}", p.min_p));
   }
-  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) {
+  if (!(p.repetition_penalty > 0.0f && p.repetition_penalty <= kMaxRepetitionPenalty)) {
     return AdmissionError::invalid(
         "repetition_penalty",
-        fmt::format("repetition_penalty must be > 0 (1 is none), got {}", p.repetition_penalty));
+        fmt::format("repetition_penalty must be in (0, {}] (1 is none), got {}",
+                    kMaxRepetitionPenalty, p.repetition_penalty));
   }
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
     return AdmissionError::invalid(

@@ -48,18 +48,22 @@ using TokenId = int32_t;
 inline constexpr float kGreedyTemperature = 1e-5f;
 // Largest number of top logprobs a request may ask for (OpenAI chat allows 0..20).
 inline constexpr int32_t kMaxTopLogprobs = 20;
+// Upper bounds of temperature and repetition_penalty. Past them sampling is uniform, or a
+// repeated token is gone, to float precision: a larger value is a mistake, refused.
+inline constexpr float kMaxTemperature = 100.0f;
+inline constexpr float kMaxRepetitionPenalty = 100.0f;
 
 struct SamplingParams {
-  float temperature = 0.0f;  // < kGreedyTemperature: greedy (argmax; ties go to the lowest id)
+  float temperature = 0.0f;  // [0, 100]; < kGreedyTemperature: greedy (argmax; ties: lowest id)
   int32_t top_k = 0;         // 0: no limit
   float top_p = 1.0f;        // nucleus mass, (0, 1]
   float min_p = 0.0f;        // drop tokens with p < min_p * p_max, [0, 1]
   uint64_t seed = 0;         // the engine passes a random one when the request gives none
 
   // Penalties; the defaults are neutral.
-  float repetition_penalty = 1.0f;      // > 0; logit > 0 ? logit / p : logit * p, prompt ∪ output
-  float presence_penalty = 0.0f;        // [-2, 2]; logit -= presence * [count > 0], output only
-  float frequency_penalty = 0.0f;       // [-2, 2]; logit -= frequency * count, output only
+  float repetition_penalty = 1.0f;  // (0, 100]; logit > 0 ? logit / p : logit * p, prompt ∪ output
+  float presence_penalty = 0.0f;    // [-2, 2]; logit -= presence * [count > 0], output only
+  float frequency_penalty = 0.0f;   // [-2, 2]; logit -= frequency * count, output only
   std::map<TokenId, float> logit_bias;  // token id -> additive bias, [-100, 100]
   int32_t min_tokens = 0;  // stop token ids and EOS are masked until this many are generated
   // Constrained decoding: only tokens the grammar allows at each step (and EOG only where the
@@ -92,7 +96,9 @@ struct SamplingParams {
 };
 
 // What is wrong with `params` for a model with `vocab_size` tokens (kInvalidParams, naming the
-// field); nullopt when the parameters are valid.
+// field); nullopt when the parameters are valid. The one place the ranges of the sampling
+// parameters are checked: the engine checks every request, the server every body (naming the
+// field as the body did).
 std::optional<AdmissionError> check_sampling_params(const SamplingParams& params,
                                                     int32_t vocab_size);
 

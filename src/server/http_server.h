@@ -1,12 +1,14 @@
 #pragma once
 // `sieve serve`: the OpenAI-compatible HTTP front of the engine. Thin by design:
 //
-//   I/O threads (HttpTransport, event-driven): read requests under deadlines and limits, answer
-//                 /health, /ready, /metrics and /v1/models at once, write responses and SSE chunks;
-//                 GET /v1/kv/state asks the engine for a snapshot at its next step boundary and
-//                 answers from the connection's strand (server/kv_state.h)
-//   handler threads: body ─► parse_generation_request (tokenizes) ─► on the connection's strand:
-//                 Engine::submit (one per prompt)
+//   I/O threads (HttpTransport, event-driven): read requests under deadlines and limits, find
+//                 the route (HttpServer::kRoutes), answer /health, /ready, /metrics and
+//                 /v1/models at once, write responses and SSE chunks; GET /v1/kv/state asks the
+//                 engine for a snapshot at its next step boundary and answers from the
+//                 connection's strand (server/kv_state.h)
+//   handler threads: the routes with a body: body ─► api_requests.h (parses, tokenizes) ─►
+//                 /tokenize, /detokenize answer; completions, on the connection's strand:
+//                 Engine::submit (one per prompt) (http_generation.cc)
 //   engine thread (Engine::start): steps the batch; each sequence's events are posted to its
 //                 connection's strand, which turns them into the JSON response or SSE chunks
 //   client gone or too slow: the transport aborts the response ─► Engine::cancel ─► pages back
@@ -28,8 +30,9 @@
 #include "engine/engine.h"
 #include "grammar/grammar_cache.h"
 #include "server/http_transport.h"
+#include "server/api_requests.h"
+#include "server/api_responses.h"
 #include "server/metrics.h"
-#include "server/openai_api.h"
 #include "server/web_assets.h"
 
 namespace sieve::server {
@@ -68,6 +71,9 @@ struct Backend {
   std::shared_ptr<grammar::GrammarCache> grammars;
   // How the model writes tool calls (--tool-call-parser, else detected from the chat template).
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+
+  // What request parsing needs to know of this model.
+  ModelInfo model_info() const;
 };
 
 class HttpServer {
@@ -95,22 +101,55 @@ class HttpServer {
  private:
   struct Exchange;
   struct Workers;
+  static constexpr const char* kJsonType = "application/json";
+  using Handler = void (HttpServer::*)(const HttpRequest&, const std::shared_ptr<Responder>&);
+  // Where a handler runs: at once on the I/O thread, or on a handler thread because it parses a
+  // body (a large prompt must not delay anyone's /health).
+  enum class Runs { kAtOnce, kOnWorker };
+  // One endpoint: method, path (a trailing '*' matches the rest), handler, where it runs, and
+  // whether it is a probe (served without the API key and while the model loads).
+  struct Route {
+    std::string_view method;
+    std::string_view path;
+    Handler handler;
+    Runs runs = Runs::kAtOnce;
+    bool probe = false;
+  };
+  static const Route kRoutes[];
+  struct RouteMatch {
+    const Route* route = nullptr;  // the route of the method and path
+    const Route* path = nullptr;   // a route of the path (any method)
+  };
+  static RouteMatch find_route(const HttpRequest& request);
+
   void route(HttpRequest request, std::shared_ptr<Responder> responder);
   void route_probe(HttpRequest request, std::shared_ptr<Responder> responder);
-  void serve_health(const HttpRequest& request, Responder& responder);
-  void serve_ready(const HttpRequest& request, Responder& responder);
-  void serve_metrics(const HttpRequest& request, Responder& responder);
-  bool serve_web_asset(const HttpRequest& request, Responder& responder);
+  // Runs the route's handler (on a handler thread when it says so); an ApiException it throws
+  // becomes its error response, any other exception a 500.
+  void dispatch(const Route& route, HttpRequest request, std::shared_ptr<Responder> responder);
+  void serve_health(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_ready(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_metrics(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_models(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_model(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
   void serve_kv_state(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
-  void serve_tokenize(const HttpRequest& request, Responder& responder);
-  void serve_detokenize(const HttpRequest& request, Responder& responder);
+  void serve_tokenize(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_detokenize(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_completions(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_chat(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  bool serve_web_asset(const HttpRequest& request, Responder& responder);
+
+  // Completions (http_generation.cc).
   void handle_generation(ApiKind kind, const HttpRequest& request,
-                         std::shared_ptr<Responder> responder);
+                         const std::shared_ptr<Responder>& responder);
   void start_generation(const std::shared_ptr<Exchange>& exchange);
   void on_event(Exchange& exchange, const engine::RequestEvent& event);
   void complete_if_done(Exchange& exchange);
   void apply(Exchange& exchange, const engine::RequestEvent& event);
   void finish_exchange(Exchange& exchange, std::string_view status);
+  // Shutdown after the grace period: every exchange still running ends with a 503.
+  void cancel_exchanges();
+
   HttpHeaders cors_headers(const HttpRequest& request) const;
   void send(const HttpRequest& request, Responder& responder, int status, const json& body);
   void send_error(const HttpRequest& request, Responder& responder, const ApiError& error);

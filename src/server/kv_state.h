@@ -58,7 +58,7 @@
 #include <string_view>
 
 #include "engine/kv_snapshot.h"
-#include "server/openai_api.h"
+#include "server/api_error.h"
 
 namespace sieve::server {
 

@@ -9,8 +9,6 @@ namespace sieve::server {
 
 namespace {
 
-using ordered_json = nlohmann::ordered_json;
-
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kToolCallOpen = "<tool_call>";
 constexpr std::string_view kToolCallClose = "</tool_call>";
@@ -102,7 +100,7 @@ std::optional<size_t> json_extent(std::string_view text, size_t start, bool& bad
 
 // A call object {"name": ..., "arguments" or "parameters": {...}, "id"?}; nullopt if it is not
 // one. Arguments the model wrote as a JSON string are kept as that string.
-std::optional<ToolCall> call_from_json(const ordered_json& j, ToolCallFormat format) {
+std::optional<ToolCall> call_from_json(const json& j, ToolCallFormat format) {
   if (!j.is_object()) return std::nullopt;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) {
@@ -115,7 +113,7 @@ std::optional<ToolCall> call_from_json(const ordered_json& j, ToolCallFormat for
     call.arguments = "{}";
   } else if (args->is_string()) {
     call.arguments = args->get<std::string>();
-    if (ordered_json::parse(call.arguments, nullptr, false).is_discarded()) return std::nullopt;
+    if (!parse_json(call.arguments)) return std::nullopt;
   } else if (args->is_object()) {
     call.arguments = args->dump();
   } else {
@@ -175,7 +173,7 @@ ToolCallFormat detect_tool_call_format(std::string_view chat_template) {
   return ToolCallFormat::kNone;
 }
 
-nlohmann::json tool_call_json(const ToolCall& call) {
+json tool_call_json(const ToolCall& call) {
   return {{"id", call.id},
           {"type", "function"},
           {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
@@ -190,7 +188,8 @@ ToolCallDelta ToolCallParser::push(std::string_view text) {
   return out;
 }
 
-ToolCallDelta ToolCallParser::finish() {
+ToolCallDelta ToolCallParser::finish(bool cut_off) {
+  cut_off_ = cut_off;
   ToolCallDelta out;
   run(/*final=*/true, out);
   return out;
@@ -256,12 +255,21 @@ void ToolCallParser::run(bool final, ToolCallDelta& out) {
         mode_ = Mode::kCall;
         continue;
       }
-      const size_t keep = final ? 0 : held_tail();
+      // Cut off: a marker's beginning at the end was a call starting; it is dropped.
+      const size_t keep = !final     ? held_tail()
+                          : cut_off_ ? partial_marker(held_, marker_of(options_.format))
+                                     : 0;
       release(std::string_view(held_).substr(0, held_.size() - keep));
       held_.erase(0, held_.size() - keep);
       return;
     }
     Unit unit = read_calls(final, out);
+    if (unit == Unit::kNeedMore && final && cut_off_) {  // a call the length limit cut short
+      held_.clear();
+      pending_.clear();
+      mode_ = Mode::kContent;
+      return;
+    }
     if (unit == Unit::kNeedMore && final) unit = Unit::kBad;
     if (unit == Unit::kNeedMore) return;
     mode_ = Mode::kContent;
@@ -320,11 +328,11 @@ ToolCallParser::Unit ToolCallParser::read_calls(bool final, ToolCallDelta& out) 
     const auto end = json_extent(held_, body, bad);
     if (bad) return Unit::kBad;
     if (!end) return Unit::kNeedMore;
-    const auto arguments = ordered_json::parse(held_.substr(body, *end - body), nullptr, false);
-    if (arguments.is_discarded() || !arguments.is_object()) return Unit::kBad;
+    const auto arguments = parse_json(std::string_view(held_).substr(body, *end - body));
+    if (!arguments || !arguments->is_object()) return Unit::kBad;
     add(ToolCall{.id = id.empty() ? new_call_id(options_.format) : id,
                  .name = std::move(name),
-                 .arguments = arguments.dump()});
+                 .arguments = arguments->dump()});
     held_.erase(0, *end);
     return Unit::kDone;
   }
@@ -333,18 +341,18 @@ ToolCallParser::Unit ToolCallParser::read_calls(bool final, ToolCallDelta& out) 
   const auto end = json_extent(held_, i, bad);
   if (bad) return Unit::kBad;
   if (!end) return Unit::kNeedMore;
-  const auto parsed = ordered_json::parse(held_.substr(i, *end - i), nullptr, false);
-  if (parsed.is_discarded()) return Unit::kBad;
+  const auto parsed = parse_json(std::string_view(held_).substr(i, *end - i));
+  if (!parsed) return Unit::kBad;
   std::vector<ToolCall> calls;
-  if (parsed.is_array()) {
-    if (parsed.empty()) return Unit::kBad;
-    for (const auto& item : parsed) {
+  if (parsed->is_array()) {
+    if (parsed->empty()) return Unit::kBad;
+    for (const auto& item : *parsed) {
       auto call = call_from_json(item, options_.format);
       if (!call) return Unit::kBad;
       calls.push_back(std::move(*call));
     }
   } else {
-    auto call = call_from_json(parsed, options_.format);
+    auto call = call_from_json(*parsed, options_.format);
     if (!call) return Unit::kBad;
     calls.push_back(std::move(*call));
   }
@@ -367,10 +375,10 @@ ToolCallParser::Unit ToolCallParser::read_calls(bool final, ToolCallDelta& out) 
   return Unit::kDone;
 }
 
-ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text) {
+ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text, bool cut_off) {
   ToolCallParser parser(options);
   ToolCallDelta a = parser.push(text);
-  ToolCallDelta b = parser.finish();
+  ToolCallDelta b = parser.finish(cut_off);
   ParsedToolCalls out;
   out.calls = std::move(a.calls);
   for (auto& call : b.calls) out.calls.push_back(std::move(call));
@@ -382,22 +390,20 @@ ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text)
 std::string tool_call_gbnf(ToolCallFormat format, const std::vector<ToolFunction>& functions,
                            bool parallel) {
   const char* args_key = format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
-  ordered_json alternatives = ordered_json::array();
+  json alternatives = json::array();
   for (const ToolFunction& f : functions) {
-    ordered_json properties = ordered_json::object();
+    json properties = json::object();
     properties["name"] = {{"const", f.name}};
-    properties[args_key] =
-        f.parameters.is_null()
-            ? ordered_json{{"type", "object"}, {"properties", ordered_json::object()}}
-            : ordered_json::parse(f.parameters.dump());
+    properties[args_key] = f.parameters.is_null()
+                               ? json{{"type", "object"}, {"properties", json::object()}}
+                               : f.parameters;
     alternatives.push_back({{"type", "object"},
                             {"properties", std::move(properties)},
                             {"required", {"name", args_key}}});
   }
-  ordered_json call =
-      alternatives.size() == 1 ? alternatives[0] : ordered_json{{"anyOf", alternatives}};
+  json call = alternatives.size() == 1 ? alternatives[0] : json{{"anyOf", alternatives}};
   if (format == ToolCallFormat::kMistral) {
-    ordered_json array = {{"type", "array"}, {"items", std::move(call)}, {"minItems", 1}};
+    json array = {{"type", "array"}, {"items", std::move(call)}, {"minItems", 1}};
     if (!parallel) array["maxItems"] = 1;
     return grammar::json_schema_to_gbnf(array.dump());
   }

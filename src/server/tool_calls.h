@@ -18,13 +18,14 @@
 // or are elements of the one array (mistral).
 //
 //   generated text ──► ToolCallParser::push (per choice, any split) ──► content, calls
-//   end of output  ──► ToolCallParser::finish ──► what was held: calls or content
-#include <nlohmann/json.hpp>
-
+//   end of output  ──► ToolCallParser::finish ──► what was held: calls or content (output cut
+//                      off at max_tokens: a call it was writing is dropped, never content)
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "server/json.h"
 
 namespace sieve::server {
 
@@ -40,8 +41,8 @@ ToolCallFormat detect_tool_call_format(std::string_view chat_template);
 
 // A function the request offers (tools[i].function), validated.
 struct ToolFunction {
-  std::string name;           // [A-Za-z0-9_-]{1,64}, as OpenAI requires
-  nlohmann::json parameters;  // a JSON Schema; null when the tool has none (no arguments)
+  std::string name;  // [A-Za-z0-9_-]{1,64}, as OpenAI requires
+  json parameters;   // a JSON Schema, its keys in the request's order; null: none (no arguments)
 };
 
 // How a request's output is read: the family, and whether a grammar forced the calls (then the
@@ -59,7 +60,7 @@ struct ToolCall {
 };
 
 // The OpenAI message object of a call: {"id", "type": "function", "function": {name, arguments}}.
-nlohmann::json tool_call_json(const ToolCall& call);
+json tool_call_json(const ToolCall& call);
 
 // What the parser releases: text that is content for sure, then the calls completed since.
 struct ToolCallDelta {
@@ -79,7 +80,9 @@ class ToolCallParser {
   explicit ToolCallParser(ToolCallOptions options);
   ToolCallDelta push(std::string_view text);
   // The end of the output: a held call that is complete is released, anything else as content.
-  ToolCallDelta finish();
+  // `cut_off` (the output stopped at its length limit): a call not complete yet, or a marker's
+  // beginning, is what the model was writing when it was stopped: dropped, not content.
+  ToolCallDelta finish(bool cut_off = false);
   size_t num_calls() const { return num_calls_; }
 
  private:
@@ -104,6 +107,7 @@ class ToolCallParser {
   bool released_text_ = false;  // some non-whitespace content was released
   bool after_call_ = false;     // the last thing read was a call
   size_t num_calls_ = 0;
+  bool cut_off_ = false;  // finish(cut_off = true)
 };
 
 // The whole output at once: content (nullopt when there are calls and no other text) and calls.
@@ -111,7 +115,8 @@ struct ParsedToolCalls {
   std::optional<std::string> content;
   std::vector<ToolCall> calls;
 };
-ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text);
+ParsedToolCalls parse_tool_calls(ToolCallOptions options, std::string_view text,
+                                 bool cut_off = false);
 
 // GBNF for the constrained output of `functions` (the request's tools, or the one named):
 // exactly one call, or one or more when `parallel`. Throws sieve::Error when a parameters

@@ -487,11 +487,13 @@ TEST(SamplingParamsCheck, AcceptsDefaultsAndRejectsNonsense) {
                    .has_value());
   const std::vector<std::pair<SamplingParams, std::string>> bad = {
       {{.temperature = -1.0f}, "temperature"},
+      {{.temperature = 101.0f}, "temperature"},
       {{.top_k = -1}, "top_k"},
       {{.top_p = 0.0f}, "top_p"},
       {{.top_p = 1.5f}, "top_p"},
       {{.min_p = 2.0f}, "min_p"},
       {{.repetition_penalty = 0.0f}, "repetition_penalty"},
+      {{.repetition_penalty = 101.0f}, "repetition_penalty"},
       {{.presence_penalty = 3.0f}, "presence_penalty"},
       {{.frequency_penalty = -2.5f}, "frequency_penalty"},
       {{.logit_bias = {{100, 1.0f}}}, "logit_bias"},

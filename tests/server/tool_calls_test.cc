@@ -14,7 +14,8 @@
 #include "model/loader.h"
 #include "real_chat_templates.h"
 #include "server/chat_template.h"
-#include "server/openai_api.h"
+#include "server/api_requests.h"
+#include "server/api_responses.h"
 #include "shared_data.h"
 
 namespace sieve::server {
@@ -398,7 +399,7 @@ TEST_F(ToolRequestTest, ChoiceSetsParsingAndConstraint) {
   EXPECT_EQ(automatic.tool_calls.format, ToolCallFormat::kHermes);
   EXPECT_FALSE(automatic.tool_calls.constrained);
   EXPECT_EQ(automatic.params.constraint, nullptr);
-  EXPECT_THAT(rendered_, HasSubstr("<tools>\n{\"function\""));
+  EXPECT_THAT(rendered_, HasSubstr("<tools>\n{\"type\": \"function\", \"function\""));
   // "none": no tools in the prompt, no parsing.
   GenerationRequest none = parse(body_with(R"("tool_choice": "none")"), m);
   EXPECT_EQ(none.tool_calls.format, ToolCallFormat::kNone);
@@ -416,6 +417,30 @@ TEST_F(ToolRequestTest, ChoiceSetsParsingAndConstraint) {
   EXPECT_EQ(unknown.tool_calls.format, ToolCallFormat::kNone);
 }
 
+// Issue 42: a forced call's arguments come in the order the tool declares its parameters, and
+// the template prints the tools in the request's key order.
+TEST_F(ToolRequestTest, ForcedCallsKeepTheDeclaredParameterOrder) {
+  const ModelInfo m = info(template_text(k_qwen25), ToolCallFormat::kHermes);
+  const GenerationRequest r = parse_generation_request(
+      ApiKind::kChat, parse_request_body(R"({"messages": [{"role": "user", "content": "hi"}],
+          "tools": [{"type": "function", "function": {"name": "alarm", "parameters": {
+              "type": "object", "properties": {"minute": {"type": "integer"},
+              "hour": {"type": "integer"}, "label": {"enum": ["wake", "nap"]}},
+              "required": ["minute", "hour", "label"], "additionalProperties": false}}}],
+          "tool_choice": {"type": "function", "function": {"name": "alarm"}}})"),
+      m);
+  ASSERT_NE(r.params.constraint, nullptr);
+  auto state = r.params.constraint->new_state();
+  EXPECT_TRUE(state.accept_bytes(
+      R"({"name": "alarm", "arguments": {"minute": 5, "hour": 7, "label": "nap"}})"));
+  EXPECT_TRUE(state.can_end());
+  EXPECT_FALSE(
+      r.params.constraint->new_state().accept_bytes(R"({"name": "alarm", "arguments": {"hour")"));
+  EXPECT_THAT(rendered_, HasSubstr(R"({"type": "function", "function": {"name": "alarm", )"
+                                   R"("parameters": {"type": "object", "properties": )"
+                                   R"({"minute": {"type": "integer"}, "hour": )"));
+}
+
 // A conversation with a call (OpenAI's shape: arguments as a JSON string) and its result.
 std::string conversation_body(const std::string& system) {
   return R"({"messages": [)" + system + R"(
@@ -429,8 +454,9 @@ std::string conversation_body(const std::string& system) {
 
 TEST_F(ToolRequestTest, RendersThroughLlama31) {
   parse(conversation_body(""), info(template_text(k_llama31), ToolCallFormat::kLlama3Json));
-  // tools_in_user_message: the tool (sorted keys: the body is nlohmann::json) goes into the first
-  // user turn; the call prints its parsed arguments; the result is an ipython turn.
+  // tools_in_user_message: the tool (its keys in the request's order, as transformers prints
+  // them) goes into the first user turn; the call prints its parsed arguments; the result is an
+  // ipython turn.
   EXPECT_EQ(rendered_,
             "<s><|start_header_id|>system<|end_header_id|>\n\n"  // stories260K's BOS
             "Environment: ipython\n"
@@ -440,12 +466,13 @@ TEST_F(ToolRequestTest, RendersThroughLlama31) {
             "its proper arguments that best answers the given prompt.\n\n"
             "Respond in the format {\"name\": function name, \"parameters\": dictionary of "
             "argument name and its value}.Do not use variables.\n\n"
-            "{\n    \"function\": {\n        \"description\": \"Get the weather\",\n"
-            "        \"name\": \"get_weather\",\n        \"parameters\": {\n"
+            "{\n    \"type\": \"function\",\n    \"function\": {\n"
+            "        \"name\": \"get_weather\",\n        \"description\": \"Get the weather\",\n"
+            "        \"parameters\": {\n            \"type\": \"object\",\n"
             "            \"properties\": {\n                \"city\": {\n"
             "                    \"type\": \"string\"\n                }\n            },\n"
-            "            \"required\": [\n                \"city\"\n            ],\n"
-            "            \"type\": \"object\"\n        }\n    },\n    \"type\": \"function\"\n}\n\n"
+            "            \"required\": [\n                \"city\"\n            ]\n"
+            "        }\n    }\n}\n\n"
             "Weather in Paris?<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n"
             "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"
@@ -463,9 +490,9 @@ TEST_F(ToolRequestTest, RendersThroughQwen25AndQwen3) {
   const std::string tools_section =
       "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
       "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-      "{\"function\": {\"description\": \"Get the weather\", \"name\": \"get_weather\", "
-      "\"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
-      "[\"city\"], \"type\": \"object\"}}, \"type\": \"function\"}\n</tools>\n\n"
+      "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+      "\"Get the weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "
+      "{\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\n"
       "For each function call, return a json object with function name and arguments within "
       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
       "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
@@ -480,10 +507,10 @@ TEST_F(ToolRequestTest, RendersThroughMistral) {
   parse(conversation_body(R"({"role": "system", "content": "Be terse."},)"),
         info(k_mistral_tools, ToolCallFormat::kMistral));
   EXPECT_EQ(rendered_,
-            "<s>[AVAILABLE_TOOLS] [{\"function\": {\"description\": \"Get the weather\", "
-            "\"name\": \"get_weather\", \"parameters\": {\"properties\": {\"city\": {\"type\": "
-            "\"string\"}}, \"required\": [\"city\"], \"type\": \"object\"}}, \"type\": "
-            "\"function\"}][/AVAILABLE_TOOLS][INST] Be terse.\n\nWeather in Paris?[/INST]"
+            "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": "
+            "\"get_weather\", \"description\": \"Get the weather\", \"parameters\": {\"type\": "
+            "\"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
+            "[\"city\"]}}}][/AVAILABLE_TOOLS][INST] Be terse.\n\nWeather in Paris?[/INST]"
             "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
             "\"id\": \"abcDEF123\"}]</s>"
             "[TOOL_RESULTS] {\"content\": \"sunny\", \"call_id\": \"abcDEF123\"}[/TOOL_RESULTS]");
@@ -688,6 +715,115 @@ TEST(ToolGrammar, ShapeOfTheCall) {
   const std::string several = tool_call_gbnf(ToolCallFormat::kHermes, f, true);
   EXPECT_THAT(several, HasSubstr("root ::= call-root (\"\\n\" call-root)*"));
   EXPECT_NO_THROW(grammar::parse_gbnf(several));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 42: output cut off at max_tokens in the middle of a call. Complete calls stay calls,
+// finish_reason is "length", and the cut-off call is dropped: never passed off as content.
+
+TEST(ToolCallParser, ACallCutOffIsDroppedInAnySplit) {
+  struct Case {
+    ToolCallOptions options;
+    std::string text;
+    std::optional<std::string> content;  // with cut_off
+    size_t num_calls;
+  };
+  const std::string call = R"({"name": "get_weather", "arguments": {"city": "Paris"}})";
+  const Case cases[] = {
+      {kHermes, "Sure.\n<tool_call>\n" + call + "\n</tool_call>\n<tool_call>\n{ \"name\" : \"get",
+       "Sure.", 1},
+      {kHermes, "Sure.<tool_call>\n{\"name\": \"get", "Sure.", 0},
+      {kHermes, "Wait <tool_c", "Wait ", 0},
+      {{.format = ToolCallFormat::kHermes, .constrained = true},
+       call + "\n" + call + "\n{\"na",
+       std::nullopt,
+       2},
+      {{.format = ToolCallFormat::kHermes, .constrained = true}, "{\"name\": \"get_wea", "", 0},
+      {kLlama, call + "; {\"name\": ", std::nullopt, 1},
+      {kMistral, "[TOOL_CALLS] [" + call + ", {\"name\"", "", 0},
+  };
+  for (const Case& c : cases) {
+    const ParsedToolCalls whole = parse_tool_calls(c.options, c.text, /*cut_off=*/true);
+    EXPECT_EQ(whole.content, c.content) << c.text;
+    EXPECT_EQ(whole.calls.size(), c.num_calls) << c.text;
+    for (size_t split = 0; split <= c.text.size(); ++split) {
+      ToolCallParser parser(c.options);
+      ToolCallDelta a = parser.push(std::string_view(c.text).substr(0, split));
+      ToolCallDelta b = parser.push(std::string_view(c.text).substr(split));
+      ToolCallDelta end = parser.finish(/*cut_off=*/true);
+      EXPECT_EQ(a.content + b.content + end.content, c.content.value_or("")) << c.text << split;
+      EXPECT_EQ(a.calls.size() + b.calls.size() + end.calls.size(), c.num_calls) << c.text;
+    }
+  }
+  // Not cut off (a stop string, EOS): what was held is content, as before.
+  EXPECT_EQ(parse_tool_calls(kHermes, "Sure.<tool_call>\n{\"name\": \"get").content,
+            "Sure.<tool_call>\n{\"name\": \"get");
+}
+
+TEST_F(ToolRequestTest, ResponsesOfACutOffOutputSayLength) {
+  ResponseWriter writer(ApiKind::kChat, "m", *tokenizer_, false, kHermes);
+  const std::string text =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+      "\n<tool_call>\n{ \"name\" : \"get";
+  std::vector<ChoiceState> choices(1);
+  choices[0].text = text;
+  choices[0].finish = engine::Finish{engine::FinishReason::kLength};
+  const json out = writer.response(choices, {});
+  EXPECT_EQ(out["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(out["choices"][0]["message"]["content"].is_null());
+  ASSERT_EQ(out["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city":"Paris"})");
+
+  // Streamed, in two pieces: the complete call, then the end with "length" and no content.
+  ChoiceState choice;
+  choice.tool_parser.emplace(kHermes);
+  size_t offset = 0;
+  std::vector<json> chunks =
+      writer.tool_delta_chunks(choice, 0, text.substr(0, 90), {}, std::nullopt, offset);
+  for (json& c : writer.tool_delta_chunks(choice, 0, text.substr(90), {},
+                                          engine::Finish{engine::FinishReason::kLength}, offset)) {
+    chunks.push_back(std::move(c));
+  }
+  size_t num_calls = 0;
+  for (const json& chunk : chunks) {
+    const json& delta = chunk["choices"][0]["delta"];
+    EXPECT_EQ(delta.value("content", ""), "") << chunk.dump();
+    if (delta.contains("tool_calls") && delta["tool_calls"][0].contains("id")) ++num_calls;
+  }
+  EXPECT_EQ(num_calls, 1u);
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "length");
+}
+
+// tool_choice "required" with parallel calls: the grammar lets the output end after any
+// complete call, so the model is never made to start another.
+TEST_F(ToolRequestTest, ParallelCallGrammarsMayEndAfterEachCall) {
+  const std::vector<ToolFunction> functions = test_functions();
+  const std::string call = R"({"name": "noargs", "arguments": {}})";
+  const std::pair<ToolCallFormat, std::string> families[] = {
+      {ToolCallFormat::kHermes, call + "\n" + call},
+      {ToolCallFormat::kLlama3Json, R"({"name": "noargs", "parameters": {}}; )"
+                                    R"({"name": "noargs", "parameters": {}})"},
+      {ToolCallFormat::kMistral, "[" + call + ", " + call + "]"},
+  };
+  for (const auto& [format, two_calls] : families) {
+    auto masker = grammars_->get(
+        {grammar::GrammarKind::kGbnf, tool_call_gbnf(format, functions, /*parallel=*/true)});
+    const size_t first_end = format == ToolCallFormat::kMistral ? 0 : two_calls.find("}}") + 2;
+    if (first_end > 0) {
+      auto one = masker->new_state();
+      ASSERT_TRUE(one.accept_bytes(two_calls.substr(0, first_end))) << two_calls;
+      EXPECT_TRUE(one.can_end()) << two_calls.substr(0, first_end);
+    }
+    auto two = masker->new_state();
+    ASSERT_TRUE(two.accept_bytes(two_calls)) << two_calls;
+    EXPECT_TRUE(two.can_end()) << two_calls;
+  }
+  auto mistral = grammars_->get(
+      {grammar::GrammarKind::kGbnf, tool_call_gbnf(ToolCallFormat::kMistral, functions, true)});
+  auto one = mistral->new_state();
+  ASSERT_TRUE(one.accept_bytes("[" + call + "]"));
+  EXPECT_TRUE(one.can_end());
 }
 
 }  // namespace

@@ -605,18 +605,41 @@ test('SIGTERM lets a running stream finish within the grace period and exits 0',
   assert.match(s.log, /shutting down/);
 });
 
+// A streamed chat answer put together: its content, its tool calls (by index) and finish reason.
+async function readChatStream(stream) {
+  const calls = [];
+  let content = '';
+  let finish = null;
+  for await (const chunk of stream) {
+    const delta = chunk.choices[0]?.delta ?? {};
+    content += delta.content ?? '';
+    for (const t of delta.tool_calls ?? []) {
+      calls[t.index] ??= { id: '', type: '', function: { name: '', arguments: '' } };
+      const call = calls[t.index];
+      if (t.id) call.id = t.id;
+      if (t.type) call.type = t.type;
+      if (t.function?.name) call.function.name += t.function.name;
+      if (t.function?.arguments) call.function.arguments += t.function.arguments;
+    }
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  return { content, calls, finish };
+}
+
+// A small Hermes (Qwen) style template: the tools' names, the calls of earlier turns.
+const HERMES_TEMPLATE = '{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}' +
+  '</tools><|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}' +
+  '{% for c in m.tool_calls or [] %}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": ' +
+  '{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}' +
+  '{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}';
+
 // Tool calls: a small template of each family (stories260K's context is 512 tokens), the family
 // given by --tool-call-parser or detected from the template. tool_choice "required" or a named
 // function constrains the output with a grammar, so even this tiny model returns parsed calls
 // whose arguments fit the schema, streamed or not.
 test('tools: tool_choice required / named returns parsed tool_calls for each family, streamed and not', async () => {
   const families = [
-    { parser: 'hermes', detect: true, idPattern: /^call_[A-Za-z0-9]{24}$/,
-      template: '{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}' +
-        '</tools><|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}' +
-        '{% for c in m.tool_calls or [] %}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": ' +
-        '{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}' +
-        '{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}' },
+    { parser: 'hermes', detect: true, idPattern: /^call_[A-Za-z0-9]{24}$/, template: HERMES_TEMPLATE },
     { parser: 'llama3_json', idPattern: /^call_[A-Za-z0-9]{24}$/,
       template: '{% if tools %}Environment: ipython{% endif %}{% for m in messages %}<|start_header_id|>' +
         '{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}' +
@@ -667,23 +690,7 @@ test('tools: tool_choice required / named returns parsed tool_calls for each fam
         checkCall(message.tool_calls[0], choice.names, family, where);
 
         // Streamed: the name first, then the arguments, accumulated by index.
-        const stream = await c.chat.completions.create({ ...request, stream: true });
-        const calls = [];
-        let content = '';
-        let finish = null;
-        for await (const chunk of stream) {
-          const delta = chunk.choices[0]?.delta ?? {};
-          content += delta.content ?? '';
-          for (const t of delta.tool_calls ?? []) {
-            calls[t.index] ??= { id: '', type: '', function: { name: '', arguments: '' } };
-            const call = calls[t.index];
-            if (t.id) call.id = t.id;
-            if (t.type) call.type = t.type;
-            if (t.function?.name) call.function.name += t.function.name;
-            if (t.function?.arguments) call.function.arguments += t.function.arguments;
-          }
-          finish = chunk.choices[0]?.finish_reason ?? finish;
-        }
+        const { content, calls, finish } = await readChatStream(await c.chat.completions.create({ ...request, stream: true }));
         assert.equal(finish, 'tool_calls', where);
         assert.equal(content, '', where);
         assert.equal(calls.length, 1, where);
@@ -691,6 +698,15 @@ test('tools: tool_choice required / named returns parsed tool_calls for each fam
         // Greedy: the same call either way.
         assert.equal(calls[0].function.arguments, message.tool_calls[0].function.arguments, where);
       }
+      // Issue 42: the arguments' keys come in the order the tool declares its parameters.
+      const alarm = { type: 'function', function: { name: 'set_alarm', parameters: { type: 'object',
+        properties: { minute: { type: 'integer' }, hour: { type: 'integer' }, label: { enum: ['wake', 'nap'] } },
+        required: ['minute', 'hour', 'label'], additionalProperties: false } } };
+      const set = await c.chat.completions.create({ model: 'llama', messages: [{ role: 'user', content: 'Wake me.' }],
+        tools: [alarm], tool_choice: { type: 'function', function: { name: 'set_alarm' } }, max_tokens: 200, temperature: 0 });
+      const [alarmCall] = set.choices[0].message.tool_calls;
+      assert.deepEqual(Object.keys(JSON.parse(alarmCall.function.arguments)), ['minute', 'hour', 'label'],
+        `${family.parser}: ${alarmCall.function.arguments}`);
       // The call goes back through the template for the next turn.
       const next = await c.chat.completions.create({ model: 'llama', max_tokens: 4, tools, messages: [
         { role: 'user', content: 'Weather?' },
@@ -707,5 +723,58 @@ test('tools: tool_choice required / named returns parsed tool_calls for each fam
       const { code } = await s.stop();
       assert.equal(code, 0, `graceful exit:\n${s.log}`);
     }
+  }
+});
+
+// Issue 42: stories260K under tool_choice "required" (parallel calls allowed) writes call after
+// call until max_tokens. Wherever the limit cuts, finish_reason is "length" (as OpenAI reports
+// it), the complete calls are in tool_calls and the cut-off one is dropped, never content;
+// streamed the same.
+test('tools: output cut off by max_tokens says length and keeps only complete calls', async () => {
+  const file = join(tmpdir(), `sieve-e2e-cutoff-${process.pid}.jinja`);
+  writeFileSync(file, HERMES_TEMPLATE);
+  const s = await startServer(['--chat-template', file]);
+  try {
+    const c = new OpenAI({ apiKey: KEY, baseURL: `${s.base}/v1`, maxRetries: 0 });
+    const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object',
+      properties: { city: { enum: ['Paris', 'Rome'] }, unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'] } } }];
+    const base = { model: 'llama', messages: [{ role: 'user', content: 'Weather in Paris and Rome?' }], tools,
+      tool_choice: 'required', temperature: 0 };
+    let cutInFirst = 0;
+    let cutAfterACall = 0;
+    let previous = 0;
+    for (let max = 4; max <= 100; max += 6) {
+      const where = `max_tokens ${max}`;
+      const r = await c.chat.completions.create({ ...base, max_tokens: max });
+      const [choice] = r.choices;
+      const calls = choice.message.tool_calls ?? [];
+      for (const call of calls) {
+        const args = JSON.parse(call.function.arguments);
+        assert.ok(['Paris', 'Rome'].includes(args.city) && ['c', 'f'].includes(args.unit), `${where}: ${call.function.arguments}`);
+      }
+      // No text but calls: null with calls, empty without (the cut-off call is not content).
+      assert.equal(choice.message.content, calls.length > 0 ? null : '', `${where}: ${JSON.stringify(choice.message)}`);
+      assert.ok(calls.length >= previous, `${where}: greedy outputs grow with max_tokens`);
+      previous = calls.length;
+      if (choice.finish_reason === 'length') {
+        assert.equal(r.usage.completion_tokens, max, where);
+        if (calls.length === 0) ++cutInFirst; else ++cutAfterACall;
+      } else {
+        assert.equal(choice.finish_reason, 'tool_calls', where);
+        assert.ok(calls.length > 0, where);
+      }
+
+      const streamed = await readChatStream(await c.chat.completions.create({ ...base, max_tokens: max, stream: true }));
+      assert.equal(streamed.content, '', `${where} (stream)`);
+      assert.equal(streamed.finish, choice.finish_reason, `${where} (stream)`);
+      assert.deepEqual(streamed.calls.map((call) => call.function), calls.map((call) => call.function), `${where} (stream)`);
+    }
+    assert.ok(cutInFirst > 0, 'some limit cut the first call');
+    assert.ok(cutAfterACall > 0, 'some limit cut a later call');
+    await expectPoolEmpty(s.base);
+  } finally {
+    unlinkSync(file);
+    const { code } = await s.stop();
+    assert.equal(code, 0, `graceful exit:\n${s.log}`);
   }
 });

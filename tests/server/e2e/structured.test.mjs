@@ -126,6 +126,32 @@ for (const model of ['stories', 'deepseek']) {
     await expectPoolEmpty(servers[model].base);
   });
 
+  // Issue 42: a document's keys come in the order its schema declares them (as OpenAI and vLLM
+  // answer), not sorted: the body is read with its key order.
+  test(`${model}: json_schema keys come in the declared order, streamed and not`, async () => {
+    const client = new OpenAI({ apiKey: KEY, baseURL: `${servers[model].base}/v1`, maxRetries: 0 });
+    const schema = obj({
+      name: str(8), age: { type: 'integer' }, friends: { type: 'array', items: str(6), maxItems: 2 },
+      has_pet: { type: 'boolean' }, mood: { enum: ['happy', 'sad'] },
+    });
+    const declared = ['name', 'age', 'friends', 'has_pet', 'mood'];
+    const request = {
+      model: 'llama', messages: [{ role: 'user', content: 'A person as JSON.' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema } },
+      temperature: 1, seed: 42, max_tokens: MAX_TOKENS[model],
+    };
+    const answer = await client.chat.completions.create({ ...request, n: 2 });
+    for (const choice of answer.choices) {
+      assert.equal(choice.finish_reason, 'stop', choice.message.content);
+      assert.deepEqual(Object.keys(JSON.parse(choice.message.content)), declared, choice.message.content);
+    }
+    const stream = await client.chat.completions.create({ ...request, stream: true });
+    let content = '';
+    for await (const chunk of stream) content += chunk.choices[0]?.delta?.content ?? '';
+    assert.deepEqual(Object.keys(JSON.parse(content)), declared, content);
+    await expectPoolEmpty(servers[model].base);
+  });
+
   test(`${model}: json_object and streamed json_schema`, async () => {
     const client = new OpenAI({ apiKey: KEY, baseURL: `${servers[model].base}/v1`, maxRetries: 0 });
     for (let seed = 0; seed < 4; ++seed) {

@@ -1,5 +1,5 @@
-// The OpenAI request/response mapping, on the real stories260K tokenizer.
-#include "server/openai_api.h"
+// Request parsing of every endpoint (api_requests.h), on the real stories260K tokenizer.
+#include "server/api_requests.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 namespace sieve::server {
 namespace {
 
-class OpenAiApiTest : public ::testing::Test {
+class ApiRequestsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     holder_ = model::load_tokenizer(
@@ -45,7 +45,7 @@ class OpenAiApiTest : public ::testing::Test {
   static inline const tok::Tokenizer* tokenizer_ = nullptr;
 };
 
-TEST_F(OpenAiApiTest, PromptFormsTokenizeLikeTheTokenizer) {
+TEST_F(ApiRequestsTest, PromptFormsTokenizeLikeTheTokenizer) {
   const auto once =
       tokenizer_->encode("Once upon a time", {.add_special = true, .parse_special = true});
   EXPECT_EQ(parse(ApiKind::kCompletion, R"({"prompt":"Once upon a time"})").prompts,
@@ -59,7 +59,7 @@ TEST_F(OpenAiApiTest, PromptFormsTokenizeLikeTheTokenizer) {
   EXPECT_EQ(two[1], (std::vector<TokenId>{1, 2}));
 }
 
-TEST_F(OpenAiApiTest, DefaultsFollowOpenAi) {
+TEST_F(ApiRequestsTest, DefaultsFollowOpenAi) {
   const GenerationRequest c = parse(ApiKind::kCompletion, R"({"prompt":"Once"})");
   EXPECT_EQ(c.params.max_tokens, 16);  // legacy completions default
   EXPECT_FLOAT_EQ(c.params.temperature, 1.0f);
@@ -70,7 +70,7 @@ TEST_F(OpenAiApiTest, DefaultsFollowOpenAi) {
   EXPECT_FALSE(chat.params.max_tokens.has_value());  // chat: until the context is full
 }
 
-TEST_F(OpenAiApiTest, ParametersMapToSamplingParams) {
+TEST_F(ApiRequestsTest, ParametersMapToSamplingParams) {
   const GenerationRequest r = parse(ApiKind::kCompletion, R"({
       "prompt": "Once", "max_tokens": 20, "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.1,
       "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.2, "seed": 42, "n": 3,
@@ -102,7 +102,7 @@ TEST_F(OpenAiApiTest, ParametersMapToSamplingParams) {
   EXPECT_EQ(chat.params.logprobs, 2);
 }
 
-TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
+TEST_F(ApiRequestsTest, BadValuesNameTheParameter) {
   struct Case {
     ApiKind kind;
     const char* body;
@@ -111,6 +111,27 @@ TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
   const Case cases[] = {
       {ApiKind::kCompletion, R"({"prompt":"x","temperature":"hot"})", "temperature"},
       {ApiKind::kCompletion, R"({"prompt":"x","temperature":-0.1})", "temperature"},
+      {ApiKind::kCompletion, R"({"prompt":"x","temperature":101})", "temperature"},
+      {ApiKind::kCompletion, R"({"prompt":"x","temperature":1e300})", "temperature"},
+      {ApiKind::kCompletion, R"({"prompt":"x","top_k":-2})", "top_k"},
+      {ApiKind::kCompletion, R"({"prompt":"x","top_k":3000000000})", "top_k"},
+      {ApiKind::kCompletion, R"({"prompt":"x","min_p":1.5})", "min_p"},
+      {ApiKind::kCompletion, R"({"prompt":"x","presence_penalty":-2.5})", "presence_penalty"},
+      {ApiKind::kCompletion, R"({"prompt":"x","frequency_penalty":3})", "frequency_penalty"},
+      {ApiKind::kCompletion, R"({"prompt":"x","repetition_penalty":0})", "repetition_penalty"},
+      {ApiKind::kCompletion, R"({"prompt":"x","repetition_penalty":1000})", "repetition_penalty"},
+      {ApiKind::kCompletion, R"({"prompt":"x","n":129})", "n"},
+      {ApiKind::kCompletion, R"({"prompt":"x","min_tokens":-1})", "min_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"x","max_tokens":-5})", "max_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"x","logprobs":-1})", "logprobs"},
+      {ApiKind::kCompletion, R"({"prompt":"x","stop_token_ids":[512]})", "stop_token_ids"},
+      {ApiKind::kCompletion, R"({"prompt":"x","logit_bias":{"-1":1}})", "logit_bias"},
+      // A range the engine checks, named as the body named the field.
+      {ApiKind::kChat,
+       R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})",
+       "top_logprobs"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"max_completion_tokens":-1})",
+       "max_completion_tokens"},
       {ApiKind::kCompletion, R"({"prompt":"x","top_p":0})", "top_p"},
       {ApiKind::kCompletion, R"({"prompt":"x","top_k":1.5})", "top_k"},
       {ApiKind::kCompletion, R"({"prompt":"x","n":0})", "n"},
@@ -173,7 +194,7 @@ TEST_F(OpenAiApiTest, BadValuesNameTheParameter) {
   }
 }
 
-TEST_F(OpenAiApiTest, ContextLengthExceededSaysTheSizes) {
+TEST_F(ApiRequestsTest, ContextLengthExceededSaysTheSizes) {
   json long_prompt = {{"prompt", std::vector<int>(600, 100)}};
   ApiError e = error_of(ApiKind::kCompletion, long_prompt.dump());
   EXPECT_EQ(e.code.value_or(""), "context_length_exceeded");
@@ -188,7 +209,7 @@ TEST_F(OpenAiApiTest, ContextLengthExceededSaysTheSizes) {
   EXPECT_EQ(parse(ApiKind::kCompletion, near_full.dump()).params.max_tokens, 7);
 }
 
-TEST_F(OpenAiApiTest, KvPolicyIsParsed) {
+TEST_F(ApiRequestsTest, KvPolicyIsParsed) {
   EXPECT_TRUE(std::holds_alternative<sparsity::FullSpec>(
       parse(ApiKind::kCompletion, R"({"prompt":"x"})").kv_policy.policy));
   EXPECT_TRUE(std::holds_alternative<sparsity::FullSpec>(
@@ -201,7 +222,7 @@ TEST_F(OpenAiApiTest, KvPolicyIsParsed) {
 
 // "speculative" takes --speculative-config's JSON object; absent, the request has none of its own
 // (the engine applies the server's default).
-TEST_F(OpenAiApiTest, SpeculativeIsParsed) {
+TEST_F(ApiRequestsTest, SpeculativeIsParsed) {
   EXPECT_FALSE(parse(ApiKind::kCompletion, R"({"prompt":"x"})").speculative.has_value());
   const GenerationRequest off =
       parse(ApiKind::kCompletion, R"({"prompt":"x","speculative":{"method":"none"}})");
@@ -220,25 +241,77 @@ TEST_F(OpenAiApiTest, SpeculativeIsParsed) {
   EXPECT_NE(e.message.find("foo"), std::string::npos) << e.message;
 }
 
-// usage.speculative: present when the request speculated (or could have: no draft found).
-TEST_F(OpenAiApiTest, UsageReportsSpeculationOnlyWhenOn) {
-  UsageTotals usage{.prompt_tokens = 3, .completion_tokens = 9};
-  EXPECT_FALSE(usage.to_json().contains("speculative"));
-  usage.speculative = true;
-  EXPECT_EQ(usage.to_json()["speculative"], json({{"draft_tokens", 0}, {"accepted_tokens", 0}}));
-  usage.spec_draft_tokens = 8;
-  usage.spec_accepted_tokens = 5;
-  EXPECT_EQ(usage.to_json()["speculative"], json({{"draft_tokens", 8}, {"accepted_tokens", 5}}));
-}
-
-TEST_F(OpenAiApiTest, UnknownModelIs404) {
+TEST_F(ApiRequestsTest, UnknownModelIs404) {
   const ApiError e = error_of(ApiKind::kCompletion, R"({"model":"gpt-4","prompt":"x"})");
   EXPECT_EQ(e.status, 404);
   EXPECT_EQ(e.code.value_or(""), "model_not_found");
   EXPECT_NO_THROW(parse(ApiKind::kCompletion, R"({"model":"llama","prompt":"x"})"));
+
+  // GET /v1/models/{id}: the same answer.
+  ModelInfo aliased = info();
+  aliased.aliases = {"tiny"};
+  EXPECT_TRUE(serves_model(aliased, "llama"));
+  EXPECT_TRUE(serves_model(aliased, "tiny"));
+  EXPECT_FALSE(serves_model(aliased, "gpt-4"));
+  try {
+    check_model_name(aliased, "gpt-4");
+    ADD_FAILURE() << "gpt-4 is served";
+  } catch (const ApiException& refused) {
+    EXPECT_EQ(refused.error().to_json(), e.to_json());
+  }
 }
 
-TEST_F(OpenAiApiTest, ChatRendersTheTemplateAndAddsBos) {
+TEST_F(ApiRequestsTest, BodiesMustBeJsonObjects) {
+  for (const char* text : {"", "nul", "[1]", "\"x\"", "{\"a\":}", "{\"a\":\"\xff\"}"}) {
+    try {
+      parse_request_body(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const ApiException& e) {
+      EXPECT_EQ(e.error().status, 400) << text;
+      EXPECT_EQ(e.error().param.value_or(""), "body") << text;
+    }
+  }
+  EXPECT_EQ(parse_request_body(R"({"a": [1, {"b": null}]})")["a"][1]["b"], nullptr);
+}
+
+TEST_F(ApiRequestsTest, TokenizeAndDetokenize) {
+  const auto once = tokenizer_->encode("Once upon", {.add_special = true, .parse_special = true});
+  EXPECT_EQ(parse_tokenize_request(json::parse(R"({"prompt":"Once upon"})"), info()), once);
+  EXPECT_EQ(parse_tokenize_request(
+                json::parse(R"({"prompt":"Once upon","add_special_tokens":false})"), info()),
+            tokenizer_->encode("Once upon", {.add_special = false, .parse_special = true}));
+  // A chat is tokenized as /v1/chat/completions prompts the model (whatever its "model").
+  const char* chat = R"({"model":"other","messages":[{"role":"user","content":"Hi"}]})";
+  EXPECT_EQ(parse_tokenize_request(json::parse(chat), info()),
+            parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"Hi"}]})").prompts[0]);
+  EXPECT_EQ(parse_detokenize_request(json::parse(R"({"tokens":[1,5,9]})"), 512),
+            (std::vector<TokenId>{1, 5, 9}));
+
+  struct Bad {
+    const char* body;
+    const char* param;
+    bool tokenize;
+  };
+  for (const Bad& bad :
+       {Bad{R"({})", "prompt", true}, Bad{R"({"prompt":[1]})", "prompt", true},
+        Bad{R"({"prompt":"x","add_special_tokens":1})", "add_special_tokens", true},
+        Bad{R"({"messages":[]})", "messages", true}, Bad{R"({})", "tokens", false},
+        Bad{R"({"tokens":[512]})", "tokens", false}, Bad{R"({"tokens":[1.5]})", "tokens", false}}) {
+    try {
+      if (bad.tokenize) {
+        parse_tokenize_request(json::parse(bad.body), info());
+      } else {
+        parse_detokenize_request(json::parse(bad.body), 512);
+      }
+      ADD_FAILURE() << "accepted: " << bad.body;
+    } catch (const ApiException& e) {
+      EXPECT_EQ(e.error().status, 400) << bad.body;
+      EXPECT_EQ(e.error().param.value_or(""), bad.param) << bad.body;
+    }
+  }
+}
+
+TEST_F(ApiRequestsTest, ChatRendersTheTemplateAndAddsBos) {
   const GenerationRequest r = parse(ApiKind::kChat, R"({"messages":[
       {"role":"system","content":"Be brief."},
       {"role":"user","content":[{"type":"text","text":"Hello"},{"type":"text","text":"there"}]}]})");
@@ -252,7 +325,7 @@ TEST_F(OpenAiApiTest, ChatRendersTheTemplateAndAddsBos) {
   EXPECT_EQ(r.prompts[0], expected);
 }
 
-TEST_F(OpenAiApiTest, TemplateErrorsAre400OnMessages) {
+TEST_F(ApiRequestsTest, TemplateErrorsAre400OnMessages) {
   ModelInfo strict = info();
   strict.render_chat = [](const json& context) {
     static const ChatTemplate t = ChatTemplate::parse(
@@ -273,7 +346,7 @@ TEST_F(OpenAiApiTest, TemplateErrorsAre400OnMessages) {
 }
 
 // vLLM's chat_template_kwargs become template variables (Qwen3's enable_thinking, ...).
-TEST_F(OpenAiApiTest, ChatTemplateKwargsReachTheTemplate) {
+TEST_F(ApiRequestsTest, ChatTemplateKwargsReachTheTemplate) {
   ModelInfo thinking = info();
   thinking.render_chat = [](const json& context) {
     static const ChatTemplate t = ChatTemplate::parse(
@@ -300,44 +373,10 @@ TEST_F(OpenAiApiTest, ChatTemplateKwargsReachTheTemplate) {
             "chat_template_kwargs");
 }
 
-TEST_F(OpenAiApiTest, ResponseShapes) {
-  ResponseWriter completion(ApiKind::kCompletion, "llama", *tokenizer_, /*want_logprobs=*/true);
-  std::vector<ChoiceState> choices(1);
-  choices[0].text = "Once";
-  choices[0].finish = engine::Finish{engine::FinishReason::kLength};
-  choices[0].logprobs.push_back({.token = 5, .logprob = -0.5f, .top = {{5, -0.5f}, {6, -1.5f}}});
-  const UsageTotals usage{.prompt_tokens = 3, .completion_tokens = 1, .cached_tokens = 2};
-  json r = completion.response(choices, usage);
-  EXPECT_EQ(r["object"], "text_completion");
-  EXPECT_EQ(r["id"].get<std::string>().rfind("cmpl-", 0), 0u);
-  EXPECT_EQ(r["choices"][0]["text"], "Once");
-  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
-  EXPECT_EQ(r["choices"][0]["logprobs"]["token_logprobs"][0], -0.5f);
-  EXPECT_EQ(r["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
-  EXPECT_EQ(r["choices"][0]["logprobs"]["text_offset"][0], 0);
-  EXPECT_EQ(r["usage"]["total_tokens"], 4);
-  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
-
-  ResponseWriter chat(ApiKind::kChat, "llama", *tokenizer_, /*want_logprobs=*/false);
-  json role = chat.role_chunk(0);
-  EXPECT_EQ(role["object"], "chat.completion.chunk");
-  EXPECT_EQ(role["choices"][0]["delta"]["role"], "assistant");
-  size_t offset = 0;
-  json last = chat.delta_chunk(0, "", {}, engine::Finish{engine::FinishReason::kStop}, offset);
-  EXPECT_TRUE(last["choices"][0]["delta"].empty());
-  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
-  json usage_chunk = chat.usage_chunk(usage);
-  EXPECT_TRUE(usage_chunk["choices"].empty());
-  EXPECT_EQ(usage_chunk["usage"]["completion_tokens"], 1);
-  json full = chat.response(choices, usage);
-  EXPECT_EQ(full["choices"][0]["message"]["content"], "Once");
-  EXPECT_TRUE(full["choices"][0]["logprobs"].is_null());
-}
-
 // echo: each prompt's text as sent (token ids decoded), prompt logprobs asked of the engine iff
 // logprobs are, and max_tokens 0 (score the prompt) allowed only with it, up to a prompt that
 // fills the context.
-TEST_F(OpenAiApiTest, EchoRepeatsEachPromptAndAsksForPromptLogprobs) {
+TEST_F(ApiRequestsTest, EchoRepeatsEachPromptAndAsksForPromptLogprobs) {
   const GenerationRequest plain = parse(ApiKind::kCompletion, R"({"prompt":"Once upon a time"})");
   EXPECT_FALSE(plain.echo);
   EXPECT_FALSE(plain.prompt_logprobs.has_value());
@@ -385,76 +424,7 @@ TEST_F(OpenAiApiTest, EchoRepeatsEachPromptAndAsksForPromptLogprobs) {
       "context_length_exceeded");
 }
 
-// The echoed prompt comes first in the text and the logprobs (the first token's null), and every
-// text_offset points where its token's text starts in the choice's text, prompt and completion.
-TEST_F(OpenAiApiTest, EchoResponseHasThePromptFirstWithConsistentOffsets) {
-  const std::string prompt_text = "Once upon a time";
-  const std::vector<TokenId> ids =
-      tokenizer_->encode(prompt_text, {.add_special = true, .parse_special = true});
-  ASSERT_GT(ids.size(), 3u);
-  auto prompt_logprobs = std::make_shared<std::vector<engine::SampleResult>>();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    engine::SampleResult r{.token = ids[i]};
-    if (i > 0) {
-      r.logprob = -1.0f - static_cast<float>(i);
-      r.top = {{ids[i], *r.logprob}, {7, -9.0f}};
-    }
-    prompt_logprobs->push_back(r);
-  }
-  const TokenId there = tokenizer_->encode("there", {.add_special = false})[0];
-  const std::string there_piece = tokenizer_->token_to_piece(there);
-  std::vector<ChoiceState> choices(1);
-  choices[0].echo = Echo{.text = prompt_text, .logprobs = prompt_logprobs};
-  choices[0].text = there_piece;
-  choices[0].logprobs.push_back({.token = there, .logprob = -0.25f, .top = {{there, -0.25f}}});
-  choices[0].finish = engine::Finish{engine::FinishReason::kLength};
-
-  ResponseWriter writer(ApiKind::kCompletion, "llama", *tokenizer_, /*want_logprobs=*/true);
-  const json r = writer.response(choices, UsageTotals{});
-  const std::string text = r["choices"][0]["text"];
-  EXPECT_EQ(text, prompt_text + there_piece);
-  const json& lp = r["choices"][0]["logprobs"];
-  ASSERT_EQ(lp["tokens"].size(), ids.size() + 1);
-  ASSERT_EQ(lp["text_offset"].size(), ids.size() + 1);
-  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
-  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
-  EXPECT_EQ(lp["token_logprobs"][1], -2.0f);
-  EXPECT_EQ(lp["top_logprobs"][1].size(), 2u);
-  EXPECT_EQ(lp["token_logprobs"][ids.size()], -0.25f);
-  // Offsets ascend, and each token's span of the text is its piece (the first word's without the
-  // leading space the tokenizer's decode strips; BOS spans nothing).
-  std::vector<size_t> offsets = lp["text_offset"].get<std::vector<size_t>>();
-  offsets.push_back(text.size());
-  EXPECT_EQ(offsets[0], 0u);
-  EXPECT_EQ(offsets[ids.size()], prompt_text.size());
-  for (size_t i = 0; i <= ids.size(); ++i) {
-    ASSERT_LE(offsets[i], offsets[i + 1]) << i;
-    const std::string span = text.substr(offsets[i], offsets[i + 1] - offsets[i]);
-    const std::string piece = tokenizer_->token_to_piece(i < ids.size() ? ids[i] : there);
-    EXPECT_TRUE(span == piece || " " + span == piece)
-        << i << ": '" << span << "' / '" << piece << "'";
-  }
-
-  // Streaming: the first chunk carries the echo, the next ones continue its offsets.
-  size_t offset = 0;
-  const json first = writer.delta_chunk(0, "", {}, std::nullopt, offset, &*choices[0].echo);
-  EXPECT_EQ(first["choices"][0]["text"], prompt_text);
-  EXPECT_EQ(first["choices"][0]["logprobs"]["tokens"].size(), ids.size());
-  EXPECT_EQ(offset, prompt_text.size());
-  const json next =
-      writer.delta_chunk(0, there_piece, choices[0].logprobs, choices[0].finish, offset);
-  EXPECT_EQ(next["choices"][0]["logprobs"]["text_offset"][0], prompt_text.size());
-  EXPECT_EQ(next["choices"][0]["text"], there_piece);
-
-  // Echo without logprobs: the text only.
-  ResponseWriter no_logprobs(ApiKind::kCompletion, "llama", *tokenizer_, false);
-  choices[0].echo->logprobs = nullptr;
-  const json bare = no_logprobs.response(choices, UsageTotals{});
-  EXPECT_EQ(bare["choices"][0]["text"], prompt_text + there_piece);
-  EXPECT_TRUE(bare["choices"][0]["logprobs"].is_null());
-}
-
-TEST_F(OpenAiApiTest, ErrorShape) {
+TEST_F(ApiRequestsTest, ErrorShape) {
   const ApiError e{.status = 400, .message = "m", .param = "p"};
   const json j = e.to_json();
   EXPECT_EQ(j["error"]["message"], "m");
@@ -463,7 +433,7 @@ TEST_F(OpenAiApiTest, ErrorShape) {
   EXPECT_TRUE(j["error"]["code"].is_null());
 }
 
-TEST_F(OpenAiApiTest, AdmissionErrorsMapByKindAndKeepTheirParam) {
+TEST_F(ApiRequestsTest, AdmissionErrorsMapByKindAndKeepTheirParam) {
   using Kind = engine::AdmissionError::Kind;
   ApiError e = admission_api_error({Kind::kQueueFull, std::nullopt, "busy"});
   EXPECT_EQ(e.status, 503);
@@ -487,7 +457,7 @@ TEST_F(OpenAiApiTest, AdmissionErrorsMapByKindAndKeepTheirParam) {
 
 // response_format and grammar compile to the sampler's constraint; what cannot is a 400 naming
 // the field and, for schemas, the keyword.
-TEST_F(OpenAiApiTest, ResponseFormatAndGrammarBecomeTheConstraint) {
+TEST_F(ApiRequestsTest, ResponseFormatAndGrammarBecomeTheConstraint) {
   grammar::GrammarCache grammars(grammar::Vocabulary::from_tokenizer(*tokenizer_));
   ModelInfo constrained = info();
   constrained.grammars = &grammars;
@@ -561,6 +531,67 @@ TEST_F(OpenAiApiTest, ResponseFormatAndGrammarBecomeTheConstraint) {
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_NE(e.message.find(c.says), std::string::npos) << c.body << " -> " << e.message;
   }
+}
+
+// Issue 42: a user's JSON keeps its key order wherever it goes (a schema's declared order is the
+// output's), and a repeated key means its last value, as Python's json reads it.
+TEST_F(ApiRequestsTest, UserJsonKeepsItsKeyOrder) {
+  grammar::GrammarCache grammars(grammar::Vocabulary::from_tokenizer(*tokenizer_));
+  json context;  // the last chat template context rendered
+  ModelInfo model = info();
+  model.grammars = &grammars;
+  model.render_chat = [&context](const json& c) {
+    context = c;
+    return std::string("Hi");
+  };
+  auto parse_body = [&](ApiKind kind, const std::string& body) {
+    return parse_generation_request(kind, parse_request_body(body), model);
+  };
+
+  // response_format: the properties in the schema's order, not alphabetical.
+  const auto schema = parse_body(
+      ApiKind::kCompletion,
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"p",)"
+      R"("strict":true,"schema":{"type":"object","properties":{"name":{"type":"string"},)"
+      R"("age":{"type":"integer"},"friends":{"type":"array","items":{"type":"string"}},)"
+      R"("has_pet":{"type":"boolean"},"mood":{"enum":["ok","sad"]}},)"
+      R"("required":["name","age","friends","has_pet","mood"],"additionalProperties":false}}}})");
+  ASSERT_NE(schema.params.constraint, nullptr);
+  auto declared = schema.params.constraint->new_state();
+  EXPECT_TRUE(declared.accept_bytes(
+      R"({"name": "Ann", "age": 3, "friends": [], "has_pet": true, "mood": "ok"})"));
+  EXPECT_TRUE(declared.can_end());
+  EXPECT_FALSE(schema.params.constraint->new_state().accept_bytes(R"({"age")"));
+
+  // Messages, their tool calls' arguments (a JSON string) and the tools reach the template as
+  // sent; chat_template_kwargs come after the context's own variables, or replace one in place.
+  parse_body(ApiKind::kChat,
+             R"({"messages":[{"role":"user","content":"x","name":"u"},)"
+             R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1",)"
+             R"("type":"function","function":{"name":"f",)"
+             R"("arguments":"{\"unit\": \"c\", \"city\": \"Rome\"}"}}]}],)"
+             R"("tools":[{"type":"function","function":{"name":"f",)"
+             R"("parameters":{"type":"object","properties":{"unit":{},"city":{}}}}}],)"
+             R"("chat_template_kwargs":{"zeta":1,"bos_token":"B","alpha":2}})");
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : context.items()) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"messages", "add_generation_prompt", "bos_token",
+                                            "eos_token", "tools", "zeta", "alpha"}));
+  EXPECT_EQ(context["bos_token"], "B");
+  EXPECT_EQ(context["messages"][0].dump(), R"({"role":"user","content":"x","name":"u"})");
+  EXPECT_EQ(context["messages"][1]["tool_calls"][0]["function"]["arguments"].dump(),
+            R"({"unit":"c","city":"Rome"})");
+  EXPECT_EQ(context["tools"][0]["function"]["parameters"]["properties"].dump(),
+            R"({"unit":{},"city":{}})");
+
+  // Repeated keys: the last value (logit_bias, kv_policy, a sampling field).
+  const auto repeated = parse_body(
+      ApiKind::kCompletion,
+      R"({"prompt":"x","temperature":2,"logit_bias":{"5":1,"7":3,"5":-2},"temperature":0.5,)"
+      R"("kv_policy":{"name":"streaming","S":4,"W":64,"W":32}})");
+  EXPECT_EQ(repeated.params.temperature, 0.5f);
+  EXPECT_EQ(repeated.params.logit_bias, (std::map<TokenId, float>{{5, -2.0f}, {7, 3.0f}}));
+  EXPECT_EQ(repeated.kv_policy, sparsity::parse_policy("streaming:S=4,W=32"));
 }
 
 }  // namespace

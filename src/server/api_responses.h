@@ -1,110 +1,24 @@
 #pragma once
-// The OpenAI wire format, apart from HTTP: JSON bodies of /v1/completions and
-// /v1/chat/completions become validated engine requests, and engine events become OpenAI
-// response objects and stream chunks. Everything here is pure (no sockets, no engine), so
-// every rule is unit-tested.
+// Responses of every endpoint, apart from HTTP: engine events become OpenAI response objects and
+// stream chunks; token ids, models and texts become /tokenize, /detokenize and /v1/models
+// bodies. Pure (no sockets, no engine), so every shape is unit-tested.
 //
-//   body ──► parse_generation_request ──► GenerationRequest {prompts (token ids), SamplingParams,
-//            (ApiException names the bad parameter)      stream options, logprobs shape}
 //   engine events ──► ChoiceState (per choice) ──► ResponseWriter ──► response / chunks JSON
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
-#include <stdexcept>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.h"
-#include "grammar/grammar_cache.h"
-#include "sparsity/policy_spec.h"
-#include "speculative/speculative_config.h"
+#include "server/api_requests.h"
+#include "server/json.h"
 #include "server/tool_calls.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::server {
-
-using nlohmann::json;
-using tok::TokenId;
-
-// An error as the client sees it: {"error": {"message", "type", "param", "code"}}.
-struct ApiError {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::optional<std::string> param;
-  std::optional<std::string> code;
-  json to_json() const;
-};
-
-class ApiException : public std::runtime_error {
- public:
-  explicit ApiException(ApiError error)
-      : std::runtime_error(error.message), error_(std::move(error)) {}
-  const ApiError& error() const { return error_; }
-
- private:
-  ApiError error_;
-};
-
-// 400 naming the parameter.
-[[noreturn]] void throw_invalid(std::string param, std::string message);
-
-enum class ApiKind { kCompletion, kChat };
-
-// What parsing needs to know about the served model.
-struct ModelInfo {
-  std::string served_name;
-  std::vector<std::string> aliases;  // other names "model" may give (--served-model-name)
-  int64_t context_length = 0;
-  const tok::Tokenizer* tokenizer = nullptr;
-  // Renders a chat template context ({"messages", "add_generation_prompt", "bos_token", ...})
-  // to the prompt text; throws sieve::Error (e.g. raise_exception) which becomes a 400.
-  std::function<std::string(const json& context)> render_chat;
-  sparsity::PolicySpec default_kv_policy;  // when the body has no kv_policy (--kv-policy)
-  // Compiled grammars of this model's vocabulary (response_format, grammar, tool_choice); null:
-  // constrained decoding is refused.
-  grammar::GrammarCache* grammars = nullptr;
-  // How this model writes tool calls (--tool-call-parser, else detected from its template);
-  // kNone: `tools` are rendered but the output is not read for calls.
-  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
-};
-
-struct GenerationRequest {
-  ApiKind kind = ApiKind::kCompletion;
-  std::string model;  // the name the request gave (an alias too), else served_name: echoed back
-  std::vector<std::vector<TokenId>> prompts;  // one per prompt; each runs params.n samples
-  engine::SamplingParams params;
-  bool stream = false;
-  bool include_usage = false;     // stream_options.include_usage
-  bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM)
-  std::string user;
-  sparsity::PolicySpec kv_policy;  // "kv_policy": string or object (default: full)
-  // "speculative": an object with --speculative-config's keys; unset: the server's default.
-  std::optional<speculative::SpeculativeConfig> speculative;
-  // Chat with tools: how the output is read into tool_calls (format kNone: it is not).
-  ToolCallOptions tool_calls;
-  // "echo" (completions): each choice's text starts with its prompt's text, and with logprobs
-  // its logprobs start with the prompt tokens' (engine::Request::prompt_logprobs, the first
-  // token's null). echo_texts: [prompt] the text each prompt's choices repeat: the string as
-  // sent, or its token ids decoded. With echo, max_tokens may be 0 (score the prompt only).
-  bool echo = false;
-  std::vector<std::string> echo_texts;
-  std::optional<int32_t> prompt_logprobs;  // for the engine: echo with logprobs
-};
-
-// Validates `body` and tokenizes its prompt(s) or messages. Unknown fields are ignored; a wrong
-// type or out-of-range value throws ApiException naming the parameter; a prompt that does not
-// fit the context throws ApiException with code "context_length_exceeded".
-GenerationRequest parse_generation_request(ApiKind kind, const json& body, const ModelInfo& model);
-
-// Chat messages → the template's context, with each message's content flattened to text and
-// the arguments of an assistant message's tool_calls (a JSON string in OpenAI's format) parsed
-// into an object, as the templates (Llama 3.1's, Qwen's) print them with tojson.
-json chat_template_context(const json& messages, bool add_generation_prompt,
-                           const tok::Tokenizer& tokenizer);
 
 // What a completions choice repeats before its own text (echo): its prompt's text and, with
 // logprobs, the prompt tokens' entries (engine::RequestEvent::prompt_logprobs).
@@ -166,8 +80,9 @@ class ResponseWriter {
   // Chat with tool-call parsing (choice.tool_parser set): the chunks for a choice's new text,
   // read by its parser: a content delta for text that is surely content, then for each call
   // parsed a delta with its index, id, type and name and one with its whole arguments; the
-  // finish reason ("tool_calls" when the choice made calls) on the last chunk. Logprobs ride on
-  // the first chunk (an empty content delta when the text is held back).
+  // finish reason ("tool_calls" when the choice made calls; "length" when its output was cut
+  // off, and a call it was writing is dropped) on the last chunk. Logprobs ride on the first
+  // chunk (an empty content delta when the text is held back).
   std::vector<json> tool_delta_chunks(ChoiceState& choice, int32_t index, const std::string& text,
                                       std::span<const engine::SampleResult> logprobs,
                                       const std::optional<engine::Finish>& finish,
@@ -197,7 +112,13 @@ class ResponseWriter {
 json finish_reason_json(const std::optional<engine::Finish>& finish);
 json stop_reason_json(const std::optional<engine::Finish>& finish);
 
-// The engine's refusal of a request, in OpenAI's terms: status and type by kind, its param.
-ApiError admission_api_error(const engine::AdmissionError& refusal);
+// GET /v1/models: a card per name the model is served under (the served name, then the
+// aliases); GET /v1/models/{id}: the card of one.
+json model_card(const ModelInfo& model, const std::string& name);
+json model_list(const ModelInfo& model);
+
+// POST /tokenize and POST /detokenize.
+json tokenize_response(const std::vector<TokenId>& ids, int64_t context_length);
+json detokenize_response(const std::string& text);
 
 }  // namespace sieve::server
