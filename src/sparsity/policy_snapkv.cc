@@ -1,10 +1,24 @@
-// SnapKV / PyramidKV: at each compression point, the top-B keys by pooled observation-window
-// score plus the window; generated tokens are appended and kept.
-#include "sparsity/policies.h"
+// snapkv (SnapKV): at each compression point, the top-B keys by pooled observation-window score
+// plus the window; generated tokens are appended and kept. PyramidKV's per-layer heads are
+// snapkv heads too.
+#include "sparsity/policy_scored.h"
 
 namespace sieve::sparsity {
 
 namespace {
+
+const Param<SnapKvSpec> kParams[] = {
+    {"B", &SnapKvSpec::budget, "the token budget", AtLeast(1), Presence::kRequired},
+    {"W", &SnapKvSpec::window, "the observation window: the last W prompt tokens, always kept",
+     AtLeast(1)},
+    {"P", &SnapKvSpec::pool_kernel, "pooling kernel (1 = no pooling)", {.min = 1, .odd = true}},
+    {"pool", &SnapKvSpec::pooling, "pooling: max or avg"},
+    {"G",
+     &SnapKvSpec::follow,
+     "each selected key brings the G prompt tokens after it",
+     {},
+     Presence::kUnlessDefault},
+};
 
 class SnapKvPolicy final : public CopyableStreamPolicy<SnapKvPolicy> {
  public:
@@ -26,8 +40,13 @@ class SnapKvPolicy final : public CopyableStreamPolicy<SnapKvPolicy> {
 
 }  // namespace
 
-std::unique_ptr<StreamPolicy> make_snapkv_policy(const ObservationTopHead& head) {
-  return std::make_unique<SnapKvPolicy>(head);
+std::string_view Scored<SnapKvSpec>::name() { return "snapkv"; }
+std::span<const Param<SnapKvSpec>> Scored<SnapKvSpec>::params() { return kParams; }
+
+const PolicyType& snapkv_policy_type() {
+  static const LeafPolicy<SnapKvSpec, SnapKvPolicy> type("snapkv", kParams,
+                                                         "snapkv:B={budget},W={window}");
+  return type;
 }
 
 }  // namespace sieve::sparsity

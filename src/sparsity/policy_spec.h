@@ -118,13 +118,17 @@ struct SnapKvSpec {
   int64_t follow = 0;
   friend bool operator==(const SnapKvSpec&, const SnapKvSpec&) = default;
 };
+// The policies above that keep a budget of keys outside a recent window, ranked by a per-key
+// score: what Ada-KV and PyramidKV wrap (their `score=` parameter names it; snapkv by default).
+using ScoredSpec = std::variant<SnapKvSpec>;
+
 struct PyramidKvSpec {
-  SnapKvSpec snapkv;   // budget = the mean per-layer budget
+  ScoredSpec scored;   // budget = the mean per-layer budget
   double beta = 20.0;  // top layer budget = B / beta; >= 1 (1 = uniform)
   friend bool operator==(const PyramidKvSpec&, const PyramidKvSpec&) = default;
 };
 struct AdaKvSpec {
-  SnapKvSpec snapkv;   // budget = the mean per-head budget of a layer
+  ScoredSpec scored;   // budget = the mean per-head budget of a layer
   double alpha = 0.2;  // each head keeps at least floor(alpha * B) of its best; [0, 1]
   friend bool operator==(const AdaKvSpec&, const AdaKvSpec&) = default;
 };
@@ -142,7 +146,9 @@ struct QuestSpec {
   friend bool operator==(const QuestSpec&, const QuestSpec&) = default;
 };
 struct LServeSpec {
-  QuestSpec quest;  // the dynamic heads; S and W are also the streaming heads' sinks and window
+  // The dynamic heads; S and W are also the streaming heads' sinks and window. LServe reuses a
+  // page selection for 4 decode steps by default.
+  QuestSpec quest = {.reuse_steps = 4};
   double streaming_fraction = 0.5;  // f: [0, 1]; needs a calibration profile when > 0
   // t: [0, 1]; of those, only heads whose calibrated streaming score is at least t stream: a
   // fraction alone can make a retrieval head (little attention near its sinks and window)
@@ -263,6 +269,16 @@ struct SparsityPlan {
 // by two groups).
 SparsityPlan resolve(const PolicySpec& spec, const ModelShape& shape,
                      const CalibrationProfile* profile = nullptr);
+
+// sieve eval's budget sweep: the policy string of policy `name` keeping about keep_tokens keys
+// per KV head, with this observation / recent window (tokens) and KV page size. Throws
+// sieve::Error for a policy that takes no budget.
+struct TokenBudget {
+  int64_t keep_tokens = 0;
+  int64_t window = 0;
+  int32_t page_size = 0;
+};
+std::string policy_for_budget(std::string_view name, const TokenBudget& budget);
 
 // PyramidKV's per-layer budgets for n layers (see resolve()); exposed for tests and reports.
 std::vector<int64_t> pyramid_budgets(int64_t mean_budget, double beta, int64_t num_layers);

@@ -12,9 +12,9 @@
 // once (Ada-KV shares one budget among a layer's KV heads) implements GroupPolicy; the
 // controller runs every policy as a GroupPolicy (a StreamPolicy is a group of one).
 //
-// To add a policy: its head struct in policy_spec.h (what resolve() assigns to a stream) and
-// its grammar, one policy_<name>.cc implementing StreamPolicy or GroupPolicy, and its line in
-// make_policy_groups() (stream_policy.cc).
+// To add a policy: its spec struct in policy_spec.h (with its PolicySpec entry, and its
+// HeadPolicy entry when resolve() assigns it to streams), and one policy_<name>.cc declaring its
+// parameters and implementing StreamPolicy or GroupPolicy (policy_type.h says how).
 #include <cstdint>
 #include <memory>
 #include <optional>
