@@ -3,9 +3,9 @@
 // whose attention is concentrated need few keys and leave the rest to heads whose attention is
 // spread, so the layer keeps more of its attention mass than SnapKV's equal per-head budgets. Each
 // head keeps at least floor(alpha * B) of its own best (the paper's safeguard); the rest of the
-// budget goes to the best pooled scores of all the heads together. Scores are comparable across
-// heads: each head's observation rows spread the same mass (window rows x query heads) over its
-// keys.
+// budget goes to the best scores of all the heads together. Scores must be comparable across
+// heads: snapkv's are (each head's observation rows spread the same mass, window rows x query
+// heads, over its keys).
 #include <algorithm>
 #include <cmath>
 
@@ -41,7 +41,7 @@ bool ranks_before(const Candidate& a, const Candidate& b) {
 class SharedBudgetPolicy final : public GroupPolicy {
  public:
   SharedBudgetPolicy(const SharedBudgetHead& head, size_t num_members)
-      : head_(head), num_members_(num_members) {}
+      : head_(head), scorer_(make_scorer(head.scored)), num_members_(num_members) {}
   std::unique_ptr<GroupPolicy> clone() const override {
     return std::make_unique<SharedBudgetPolicy>(*this);
   }
@@ -53,14 +53,14 @@ class SharedBudgetPolicy final : public GroupPolicy {
     return static_cast<int64_t>(num_members_) * scored_budget(head_.scored) -
            others * floor_keys() + scored_window(head_.scored) + max_new_tokens;
   }
-  int64_t observation_rows() const override { return scored_window(head_.scored); }
+  int64_t observation_rows() const override { return scorer_->observation_rows(); }
+  bool needs_keys() const override { return scorer_->needs_keys(); }
 
   void compress(std::span<const CompressInput> in, std::span<CompressResult> out) override {
-    const SnapKvSpec& pooling = std::get<SnapKvSpec>(head_.scored);
-    std::vector<std::vector<float>> pooled(in.size());
+    std::vector<std::vector<float>> pooled(in.size());  // each stream's scorer's scores
     int64_t num_candidates = 0;
     for (size_t m = 0; m < in.size(); ++m) {
-      pooled[m] = pool_scores(in[m].scores, pooling);
+      pooled[m] = scorer_->score(in[m]);
       num_candidates += static_cast<int64_t>(pooled[m].size());
     }
     const int64_t shared_budget = static_cast<int64_t>(in.size()) * scored_budget(head_.scored);
@@ -95,7 +95,7 @@ class SharedBudgetPolicy final : public GroupPolicy {
       // The observation window (the last W keys) is always kept.
       for (auto i = static_cast<int32_t>(pooled[m].size()); i < in[m].num_keys; ++i)
         keep.push_back(i);
-      out[m].recovery = kept_mass_ratio(in[m].scores, keep);
+      if (!in[m].scores.empty()) out[m].recovery = kept_mass_ratio(in[m].scores, keep);
       out[m].keep = std::move(keep);
     }
   }
@@ -108,6 +108,7 @@ class SharedBudgetPolicy final : public GroupPolicy {
   }
 
   SharedBudgetHead head_;
+  std::shared_ptr<const KeyScorer> scorer_;  // stateless: shared by copies
   size_t num_members_;
 };
 

@@ -160,15 +160,17 @@ void check_params(std::span<const Param<Spec>> params, const Spec& spec, std::st
 template <typename Spec, typename Emit>
 void for_each_shown(std::span<const Param<Spec>> params, const Spec& spec, Emit&& emit,
                     std::span<const std::string_view> except = {}) {
-  static const Spec defaults{};
-  for (const Param<Spec>& p : params) {
-    if (std::find(except.begin(), except.end(), p.key) != except.end()) continue;
-    std::visit(
-        [&](auto member) {
-          if (p.presence == Presence::kUnlessDefault && spec.*member == defaults.*member) return;
-          emit(p.key, spec.*member);
-        },
-        p.field);
+  if constexpr (!std::is_empty_v<Spec>) {  // full has no parameters
+    static const Spec defaults{};
+    for (const Param<Spec>& p : params) {
+      if (std::find(except.begin(), except.end(), p.key) != except.end()) continue;
+      std::visit(
+          [&](auto member) {
+            if (p.presence == Presence::kUnlessDefault && spec.*member == defaults.*member) return;
+            emit(p.key, spec.*member);
+          },
+          p.field);
+    }
   }
 }
 

@@ -1,9 +1,16 @@
 #pragma once
 // Internal to src/sparsity: the scored policies (ScoredSpec's alternatives: a budget of keys
-// outside a recent window, ranked by a per-key score) as the policies wrapping them see them,
-// and the grammar those wrappers share: the scored policy's parameters, then their own, then
-// `score=NAME` where the scored policy is not the first (snapkv), e.g.
+// outside a recent window, ranked by a per-key score) split in two:
+//   a scorer (KeyScorer): per stream, one score per key outside the window (SnapKV: pooled
+//     observation attention); it says what it reads (observation rows, the keys);
+//   a selector: which keys those scores keep. ScoredPolicy: each stream its own best `budget`
+//     (snapkv, and pyramidkv's per-layer heads); Ada-KV (policy_adakv.cc): a layer's streams
+//     share one budget.
+// So a new scorer is one file (its spec, parameters and KeyScorer) and every selector takes it.
+// The wrappers' grammar: the scored policy's parameters, then their own, then `score=NAME` where
+// the scored policy is not the first (snapkv), e.g.
 //   adakv:B=64,W=32,P=7,pool=max,alpha=0.2
+#include <memory>
 #include <string>
 #include <utility>
 #include <string_view>
@@ -13,6 +20,16 @@
 
 namespace sieve::sparsity {
 
+// Ranks one stream's keys for a keep-set.
+class KeyScorer {
+ public:
+  virtual ~KeyScorer() = default;
+  virtual int64_t observation_rows() const { return 0; }  // last prompt rows it reads
+  virtual bool needs_keys() const { return false; }       // reads CompressInput::keys
+  // Scores of keys [0, in.num_keys - window) (empty when there are none): higher keeps.
+  virtual std::vector<float> score(const CompressInput& in) const = 0;
+};
+
 // Specialized for each ScoredSpec alternative, beside its policy.
 template <typename Spec>
 struct Scored;
@@ -20,6 +37,24 @@ template <>
 struct Scored<SnapKvSpec> {
   static std::string_view name();
   static std::span<const Param<SnapKvSpec>> params();
+  static std::shared_ptr<const KeyScorer> scorer(const SnapKvSpec& spec);
+};
+std::shared_ptr<const KeyScorer> make_scorer(const ScoredSpec& scored);
+
+// One stream keeping its best `budget` keys by its scorer's scores, plus the window; tokens
+// generated later are appended and kept.
+class ScoredPolicy final : public CopyableStreamPolicy<ScoredPolicy> {
+ public:
+  explicit ScoredPolicy(const ScoredSpec& head);
+  std::optional<int64_t> max_kept_tokens(int64_t, int64_t max_new_tokens) const override;
+  int64_t observation_rows() const override { return scorer_->observation_rows(); }
+  bool needs_keys() const override { return scorer_->needs_keys(); }
+  CompressResult compress(const CompressInput& in) override;
+  StreamReport report() const override;
+
+ private:
+  ScoredSpec head_;
+  std::shared_ptr<const KeyScorer> scorer_;  // stateless: shared by copies
 };
 
 int64_t scored_budget(const ScoredSpec& scored);

@@ -1,6 +1,6 @@
 // snapkv (SnapKV): at each compression point, the top-B keys by pooled observation-window score
-// plus the window; generated tokens are appended and kept. PyramidKV's per-layer heads are
-// snapkv heads too.
+// plus the window; generated tokens are appended and kept (ScoredPolicy). PyramidKV's per-layer
+// heads are snapkv heads too, and snapkv is the scorer Ada-KV ranks by unless told otherwise.
 #include "sparsity/policy_scored.h"
 
 namespace sieve::sparsity {
@@ -20,31 +20,29 @@ const Param<SnapKvSpec> kParams[] = {
      Presence::kUnlessDefault},
 };
 
-class SnapKvPolicy final : public CopyableStreamPolicy<SnapKvPolicy> {
+// Pooled observation-window attention.
+class ObservationScorer final : public KeyScorer {
  public:
-  explicit SnapKvPolicy(const ObservationTopHead& head) : head_(head) {}
-  std::optional<int64_t> max_kept_tokens(int64_t, int64_t max_new_tokens) const override {
-    return head_.budget + head_.window + max_new_tokens;
+  explicit ObservationScorer(const SnapKvSpec& spec) : spec_(spec) {}
+  int64_t observation_rows() const override { return spec_.window; }
+  std::vector<float> score(const CompressInput& in) const override {
+    return pool_scores(in.scores, spec_);
   }
-  int64_t observation_rows() const override { return head_.window; }
-  CompressResult compress(const CompressInput& in) override {
-    std::vector<int32_t> keep = select_snapkv(in.scores, head_);
-    const double recovery = kept_mass_ratio(in.scores, keep);
-    return {.keep = std::move(keep), .recovery = recovery};
-  }
-  StreamReport report() const override { return {.kind = "snapkv"}; }
 
  private:
-  ObservationTopHead head_;
+  SnapKvSpec spec_;
 };
 
 }  // namespace
 
 std::string_view Scored<SnapKvSpec>::name() { return "snapkv"; }
 std::span<const Param<SnapKvSpec>> Scored<SnapKvSpec>::params() { return kParams; }
+std::shared_ptr<const KeyScorer> Scored<SnapKvSpec>::scorer(const SnapKvSpec& spec) {
+  return std::make_shared<ObservationScorer>(spec);
+}
 
 const PolicyType& snapkv_policy_type() {
-  static const LeafPolicy<SnapKvSpec, SnapKvPolicy> type("snapkv", kParams,
+  static const LeafPolicy<SnapKvSpec, ScoredPolicy> type("snapkv", kParams,
                                                          "snapkv:B={budget},W={window}");
   return type;
 }

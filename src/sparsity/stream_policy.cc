@@ -24,6 +24,7 @@ class SingleStream final : public GroupPolicy {
   }
   int64_t observation_rows() const override { return policy_->observation_rows(); }
   bool needs_token_classes() const override { return policy_->needs_token_classes(); }
+  bool needs_keys() const override { return policy_->needs_keys(); }
   bool is_dense() const override { return policy_->is_dense(); }
   bool selects_pages(size_t) const override { return policy_->selects_pages(); }
   std::optional<PageReads> decode_reads(size_t, int32_t num_keys,
