@@ -39,6 +39,12 @@ struct Scored<SnapKvSpec> {
   static std::span<const Param<SnapKvSpec>> params();
   static std::shared_ptr<const KeyScorer> scorer(const SnapKvSpec& spec);
 };
+template <>
+struct Scored<KeyDiffSpec> {
+  static std::string_view name();
+  static std::span<const Param<KeyDiffSpec>> params();
+  static std::shared_ptr<const KeyScorer> scorer(const KeyDiffSpec& spec);
+};
 std::shared_ptr<const KeyScorer> make_scorer(const ScoredSpec& scored);
 
 // One stream keeping its best `budget` keys by its scorer's scores, plus the window; tokens

@@ -13,16 +13,17 @@ namespace sieve::sparsity {
 
 // Each defined in its policy_<name>.cc.
 const PolicyType &full_policy_type(), &streaming_policy_type(), &h2o_policy_type(),
-    &snapkv_policy_type(), &pyramidkv_policy_type(), &adakv_policy_type(), &layerwise_policy_type(),
-    &fastgen_policy_type(), &quest_policy_type(), &lserve_policy_type(), &heads_policy_type(),
-    &layers_policy_type();
+    &snapkv_policy_type(), &pyramidkv_policy_type(), &adakv_policy_type(), &keydiff_policy_type(),
+    &layerwise_policy_type(), &fastgen_policy_type(), &quest_policy_type(), &lserve_policy_type(),
+    &heads_policy_type(), &layers_policy_type();
 
 std::span<const PolicyType* const> policy_types() {
   static const PolicyType* const types[] = {
-      &full_policy_type(),      &streaming_policy_type(), &h2o_policy_type(),
-      &snapkv_policy_type(),    &pyramidkv_policy_type(), &adakv_policy_type(),
-      &layerwise_policy_type(), &fastgen_policy_type(),   &quest_policy_type(),
-      &lserve_policy_type(),    &heads_policy_type(),     &layers_policy_type(),
+      &full_policy_type(),    &streaming_policy_type(), &h2o_policy_type(),
+      &snapkv_policy_type(),  &pyramidkv_policy_type(), &adakv_policy_type(),
+      &keydiff_policy_type(), &layerwise_policy_type(), &fastgen_policy_type(),
+      &quest_policy_type(),   &lserve_policy_type(),    &heads_policy_type(),
+      &layers_policy_type(),
   };
   static_assert(std::size(types) == std::variant_size_v<decltype(PolicySpec::policy)>);
   return types;

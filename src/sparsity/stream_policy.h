@@ -70,7 +70,8 @@ struct PageReads {
 // What a stream's policy does now, for reports (GET /v1/kv/state's per-head view). Read from
 // the state the policy keeps anyway; describing it computes nothing.
 struct StreamReport {
-  // "full", "window" (sinks + recent window), "snapkv" (snapkv, and pyramidkv over it), "adakv",
+  // "full", "window" (sinks + recent window), "snapkv" / "keydiff" (those, and pyramidkv over
+  // them), "adakv",
   // "heavy_hitters" (h2o), "quest" (quest, lserve's dynamic heads), "fastgen:<choice>" (the
   // choice made at the prompt's end, e.g. "fastgen:special+punct+local"; "fastgen:pending"
   // before it).
