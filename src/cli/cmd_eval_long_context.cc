@@ -10,7 +10,8 @@
 #include "eval/long_context_eval.h"
 #include "model/kv_cache.h"
 #include "server/chat_template.h"
-#include "server/openai_api.h"
+#include "server/chat_request.h"
+#include "server/chat_template.h"
 #include "util/error.h"
 
 namespace sieve::cli {
@@ -50,7 +51,7 @@ eval::ChatRenderer chat_renderer(const model::LoadedModel& loaded, const std::st
       std::make_shared<const server::ChatTemplate>(server::ChatTemplate::parse(source));
   std::shared_ptr<const tok::Tokenizer> tokenizer = loaded.tokenizer;
   return [chat_template, tokenizer](const std::string& message) {
-    const nlohmann::json messages = {{{"role", "user"}, {"content", message}}};
+    const server::json messages = {{{"role", "user"}, {"content", message}}};
     return chat_template->render(server::chat_template_context(messages, true, *tokenizer));
   };
 }
