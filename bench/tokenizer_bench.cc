@@ -28,7 +28,8 @@ double encode_seconds(const Tokenizer& tokenizer, const std::string& text) {
   for (int i = 0; i < 3; ++i) {
     const auto start = std::chrono::steady_clock::now();
     const auto ids = tokenizer.encode(text, kPlain);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (ids.empty()) return -1;
     best = std::min(best, s);
   }

@@ -76,7 +76,8 @@ TEST(BenchServeCli, SweepOfTwoVariantsWritesJsonPlotAndCompares) {
     // each request's own figures, not assumed from how fast this machine happened to be.
     int within_slo = 0;
     for (const nlohmann::json& request : run["requests"]) {
-      within_slo += request["ttft_ms"].get<double>() <= 5000 && request["tpot_ms"].get<double>() <= 5000;
+      within_slo +=
+          request["ttft_ms"].get<double>() <= 5000 && request["tpot_ms"].get<double>() <= 5000;
     }
     EXPECT_EQ(run["summary"]["good_requests"], within_slo);
     for (const nlohmann::json& request : run["requests"]) {
