@@ -1,19 +1,13 @@
-// h2o (H2O, heavy hitters): observation scores seed each key's accumulated attention at every
+// H2O (heavy hitters): observation scores seed each key's accumulated attention at every
 // compression point; each decode step adds the new row's weights and evicts at most one key,
 // the lowest outside the recent window (HeavyHitterState).
-#include <algorithm>
+#include "sparsity/policies.h"
 
-#include "sparsity/policy_type.h"
+#include <algorithm>
 
 namespace sieve::sparsity {
 
 namespace {
-
-const Param<H2OSpec> kParams[] = {
-    {"B", &H2OSpec::heavy_budget, "the heavy-hitter budget in tokens", AtLeast(1),
-     Presence::kRequired},
-    {"W", &H2OSpec::window, "the most recent W tokens are never evicted"},
-};
 
 class HeavyHitterPolicy final : public CopyableStreamPolicy<HeavyHitterPolicy> {
  public:
@@ -56,10 +50,8 @@ class HeavyHitterPolicy final : public CopyableStreamPolicy<HeavyHitterPolicy> {
 
 }  // namespace
 
-const PolicyType& h2o_policy_type() {
-  static const LeafPolicy<H2OSpec, HeavyHitterPolicy> type("h2o", kParams,
-                                                           "h2o:B={budget},W={window}");
-  return type;
+std::unique_ptr<StreamPolicy> make_h2o_policy(const HeavyHitterHead& head) {
+  return std::make_unique<HeavyHitterPolicy>(head);
 }
 
 }  // namespace sieve::sparsity
