@@ -181,6 +181,17 @@ const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
   return scores_;
 }
 
+const ModelRunner::ObservationScores& ModelRunner::read_keys(sched::SeqId seq,
+                                                             int32_t num_positions) {
+  const model::SequenceKv view = sequence_kv(seq, nullptr, nullptr);
+  model_.read_keys(view, num_positions, cache_, scratch_, keys_.values);
+  const auto head_dim = static_cast<size_t>(model_.config().head_dim);
+  keys_.offsets.assign(1, 0);
+  for (int32_t length : kv_.stream_lengths(seq, num_positions))
+    keys_.offsets.push_back(keys_.offsets.back() + static_cast<size_t>(length) * head_dim);
+  return keys_;
+}
+
 const model::StreamOutputs* ModelRunner::outputs(sched::SeqId seq) const {
   auto it = step_index_.find(seq);
   return it == step_index_.end() ? nullptr : &outputs_[it->second];

@@ -82,6 +82,9 @@ class ModelRunner {
   };
   const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens,
                                    int32_t window);
+  // The keys of its streams over its first num_positions positions (model::LlamaModel::
+  // read_keys), laid out as observe's scores with head_dim floats per key.
+  const ObservationScores& read_keys(sched::SeqId seq, int32_t num_positions);
 
   // Drops what the runner keeps for a sequence (Quest's slice key summaries, a Quest draft
   // view's block summaries): it finished, or its K/V is recomputed.
@@ -111,6 +114,7 @@ class ModelRunner {
   model::KvCache& cache_;
   const kv::KvManager& kv_;
   ObservationScores scores_;
+  ObservationScores keys_;
   std::unordered_map<sched::SeqId, std::vector<SliceSummaries>> summaries_;  // [stream]
   std::unordered_map<sched::SeqId, size_t> step_index_;  // this step's sequences in batch_
   model::Batch batch_;

@@ -175,16 +175,24 @@ void SparsityDriver::compress(sched::SeqId seq, Sample& sample) {
         runner_.observe(seq, scheduler_.tokens(seq).first(n), rows);
     for (size_t s = 0; s < num_keys.size(); ++s) scores.push_back(observed.stream(s));
   }
+  std::vector<std::span<const float>> keys;
+  if (controller.needs_keys()) {  // key-similarity policies (keydiff) score the keys themselves
+    const ModelRunner::ObservationScores& read = runner_.read_keys(seq, n);
+    for (size_t s = 0; s < num_keys.size(); ++s) keys.push_back(read.stream(s));
+  }
   std::vector<sparsity::TokenClass> classes;
   if (last && controller.needs_token_classes()) {
     for (int32_t i = 0; i < n; ++i)
       classes.push_back(token_class(tokenizer_, scheduler_.tokens(seq)[i]));
   }
-  sparsity::SparsityController::Compression compression = controller.propose({.prompt_done = last,
-                                                                              .num_positions = n,
-                                                                              .num_keys = num_keys,
-                                                                              .scores = scores,
-                                                                              .classes = classes});
+  sparsity::SparsityController::Compression compression =
+      controller.propose({.prompt_done = last,
+                          .num_positions = n,
+                          .num_keys = num_keys,
+                          .scores = scores,
+                          .classes = classes,
+                          .keys = keys,
+                          .head_dim = static_cast<int32_t>(model_.head_dim)});
   if (compression.attention_recovery) sample.attention_recovery = compression.attention_recovery;
   if (compression.changes_layout) {
     std::optional<kv::CompactionPlan> plan = kv_.compress(seq, n, compression.keep);

@@ -157,28 +157,13 @@ std::string with_overrides(const std::string& policy, std::string_view overrides
   return out;
 }
 
+// The policy's own budget mapping (sparsity::policy_for_budget), for keep tokens per KV head.
 std::string base_policy_for_budget(const std::string& family, double budget, int32_t prompt_len,
                                    int32_t window) {
   const int32_t keep =
       std::max<int32_t>(2 * window, static_cast<int32_t>(std::lround(budget * prompt_len)));
-  if (family == "full") return "full";
-  if (family == "streaming") return fmt::format("streaming:S=4,W={}", keep - 4);
-  if (family == "snapkv") return fmt::format("snapkv:B={},W={}", keep - window, window);
-  if (family == "pyramidkv") return fmt::format("pyramidkv:B={},W={}", keep - window, window);
-  if (family == "adakv") return fmt::format("adakv:B={},W={}", keep - window, window);
-  if (family == "layerwise")
-    return fmt::format("layerwise:L=1,rest=snapkv:B={},W={}", keep - window, window);
-  if (family == "h2o") return fmt::format("h2o:B={},W={}", keep - window, window);
-  // Quest reads K whole pages (of the eval engine's page size) per decode step.
-  const int32_t pages = std::max(2, (keep + kPageSize - 1) / kPageSize);
-  if (family == "quest") return fmt::format("quest:K={},R=1,S=4,W={}", pages, window);
-  if (family == "lserve")
-    return fmt::format("lserve:K={},R=4,S=4,W={},f=0.5,t=0.5", pages, keep - 4);
-  if (family == "fastgen") fail("fastgen takes a threshold, not a budget (fastgen_policy)");
-  fail(
-      "unknown policy family '{}' (streaming, snapkv, pyramidkv, adakv, layerwise, h2o, fastgen, "
-      "quest, lserve)",
-      family);
+  return sparsity::policy_for_budget(
+      family, {.keep_tokens = keep, .window = window, .page_size = kPageSize});
 }
 
 }  // namespace

@@ -201,6 +201,9 @@ class Backend {
                                    const KeySummaries& summaries) = 0;
   virtual void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const float* q,
                                  int64_t num_heads, int64_t num_blocks, float* bounds) = 0;
+  // out[h][t][0, head_dim) = key t of kv head h as f32, for t < num_keys (load_kv_row): the keys
+  // a KV policy scores itself (KeyDiff). [kv.num_kv_heads][num_keys][head_dim] floats.
+  virtual void gather_keys(const PagedKv& kv, int64_t num_keys, float* out) = 0;
 
   // --- appended ops ---
   // Each of the num_heads heads of head_dim (a power of two) in rows 0..num_rows-1 of x, in

@@ -29,6 +29,14 @@ class HostMemoryBackend : public Backend {
   void fill_zero(void* dst, size_t bytes) final {
     if (bytes > 0) std::memset(dst, 0, bytes);
   }
+  // A plain copy out of host memory, one row at a time; both host backends share it.
+  void gather_keys(const PagedKv& kv, int64_t num_keys, float* out) final {
+    for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
+      for (int64_t t = 0; t < num_keys; ++t) {
+        load_kv_row(kv, /*value=*/false, t, h, out + (h * num_keys + t) * kv.head_dim);
+      }
+    }
+  }
 };
 
 // Plain loops, shared by both host backends (the CPU one runs them on row ranges in parallel).

@@ -912,4 +912,36 @@ void LlamaModel::observe(std::span<const TokenId> window_tokens,
   });
 }
 
+void LlamaModel::read_keys(const SequenceKv& kv, int32_t num_positions, const KvCache& cache,
+                           ForwardScratch& s, std::vector<float>& keys) const {
+  kernels::Backend& backend = *backend_;
+  const ModelConfig& c = config_;
+  if (kv.shares_block_table() &&
+      num_positions > static_cast<int64_t>(kv.block_table.size()) * cache.page_size())
+    fail("read_keys: positions outside the block table");
+  if (!kv.shares_block_table() &&
+      static_cast<int64_t>(kv.streams.size()) != c.num_layers * c.num_kv_heads)
+    fail("read_keys: wrong stream count");
+  keys.clear();
+  // One view at a time through the scratch buffer: a layer's (shared table) or a stream's keys.
+  const auto read = [&](const kernels::PagedKv& view, int64_t num_keys) {
+    const int64_t floats = view.num_kv_heads * num_keys * c.head_dim;
+    float* buffer = grow(backend, s.scores, floats);
+    backend.gather_keys(view, num_keys, buffer);
+    const size_t at = keys.size();
+    keys.resize(at + static_cast<size_t>(floats));
+    backend.download(keys.data() + at, buffer, static_cast<size_t>(floats) * sizeof(float));
+  };
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (kv.shares_block_table()) {
+      read(cache.layer_view(l, kv.block_table), num_positions);
+      continue;
+    }
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      const KvStream& stream = kv.streams[static_cast<size_t>(l * c.num_kv_heads + h)];
+      read(cache.slice_view(stream.slices, stream.key_offset), stream.num_keys);
+    }
+  }
+}
+
 }  // namespace sieve::model

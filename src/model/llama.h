@@ -61,7 +61,7 @@ struct ForwardScratch {
   kernels::DeviceBuffer lse;           // [n][num_heads]: attention's log-sum-exp, where needed
   kernels::DeviceBuffer bounds;        // Quest: each choosing stream's slice bounds, one layer
   kernels::DeviceBuffer weights;       // attention weights asked for, one layer
-  kernels::DeviceBuffer scores;        // observe: one layer's observation scores
+  kernels::DeviceBuffer scores;        // observe: one layer's observation scores; read_keys' keys
   kernels::DeviceBuffer rows, logits;  // [num_logits][dim], [num_logits][vocab]
   // Host memory.
   std::vector<int32_t> positions;    // [n][num_kv_heads]: stream rows' key positions
@@ -127,6 +127,13 @@ class LlamaModel {
   void observe(std::span<const TokenId> window_tokens, std::span<const int32_t> window_positions,
                const SequenceKv& kv, const KvCache& cache, ForwardScratch& scratch,
                std::vector<float>& scores) const;
+
+  // The keys one sequence's streams hold, as the cache stores them (kernels::Backend::
+  // gather_keys), for KV policies that score keys themselves (KeyDiff): per stream
+  // [layer * num_kv_heads + kv_head], stream after stream, [num_keys][head_dim] floats each,
+  // num_keys = num_positions for streams sharing a block table, else each stream's num_keys.
+  void read_keys(const SequenceKv& kv, int32_t num_positions, const KvCache& cache,
+                 ForwardScratch& scratch, std::vector<float>& keys) const;
 
  private:
   // One layer as forward() reads it: matrices prepared on backend_, vectors in its memory.

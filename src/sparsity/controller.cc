@@ -53,6 +53,10 @@ bool SparsityController::needs_token_classes() const {
   return any_group([](const GroupPolicy& p) { return p.needs_token_classes(); });
 }
 
+bool SparsityController::needs_keys() const {
+  return any_group([](const GroupPolicy& p) { return p.needs_keys(); });
+}
+
 bool SparsityController::selects_pages() const {
   for (const PolicyGroup& g : groups_) {
     for (size_t m = 0; m < g.streams.size(); ++m)
@@ -92,7 +96,10 @@ SparsityController::Compression SparsityController::propose(const CompressPoint&
                     .scores = static_cast<size_t>(s) < point.scores.size()
                                   ? point.scores[s]
                                   : std::span<const float>(),
-                    .classes = point.classes});
+                    .classes = point.classes,
+                    .keys = static_cast<size_t>(s) < point.keys.size() ? point.keys[s]
+                                                                       : std::span<const float>(),
+                    .head_dim = point.head_dim});
     }
     results.assign(in.size(), CompressResult{});
     group.policy->compress(in, results);

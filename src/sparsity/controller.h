@@ -35,6 +35,7 @@ class SparsityController {
   bool is_dense() const;             // every stream keeps everything and reads everything
   int32_t observation_rows() const;  // the most any stream needs scored (0: none)
   bool needs_token_classes() const;  // compress / after_decode_step want TokenClass inputs
+  bool needs_keys() const;           // compress wants the streams' keys (CompressPoint::keys)
   bool selects_pages() const;        // some stream's decode rows read only some slices
   // Admission: per stream, the most keys it holds once compressed (nullopt: unbounded).
   std::vector<std::optional<int64_t>> max_kept_tokens(int64_t prompt_tokens,
@@ -53,6 +54,8 @@ class SparsityController {
     std::span<const int32_t> num_keys;               // [stream] keys held now
     std::span<const std::span<const float>> scores;  // [stream] observation scores, or empty
     std::span<const TokenClass> classes;  // positions [0, num_positions), if needs_token_classes
+    std::span<const std::span<const float>> keys;  // [stream] [num_keys][head_dim], if needs_keys
+    int32_t head_dim = 0;
   };
   struct Compression {
     KeepPerStream keep;

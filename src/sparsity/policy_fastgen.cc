@@ -1,11 +1,22 @@
-// FastGen: dense through the prompt; at its end, the cheapest of special / +punctuation /
+// fastgen (FastGen): dense through the prompt; at its end, the cheapest of special / +punctuation /
 // +local / +frequent / full that recovers enough of the profiling rows' attention
 // (select_fastgen), carried on through generation by FastGenState.
-#include "sparsity/policies.h"
+#include "sparsity/policy_type.h"
 
 namespace sieve::sparsity {
 
 namespace {
+
+const Param<FastGenSpec> kParams[] = {
+    {"T",
+     &FastGenSpec::threshold,
+     "choose a policy recovering >= 1 - T of the attention",
+     {.min = 0.0, .max = 1.0, .max_open = true}},
+    {"W", &FastGenSpec::local_window, "local window in tokens, also the profiling rows",
+     AtLeast(1)},
+    {"F", &FastGenSpec::frequent_fraction, "frequent set size as a fraction of the prompt",
+     Fraction()},
+};
 
 class FastGenPolicy final : public CopyableStreamPolicy<FastGenPolicy> {
  public:
@@ -58,8 +69,9 @@ class FastGenPolicy final : public CopyableStreamPolicy<FastGenPolicy> {
 
 }  // namespace
 
-std::unique_ptr<StreamPolicy> make_fastgen_policy(const FastGenPendingHead& head) {
-  return std::make_unique<FastGenPolicy>(head);
+const PolicyType& fastgen_policy_type() {
+  static const LeafPolicy<FastGenSpec, FastGenPolicy> type("fastgen", kParams);
+  return type;
 }
 
 }  // namespace sieve::sparsity

@@ -1,5 +1,5 @@
 // full: the stream keeps every key and every row reads all of them.
-#include "sparsity/policies.h"
+#include "sparsity/policy_type.h"
 
 namespace sieve::sparsity {
 
@@ -7,6 +7,7 @@ namespace {
 
 class FullPolicy final : public CopyableStreamPolicy<FullPolicy> {
  public:
+  explicit FullPolicy(const FullSpec&) {}
   std::optional<int64_t> max_kept_tokens(int64_t, int64_t) const override { return std::nullopt; }
   bool is_dense() const override { return true; }
   CompressResult compress(const CompressInput&) override { return {}; }
@@ -15,6 +16,9 @@ class FullPolicy final : public CopyableStreamPolicy<FullPolicy> {
 
 }  // namespace
 
-std::unique_ptr<StreamPolicy> make_full_policy() { return std::make_unique<FullPolicy>(); }
+const PolicyType& full_policy_type() {
+  static const LeafPolicy<FullSpec, FullPolicy> type("full", {}, "full");
+  return type;
+}
 
 }  // namespace sieve::sparsity

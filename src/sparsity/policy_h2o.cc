@@ -1,13 +1,19 @@
-// H2O (heavy hitters): observation scores seed each key's accumulated attention at every
+// h2o (H2O, heavy hitters): observation scores seed each key's accumulated attention at every
 // compression point; each decode step adds the new row's weights and evicts at most one key,
 // the lowest outside the recent window (HeavyHitterState).
-#include "sparsity/policies.h"
-
 #include <algorithm>
+
+#include "sparsity/policy_type.h"
 
 namespace sieve::sparsity {
 
 namespace {
+
+const Param<H2OSpec> kParams[] = {
+    {"B", &H2OSpec::heavy_budget, "the heavy-hitter budget in tokens", AtLeast(1),
+     Presence::kRequired},
+    {"W", &H2OSpec::window, "the most recent W tokens are never evicted"},
+};
 
 class HeavyHitterPolicy final : public CopyableStreamPolicy<HeavyHitterPolicy> {
  public:
@@ -50,8 +56,10 @@ class HeavyHitterPolicy final : public CopyableStreamPolicy<HeavyHitterPolicy> {
 
 }  // namespace
 
-std::unique_ptr<StreamPolicy> make_h2o_policy(const HeavyHitterHead& head) {
-  return std::make_unique<HeavyHitterPolicy>(head);
+const PolicyType& h2o_policy_type() {
+  static const LeafPolicy<H2OSpec, HeavyHitterPolicy> type("h2o", kParams,
+                                                           "h2o:B={budget},W={window}");
+  return type;
 }
 
 }  // namespace sieve::sparsity

@@ -25,6 +25,11 @@
 //   adakv:B=512,W=32,P=7,pool=max,alpha=0.2  Ada-KV: snapkv whose budget is shared by a layer's
 //                                            KV heads (num_kv_heads * B, the best pooled scores
 //                                            of all of them), each head keeping at least alpha * B
+//   keydiff:B=512,W=32                       KeyDiff: the top-B keys least similar (cosine) to
+//                                            the mean key of the stream, plus the last W; needs
+//                                            no attention scores
+//   adakv:B=512,W=32,alpha=0.2,score=keydiff pyramidkv and adakv over KeyDiff's scores
+//                                            (score=NAME: any scored policy; default snapkv)
 //   layerwise:L=3,rest=snapkv:B=512          the first L layers dense, the others `rest`
 //   fastgen:T=0.05,W=64,F=0.1                per head the cheapest FastGen policy recovering
 //                                            >= 1 - T of the attention; local window W tokens,
@@ -118,13 +123,23 @@ struct SnapKvSpec {
   int64_t follow = 0;
   friend bool operator==(const SnapKvSpec&, const SnapKvSpec&) = default;
 };
+struct KeyDiffSpec {
+  int64_t budget = 0;   // B: keys kept outside the window (required, >= 1)
+  int64_t window = 32;  // W: the most recent W keys, always kept
+  friend bool operator==(const KeyDiffSpec&, const KeyDiffSpec&) = default;
+};
+
+// The policies above that keep a budget of keys outside a recent window, ranked by a per-key
+// score: what Ada-KV and PyramidKV wrap (their `score=` parameter names it; snapkv by default).
+using ScoredSpec = std::variant<SnapKvSpec, KeyDiffSpec>;
+
 struct PyramidKvSpec {
-  SnapKvSpec snapkv;   // budget = the mean per-layer budget
+  ScoredSpec scored;   // budget = the mean per-layer budget
   double beta = 20.0;  // top layer budget = B / beta; >= 1 (1 = uniform)
   friend bool operator==(const PyramidKvSpec&, const PyramidKvSpec&) = default;
 };
 struct AdaKvSpec {
-  SnapKvSpec snapkv;   // budget = the mean per-head budget of a layer
+  ScoredSpec scored;   // budget = the mean per-head budget of a layer
   double alpha = 0.2;  // each head keeps at least floor(alpha * B) of its best; [0, 1]
   friend bool operator==(const AdaKvSpec&, const AdaKvSpec&) = default;
 };
@@ -142,7 +157,9 @@ struct QuestSpec {
   friend bool operator==(const QuestSpec&, const QuestSpec&) = default;
 };
 struct LServeSpec {
-  QuestSpec quest;  // the dynamic heads; S and W are also the streaming heads' sinks and window
+  // The dynamic heads; S and W are also the streaming heads' sinks and window. LServe reuses a
+  // page selection for 4 decode steps by default.
+  QuestSpec quest = {.reuse_steps = 4};
   double streaming_fraction = 0.5;  // f: [0, 1]; needs a calibration profile when > 0
   // t: [0, 1]; of those, only heads whose calibrated streaming score is at least t stream: a
   // fraction alone can make a retrieval head (little attention near its sinks and window)
@@ -194,7 +211,7 @@ struct LayersSpec {
 
 struct PolicySpec {
   std::variant<FullSpec, StreamingSpec, H2OSpec, SnapKvSpec, PyramidKvSpec, AdaKvSpec, FastGenSpec,
-               QuestSpec, LServeSpec, LayerwiseSpec, HeadsSpec, LayersSpec>
+               QuestSpec, LServeSpec, LayerwiseSpec, HeadsSpec, LayersSpec, KeyDiffSpec>
       policy;
   friend bool operator==(const PolicySpec&, const PolicySpec&) = default;
 };
@@ -232,8 +249,13 @@ using PageSelectHead = QuestSpec;
 // prompt keys outside their windows, by pooled observation score (policy_adakv.cc).
 using SharedBudgetHead = AdaKvSpec;
 
-using HeadPolicy = std::variant<DenseHead, SinkWindowHead, ObservationTopHead, HeavyHitterHead,
-                                FastGenPendingHead, PageSelectHead, SharedBudgetHead>;
+// KeyDiff: at each compression point the `budget` keys outside the window least similar (by
+// cosine) to the mean of the stream's keys, plus the window; decode tokens are appended.
+using KeyDissimilarHead = KeyDiffSpec;
+
+using HeadPolicy =
+    std::variant<DenseHead, SinkWindowHead, ObservationTopHead, HeavyHitterHead, FastGenPendingHead,
+                 PageSelectHead, SharedBudgetHead, KeyDissimilarHead>;
 
 struct ModelShape {
   int64_t num_layers = 0;
@@ -263,6 +285,16 @@ struct SparsityPlan {
 // by two groups).
 SparsityPlan resolve(const PolicySpec& spec, const ModelShape& shape,
                      const CalibrationProfile* profile = nullptr);
+
+// sieve eval's budget sweep: the policy string of policy `name` keeping about keep_tokens keys
+// per KV head, with this observation / recent window (tokens) and KV page size. Throws
+// sieve::Error for a policy that takes no budget.
+struct TokenBudget {
+  int64_t keep_tokens = 0;
+  int64_t window = 0;
+  int32_t page_size = 0;
+};
+std::string policy_for_budget(std::string_view name, const TokenBudget& budget);
 
 // PyramidKV's per-layer budgets for n layers (see resolve()); exposed for tests and reports.
 std::vector<int64_t> pyramid_budgets(int64_t mean_budget, double beta, int64_t num_layers);

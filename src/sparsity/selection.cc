@@ -82,7 +82,13 @@ std::vector<float> pool_scores(std::span<const float> scores, const ObservationT
 std::vector<int32_t> select_snapkv(std::span<const float> scores, const ObservationTopHead& head) {
   const int64_t n = std::ssize(scores);
   if (n <= head.budget + head.window) return iota_indices(0, n);
-  const std::vector<float> pooled = pool_scores(scores, head);
+  return select_scored(pool_scores(scores, head), n,
+                       {.budget = head.budget, .window = head.window, .follow = head.follow});
+}
+
+std::vector<int32_t> select_scored(std::span<const float> pooled, int64_t n,
+                                   const ScoredBudget& head) {
+  if (n <= head.budget + head.window) return iota_indices(0, n);
   std::vector<int32_t> keep;
   if (head.follow <= 0) {
     keep = top_k_indices(pooled, head.budget);

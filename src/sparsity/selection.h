@@ -35,6 +35,17 @@ std::vector<int32_t> select_sink_window(int64_t num_tokens, const SinkWindowHead
 // earlier compression neighbours need not be adjacent positions. With head.follow = G > 0 the
 // budget is spent best first, each chosen index bringing the G indices after it.
 std::vector<int32_t> select_snapkv(std::span<const float> scores, const ObservationTopHead& head);
+// The keep-set of a scored policy: the last `window` of num_keys keys, and the best `budget` of
+// the others by candidate_scores ([num_keys - window], the ranking rule); with follow = G > 0
+// the budget is spent best first, each chosen index bringing the G indices after it. Everything
+// is kept when num_keys <= budget + window (candidate_scores unread).
+struct ScoredBudget {
+  int64_t budget = 0;
+  int64_t window = 0;
+  int64_t follow = 0;
+};
+std::vector<int32_t> select_scored(std::span<const float> candidate_scores, int64_t num_keys,
+                                   const ScoredBudget& budget);
 // The pooled prefix scores select_snapkv ranks ([n - window] values; empty when n <= window).
 std::vector<float> pool_scores(std::span<const float> scores, const ObservationTopHead& head);
 

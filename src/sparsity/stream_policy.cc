@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "sparsity/policies.h"
+#include "sparsity/policy_type.h"
 
 namespace sieve::sparsity {
 
@@ -24,6 +24,7 @@ class SingleStream final : public GroupPolicy {
   }
   int64_t observation_rows() const override { return policy_->observation_rows(); }
   bool needs_token_classes() const override { return policy_->needs_token_classes(); }
+  bool needs_keys() const override { return policy_->needs_keys(); }
   bool is_dense() const override { return policy_->is_dense(); }
   bool selects_pages(size_t) const override { return policy_->selects_pages(); }
   std::optional<PageReads> decode_reads(size_t, int32_t num_keys,
@@ -45,63 +46,45 @@ class SingleStream final : public GroupPolicy {
   std::unique_ptr<StreamPolicy> policy_;
 };
 
-std::unique_ptr<StreamPolicy> make_stream_policy(const HeadPolicy& head) {
-  struct Make {
-    std::unique_ptr<StreamPolicy> operator()(const DenseHead&) const { return make_full_policy(); }
-    std::unique_ptr<StreamPolicy> operator()(const SinkWindowHead& h) const {
-      return make_sink_window_policy(h);
-    }
-    std::unique_ptr<StreamPolicy> operator()(const ObservationTopHead& h) const {
-      return make_snapkv_policy(h);
-    }
-    std::unique_ptr<StreamPolicy> operator()(const HeavyHitterHead& h) const {
-      return make_h2o_policy(h);
-    }
-    std::unique_ptr<StreamPolicy> operator()(const FastGenPendingHead& h) const {
-      return make_fastgen_policy(h);
-    }
-    std::unique_ptr<StreamPolicy> operator()(const PageSelectHead& h) const {
-      return make_page_select_policy(h);
-    }
-    std::unique_ptr<StreamPolicy> operator()(const SharedBudgetHead&) const {
-      return nullptr;  // a group policy
-    }
-  };
-  return std::visit(Make{}, head);
-}
-
 }  // namespace
+
+std::unique_ptr<GroupPolicy> single_stream(std::unique_ptr<StreamPolicy> policy) {
+  return std::make_unique<SingleStream>(std::move(policy));
+}
 
 std::vector<PolicyGroup> make_policy_groups(const SparsityPlan& plan) {
   std::vector<PolicyGroup> groups;
-  // Ada-KV: the streams of one layer with the same shared-budget head form one group.
-  std::vector<std::pair<SharedBudgetHead, size_t>> open_shared;  // this layer's: head, group
+  std::vector<PolicySpec> group_heads;  // [group]
+  // Policies deciding per layer (Ada-KV): this layer's groups, by head.
+  std::vector<size_t> open_groups;
   int64_t open_layer = -1;
   for (size_t s = 0; s < plan.heads.size(); ++s) {
     const int64_t layer = static_cast<int64_t>(s) / plan.shape.num_kv_heads;
     if (layer != open_layer) {
-      open_shared.clear();
+      open_groups.clear();
       open_layer = layer;
     }
-    if (const auto* shared = std::get_if<SharedBudgetHead>(&plan.heads[s])) {
-      auto it = std::find_if(open_shared.begin(), open_shared.end(),
-                             [&](const auto& g) { return g.first == *shared; });
-      if (it == open_shared.end()) {
+    PolicySpec head = std::visit([](const auto& h) { return PolicySpec{h}; }, plan.heads[s]);
+    const PolicyType& type = policy_type(head);
+    if (type.decides_per_layer()) {
+      auto it = std::find_if(open_groups.begin(), open_groups.end(),
+                             [&](size_t g) { return group_heads[g] == head; });
+      if (it == open_groups.end()) {
         groups.push_back({nullptr, {}});
-        open_shared.emplace_back(*shared, groups.size() - 1);
-        it = open_shared.end() - 1;
+        group_heads.push_back(std::move(head));
+        open_groups.push_back(groups.size() - 1);
+        it = open_groups.end() - 1;
       }
-      groups[it->second].streams.push_back(static_cast<int32_t>(s));
+      groups[*it].streams.push_back(static_cast<int32_t>(s));
       continue;
     }
-    groups.push_back({std::make_unique<SingleStream>(make_stream_policy(plan.heads[s])),
-                      {static_cast<int32_t>(s)}});
+    groups.push_back({type.make_group(head, 1), {static_cast<int32_t>(s)}});
+    group_heads.push_back(std::move(head));
   }
-  for (PolicyGroup& group : groups) {
-    if (!group.policy) {
-      group.policy = make_shared_budget_policy(
-          std::get<SharedBudgetHead>(plan.heads[static_cast<size_t>(group.streams[0])]),
-          group.streams.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g].policy) {
+      groups[g].policy =
+          policy_type(group_heads[g]).make_group(group_heads[g], groups[g].streams.size());
     }
   }
   return groups;

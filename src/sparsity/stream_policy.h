@@ -12,9 +12,9 @@
 // once (Ada-KV shares one budget among a layer's KV heads) implements GroupPolicy; the
 // controller runs every policy as a GroupPolicy (a StreamPolicy is a group of one).
 //
-// To add a policy: its head struct in policy_spec.h (what resolve() assigns to a stream) and
-// its grammar, one policy_<name>.cc implementing StreamPolicy or GroupPolicy, and its line in
-// make_policy_groups() (stream_policy.cc).
+// To add a policy: its spec struct in policy_spec.h (with its PolicySpec entry, and its
+// HeadPolicy entry when resolve() assigns it to streams), and one policy_<name>.cc declaring its
+// parameters and implementing StreamPolicy or GroupPolicy (policy_type.h says how).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -35,6 +35,10 @@ struct CompressInput {
   int32_t num_keys = 0;                 // keys held now: those kept so far, then the new positions
   std::span<const float> scores;        // observation scores over those keys (empty: none asked)
   std::span<const TokenClass> classes;  // of positions [0, num_positions), when asked for
+  // The stream's keys as the cache holds them (post-RoPE; smoothed and rotated in a q8 / q4
+  // cache), [num_keys][head_dim] in key order, when asked for (needs_keys); else empty.
+  std::span<const float> keys;
+  int32_t head_dim = 0;
 };
 
 struct CompressResult {
@@ -66,7 +70,8 @@ struct PageReads {
 // What a stream's policy does now, for reports (GET /v1/kv/state's per-head view). Read from
 // the state the policy keeps anyway; describing it computes nothing.
 struct StreamReport {
-  // "full", "window" (sinks + recent window), "snapkv" (snapkv, pyramidkv), "adakv",
+  // "full", "window" (sinks + recent window), "snapkv" / "keydiff" (those, and pyramidkv over
+  // them), "adakv",
   // "heavy_hitters" (h2o), "quest" (quest, lserve's dynamic heads), "fastgen:<choice>" (the
   // choice made at the prompt's end, e.g. "fastgen:special+punct+local"; "fastgen:pending"
   // before it).
@@ -91,6 +96,7 @@ class StreamPolicy {
   // The last prompt rows whose attention compress() wants scored (0: none).
   virtual int64_t observation_rows() const { return 0; }
   virtual bool needs_token_classes() const { return false; }
+  virtual bool needs_keys() const { return false; }  // compress() reads CompressInput::keys
   // True for a policy that never drops a key nor changes what a row reads (full).
   virtual bool is_dense() const { return false; }
   // Quest: decode rows read only some slices (kept keys are all of them): decode_reads() says
@@ -130,6 +136,7 @@ class GroupPolicy {
                                                  int64_t max_new_tokens) const = 0;
   virtual int64_t observation_rows() const { return 0; }
   virtual bool needs_token_classes() const { return false; }
+  virtual bool needs_keys() const { return false; }
   virtual bool is_dense() const { return false; }
   virtual bool selects_pages(size_t member) const { return false; }
   virtual std::optional<PageReads> decode_reads(size_t member, int32_t num_keys,

@@ -109,6 +109,48 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
               1e-2f);
 }
 
+TEST(Observe, KeysReadThroughStreamsOrTheBlockTableAreTheCachesKeys) {
+  // KV policies that score keys themselves (KeyDiff) read them per stream, in stream order.
+  model::LoadedModel loaded = load();
+  const model::LlamaModel& m = *loaded.model;
+  const model::ModelConfig& c = m.config();
+  std::vector<int32_t> tokens = loaded.tokenizer->encode("Once upon a time there was a cat.");
+  const auto n = static_cast<int32_t>(tokens.size());
+  auto [cache, table] = model::KvCache::for_one_sequence(m.backend(), c, n, 4);
+  model::ForwardScratch scratch;
+  model::Batch batch;
+  batch.begin_sequence(table);
+  for (int32_t i = 0; i < n; ++i) batch.add(tokens[i], i, false);
+  std::vector<float> logits;
+  m.forward(batch, cache, scratch, logits);
+
+  std::vector<float> dense, streamed;
+  m.read_keys({.block_table = table}, n, cache, scratch, dense);
+  ASSERT_EQ(std::ssize(dense), c.num_layers * c.num_kv_heads * n * c.head_dim);
+  std::vector<float> want(static_cast<size_t>(c.head_dim));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      for (int32_t t = 0; t < n; ++t) {
+        kernels::load_kv_row(cache.layer_view(l, table), /*value=*/false, t, h, want.data());
+        const auto at = static_cast<size_t>(((l * c.num_kv_heads + h) * n + t) * c.head_dim);
+        EXPECT_TRUE(
+            std::equal(want.begin(), want.end(), dense.begin() + static_cast<ptrdiff_t>(at)))
+            << l << " " << h << " " << t;
+      }
+    }
+  }
+  model::SequenceKv sparse;
+  const kv::SliceShape shape = cache.slice_shape();
+  for (int32_t s = 0; s < shape.num_streams(); ++s) {
+    model::KvStream& stream = sparse.streams.emplace_back();
+    for (int32_t page : table)
+      stream.slices.push_back(static_cast<int32_t>(shape.dense_slice(kv::PageId{page}, s).value));
+    stream.num_keys = n;
+  }
+  m.read_keys(sparse, n, cache, scratch, streamed);
+  EXPECT_EQ(streamed, dense);
+}
+
 TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
   model::LoadedModel loaded = load();
   kernels::Backend& backend = loaded.model->backend();

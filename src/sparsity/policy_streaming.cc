@@ -1,10 +1,16 @@
-// StreamingLLM (sink + window): the first S keys and the last W; each decode step drops the key
-// that left the window, so the stream never holds more than S + W.
-#include "sparsity/policies.h"
+// streaming (StreamingLLM: attention sinks + a recent window): the first S keys and the last W;
+// each decode step drops the key that left the window, so the stream never holds more than
+// S + W.
+#include "sparsity/policy_type.h"
 
 namespace sieve::sparsity {
 
 namespace {
+
+const Param<StreamingSpec> kParams[] = {
+    {"S", &StreamingSpec::num_sinks, "attention sinks: the first S tokens"},
+    {"W", &StreamingSpec::window, "the most recent W tokens", AtLeast(1)},
+};
 
 class SinkWindowPolicy final : public CopyableStreamPolicy<SinkWindowPolicy> {
  public:
@@ -31,8 +37,10 @@ class SinkWindowPolicy final : public CopyableStreamPolicy<SinkWindowPolicy> {
 
 }  // namespace
 
-std::unique_ptr<StreamPolicy> make_sink_window_policy(const SinkWindowHead& head) {
-  return std::make_unique<SinkWindowPolicy>(head);
+const PolicyType& streaming_policy_type() {
+  static const LeafPolicy<StreamingSpec, SinkWindowPolicy> type("streaming", kParams,
+                                                                "streaming:S=4,W={recent}");
+  return type;
 }
 
 }  // namespace sieve::sparsity

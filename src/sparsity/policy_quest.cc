@@ -1,14 +1,21 @@
-// Quest / LServe dynamic heads: every key stays (no memory is freed); each decode row reads the
-// `forced` slices (sinks, window) plus the best others by q·k upper bounds (the model computes
-// them from per-slice key summaries), top_k in all, a choice reused for R decode steps: until
-// then the row reads the chosen slices plus every slice started since.
-#include "sparsity/policies.h"
-
+// quest (Quest), and LServe's dynamic heads: every key stays (no memory is freed); each decode row
+// reads the `forced` slices (sinks, window) plus the best others by q·k upper bounds (the model
+// computes them from per-slice key summaries), top_k in all, a choice reused for R decode steps:
+// until then the row reads the chosen slices plus every slice started since.
 #include <algorithm>
+
+#include "sparsity/policy_type.h"
 
 namespace sieve::sparsity {
 
 namespace {
+
+const Param<QuestSpec> kParams[] = {
+    {"K", &QuestSpec::top_k_pages, "pages read per decode step", AtLeast(1), Presence::kRequired},
+    {"R", &QuestSpec::reuse_steps, "decode steps one selection is used for", AtLeast(1)},
+    {"S", &QuestSpec::num_sinks, "pages holding the first S tokens are always read"},
+    {"W", &QuestSpec::window, "pages holding the last W tokens are always read"},
+};
 
 int32_t num_slices(int32_t num_keys, int32_t page_size) {
   return (num_keys + page_size - 1) / page_size;
@@ -60,8 +67,12 @@ class PageSelectPolicy final : public CopyableStreamPolicy<PageSelectPolicy> {
 
 }  // namespace
 
-std::unique_ptr<StreamPolicy> make_page_select_policy(const PageSelectHead& head) {
-  return std::make_unique<PageSelectPolicy>(head);
+std::span<const Param<QuestSpec>> quest_params() { return kParams; }
+
+const PolicyType& quest_policy_type() {
+  static const LeafPolicy<QuestSpec, PageSelectPolicy> type("quest", kParams,
+                                                            "quest:K={pages},R=1,S=4,W={window}");
+  return type;
 }
 
 }  // namespace sieve::sparsity
