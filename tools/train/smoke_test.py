@@ -29,9 +29,9 @@ def main():
     args = ap.parse_args()
     if args.work is None:
         with tempfile.TemporaryDirectory(prefix="sieve-train-smoke-") as work:
-            smoke(sieve, work)
+            smoke(args.sieve, work)
     else:
-        smoke(sieve, args.work)
+        smoke(args.sieve, args.work)
 
 
 def smoke(sieve, work):
