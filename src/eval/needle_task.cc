@@ -23,6 +23,10 @@ constexpr int32_t kInstructSlackPerValue = 8;
 constexpr int32_t kInstructSlack = 16;
 // Stands for the user message while the chat template is rendered once to find its two sides.
 constexpr std::string_view kMessagePlaceholder = "SIEVE-NEEDLE-DOCUMENT";
+// What text is tokenized after to learn its tokens in place: a sentence end (a needle, a
+// question), or a word (the "." or "," right after a value).
+constexpr std::string_view kSentenceAnchor = ".";
+constexpr std::string_view kWordAnchor = "so";
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 
@@ -74,17 +78,29 @@ std::string_view needle_framing_name(NeedleFraming framing) {
   return framing == NeedleFraming::kCompletion ? "completion" : "instruct";
 }
 
-std::vector<TokenId> NeedleCaseMaker::encode_after_sentence(std::string_view text,
-                                                            bool parse_special) const {
-  // The tokens of "." + text less those of ".": what the text becomes after a sentence end
+std::vector<TokenId> NeedleCaseMaker::encode_after(std::string_view before,
+                                                   const std::vector<TokenId>& before_tokens,
+                                                   std::string_view text,
+                                                   bool parse_special) const {
+  // The tokens of before + text less those of before: what the text becomes in that place
   // (SentencePiece would otherwise add its leading space, and "\n" would not start a token).
-  std::string anchored = ".";
+  std::string anchored(before);
   anchored.append(text);
   const std::vector<TokenId> joined =
       tokenizer_->encode(anchored, {.add_special = false, .parse_special = parse_special});
-  if (joined.size() < anchor_.size() || !std::equal(anchor_.begin(), anchor_.end(), joined.begin()))
-    fail("the tokenizer joins '{}' to the end of the sentence before it", text);
-  return {joined.begin() + static_cast<ptrdiff_t>(anchor_.size()), joined.end()};
+  if (joined.size() < before_tokens.size() ||
+      !std::equal(before_tokens.begin(), before_tokens.end(), joined.begin()))
+    fail("the tokenizer joins '{}' to the '{}' before it", text, before);
+  return {joined.begin() + static_cast<ptrdiff_t>(before_tokens.size()), joined.end()};
+}
+
+std::vector<TokenId> NeedleCaseMaker::encode_after_sentence(std::string_view text,
+                                                            bool parse_special) const {
+  return encode_after(kSentenceAnchor, anchor_, text, parse_special);
+}
+
+std::vector<TokenId> NeedleCaseMaker::encode_after_word(std::string_view text) const {
+  return encode_after(kWordAnchor, word_anchor_, text, false);
 }
 
 NeedleCaseMaker::NeedleCaseMaker(std::shared_ptr<const tok::Tokenizer> tokenizer,
@@ -100,7 +116,8 @@ NeedleCaseMaker::NeedleCaseMaker(std::shared_ptr<const tok::Tokenizer> tokenizer
     fail("multi-value needs 2 to 64 values, not {}", c.num_values);
   if (c.num_queries < 2 || c.num_queries > num_keys)
     fail("multi-query needs 2 to {} queries, not {}", num_keys, c.num_queries);
-  anchor_ = tokenizer_->encode(".", {.add_special = false, .parse_special = false});
+  anchor_ = tokenizer_->encode(kSentenceAnchor, {.add_special = false, .parse_special = false});
+  word_anchor_ = tokenizer_->encode(kWordAnchor, {.add_special = false, .parse_special = false});
 
   // The haystack's tokens, where its sentences end (". " "! " "? ", closing quotes or brackets
   // between) and where its words start.
@@ -167,7 +184,7 @@ NeedleCaseMaker::NeedleCaseMaker(std::shared_ptr<const tok::Tokenizer> tokenizer
     answer_room_ = c.value_max_tokens + kAnswerSlack;
   } else {
     const std::string separator = c.task == NeedleTask::kMultiValue ? "," : ".";
-    const int32_t between = size_of(encode_after_sentence(separator)) +
+    const int32_t between = size_of(encode_after_word(separator)) +
                             (c.task == NeedleTask::kMultiQuery ? longest_cue : 0);
     answer_room_ = num_asked * c.value_max_tokens + (num_asked - 1) * between;
   }
@@ -234,7 +251,7 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
         key_list[key_order[c.task == NeedleTask::kMultiValue ? 0 : static_cast<size_t>(i)]];
     std::vector<TokenId> tokens = encode_after_sentence(cue_text(key));
     append(tokens, value_tokens[static_cast<size_t>(i)]);
-    append(tokens, encode_after_sentence("."));
+    append(tokens, encode_after_word("."));
     needles.push_back({.key = std::string(key),
                        .value = values[static_cast<size_t>(i)],
                        .num_tokens = size_of(tokens)});
@@ -300,8 +317,8 @@ std::vector<NeedleCase> NeedleCaseMaker::make_cases(int32_t length, int32_t case
   // forced continuation, with what goes between them: ",", or ". " and the next question.
   const bool chained =
       c.framing == NeedleFraming::kCompletion && num_needles > 1 && c.task != NeedleTask::kMultiKey;
-  const std::vector<TokenId> comma = encode_after_sentence(",");
-  const std::vector<TokenId> period = encode_after_sentence(".");
+  const std::vector<TokenId> comma = encode_after_word(",");
+  const std::vector<TokenId> period = encode_after_word(".");
   const auto chain = [&](const std::vector<PlacedNeedle>& placed, std::span<const size_t> asked,
                          NeedleCase& out) {
     for (size_t n = 0; n < asked.size(); ++n) {

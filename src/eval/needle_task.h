@@ -138,16 +138,23 @@ class NeedleCaseMaker {
   // Tokens of `text` as they stand after a sentence end, e.g. a needle " The secret code ...".
   std::vector<tok::TokenId> encode_after_sentence(std::string_view text,
                                                   bool parse_special = false) const;
+  // Tokens of `text` right after a word, e.g. the "." that ends a value.
+  std::vector<tok::TokenId> encode_after_word(std::string_view text) const;
 
  private:
+  std::vector<tok::TokenId> encode_after(std::string_view before,
+                                         const std::vector<tok::TokenId>& before_tokens,
+                                         std::string_view text, bool parse_special) const;
+
   std::shared_ptr<const tok::Tokenizer> tokenizer_;
   NeedleTaskConfig config_;
-  std::vector<tok::TokenId> haystack_;  // the text's tokens, read cyclically
-  std::vector<bool> sentence_start_;    // per token: a sentence ended before it (". " ...)
-  std::vector<bool> word_start_;        // per token: its piece starts with a space
-  std::vector<tok::TokenId> anchor_;    // the tokens of "." (see encode_after_sentence)
-  std::vector<tok::TokenId> opening_;   // BOS, or the chat template up to the user message
-  std::vector<tok::TokenId> closing_;   // instruct: the template after the user message
+  std::vector<tok::TokenId> haystack_;     // the text's tokens, read cyclically
+  std::vector<bool> sentence_start_;       // per token: a sentence ended before it (". " ...)
+  std::vector<bool> word_start_;           // per token: its piece starts with a space
+  std::vector<tok::TokenId> anchor_;       // the tokens of "." (see encode_after_sentence)
+  std::vector<tok::TokenId> word_anchor_;  // the tokens of a word (see encode_after_word)
+  std::vector<tok::TokenId> opening_;      // BOS, or the chat template up to the user message
+  std::vector<tok::TokenId> closing_;      // instruct: the template after the user message
   int32_t answer_room_ = 0;
 };
 

@@ -99,8 +99,17 @@ class Data:
         words = json.load(open(os.path.join(work, "words.json")))
         self.keys, self.values = words["keys"], words["values"]
         self.rng = rng
-        self.prefix = self.sp.encode(NEEDLE_PREFIX)
-        self.is_ = self.sp.encode(" is")
+        self.prefix = self.after_word(NEEDLE_PREFIX)
+        self.is_ = self.after_word(" is")
+        self.dot = self.after_word(".")
+
+    def after_word(self, text):
+        """The tokens of `text` where it stands in running text, after a word. SentencePiece's
+        encode() would add its dummy prefix: " is" alone becomes "▁" "▁is", "." becomes "▁."."""
+        anchor = self.sp.encode("so")
+        ids = self.sp.encode("so" + text)
+        assert ids[:len(anchor)] == anchor, f"the tokenizer joins {text!r} to the word before it"
+        return ids[len(anchor):]
 
     def window(self, source, n):
         start = self.rng.randrange(0, len(source) - n)
@@ -115,7 +124,7 @@ class Data:
                 words.append(str(self.rng.randrange(10, 10000)))
             else:
                 words.append(self.rng.choice(self.values))
-            ids = self.sp.encode(" " + " ".join(words))
+            ids = self.after_word(" " + " ".join(words))
         return ids
 
     def key_tokens(self, used):
@@ -123,7 +132,7 @@ class Data:
             k = self.rng.choice(self.keys)
             if k not in used:
                 used.add(k)
-                return self.sp.encode(" " + k)
+                return self.after_word(" " + k)
 
     def retrieval_row(self, t, max_skip, source=None, hay_weight=1.0):
         """Haystack with needles `The secret code of KEY is VALUE.` in its first part and, after
@@ -147,7 +156,7 @@ class Data:
         for (key, val), spot in zip(needles, spots):
             out1 += part1[prev:spot]
             w1 += [hay_weight] * (spot - prev)
-            sent = self.prefix + key + self.is_ + val + self.sp.encode(".")
+            sent = self.prefix + key + self.is_ + val + self.dot
             out1 += sent
             w1 += [0.0] * len(sent)
             prev = spot
@@ -157,7 +166,7 @@ class Data:
         for i in asked:
             key, val = needles[i]
             q = self.prefix + key + self.is_
-            dot = self.sp.encode(".")
+            dot = self.dot
             out2 += q + val + dot
             w2 += [0.5] * len(self.prefix) + [0.0] * (len(key) + len(self.is_)) + [8.0] * len(val) + [1.0] * len(dot)
         room = t - len(out1) - len(out2)
