@@ -29,7 +29,7 @@ struct BenchOptions {
 };
 
 // The types of the layers' matrices, in order of first use: "Q8_0", or "Q4_K+Q6_K" for Q4_K_M.
-std::string weight_type_name(const model::LlamaModel& model) {
+std::string weight_type_name(const model::Model& model) {
   std::vector<std::string> types;
   for (const model::LayerWeights& layer : model.weights().layers) {
     for (const kernels::MatrixView* m :

@@ -37,7 +37,7 @@ kernels::DType DraftModelProposer::kv_dtype_for(const model::ModelConfig& draft,
   }
 }
 
-DraftModelProposer::DraftModelProposer(std::shared_ptr<const model::LlamaModel> model,
+DraftModelProposer::DraftModelProposer(std::shared_ptr<const model::Model> model,
                                        const DraftModelConfig& config)
     : model_(std::move(model)),
       config_(config),
@@ -49,14 +49,15 @@ DraftModelProposer::DraftModelProposer(std::shared_ptr<const model::LlamaModel> 
       cache_(model_->backend(), model_->config(), config.num_pages, config.page_size,
              kv_dtype_for(model_->config(), config.kv_dtype)),
       runner_(*model_, cache_, kv_) {
-  if (kernels::is_block_kv_dtype(cache_.dtype())) model_->ensure_key_smoothing();
+  model_->prepare_cache(cache_);
   bytes_per_page_ = static_cast<int64_t>(
       model::KvCache::bytes_per_page(model_->config(), config.page_size, cache_.dtype()));
 }
 
-std::shared_ptr<const model::LlamaModel> DraftModelProposer::load(
-    const std::string& draft_path, const model::LlamaModel& target,
-    const tok::Tokenizer& target_tokenizer, const std::string& target_path) {
+std::shared_ptr<const model::Model> DraftModelProposer::load(const std::string& draft_path,
+                                                             const model::Model& target,
+                                                             const tok::Tokenizer& target_tokenizer,
+                                                             const std::string& target_path) {
   const std::string target_name = target_path.empty() ? fmt::format("'{}'", target.config().name)
                                                       : fmt::format("'{}'", target_path);
   model::LoadedModel draft;

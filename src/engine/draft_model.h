@@ -43,7 +43,7 @@
 #include "engine/model_runner.h"
 #include "kv/kv_manager.h"
 #include "model/kv_cache.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::engine {
@@ -58,16 +58,15 @@ struct DraftModelConfig {
 
 class DraftModelProposer {
  public:
-  DraftModelProposer(std::shared_ptr<const model::LlamaModel> model,
-                     const DraftModelConfig& config);
+  DraftModelProposer(std::shared_ptr<const model::Model> model, const DraftModelConfig& config);
 
   // Loads `draft_path` on `target`'s backend and checks that it has the target's vocabulary:
   // the same number of tokens and the same text for each. Throws sieve::Error naming both files
   // otherwise (`target_path` may be empty: the target's general.name is named instead).
-  static std::shared_ptr<const model::LlamaModel> load(const std::string& draft_path,
-                                                       const model::LlamaModel& target,
-                                                       const tok::Tokenizer& target_tokenizer,
-                                                       const std::string& target_path);
+  static std::shared_ptr<const model::Model> load(const std::string& draft_path,
+                                                  const model::Model& target,
+                                                  const tok::Tokenizer& target_tokenizer,
+                                                  const std::string& target_path);
 
   // The draft cache's element type for a wanted one: it, when the draft's head_dim can be stored
   // in it (q8 / q4 need a multiple of 32), else f32.
@@ -93,7 +92,7 @@ class DraftModelProposer {
   // Gives the sequence's draft pages back (no-op if it has none).
   void release(sched::SeqId seq);
 
-  const model::LlamaModel& model() const { return *model_; }
+  const model::Model& model() const { return *model_; }
   kv::KvStats kv_stats() const { return kv_.stats(); }
   int32_t num_pages_held(sched::SeqId seq) const {
     return kv_.contains(seq) ? kv_.num_pages_held(seq) : 0;
@@ -115,7 +114,7 @@ class DraftModelProposer {
   // of each sampling row, in order.
   std::vector<int32_t> run(const sched::ScheduleOutput& out, std::span<Drafting*> by_seq);
 
-  std::shared_ptr<const model::LlamaModel> model_;
+  std::shared_ptr<const model::Model> model_;
   DraftModelConfig config_;
   kv::KvManager kv_;
   model::KvCache cache_;

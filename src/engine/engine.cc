@@ -17,7 +17,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 // The target's pages; a draft model's pool has as many (engine/draft_model.h), so each page of
 // the budget costs both.
 int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model,
-                  const model::LlamaModel* draft) {
+                  const model::Model* draft) {
   if (config.num_kv_pages > 0) return config.num_kv_pages;
   const size_t target_page_bytes =
       model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
@@ -64,14 +64,14 @@ struct Engine::PendingRequest {
   Clock::time_point arrival;
 };
 
-Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
+Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::Model> model,
                std::shared_ptr<const tok::Tokenizer> tokenizer)
     : Engine(config, model, tokenizer,
              SpeculativeDriver::load_draft_model(config, *model, *tokenizer)) {}
 
-Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
+Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::Model> model,
                std::shared_ptr<const tok::Tokenizer> tokenizer,
-               std::shared_ptr<const model::LlamaModel> draft_model)
+               std::shared_ptr<const model::Model> draft_model)
     : config_(config),
       model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
@@ -103,7 +103,7 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaMod
                   .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)},
                  kv_, scheduler_, samples_) {
   config_.num_kv_pages = kv_.num_pages();
-  if (kernels::is_block_kv_dtype(config.kv_dtype)) model_->ensure_key_smoothing();
+  model_->prepare_cache(cache_);
   if (config_.calibration && config_.calibration->model_fingerprint != model_->fingerprint()) {
     fail(
         "the calibration profile was measured on model '{}' (fingerprint {}), not on this one "

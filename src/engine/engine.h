@@ -17,7 +17,7 @@
 //     sparsity_.plan_rows(out)        what compressed sequences' decode rows read and return
 //                                     (engine/sparsity_driver.h)
 //     speculative_.draft(out)         self-speculation's draft passes; the draft model's prefill
-//     logits = run_model(out)         streams' tables → Batch → LlamaModel::forward
+//     logits = run_model(out)         streams' tables → Batch → Model::forward
 //     process_outputs(out, logits)    per sampling row: fork the n - 1 other samples (first token
 //                                     only), then per sample speculative_.verify (sample, verify
 //                                     drafts) → outputs_.emit (stop matcher, text, logprobs:
@@ -57,7 +57,7 @@
 #include "kernels/backend.h"
 #include "kv/kv_manager.h"
 #include "model/kv_cache.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "sched/scheduler.h"
 #include "sparsity/policy_spec.h"
 #include "speculative/speculative_config.h"
@@ -96,7 +96,7 @@ struct EngineStats {
 
 class Engine {
  public:
-  Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
+  Engine(const EngineConfig& config, std::shared_ptr<const model::Model> model,
          std::shared_ptr<const tok::Tokenizer> tokenizer);
   ~Engine();
 
@@ -129,16 +129,16 @@ class Engine {
     speculative_.check(speculative);
   }
   const EngineConfig& config() const { return config_; }
-  const model::LlamaModel& model() const { return *model_; }
+  const model::Model& model() const { return *model_; }
   // Bytes of K and V one page takes in this engine's cache (config().kv_dtype).
   int64_t kv_bytes_per_page() const { return kv_bytes_per_page_; }
 
  private:
   struct PendingRequest;
   // `draft_model`: SpeculativeDriver::load_draft_model's, loaded before the pools are sized.
-  Engine(const EngineConfig& config, std::shared_ptr<const model::LlamaModel> model,
+  Engine(const EngineConfig& config, std::shared_ptr<const model::Model> model,
          std::shared_ptr<const tok::Tokenizer> tokenizer,
-         std::shared_ptr<const model::LlamaModel> draft_model);
+         std::shared_ptr<const model::Model> draft_model);
   // The engine's own stages of step() (the others are its stage objects').
   void admit();
   void apply_cancellations();
@@ -163,7 +163,7 @@ class Engine {
                    int32_t num_drafts, Clock::time_point now);
 
   EngineConfig config_;
-  std::shared_ptr<const model::LlamaModel> model_;
+  std::shared_ptr<const model::Model> model_;
   std::shared_ptr<const tok::Tokenizer> tokenizer_;
   std::vector<TokenId> eos_ids_;
   kv::KvManager kv_;

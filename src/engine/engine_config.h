@@ -7,7 +7,7 @@
 
 #include "kernels/backend.h"
 #include "model/kv_cache.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "sparsity/calibration.h"
 #include "speculative/speculative_config.h"
 
@@ -33,7 +33,7 @@ struct EngineConfig {
   // f16 one.
   kernels::DType kv_dtype = model::kKvDefaultDType;
   // Which KV heads are streaming-like (`sieve calibrate`), for lserve and heads:...@profile=F.
-  // Must be for this model (LlamaModel::fingerprint()); null: such policies are refused.
+  // Must be for this model (Model::fingerprint()); null: such policies are refused.
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;
   // Speculative decoding for requests that do not say (speculative/speculative_config.h). Drafts
   // are verified exactly: greedy output equals plain decoding's token for token, and so does

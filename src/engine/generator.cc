@@ -13,7 +13,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
-GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId> prompt,
+GenerationStats generate(const model::Model& model, std::span<const TokenId> prompt,
                          const GenerateOptions& options, const TokenCallback& on_token) {
   const int64_t context = model.config().context_length;
   if (prompt.empty()) fail("the prompt is empty (at least one token is needed)");

@@ -1,14 +1,14 @@
 #pragma once
 // Single-sequence generation: evaluate the prompt in one batch, then one token per step.
 // The foundation that `sieve run` and the golden tests use; the batched engine builds on the
-// same LlamaModel::forward.
+// same Model::forward.
 #include <functional>
 #include <span>
 #include <vector>
 
 #include "engine/sampler.h"
 #include "kernels/backend.h"
-#include "model/llama.h"
+#include "model/model.h"
 
 namespace sieve::engine {
 
@@ -36,7 +36,7 @@ struct GenerationStats {
 using TokenCallback = std::function<bool(TokenId token, std::span<const float> logits)>;
 
 // Throws sieve::Error if the prompt is empty or prompt + max_tokens exceeds the context.
-GenerationStats generate(const model::LlamaModel& model, std::span<const TokenId> prompt,
+GenerationStats generate(const model::Model& model, std::span<const TokenId> prompt,
                          const GenerateOptions& options, const TokenCallback& on_token);
 
 }  // namespace sieve::engine

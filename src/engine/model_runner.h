@@ -1,7 +1,7 @@
 #pragma once
 // Turns the scheduler's plain ScheduleOutput into model inputs and runs one batched forward
 // step: copy-on-write page copies, then one ragged Batch (each scheduled sequence's new
-// tokens, its positions and where its streams' K/V live), then LlamaModel::forward. Only sequences
+// tokens, its positions and where its streams' K/V live), then Model::forward. Only sequences
 // that sample this step ask for logits, and prompt positions whose logprobs a request wants.
 #include <functional>
 #include <optional>
@@ -11,7 +11,7 @@
 
 #include "kernels/backend.h"
 #include "model/kv_cache.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "sched/scheduler.h"
 #include "sparsity/stream_policy.h"
 #include "speculative/self_sparse_view.h"
@@ -21,7 +21,7 @@ namespace sieve::engine {
 class ModelRunner {
  public:
   // cache: allocated on model.backend(), where the model runs.
-  ModelRunner(const model::LlamaModel& model, model::KvCache& cache, const kv::KvManager& kv)
+  ModelRunner(const model::Model& model, model::KvCache& cache, const kv::KvManager& kv)
       : model_(model), cache_(cache), kv_(kv) {}
 
   // What a sequence's sparsity controller asks of this step's rows (streams of their own only).
@@ -69,7 +69,7 @@ class ModelRunner {
   void apply(const kv::CompactionPlan& plan);
   void copy_slices(std::span<const kv::SliceMove> moves);
 
-  // Observation scores (model::LlamaModel::observe) of a sequence that has computed exactly
+  // Observation scores (model::Model::observe) of a sequence that has computed exactly
   // `tokens`: how much attention each key of each stream receives from the last `window` tokens'
   // rows.
   struct ObservationScores {
@@ -82,7 +82,7 @@ class ModelRunner {
   };
   const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens,
                                    int32_t window);
-  // The keys of its streams over its first num_positions positions (model::LlamaModel::
+  // The keys of its streams over its first num_positions positions (model::Model::
   // read_keys), laid out as observe's scores with head_dim floats per key.
   const ObservationScores& read_keys(sched::SeqId seq, int32_t num_positions);
 
@@ -110,7 +110,7 @@ class ModelRunner {
                                         std::vector<SliceSummaries>& summaries, size_t stream_idx,
                                         const model::KvStream& stream, int32_t num_written);
 
-  const model::LlamaModel& model_;
+  const model::Model& model_;
   model::KvCache& cache_;
   const kv::KvManager& kv_;
   ObservationScores scores_;

@@ -13,7 +13,7 @@
 #include "engine/sample.h"
 #include "engine/sampler.h"
 #include "kv/kv_manager.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "sched/scheduler.h"
 #include "tokenizer/tokenizer.h"
 

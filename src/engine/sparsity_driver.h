@@ -22,7 +22,7 @@
 #include "engine/model_runner.h"
 #include "engine/sample.h"
 #include "kv/kv_manager.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "sched/scheduler.h"
 #include "sparsity/controller.h"
 #include "sparsity/policy_spec.h"

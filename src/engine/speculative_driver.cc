@@ -20,14 +20,14 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-std::shared_ptr<const model::LlamaModel> SpeculativeDriver::load_draft_model(
-    const EngineConfig& config, const model::LlamaModel& target, const tok::Tokenizer& tokenizer) {
+std::shared_ptr<const model::Model> SpeculativeDriver::load_draft_model(
+    const EngineConfig& config, const model::Model& target, const tok::Tokenizer& tokenizer) {
   if (config.speculative.method != speculative::Method::kDraftModel) return nullptr;
   return DraftModelProposer::load(config.speculative.model, target, tokenizer, config.model_path);
 }
 
 SpeculativeDriver::SpeculativeDriver(const EngineConfig& config, const model::ModelConfig& target,
-                                     std::shared_ptr<const model::LlamaModel> draft_model,
+                                     std::shared_ptr<const model::Model> draft_model,
                                      int32_t num_pages, sched::Scheduler& scheduler,
                                      ModelRunner& runner)
     : config_(config), target_(target), scheduler_(scheduler), runner_(runner) {

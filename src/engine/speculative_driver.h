@@ -25,7 +25,7 @@
 #include "engine/sample.h"
 #include "engine/sampler.h"
 #include "kv/kv_manager.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "sched/scheduler.h"
 #include "speculative/speculative_config.h"
 #include "speculative/step_cost.h"
@@ -46,12 +46,12 @@ struct SpeculativeStats {
 class SpeculativeDriver {
  public:
   // draft_model's drafter, when config.speculative names one (null otherwise).
-  static std::shared_ptr<const model::LlamaModel> load_draft_model(const EngineConfig& config,
-                                                                   const model::LlamaModel& target,
-                                                                   const tok::Tokenizer& tokenizer);
+  static std::shared_ptr<const model::Model> load_draft_model(const EngineConfig& config,
+                                                              const model::Model& target,
+                                                              const tok::Tokenizer& tokenizer);
   // `draft_model` (may be null) gets a pool of `num_pages`, mirroring the target's.
   SpeculativeDriver(const EngineConfig& config, const model::ModelConfig& target,
-                    std::shared_ptr<const model::LlamaModel> draft_model, int32_t num_pages,
+                    std::shared_ptr<const model::Model> draft_model, int32_t num_pages,
                     sched::Scheduler& scheduler, ModelRunner& runner);
 
   // Throws sieve::Error naming the problem if `speculative` cannot run on this engine (a

@@ -9,8 +9,7 @@
 
 namespace sieve::eval {
 
-sparsity::CalibrationProfile calibrate(const model::LlamaModel& model,
-                                       const std::string& model_name,
+sparsity::CalibrationProfile calibrate(const model::Model& model, const std::string& model_name,
                                        std::span<const std::vector<int32_t>> prompts,
                                        const CalibrationConfig& config) {
   const model::ModelConfig& c = model.config();

@@ -3,7 +3,7 @@
 // prompts, as the calibration profile lserve and heads:...@profile=F read (sparsity/calibration.h).
 //
 // Per prompt: one dense forward pass over the prompt, then the observation scores of its last
-// `observation_rows` rows (LlamaModel::observe: attention mass per key, summed over the rows and
+// `observation_rows` rows (Model::observe: attention mass per key, summed over the rows and
 // the KV head's query heads), then sparsity::streaming_score() = the share of that mass on the
 // first `num_sinks` and the last `window` tokens. A head's score is the mean over the prompts.
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/model.h"
 #include "sparsity/calibration.h"
 
 namespace sieve::eval {
@@ -23,8 +23,7 @@ struct CalibrationConfig {
 };
 
 // prompts: token ids, each at least 2 tokens and shorter than the context. Throws sieve::Error.
-sparsity::CalibrationProfile calibrate(const model::LlamaModel& model,
-                                       const std::string& model_name,
+sparsity::CalibrationProfile calibrate(const model::Model& model, const std::string& model_name,
                                        std::span<const std::vector<int32_t>> prompts,
                                        const CalibrationConfig& config);
 

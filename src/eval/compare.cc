@@ -7,7 +7,7 @@
 
 namespace sieve::eval {
 
-GreedyRun run_greedy(const model::LlamaModel& model, std::span<const int32_t> prompt,
+GreedyRun run_greedy(const model::Model& model, std::span<const int32_t> prompt,
                      int32_t num_tokens) {
   GreedyRun run;
   engine::GenerateOptions options{.max_tokens = num_tokens, .sampling = {.temperature = 0.0f}};
@@ -19,8 +19,7 @@ GreedyRun run_greedy(const model::LlamaModel& model, std::span<const int32_t> pr
   return run;
 }
 
-ModelAgreement compare_models(const model::LlamaModel& reference,
-                              const model::LlamaModel& candidate,
+ModelAgreement compare_models(const model::Model& reference, const model::Model& candidate,
                               const std::vector<std::vector<int32_t>>& prompts,
                               int32_t num_tokens) {
   ModelAgreement agreement;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/model.h"
 
 namespace sieve::eval {
 
@@ -22,8 +22,7 @@ struct ModelAgreement {
   }
 };
 
-ModelAgreement compare_models(const model::LlamaModel& reference,
-                              const model::LlamaModel& candidate,
+ModelAgreement compare_models(const model::Model& reference, const model::Model& candidate,
                               const std::vector<std::vector<int32_t>>& prompts, int32_t num_tokens);
 
 // Greedy continuation of `prompt` (num_tokens tokens) with all the logits it saw.
@@ -31,7 +30,7 @@ struct GreedyRun {
   std::vector<int32_t> tokens;
   std::vector<float> logits;  // [num_tokens][vocab]
 };
-GreedyRun run_greedy(const model::LlamaModel& model, std::span<const int32_t> prompt,
+GreedyRun run_greedy(const model::Model& model, std::span<const int32_t> prompt,
                      int32_t num_tokens);
 
 }  // namespace sieve::eval

@@ -126,7 +126,7 @@ std::vector<int32_t> bench_prompt(int64_t vocab_size, int32_t length, uint64_t i
   return prompt;
 }
 
-ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaModel>& model,
+ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::Model>& model,
                                      const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                                      const EngineBenchConfig& config, int32_t concurrency) {
   check_config(config);
@@ -199,7 +199,7 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaMod
   return point;
 }
 
-DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
+DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                          const EngineBenchConfig& config, int32_t depth, const std::string& policy,
                          const speculative::SpeculativeConfig* speculative) {
@@ -285,7 +285,7 @@ DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
   return point;
 }
 
-EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel>& model,
+EngineBenchResult run_engine_bench(const std::shared_ptr<const model::Model>& model,
                                    const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                                    const EngineBenchConfig& config,
                                    const EngineBenchProgress& progress) {

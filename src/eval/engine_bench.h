@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/model.h"
 #include "sparsity/calibration.h"
 #include "speculative/speculative_config.h"
 #include "tokenizer/tokenizer.h"
@@ -109,10 +109,10 @@ struct EngineBenchResult {
 // different for every index, the same on every run.
 std::vector<int32_t> bench_prompt(int64_t vocab_size, int32_t length, uint64_t index);
 
-ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::LlamaModel>& model,
+ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::Model>& model,
                                      const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                                      const EngineBenchConfig& config, int32_t concurrency);
-DepthPoint measure_depth(const std::shared_ptr<const model::LlamaModel>& model,
+DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                          const EngineBenchConfig& config, int32_t depth,
                          const std::string& policy = "full",
@@ -123,7 +123,7 @@ struct EngineBenchProgress {
   std::function<void(const ConcurrencyPoint&)> on_concurrency;
   std::function<void(const DepthPoint&)> on_depth;
 };
-EngineBenchResult run_engine_bench(const std::shared_ptr<const model::LlamaModel>& model,
+EngineBenchResult run_engine_bench(const std::shared_ptr<const model::Model>& model,
                                    const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                                    const EngineBenchConfig& config,
                                    const EngineBenchProgress& progress = {});

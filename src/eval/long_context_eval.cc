@@ -70,7 +70,7 @@ NeedleOutcome score(const NeedleCase& c, const EvalOutput& out, const tok::Token
 // Runs one setting's cases on an engine of its own. Dense: per haystack (length, case_idx) the
 // case whose asked needle is deepest goes first, so the others find their prompt up to their
 // needle in the prefix cache; a sparse prompt compressed once keeps its pages private anyway.
-std::vector<EvalOutput> run_setting(std::shared_ptr<const model::LlamaModel> model,
+std::vector<EvalOutput> run_setting(std::shared_ptr<const model::Model> model,
                                     std::shared_ptr<const tok::Tokenizer> tokenizer,
                                     const std::vector<NeedleCase>& cases,
                                     const std::vector<std::string>& policies,
@@ -202,7 +202,7 @@ double NeedleResult::accuracy_at(int32_t length) const {
   return num_cases ? static_cast<double>(num_exact) / num_cases : 0.0;
 }
 
-LongContextRun run_long_context_eval(std::shared_ptr<const model::LlamaModel> model,
+LongContextRun run_long_context_eval(std::shared_ptr<const model::Model> model,
                                      std::shared_ptr<const tok::Tokenizer> tokenizer,
                                      const std::string& haystack, const LongContextConfig& config,
                                      const std::function<void(const NeedleResult&)>& on_result) {

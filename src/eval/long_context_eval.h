@@ -19,7 +19,7 @@
 
 #include "eval/needle_task.h"
 #include "eval/sparsity_eval.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "sparsity/calibration.h"
 #include "tokenizer/tokenizer.h"
 
@@ -101,7 +101,7 @@ struct LongContextRun {
 // context cannot hold with its answer, an unknown policy family, or a task it cannot make.
 // `on_result` sees each setting as it finishes.
 LongContextRun run_long_context_eval(
-    std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+    std::shared_ptr<const model::Model> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
     const std::string& haystack, const LongContextConfig& config,
     const std::function<void(const NeedleResult&)>& on_result = {});
 

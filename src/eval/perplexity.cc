@@ -8,7 +8,7 @@
 
 namespace sieve::eval {
 
-PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int32_t> tokens,
+PerplexityResult perplexity(const model::Model& model, std::span<const int32_t> tokens,
                             int32_t bos_id, int64_t context,
                             const std::function<void(const PerplexityResult&)>& on_chunk) {
   const model::ModelConfig& config = model.config();

@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/model.h"
 
 namespace sieve::eval {
 
@@ -25,7 +25,7 @@ struct PerplexityResult {
 
 // `tokens` is the whole tokenized text (BOS first). Throws sieve::Error when there is not one
 // full chunk or context is not in [4, model context].
-PerplexityResult perplexity(const model::LlamaModel& model, std::span<const int32_t> tokens,
+PerplexityResult perplexity(const model::Model& model, std::span<const int32_t> tokens,
                             int32_t bos_id, int64_t context,
                             const std::function<void(const PerplexityResult&)>& on_chunk = {});
 

@@ -82,7 +82,7 @@ std::vector<Case> make_cases(const std::vector<TokenId>& text, TokenId bos,
   return cases;
 }
 
-std::vector<EvalOutput> run_cases(std::shared_ptr<const model::LlamaModel> model,
+std::vector<EvalOutput> run_cases(std::shared_ptr<const model::Model> model,
                                   std::shared_ptr<const tok::Tokenizer> tokenizer,
                                   const std::vector<Case>& cases,
                                   const std::vector<std::string>& policies,
@@ -211,7 +211,7 @@ std::string policy_for_setting(const PolicySetting& setting, int32_t prompt_len,
 }
 
 std::vector<PolicyFidelity> run_sparsity_eval(
-    std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+    std::shared_ptr<const model::Model> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
     const std::string& text, const SparsityEvalConfig& config,
     const std::function<void(const PolicyFidelity&)>& on_result) {
   const tok::Vocab& vocab = tokenizer->vocab();

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "sparsity/calibration.h"
 #include "tokenizer/tokenizer.h"
 
@@ -106,7 +106,7 @@ std::string policy_for_setting(const PolicySetting& setting, int32_t prompt_len,
 // `on_result` as each setting finishes. The first result is the dense f32 baseline (the
 // reference); with another kv_dtype the second is "full" in that dtype.
 std::vector<PolicyFidelity> run_sparsity_eval(
-    std::shared_ptr<const model::LlamaModel> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+    std::shared_ptr<const model::Model> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
     const std::string& text, const SparsityEvalConfig& config,
     const std::function<void(const PolicyFidelity&)>& on_result = {});
 

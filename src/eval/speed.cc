@@ -95,7 +95,7 @@ uint64_t layer_matmul_params(const model::Weights& weights) {
   return total;
 }
 
-ModelSpeed measure_model_speed(const model::LlamaModel& model, int64_t prompt_tokens,
+ModelSpeed measure_model_speed(const model::Model& model, int64_t prompt_tokens,
                                int64_t decode_tokens, ReadBandwidthProbe* probe, int rounds) {
   const int64_t vocab = model.config().vocab_size;
   std::vector<int32_t> prompt(prompt_tokens);

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/model.h"
 
 namespace sieve {
 class ThreadPool;
@@ -66,7 +66,7 @@ uint64_t layer_matmul_params(const model::Weights& weights);
 // One prompt of `prompt_tokens` tokens in a single batch, then `decode_tokens` single-token
 // steps (greedy). Prompt ids are drawn deterministically from the vocabulary. With `probe`, the
 // decode steps run in `rounds` rounds between probe passes (not counted in the decode time).
-ModelSpeed measure_model_speed(const model::LlamaModel& model, int64_t prompt_tokens,
+ModelSpeed measure_model_speed(const model::Model& model, int64_t prompt_tokens,
                                int64_t decode_tokens, ReadBandwidthProbe* probe = nullptr,
                                int rounds = 1);
 

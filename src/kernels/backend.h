@@ -7,7 +7,7 @@
 //
 // Which backend runs is chosen once, when the model is loaded (model::LoadOptions::backend, a
 // BackendOptions; the CLI's --device and --threads): make_backend() builds it, the model prepares
-// its weights on it and keeps it (LlamaModel::backend()), and everyone who runs the model (the
+// its weights on it and keeps it (Model::backend()), and everyone who runs the model (the
 // engine, eval, the CLI's bench and perplexity) runs on that one, so no code above src/model
 // names a backend.
 //
@@ -33,7 +33,7 @@
 //   structs are host memory, read during the call; a device backend uploads what it needs.
 // - A DeviceBuffer is owned by whoever holds it and must not outlive its backend. Weight views
 //   returned by prepare_weights() stay valid as long as the backend and the original view do
-//   (model::LlamaModel holds the backend its weights were prepared on). Backends that share a
+//   (model::Model holds the backend its weights were prepared on). Backends that share a
 //   memory read each other's buffers and views: every CPU backend and the reference read host
 //   memory, so a model prepared on one CPU backend runs on another (the engine's, on its pool).
 // - Ops return when their results may be read by the next op or by download(); a device backend

@@ -32,10 +32,11 @@
 // Before storing / attending, the model (llama.cc) transforms each key and query head, q·k
 // changing only by a per-query constant (softmax, SnapKV's probabilities and Quest's ranking
 // unchanged; no bytes stored):
-//   1. static smoothing, per (layer, kv head, channel), measured once (when the model first
-//      gets a q8 / q4 cache) from one f32 forward pass: k_c <- (k_c - mu_c) / s_c, q_c <- q_c *
-//      s_c, s_c = sqrt(sd(k_c) / rms(q_c)) shared by a RoPE pair (KVQuant / KIVI find key outliers
-//      per channel; QServe's SmoothAttention; the mean removal is exact under softmax);
+//   1. static smoothing, per (layer, kv head, channel), measured once per model (when it first
+//      gets a q8 / q4 cache) from one f32 forward pass and carried by the cache (key_smoothing.h):
+//      k_c <- (k_c - mu_c) / s_c, q_c <- q_c * s_c, s_c = sqrt(sd(k_c) / rms(q_c)) shared by a RoPE
+//      pair (KVQuant / KIVI find key outliers per channel; QServe's SmoothAttention; the mean
+//      removal is exact under softmax);
 //   2. a normalized Walsh–Hadamard rotation, which spreads what is left over the group.
 // Values are stored as they are. No residual window: a page's newest rows are quantized when
 // written, like the rest.
@@ -67,9 +68,11 @@
 // backend call (store_kv_rows, copy), so the host never touches them. The backend must outlive
 // the cache.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -78,6 +81,8 @@
 #include "model/config.h"
 
 namespace sieve::model {
+
+class KeySmoothing;
 
 // The element type K and V are stored in unless a caller asks otherwise. kF16 halves the bytes
 // every decode step reads per attended key (decode at long contexts is bound by them), but its
@@ -115,6 +120,12 @@ class KvCache {
   int32_t num_pages() const { return num_pages_; }
   int32_t page_size() const { return page_size_; }
   kernels::DType dtype() const { return dtype_; }
+  // q8 / q4: the key smoothing the keys are stored with (key_smoothing.h), set by the model
+  // before the first keys are written (Model::prepare_cache); null until then and for f32 / f16.
+  const KeySmoothing* key_smoothing() const { return key_smoothing_.get(); }
+  void set_key_smoothing(std::shared_ptr<const KeySmoothing> smoothing) {
+    key_smoothing_ = std::move(smoothing);
+  }
 
   // Writes one token's K and V ([num_kv_heads][head_dim] each, backend memory) for `layer` at
   // `position`.
@@ -167,6 +178,7 @@ class KvCache {
   kernels::DType dtype_;
   int64_t head_stride_, page_stride_, layer_stride_;  // in elements
   kernels::DeviceBuffer keys_, values_;  // row_bytes(dtype_, num_layers * layer_stride) bytes
+  std::shared_ptr<const KeySmoothing> key_smoothing_;
 };
 
 struct KvCache::Single {

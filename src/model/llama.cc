@@ -14,18 +14,15 @@
 #include "kernels/attention_scores.h"
 #include "kernels/paged_attention.h"
 #include "kernels/ops.h"
+#include "model/llama_internal.h"
 #include "util/error.h"
 
 namespace sieve::model {
 
-namespace {
+using detail::grow;
+using detail::rotates_keys;
 
-// Grows `buffer` (backend memory) to hold at least `floats` floats; its contents are scratch.
-float* grow(kernels::Backend& backend, kernels::DeviceBuffer& buffer, int64_t floats) {
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(floats, 1)) * sizeof(float);
-  if (buffer.bytes() < bytes) buffer = backend.allocate(std::max(bytes, buffer.bytes() * 3 / 2));
-  return buffer.as<float>();
-}
+namespace {
 
 // A block-quantized KV cache (q8 / q4, kv_cache.h) stores keys rotated by a normalized
 // Walsh–Hadamard transform (kernels::rotate_heads), and the queries that read them are rotated
@@ -36,7 +33,6 @@ float* grow(kernels::Backend& backend, kernels::DeviceBuffer& buffer, int64_t fl
 // dividing head_dim (a multiple of 32 there, so >= 32): the whole head at 64 or 128, blocks of
 // 32 at 96. The rotation follows the key smoothing below. f32 / f16 caches are neither smoothed
 // nor rotated (their outputs stay bit for bit).
-bool rotates_keys(const KvCache& cache) { return kernels::is_block_kv_dtype(cache.dtype()); }
 int64_t rotation_size(int64_t head_dim) { return head_dim & -head_dim; }
 
 // Key smoothing (before the rotation, on q8 / q4 caches only, like it): per layer, kv head and
@@ -49,7 +45,7 @@ int64_t rotation_size(int64_t head_dim) { return head_dim & -head_dim; }
 // shared by a RoPE pair and normalised to geometric mean 1 per head, balances the rounding
 // error of k against the weight q gives it (SmoothQuant's alpha = 0.5; QServe's SmoothAttention
 // scales keys alike). mu and s are measured once, when the first q8 / q4 cache is used or an
-// engine makes one (ensure_key_smoothing: measure_key_smoothing), from a forward
+// engine makes one (prepare_cache: measure_key_smoothing), from a forward
 // pass over kSmoothingTokens pseudo-random tokens with an f32 cache. copy-lm, K alone
 // quantized (V and Q exact), rotated: top-1 0.70 -> 0.82 (q4), 0.980 -> 0.992 (q8, with V q8).
 // Cost: one f32 prefill of kSmoothingTokens (copy-lm's whole q4 cache, mean KL: 64 tokens
@@ -178,21 +174,28 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights,
   token_embd_ = tied ? output_ : b.prepare_lookup_table(weights_.token_embd);
 }
 
-void LlamaModel::ensure_key_smoothing() const {
-  // Measuring writes smoothing_ and the layers' pointers into it: setup that belongs to
-  // construction, deferred to the first use on a quantized cache (the model object itself is
-  // never const; the engine holds it through a pointer to const).
-  std::call_once(smoothing_measured_,
-                 [this] { const_cast<LlamaModel*>(this)->measure_key_smoothing(); });
+void LlamaModel::prepare_cache(KvCache& cache) const {
+  if (rotates_keys(cache) && !cache.key_smoothing()) cache.set_key_smoothing(key_smoothing());
 }
 
-void LlamaModel::measure_key_smoothing() {
+std::shared_ptr<const KeySmoothing> LlamaModel::key_smoothing() const {
+  std::call_once(smoothing_measured_, [this] { smoothing_ = measure_key_smoothing(); });
+  return smoothing_;
+}
+
+std::shared_ptr<const KeySmoothing> LlamaModel::measure_key_smoothing() const {
   kernels::Backend& b = *backend_;
   const ModelConfig& c = config_;
   const int64_t head_dim = c.head_dim, nkv = c.num_kv_heads, group = c.group_size();
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
   const auto n = static_cast<int32_t>(std::min<int64_t>(kSmoothingTokens, c.context_length));
-  if (n < 2) return;
+  const int64_t per_layer = 2 * kv_dim + q_dim;  // key_shift, key_scale, query_scale
+  if (n < 2) {                                   // nothing to measure on: no shift, unit scales
+    std::vector<float> identity(static_cast<size_t>(c.num_layers * per_layer), 1.0f);
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      std::fill_n(identity.begin() + l * per_layer, kv_dim, 0.0f);
+    return std::make_shared<const KeySmoothing>(b, c.num_layers, kv_dim, q_dim, identity);
+  }
   auto [cache, block_table] = KvCache::for_one_sequence(b, c, n, 16, kernels::DType::kF32);
   Batch batch;
   batch.begin_sequence(block_table);
@@ -224,7 +227,6 @@ void LlamaModel::measure_key_smoothing() {
   forward(batch, cache, scratch, logits);
 
   // Per layer: key_shift [kv_dim], key_scale [kv_dim], query_scale [q_dim].
-  const int64_t per_layer = 2 * kv_dim + q_dim;
   std::vector<float> host(static_cast<size_t>(c.num_layers * per_layer));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     float* shift = host.data() + l * per_layer;
@@ -276,15 +278,7 @@ void LlamaModel::measure_key_smoothing() {
       }
     }
   }
-  smoothing_ = b.allocate(host.size() * sizeof(float));
-  b.upload(smoothing_.data(), host.data(), host.size() * sizeof(float));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const float* at = smoothing_.as<const float>() + l * per_layer;
-    DeviceLayer& d = layers_[static_cast<size_t>(l)];
-    d.key_shift = at;
-    d.key_scale = at + kv_dim;
-    d.query_scale = at + 2 * kv_dim;
-  }
+  return std::make_shared<const KeySmoothing>(b, c.num_layers, kv_dim, q_dim, host);
 }
 
 std::string LlamaModel::fingerprint() const {
@@ -412,9 +406,9 @@ void LlamaModel::reserve(kernels::Backend& backend, int64_t n, ForwardScratch& s
   if (fused > 0) grow(backend, s.fused, n * fused);
 }
 
-void LlamaModel::project_qkv(kernels::Backend& backend, const DeviceLayer& w, int64_t n,
-                             const int32_t* positions, bool with_kv, bool rotate,
-                             ForwardScratch& s) const {
+void LlamaModel::project_qkv(kernels::Backend& backend, const DeviceLayer& w, int64_t layer,
+                             int64_t n, const int32_t* positions, bool with_kv,
+                             const KeySmoothing* smoothing, ForwardScratch& s) const {
   const ModelConfig& c = config_;
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), head_dim = c.head_dim;
   float* q = s.q.as<float>();
@@ -443,16 +437,18 @@ void LlamaModel::project_qkv(kernels::Backend& backend, const DeviceLayer& w, in
     if (bias) backend.add_bias(bias, {x, dim}, n, dim);
     if (head_norm) backend.rmsnorm(x, head_norm, c.rms_eps, x, n * num_heads, head_dim);
     backend.rope(rope_, row_positions, {x, dim}, num_heads);
-    if (rotate && shift) backend.add_bias(shift, {x, dim}, n, dim);
-    if (rotate && scale) backend.scale_columns(scale, {x, dim}, n, dim);
-    if (rotate) {
-      const int64_t group = rotation_size(head_dim);
-      backend.rotate_heads({x, dim}, n, dim / group, group);
-    }
+    if (!smoothing) return;
+    if (shift) backend.add_bias(shift, {x, dim}, n, dim);
+    backend.scale_columns(scale, {x, dim}, n, dim);
+    const int64_t group = rotation_size(head_dim);
+    backend.rotate_heads({x, dim}, n, dim / group, group);
   };
-  finish(q, q_dim, w.bq, w.q_norm, c.num_heads, nullptr, w.query_scale);
+  finish(q, q_dim, w.bq, w.q_norm, c.num_heads, nullptr,
+         smoothing ? smoothing->query_scale(layer) : nullptr);
   if (!with_kv) return;
-  finish(k, kv_dim, w.bk, w.k_norm, c.num_kv_heads, w.key_shift, w.key_scale);
+  finish(k, kv_dim, w.bk, w.k_norm, c.num_kv_heads,
+         smoothing ? smoothing->key_shift(layer) : nullptr,
+         smoothing ? smoothing->key_scale(layer) : nullptr);
   if (w.bv) backend.add_bias(w.bv, {v, kv_dim}, n, kv_dim);
 }
 
@@ -515,12 +511,13 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ForwardScratch& s,
          .out = stream_outputs ? &(*stream_outputs)[&seq - batch.sequences.data()] : nullptr});
   }
 
-  if (rotates_keys(cache)) ensure_key_smoothing();
+  prepare_cache(cache);
   s.kv_offsets.resize(static_cast<size_t>(n * c.num_kv_heads));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& w = layers_[l];
     backend.rmsnorm(x, w.attn_norm, c.rms_eps, norm, n, dim);
-    project_qkv(backend, w, n, batch.positions.data(), /*with_kv=*/true, rotates_keys(cache), s);
+    project_qkv(backend, w, l, n, batch.positions.data(), /*with_kv=*/true, cache.key_smoothing(),
+                s);
     if (s.on_projected) s.on_projected(l, n);
     // Every new token's K/V, row (token t, kv head h) of s.k / s.v: one store per K and V.
     for (const BatchSequence& seq : batch.sequences) {
@@ -551,397 +548,6 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ForwardScratch& s,
   backend.matmul(output_, rows, num_out, out);
   logits.resize(static_cast<size_t>(num_out * c.vocab_size));
   backend.download(logits.data(), out, logits.size() * sizeof(float));
-}
-
-// Per layer, one paged_attention_batch() over every sequence (and, for streams of their own,
-// every KV head): the backend decides how to spread them over its threads. Around it, host
-// work on integers only, and these backend steps:
-//   1. streams of their own: gather each KV head's query heads (s.q -> s.q_group);
-//   2. Quest rows that choose: page_upper_bounds of their slices (-> s.bounds), downloaded;
-//      the host picks the slices;
-//   3. the attention jobs, with their observation passes (attention weights, scores);
-//   4. streams of their own: outputs back (s.out_group -> s.attn); attention weights asked for
-//      downloaded into the sequence's StreamOutputs.
-void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows> sequences,
-                        int64_t layer, const KvCache& cache, ForwardScratch& s,
-                        float* scores) const {
-  const ModelConfig& c = config_;
-  const int64_t head_dim = c.head_dim, q_dim = c.q_dim(), nkv = c.num_kv_heads;
-  const int64_t group = c.num_heads / nkv, group_floats = group * head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const int64_t first_stream = layer * nkv;
-  const int32_t page_size = cache.page_size();
-  const auto wants_attention = [&](const SequenceRows& seq, int64_t stream) {
-    return !seq.kv->want_attention.empty() && seq.kv->want_attention[stream] && seq.num_tokens == 1;
-  };
-  const auto need_output = [](const SequenceRows& seq) {
-    if (!seq.out) fail("attention weights or a Quest choice need an output to go to");
-  };
-  const auto chooses = [](const SequenceRows& seq, const KvStream& stream) {
-    return stream.selection && stream.selection->choose && seq.num_tokens == 1;
-  };
-  const auto num_summarized = [](const KvStream& stream) {
-    return std::min<int64_t>(stream.selection->num_summarized, std::ssize(stream.slices));
-  };
-  const auto stream_of = [&](const SequenceRows& seq, int64_t g) -> const KvStream& {
-    return seq.kv->streams[static_cast<size_t>(first_stream + g)];
-  };
-  // Keys each dense sequence's rows see.
-  const auto dense_keys = [](const SequenceRows& seq) {
-    return int64_t{seq.positions[seq.num_tokens - 1]} + 1;
-  };
-  const auto dense_wants = [&](const SequenceRows& seq) {
-    for (int64_t h = 0; h < nkv; ++h) {
-      if (wants_attention(seq, first_stream + h)) return true;
-    }
-    return false;
-  };
-
-  // Sizes of this layer's outputs, before any pointer into them is taken.
-  int64_t num_weights = 0, num_bounds = 0, num_own = 0, num_rows = 0;
-  for (const SequenceRows& seq : sequences) {
-    num_rows = std::max<int64_t>(num_rows, int64_t{seq.first_token} + seq.num_tokens);
-    if (seq.kv->shares_block_table()) {
-      if (dense_wants(seq)) num_weights += nkv * dense_keys(seq);
-      continue;
-    }
-    ++num_own;
-    for (int64_t g = 0; g < nkv; ++g) {
-      const KvStream& stream = stream_of(seq, g);
-      if (wants_attention(seq, first_stream + g)) num_weights += stream.num_keys;
-      if (chooses(seq, stream)) num_bounds += num_summarized(stream);
-    }
-  }
-  float* weights = num_weights > 0 ? grow(backend, s.weights, num_weights) : nullptr;
-  float* bounds = num_bounds > 0 ? grow(backend, s.bounds, num_bounds) : nullptr;
-  const float* q = s.q.as<const float>();
-  float* attn = s.attn.as<float>();
-  float* q_group = s.q_group.as<float>();
-  float* out_group = s.out_group.as<float>();
-  float* lse = s.lse.as<float>();
-  s.slices.resize(static_cast<size_t>(num_own * nkv));
-  s.positions.resize(static_cast<size_t>(num_rows * nkv));
-  s.row_ids.resize(static_cast<size_t>(num_rows * nkv));
-  // Stream g of a sequence starting at row f with nt rows: its query heads, outputs, LSE and
-  // positions at these offsets of s.q_group / s.out_group, s.lse, s.positions.
-  const auto group_at = [&](int64_t f, int64_t nt, int64_t g) {
-    return f * q_dim + g * nt * group_floats;
-  };
-
-  // 1. and 2.: each KV head's query heads of streams of their own; Quest's bounds.
-  int64_t own_idx = 0, bounds_at = 0;
-  for (const SequenceRows& seq : sequences) {
-    if (seq.kv->shares_block_table()) continue;
-    const int64_t f = seq.first_token, nt = seq.num_tokens;
-    // Row (f + i) * nkv + g of s.q, in rows of one group's heads, goes to row g * nt + i.
-    int32_t* ids = &s.row_ids[f * nkv];
-    for (int64_t g = 0; g < nkv; ++g) {
-      for (int64_t i = 0; i < nt; ++i) ids[g * nt + i] = static_cast<int32_t>((f + i) * nkv + g);
-    }
-    backend.gather_rows({q, group_floats}, std::span<const int32_t>(ids, nt * nkv),
-                        {q_group + f * q_dim, group_floats}, group_floats);
-    for (int64_t g = 0; g < nkv; ++g) {
-      const KvStream& stream = stream_of(seq, g);
-      if (!chooses(seq, stream)) continue;
-      // A one-head view whose "page" b is summary b.
-      SliceScratch& scratch = s.slices[static_cast<size_t>(own_idx * nkv + g)];
-      const int64_t num_blocks = num_summarized(stream);
-      scratch.slice_ids.resize(static_cast<size_t>(num_blocks));
-      for (int32_t b = 0; b < num_blocks; ++b) scratch.slice_ids[b] = b;
-      const kernels::PagedKv summary_view{.page_size = page_size,
-                                          .head_dim = head_dim,
-                                          .num_kv_heads = 1,
-                                          .block_table = scratch.slice_ids};
-      backend.page_upper_bounds(
-          summary_view, {.data = stream.selection->summaries, .page_stride = 2 * head_dim},
-          q_group + group_at(f, nt, g), group, num_blocks, bounds + bounds_at);
-      bounds_at += num_blocks;
-    }
-    ++own_idx;
-  }
-  if (num_bounds > 0) {
-    s.host_bounds.resize(static_cast<size_t>(num_bounds));
-    backend.download(s.host_bounds.data(), bounds, s.host_bounds.size() * sizeof(float));
-  }
-
-  // 3. One job per dense sequence, one per stream of the others.
-  s.jobs.clear();
-  s.observations.clear();
-  // At most two observations per job; reserved so that the jobs' spans into it stay put.
-  s.observations.reserve(static_cast<size_t>(2 * (std::ssize(sequences) + num_own * nkv)));
-  const auto observations_from = [&](size_t first) {
-    return std::span<const kernels::ObservationOutput>(s.observations.data() + first,
-                                                       s.observations.size() - first);
-  };
-  own_idx = 0;
-  bounds_at = 0;
-  int64_t weights_at = 0;
-  for (const SequenceRows& seq : sequences) {
-    const int64_t f = seq.first_token, nt = seq.num_tokens;
-    if (seq.kv->shares_block_table()) {
-      const size_t first_observation = s.observations.size();
-      // Every stream of the layer reads one block table: one job for all heads reads each page
-      // once, through all its heads.
-      const int64_t num_keys = dense_keys(seq);
-      const bool want = dense_wants(seq);
-      if (scores) s.observations.push_back({.num_keys = num_keys, .scores = scores});
-      if (want) {  // one extra pass over the row's keys, reusing its log-sum-exp
-        need_output(seq);
-        s.observations.push_back({.num_keys = num_keys, .scores = weights + weights_at});
-        weights_at += nkv * num_keys;
-      }
-      s.jobs.push_back({.kv = cache.layer_view(layer, seq.kv->block_table),
-                        .query = {.q = q + f * q_dim,
-                                  .positions = std::span<const int32_t>(seq.positions, nt),
-                                  .num_heads = c.num_heads,
-                                  .scale = scale,
-                                  .window = window()},
-                        .out = {.out = attn + f * q_dim,
-                                .row_lse = want || scores ? lse + f * c.num_heads : nullptr},
-                        .observations = observations_from(first_observation)});
-      continue;
-    }
-    // Streams of their own: each KV head has its own kept keys, so the query heads of one group
-    // ([nt][group][head_dim], gathered in step 1) attend against that stream alone.
-    float* head_scores = scores;  // each stream's after the ones before it in the layer
-    for (int64_t g = 0; g < nkv; ++g) {
-      const int64_t stream_idx = first_stream + g;
-      const KvStream& stream = stream_of(seq, g);
-      const size_t first_head_observation = s.observations.size();
-      int32_t* head_positions = &s.positions[f * nkv + g * nt];
-      for (int64_t i = 0; i < nt; ++i) head_positions[i] = seq.positions[i] - stream.num_dropped;
-      std::span<const int32_t> slices = stream.slices;
-      if (stream.selection && nt == 1) {
-        std::span<const float> slice_bounds;
-        if (chooses(seq, stream)) {
-          slice_bounds = std::span<const float>(s.host_bounds)
-                             .subspan(static_cast<size_t>(bounds_at),
-                                      static_cast<size_t>(num_summarized(stream)));
-          bounds_at += num_summarized(stream);
-        }
-        SliceScratch& scratch = s.slices[static_cast<size_t>(own_idx * nkv + g)];
-        slices = select_slices(stream, slice_bounds, scratch);
-        if (stream.selection->choose) {
-          need_output(seq);
-          seq.out->chosen_slices[static_cast<size_t>(stream_idx)] = scratch.chosen;
-        }
-        head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * page_size +
-                                                 (stream.num_keys - 1) % page_size);
-      }
-      const bool want = wants_attention(seq, stream_idx);
-      if (head_scores) {  // observation pass: every row's attention over this stream's keys
-        s.observations.push_back({.num_keys = stream.num_keys, .scores = head_scores});
-        head_scores += stream.num_keys;
-      }
-      if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
-        need_output(seq);
-        s.observations.push_back({.num_keys = stream.num_keys, .scores = weights + weights_at});
-        weights_at += stream.num_keys;
-      }
-      const bool need_lse = want || scores;
-      s.jobs.push_back(
-          {.kv = cache.slice_view(slices, stream.key_offset),
-           .query = {.q = q_group + group_at(f, nt, g),
-                     .positions = std::span<const int32_t>(head_positions, nt),
-                     .num_heads = group,
-                     .scale = scale,
-                     .window = window()},
-           .out = {.out = out_group + group_at(f, nt, g),
-                   .row_lse = need_lse ? lse + f * c.num_heads + g * nt * group : nullptr},
-           .observations = observations_from(first_head_observation)});
-    }
-    ++own_idx;
-  }
-  backend.paged_attention_batch(s.jobs);
-
-  // 4. Outputs of streams of their own back into attn; attention weights to the host.
-  weights_at = 0;
-  for (const SequenceRows& seq : sequences) {
-    const int64_t f = seq.first_token, nt = seq.num_tokens;
-    if (seq.kv->shares_block_table()) {
-      if (!dense_wants(seq)) continue;
-      const int64_t num_keys = dense_keys(seq);
-      for (int64_t h = 0; h < nkv; ++h) {
-        if (!wants_attention(seq, first_stream + h)) continue;
-        std::vector<float>& head = seq.out->attention[static_cast<size_t>(first_stream + h)];
-        head.resize(static_cast<size_t>(num_keys));
-        backend.download(head.data(), weights + weights_at + h * num_keys,
-                         head.size() * sizeof(float));
-      }
-      weights_at += nkv * num_keys;
-      continue;
-    }
-    // Row g * nt + i of out_group goes to row (f + i) * nkv + g of attn (rows of group_floats).
-    int32_t* ids = &s.row_ids[f * nkv];
-    for (int64_t i = 0; i < nt; ++i) {
-      for (int64_t g = 0; g < nkv; ++g) ids[i * nkv + g] = static_cast<int32_t>(g * nt + i);
-    }
-    backend.gather_rows({out_group + f * q_dim, group_floats},
-                        std::span<const int32_t>(ids, nt * nkv), {attn + f * q_dim, group_floats},
-                        group_floats);
-    for (int64_t g = 0; g < nkv; ++g) {
-      if (!wants_attention(seq, first_stream + g)) continue;
-      const KvStream& stream = stream_of(seq, g);
-      std::vector<float>& head = seq.out->attention[static_cast<size_t>(first_stream + g)];
-      head.resize(static_cast<size_t>(stream.num_keys));
-      backend.download(head.data(), weights + weights_at, head.size() * sizeof(float));
-      weights_at += stream.num_keys;
-    }
-  }
-}
-
-std::vector<int32_t> top_slices(std::span<const float> bounds, std::span<const int32_t> forced,
-                                int32_t top_k) {
-  const auto num_slices = static_cast<int32_t>(bounds.size());
-  std::vector<int32_t> chosen;
-  if (num_slices <= top_k) {
-    for (int32_t b = 0; b < num_slices; ++b) chosen.push_back(b);
-    return chosen;
-  }
-  std::vector<uint8_t> taken(bounds.size(), 0);
-  for (int32_t b : forced) {
-    if (b < 0 || b >= num_slices) fail("forced slice {} is outside the stream", b);
-    taken[b] = 1;
-  }
-  std::vector<int32_t> others;
-  for (int32_t b = 0; b < num_slices; ++b) (taken[b] ? chosen : others).push_back(b);
-  const auto room = std::max<int64_t>(0, top_k - std::ssize(chosen));
-  const auto better = [&](int32_t a, int32_t b) {
-    const bool a_nan = std::isnan(bounds[a]), b_nan = std::isnan(bounds[b]);
-    if (a_nan != b_nan) return b_nan;
-    if (!a_nan && bounds[a] != bounds[b]) return bounds[a] > bounds[b];
-    return a < b;
-  };
-  const auto take = std::min<int64_t>(room, std::ssize(others));
-  std::partial_sort(others.begin(), others.begin() + take, others.end(), better);
-  chosen.insert(chosen.end(), others.begin(), others.begin() + take);
-  std::sort(chosen.begin(), chosen.end());
-  return chosen;
-}
-
-// Quest: the slices one decode row of `stream` reads: a choice from `bounds` (one per
-// summarized slice; the newer ones count as +inf), or the choice it reuses. Every slice keeps
-// its place in key order, so the row sees the chosen keys in order and itself last: its
-// position among them is computed by the caller.
-std::span<const int32_t> LlamaModel::select_slices(const KvStream& stream,
-                                                   std::span<const float> bounds,
-                                                   SliceScratch& s) const {
-  const SliceSelection& selection = *stream.selection;
-  const auto num_slices = static_cast<int32_t>(stream.slices.size());
-  if (selection.choose) {
-    s.slice_bounds.assign(static_cast<size_t>(num_slices), std::numeric_limits<float>::infinity());
-    std::copy(bounds.begin(), bounds.end(), s.slice_bounds.begin());
-    s.chosen = top_slices(s.slice_bounds, selection.forced, selection.top_k);
-  } else {
-    s.chosen = selection.reuse;
-  }
-  if (s.chosen.empty() || s.chosen.back() != num_slices - 1)
-    fail("a Quest selection must read the newest slice");
-  if (std::ssize(s.chosen) == num_slices) return stream.slices;
-  s.read_slices.resize(s.chosen.size());
-  for (size_t i = 0; i < s.chosen.size(); ++i) {
-    const int32_t b = s.chosen[i];
-    if (b < 0 || b >= num_slices || (i > 0 && b <= s.chosen[i - 1]))
-      fail("a Quest selection must be ascending slice indices");
-    s.read_slices[i] = stream.slices[static_cast<size_t>(b)];
-  }
-  return s.read_slices;
-}
-
-void LlamaModel::observe_rows(std::span<const TokenId> window_tokens,
-                              std::span<const int32_t> window_positions, bool rotate,
-                              kernels::Backend& backend, ForwardScratch& s,
-                              const std::function<void(int64_t layer)>& attend_and_score) const {
-  const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(window_tokens.size());
-  if (n == 0 || static_cast<int64_t>(window_positions.size()) != n)
-    fail("observe needs window tokens and positions");
-  reserve(backend, n, s);
-  float* x = s.x.as<float>();
-  backend.get_rows(token_embd_, window_tokens, x);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const DeviceLayer& w = layers_[l];
-    backend.rmsnorm(x, w.attn_norm, c.rms_eps, s.norm.as<float>(), n, c.dim);
-    // Only Q: the window's K/V are in the cache already.
-    project_qkv(backend, w, n, window_positions.data(), /*with_kv=*/false, rotate, s);
-    attend_and_score(l);
-    if (l + 1 == c.num_layers) break;  // the last layer's output feeds nothing here
-    finish_layer(backend, w, n, s);
-  }
-}
-
-void LlamaModel::observe(std::span<const TokenId> window_tokens,
-                         std::span<const int32_t> window_positions, const SequenceKv& kv,
-                         const KvCache& cache, ForwardScratch& s,
-                         std::vector<float>& scores) const {
-  kernels::Backend& backend = *backend_;
-  const ModelConfig& c = config_;
-  if (window_positions.empty()) fail("observe needs window tokens and positions");
-  // Scores go stream after stream; a layer's streams are consecutive.
-  std::vector<size_t> layer_offsets(static_cast<size_t>(c.num_layers) + 1, 0);
-  if (kv.shares_block_table()) {
-    const int64_t num_keys = int64_t{window_positions.back()} + 1;
-    if (num_keys > static_cast<int64_t>(kv.block_table.size()) * cache.page_size())
-      fail("observe window is outside the block table");
-    for (int64_t l = 0; l < c.num_layers; ++l)
-      layer_offsets[l + 1] = layer_offsets[l] + static_cast<size_t>(c.num_kv_heads * num_keys);
-  } else {
-    if (static_cast<int64_t>(kv.streams.size()) != c.num_layers * c.num_kv_heads)
-      fail("observe: wrong stream count");
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      layer_offsets[l + 1] = layer_offsets[l];
-      for (int64_t h = 0; h < c.num_kv_heads; ++h)
-        layer_offsets[l + 1] += kv.streams[l * c.num_kv_heads + h].num_keys;
-    }
-  }
-  scores.assign(layer_offsets.back(), 0.0f);
-  size_t layer_floats = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    layer_floats = std::max(layer_floats, layer_offsets[l + 1] - layer_offsets[l]);
-  // One layer's scores in backend memory, downloaded after its attention.
-  float* layer_scores = grow(backend, s.scores, static_cast<int64_t>(layer_floats));
-  const SequenceRows rows{.kv = &kv,
-                          .first_token = 0,
-                          .num_tokens = static_cast<int32_t>(window_tokens.size()),
-                          .positions = window_positions.data()};
-  if (rotates_keys(cache)) ensure_key_smoothing();
-  observe_rows(window_tokens, window_positions, rotates_keys(cache), backend, s, [&](int64_t l) {
-    attend(backend, std::span<const SequenceRows>(&rows, 1), l, cache, s, layer_scores);
-    backend.download(scores.data() + layer_offsets[l], layer_scores,
-                     (layer_offsets[l + 1] - layer_offsets[l]) * sizeof(float));
-  });
-}
-
-void LlamaModel::read_keys(const SequenceKv& kv, int32_t num_positions, const KvCache& cache,
-                           ForwardScratch& s, std::vector<float>& keys) const {
-  kernels::Backend& backend = *backend_;
-  const ModelConfig& c = config_;
-  if (kv.shares_block_table() &&
-      num_positions > static_cast<int64_t>(kv.block_table.size()) * cache.page_size())
-    fail("read_keys: positions outside the block table");
-  if (!kv.shares_block_table() &&
-      static_cast<int64_t>(kv.streams.size()) != c.num_layers * c.num_kv_heads)
-    fail("read_keys: wrong stream count");
-  keys.clear();
-  // One view at a time through the scratch buffer: a layer's (shared table) or a stream's keys.
-  const auto read = [&](const kernels::PagedKv& view, int64_t num_keys) {
-    const int64_t floats = view.num_kv_heads * num_keys * c.head_dim;
-    float* buffer = grow(backend, s.scores, floats);
-    backend.gather_keys(view, num_keys, buffer);
-    const size_t at = keys.size();
-    keys.resize(at + static_cast<size_t>(floats));
-    backend.download(keys.data() + at, buffer, static_cast<size_t>(floats) * sizeof(float));
-  };
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (kv.shares_block_table()) {
-      read(cache.layer_view(l, kv.block_table), num_positions);
-      continue;
-    }
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      const KvStream& stream = kv.streams[static_cast<size_t>(l * c.num_kv_heads + h)];
-      read(cache.slice_view(stream.slices, stream.key_offset), stream.num_keys);
-    }
-  }
 }
 
 }  // namespace sieve::model

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "gguf/gguf.h"
+#include "model/llama.h"
 #include "util/error.h"
 
 namespace sieve::model {

@@ -1,12 +1,12 @@
 #pragma once
 // Loads a model and its tokenizer from a GGUF file, or from a llama2.c checkpoint plus its
-// tokenizer file. Both produce the same in-memory LlamaModel.
+// tokenizer file, as a Model (a LlamaModel for every family sieve runs today).
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
-#include "model/llama.h"
+#include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sieve::model {
@@ -19,7 +19,7 @@ struct LoadOptions {
   // rest and surfaces I/O errors before the server says it is ready.
   std::function<void(double fraction)> on_progress;
   // Where the model runs, chosen here once: the weights are prepared on this backend and every
-  // op runs on it (LlamaModel::backend()); whoever runs the model uses that one.
+  // op runs on it (Model::backend()); whoever runs the model uses that one.
   kernels::BackendOptions backend;
   // Set: the model runs on this backend instead of a new one made from `backend` (a draft model
   // beside its target, so the two share one set of worker threads and one memory).
@@ -29,7 +29,7 @@ struct LoadOptions {
 };
 
 struct LoadedModel {
-  std::shared_ptr<const LlamaModel> model;
+  std::shared_ptr<const Model> model;
   std::shared_ptr<const tok::Tokenizer> tokenizer;
   std::string name;                          // general.name, else the file name
   std::optional<std::string> chat_template;  // tokenizer.chat_template (GGUF only)

@@ -22,7 +22,7 @@ namespace {
 constexpr double kTolerance = 1e-4;
 
 // log_softmax of every position's logits, in double: [position][vocab].
-std::vector<std::vector<double>> reference_log_softmax(const model::LlamaModel& model,
+std::vector<std::vector<double>> reference_log_softmax(const model::Model& model,
                                                        const std::vector<TokenId>& prompt) {
   const model::ModelConfig& mc = model.config();
   auto [cache, block_table] =

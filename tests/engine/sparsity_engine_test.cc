@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "eval/calibration.h"
 #include "kv_dtype_cases.h"
+#include "model/llama.h"
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "shared_data.h"
@@ -115,7 +116,7 @@ bool keeps_everything(const std::string& policy) {
 }
 
 // A profile rating KV heads 0 and 2 of every layer the most streaming-like (lserve's f=0.5).
-std::shared_ptr<const sparsity::CalibrationProfile> profile_for(const model::LlamaModel& model) {
+std::shared_ptr<const sparsity::CalibrationProfile> profile_for(const model::Model& model) {
   auto profile = std::make_shared<sparsity::CalibrationProfile>();
   profile->model_name = "stories260K";
   profile->model_fingerprint = model.fingerprint();

@@ -1,8 +1,8 @@
 // The forward pass gives the same numbers on every backend: the CPU backend against the scalar
-// reference (kernels/backend.h), through each path of LlamaModel::forward and observe — prefill
-// and decode rows, sequences batched together, block tables and streams of their own, attention
-// weights handed back, Quest's slice choice, observation scores. The reference is slow: tiny
-// model, few tokens.
+// reference (kernels/backend.h), through each path of Model::forward and observe (LlamaModel) —
+// prefill and decode rows, sequences batched together, block tables and streams of their own,
+// attention weights handed back, Quest's slice choice, observation scores. The reference is slow:
+// tiny model, few tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,7 +36,7 @@ struct Outputs {
 Outputs run_on(const kernels::BackendOptions& backend) {
   const model::LoadedModel loaded = model::load_model(
       {.model_path = testing::shared_path("models/stories260K.gguf"), .backend = backend});
-  const model::LlamaModel& m = *loaded.model;
+  const model::Model& m = *loaded.model;
   model::KvCache cache(m.backend(), m.config(), 12, kPageSize);
   const kv::SliceShape shape = cache.slice_shape();
   const std::vector<std::vector<int32_t>> prompts = {

@@ -34,7 +34,7 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Logits of every position of `tokens`, fed one token per forward call.
-std::vector<float> token_by_token(const model::LlamaModel& m, const std::vector<int32_t>& tokens) {
+std::vector<float> token_by_token(const model::Model& m, const std::vector<int32_t>& tokens) {
   auto [cache, table] = model::KvCache::for_one_sequence(m.backend(), m.config(),
                                                          static_cast<int32_t>(tokens.size()));
   model::ForwardScratch scratch;
@@ -69,7 +69,7 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   // Chunk-by-chunk compression scores a compressed sequence through its per-(layer, KV head)
   // streams; with every key kept in place they must be the dense observation scores.
   model::LoadedModel loaded = load();
-  const model::LlamaModel& m = *loaded.model;
+  const model::Model& m = *loaded.model;
   kernels::Backend& backend = loaded.model->backend();
   std::vector<int32_t> tokens = loaded.tokenizer->encode(
       "Once upon a time there was a little girl named Lily. She liked to play outside in the park "
@@ -112,7 +112,7 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
 TEST(Observe, KeysReadThroughStreamsOrTheBlockTableAreTheCachesKeys) {
   // KV policies that score keys themselves (KeyDiff) read them per stream, in stream order.
   model::LoadedModel loaded = load();
-  const model::LlamaModel& m = *loaded.model;
+  const model::Model& m = *loaded.model;
   const model::ModelConfig& c = m.config();
   std::vector<int32_t> tokens = loaded.tokenizer->encode("Once upon a time there was a cat.");
   const auto n = static_cast<int32_t>(tokens.size());
@@ -382,7 +382,7 @@ TEST(Forward, RejectsPositionsOutsideTheBlockTableBadPagesAndBadTokens) {
 // computes exactly the same function.
 TEST(Forward, NeoxOrderingOnPermutedWeightsMatchesNormal) {
   model::LoadedModel loaded = load();
-  const model::LlamaModel& original = *loaded.model;
+  const model::Model& original = *loaded.model;
   model::ModelConfig config = original.config();
   model::Weights weights = original.weights();
   config.rope.ordering = model::RopeOrdering::kNeox;

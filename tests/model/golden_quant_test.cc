@@ -119,7 +119,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
   }
 
   model::LoadedModel loaded = model::load_model({path, ""});
-  const model::LlamaModel& model = *loaded.model;
+  const model::Model& model = *loaded.model;
   EXPECT_EQ(model.config().architecture, entry["arch"].get<std::string>());
 
   double ppl_change = 0.0;  // relative to llama.cpp's
