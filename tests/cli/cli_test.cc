@@ -12,29 +12,16 @@
 #include <iterator>
 #include <sstream>
 
+#include "cli/run_sieve.h"
 #include "shared_data.h"
 
 namespace sieve {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together when merge_stderr
-};
+using Result = testing::CliResult;
 
 Result run(const std::string& args, bool merge_stderr = false) {
-  std::string command =
-      std::string(SIEVE_BINARY_DIR) + "/sieve " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = ::popen(command.c_str(), "r");
-  Result result;
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.out.append(buffer.data(), n);
-  int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return testing::run_sieve(args, merge_stderr);
 }
 
 std::string model() { return testing::shared_path("models/stories260K.gguf"); }
