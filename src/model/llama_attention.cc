@@ -318,8 +318,8 @@ std::span<const int32_t> LlamaModel::select_slices(const KvStream& stream,
 
 void LlamaModel::observe_rows(std::span<const TokenId> window_tokens,
                               std::span<const int32_t> window_positions,
-                              const KeySmoothing* smoothing,
-                              kernels::Backend& backend, ForwardScratch& s,
+                              const KeySmoothing* smoothing, kernels::Backend& backend,
+                              ForwardScratch& s,
                               const std::function<void(int64_t layer)>& attend_and_score) const {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(window_tokens.size());

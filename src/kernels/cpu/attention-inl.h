@@ -1,3 +1,6 @@
+// One file above the ~800-line guideline on purpose: a Highway per-target kernel family that is
+// included once per target; its tile walk, online softmax and observation passes share state.
+//
 // Per-target paged attention kernels (FlashAttention-2 style). Included once per Highway target
 // (toggle guard). The work split is cpu/attention_plan.cc; the scalar reference is
 // paged_attention_ref.cc.

@@ -1,3 +1,6 @@
+// One file above the ~800-line guideline on purpose: a Highway per-target kernel family that is
+// included once per target, one kernel with the dtype as a policy.
+//
 // Per-target matmul kernels: y[i][r] = <w[r], x[i]> for a weight matrix w [rows][cols] in
 // any DType and activations x [num_x][cols]. Included once per Highway target (toggle guard).
 //

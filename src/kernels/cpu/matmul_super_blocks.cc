@@ -1,3 +1,7 @@
+// One file above the ~800-line guideline on purpose: a kernel family (six weight types sharing
+// one unpack-then-multiply scheme and its Highway per-target inclusion); split by type it would
+// repeat the scheme six times.
+//
 // matmul() for the super-block weight types (Q2_K .. Q6_K, IQ4_XS; decodings in
 // kernels/quant_super_blocks.h), per Highway target, driven by matmul-inl.h's Run()/RunRows().
 //
