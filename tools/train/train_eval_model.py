@@ -268,12 +268,14 @@ def prev_token_setup(model, cfg, embed_const, scale, pairs_weights):
 PAIRS_WEIGHTS = [0.299, 0.257, 0.061, 0.063, 0.025, 0.064, 0.027, 0.036, 0.022, 0.147]
 
 
-# Residual dimensions the wired circuit owns (dim 256); the other 131 are the language model's.
+# Residual dimensions the wired circuit owns (dim 256); the other 132 are the language model's.
 CONST = [0]
 CUR = list(range(1, 49))  # the token's own 48-dim code (fixed, +-CODE_SCALE)
-PREV1 = list(range(49, 63))  # code (first 14 dims) of the token one back
-PREV2 = list(range(63, 77))  # ... two back
-COPY = list(range(77, 125))  # code of the token the induction head copies
+MATCH_BITS = 9  # the first dims of CUR that the match compares (3 tokens x 9 fill the slow pairs)
+PREV1 = list(range(49, 58))  # code (first MATCH_BITS dims) of the token one back
+PREV2 = list(range(58, 67))  # ... two back
+PREV3 = list(range(67, 76))  # ... three back
+COPY = list(range(76, 124))  # code of the token the induction head copies
 CODE_SCALE = 4.0
 SLOW_FIRST_PAIR = 18  # RoPE pairs 18..31 turn under 0.3 rad over 32k positions at base 1e9
 
@@ -285,21 +287,24 @@ def wired_setup(model, cfg, seed, match_logit, copy_logit):
     within a CPU's few hundred steps failed: tools/train/README.md).
 
     - Every token's embedding carries a constant and a fixed random +-4 code in CUR.
-    - Layer 0, query heads 0 and 1 (KV head 0): positional heads peaking at t-1 and t-2 (key and
-      queries read only the constant; see prev_token_setup); their shared value is the first 14
-      dims of CUR; head 0 writes it to PREV1, head 1 to PREV2.
-    - Layer 1, query head 0 (KV head 0): the induction head. Query = [CUR[:14], PREV1], key =
-      [PREV1, PREV2], both only in the slowly rotating RoPE pairs, so it scores a two-token match
-      (the current and previous token against the key position's two predecessors) the same at
-      any distance; value = CUR, written to COPY; the output matrix reads COPY as each token's
-      code, so the copied token's logit rises by about copy_logit.
+    - Layer 0, query heads 0, 1 (KV head 0) and 2 (KV head 1): positional heads peaking at t-1,
+      t-2 and t-3 (keys and queries read only the constant; see prev_token_setup); their value is
+      the first MATCH_BITS dims of CUR; head 0 writes it to PREV1, head 1 to PREV2, head 2 to
+      PREV3.
+    - Layer 1, query head 0 (KV head 0): the induction head. Query = [CUR[:9], PREV1, PREV2],
+      key = [PREV1, PREV2, PREV3], all in the slowly rotating RoPE pairs, so it scores a
+      three-token match (the current and two previous tokens against the key position's three
+      predecessors) the same at any distance. Two tokens were not enough: subword pairs such as
+      ("ing", " can") recur in any long haystack, and at 4k the copy followed them about half the
+      time. Value = CUR, written to COPY; the output matrix reads COPY as each token's code, so
+      the copied token's logit rises by about copy_logit.
     - Nothing else writes to the reserved dimensions (those rows of every output projection and
       feed-forward down projection are held at zero); reading them is free.
     Returns (parameter, mask, value) triples: the masked entries are held at value."""
     g = torch.Generator().manual_seed(seed + 1000)
     codes = (torch.randint(0, 2, (cfg.vocab, len(CUR)), generator=g) * 2 - 1).float() * CODE_SCALE
     hd = cfg.head_dim
-    reserved = CONST + CUR + PREV1 + PREV2 + COPY
+    reserved = CONST + CUR + PREV1 + PREV2 + PREV3 + COPY
     held = []
 
     def hold(p, mask):
@@ -316,7 +321,7 @@ def wired_setup(model, cfg, seed, match_logit, copy_logit):
         # Nominal RMS at the layers' inputs: reserved energy dominates (free dims start ~0.02).
         free = cfg.dim - len(reserved)
         rms0 = math.sqrt((CODE_SCALE ** 2 * (1 + len(CUR)) + free * 0.02 ** 2) / cfg.dim)
-        rms1 = math.sqrt((CODE_SCALE ** 2 * (1 + len(CUR) + len(PREV1) + len(PREV2)) + free * 0.1 ** 2)
+        rms1 = math.sqrt((CODE_SCALE ** 2 * (1 + len(CUR) + 3 * MATCH_BITS) + free * 0.1 ** 2)
                          / cfg.dim)
         theta = cfg.rope_base ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         for li, blk in enumerate(model.blocks):
@@ -329,39 +334,41 @@ def wired_setup(model, cfg, seed, match_logit, copy_logit):
 
         b0 = model.blocks[0]
         n0 = CODE_SCALE / rms0
-        b0.wq.weight[0:2 * hd] = 0
-        b0.wk.weight[0:hd] = 0
-        b0.wv.weight[0:hd] = 0
+        b0.wq.weight[0:3 * hd] = 0
+        b0.wk.weight[0:2 * hd] = 0
+        b0.wv.weight[0:2 * hd] = 0
         for p, a in enumerate(PAIRS_WEIGHTS):
             amp = math.sqrt(200.0 * math.sqrt(hd) * a) / n0
-            b0.wq.weight[2 * p, CONST[0]] = amp  # head 0: peak at t-1
-            b0.wq.weight[hd + 2 * p, CONST[0]] = amp * math.cos(theta[p])  # head 1: t-2
-            b0.wq.weight[hd + 2 * p + 1, CONST[0]] = -amp * math.sin(theta[p])
-            b0.wk.weight[2 * p, CONST[0]] = amp * math.cos(theta[p])
-            b0.wk.weight[2 * p + 1, CONST[0]] = amp * math.sin(theta[p])
-        for i in range(len(PREV1)):
-            b0.wv.weight[i, CUR[i]] = 1.0  # value = CUR[:14] / rms0 * CODE_SCALE... scaled below
+            for head, back in ((0, 0), (1, 1), (2, 2)):  # query rotated `back` steps further: t-1-back
+                b0.wq.weight[head * hd + 2 * p, CONST[0]] = amp * math.cos(back * theta[p])
+                b0.wq.weight[head * hd + 2 * p + 1, CONST[0]] = -amp * math.sin(back * theta[p])
+            for kv in (0, 1):  # head 2 reads KV head 1: the same positional key
+                b0.wk.weight[kv * hd + 2 * p, CONST[0]] = amp * math.cos(theta[p])
+                b0.wk.weight[kv * hd + 2 * p + 1, CONST[0]] = amp * math.sin(theta[p])
+        for i in range(MATCH_BITS):
+            b0.wv.weight[i, CUR[i]] = 1.0  # value = CUR[:MATCH_BITS] (normalised; rms0 undoes it)
+            b0.wv.weight[hd + i, CUR[i]] = 1.0
             b0.wo.weight[PREV1[i], i] = rms0  # head 0 -> PREV1 (+-CODE_SCALE again)
             b0.wo.weight[PREV2[i], hd + i] = rms0  # head 1 -> PREV2
-        b0.wo.weight[PREV1 + PREV2, 2 * hd:] = 0
-        m = torch.zeros_like(b0.wq.weight); m[0:2 * hd] = 1; hold(b0.wq.weight, m)
-        m = torch.zeros_like(b0.wk.weight); m[0:hd] = 1; hold(b0.wk.weight, m)
-        m = torch.zeros_like(b0.wv.weight); m[0:hd] = 1; hold(b0.wv.weight, m)
-        m = torch.zeros_like(b0.wo.weight); m[:, 0:2 * hd] = 1; m[reserved, :] = 1; hold(b0.wo.weight, m)
+            b0.wo.weight[PREV3[i], 2 * hd + i] = rms0  # head 2 -> PREV3
+        b0.wo.weight[PREV1 + PREV2 + PREV3, 3 * hd:] = 0
+        m = torch.zeros_like(b0.wq.weight); m[0:3 * hd] = 1; hold(b0.wq.weight, m)
+        m = torch.zeros_like(b0.wk.weight); m[0:2 * hd] = 1; hold(b0.wk.weight, m)
+        m = torch.zeros_like(b0.wv.weight); m[0:2 * hd] = 1; hold(b0.wv.weight, m)
+        m = torch.zeros_like(b0.wo.weight); m[:, 0:3 * hd] = 1; m[reserved, :] = 1; hold(b0.wo.weight, m)
 
         b1 = model.blocks[1]
         slow = list(range(2 * SLOW_FIRST_PAIR, hd))
-        half = len(slow) // 2
-        # One matched 14-dim code adds match_logit: (a^2 * 14 * CODE_SCALE^2 / rms1^2) / sqrt(hd).
-        a = math.sqrt(match_logit * math.sqrt(hd) * rms1 ** 2 / (len(PREV1) * CODE_SCALE ** 2))
+        assert 3 * MATCH_BITS <= len(slow)
+        # One matched code adds match_logit: (a^2 * MATCH_BITS * CODE_SCALE^2 / rms1^2) / sqrt(hd).
+        a = math.sqrt(match_logit * math.sqrt(hd) * rms1 ** 2 / (MATCH_BITS * CODE_SCALE ** 2))
         b1.wq.weight[0:hd] = 0
         b1.wk.weight[0:hd] = 0
         b1.wv.weight[0:hd] = 0
-        for i in range(half):
-            b1.wq.weight[slow[i], CUR[i]] = a
-            b1.wq.weight[slow[half + i], PREV1[i]] = a
-            b1.wk.weight[slow[i], PREV1[i]] = a
-            b1.wk.weight[slow[half + i], PREV2[i]] = a
+        for i in range(MATCH_BITS):
+            for j, (q_src, k_src) in enumerate(((CUR, PREV1), (PREV1, PREV2), (PREV2, PREV3))):
+                b1.wq.weight[slow[j * MATCH_BITS + i], q_src[i]] = a
+                b1.wk.weight[slow[j * MATCH_BITS + i], k_src[i]] = a
         for i in range(len(COPY)):
             b1.wv.weight[i, CUR[i]] = 1.0
             b1.wo.weight[COPY[i], i] = rms1  # COPY = the attended token's CUR code (+-CODE_SCALE)
@@ -378,7 +385,7 @@ def wired_setup(model, cfg, seed, match_logit, copy_logit):
                 m = torch.zeros_like(norm.weight); m[reserved] = 1; hold(norm.weight, m)
         m = torch.zeros_like(model.norm.weight); m[COPY] = 1; hold(model.norm.weight, m)
         # Output: the copied token's logit rises by copy_logit (final RMS ~ that of layer 1's input).
-        rms_f = math.sqrt((CODE_SCALE ** 2 * (1 + len(CUR) + len(PREV1) + len(PREV2) + len(COPY))
+        rms_f = math.sqrt((CODE_SCALE ** 2 * (1 + len(CUR) + 3 * MATCH_BITS + len(COPY))
                            + free * 0.1 ** 2) / cfg.dim)
         beta = copy_logit * rms_f / (len(COPY) * CODE_SCALE ** 2)
         model.output.weight[:, COPY] = beta * codes
