@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "util/error.h"
+#include "util/utf8.h"
 
 namespace sieve::grammar {
 namespace {
@@ -431,23 +432,6 @@ class Parser {
 };
 
 void append_char(std::string& out, uint32_t cp, bool in_class) {
-  auto utf8 = [&](uint32_t c) {
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else if (c < 0x800) {
-      out += static_cast<char>(0xC0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xE0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (c & 0x3F));
-    }
-  };
   switch (cp) {
     case '\n':
       out += "\\n";
@@ -475,7 +459,7 @@ void append_char(std::string& out, uint32_t cp, bool in_class) {
   } else if (cp >= 0x80 && cp <= 0x9F) {
     out += fmt::format("\\u{:04X}", cp);
   } else {
-    utf8(cp);
+    append_utf8(out, cp);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "jinja/builtins.h"
+#include "util/utf8.h"
 
 namespace sieve::jinja {
 namespace {
@@ -14,24 +15,6 @@ namespace {
 
 bool is_name_start(char c) { return is_alpha(c) || c == '_'; }
 bool is_name_char(char c) { return is_name_start(c) || is_digit(c); }
-
-void append_utf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 class Lexer {
  public:
@@ -339,15 +322,15 @@ class Lexer {
         case '\n':
           break;  // line continuation
         case 'x':
-          append_utf8(hex(2), value);
+          append_utf8(value, hex(2));
           break;
         case 'u':
-          append_utf8(hex(4), value);
+          append_utf8(value, hex(4));
           break;
         case 'U': {
           const uint32_t cp = hex(8);
           if (cp > 0x10FFFF) fail_at(t.pos, "escape out of the Unicode range");
-          append_utf8(cp, value);
+          append_utf8(value, cp);
           break;
         }
         default:
@@ -356,7 +339,7 @@ class Lexer {
             for (int k = 0; k < 2 && i < src_.size() && src_[i] >= '0' && src_[i] <= '7'; ++k) {
               cp = cp * 8 + static_cast<uint32_t>(src_[i++] - '0');
             }
-            append_utf8(cp, value);
+            append_utf8(value, cp);
           } else {
             value += '\\';  // unknown escapes stay as written
             value += e;

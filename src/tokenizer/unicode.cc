@@ -87,24 +87,6 @@ uint32_t decode_lenient(std::string_view text, size_t& offset) {
   return cpt;
 }
 
-void append_utf8(std::string& out, uint32_t cpt) {
-  if (cpt < 0x80) {
-    out.push_back(static_cast<char>(cpt));
-  } else if (cpt < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cpt >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cpt & 0x3F)));
-  } else if (cpt < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cpt >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cpt >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cpt & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cpt >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cpt >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cpt >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cpt & 0x3F)));
-  }
-}
-
 bool is_valid_utf8(std::string_view text) {
   size_t offset = 0;
   while (offset < text.size()) {

@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "util/utf8.h"
+
 namespace sieve::tok::unicode {
 
 inline constexpr uint32_t kReplacementChar = 0xFFFD;
@@ -25,8 +27,8 @@ size_t sequence_length(uint8_t lead);
 // sequence gives kReplacementChar and advances by exactly one byte. Requires offset < size.
 uint32_t decode_lenient(std::string_view text, size_t& offset);
 
-// Appends the UTF-8 encoding of cpt (which must be <= 0x10FFFF; surrogates are encoded as is).
-void append_utf8(std::string& out, uint32_t cpt);
+// Appends the UTF-8 encoding of a code point (<= 0x10FFFF; surrogates are encoded as is).
+using sieve::append_utf8;
 
 // Whether text is well-formed UTF-8 (no surrogates, no overlong forms, <= U+10FFFF).
 bool is_valid_utf8(std::string_view text);

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "fake_server.h"  // also unused_port()
+#include "cli/run_sieve.h"
 #include "shared_data.h"
 
 namespace sieve {
@@ -19,25 +20,10 @@ namespace {
 
 using std::chrono::milliseconds;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = testing::CliResult;
 
-Result run(const std::string& args) {
-  const std::string command =
-      std::string(SIEVE_BINARY_DIR) + "/sieve bench-serve " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  Result result;
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.out.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+// `sieve bench-serve ARGS`, stdout and stderr together.
+Result run(const std::string& args) { return testing::run_sieve("bench-serve " + args, true); }
 
 std::filesystem::path temp_path(const std::string& name) {
   return std::filesystem::temp_directory_path() / name;

@@ -6,20 +6,14 @@ to GGUF and loaded by sieve, which must tokenize like SentencePiece and give PyT
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from subproc import run  # noqa: E402
+
 TRAIN = [sys.executable, os.path.join(HERE, "train_eval_model.py")]
-
-
-def run(cmd):
-    print("+ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"failed ({r.returncode}): {r.stderr[-3000:]}")
-    return r.stdout
 
 
 def main():
