@@ -280,7 +280,7 @@ CODE_SCALE = 4.0
 SLOW_FIRST_PAIR = 18  # RoPE pairs 18..31 turn under 0.3 rad over 32k positions at base 1e9
 
 
-def wired_setup(model, cfg, seed, match_logit, copy_logit):
+def wired_setup(model, cfg, seed, match_logit, copy_logit, sink_matches):
     """Builds a copy (induction) circuit into reserved residual dimensions and holds it, so the
     model retrieves at any distance by construction while everything else is trained around it
     (the fallback ../shared/docs/training-notes.md names; two attempts here to learn the circuit
@@ -369,6 +369,16 @@ def wired_setup(model, cfg, seed, match_logit, copy_logit):
             for j, (q_src, k_src) in enumerate(((CUR, PREV1), (PREV1, PREV2), (PREV2, PREV3))):
                 b1.wq.weight[slow[j * MATCH_BITS + i], q_src[i]] = a
                 b1.wk.weight[slow[j * MATCH_BITS + i], k_src[i]] = a
+        # Every key also scores sink_matches codes' worth through the constant (in the last slow
+        # dimension): a partial (two-token) match loses to the spread over all keys, whose mean
+        # code copies nothing, so only a whole three-token match copies. Without it the head
+        # copied after every repeated bigram, and a copy logit strong enough to beat the language
+        # model's prior at 16k cost perplexity.
+        if sink_matches > 0:
+            assert 3 * MATCH_BITS < len(slow)
+            ac = a * math.sqrt(sink_matches * MATCH_BITS)
+            b1.wq.weight[slow[3 * MATCH_BITS], CONST[0]] = ac
+            b1.wk.weight[slow[3 * MATCH_BITS], CONST[0]] = ac
         for i in range(len(COPY)):
             b1.wv.weight[i, CUR[i]] = 1.0
             b1.wo.weight[COPY[i], i] = rms1  # COPY = the attended token's CUR code (+-CODE_SCALE)
@@ -455,7 +465,7 @@ def cmd_train(args):
         torch.nn.init.normal_(blk.wo.weight, std=0.02 / math.sqrt(2 * cfg.layers))
         torch.nn.init.normal_(blk.w_down.weight, std=0.02 / math.sqrt(2 * cfg.layers))
     if args.wired:
-        held = wired_setup(model, cfg, args.seed, args.match_logit, args.copy_logit)
+        held = wired_setup(model, cfg, args.seed, args.match_logit, args.copy_logit, args.sink_matches)
     else:
         held = prev_token_setup(model, cfg, args.embed_const, args.prev_scale, PAIRS_WEIGHTS)
     resumed = None
@@ -732,7 +742,9 @@ def main():
     p.add_argument("--synthetic-lm-weight", type=float, default=0.1)
     p.add_argument("--wired", action="store_true", help="build the copy circuit in and hold it")
     p.add_argument("--match-logit", type=float, default=100.0)
-    p.add_argument("--copy-logit", type=float, default=20.0)
+    p.add_argument("--copy-logit", type=float, default=35.0)
+    p.add_argument("--sink-matches", type=float, default=2.5,
+                   help="wired: codes' worth of score every key gets (between a two- and a three-token match)")
     p.add_argument("--copy-warmup", type=int, default=0, help="steps of copy-only batches first")
     p.add_argument("--copy-window", type=int, default=256)
     p.add_argument("--copy-batch", type=int, default=16)
