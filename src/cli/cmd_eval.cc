@@ -153,7 +153,7 @@ void add_eval_command(CLI::App& app) {
   command
       ->add_option("--policies", c.families,
                    "Policy families (streaming, h2o, snapkv, pyramidkv, adakv, layerwise, fastgen, "
-                   "quest, lserve)")
+                   "quest, lserve, keydiff)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--budgets", c.budgets, "KV budgets as fractions of the prompt (comma list)")
