@@ -584,6 +584,12 @@ def cmd_export(args):
     ck = torch.load(os.path.join(args.work, args.checkpoint), map_location="cpu")
     cfg = Config(**ck["cfg"])
     sd = ck["model"]
+    if args.copy_scale != 1.0:
+        # The wired copy circuit's output (held in training): its logit, scaled. The language
+        # model's prior grows stronger than the copy logit it trained with at a few positions
+        # (" so" -> " his" beat " so" -> "fa" of a needle's "sofa" at 16k); 1.5x retrieves them
+        # at ~10% of 1k perplexity (tools/train/README.md).
+        sd["output.weight"][:, COPY] *= args.copy_scale
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=os.path.join(args.work, "tokenizer.model"))
@@ -754,6 +760,8 @@ def main():
     p.add_argument("--checkpoint", default="best.pt")
     p.add_argument("--name", default="sieve-eval-32k")
     p.add_argument("--f16", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--copy-scale", type=float, default=1.0,
+                   help="wired: scale the copy circuit's output logit (the committed model: 1.5)")
     p = sub.add_parser("ppl")
     p.add_argument("--work", required=True)
     p.add_argument("--text", required=True)
