@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "engine/engine.h"
@@ -95,14 +96,24 @@ void expect_all_pages_free(const Engine& engine) {
   EXPECT_EQ(stats.num_running, 0);
 }
 
+// Every policy and every composition, each once: ThePolicyListCoversEveryPolicy fails when a
+// policy (a PolicySpec alternative, a score= of pyramidkv / adakv, a head policy it resolves to)
+// is missing, so a new policy must be added here and then runs in every test below. Indices
+// stay within the smallest model of SparseEngineOnModel (2 layers, 2 KV heads).
 const std::vector<std::string> kPolicies = {
     "full",
     "streaming:S=4,W=48",
     "snapkv:B=48,W=8",
     "pyramidkv:B=48,W=8",
     "adakv:B=40,W=8",
+    "keydiff:B=40,W=8",
+    "pyramidkv:B=48,W=8,score=keydiff",
+    "adakv:B=40,W=8,score=keydiff",
     "layerwise:L=2,rest=snapkv:B=32,W=8",
     "heads:(streaming:S=4,W=32)@kv=0+1,rest=snapkv:B=40,W=8",
+    "heads:(streaming:S=4,W=32)@profile=0.5,rest=keydiff:B=40,W=8",
+    "layers:(h2o:B=32,W=16)@0,full@1,rest=snapkv:B=40,W=8",
+    "layers:(streaming:S=4,W=32)@1,rest=heads:(keydiff:B=32,W=8)@kv=0,rest=adakv:B=40,W=8",
     "h2o:B=32,W=16",
     "fastgen:T=0.3,W=16,F=0.1",
     "fastgen:T=0.6,W=8,F=0.05",
@@ -111,8 +122,91 @@ const std::vector<std::string> kPolicies = {
     "lserve:K=3,R=3,S=4,W=32,f=0.5",
 };
 
-bool keeps_everything(const std::string& policy) {
-  return policy == "full" || policy == "fastgen:T=0,W=16";
+// The PolicySpec alternatives `spec` uses (its groups and rest included) and, per pyramidkv /
+// adakv, the ScoredSpec alternative it ranks by (as policy index * 100 + score index).
+void collect_policy_kinds(const sparsity::PolicySpec& spec, std::set<size_t>& kinds,
+                          std::set<size_t>& scored) {
+  kinds.insert(spec.policy.index());
+  std::visit(
+      [&](const auto& policy) {
+        using T = std::decay_t<decltype(policy)>;
+        if constexpr (std::is_same_v<T, sparsity::PyramidKvSpec> ||
+                      std::is_same_v<T, sparsity::AdaKvSpec>) {
+          scored.insert(spec.policy.index() * 100 + policy.scored.index());
+        } else if constexpr (std::is_same_v<T, sparsity::LayerwiseSpec>) {
+          collect_policy_kinds(*policy.rest, kinds, scored);
+        } else if constexpr (std::is_same_v<T, sparsity::HeadsSpec> ||
+                             std::is_same_v<T, sparsity::LayersSpec>) {
+          for (const auto& group : policy.groups)
+            collect_policy_kinds(*group.policy, kinds, scored);
+          collect_policy_kinds(*policy.rest, kinds, scored);
+        }
+      },
+      spec.policy);
+}
+
+// Variant's alternative `index`, default-constructed (to name a missing one in a message).
+template <typename Variant, size_t... I>
+Variant default_alternative(size_t index, std::index_sequence<I...>) {
+  Variant value;
+  ((I == index ? void(value = std::variant_alternative_t<I, Variant>{}) : void()), ...);
+  return value;
+}
+
+template <typename Variant>
+Variant default_alternative(size_t index) {
+  return default_alternative<Variant>(index,
+                                      std::make_index_sequence<std::variant_size_v<Variant>>());
+}
+
+TEST(SparseEngine, ThePolicyListCoversEveryPolicy) {
+  using Policies = decltype(sparsity::PolicySpec::policy);
+  std::set<size_t> kinds, scored;
+  for (const std::string& policy : kPolicies)
+    collect_policy_kinds(sparsity::parse_policy(policy), kinds, scored);
+  for (size_t i = 0; i < std::variant_size_v<Policies>; ++i) {
+    const std::string name = sparsity::to_string({default_alternative<Policies>(i)});
+    EXPECT_TRUE(kinds.contains(i)) << "kPolicies has no " << name.substr(0, name.find(':'))
+                                   << " policy: add one, so that the engine tests run it";
+  }
+  for (size_t score = 0; score < std::variant_size_v<sparsity::ScoredSpec>; ++score) {
+    const auto scores = default_alternative<sparsity::ScoredSpec>(score);
+    for (const sparsity::PolicySpec& wrapper :
+         {sparsity::PolicySpec{sparsity::PyramidKvSpec{.scored = scores}},
+          sparsity::PolicySpec{sparsity::AdaKvSpec{.scored = scores}}}) {
+      EXPECT_TRUE(scored.contains(wrapper.policy.index() * 100 + score))
+          << "kPolicies has no " << sparsity::to_string(wrapper) << " (any parameters)";
+    }
+  }
+}
+
+// What a request's plan lets the test expect of the pages it holds against its dense count.
+enum class PagesVersusDense { kEqual, kAtLeast, kAtMost, kFewer };
+
+PagesVersusDense expected_pages(const sparsity::SparsityPlan& plan, bool random_weights) {
+  bool drops = false, maybe_drops = false, reads_pages = false;
+  for (const sparsity::HeadPolicy& head : plan.heads) {
+    std::visit(
+        [&](const auto& h) {
+          using T = std::decay_t<decltype(h)>;
+          if constexpr (std::is_same_v<T, sparsity::DenseHead>) {
+          } else if constexpr (std::is_same_v<T, sparsity::PageSelectHead>) {
+            reads_pages = true;  // quest keeps every page (and frees no memory)
+          } else if constexpr (std::is_same_v<T, sparsity::FastGenPendingHead>) {
+            // T = 0: no cheaper policy recovers all the attention, so the head keeps everything.
+            // Random weights attend diffusely: no cheap set of keys recovers 1 - T of the
+            // attention, so FastGen heads may all choose full.
+            if (h.threshold > 0) (random_weights ? maybe_drops : drops) = true;
+          } else {
+            drops = true;  // the prompts are longer than every budget + window above
+          }
+        },
+        head);
+  }
+  if (drops) return PagesVersusDense::kFewer;
+  if (maybe_drops) return PagesVersusDense::kAtMost;
+  if (reads_pages) return PagesVersusDense::kAtLeast;
+  return PagesVersusDense::kEqual;
 }
 
 // A profile rating KV heads 0 and 2 of every layer the most streaming-like (lserve's f=0.5).
@@ -146,37 +240,56 @@ class SparseEngineOnModel : public ::testing::TestWithParam<ModelCase> {};
 TEST_P(SparseEngineOnModel, MixedBatchGivesEachRequestItsTokensAlone) {
   const ModelCase& model_case = GetParam();
   model::LoadedModel loaded = model::load_model({testing::shared_path(model_case.path), ""});
-  const int64_t num_layers = loaded.model->config().num_layers;
-  const auto prompts = long_prompts(*loaded.tokenizer, 12);
+  const sparsity::ModelShape shape{loaded.model->config().num_layers,
+                                   loaded.model->config().num_kv_heads};
+  // One prompt per policy, built from the list: every policy runs.
+  const auto prompts = long_prompts(*loaded.tokenizer, kPolicies.size());
+  ASSERT_EQ(prompts.size(), kPolicies.size());
   std::vector<Request> requests;
-  for (size_t i = 0; i < prompts.size(); ++i)
-    requests.push_back(greedy(prompts[i], kPolicies[i % kPolicies.size()]));
+  for (size_t i = 0; i < prompts.size(); ++i) requests.push_back(greedy(prompts[i], kPolicies[i]));
 
   const auto profile = profile_for(*loaded.model);
+  // Every head policy runs on this model too (the compositions' indices resolve here).
+  std::set<size_t> head_kinds;
+  for (const std::string& policy : kPolicies) {
+    for (const auto& head :
+         sparsity::resolve(sparsity::parse_policy(policy), shape, profile.get()).heads) {
+      head_kinds.insert(head.index());
+    }
+  }
+  EXPECT_EQ(head_kinds.size(), std::variant_size_v<sparsity::HeadPolicy>)
+      << "a head policy no request of kPolicies resolves to on " << model_case.name;
+
   // A small max_batch_tokens chunks the prompts differently together than alone.
   Engine together(config(1024, profile, model_case.kv_dtype), loaded.model, loaded.tokenizer);
   const std::vector<Outcome> batched = run(together, requests);
   expect_all_pages_free(together);
+  ASSERT_EQ(batched.size(), kPolicies.size());
 
   for (size_t i = 0; i < requests.size(); ++i) {
     Engine alone_engine(config(1024, profile, model_case.kv_dtype), loaded.model, loaded.tokenizer);
     const std::vector<Outcome> alone = run(alone_engine, {requests[i]});
     expect_all_pages_free(alone_engine);
-    const std::string& policy = kPolicies[i % kPolicies.size()];
+    const std::string& policy = kPolicies[i];
     EXPECT_FALSE(batched[i].error.has_value()) << policy;
     EXPECT_EQ(batched[i].tokens.size(), 40u) << policy;
     EXPECT_EQ(batched[i].tokens, alone[0].tokens) << "request " << i << " policy " << policy;
     const Usage& u = batched[i].usage;
-    if (keeps_everything(policy) || (policy.starts_with("layerwise:L=2,") && num_layers <= 2)) {
-      EXPECT_EQ(u.kv_pages, u.kv_dense_pages) << policy;
-    } else if (policy.starts_with("quest")) {
-      EXPECT_GE(u.kv_pages, u.kv_dense_pages) << "quest frees no memory";
-    } else if (policy.starts_with("fastgen") && model_case.random_weights) {
-      // Random weights attend diffusely: no cheap set of keys recovers 1 - T of the attention,
-      // so FastGen heads may all choose full.
-      EXPECT_LE(u.kv_pages, u.kv_dense_pages) << policy;
-    } else {
-      EXPECT_LT(u.kv_pages, u.kv_dense_pages) << policy << ": compressed requests hold fewer pages";
+    switch (expected_pages(sparsity::resolve(requests[i].kv_policy, shape, profile.get()),
+                           model_case.random_weights)) {
+      case PagesVersusDense::kEqual:
+        EXPECT_EQ(u.kv_pages, u.kv_dense_pages) << policy << " keeps everything";
+        break;
+      case PagesVersusDense::kAtLeast:
+        EXPECT_GE(u.kv_pages, u.kv_dense_pages) << policy << ": quest frees no memory";
+        break;
+      case PagesVersusDense::kAtMost:
+        EXPECT_LE(u.kv_pages, u.kv_dense_pages) << policy;
+        break;
+      case PagesVersusDense::kFewer:
+        EXPECT_LT(u.kv_pages, u.kv_dense_pages)
+            << policy << ": compressed requests hold fewer pages";
+        break;
     }
   }
 }

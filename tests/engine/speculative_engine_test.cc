@@ -199,6 +199,10 @@ TEST(Speculative, SampledTokensFollowThePlainDistribution) {
     EXPECT_GT(drafted - accepted, tokens_per_arm / 50);
     std::printf("top_p %.1f: %lld draft tokens, %lld accepted\n", setting.top_p,
                 static_cast<long long>(drafted), static_cast<long long>(accepted));
+    // (context, position) pairs compared, and those with tokens in more than one bin after
+    // pooling: a pair whose tokens all pool into one bin compares nothing, so enough of the
+    // verified positions must have several bins for the test to check the distribution at all.
+    int64_t compared = 0, verified_compared = 0;
     for (size_t ctx = 0; ctx < contexts.size(); ++ctx) {
       for (int32_t pos = 0; pos < kOutput; ++pos) {
         const auto& a = counts[0][ctx][pos];
@@ -233,7 +237,9 @@ TEST(Speculative, SampledTokensFollowThePlainDistribution) {
           }
         }
         if (pooled.first + pooled.second > 0) add_bin(pooled.first, pooled.second);
-        if (df < 1) continue;  // one token only: nothing to compare
+        if (df < 1) continue;  // one bin only: nothing to compare
+        ++compared;
+        if (pos > 0) ++verified_compared;
         const double v = static_cast<double>(df);
         const double critical =
             v * std::pow(1.0 - 2.0 / (9.0 * v) + 3.09 * std::sqrt(2.0 / (9.0 * v)), 3);
@@ -241,6 +247,14 @@ TEST(Speculative, SampledTokensFollowThePlainDistribution) {
                                   << setting.top_p << " df " << df;
       }
     }
+    const auto num_pairs = static_cast<int64_t>(contexts.size()) * kOutput;
+    std::printf("top_p %.1f: %lld of %lld (context, position) pairs compared, %lld verified\n",
+                setting.top_p, static_cast<long long>(compared), static_cast<long long>(num_pairs),
+                static_cast<long long>(verified_compared));
+    // Measured at the default 20000 tokens: all 16 verified pairs of both settings compared.
+    const auto num_verified = static_cast<int64_t>(contexts.size()) * (kOutput - 1);
+    EXPECT_GE(verified_compared, num_verified * 3 / 4)
+        << "too few verified positions sampled more than one token to compare distributions";
   }
 }
 
