@@ -25,8 +25,7 @@ export function newConversation() {
     title: 'New conversation',
     settings: { ...DEFAULT_SETTINGS },
     // {role, content} as the API takes them; an assistant message also keeps `stats`
-    // ({id, ttft_ms, tokens_per_s, completion_tokens, kv_cache, finish, max_tokens,
-    // context_tokens, context_window}) for display. `left_out`: kept here, no longer sent.
+    // ({ttft_ms, tokens_per_s, completion_tokens, kv_cache, finish}) for display.
     messages: [],
   };
 }
