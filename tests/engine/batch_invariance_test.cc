@@ -21,24 +21,23 @@ namespace {
 
 // One generated model per weight type: dim 256 (K-quant super-blocks are 256 wide), 2 layers.
 model::LoadedModel load_in(kernels::DType dtype) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() /
-       ("sieve_batch_invariance_" + std::to_string(::getpid()) + "_" +
-        std::string(kernels::to_string(dtype)) + ".gguf"))
-          .string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("sieve_batch_invariance_" + std::to_string(::getpid()) + "_" +
+                             std::string(kernels::to_string(dtype)) + ".gguf"))
+                               .string();
   ThreadPool pool(2);
-  model::write_random_model({.dim = 256,
-                             .num_layers = 2,
-                             .num_heads = 4,
-                             .num_kv_heads = 2,
-                             .ffn_dim = 512,
-                             .context_length = 2048,
-                             .rope_base = 500000.0f,
-                             .dtype = dtype,
-                             .vocab_path = testing::shared_path(
-                                 "golden/tokenizer/ggml-vocab-llama-spm.gguf"),
-                             .seed = 11},
-                            path, pool);
+  model::write_random_model(
+      {.dim = 256,
+       .num_layers = 2,
+       .num_heads = 4,
+       .num_kv_heads = 2,
+       .ffn_dim = 512,
+       .context_length = 2048,
+       .rope_base = 500000.0f,
+       .dtype = dtype,
+       .vocab_path = testing::shared_path("golden/tokenizer/ggml-vocab-llama-spm.gguf"),
+       .seed = 11},
+      path, pool);
   model::LoadedModel loaded = model::load_model({path, ""});
   std::filesystem::remove(path);  // mapped: the pages stay until the model goes
   return loaded;
@@ -69,8 +68,8 @@ TEST_P(BatchInvariance, AloneBatchedChunkedAndSpeculativeGiveTheSameTokens) {
     const auto got = run(engine, requests);
     for (size_t i = 0; i < requests.size(); ++i)
       EXPECT_EQ(got.at({i, 0}).tokens, alone[i])
-          << kernels::to_string(GetParam()) << " prompt " << i << ", steps of "
-          << max_batch_tokens << " rows";
+          << kernels::to_string(GetParam()) << " prompt " << i << ", steps of " << max_batch_tokens
+          << " rows";
     expect_all_pages_free(engine);
   }
   // Speculative: self-speculation (drafts through a sink + window view of the model's own
