@@ -14,35 +14,20 @@
 #include "eval/eval_requests.h"
 #include "model/loader.h"
 #include "server/chat_template.h"
+#include "copy_lm_fixture.h"
 #include "shared_data.h"
 #include "util/error.h"
 
 namespace sieve::eval {
 namespace {
 
-class LongContextEvalTest : public ::testing::Test {
+class LongContextEvalTest : public CopyLmTest {
  protected:
-  static void SetUpTestSuite() {
-    loaded_ = new model::LoadedModel(
-        model::load_model({sieve::testing::shared_path("models/copy/copy-lm.gguf"), ""}));
-    std::ifstream in(sieve::testing::shared_path("models/copy/heldout.txt"));
-    std::stringstream text;
-    text << in.rdbuf();
-    text_ = new std::string(text.str());
-  }
-  static void TearDownTestSuite() {
-    delete loaded_;
-    delete text_;
-  }
   static LongContextRun run(const LongContextConfig& config,
                             const std::function<void(const NeedleResult&)>& on_result = {}) {
     return run_long_context_eval(loaded_->model, loaded_->tokenizer, *text_, config, on_result);
   }
-  static model::LoadedModel* loaded_;
-  static std::string* text_;
 };
-model::LoadedModel* LongContextEvalTest::loaded_ = nullptr;
-std::string* LongContextEvalTest::text_ = nullptr;
 
 TEST_F(LongContextEvalTest, LengthsBeyondTheContextAreRefusedBeforeAnyWork) {
   ASSERT_EQ(loaded_->model->config().context_length, 1024);

@@ -13,26 +13,15 @@
 #include "eval/needle_words.h"
 #include "model/loader.h"
 #include "server/chat_template.h"
+#include "copy_lm_fixture.h"
 #include "shared_data.h"
 #include "util/error.h"
 
 namespace sieve::eval {
 namespace {
 
-class NeedleTaskTest : public ::testing::Test {
+class NeedleTaskTest : public CopyLmTest {
  protected:
-  static void SetUpTestSuite() {
-    loaded_ = new model::LoadedModel(
-        model::load_model({sieve::testing::shared_path("models/copy/copy-lm.gguf"), ""}));
-    std::ifstream in(sieve::testing::shared_path("models/copy/heldout.txt"));
-    std::stringstream text;
-    text << in.rdbuf();
-    text_ = new std::string(text.str());
-  }
-  static void TearDownTestSuite() {
-    delete loaded_;
-    delete text_;
-  }
   static NeedleCaseMaker maker(NeedleTaskConfig config) {
     return NeedleCaseMaker(loaded_->tokenizer, *text_, std::move(config));
   }
@@ -43,12 +32,7 @@ class NeedleTaskTest : public ::testing::Test {
     if (c.scoring == NeedleScoring::kForced) return static_cast<size_t>(c.queries[0].answer_begin);
     return c.forced.size();
   }
-
-  static model::LoadedModel* loaded_;
-  static std::string* text_;
 };
-model::LoadedModel* NeedleTaskTest::loaded_ = nullptr;
-std::string* NeedleTaskTest::text_ = nullptr;
 
 constexpr NeedleTask kTasks[] = {NeedleTask::kSingle, NeedleTask::kMultiKey,
                                  NeedleTask::kMultiValue, NeedleTask::kMultiQuery};
