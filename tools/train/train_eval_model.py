@@ -748,7 +748,7 @@ def main():
     p.add_argument("--synthetic-lm-weight", type=float, default=0.1)
     p.add_argument("--wired", action="store_true", help="build the copy circuit in and hold it")
     p.add_argument("--match-logit", type=float, default=100.0)
-    p.add_argument("--copy-logit", type=float, default=35.0)
+    p.add_argument("--copy-logit", type=float, default=55.0)
     p.add_argument("--sink-matches", type=float, default=2.5,
                    help="wired: codes' worth of score every key gets (between a two- and a three-token match)")
     p.add_argument("--copy-warmup", type=int, default=0, help="steps of copy-only batches first")
