@@ -330,7 +330,7 @@ int32_t Engine::continue_parked(sched::SeqId seq, Sample& sample, std::span<cons
   if (!hit) return 0;
   auto parked = parked_.find(hit->seq);
   if (parked == parked_.end()) return 0;  // cannot happen: parked with its state
-  kv_.adopt(hit->seq, seq);
+  kv_.adopt(hit->seq, seq, static_cast<int32_t>(prompt.size()));
   runner_.rename(hit->seq, seq);
   sample.sparsity = std::move(parked->second.sparsity);
   sample.sparsity->begin_prompt();

@@ -382,9 +382,14 @@ std::optional<ParkedMatch> KvManager::lookup_parked(std::span<const int32_t> pro
   return best;
 }
 
-void KvManager::adopt(SeqId parked, SeqId seq) {
+void KvManager::adopt(SeqId parked, SeqId seq, int32_t num_prompt_tokens) {
   auto it = parked_.find(parked);
   assert(it != parked_.end() && !contains(seq));
+  assert(num_prompt_tokens > static_cast<int32_t>(it->second.tokens.size()));
+  num_prefix_query_tokens_ += num_prompt_tokens;
+  num_prefix_hit_tokens_ += static_cast<int64_t>(it->second.tokens.size());
+  ++num_prefix_query_requests_;
+  ++num_prefix_hit_requests_;
   num_parked_pages_ -= it->second.num_pages;
   parked_.erase(it);
   if (auto sparse = sparse_.find(parked); sparse != sparse_.end()) {

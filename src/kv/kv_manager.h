@@ -227,8 +227,9 @@ class KvManager {
   // The parked sequence under `key` with the most tokens that start `prompt`, fewer than all of
   // it (one prompt token at least is computed). O(prompt + parked sequences' tokens compared).
   std::optional<ParkedMatch> lookup_parked(std::span<const int32_t> prompt, uint64_t key) const;
-  // `seq` (new) takes parked sequence `parked`'s pages and layout; `parked` is gone.
-  void adopt(SeqId parked, SeqId seq);
+  // `seq` (new) takes parked sequence `parked`'s pages and layout; `parked` is gone. Counted as
+  // a prefix-cache query of `num_prompt_tokens` that hit the parked tokens.
+  void adopt(SeqId parked, SeqId seq, int32_t num_prompt_tokens);
   bool is_parked(SeqId seq) const { return parked_.contains(seq); }
   // Parked sequences freed since the last call to make room (or replaced): forget what you keep
   // about them.

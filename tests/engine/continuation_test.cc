@@ -217,8 +217,7 @@ TEST_P(Continuation, NoParkingWithAZeroShare) {
   const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
   const Outcome turn1 = run(engine, {greedy(p1, "snapkv:B=48,W=8", 10)})[0];
   EXPECT_EQ(engine.stats().kv.num_parked_seqs, 0);
-  const Outcome turn2 =
-      run(engine, {greedy(concat(p1, turn1.tokens), "snapkv:B=48,W=8", 10)})[0];
+  const Outcome turn2 = run(engine, {greedy(concat(p1, turn1.tokens), "snapkv:B=48,W=8", 10)})[0];
   EXPECT_EQ(engine.stats().num_continued_requests, 0);
   EXPECT_EQ(turn2.tokens.size(), 10u);
   expect_no_leak(engine);

@@ -423,7 +423,9 @@ TEST(KvManagerParking, TheLongestParkedPrefixUnderTheSameKeyIsAdopted) {
   diverged[12] = -1;
   EXPECT_EQ(kv.lookup_parked(diverged, 7)->seq, kA);
   const std::vector<PageId> pages(kv.block_table(kB).begin(), kv.block_table(kB).end());
-  kv.adopt(kB, kC);
+  const int64_t hits_before = kv.stats().num_prefix_hit_tokens;
+  kv.adopt(kB, kC, 20);
+  EXPECT_EQ(kv.stats().num_prefix_hit_tokens - hits_before, 17);
   EXPECT_FALSE(kv.is_parked(kB));
   EXPECT_FALSE(kv.contains(kB));
   EXPECT_EQ(Table(kv, kC), pages);
