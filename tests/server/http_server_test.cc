@@ -368,7 +368,12 @@ TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
   EXPECT_EQ(cached, turn1["usage"]["prompt_tokens"].get<int64_t>() +
                         turn1["usage"]["completion_tokens"].get<int64_t>() - 1)
       << turn2;
+  // The engine publishes its counters at the end of the step that answered: poll for them.
   std::map<std::string, double> metrics = scrape(client);
+  for (int i = 0; i < 500 && metrics[R"(sieve:parked_sequences{model_name="copy"})"] < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    metrics = scrape(client);
+  }
   EXPECT_EQ(metrics[R"(sieve:continued_requests_total{model_name="copy"})"], 1);
   EXPECT_EQ(metrics[R"(sieve:continued_prompt_tokens_total{model_name="copy"})"],
             static_cast<double>(cached));
