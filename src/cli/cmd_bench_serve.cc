@@ -34,6 +34,8 @@ struct BenchServeOptions {
   int64_t shared_prefix_len = 0;
   int64_t num_prefixes = 1;
   int64_t num_prompts = 100;
+  int64_t multi_turn = 0;  // turns per conversation (0: single requests)
+  std::optional<int64_t> turn_input_len;
   std::optional<double> request_rate;
   double burstiness = 1.0;
   std::optional<int> max_concurrency;
@@ -133,6 +135,8 @@ nlohmann::json config_json(const BenchServeOptions& o, const loadgen::GoodputSlo
           {"shared_prefix_len", o.shared_prefix_len},
           {"num_prefixes", o.num_prefixes},
           {"num_prompts", o.num_prompts},
+          {"multi_turn", o.multi_turn},
+          {"turn_input_len", optional(o.turn_input_len)},
           {"request_rate", optional(o.request_rate)},
           {"burstiness", o.burstiness},
           {"max_concurrency", optional(o.max_concurrency)},
@@ -176,6 +180,9 @@ void bench_serve(const BenchServeOptions& options) {
   if (options.num_prompts <= 0)
     fail("--num-prompts must be positive (got {})", options.num_prompts);
   if (options.warmup < 0) fail("--warmup must not be negative");
+  if (options.multi_turn < 0) fail("--multi-turn must not be negative");
+  if (options.multi_turn > 0 && options.dataset != "random")
+    fail("--multi-turn builds its conversations from the random dataset");
   if (!(options.timeout_s > 0)) fail("--timeout must be positive");
   const loadgen::ServerUrl url = loadgen::parse_base_url(options.base_url);
   const loadgen::GoodputSlo slo = loadgen::parse_goodput(options.goodput);
@@ -236,6 +243,31 @@ void bench_serve(const BenchServeOptions& options) {
     std::vector<loadgen::Prompt> prompts = point_prompts(point_idx);
     const std::vector<loadgen::Prompt> warmup(prompts.begin() + options.num_prompts, prompts.end());
     prompts.resize(static_cast<size_t>(options.num_prompts));
+    if (options.multi_turn > 0) {
+      // Conversation c: prompt c opens it, then turns of new text, each its own random prompt.
+      const std::vector<loadgen::Prompt> later = loadgen::random_prompts(
+          tokenizer.get(), {options.turn_input_len.value_or(options.input_len), options.output_len,
+                            options.range_ratio, 0, options.num_prompts * (options.multi_turn - 1),
+                            options.seed + 7919 + point_idx, 1});
+      std::vector<loadgen::Conversation> conversations(prompts.size());
+      for (size_t c = 0; c < prompts.size(); ++c) {
+        conversations[c].turns.push_back(prompts[c]);
+        for (int64_t t = 1; t < options.multi_turn; ++t) {
+          loadgen::Prompt next =
+              later[c * static_cast<size_t>(options.multi_turn - 1) + static_cast<size_t>(t - 1)];
+          next.text = "\n\n" + next.text;  // a new paragraph after the answer
+          conversations[c].turns.push_back(std::move(next));
+        }
+      }
+      loadgen::ProgressDisplay display(stderr, point.label,
+                                       options.num_prompts * options.multi_turn);
+      loadgen::RunResult run = loadgen::run_conversations(
+          url, client, conversations, point, {options.seed + point_idx, slo, 1024},
+          [&](int64_t done, int64_t, int64_t failed) { display.update(done, failed); });
+      display.finish();
+      runs.push_back(std::move(run));
+      continue;
+    }
     loadgen::ProgressDisplay display(stderr, point.label, options.num_prompts);
     loadgen::RunResult run = loadgen::run_point(
         url, client, prompts, warmup, point, {options.seed + point_idx, slo, 1024},
@@ -334,6 +366,14 @@ void add_bench_serve_command(CLI::App& app) {
                    "Different shared prefixes, one drawn at random per prompt (groups of requests "
                    "sharing a system prompt)")
       ->capture_default_str();
+  command
+      ->add_option("--multi-turn", options->multi_turn,
+                   "Conversations of N turns instead of single requests: each of --num-prompts "
+                   "users sends its next turn (the conversation so far + new text) once the "
+                   "previous answer is complete; reports TTFT and cached tokens per turn")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--turn-input-len", options->turn_input_len,
+                      "--multi-turn: new tokens each later turn adds (default: --input-len)");
   command->add_option("--num-prompts", options->num_prompts, "Requests per point")
       ->capture_default_str();
   command->add_option("--request-rate", options->request_rate,

@@ -46,6 +46,12 @@ struct EngineOptions {
         ->check(CLI::PositiveNumber);
     command.add_flag("--no-prefix-caching{false}", config.enable_prefix_caching,
                      "Do not reuse KV pages of earlier prompts");
+    command
+        .add_option("--max-parked-share", config.max_parked_share,
+                    "Share of the KV pool that finished compressed requests may keep for a next "
+                    "turn that continues them (0: none); taken back before anyone is preempted")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
     add_kv_dtype_option(command, config.kv_dtype);
     add_speculative_config_option(command, config.speculative);
     command

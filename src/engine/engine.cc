@@ -76,11 +76,17 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::Model> m
       model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
       eos_ids_(tokenizer_->eog_ids().begin(), tokenizer_->eog_ids().end()),
-      kv_(kv::KvConfig{.num_pages = pages_for(config, model_->config(), draft_model.get()),
-                       .page_size = config.page_size,
-                       .enable_prefix_caching = config.enable_prefix_caching,
-                       .num_layers = static_cast<int32_t>(model_->config().num_layers),
-                       .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)}),
+      kv_([&] {
+        const int32_t num_pages = pages_for(config, model_->config(), draft_model.get());
+        return kv::KvConfig{
+            .num_pages = num_pages,
+            .page_size = config.page_size,
+            .enable_prefix_caching = config.enable_prefix_caching,
+            .max_parked_pages = static_cast<int32_t>(std::clamp(config.max_parked_share, 0.0, 1.0) *
+                                                     static_cast<double>(num_pages)),
+            .num_layers = static_cast<int32_t>(model_->config().num_layers),
+            .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)};
+      }()),
       cache_(model_->backend(), model_->config(), kv_.num_pages(), config.page_size,
              config.kv_dtype),
       kv_bytes_per_page_(static_cast<int64_t>(
@@ -152,7 +158,11 @@ std::variant<RequestId, AdmissionError> Engine::submit(Request request, EventSin
   }
   if (!request.params.max_tokens)
     request.params.max_tokens = static_cast<int32_t>(context - prompt_len);
-  if (prompt_len + *request.params.max_tokens > context) {
+  if (!request.then_prompt.empty() && request.given_output.empty()) {
+    return AdmissionError::invalid("then_prompt", "then_prompt follows given_output");
+  }
+  if (prompt_len + static_cast<int64_t>(request.then_prompt.size()) + *request.params.max_tokens >
+      context) {
     return AdmissionError{
         Kind::kTooLong, "max_tokens",
         fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context of {} tokens",
@@ -239,13 +249,17 @@ void Engine::admit() {
       sample->draft_length.emplace(p->speculative.num_speculative_tokens);
     sample->prompt_logprobs = p->request.prompt_logprobs;
     if (sample->prompt_logprobs) sample->prompt_rows.push_back({.token = p->request.prompt[0]});
+    sample->given_output = std::move(p->request.given_output);
+    sample->then_prompt = std::move(p->request.then_prompt);
     const int32_t max_new = *p->request.params.max_tokens;
+    const int32_t continued = continue_parked(seq, *sample, p->request.prompt);
     scheduler_.add(
         seq, std::move(p->request.prompt), max_new,
         {.max_pages = sample->sparsity ? std::optional(p->sparse.pages_needed) : std::nullopt,
          .chunk_boundary = p->sparse.chunk_boundary,
          .private_kv = p->sparse.private_kv,
-         .prompt_logits = sample->prompt_logprobs.has_value()});
+         .prompt_logits = sample->prompt_logprobs.has_value(),
+         .num_computed = continued});
     samples_.emplace(seq, std::move(sample));
   }
 }
@@ -285,8 +299,53 @@ void Engine::send(sched::SeqId seq, Sample& sample, RequestEvent event) {
 void Engine::finish_sample(sched::SeqId seq, Sample& sample, RequestEvent& event) {
   outputs_.finish(seq, sample, event);
   speculative_.add_usage(seq, event.usage);
+  if (can_park(seq, sample, event)) {
+    // The step's end as the sequence would have seen it, then its state waits for a next turn.
+    sparsity_.settle(seq, sample);
+    speculative_.release(seq);
+    parked_.emplace(seq, ParkedState{.sparsity = std::move(sample.sparsity),
+                                     .attention_recovery = sample.attention_recovery});
+    scheduler_.finish_and_park(seq, parking_key(sample));
+    return;
+  }
   forget(seq);
   scheduler_.finish(seq);
+}
+
+uint64_t Engine::parking_key(const Sample& sample) {
+  // The K/V and the controller's state depend on the policy (the model and KV dtype are the
+  // engine's own); never 0, the prefix cache's "none".
+  return std::hash<std::string>{}(*sample.policy_name) | 1;
+}
+
+bool Engine::can_park(sched::SeqId seq, const Sample& sample, const RequestEvent& event) const {
+  return kv_.config().max_parked_pages > 0 && sample.sparsity && !event.cancelled && !event.error &&
+         sample.then_prompt.empty() && scheduler_.is_running(seq) &&
+         scheduler_.num_draft_tokens(seq) == 0 && scheduler_.num_computed(seq) > 0;
+}
+
+int32_t Engine::continue_parked(sched::SeqId seq, Sample& sample, std::span<const TokenId> prompt) {
+  if (!sample.sparsity || sample.prompt_logprobs || kv_.config().max_parked_pages == 0) return 0;
+  const std::optional<kv::ParkedMatch> hit = kv_.lookup_parked(prompt, parking_key(sample));
+  if (!hit) return 0;
+  auto parked = parked_.find(hit->seq);
+  if (parked == parked_.end()) return 0;  // cannot happen: parked with its state
+  kv_.adopt(hit->seq, seq, static_cast<int32_t>(prompt.size()));
+  runner_.rename(hit->seq, seq);
+  sample.sparsity = std::move(parked->second.sparsity);
+  sample.sparsity->begin_prompt();
+  sample.attention_recovery = parked->second.attention_recovery;
+  parked_.erase(parked);
+  ++num_continued_requests_;
+  num_continued_tokens_ += hit->num_tokens;
+  return hit->num_tokens;
+}
+
+void Engine::forget_evicted_parked() {
+  for (sched::SeqId seq : kv_.take_evicted_parked()) {
+    parked_.erase(seq);
+    runner_.forget(seq);
+  }
 }
 
 std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) {
@@ -357,7 +416,18 @@ void Engine::process_outputs(const sched::ScheduleOutput& out, const std::vector
       sparsity_.on_prompt_done(seq, sample);
       std::vector<SampleResult> results =
           speculative_.verify(seq, sample, rows, scheduled.num_draft_tokens);
+      if (sample.num_given_used < sample.given_output.size()) {
+        results.resize(1);  // the reference decodes one given token a step
+        results[0].token = sample.given_output[sample.num_given_used++];
+      }
+      const bool then_prompt_now =
+          !sample.then_prompt.empty() && sample.num_given_used == sample.given_output.size();
       emit_tokens(seq, sample, results, scheduled.num_draft_tokens, now);
+      if (then_prompt_now && samples_.contains(seq)) {
+        scheduler_.extend_prompt(seq, sample.then_prompt);
+        sparsity_.on_prompt_extended(seq);
+        sample.then_prompt.clear();
+      }
     }
   }
 }
@@ -414,6 +484,7 @@ bool Engine::step() {
     sparsity_.after_step(samples_);
     ++num_steps_;
   }
+  forget_evicted_parked();
   publish_stats();
   return did_work;
 }
@@ -430,6 +501,8 @@ EngineStats Engine::make_stats() const {
           .spec_num_draft_tokens = spec.num_draft_tokens,
           .spec_num_accepted_tokens = spec.num_accepted_tokens,
           .spec_accepted_per_position = std::move(spec.accepted_per_position),
+          .num_continued_requests = num_continued_requests_,
+          .num_continued_tokens = num_continued_tokens_,
           .kv = kv_.stats(),
           .kv_bytes_per_page = kv_bytes_per_page_,
           .draft_kv = spec.draft_kv,

@@ -78,6 +78,10 @@ struct EngineStats {
   int64_t spec_num_draft_tokens = 0;
   int64_t spec_num_accepted_tokens = 0;
   std::vector<int64_t> spec_accepted_per_position;  // [kMaxSpeculativeTokens]
+  // Conversations on a compressed cache: requests that continued a parked sequence, and the
+  // prompt tokens they did not compute (kv.num_parked_*: what is parked now).
+  int64_t num_continued_requests = 0;
+  int64_t num_continued_tokens = 0;
   kv::KvStats kv;
   int64_t kv_bytes_per_page = 0;  // of K and V, in the cache's dtype (KvCache::bytes_per_page)
   // draft_model: the draft model's pool (engine/draft_model.h); all zero without one.
@@ -157,6 +161,14 @@ class Engine {
   // Sends `event` to the sample's sink, finishing the sample first if the event does.
   void send(sched::SeqId seq, Sample& sample, RequestEvent event);
   void finish_sample(sched::SeqId seq, Sample& sample, RequestEvent& event);
+  // Conversations on a compressed cache (EngineConfig::max_parked_share): a finished sample with
+  // a sparse policy parks its K/V and controller; a new request whose prompt extends a parked
+  // sequence's tokens under the same policy takes them over (returns the tokens it continues
+  // from, 0 for none); parked sequences the KV manager freed to make room are forgotten.
+  bool can_park(sched::SeqId seq, const Sample& sample, const RequestEvent& event) const;
+  static uint64_t parking_key(const Sample& sample);
+  int32_t continue_parked(sched::SeqId seq, Sample& sample, std::span<const TokenId> prompt);
+  void forget_evicted_parked();
   // Runs the output stage over the sampled tokens, keeps the accepted drafts it let through,
   // appends the last sampled token and sends the event (finishing the sample if it stopped).
   void emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResult> results,
@@ -177,6 +189,13 @@ class Engine {
 
   // Owned by the stepping thread.
   Samples samples_;
+  struct ParkedState {
+    std::unique_ptr<sparsity::SparsityController> sparsity;
+    std::optional<float> attention_recovery;
+  };
+  std::unordered_map<sched::SeqId, ParkedState> parked_;  // kv_.is_parked(seq)
+  int64_t num_continued_requests_ = 0;
+  int64_t num_continued_tokens_ = 0;
   KvSnapshots snapshots_;
   uint64_t next_seq_id_ = 1;
   int64_t num_steps_ = 0;

@@ -26,6 +26,11 @@ struct EngineConfig {
   int32_t max_num_seqs = 64;
   int32_t max_queued = 1024;
   bool enable_prefix_caching = true;
+  // Conversations on a compressed cache: a finished request with a sparse kv_policy leaves its
+  // K/V parked (kv/kv_manager.h) for a next prompt that starts with its prompt + output, under
+  // the same policy; parked pages are taken back before anyone is preempted, and together hold
+  // at most this share of the pool (0: never parked).
+  double max_parked_share = 0.5;
   // K/V element type (model/kv_cache.h): kF32; kF16 (half the KV memory and half the bytes
   // decode attention reads per key; rounding moves logprobs by ~1e-3); kQ8_0 / kQ4_1 (q8 / q4:
   // 0.27x / 0.16x of f32's bytes; the model's head_dim must be a multiple of 32, checked when

@@ -78,8 +78,13 @@ struct KvSnapshot {
   int64_t bytes_per_page = 0;
   std::string kv_dtype;  // model::kv_dtype_name
   int32_t num_pages = 0;
-  int32_t num_pages_used = 0;         // reference count > 0
-  int32_t num_pages_free = 0;         // reference count 0, cached-free ones included
+  int32_t num_pages_used = 0;  // reference count > 0
+  int32_t num_pages_free = 0;  // reference count 0, cached-free ones included, and
+                               // the pages only parked sequences hold
+  // Finished compressed requests kept for a next turn (kv_manager.h, parked sequences), and the
+  // pages they hold: free to take back.
+  int32_t num_pages_parked = 0;
+  int32_t num_parked_sequences = 0;
   int32_t num_pages_cached = 0;       // published in the prefix cache (in use or free)
   int32_t num_pages_cached_free = 0;  // of those, free: reusable by a prefix hit until evicted
   int32_t num_running = 0;            // sequences (the scheduler's counts)

@@ -77,13 +77,17 @@ void KvSnapshots::publish() {
 
 KvSnapshot KvSnapshots::make() const {
   const kv::PagePool& pool = kv_.pool();
+  // Pages only parked sequences hold count as free, as in the engine's stats (kv_manager.h).
+  const kv::KvStats stats = kv_.stats();
   KvSnapshot snapshot{.taken_at = std::chrono::system_clock::now(),
                       .page_size = shape_.page_size,
                       .bytes_per_page = shape_.bytes_per_page,
                       .kv_dtype = std::string(model::kv_dtype_name(shape_.kv_dtype)),
                       .num_pages = kv_.num_pages(),
-                      .num_pages_used = kv_.num_pages() - kv_.num_free_pages(),
-                      .num_pages_free = kv_.num_free_pages(),
+                      .num_pages_used = stats.num_pages - stats.num_free_pages,
+                      .num_pages_free = stats.num_free_pages,
+                      .num_pages_parked = stats.num_parked_pages,
+                      .num_parked_sequences = stats.num_parked_seqs,
                       .num_pages_cached = pool.num_cached_pages(),
                       .num_running = scheduler_.stats().num_running,
                       .num_waiting = scheduler_.stats().num_waiting};

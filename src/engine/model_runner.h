@@ -89,6 +89,13 @@ class ModelRunner {
   // Drops what the runner keeps for a sequence (Quest's slice key summaries, a Quest draft
   // view's block summaries): it finished, or its K/V is recomputed.
   void forget(sched::SeqId seq) { summaries_.erase(seq); }
+  // A parked sequence continues under a new id (kv::KvManager::adopt): its summaries follow.
+  void rename(sched::SeqId from, sched::SeqId to) {
+    if (auto node = summaries_.extract(from)) {
+      node.key() = to;
+      summaries_.insert(std::move(node));
+    }
+  }
 
  private:
   // Quest: one stream's key min / max per full slice, by slice index in the stream (so they

@@ -40,6 +40,13 @@ struct Request {
   std::optional<int32_t> prompt_logprobs;
   // Echoed back in KV snapshots only (engine/kv_snapshot.h).
   RequestLabel label;
+  // The reference a continued conversation is defined by (EngineConfig::max_parked_share): one
+  // sequence that prefills `prompt`, takes `given_output` as its first sampled tokens whatever
+  // the logits say, then prefills `then_prompt` after them as a second prompt (compressed at its
+  // chunk boundaries and end as a prompt is) and samples on. Tests compare a continued request
+  // with it; empty: a plain request.
+  std::vector<TokenId> given_output;
+  std::vector<TokenId> then_prompt;
 };
 
 struct Usage {

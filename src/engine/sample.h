@@ -53,6 +53,11 @@ struct Sample {
   int32_t chunk_boundary = 0;                              // SparseAdmission's
   std::optional<float> attention_recovery;                 // from the compression
 
+  // Request::given_output / then_prompt (the continuation reference): what is left of them.
+  std::vector<TokenId> given_output;
+  size_t num_given_used = 0;
+  std::vector<TokenId> then_prompt;
+
   // The speculative driver's (engine/speculative_driver.h).
   speculative::SpeculativeConfig speculative;            // the request's, or the server's
   std::optional<speculative::DraftLength> draft_length;  // speculative.adaptive: this sequence's k

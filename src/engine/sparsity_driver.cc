@@ -154,6 +154,24 @@ void SparsityDriver::after_step(Samples& samples) {
   for (auto& [seq, sample] : samples) {
     if (sample->sparsity && sample->sparsity->acts_on_decode()) drop_out_of_window(seq, *sample);
   }
+  for (sched::SeqId seq : extended_) {
+    auto it = samples.find(seq);
+    if (it != samples.end() && it->second->sparsity) it->second->sparsity->begin_prompt();
+  }
+  extended_.clear();
+}
+
+void SparsityDriver::settle(sched::SeqId seq, Sample& sample) {
+  if (!sample.sparsity) return;
+  if (auto it = std::find(to_compress_.begin(), to_compress_.end(), seq);
+      it != to_compress_.end()) {
+    to_compress_.erase(it);
+    if (!sample.sparsity->prompt_compressed()) compress(seq, sample);
+    // No page for the compaction: it stays queued (compress() queued it again), for a sequence
+    // that is gone; a continuation would compress on its own next boundary.
+    std::erase(to_compress_, seq);
+  }
+  if (sample.sparsity->acts_on_decode()) drop_out_of_window(seq, sample);
 }
 
 // At each chunk boundary of the prompt (chunk_boundary) and right after the step that computed

@@ -84,6 +84,12 @@ class SparsityDriver {
   void on_preempted(Sample& sample);
   // The step's end: compress the sequences marked above, and let decode-time policies drop keys.
   void after_step(Samples& samples);
+  // The step's end for one sample that finishes in it and is parked (engine.h): what after_step
+  // would have done to it.
+  void settle(sched::SeqId seq, Sample& sample);
+  // The continuation reference (Request::then_prompt): more prompt follows from the next step
+  // on; this step's end still treats the sequence as decoding.
+  void on_prompt_extended(sched::SeqId seq) { extended_.push_back(seq); }
 
  private:
   void compress(sched::SeqId seq, Sample& sample);
@@ -96,6 +102,7 @@ class SparsityDriver {
   const sched::Scheduler& scheduler_;
   ModelRunner& runner_;
   std::vector<sched::SeqId> to_compress_;  // prompt complete this step, sparse plan
+  std::vector<sched::SeqId> extended_;     // on_prompt_extended this step
   std::unordered_map<sched::SeqId, ModelRunner::RowRequests> row_requests_;  // this step's
 };
 

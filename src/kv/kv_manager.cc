@@ -25,15 +25,34 @@ const KvManager::SeqState& KvManager::state(SeqId seq) const {
   return it->second;
 }
 
+template <typename Attempt>
+auto KvManager::reclaiming(Attempt&& attempt) {
+  for (;;) {
+    auto result = attempt();
+    if (result || !evict_oldest_parked()) return result;
+  }
+}
+
 KvStats KvManager::stats() const {
+  int32_t num_reclaimable = 0;  // pages that freeing every parked sequence would free
+  for (const auto& [seq, parked] : parked_) {
+    if (auto sparse = sparse_.find(seq); sparse != sparse_.end()) {
+      num_reclaimable += static_cast<int32_t>(sparse->second.pages().size());
+    } else {
+      for (PageId page : state(seq).pages) num_reclaimable += pool_.ref_count(page) == 1 ? 1 : 0;
+    }
+  }
   return KvStats{.num_pages = pool_.num_pages(),
-                 .num_free_pages = pool_.num_free_pages(),
+                 .num_free_pages = pool_.num_free_pages() + num_reclaimable,
                  .num_cached_blocks = pool_.num_cached_pages(),
                  .num_evictions = pool_.num_evictions(),
                  .num_prefix_query_tokens = num_prefix_query_tokens_,
                  .num_prefix_hit_tokens = num_prefix_hit_tokens_,
                  .num_prefix_query_requests = num_prefix_query_requests_,
-                 .num_prefix_hit_requests = num_prefix_hit_requests_};
+                 .num_prefix_hit_requests = num_prefix_hit_requests_,
+                 .num_parked_seqs = static_cast<int32_t>(parked_.size()),
+                 .num_parked_pages = num_parked_pages_,
+                 .num_parked_evictions = num_parked_evictions_};
 }
 
 int32_t KvManager::num_pages_for(int32_t num_tokens) const {
@@ -83,6 +102,9 @@ std::optional<Allocation> KvManager::admit(SeqId seq, const PrefixMatch& match,
   for (size_t i = 0; i < match.pages.size(); ++i) {
     assert(pool_.block_hash(match.pages[i]) == match.hashes[i] && "stale PrefixMatch");
   }
+  // Freeing a parked sequence may turn matched pages cached-free, which the count includes.
+  while (num_pages_needed(match, num_tokens) > pool_.num_free_pages() && evict_oldest_parked()) {
+  }
   if (num_pages_needed(match, num_tokens) > pool_.num_free_pages()) return std::nullopt;
 
   SeqState& s = seqs_[seq];
@@ -112,6 +134,8 @@ std::optional<Allocation> KvManager::allocate(SeqId seq, int32_t num_tokens) {
   SeqState& s = state(seq);
   const int32_t num_have = static_cast<int32_t>(s.pages.size());
   const int32_t num_new = std::max(0, num_pages_for(num_tokens) - num_have);
+  while (num_new > pool_.num_free_pages() && evict_oldest_parked()) {
+  }
   if (num_new > pool_.num_free_pages()) return std::nullopt;
   for (int32_t i = 0; i < num_new; ++i) {
     std::optional<PageId> page = pool_.allocate();
@@ -154,7 +178,7 @@ WritePlan KvManager::prepare_write(SeqId seq, int32_t position) {
   const PageId page = s.pages[block];
   WritePlan plan = WriteInPlace{};
   if (pool_.ref_count(page) > 1 || pool_.block_hash(page)) {
-    std::optional<PageId> fresh = pool_.allocate();
+    std::optional<PageId> fresh = reclaiming([&] { return pool_.allocate(); });
     if (!fresh) return NoFreePage{};
     s.pages[block] = *fresh;
     pool_.release(page);
@@ -169,7 +193,10 @@ std::optional<std::vector<SliceMove>> KvManager::fork(SeqId parent, SeqId child)
   assert(!contains(child) && "SeqId already in use");
   if (auto it = sparse_.find(parent); it != sparse_.end()) {
     std::vector<SliceMove> copies;
-    std::optional<SparseSequence> copy = it->second.copy_to_fresh_pages(pool_, copies);
+    std::optional<SparseSequence> copy = reclaiming([&] {
+      copies.clear();
+      return it->second.copy_to_fresh_pages(pool_, copies);
+    });
     if (!copy) return std::nullopt;
     sparse_.emplace(child, std::move(*copy));
     return copies;
@@ -184,7 +211,8 @@ std::optional<StepSlots> KvManager::reserve(SeqId seq, int32_t num_computed, int
   assert(num_tokens > num_computed);
   if (auto it = sparse_.find(seq); it != sparse_.end()) {
     assert(num_computed == it->second.layout().num_positions);
-    std::optional<SparseAppend> append = it->second.append(num_tokens - num_computed, {}, pool_);
+    std::optional<SparseAppend> append =
+        reclaiming([&] { return it->second.append(num_tokens - num_computed, {}, pool_); });
     if (!append) return std::nullopt;
     return StepSlots{.append = std::move(*append)};
   }
@@ -226,6 +254,10 @@ void KvManager::truncate(SeqId seq, int32_t num_tokens) {
 }
 
 void KvManager::free(SeqId seq) {
+  if (auto parked = parked_.find(seq); parked != parked_.end()) {
+    num_parked_pages_ -= parked->second.num_pages;
+    parked_.erase(parked);
+  }
   if (auto sparse = sparse_.find(seq); sparse != sparse_.end()) {
     sparse->second.release(pool_);
     sparse_.erase(sparse);
@@ -239,6 +271,7 @@ void KvManager::free(SeqId seq) {
 }
 
 bool KvManager::reset_prefix_cache() {
+  evict_all_parked();
   if (!pool_.reset_cache()) return false;
   // No page is in use, so every sequence left has an empty table and no hashes.
   return true;
@@ -282,6 +315,116 @@ std::optional<std::string> KvManager::invariant_violation() const {
   return std::nullopt;
 }
 
+BlockHash KvManager::hash_chain(std::span<const int32_t> tokens, uint64_t key) const {
+  const size_t page_size = static_cast<size_t>(config_.page_size);
+  std::optional<BlockHash> hash;
+  for (size_t at = 0; at < tokens.size(); at += page_size) {
+    hash = hash_block(hash, tokens.subspan(at, std::min(page_size, tokens.size() - at)), key,
+                      config_.hash_seed);
+  }
+  return hash.value_or(BlockHash{});
+}
+
+void KvManager::park(SeqId seq, std::span<const int32_t> tokens, uint64_t key) {
+  assert(contains(seq) && !parked_.contains(seq));
+  const BlockHash hash = hash_chain(tokens, key);
+  for (auto& [other, parked] : parked_) {  // the same state again: keep the newer
+    if (parked.hash == hash && parked.key == key &&
+        std::equal(parked.tokens.begin(), parked.tokens.end(), tokens.begin(), tokens.end())) {
+      const SeqId old = other;
+      free(old);
+      evicted_parked_.push_back(old);
+      break;
+    }
+  }
+  const int32_t num_pages = num_pages_held(seq);
+  if (tokens.empty() || num_pages > config_.max_parked_pages) {
+    free(seq);
+    return;
+  }
+  while (num_parked_pages_ + num_pages > config_.max_parked_pages) evict_oldest_parked();
+  parked_.emplace(seq, Parked{.tokens = std::vector<int32_t>(tokens.begin(), tokens.end()),
+                              .key = key,
+                              .hash = hash,
+                              .parked_at = ++park_clock_,
+                              .num_pages = num_pages});
+  num_parked_pages_ += num_pages;
+}
+
+std::optional<ParkedMatch> KvManager::lookup_parked(std::span<const int32_t> prompt,
+                                                    uint64_t key) const {
+  if (parked_.empty() || prompt.empty()) return std::nullopt;
+  // The prompt's chain over whole pages, once; a candidate of L tokens hashes its partial page.
+  const size_t page_size = static_cast<size_t>(config_.page_size);
+  std::vector<BlockHash> chain;
+  for (size_t at = 0; at + page_size <= prompt.size(); at += page_size) {
+    chain.push_back(hash_block(chain.empty() ? std::nullopt : std::optional(chain.back()),
+                               prompt.subspan(at, page_size), key, config_.hash_seed));
+  }
+  std::optional<ParkedMatch> best;
+  for (const auto& [seq, parked] : parked_) {
+    const size_t n = parked.tokens.size();
+    if (parked.key != key || n >= prompt.size()) continue;
+    if (best && n <= static_cast<size_t>(best->num_tokens)) continue;
+    const size_t full = n / page_size;
+    std::optional<BlockHash> hash;
+    if (full > 0) hash = chain[full - 1];
+    if (n % page_size != 0) {
+      hash =
+          hash_block(hash, prompt.subspan(full * page_size, n % page_size), key, config_.hash_seed);
+    }
+    if (*hash != parked.hash ||
+        !std::equal(parked.tokens.begin(), parked.tokens.end(), prompt.begin())) {
+      continue;
+    }
+    best = ParkedMatch{.seq = seq, .num_tokens = static_cast<int32_t>(n)};
+  }
+  return best;
+}
+
+void KvManager::adopt(SeqId parked, SeqId seq, int32_t num_prompt_tokens) {
+  auto it = parked_.find(parked);
+  assert(it != parked_.end() && !contains(seq));
+  assert(num_prompt_tokens > static_cast<int32_t>(it->second.tokens.size()));
+  num_prefix_query_tokens_ += num_prompt_tokens;
+  num_prefix_hit_tokens_ += static_cast<int64_t>(it->second.tokens.size());
+  ++num_prefix_query_requests_;
+  ++num_prefix_hit_requests_;
+  num_parked_pages_ -= it->second.num_pages;
+  parked_.erase(it);
+  if (auto sparse = sparse_.find(parked); sparse != sparse_.end()) {
+    sparse_.emplace(seq, std::move(sparse->second));
+    sparse_.erase(sparse);
+  } else {
+    auto dense = seqs_.find(parked);
+    seqs_.emplace(seq, std::move(dense->second));
+    seqs_.erase(dense);
+  }
+}
+
+bool KvManager::evict_oldest_parked() {
+  if (parked_.empty()) return false;
+  auto oldest = std::min_element(parked_.begin(), parked_.end(), [](const auto& a, const auto& b) {
+    return a.second.parked_at < b.second.parked_at;
+  });
+  const SeqId seq = oldest->first;
+  free(seq);
+  evicted_parked_.push_back(seq);
+  ++num_parked_evictions_;
+  return true;
+}
+
+std::vector<SeqId> KvManager::take_evicted_parked() {
+  std::vector<SeqId> evicted;
+  evicted.swap(evicted_parked_);
+  return evicted;
+}
+
+void KvManager::evict_all_parked() {
+  while (evict_oldest_parked()) {
+  }
+}
+
 void KvManager::start_sparse(SeqId seq) {
   assert(!contains(seq) && "SeqId already in use");
   sparse_.emplace(seq, SparseSequence(slice_shape()));
@@ -307,8 +450,11 @@ std::optional<CompactionPlan> KvManager::compress(SeqId seq, int32_t num_tokens,
     sparse_.emplace(seq, std::move(sparse));
     return plan;
   }
-  std::optional<SparseSequence> sparse =
-      SparseSequence::copy_from_dense(slice_shape(), dense.pages, num_tokens, keep, pool_, plan);
+  std::optional<SparseSequence> sparse = reclaiming([&] {
+    plan = CompactionPlan{};
+    return SparseSequence::copy_from_dense(slice_shape(), dense.pages, num_tokens, keep, pool_,
+                                           plan);
+  });
   if (!sparse) return std::nullopt;
   // As free(): last block first, so a cached prefix's tail is evicted before its head.
   for (auto page = dense.pages.rbegin(); page != dense.pages.rend(); ++page) {
@@ -324,7 +470,7 @@ std::optional<SparseAppend> KvManager::append_sparse(SeqId seq, int32_t num_toke
                                                      std::span<const uint8_t> stores) {
   auto it = sparse_.find(seq);
   assert(it != sparse_.end() && "append_sparse on a sequence that is not sparse");
-  return it->second.append(num_tokens, stores, pool_);
+  return reclaiming([&] { return it->second.append(num_tokens, stores, pool_); });
 }
 
 int32_t KvManager::num_pages_needed_sparse(SeqId seq, int32_t num_tokens,

@@ -33,6 +33,18 @@
 // write. block_table(), allocate() and prepare_write() are for streams sharing a block table;
 // sparse_layout() and owned_pages() for streams of their own.
 //
+// Parked sequences (conversations continued from a compressed cache): a finished sequence can be
+// parked instead of freed: it keeps its pages and layout, is no longer running, and is keyed by a
+// hash chain of its computed tokens and an extra key (the engine's: the policy). A new prompt that
+// extends those tokens adopts it and computes only the rest. Parked pages count as used, but any
+// call that needs pages takes them back first, least recently parked first, before it would
+// report "no free page" (so before the scheduler preempts anyone); parking keeps their total
+// within KvConfig::max_parked_pages.
+//   finish:   park(seq, tokens.first(num_computed), key)      // instead of free(seq)
+//   admit:    hit = lookup_parked(prompt, key); adopt(hit->seq, new_seq)   // num_computed =
+//             hit->num_tokens; then reserve() as for a running sequence
+//   per step: take_evicted_parked()    // parked sequences whose pages were taken back
+//
 // Expected failures (no free page) are return values and leave the state unchanged; misuse
 // (unknown or duplicate SeqId, out-of-range positions, stale match) is an assert.
 // Costs: every call is O(blocks touched) plus hashing O(tokens hashed); nothing is O(num_pages)
@@ -58,6 +70,8 @@ struct KvConfig {
   int32_t page_size = 16;  // tokens per page
   bool enable_prefix_caching = true;
   uint64_t hash_seed = 0;  // see block_hash.h
+  // Parked sequences hold at most this many pages together (0: none are parked).
+  int32_t max_parked_pages = 0;
   // The page layout's slices (sparse_layout.h); needed by sparse sequences only.
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
@@ -74,6 +88,12 @@ struct PrefixMatch {
   uint64_t extra_key = 0;
   std::vector<PageId> pages;      // [num cached blocks]
   std::vector<BlockHash> hashes;  // [num cached blocks]
+};
+
+// A parked sequence whose tokens start a prompt (KvManager::lookup_parked).
+struct ParkedMatch {
+  SeqId seq;
+  int32_t num_tokens = 0;  // its computed tokens: < the prompt's
 };
 
 // Pages added to a block table: block_table(seq)[first_new_block_idx, + num_new_pages).
@@ -110,7 +130,9 @@ struct StepSlots {
 
 struct KvStats {
   int32_t num_pages = 0;
-  int32_t num_free_pages = 0;     // ref count 0, including cached-free (evictable) pages
+  // Ref count 0, including cached-free (evictable) pages, plus the pages only parked sequences
+  // hold (taken back on demand like cached-free ones).
+  int32_t num_free_pages = 0;
   int32_t num_cached_blocks = 0;  // published pages, in use or cached-free
   int64_t num_evictions = 0;      // cached pages reused for other data
   // Counted at admit(): prompt tokens and requests admitted, and how many were served from
@@ -119,6 +141,11 @@ struct KvStats {
   int64_t num_prefix_hit_tokens = 0;
   int64_t num_prefix_query_requests = 0;
   int64_t num_prefix_hit_requests = 0;
+  // Parked sequences (reclaimable: see the top of kv_manager.h), the pages they hold (shared
+  // ones included), and the parked sequences taken back to make room.
+  int32_t num_parked_seqs = 0;
+  int32_t num_parked_pages = 0;
+  int64_t num_parked_evictions = 0;
   double usage() const {  // fraction of pages in use (ref count > 0)
     return num_pages == 0 ? 0.0 : 1.0 - static_cast<double>(num_free_pages) / num_pages;
   }
@@ -189,6 +216,26 @@ class KvManager {
   void free(SeqId seq);
   // Forgets all cached blocks. Only while no page is in use; false (nothing changed) otherwise.
   bool reset_prefix_cache();
+
+  // --- parked sequences (see the top of this file) ---
+  // The running or finished sequence `seq` stops and keeps its pages as the state of `tokens`
+  // (its computed tokens, no draft), under `key`. Parked sequences least recently parked make
+  // room first if its pages would pass max_parked_pages; one that alone would is freed instead.
+  // A parked sequence answers no call but the ones below and free(); a new park() of the same
+  // tokens and key replaces the older one.
+  void park(SeqId seq, std::span<const int32_t> tokens, uint64_t key);
+  // The parked sequence under `key` with the most tokens that start `prompt`, fewer than all of
+  // it (one prompt token at least is computed). O(prompt + parked sequences' tokens compared).
+  std::optional<ParkedMatch> lookup_parked(std::span<const int32_t> prompt, uint64_t key) const;
+  // `seq` (new) takes parked sequence `parked`'s pages and layout; `parked` is gone. Counted as
+  // a prefix-cache query of `num_prompt_tokens` that hit the parked tokens.
+  void adopt(SeqId parked, SeqId seq, int32_t num_prompt_tokens);
+  bool is_parked(SeqId seq) const { return parked_.contains(seq); }
+  // Parked sequences freed since the last call to make room (or replaced): forget what you keep
+  // about them.
+  std::vector<SeqId> take_evicted_parked();
+  // Frees every parked sequence (e.g. a cache reset).
+  void evict_all_parked();
 
   // --- sparse sequences (see the top of this file and sparse_layout.h) ---
   SliceShape slice_shape() const {
@@ -263,6 +310,21 @@ class KvManager {
   };
   SeqState& state(SeqId seq);
   const SeqState& state(SeqId seq) const;
+  struct Parked {
+    std::vector<int32_t> tokens;
+    uint64_t key = 0;
+    BlockHash hash;  // hash_chain(tokens, key)
+    uint64_t parked_at = 0;
+    int32_t num_pages = 0;
+  };
+  // Hash chain of whole pages of tokens, then the partial last one (block_hash.h).
+  BlockHash hash_chain(std::span<const int32_t> tokens, uint64_t key) const;
+  // Frees the least recently parked sequence; false when none is parked.
+  bool evict_oldest_parked();
+  // Runs `attempt` (a call that leaves everything unchanged when it lacks pages) again after
+  // each parked sequence it frees, until it succeeds or none is left.
+  template <typename Attempt>
+  auto reclaiming(Attempt&& attempt);
 
   KvConfig config_;
   PagePool pool_;
@@ -272,6 +334,11 @@ class KvManager {
   int64_t num_prefix_hit_tokens_ = 0;
   int64_t num_prefix_query_requests_ = 0;
   int64_t num_prefix_hit_requests_ = 0;
+  std::unordered_map<SeqId, Parked> parked_;
+  int32_t num_parked_pages_ = 0;
+  uint64_t park_clock_ = 0;
+  int64_t num_parked_evictions_ = 0;
+  std::vector<SeqId> evicted_parked_;
 };
 
 }  // namespace sieve::kv

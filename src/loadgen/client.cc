@@ -108,6 +108,11 @@ class StreamReader {
       if (usage.contains("prompt_tokens") && usage["prompt_tokens"].is_number_integer()) {
         record_.prompt_tokens = usage["prompt_tokens"].get<int64_t>();
       }
+      const nlohmann::json details = usage.value("prompt_tokens_details", nlohmann::json());
+      if (details.is_object() && details.contains("cached_tokens") &&
+          details["cached_tokens"].is_number_integer()) {
+        record_.cached_tokens = details["cached_tokens"].get<int64_t>();
+      }
     }
     if (!chunk.contains("choices") || !chunk["choices"].is_array() || chunk["choices"].empty())
       return true;

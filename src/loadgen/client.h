@@ -61,7 +61,11 @@ struct RequestRecord {
   int64_t output_tokens = 0;
   TokenSource output_tokens_source = TokenSource::kChunks;
   std::optional<int64_t> prompt_tokens;  // the server's usage.prompt_tokens
-  std::optional<int64_t> input_tokens;   // the workload's count (no BOS)
+  // usage.prompt_tokens_details.cached_tokens: prompt tokens the server did not compute.
+  std::optional<int64_t> cached_tokens;
+  int32_t conversation = -1;  // multi-turn runs: which simulated user, and which of its turns
+  int32_t turn = -1;
+  std::optional<int64_t> input_tokens;  // the workload's count (no BOS)
   int64_t requested_output_tokens = 0;
   std::string finish_reason;
   std::string generated_text;

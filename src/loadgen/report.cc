@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <fstream>
+#include <numeric>
 
 #include "util/error.h"
 
@@ -67,6 +69,10 @@ nlohmann::json to_json(const RequestRecord& r, size_t index) {
       {"prompt_tokens",
        r.prompt_tokens ? nlohmann::json(*r.prompt_tokens) : nlohmann::json(nullptr)},
       {"input_tokens", r.input_tokens ? nlohmann::json(*r.input_tokens) : nlohmann::json(nullptr)},
+      {"cached_tokens",
+       r.cached_tokens ? nlohmann::json(*r.cached_tokens) : nlohmann::json(nullptr)},
+      {"conversation", r.conversation >= 0 ? nlohmann::json(r.conversation) : nlohmann::json()},
+      {"turn", r.turn >= 0 ? nlohmann::json(r.turn) : nlohmann::json()},
       {"finish_reason",
        r.finish_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.finish_reason)},
       {"generated_text", r.generated_text}};  // e.g. to compare greedy outputs between runs
@@ -99,11 +105,47 @@ nlohmann::json to_json(const RunSummary& s) {
           {"errors", errors}};
 }
 
+// Multi-turn runs: per turn index, the completed requests' median and mean TTFT, their mean
+// prompt tokens and the share of prompt tokens the server took from its caches.
+nlohmann::json turns_json(const std::vector<RequestRecord>& records) {
+  std::vector<std::vector<const RequestRecord*>> by_turn;
+  for (const RequestRecord& r : records) {
+    if (r.turn < 0) continue;
+    if (by_turn.size() <= static_cast<size_t>(r.turn))
+      by_turn.resize(static_cast<size_t>(r.turn) + 1);
+    if (r.ok) by_turn[static_cast<size_t>(r.turn)].push_back(&r);
+  }
+  nlohmann::json turns = nlohmann::json::array();
+  for (size_t t = 0; t < by_turn.size(); ++t) {
+    std::vector<double> ttft;
+    double prompt = 0, cached = 0;
+    for (const RequestRecord* r : by_turn[t]) {
+      ttft.push_back(r->ttft_s * 1e3);
+      prompt += static_cast<double>(r->prompt_tokens.value_or(0));
+      cached += static_cast<double>(r->cached_tokens.value_or(0));
+    }
+    std::sort(ttft.begin(), ttft.end());
+    const auto n = static_cast<double>(ttft.size());
+    turns.push_back(
+        {{"turn", t},
+         {"completed", ttft.size()},
+         {"ttft_ms_median", ttft.empty() ? nlohmann::json() : nlohmann::json(percentile(ttft, 50))},
+         {"ttft_ms_mean", ttft.empty()
+                              ? nlohmann::json()
+                              : nlohmann::json(std::accumulate(ttft.begin(), ttft.end(), 0.0) / n)},
+         {"prompt_tokens_mean", ttft.empty() ? nlohmann::json() : nlohmann::json(prompt / n)},
+         {"cached_share", prompt > 0 ? nlohmann::json(cached / prompt) : nlohmann::json()}});
+  }
+  return turns;
+}
+
 nlohmann::json to_json(const RunResult& run) {
   nlohmann::json requests = nlohmann::json::array();
   for (size_t i = 0; i < run.records.size(); ++i) requests.push_back(to_json(run.records[i], i));
   const RunPoint& p = run.point;
+  nlohmann::json turns = turns_json(run.records);
   return {{"label", p.label},
+          {"turns", turns.empty() ? nlohmann::json() : turns},
           {"request_rate", optional_json(p.request_rate)},
           {"burstiness", p.burstiness},
           {"max_concurrency",
@@ -197,6 +239,20 @@ std::string format_run_details(const nlohmann::json& run) {
     for (const auto& [stat, stat_name] : kStats) {
       line(fmt::format("{} {} (ms):", stat_name, metric.abbreviation),
            format_number(number_at(s, P(fmt::format("/{}/{}", metric.key, stat)))));
+    }
+  }
+  if (run.contains("turns") && run["turns"].is_array()) {
+    out += fmt::format("{:-^60}\n", " Multi-turn: per turn ");
+    out += fmt::format("{:>6}{:>11}{:>16}{:>14}{:>13}\n", "turn", "completed", "median TTFT ms",
+                       "prompt tokens", "cached share");
+    for (const nlohmann::json& t : run["turns"]) {
+      const auto number = [&](const char* key, int decimals) {
+        return t[key].is_number() ? fmt::format("{:.{}f}", t[key].get<double>(), decimals)
+                                  : std::string("-");
+      };
+      out += fmt::format("{:>6}{:>11}{:>16}{:>14}{:>13}\n", t["turn"].get<int64_t>() + 1,
+                         t["completed"].get<int64_t>(), number("ttft_ms_median", 1),
+                         number("prompt_tokens_mean", 0), number("cached_share", 3));
     }
   }
   const int64_t shorter = s.value("output_shorter", int64_t{0});

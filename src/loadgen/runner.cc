@@ -110,6 +110,98 @@ nlohmann::json compose_patches(const nlohmann::json& a, const nlohmann::json& b)
 
 }  // namespace
 
+RunResult run_conversations(const ServerUrl& url, const ClientConfig& base_config,
+                            const std::vector<Conversation>& conversations, const RunPoint& point,
+                            const RunOptions& options, const ProgressCallback& progress) {
+  if (point.max_concurrency && *point.max_concurrency <= 0) {
+    fail("the concurrency must be positive (got {})", *point.max_concurrency);
+  }
+  ClientConfig config = base_config;
+  if (!point.extra_body.empty())
+    config.extra_body = compose_patches(config.extra_body, point.extra_body);
+  const int cap = point.max_concurrency.value_or(options.max_threads);
+  const auto num_workers =
+      static_cast<size_t>(std::clamp<size_t>(conversations.size(), 1, static_cast<size_t>(cap)));
+  std::vector<size_t> first_record(conversations.size() + 1, 0);
+  for (size_t c = 0; c < conversations.size(); ++c)
+    first_record[c + 1] = first_record[c] + conversations[c].turns.size();
+  const auto total = static_cast<int64_t>(first_record.back());
+  std::vector<RequestRecord> records(static_cast<size_t>(total));
+  const std::vector<double> arrivals =
+      arrival_times({point.request_rate, point.burstiness, options.seed},
+                    static_cast<int64_t>(conversations.size()));
+  Dispatch dispatch;
+  std::mutex progress_mutex;
+  int64_t done = 0, failed = 0;
+  int in_flight = 0, max_in_flight = 0;
+  const Clock::time_point run_start = Clock::now();
+  std::vector<std::thread> workers;
+  for (size_t w = 0; w < num_workers; ++w) {
+    workers.emplace_back([&] {
+      Connection connection(url, config);
+      while (std::optional<size_t> c = dispatch.pop()) {
+        const std::vector<Prompt>& turns = conversations[*c].turns;
+        Prompt sent;
+        bool ok = true;
+        for (size_t t = 0; t < turns.size(); ++t) {
+          RequestRecord& record = records[first_record[*c] + t];
+          if (ok) {
+            if (t == 0) {
+              sent = turns[0];
+            } else {
+              const RequestRecord& previous = records[first_record[*c] + t - 1];
+              if (config.endpoint == ApiEndpoint::kChat) {
+                nlohmann::json messages =
+                    sent.messages
+                        ? *sent.messages
+                        : nlohmann::json::array({{{"role", "user"}, {"content", sent.text}}});
+                messages.push_back({{"role", "assistant"}, {"content", previous.generated_text}});
+                messages.push_back({{"role", "user"}, {"content", turns[t].text}});
+                sent.messages = std::move(messages);
+              } else {
+                sent.text += previous.generated_text + turns[t].text;
+              }
+              sent.input_tokens.reset();  // the answers' tokens are the server's to count
+              sent.output_tokens = turns[t].output_tokens;
+            }
+            {
+              std::lock_guard lock(progress_mutex);
+              max_in_flight = std::max(max_in_flight, ++in_flight);
+            }
+            record = connection.send(sent, run_start);
+            std::lock_guard lock(progress_mutex);
+            --in_flight;
+            ok = record.ok;
+          } else {
+            record.error = "an earlier turn of the conversation failed";
+          }
+          record.conversation = static_cast<int32_t>(*c);
+          record.turn = static_cast<int32_t>(t);
+          std::lock_guard lock(progress_mutex);
+          ++done;
+          if (!record.ok) ++failed;
+          if (progress) progress(done, total, failed);
+        }
+      }
+    });
+  }
+  for (size_t c = 0; c < conversations.size(); ++c) {
+    std::this_thread::sleep_until(run_start + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(arrivals[c])));
+    dispatch.push(c);
+  }
+  dispatch.close();
+  for (std::thread& worker : workers) worker.join();
+  double duration_s = 0;
+  for (const RequestRecord& r : records) duration_s = std::max(duration_s, r.start_s + r.e2el_s);
+  RunResult result;
+  result.point = point;
+  result.summary = summarize(records, duration_s, options.slo);
+  result.summary.max_in_flight = max_in_flight;
+  result.records = std::move(records);
+  return result;
+}
+
 RunResult run_point(const ServerUrl& url, const ClientConfig& base_config,
                     const std::vector<Prompt>& prompts, const std::vector<Prompt>& warmup,
                     const RunPoint& point, const RunOptions& options,

@@ -40,6 +40,22 @@ struct RunResult {
 // Called after each request completes, from the thread that ran it (serialised).
 using ProgressCallback = std::function<void(int64_t done, int64_t total, int64_t failed)>;
 
+// A multi-turn workload (vLLM's and SGLang's multi-turn benchmarks): each conversation is one
+// simulated user who sends its turns one after another, each once the previous answer is
+// complete. Turn 0 sends turns[0]; turn k > 0 sends the conversation so far (completions: the
+// previous prompt + the answer's text + turns[k]'s text; chat: the messages, the answer as the
+// assistant's, then turns[k] as the next user message) with turns[k]'s output length.
+struct Conversation {
+  std::vector<Prompt> turns;
+};
+
+// Runs conversations at most max_concurrency at once (none: all at once; request_rate: when
+// each conversation starts). Records are in (conversation, turn) order, each with its indices;
+// a failed turn ends its conversation (the later turns are recorded as failed, not sent).
+RunResult run_conversations(const ServerUrl& url, const ClientConfig& config,
+                            const std::vector<Conversation>& conversations, const RunPoint& point,
+                            const RunOptions& options, const ProgressCallback& progress = {});
+
 // Sends the warmup prompts first (not measured, same concurrency limit), then the prompts.
 RunResult run_point(const ServerUrl& url, const ClientConfig& config,
                     const std::vector<Prompt>& prompts, const std::vector<Prompt>& warmup,

@@ -20,6 +20,9 @@ void Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_toke
   s.tokens = std::move(prompt);
   s.max_total_tokens = static_cast<int32_t>(max_total);
   s.options = options;
+  assert(options.num_computed == 0 ||
+         (kv_.contains(seq) && options.num_computed < s.num_prompt_tokens));
+  s.num_computed = options.num_computed;
   waiting_.push_back(seq);
 }
 
@@ -146,6 +149,10 @@ void Scheduler::schedule_waiting(ScheduleOutput& out) {
       return;
     const SeqId seq = waiting_.front();
     Sequence& s = seqs_.at(seq);
+    if (s.num_computed > 0) {  // a continuation: its K/V is held already
+      if (!admit_continuation(seq, budget, out)) return;
+      continue;
+    }
     kv::PrefixMatch match =
         s.options.private_kv || wants_prompt_logits(s)
             ? kv::PrefixMatch{.num_prompt_tokens = static_cast<int32_t>(s.tokens.size()),
@@ -172,6 +179,27 @@ void Scheduler::schedule_waiting(ScheduleOutput& out) {
     running_.push_back(seq);
     add_scheduled(seq, num_new, out, std::nullopt);
   }
+}
+
+bool Scheduler::admit_continuation(SeqId seq, int32_t budget, ScheduleOutput& out) {
+  Sequence& s = seqs_.at(seq);
+  const int32_t num_new = chunk_limit(
+      s, s.num_computed, std::min(static_cast<int32_t>(s.tokens.size()) - s.num_computed, budget));
+  std::optional<kv::StepSlots> slots = kv_.reserve(seq, s.num_computed, s.num_computed + num_new);
+  if (!slots) {
+    if (!running_.empty()) return false;  // wait for pages
+    // Nothing runs to give pages back: start from the first token like any other.
+    kv_.free(seq);
+    s.num_computed = 0;
+    out.preempted.push_back(seq);
+    return true;
+  }
+  waiting_.pop_front();
+  s.running = true;
+  running_.push_back(seq);
+  if (slots->page_copy) out.page_copies.push_back({seq, *slots->page_copy});
+  add_scheduled(seq, num_new, out, std::move(slots->append));
+  return true;
 }
 
 ScheduleOutput Scheduler::schedule() {
@@ -257,6 +285,23 @@ void Scheduler::resolve_draft(SeqId seq, int32_t num_accepted) {
   if (!s.options.private_kv) kv_.commit_full_blocks(seq, s.tokens, s.num_computed);
 }
 
+void Scheduler::finish_and_park(SeqId seq, uint64_t key) {
+  auto it = seqs_.find(seq);
+  assert(it != seqs_.end() && it->second.running && it->second.num_draft_tokens == 0);
+  const Sequence& s = it->second;
+  kv_.park(seq, std::span(s.tokens).first(static_cast<size_t>(s.num_computed)), key);
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  seqs_.erase(it);
+}
+
+void Scheduler::extend_prompt(SeqId seq, std::span<const int32_t> tokens) {
+  Sequence& s = seqs_.at(seq);
+  assert(s.num_draft_tokens == 0);
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  s.num_prompt_tokens = static_cast<int32_t>(s.tokens.size());
+  s.max_total_tokens += static_cast<int32_t>(tokens.size());
+}
+
 void Scheduler::finish(SeqId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
@@ -264,6 +309,7 @@ void Scheduler::finish(SeqId seq) {
     kv_.free(seq);
     running_.erase(std::find(running_.begin(), running_.end(), seq));
   } else {
+    if (kv_.contains(seq)) kv_.free(seq);  // a continuation waits holding its K/V
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
   }
   seqs_.erase(it);

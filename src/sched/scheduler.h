@@ -109,6 +109,11 @@ class Scheduler {
     // prefix (cached tokens have no logits; it still publishes its pages). A recompute after
     // preemption before that token yields the rows again; one after it yields none.
     bool prompt_logits = false;
+    // A continuation (kv/kv_manager.h, parked sequences): the KV manager already holds the first
+    // `num_computed` tokens' K/V under this SeqId (KvManager::adopt). The sequence waits
+    // holding them; if its first step finds no room while nothing runs, it lets them go and is
+    // computed from the start (reported as preempted).
+    int32_t num_computed = 0;
   };
   // Queues a new sequence that the caller has admitted (engine::Engine decides admission):
   // prompt + max_new_tokens within max_model_len, its peak pages within the pool. Asserted.
@@ -147,6 +152,12 @@ class Scheduler {
   int32_t max_draft_tokens(SeqId seq) const;
   // Finished or cancelled, waiting or running: forgets the sequence and frees its pages now.
   void finish(SeqId seq);
+  // Finished, running, no draft: forgets the sequence but parks its K/V in the KV manager under
+  // `key` (KvManager::park) for a later prompt that continues it.
+  void finish_and_park(SeqId seq, uint64_t key);
+  // The prompt grows by `tokens` after the sequence's known ones (the continuation reference:
+  // engine/request.h, Request::then_prompt); they are computed like a prompt's.
+  void extend_prompt(SeqId seq, std::span<const int32_t> tokens);
 
   bool contains(SeqId seq) const { return seqs_.contains(seq); }
   // Running (scheduled last step or admitted), not waiting or preempted.
@@ -187,6 +198,9 @@ class Scheduler {
   // The step's remaining budget is max_batch_tokens - out.num_batched_tokens.
   void schedule_running(bool decodes, ScheduleOutput& out);
   void schedule_waiting(ScheduleOutput& out);
+  // The waiting front holds its K/V (SequenceOptions::num_computed): schedule its next chunk.
+  // False: no pages yet, it keeps waiting (and so does everyone behind it).
+  bool admit_continuation(SeqId seq, int32_t budget, ScheduleOutput& out);
   void add_scheduled(SeqId seq, int32_t num_new, ScheduleOutput& out,
                      std::optional<kv::SparseAppend> stream_slots);
 

@@ -117,7 +117,9 @@ KvStateResponse kv_state_response(const engine::KvSnapshot& snapshot,
         {"pages_used", snapshot.num_pages_used},
         {"pages_free", snapshot.num_pages_free},
         {"pages_cached", snapshot.num_pages_cached},
-        {"pages_cached_free", snapshot.num_pages_cached_free}}},
+        {"pages_cached_free", snapshot.num_pages_cached_free},
+        {"pages_parked", snapshot.num_pages_parked},
+        {"parked_sequences", snapshot.num_parked_sequences}}},
       {"requests", {{"running", snapshot.num_running}, {"waiting", snapshot.num_waiting}}},
       {"sequences", std::move(sequences)}};
   if (snapshot.heads) {

@@ -57,8 +57,10 @@ Metrics::Metrics(const MetricsInfo& info)
                        "KV-cache usage (vLLM v0 name). 1 means 100 percent usage.");
   kv_pages_used_ =
       gauge("sieve:kv_pages_used", "KV pages referenced by running or waiting sequences.");
-  kv_pages_free_ = gauge("sieve:kv_pages_free",
-                         "KV pages free, including cached prefix pages that can be evicted.");
+  kv_pages_free_ =
+      gauge("sieve:kv_pages_free",
+            "KV pages free, including cached prefix pages and parked compressed states that can be "
+            "taken back.");
   // Bytes, because pages differ in size between KV dtypes (a q4 page is 0.16x an f32 one).
   kv_bytes_used_ = gauge("sieve:kv_cache_used_bytes",
                          "Bytes of K/V in pages referenced by running or waiting sequences.");
@@ -81,6 +83,17 @@ Metrics::Metrics(const MetricsInfo& info)
                             "Prefix cache queries, in terms of number of queried tokens.");
   prefix_hits_ = counter("vllm:prefix_cache_hits_total",
                          "Prefix cache hits, in terms of number of cached tokens.");
+  continued_requests_ =
+      counter("sieve:continued_requests_total",
+              "Requests that continued a finished compressed request's parked KV (a next turn).");
+  continued_tokens_ = counter("sieve:continued_prompt_tokens_total",
+                              "Prompt tokens those requests took from the parked KV.");
+  parked_evictions_ = counter("sieve:parked_evictions_total",
+                              "Parked compressed states freed to make room or replaced.");
+  parked_seqs_ = gauge("sieve:parked_sequences",
+                       "Finished compressed requests whose KV is kept for a next turn.");
+  parked_pages_ = gauge("sieve:parked_kv_pages",
+                        "KV pages they hold (free to take back: counted in sieve:kv_pages_free).");
   kv_pages_kept_ =
       counter("sieve:kv_pages_kept_total",
               "KV pages finished sequences held at their end (sparse policies hold fewer).");
@@ -206,6 +219,11 @@ std::string Metrics::render(const engine::EngineStats& stats) {
   sync_counter(*generation_tokens_, last_generated_, stats.num_generated_tokens);
   sync_counter(*prefix_queries_, last_prefix_queries_, stats.kv.num_prefix_query_tokens);
   sync_counter(*prefix_hits_, last_prefix_hits_, stats.kv.num_prefix_hit_tokens);
+  sync_counter(*continued_requests_, last_continued_requests_, stats.num_continued_requests);
+  sync_counter(*continued_tokens_, last_continued_tokens_, stats.num_continued_tokens);
+  sync_counter(*parked_evictions_, last_parked_evictions_, stats.kv.num_parked_evictions);
+  parked_seqs_->Set(stats.kv.num_parked_seqs);
+  parked_pages_->Set(stats.kv.num_parked_pages);
   sync_counter(*spec_drafts_, last_spec_drafts_, stats.spec_num_drafts);
   sync_counter(*spec_draft_tokens_, last_spec_draft_tokens_, stats.spec_num_draft_tokens);
   sync_counter(*spec_accepted_tokens_, last_spec_accepted_tokens_, stats.spec_num_accepted_tokens);

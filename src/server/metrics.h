@@ -86,6 +86,11 @@ class Metrics {
   prometheus::Counter* generation_tokens_;
   prometheus::Counter* prefix_queries_;
   prometheus::Counter* prefix_hits_;
+  prometheus::Counter* continued_requests_;
+  prometheus::Counter* continued_tokens_;
+  prometheus::Counter* parked_evictions_;
+  prometheus::Gauge* parked_seqs_;
+  prometheus::Gauge* parked_pages_;
   prometheus::Counter* kv_pages_kept_;
   prometheus::Counter* kv_pages_dense_;
   prometheus::Counter* kv_bytes_kept_;
@@ -115,6 +120,9 @@ class Metrics {
   int64_t last_generated_ = 0;
   int64_t last_prefix_queries_ = 0;
   int64_t last_prefix_hits_ = 0;
+  int64_t last_continued_requests_ = 0;
+  int64_t last_continued_tokens_ = 0;
+  int64_t last_parked_evictions_ = 0;
   int64_t last_spec_drafts_ = 0;
   int64_t last_spec_draft_tokens_ = 0;
   int64_t last_spec_accepted_tokens_ = 0;

@@ -88,10 +88,15 @@ SparsityController::Compression SparsityController::propose(const CompressPoint&
   std::vector<CompressResult> results;
   for (PolicyGroup& group : out.next) {
     in.clear();
+    // A policy that acts on decode saw each decoded position as it came (a conversation's next
+    // turn compresses after decode steps); the others see them first here.
+    const int32_t first_new = group.policy->acts_on_decode()
+                                  ? std::max(compressed_through_, decode_positions_)
+                                  : compressed_through_;
     for (int32_t s : group.streams) {
       in.push_back({.prompt_done = point.prompt_done,
                     .num_positions = point.num_positions,
-                    .first_new_position = compressed_through_,
+                    .first_new_position = first_new,
                     .num_keys = point.num_keys[s],
                     .scores = static_cast<size_t>(s) < point.scores.size()
                                   ? point.scores[s]

@@ -47,6 +47,10 @@ class SparsityController {
   bool prompt_compressed() const { return prompt_compressed_; }
   // From the start again (the sequence's KV is dense again: recomputed after preemption).
   void restart();
+  // More prompt follows what the sequence holds (a conversation's next turn continuing from its
+  // compressed state): compressions are the prompt's again until the next prompt_done one,
+  // which starts the decode-time policies anew; the policies keep their state.
+  void begin_prompt() { prompt_compressed_ = false; }
 
   struct CompressPoint {
     bool prompt_done = false;

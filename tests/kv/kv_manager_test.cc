@@ -385,3 +385,96 @@ TEST(KvManager, TruncateReleasesPagesPastTheKeptTokens) {
 
 }  // namespace
 }  // namespace sieve::kv
+
+namespace sieve::kv {
+namespace {
+
+KvManager MakeParking(int32_t num_pages, int32_t max_parked_pages) {
+  return KvManager(KvConfig{.num_pages = num_pages,
+                            .page_size = 4,
+                            .max_parked_pages = max_parked_pages,
+                            .num_layers = 1,
+                            .num_kv_heads = 1});
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(KvManagerParking, TheLongestParkedPrefixUnderTheSameKeyIsAdopted) {
+  KvManager kv = MakeParking(16, 16);
+  const std::vector<int32_t> turn1 = test::Iota(0, 10);
+  const std::vector<int32_t> turn2 = Concat(turn1, test::Iota(100, 7));
+  AdmitAndCompute(kv, kA, turn1);
+  kv.park(kA, turn1, 7);
+  AdmitAndCompute(kv, kB, turn2);
+  kv.park(kB, turn2, 7);
+  EXPECT_TRUE(kv.is_parked(kA) && kv.is_parked(kB));
+  EXPECT_EQ(kv.stats().num_parked_seqs, 2);
+  const std::vector<int32_t> turn3 = Concat(turn2, test::Iota(200, 3));
+  EXPECT_EQ(kv.lookup_parked(turn3, 8), std::nullopt) << "another key";
+  EXPECT_EQ(kv.lookup_parked(turn2, 7)->seq, kA) << "never the whole prompt";
+  const std::optional<ParkedMatch> hit = kv.lookup_parked(turn3, 7);
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(hit->seq, kB);
+  EXPECT_EQ(hit->num_tokens, 17);
+  std::vector<int32_t> diverged = turn3;
+  diverged[12] = -1;
+  EXPECT_EQ(kv.lookup_parked(diverged, 7)->seq, kA);
+  const std::vector<PageId> pages(kv.block_table(kB).begin(), kv.block_table(kB).end());
+  const int64_t hits_before = kv.stats().num_prefix_hit_tokens;
+  kv.adopt(kB, kC, 20);
+  EXPECT_EQ(kv.stats().num_prefix_hit_tokens - hits_before, 17);
+  EXPECT_FALSE(kv.is_parked(kB));
+  EXPECT_FALSE(kv.contains(kB));
+  EXPECT_EQ(Table(kv, kC), pages);
+  ASSERT_TRUE(kv.reserve(kC, 17, 20));
+  EXPECT_EQ(kv.take_evicted_parked(), std::vector<SeqId>{});
+  EXPECT_EQ(kv.invariant_violation(), std::nullopt);
+  ExpectNoLeaks(kv, {kA, kC});
+}
+
+TEST(KvManagerParking, ParkedPagesCountAsFreeAndGoBackBeforeAnAllocationFails) {
+  KvManager kv = MakeParking(6, 6);
+  AdmitAndCompute(kv, kA, test::Iota(0, 8));  // 2 pages
+  kv.park(kA, test::Iota(0, 8), 1);
+  AdmitAndCompute(kv, kB, test::Iota(50, 8));  // 2 pages
+  kv.park(kB, test::Iota(50, 8), 1);
+  EXPECT_EQ(kv.num_free_pages(), 2);
+  EXPECT_EQ(kv.stats().num_free_pages, 6) << "parked pages are free to take";
+  // 4 pages: the oldest parked sequence goes, the newer one stays.
+  ASSERT_TRUE(kv.admit(kC, kv.lookup_prefix(test::Iota(900, 16)), 16));
+  EXPECT_EQ(kv.take_evicted_parked(), std::vector<SeqId>{kA});
+  EXPECT_TRUE(kv.is_parked(kB));
+  EXPECT_EQ(kv.stats().num_parked_evictions, 1);
+  EXPECT_EQ(kv.invariant_violation(), std::nullopt);
+  ExpectNoLeaks(kv, {kB, kC});
+}
+
+TEST(KvManagerParking, ParkingKeepsWithinItsShareAndReplacesTheSameState) {
+  KvManager kv = MakeParking(16, 4);
+  AdmitAndCompute(kv, kA, test::Iota(0, 8));
+  kv.park(kA, test::Iota(0, 8), 1);
+  AdmitAndCompute(kv, kB, test::Iota(0, 8));  // the same tokens again: replaces kA
+  kv.park(kB, test::Iota(0, 8), 1);
+  EXPECT_EQ(kv.take_evicted_parked(), std::vector<SeqId>{kA});
+  AdmitAndCompute(kv, kC, test::Iota(30, 8));  // 2 more pages: at the share exactly
+  kv.park(kC, test::Iota(30, 8), 1);
+  EXPECT_EQ(kv.stats().num_parked_pages, 4);
+  constexpr SeqId kD{4};
+  AdmitAndCompute(kv, kD, test::Iota(60, 8));  // over the share: the oldest goes
+  kv.park(kD, test::Iota(60, 8), 1);
+  EXPECT_EQ(kv.take_evicted_parked(), std::vector<SeqId>{kB});
+  constexpr SeqId kE{5};
+  AdmitAndCompute(kv, kE, test::Iota(90, 20));  // 5 pages: more than the share alone
+  kv.park(kE, test::Iota(90, 20), 1);
+  EXPECT_FALSE(kv.contains(kE));
+  EXPECT_EQ(kv.stats().num_parked_pages, 4);
+  kv.evict_all_parked();
+  EXPECT_EQ(kv.num_free_pages(), 16);
+  EXPECT_EQ(kv.invariant_violation(), std::nullopt);
+}
+
+}  // namespace
+}  // namespace sieve::kv

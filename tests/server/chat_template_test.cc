@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -772,6 +773,68 @@ TEST(ChatTemplate, RendersRepeatedly) {
   EXPECT_NE(first, second);
   EXPECT_EQ(first.rfind("<s>", 0), 0u);
 }
+
+}  // namespace
+}  // namespace sieve::server
+
+namespace sieve::server {
+namespace {
+
+// A conversation continues from its parked KV (engine/engine_config.h, max_parked_share) only if
+// the next turn's prompt starts with the last one's prompt + the reply as the model wrote it +
+// its end-of-turn token. Per template: how much of that the next render keeps. Llama 3.1,
+// Qwen2.5, Qwen3 without reasoning and Mistral v0.1 re-render the previous turn byte for byte (a
+// full hit); Qwen3 drops the think block of a turn that precedes the last user message and
+// Mistral v0.2 writes " " before the reply, so there the hit ends where the reply began (the
+// earlier prompt only).
+struct ContinuationCase {
+  const char* name;
+  const char* template_json;
+  json bos;
+  const char* end_of_turn;  // what the model generates to end its reply
+  const char* reply;        // the reply's text as generated
+  // Where the next render first differs from prompt + reply + end_of_turn: "full" (it does
+  // not), or "reply" (inside the reply).
+  const char* hit;
+};
+
+class TemplateContinuation : public ::testing::TestWithParam<ContinuationCase> {};
+
+TEST_P(TemplateContinuation, NextTurnStartsWithTheLastPromptAndReply) {
+  const ContinuationCase& c = GetParam();
+  const auto tmpl = ChatTemplate::parse(template_text(c.template_json));
+  json messages = json::parse(R"([{"role": "user", "content": "Hello, who are you?"}])");
+  const std::string prompt1 = tmpl.render(context(messages, c.bos, c.end_of_turn));
+  messages.push_back({{"role", "assistant"}, {"content", c.reply}});
+  messages.push_back({{"role", "user"}, {"content", "Tell me more."}});
+  const std::string prompt2 = tmpl.render(context(messages, c.bos, c.end_of_turn));
+  const std::string held = prompt1 + c.reply + c.end_of_turn;
+  const size_t common = static_cast<size_t>(
+      std::mismatch(held.begin(), held.end(), prompt2.begin(), prompt2.end()).first - held.begin());
+  if (std::string(c.hit) == "full") {
+    EXPECT_EQ(common, held.size()) << "next render:\n" << prompt2;
+  } else {  // the earlier prompt is kept, the reply is not
+    EXPECT_GE(common, prompt1.size()) << "next render:\n" << prompt2;
+    EXPECT_LT(common, prompt1.size() + std::string(c.reply).size()) << "next render:\n" << prompt2;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RealTemplates, TemplateContinuation,
+    ::testing::Values(
+        ContinuationCase{"Llama31", k_llama31, "<|begin_of_text|>", "<|eot_id|>",
+                         "I am an assistant.", "full"},
+        ContinuationCase{"Llama3", k_llama3, "<|begin_of_text|>", "<|eot_id|>",
+                         "I am an assistant.", "full"},
+        ContinuationCase{"Qwen25", k_qwen25, json(), "<|im_end|>", "I am Qwen.", "full"},
+        ContinuationCase{"Qwen3", k_qwen3, json(), "<|im_end|>", "I am Qwen.", "full"},
+        ContinuationCase{"Qwen3Thinking", k_qwen3, json(), "<|im_end|>",
+                         "<think>\nA greeting.\n</think>\n\nI am Qwen.", "reply"},
+        // SentencePiece models write the reply's first word with its space ("▁I").
+        ContinuationCase{"MistralV01", k_mistral_v01, "<s>", "</s>", " I am Mistral.", "full"},
+        // v0.2 puts " " before the reply itself: the space the model wrote is doubled.
+        ContinuationCase{"MistralV02", k_mistral_v02, "<s>", "</s>", " I am Mistral.", "reply"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace sieve::server

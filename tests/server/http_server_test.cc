@@ -323,3 +323,67 @@ TEST(HttpServerTest, SpeculationKeepsGreedyTextAndIsCountedInUsageAndMetrics) {
 
 }  // namespace
 }  // namespace sieve::server
+
+namespace sieve::server {
+namespace {
+
+// A conversation's next turn on a compressed cache, through the server: the second request's
+// prompt is the first's prompt + its text + more, so it continues from the parked K/V; counted in
+// usage.prompt_tokens_details.cached_tokens, vLLM's prefix-cache counters and sieve's own (the
+// engine tests check the continued tokens themselves).
+TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
+  model::LoadedModel loaded =
+      model::load_model({.model_path = sieve::testing::shared_path("models/copy/copy-lm.gguf")});
+  auto engine = std::make_shared<engine::Engine>(engine::EngineConfig{.num_kv_pages = 256},
+                                                 loaded.model, loaded.tokenizer);
+  engine->start();
+  HttpServer server({.port = 0});
+  server.bind();
+  std::thread listener([&] { server.listen(); });
+  server.set_backend({.engine = engine,
+                      .tokenizer = loaded.tokenizer,
+                      .model_name = "copy",
+                      .context_length = 1024,
+                      .render_chat = [](const json&) { return std::string(); }});
+  httplib::Client client("127.0.0.1", server.port());
+  const auto complete = [&](const std::string& prompt) {
+    json body = {{"prompt", prompt},
+                 {"max_tokens", 16},
+                 {"temperature", 0},
+                 {"kv_policy", "snapkv:B=32,W=8"}};
+    auto reply = client.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(reply && reply->status == 200) << (reply ? reply->body : "no reply");
+    return reply ? json::parse(reply->body) : json();
+  };
+  std::string prompt =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day, she saw a big red ball under a tree and ran to get it.";
+  const json turn1 = complete(prompt);
+  EXPECT_EQ(turn1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  prompt += turn1["choices"][0]["text"].get<std::string>() + " Her mother called her home.";
+  const json turn2 = complete(prompt);
+  const int64_t cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  // Everything turn 1 computed: its prompt and output but the last token (this text
+  // re-tokenizes to the ids turn 1 generated).
+  EXPECT_EQ(cached, turn1["usage"]["prompt_tokens"].get<int64_t>() +
+                        turn1["usage"]["completion_tokens"].get<int64_t>() - 1)
+      << turn2;
+  // The engine publishes its counters at the end of the step that answered: poll for them.
+  std::map<std::string, double> metrics = scrape(client);
+  for (int i = 0; i < 500 && metrics[R"(sieve:parked_sequences{model_name="copy"})"] < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    metrics = scrape(client);
+  }
+  EXPECT_EQ(metrics[R"(sieve:continued_requests_total{model_name="copy"})"], 1);
+  EXPECT_EQ(metrics[R"(sieve:continued_prompt_tokens_total{model_name="copy"})"],
+            static_cast<double>(cached));
+  EXPECT_EQ(metrics[R"(sieve:parked_sequences{model_name="copy"})"], 1) << "turn 2's own";
+  EXPECT_GE(metrics[R"(vllm:prefix_cache_hits_total{model_name="copy"})"],
+            static_cast<double>(cached));
+  server.shutdown();
+  listener.join();
+  engine->stop();
+}
+
+}  // namespace
+}  // namespace sieve::server

@@ -1,0 +1,259 @@
+// Conversations on a compressed cache: a request whose prompt extends a finished request's prompt
+// + output, under the same sparse policy, continues from its parked K/V and controller. Defined
+// by, and checked against, one sequence that prefills turn 1, takes turn 1's output as given and
+// then prefills the new tokens (Request::given_output / then_prompt), run in a fresh engine:
+// tokens and logprobs equal, for every policy and KV dtype. Parked pages are taken back before
+// anyone is preempted, within their share of the pool, and never leak.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "kv_dtype_cases.h"
+#include "model/loader.h"
+#include "shared_data.h"
+#include "sparsity/calibration.h"
+#include "sparsity/policy_spec.h"
+
+namespace sieve::engine {
+namespace {
+
+struct Outcome {
+  std::vector<TokenId> tokens;
+  std::vector<float> logprobs;
+  Usage usage;
+  std::optional<std::string> error;
+};
+
+std::vector<Outcome> run(Engine& engine, const std::vector<Request>& requests) {
+  std::vector<Outcome> outcomes(requests.size());
+  std::map<RequestId, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto submitted = engine.submit(requests[i], [&outcomes, &index](const RequestEvent& event) {
+      Outcome& o = outcomes[index.at(event.request_id)];
+      o.tokens.insert(o.tokens.end(), event.tokens.begin(), event.tokens.end());
+      for (const SampleResult& r : event.logprobs) o.logprobs.push_back(r.logprob.value_or(1.0f));
+      if (event.finish) o.usage = event.usage;
+      if (event.error) o.error = event.error;
+    });
+    if (auto* refused = std::get_if<AdmissionError>(&submitted)) {
+      ADD_FAILURE() << refused->message;
+      continue;
+    }
+    index[std::get<RequestId>(submitted)] = i;
+  }
+  engine.run_until_idle();
+  return outcomes;
+}
+
+Request greedy(std::vector<TokenId> prompt, const std::string& policy, int32_t max_tokens) {
+  Request request{.prompt = std::move(prompt), .kv_policy = sparsity::parse_policy(policy)};
+  request.params.max_tokens = max_tokens;
+  request.params.ignore_eos = true;
+  request.params.logprobs = 0;
+  return request;
+}
+
+// Consecutive TinyStories text: turn 1's prompt and each next turn's new text.
+std::vector<TokenId> text_tokens(const tok::Tokenizer& tokenizer, size_t offset, size_t chars) {
+  std::ifstream in(testing::shared_path("golden/stories260K/tinystories_valid.txt"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return tokenizer.encode(buffer.str().substr(offset, chars));
+}
+
+std::vector<TokenId> concat(std::vector<TokenId> a, const std::vector<TokenId>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Every policy that parks (page-freeing and read-only ones, compositions), with budgets that drop
+// keys from these prompts; indices fit the 2-layer, 2-KV-head models.
+const std::vector<std::string> kPolicies = {
+    "streaming:S=4,W=48",
+    "snapkv:B=48,W=8",
+    "pyramidkv:B=48,W=8",
+    "adakv:B=40,W=8",
+    "keydiff:B=40,W=8",
+    "h2o:B=32,W=16",
+    "fastgen:T=0.3,W=16,F=0.1",
+    "quest:K=4,R=1,S=4,W=16",
+    "lserve:K=3,R=3,S=4,W=32,f=0.5",
+    "layerwise:L=1,rest=snapkv:B=32,W=8",
+    "heads:(streaming:S=4,W=32)@kv=0,rest=snapkv:B=40,W=8",
+    "layers:(h2o:B=32,W=16)@0,rest=snapkv:B=40,W=8",
+};
+
+std::shared_ptr<const sparsity::CalibrationProfile> profile_for(const model::Model& model) {
+  auto profile = std::make_shared<sparsity::CalibrationProfile>();
+  profile->model_name = "test";
+  profile->model_fingerprint = model.fingerprint();
+  profile->num_layers = model.config().num_layers;
+  profile->num_kv_heads = model.config().num_kv_heads;
+  for (int64_t i = 0; i < profile->num_layers * profile->num_kv_heads; ++i)
+    profile->streaming_scores.push_back(i % 2 == 0 ? 0.9 : 0.1);
+  return profile;
+}
+
+class Continuation : public ::testing::TestWithParam<KvDTypeCase> {
+ protected:
+  void SetUp() override {
+    loaded_ = GetParam().load();
+    profile_ = profile_for(*loaded_.model);
+  }
+  EngineConfig config(int32_t num_pages, int32_t chunk) const {
+    return {.num_kv_pages = num_pages,
+            .page_size = 16,
+            .max_batch_tokens = 64,
+            .sparse_prefill_chunk = chunk,
+            .max_num_seqs = 16,
+            .max_queued = 64,
+            .kv_dtype = GetParam().dtype,
+            .calibration = profile_};
+  }
+  model::LoadedModel loaded_;
+  std::shared_ptr<const sparsity::CalibrationProfile> profile_;
+};
+
+void expect_no_leak(const Engine& engine) {
+  const EngineStats stats = engine.stats();
+  EXPECT_EQ(stats.kv.num_free_pages, stats.kv.num_pages) << "KV pages leaked";
+  EXPECT_EQ(stats.num_running, 0);
+  EXPECT_EQ(stats.num_waiting, 0);
+}
+
+TEST_P(Continuation, NextTurnsEqualOneSequenceThatTookTheOutputsAsGiven) {
+  const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
+  const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
+  const std::vector<TokenId> new2 = text_tokens(tokenizer, 2000, 160);
+  const std::vector<TokenId> new3 = text_tokens(tokenizer, 4000, 90);
+  for (const int32_t chunk : {0, 48}) {
+    for (const std::string& policy : kPolicies) {
+      SCOPED_TRACE(policy + " chunk " + std::to_string(chunk));
+      Engine engine(config(512, chunk), loaded_.model, loaded_.tokenizer);
+      const Outcome turn1 = run(engine, {greedy(p1, policy, 20)})[0];
+      ASSERT_EQ(turn1.tokens.size(), 20u);
+      EXPECT_EQ(engine.stats().kv.num_parked_seqs, 1);
+      const std::vector<TokenId> prompt2 = concat(concat(p1, turn1.tokens), new2);
+      const Outcome turn2 = run(engine, {greedy(prompt2, policy, 16)})[0];
+      ASSERT_FALSE(turn2.error) << *turn2.error;
+      // Everything turn 1 computed: its prompt and output but the last token.
+      EXPECT_EQ(turn2.usage.cached_prompt_tokens,
+                static_cast<int32_t>(p1.size() + turn1.tokens.size()) - 1);
+      const std::vector<TokenId> prompt3 = concat(concat(prompt2, turn2.tokens), new3);
+      const Outcome turn3 = run(engine, {greedy(prompt3, policy, 12)})[0];
+      EXPECT_EQ(turn3.usage.cached_prompt_tokens,
+                static_cast<int32_t>(prompt2.size() + turn2.tokens.size()) - 1);
+      EXPECT_EQ(engine.stats().num_continued_requests, 2);
+      expect_no_leak(engine);
+
+      // The reference: one sequence, outputs given, the new text prefilled after them.
+      Engine fresh(config(512, chunk), loaded_.model, loaded_.tokenizer);
+      Request reference = greedy(p1, policy, 20 + 16);
+      reference.given_output = turn1.tokens;
+      reference.then_prompt = new2;
+      const Outcome ref2 = run(fresh, {reference})[0];
+      ASSERT_EQ(ref2.tokens.size(), 36u);
+      EXPECT_EQ(std::vector<TokenId>(ref2.tokens.begin() + 20, ref2.tokens.end()), turn2.tokens);
+      EXPECT_EQ(std::vector<float>(ref2.logprobs.begin() + 20, ref2.logprobs.end()),
+                turn2.logprobs);
+      EXPECT_EQ(fresh.stats().num_continued_requests, 0);
+      expect_no_leak(fresh);
+    }
+  }
+}
+
+TEST_P(Continuation, APromptThatLeavesTheConversationComputesItAll) {
+  // A different turn-1 output (an edited answer) matches nothing parked: the request is computed
+  // as it would be in a fresh engine, and the parked state stays for whoever continues it.
+  const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
+  const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
+  const std::string policy = "snapkv:B=48,W=8";
+  Engine engine(config(512, 0), loaded_.model, loaded_.tokenizer);
+  Outcome turn1 = run(engine, {greedy(p1, policy, 20)})[0];
+  std::vector<TokenId> edited = turn1.tokens;
+  edited[5] = edited[5] == 1 ? 2 : 1;
+  const std::vector<TokenId> prompt2 = concat(concat(p1, edited), text_tokens(tokenizer, 2000, 80));
+  const Outcome turn2 = run(engine, {greedy(prompt2, policy, 12)})[0];
+  EXPECT_EQ(engine.stats().num_continued_requests, 0);
+  Engine fresh(config(512, 0), loaded_.model, loaded_.tokenizer);
+  EXPECT_EQ(run(fresh, {greedy(prompt2, policy, 12)})[0].tokens, turn2.tokens);
+  EXPECT_EQ(engine.stats().kv.num_parked_seqs, 2);  // turn 1's and the edited one's
+  expect_no_leak(engine);
+}
+
+TEST_P(Continuation, ParkedPagesGoBackBeforeAnyoneIsPreempted) {
+  const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
+  const std::string policy = "streaming:S=4,W=48";
+  // A pool that a dense 400-token request fills by more than half.
+  Engine engine(config(40, 0), loaded_.model, loaded_.tokenizer);
+  for (size_t i = 0; i < 6; ++i)
+    run(engine, {greedy(text_tokens(tokenizer, i * 700, 300), policy, 8)});
+  const EngineStats parked = engine.stats();
+  EXPECT_GE(parked.kv.num_parked_seqs, 2);
+  EXPECT_LE(parked.kv.num_parked_pages, 20) << "within half the pool";
+  const std::vector<TokenId> long_prompt = text_tokens(tokenizer, 5000, 800);
+  const auto dense_pages = static_cast<int32_t>((long_prompt.size() + 8 + 15) / 16);
+  ASSERT_GT(dense_pages, parked.kv.num_pages - parked.kv.num_parked_pages)
+      << "the dense request must need parked pages";
+  const Outcome dense = run(engine, {greedy(long_prompt, "full", 8)})[0];
+  EXPECT_FALSE(dense.error);
+  EXPECT_EQ(dense.tokens.size(), 8u);
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(after.num_preemptions, 0);
+  EXPECT_GT(after.kv.num_parked_evictions, 0);
+  expect_no_leak(engine);
+}
+
+TEST_P(Continuation, NoParkingWithAZeroShare) {
+  const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
+  EngineConfig c = config(512, 0);
+  c.max_parked_share = 0;
+  Engine engine(c, loaded_.model, loaded_.tokenizer);
+  const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
+  const Outcome turn1 = run(engine, {greedy(p1, "snapkv:B=48,W=8", 10)})[0];
+  EXPECT_EQ(engine.stats().kv.num_parked_seqs, 0);
+  const Outcome turn2 = run(engine, {greedy(concat(p1, turn1.tokens), "snapkv:B=48,W=8", 10)})[0];
+  EXPECT_EQ(engine.stats().num_continued_requests, 0);
+  EXPECT_EQ(turn2.tokens.size(), 10u);
+  expect_no_leak(engine);
+}
+
+TEST_P(Continuation, ParallelSamplesContinueFromOneParkedState) {
+  // n = 2 on a continued prompt: both samples start from the adopted state (the second gets a
+  // copy at its first token), each equal to the same request in a fresh engine's reference.
+  const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
+  const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
+  const std::vector<TokenId> new2 = text_tokens(tokenizer, 2000, 120);
+  const std::string policy = "h2o:B=32,W=16";
+  Engine engine(config(512, 0), loaded_.model, loaded_.tokenizer);
+  const Outcome turn1 = run(engine, {greedy(p1, policy, 12)})[0];
+  Request turn2 = greedy(concat(concat(p1, turn1.tokens), new2), policy, 10);
+  turn2.params.n = 2;
+  std::vector<std::vector<TokenId>> samples(2);
+  auto submitted = engine.submit(turn2, [&](const RequestEvent& event) {
+    samples[event.sample_idx].insert(samples[event.sample_idx].end(), event.tokens.begin(),
+                                     event.tokens.end());
+  });
+  ASSERT_TRUE(std::holds_alternative<RequestId>(submitted));
+  engine.run_until_idle();
+  Engine fresh(config(512, 0), loaded_.model, loaded_.tokenizer);
+  Request reference = greedy(p1, policy, 12 + 10);
+  reference.given_output = turn1.tokens;
+  reference.then_prompt = new2;
+  const Outcome ref = run(fresh, {reference})[0];
+  const std::vector<TokenId> expected(ref.tokens.begin() + 12, ref.tokens.end());
+  EXPECT_EQ(samples[0], expected);
+  EXPECT_EQ(samples[1], expected);  // greedy: the same
+  expect_no_leak(engine);
+}
+
+INSTANTIATE_TEST_SUITE_P(KvDTypes, Continuation,
+                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4), kv_case_name);
+
+}  // namespace
+}  // namespace sieve::engine
