@@ -6,6 +6,7 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <utility>
 
 #include "util/error.h"
 
@@ -108,11 +109,10 @@ nlohmann::json compose_patches(const nlohmann::json& a, const nlohmann::json& b)
   return out;
 }
 
-}  // namespace
-
-RunResult run_conversations(const ServerUrl& url, const ClientConfig& base_config,
-                            const std::vector<Conversation>& conversations, const RunPoint& point,
-                            const RunOptions& options, const ProgressCallback& progress) {
+// The point's client configuration (its --extra-body merged in) and how many workers it runs
+// for `num_items` requests or conversations.
+std::pair<ClientConfig, size_t> point_setup(const ClientConfig& base_config, const RunPoint& point,
+                                            const RunOptions& options, size_t num_items) {
   if (point.max_concurrency && *point.max_concurrency <= 0) {
     fail("the concurrency must be positive (got {})", *point.max_concurrency);
   }
@@ -120,8 +120,15 @@ RunResult run_conversations(const ServerUrl& url, const ClientConfig& base_confi
   if (!point.extra_body.empty())
     config.extra_body = compose_patches(config.extra_body, point.extra_body);
   const int cap = point.max_concurrency.value_or(options.max_threads);
-  const auto num_workers =
-      static_cast<size_t>(std::clamp<size_t>(conversations.size(), 1, static_cast<size_t>(cap)));
+  return {config, static_cast<size_t>(std::clamp<size_t>(num_items, 1, static_cast<size_t>(cap)))};
+}
+
+}  // namespace
+
+RunResult run_conversations(const ServerUrl& url, const ClientConfig& base_config,
+                            const std::vector<Conversation>& conversations, const RunPoint& point,
+                            const RunOptions& options, const ProgressCallback& progress) {
+  const auto [config, num_workers] = point_setup(base_config, point, options, conversations.size());
   std::vector<size_t> first_record(conversations.size() + 1, 0);
   for (size_t c = 0; c < conversations.size(); ++c)
     first_record[c + 1] = first_record[c] + conversations[c].turns.size();
@@ -206,15 +213,7 @@ RunResult run_point(const ServerUrl& url, const ClientConfig& base_config,
                     const std::vector<Prompt>& prompts, const std::vector<Prompt>& warmup,
                     const RunPoint& point, const RunOptions& options,
                     const ProgressCallback& progress) {
-  if (point.max_concurrency && *point.max_concurrency <= 0) {
-    fail("the concurrency must be positive (got {})", *point.max_concurrency);
-  }
-  ClientConfig config = base_config;
-  if (!point.extra_body.empty())
-    config.extra_body = compose_patches(config.extra_body, point.extra_body);
-  const int cap = point.max_concurrency.value_or(options.max_threads);
-  const auto num_workers =
-      static_cast<size_t>(std::clamp<size_t>(prompts.size(), 1, static_cast<size_t>(cap)));
+  const auto [config, num_workers] = point_setup(base_config, point, options, prompts.size());
   std::vector<std::unique_ptr<Connection>> connections;
   for (size_t w = 0; w < num_workers; ++w)
     connections.push_back(std::make_unique<Connection>(url, config));
