@@ -1,6 +1,8 @@
 // KV dashboard: polls GET /v1/kv/state and /metrics twice a second while shown. The pool's pages
-// over the last minute, each live sequence's pages held against its dense size, what each
-// (layer, KV head) of a chosen sequence keeps, and the latency histograms.
+// over the last minute, each live sequence's pages held against its dense size (the first
+// MAX_ROWS unless expanded), the last finished ones (a chat answer takes a fraction of a second:
+// between two polls), what each (layer, KV head) of a chosen sequence keeps, and the latency
+// histograms.
 import { ApiError, getJson, getText } from './api.js';
 import { barChart, lineChart } from './charts.js';
 import { histogram, metricValue, parseMetrics } from './prometheus.js';
@@ -8,6 +10,7 @@ import { histogram, metricValue, parseMetrics } from './prometheus.js';
 const $ = (id) => document.getElementById(id);
 const POLL_MS = 500;
 const HISTORY = 120;  // samples kept for the pool chart: a minute at POLL_MS
+const MAX_ROWS = 20;  // running sequences listed before the table collapses
 
 const ms = (seconds) => (seconds < 1 ? `${Math.round(seconds * 1000)} ms` : `${seconds} s`);
 
@@ -18,6 +21,26 @@ function cell(row, text, className) {
   row.append(td);
   return td;
 }
+
+// "3 / 8 (38%)" beside a bar of the share.
+function pagesCell(row, held, dense) {
+  const pages = cell(row, '', 'pages');
+  const share = dense > 0 ? held / dense : 0;
+  const bar = document.createElement('span');
+  bar.className = 'bar-track';
+  bar.setAttribute('aria-hidden', 'true');
+  const fill = document.createElement('span');
+  fill.className = 'bar-fill';
+  fill.style.width = `${Math.min(100, share * 100)}%`;
+  bar.append(fill);
+  const text = document.createElement('span');
+  text.className = 'pages-text';
+  text.textContent = `${held} / ${dense}` + (dense > 0 ? ` (${Math.round(share * 100)}%)` : '');
+  pages.append(bar, text);
+}
+
+const recoveryText = (r) => (r === null || r === undefined ? '–' : `${(r * 100).toFixed(1)}%`);
+const requestName = (s) => `${s.id}${s.index ? ` #${s.index}` : ''}`;
 
 // "fastgen:special+punct" -> a CSS class of its family: full, window, heavy, fastgen, quest.
 function kindClass(kind) {
@@ -36,6 +59,7 @@ export function mountDashboard() {
   let finishedNote = '';  // said in place of the map once the chosen sequence has finished
   let hasKvState = true;  // false on a server without /v1/kv/state: /metrics only
   let busy = false;  // a poll is in flight
+  let showAll = false;  // the running table lists every sequence, not the first MAX_ROWS
   let again = false;  // and another was asked for meanwhile (a click): run it right after
 
   function renderFigures({ running, waiting, usage, pool }) {
@@ -44,6 +68,7 @@ export function mountDashboard() {
     $('dash-usage').textContent = usage === null ? '–' : `${(usage * 100).toFixed(1)}%`;
     $('dash-used').textContent = pool.used ?? '–';
     $('dash-cached').textContent = pool.cached ?? '–';
+    $('dash-cached-free').textContent = pool.cachedFree ?? '–';
     $('dash-free').textContent = pool.free ?? '–';
   }
 
@@ -61,8 +86,14 @@ export function mountDashboard() {
     });
   }
 
-  function renderSequences(sequences) {
+  function renderSequences(all) {
     const body = $('seq-body');
+    const collapsed = all.length > MAX_ROWS && !showAll;
+    const sequences = collapsed ? all.slice(0, MAX_ROWS) : all;
+    $('seq-more-line').hidden = all.length <= MAX_ROWS;
+    $('seq-more-text').textContent = collapsed ? `The first ${MAX_ROWS} of ${all.length} sequences.` : `All ${all.length} sequences.`;
+    $('seq-more').textContent = collapsed ? `Show all ${all.length}` : `Show the first ${MAX_ROWS} only`;
+    $('seq-more').setAttribute('aria-expanded', collapsed ? 'false' : 'true');
     body.replaceChildren(...sequences.map((s) => {
       const row = document.createElement('tr');
       row.dataset.id = s.id;
@@ -73,7 +104,7 @@ export function mountDashboard() {
       const pick = document.createElement('button');
       pick.type = 'button';
       pick.className = 'link';
-      pick.textContent = `${s.id}${s.index ? ` #${s.index}` : ''}`;
+      pick.textContent = requestName(s);
       const isSelected = selected && selected.id === s.id && selected.index === (s.index ?? 0);
       pick.setAttribute('aria-pressed', isSelected ? 'true' : 'false');
       pick.title = 'Show what each KV head of this request keeps';
@@ -89,24 +120,31 @@ export function mountDashboard() {
       cell(row, s.prompt_tokens, 'num');
       cell(row, s.generated_tokens, 'num');
       cell(row, s.context_tokens, 'num');
-      const pages = cell(row, '', 'pages');
-      const share = s.pages_dense > 0 ? s.pages_held / s.pages_dense : 0;
-      const bar = document.createElement('span');
-      bar.className = 'bar-track';
-      bar.setAttribute('aria-hidden', 'true');
-      const fill = document.createElement('span');
-      fill.className = 'bar-fill';
-      fill.style.width = `${Math.min(100, share * 100)}%`;
-      bar.append(fill);
-      const text = document.createElement('span');
-      text.className = 'pages-text';
-      text.textContent = `${s.pages_held} / ${s.pages_dense}` + (s.pages_dense > 0 ? ` (${Math.round(share * 100)}%)` : '');
-      pages.append(bar, text);
-      cell(row, s.attention_recovery === null || s.attention_recovery === undefined
-        ? '–' : `${(s.attention_recovery * 100).toFixed(1)}%`, 'num');
+      pagesCell(row, s.pages_held, s.pages_dense);
+      cell(row, recoveryText(s.attention_recovery), 'num');
       return row;
     }));
-    $('seq-empty').hidden = sequences.length > 0;
+    $('seq-empty').hidden = all.length > 0;
+  }
+
+  // The last sequences to finish, newest first; `now`: the snapshot's time (unix seconds).
+  function renderFinished(finished, now) {
+    $('fin-body').replaceChildren(...finished.map((s) => {
+      const row = document.createElement('tr');
+      row.dataset.id = s.id;
+      row.dataset.index = s.index ?? 0;
+      row.dataset.pagesHeld = s.pages_held;
+      row.dataset.pagesDense = s.pages_dense;
+      cell(row, requestName(s), 'mono');
+      cell(row, s.policy, 'mono');
+      cell(row, `${s.finish_reason}, ${Math.max(0, Math.round(now - s.finished_at))} s ago`);
+      cell(row, s.prompt_tokens, 'num');
+      cell(row, s.generated_tokens, 'num');
+      pagesCell(row, s.pages_held, s.pages_dense);
+      cell(row, recoveryText(s.attention_recovery), 'num');
+      return row;
+    }));
+    $('fin-empty').hidden = finished.length > 0;
   }
 
   function renderHeads(heads) {
@@ -206,11 +244,14 @@ export function mountDashboard() {
       const [state, metricsText] = await Promise.all([fetchState(), getText('/metrics')]);
       const samples = parseMetrics(metricsText);
       const pool = state
-        ? { used: state.pool.pages_used, free: state.pool.pages_free, cached: state.pool.pages_cached, total: state.pool.pages_total }
+        ? {
+          used: state.pool.pages_used, free: state.pool.pages_free, cached: state.pool.pages_cached,
+          cachedFree: state.pool.pages_cached_free, total: state.pool.pages_total,
+        }
         : (() => {
           const used = metricValue(samples, 'sieve:kv_pages_used');
           const free = metricValue(samples, 'sieve:kv_pages_free');
-          return { used, free, cached: null, total: used + free };
+          return { used, free, cached: null, cachedFree: null, total: used + free };
         })();
       renderFigures({
         running: state ? state.requests.running : metricValue(samples, 'vllm:num_requests_running'),
@@ -226,6 +267,8 @@ export function mountDashboard() {
       if (history.length > HISTORY) history.shift();
       renderPoolChart(pool.total);
       renderSequences(state ? state.sequences : []);
+      // A server from before the list has no `finished`.
+      renderFinished(state && state.finished ? state.finished : [], state ? state.time : 0);
       renderHeads(state ? state.heads : null);
       renderHistograms(samples);
       $('dash-error').textContent = '';
@@ -241,6 +284,10 @@ export function mountDashboard() {
     if (shown && !document.hidden) timer = setTimeout(poll, POLL_MS);
   }
 
+  $('seq-more').addEventListener('click', () => {
+    showAll = !showAll;
+    poll();
+  });
   document.addEventListener('visibilitychange', () => {
     if (shown && !document.hidden) poll();
   });
