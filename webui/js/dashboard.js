@@ -86,6 +86,46 @@ export function mountDashboard() {
     });
   }
 
+  // One row of the running table, kept across polls (updateSequenceRow fills it): a row and its
+  // button stay the same elements while their sequence lives, so that a click or the focus on them
+  // survives the twice-a-second refresh.
+  function sequenceRow(s) {
+    const row = document.createElement('tr');
+    row.dataset.id = s.id;
+    row.dataset.index = s.index ?? 0;
+    const first = document.createElement('td');
+    const pick = document.createElement('button');
+    pick.type = 'button';
+    pick.className = 'link';
+    pick.textContent = requestName(s);
+    pick.title = 'Show what each KV head of this request keeps';
+    pick.addEventListener('click', () => {
+      const isSelected = selected && selected.id === row.dataset.id && selected.index === Number(row.dataset.index);
+      selected = isSelected ? null : { id: row.dataset.id, index: Number(row.dataset.index) };
+      finishedNote = '';
+      poll();
+    });
+    first.append(pick);
+    row.append(first);
+    return row;
+  }
+
+  function updateSequenceRow(row, s) {
+    const isSelected = selected && selected.id === s.id && selected.index === (s.index ?? 0);
+    row.querySelector('button').setAttribute('aria-pressed', isSelected ? 'true' : 'false');
+    row.dataset.pagesHeld = s.pages_held;
+    row.dataset.pagesDense = s.pages_dense;
+    // The cells after the first, rebuilt: plain text, no element anyone holds on to.
+    while (row.cells.length > 1) row.lastElementChild.remove();
+    cell(row, s.policy, 'mono');
+    cell(row, s.state);
+    cell(row, s.prompt_tokens, 'num');
+    cell(row, s.generated_tokens, 'num');
+    cell(row, s.context_tokens, 'num');
+    pagesCell(row, s.pages_held, s.pages_dense);
+    cell(row, recoveryText(s.attention_recovery), 'num');
+  }
+
   function renderSequences(all) {
     const body = $('seq-body');
     const collapsed = all.length > MAX_ROWS && !showAll;
@@ -94,36 +134,22 @@ export function mountDashboard() {
     $('seq-more-text').textContent = collapsed ? `The first ${MAX_ROWS} of ${all.length} sequences.` : `All ${all.length} sequences.`;
     $('seq-more').textContent = collapsed ? `Show all ${all.length}` : `Show the first ${MAX_ROWS} only`;
     $('seq-more').setAttribute('aria-expanded', collapsed ? 'false' : 'true');
-    body.replaceChildren(...sequences.map((s) => {
-      const row = document.createElement('tr');
-      row.dataset.id = s.id;
-      row.dataset.index = s.index ?? 0;
-      row.dataset.pagesHeld = s.pages_held;
-      row.dataset.pagesDense = s.pages_dense;
-      const first = document.createElement('td');
-      const pick = document.createElement('button');
-      pick.type = 'button';
-      pick.className = 'link';
-      pick.textContent = requestName(s);
-      const isSelected = selected && selected.id === s.id && selected.index === (s.index ?? 0);
-      pick.setAttribute('aria-pressed', isSelected ? 'true' : 'false');
-      pick.title = 'Show what each KV head of this request keeps';
-      pick.addEventListener('click', () => {
-        selected = isSelected ? null : { id: s.id, index: s.index ?? 0 };
-        finishedNote = '';
-        poll();
-      });
-      first.append(pick);
-      row.append(first);
-      cell(row, s.policy, 'mono');
-      cell(row, s.state);
-      cell(row, s.prompt_tokens, 'num');
-      cell(row, s.generated_tokens, 'num');
-      cell(row, s.context_tokens, 'num');
-      pagesCell(row, s.pages_held, s.pages_dense);
-      cell(row, recoveryText(s.attention_recovery), 'num');
+    // Rows are matched by sequence (id, index): a live sequence keeps its row, a new one gets one,
+    // a finished one's goes.
+    const key = (id, index) => `${id}#${index}`;
+    const rows = new Map([...body.rows].map((r) => [key(r.dataset.id, r.dataset.index), r]));
+    const wanted = sequences.map((s) => {
+      const k = key(s.id, s.index ?? 0);
+      const row = rows.get(k) ?? sequenceRow(s);
+      rows.delete(k);
+      updateSequenceRow(row, s);
       return row;
-    }));
+    });
+    for (const gone of rows.values()) gone.remove();
+    // In admission order; moving only rows out of place (a row moved loses the focus it holds).
+    wanted.forEach((row, i) => {
+      if (body.rows[i] !== row) body.insertBefore(row, body.rows[i] ?? null);
+    });
     $('seq-empty').hidden = all.length > 0;
   }
 
@@ -225,11 +251,18 @@ export function mountDashboard() {
       selected = null;
       return state;
     }
+    const asked = selected;
     try {
-      return await getJson(`/v1/kv/state?request=${encodeURIComponent(selected.id)}&index=${selected.index}`);
+      return await getJson(`/v1/kv/state?request=${encodeURIComponent(asked.id)}&index=${asked.index}`);
     } catch (e) {
       if (!(e instanceof ApiError) || e.status !== 404) throw e;
-      return state;  // it finished between the two reads
+      // It finished between the two reads (the heads are read at the engine's next step, the
+      // overview may come from the last one): said now, and not asked for again.
+      if (selected === asked) {
+        finishedNote = `${asked.id} has finished.`;
+        selected = null;
+      }
+      return state;
     }
   }
 
