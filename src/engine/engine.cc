@@ -276,6 +276,7 @@ void Engine::apply_cancellations() {
         ++it;
         continue;
       }
+      snapshots_.record_finished(it->first, *it->second, "cancelled");
       scheduler_.finish(it->first);
       forget(it->first);
       RequestEvent event{.request_id = id,
@@ -299,6 +300,7 @@ void Engine::send(sched::SeqId seq, Sample& sample, RequestEvent event) {
 void Engine::finish_sample(sched::SeqId seq, Sample& sample, RequestEvent& event) {
   outputs_.finish(seq, sample, event);
   speculative_.add_usage(seq, event.usage);
+  snapshots_.record_finished(seq, sample, finish_reason_name(event.finish->reason));
   if (can_park(seq, sample, event)) {
     // The step's end as the sequence would have seen it, then its state waits for a next turn.
     sparsity_.settle(seq, sample);

@@ -58,6 +58,14 @@ struct KvSequenceSnapshot {
   std::optional<float> attention_recovery;
 };
 
+// A sequence as it stood when it finished or was cancelled, its pages not yet returned: what a
+// request kept (pages held against dense, recovery) stays visible after a sub-second answer.
+struct KvFinishedSnapshot {
+  KvSequenceSnapshot sequence;
+  std::string finish_reason;  // "stop" | "length" (finish_reason_name) | "cancelled"
+  std::chrono::system_clock::time_point finished_at;
+};
+
 // One (layer, KV head) stream of the sequence asked about.
 struct KvHeadSnapshot {
   std::string kind;                       // sparsity::StreamReport::kind ("full" when dense)
@@ -90,6 +98,9 @@ struct KvSnapshot {
   int32_t num_running = 0;            // sequences (the scheduler's counts)
   int32_t num_waiting = 0;
   std::vector<KvSequenceSnapshot> sequences;  // in admission order
+  // The last sequences to finish, newest first: at most KvSnapshots::kMaxFinished, none finished
+  // more than KvSnapshots::kFinishedWindow before the snapshot.
+  std::vector<KvFinishedSnapshot> finished;
 
   struct Heads {
     std::string label_id;

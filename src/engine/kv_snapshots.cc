@@ -99,33 +99,47 @@ KvSnapshot KvSnapshots::make() const {
   seqs.reserve(samples_.size());
   for (const auto& [seq, sample] : samples_) seqs.push_back(seq);
   std::sort(seqs.begin(), seqs.end());  // ids are handed out in admission order
-  for (sched::SeqId seq : seqs) {
-    const Sample& sample = *samples_.at(seq);
-    KvSequenceSnapshot s{.label_id = sample.label->id,
-                         .choice = sample.label->first_choice + sample.sample_idx,
-                         .policy = *sample.policy_name,
-                         .num_prompt_tokens = sample.num_prompt_tokens,
-                         .num_generated_tokens = scheduler_.num_output_tokens(seq),
-                         .num_computed_tokens = scheduler_.num_computed(seq),
-                         .attention_recovery = sample.attention_recovery};
-    s.num_context_tokens = s.num_prompt_tokens + s.num_generated_tokens;
-    if (scheduler_.is_running(seq)) {
-      s.phase = s.num_computed_tokens < s.num_prompt_tokens ? SequencePhase::kPrefill
-                                                            : SequencePhase::kDecode;
-    } else {
-      s.phase = sample.first_scheduled ? SequencePhase::kPreempted : SequencePhase::kWaiting;
-    }
-    if (kv_.contains(seq)) {
-      s.num_pages_held = kv_.num_pages_held(seq);
-      s.compressed = kv_.is_sparse(seq);
-      if (!s.compressed) {
-        for (kv::PageId page : kv_.block_table(seq)) s.num_pages_shared += pool.ref_count(page) > 1;
-      }
-    }
-    s.num_pages_dense = (s.num_computed_tokens + shape_.page_size - 1) / shape_.page_size;
-    snapshot.sequences.push_back(std::move(s));
+  for (sched::SeqId seq : seqs) snapshot.sequences.push_back(sequence(seq, *samples_.at(seq)));
+  for (const KvFinishedSnapshot& f : finished_) {
+    if (snapshot.taken_at - f.finished_at > kFinishedWindow) break;  // the rest are older
+    snapshot.finished.push_back(f);
   }
   return snapshot;
+}
+
+KvSequenceSnapshot KvSnapshots::sequence(sched::SeqId seq, const Sample& sample) const {
+  KvSequenceSnapshot s{.label_id = sample.label->id,
+                       .choice = sample.label->first_choice + sample.sample_idx,
+                       .policy = *sample.policy_name,
+                       .num_prompt_tokens = sample.num_prompt_tokens,
+                       .num_generated_tokens = scheduler_.num_output_tokens(seq),
+                       .num_computed_tokens = scheduler_.num_computed(seq),
+                       .attention_recovery = sample.attention_recovery};
+  s.num_context_tokens = s.num_prompt_tokens + s.num_generated_tokens;
+  if (scheduler_.is_running(seq)) {
+    s.phase = s.num_computed_tokens < s.num_prompt_tokens ? SequencePhase::kPrefill
+                                                          : SequencePhase::kDecode;
+  } else {
+    s.phase = sample.first_scheduled ? SequencePhase::kPreempted : SequencePhase::kWaiting;
+  }
+  if (kv_.contains(seq)) {
+    const kv::PagePool& pool = kv_.pool();
+    s.num_pages_held = kv_.num_pages_held(seq);
+    s.compressed = kv_.is_sparse(seq);
+    if (!s.compressed) {
+      for (kv::PageId page : kv_.block_table(seq)) s.num_pages_shared += pool.ref_count(page) > 1;
+    }
+  }
+  s.num_pages_dense = (s.num_computed_tokens + shape_.page_size - 1) / shape_.page_size;
+  return s;
+}
+
+void KvSnapshots::record_finished(sched::SeqId seq, const Sample& sample,
+                                  std::string_view finish_reason) {
+  finished_.push_front({.sequence = sequence(seq, sample),
+                        .finish_reason = std::string(finish_reason),
+                        .finished_at = std::chrono::system_clock::now()});
+  if (finished_.size() > kMaxFinished) finished_.pop_back();
 }
 
 std::optional<KvSnapshot::Heads> KvSnapshots::heads(const KvSnapshotQuery& query) const {

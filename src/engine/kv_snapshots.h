@@ -5,9 +5,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "engine/kv_snapshot.h"
@@ -37,6 +39,9 @@ class KvSnapshots {
 
   // An overview ask within this window of the last one keeps every step publishing.
   static constexpr std::chrono::seconds kWatchWindow{3};
+  // Finished sequences reported (KvSnapshot::finished): the last this many, for this long.
+  static constexpr size_t kMaxFinished = 16;
+  static constexpr std::chrono::seconds kFinishedWindow{60};
 
   // Any thread. Answers `done` at once from the published snapshot when there is one (an
   // overview while watched) and returns false; otherwise queues the ask and returns true: the
@@ -49,6 +54,9 @@ class KvSnapshots {
   // Stepping thread, at a step's end: publishes a snapshot while watched, stops when nobody
   // polled within kWatchWindow.
   void publish();
+  // Stepping thread, as `seq` finishes (`finish_reason`: "stop", "length", "cancelled"), before
+  // its pages go back: keeps its last figures for KvSnapshot::finished. O(pages it holds).
+  void record_finished(sched::SeqId seq, const Sample& sample, std::string_view finish_reason);
 
  private:
   struct Ask {
@@ -56,12 +64,14 @@ class KvSnapshots {
     KvSnapshotSink done;
   };
   KvSnapshot make() const;
+  KvSequenceSnapshot sequence(sched::SeqId seq, const Sample& sample) const;
   std::optional<KvSnapshot::Heads> heads(const KvSnapshotQuery& query) const;
 
   const CacheShape shape_;
   const kv::KvManager& kv_;
   const sched::Scheduler& scheduler_;
   const Samples& samples_;
+  std::deque<KvFinishedSnapshot> finished_;  // newest first; stepping thread only
 
   mutable std::mutex mutex_;
   std::vector<Ask> asks_;

@@ -236,10 +236,10 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
 
 std::vector<TokenId> parse_tokenize_request(const json& body, const ModelInfo& model) {
   if (body.contains("messages")) {
-    json chat = body;
-    chat["max_tokens"] = 1;  // tokenizing needs no room for a completion
-    chat.erase("model");
-    return parse_generation_request(ApiKind::kChat, chat, model).prompts.at(0);
+    // As /v1/chat/completions prompts the model, however long: a client tokenizes a conversation
+    // to learn how much of it to drop (vLLM's /tokenize refuses no length either).
+    const ToolRequest tools = parse_tool_request(body);
+    return parse_chat_prompt(body, model, tools.render);
   }
   const json* prompt = field(body, "prompt");
   if (!prompt || !prompt->is_string()) throw_invalid("prompt", "'prompt' must be a string");

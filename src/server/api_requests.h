@@ -87,7 +87,7 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
 
 // POST /tokenize: {"prompt": text, "add_special_tokens"?: bool} (default true), or a chat's
 // {"messages", ...} tokenized as /v1/chat/completions would prompt the model (its "model" is
-// not checked, and no room is kept for a completion).
+// not checked, and it may be longer than the context: the count tells a client how much to cut).
 std::vector<TokenId> parse_tokenize_request(const json& body, const ModelInfo& model);
 
 // POST /detokenize: {"tokens": [token ids]}.

@@ -37,6 +37,26 @@ json optional_number(const std::optional<float>& value) {
   return value ? json(*value) : json(nullptr);
 }
 
+double unix_seconds(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+// The fields a live and a finished sequence share.
+json sequence_json(const engine::KvSequenceSnapshot& s) {
+  return {{"id", s.label_id},
+          {"index", s.choice},
+          {"policy", s.policy},
+          {"prompt_tokens", s.num_prompt_tokens},
+          {"generated_tokens", s.num_generated_tokens},
+          {"context_tokens", s.num_context_tokens},
+          {"computed_tokens", s.num_computed_tokens},
+          {"pages_held", s.num_pages_held},
+          {"pages_shared", s.num_pages_shared},
+          {"pages_dense", s.num_pages_dense},
+          {"compressed", s.compressed},
+          {"attention_recovery", optional_number(s.attention_recovery)}};
+}
+
 }  // namespace
 
 KvStateQuery parse_kv_state_query(std::string_view query_string) {
@@ -92,36 +112,33 @@ KvStateResponse kv_state_response(const engine::KvSnapshot& snapshot,
   }
   json sequences = json::array();
   for (const engine::KvSequenceSnapshot& s : snapshot.sequences) {
-    sequences.push_back({{"id", s.label_id},
-                         {"index", s.choice},
-                         {"policy", s.policy},
-                         {"state", std::string(engine::phase_name(s.phase))},
-                         {"prompt_tokens", s.num_prompt_tokens},
-                         {"generated_tokens", s.num_generated_tokens},
-                         {"context_tokens", s.num_context_tokens},
-                         {"computed_tokens", s.num_computed_tokens},
-                         {"pages_held", s.num_pages_held},
-                         {"pages_shared", s.num_pages_shared},
-                         {"pages_dense", s.num_pages_dense},
-                         {"compressed", s.compressed},
-                         {"attention_recovery", optional_number(s.attention_recovery)}});
+    json entry = sequence_json(s);
+    entry["state"] = std::string(engine::phase_name(s.phase));
+    sequences.push_back(std::move(entry));
   }
-  json body = {
-      {"time", std::chrono::duration<double>(snapshot.taken_at.time_since_epoch()).count()},
-      {"model", model_name},
-      {"kv_dtype", snapshot.kv_dtype},
-      {"page_tokens", snapshot.page_size},
-      {"bytes_per_page", snapshot.bytes_per_page},
-      {"pool",
-       {{"pages_total", snapshot.num_pages},
-        {"pages_used", snapshot.num_pages_used},
-        {"pages_free", snapshot.num_pages_free},
-        {"pages_cached", snapshot.num_pages_cached},
-        {"pages_cached_free", snapshot.num_pages_cached_free},
-        {"pages_parked", snapshot.num_pages_parked},
-        {"parked_sequences", snapshot.num_parked_sequences}}},
-      {"requests", {{"running", snapshot.num_running}, {"waiting", snapshot.num_waiting}}},
-      {"sequences", std::move(sequences)}};
+  json finished = json::array();
+  for (const engine::KvFinishedSnapshot& f : snapshot.finished) {
+    json entry = sequence_json(f.sequence);
+    entry["finish_reason"] = f.finish_reason;
+    entry["finished_at"] = unix_seconds(f.finished_at);
+    finished.push_back(std::move(entry));
+  }
+  json body = {{"time", unix_seconds(snapshot.taken_at)},
+               {"model", model_name},
+               {"kv_dtype", snapshot.kv_dtype},
+               {"page_tokens", snapshot.page_size},
+               {"bytes_per_page", snapshot.bytes_per_page},
+               {"pool",
+                {{"pages_total", snapshot.num_pages},
+                 {"pages_used", snapshot.num_pages_used},
+                 {"pages_free", snapshot.num_pages_free},
+                 {"pages_cached", snapshot.num_pages_cached},
+                 {"pages_cached_free", snapshot.num_pages_cached_free},
+                  {"pages_parked", snapshot.num_pages_parked},
+                  {"parked_sequences", snapshot.num_parked_sequences}}},
+               {"requests", {{"running", snapshot.num_running}, {"waiting", snapshot.num_waiting}}},
+               {"sequences", std::move(sequences)},
+               {"finished", std::move(finished)}};
   if (snapshot.heads) {
     const engine::KvSnapshot::Heads& h = *snapshot.heads;
     json kept = json::array();

@@ -39,6 +39,13 @@
 //                       profiling rows'), the mean over scored heads at the last compression;
 //                       null where nothing is measured (full, streaming, quest, before the
 //                       prompt's compression)
+//   finished          the sequences that finished last, newest first: at most 16, none older than
+//                     60 s (engine::KvSnapshots::kMaxFinished, kFinishedWindow), so that a request
+//                     answered between two polls is still seen. Each has the fields of a sequence
+//                     above, as they stood at its last step, its pages not yet returned, except
+//                     state; instead:
+//     finish_reason     "stop" | "length" | "cancelled" (the client went away or stopped it)
+//     finished_at       unix seconds (fractional)
 //   heads             only with ?request=ID (and optionally &index=N, default the lowest live
 //                     index of ID): what each KV head of that sequence keeps
 //     request, index, layers, kv_heads

@@ -284,6 +284,12 @@ TEST_F(ApiRequestsTest, TokenizeAndDetokenize) {
   const char* chat = R"({"model":"other","messages":[{"role":"user","content":"Hi"}]})";
   EXPECT_EQ(parse_tokenize_request(json::parse(chat), info()),
             parse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"Hi"}]})").prompts[0]);
+  // A conversation longer than the context is tokenized whole: its count says how much to drop.
+  json long_chat = {{"messages", json::array()}};
+  for (int i = 0; i < 40; ++i)
+    long_chat["messages"].push_back({{"role", i % 2 ? "assistant" : "user"},
+                                     {"content", "The little dog ran to the park and played."}});
+  EXPECT_GT(parse_tokenize_request(long_chat, info()).size(), 512u);
   EXPECT_EQ(parse_detokenize_request(json::parse(R"({"tokens":[1,5,9]})"), 512),
             (std::vector<TokenId>{1, 5, 9}));
 

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <thread>
 
+#include "engine/kv_snapshots.h"
 #include "model/loader.h"
 #include "server/http_server.h"
 #include "server/kv_state.h"
@@ -223,9 +224,54 @@ TEST_F(KvStateTest, FieldsAddUpWhileRequestsDecodeAndThePoolEmptiesAfterwards) {
   EXPECT_EQ(after.body["pool"]["pages_used"], 0);
   EXPECT_EQ(after.body["pool"]["pages_free"], kNumPages);
   EXPECT_EQ(after.body["requests"]["running"], 0);
-  // A finished request is not kept.
+  // A finished request's heads are not kept,
   const Reply gone = state("request=" + snap_id);
   EXPECT_EQ(gone.status, 404) << gone.body;
+  // but its figures are, as they stood at its last step: what the client's usage reports.
+  const json& finished = after.body["finished"];
+  ASSERT_EQ(finished.size(), 4u) << after.body;
+  for (size_t i = 0; i < finished.size(); ++i) {
+    const json& f = finished[i];
+    EXPECT_EQ(f["finish_reason"], "length") << f;
+    EXPECT_EQ(f["generated_tokens"], 200) << f;
+    EXPECT_FALSE(f.contains("state")) << f;
+    EXPECT_LE(f["finished_at"].get<double>(), after.body["time"].get<double>());
+    if (i > 0)
+      EXPECT_LE(f["finished_at"].get<double>(), finished[i - 1]["finished_at"].get<double>());
+  }
+  const json as_state = {{"sequences", finished}};  // find_sequence reads "sequences"
+  const json* fd = find_sequence(as_state, dense_id);
+  ASSERT_TRUE(fd) << finished;
+  EXPECT_EQ((*fd)["policy"], "full");
+  EXPECT_EQ((*fd)["pages_held"], dense_done.body["usage"]["kv_cache"]["pages"]);
+  EXPECT_EQ((*fd)["pages_dense"], dense_done.body["usage"]["kv_cache"]["dense_pages"]);
+  const json* fc = find_sequence(as_state, snap_id);
+  ASSERT_TRUE(fc) << finished;
+  EXPECT_EQ((*fc)["policy"], "snapkv:B=16,W=8,P=7,pool=max");
+  EXPECT_TRUE((*fc)["compressed"]);
+  EXPECT_EQ((*fc)["pages_held"], snap_done.body["usage"]["kv_cache"]["pages"]);
+  EXPECT_LT((*fc)["pages_held"].get<int>(), (*fc)["pages_dense"].get<int>()) << *fc;
+  EXPECT_TRUE((*fc)["attention_recovery"].is_number()) << *fc;
+  EXPECT_TRUE(find_sequence(as_state, pair_id, 1));
+}
+
+// Only the last KvSnapshots::kMaxFinished finished sequences are reported, newest first.
+TEST_F(KvStateTest, FinishedRequestsAreTheLastFewNewestFirst) {
+  const size_t max_finished = engine::KvSnapshots::kMaxFinished;
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < max_finished + 4; ++i) {
+    std::future<Reply> reply = post({{"prompt", story(fmt::format("Story {} began", i), 1)},
+                                     {"max_tokens", 2},
+                                     {"ignore_eos", true}});
+    const Reply done = await(reply);
+    ASSERT_EQ(done.status, 200) << done.body;
+    ids.push_back(done.body["id"]);
+  }
+  const Reply r = state();
+  ASSERT_EQ(r.status, 200);
+  const json& finished = r.body["finished"];
+  ASSERT_EQ(finished.size(), max_finished) << r.body;
+  for (size_t i = 0; i < max_finished; ++i) EXPECT_EQ(finished[i]["id"], ids[ids.size() - 1 - i]);
 }
 
 // ?request= gives layers x kv_heads entries, layer-major, of the kinds the policy assigns.
@@ -378,6 +424,9 @@ TEST_F(KvStateTest, ACancelledRequestLeavesNoPageBehind) {
   const Reply after = state();
   EXPECT_TRUE(after.body["sequences"].empty()) << after.body;
   EXPECT_EQ(after.body["pool"]["pages_used"], 0);
+  ASSERT_EQ(after.body["finished"].size(), 1u) << after.body;
+  EXPECT_EQ(after.body["finished"][0]["finish_reason"], "cancelled");
+  EXPECT_GT(after.body["finished"][0]["pages_held"].get<int>(), 0);
 }
 
 // The engine's own loop, requests starting and finishing while a dashboard polls: every answer

@@ -148,10 +148,11 @@ test('the API key is asked for once and kept', async () => {
 });
 
 async function expectFocused(page, id) {
-  await page.waitForFunction((want) => document.activeElement && document.activeElement.id === want, id,
-    { timeout: 2000 }).catch(async () => {
-    assert.fail(`focus on #${id}, not on ${await page.evaluate(() => document.activeElement?.outerHTML.slice(0, 120))}`);
-  });
+  // Playwright's own timeout, not a shorter one: on a loaded machine the focus moves late.
+  await page.waitForFunction((want) => document.activeElement && document.activeElement.id === want, id)
+    .catch(async () => {
+      assert.fail(`focus on #${id}, not on ${await page.evaluate(() => document.activeElement?.outerHTML.slice(0, 120))}`);
+    });
 }
 
 test('every view loads with no console error and no serious accessibility violation', async () => {
@@ -369,4 +370,232 @@ test('compare shows each policy\'s answer, KV kept and agreement with the dense 
   assert.ok(snap.compared > 0 && snap.agreed <= snap.compared);
   await audit(page, 'the compare view with results');
   await screenshot(page, 'compare');
+});
+
+// Every /v1/chat/completions request the page sends, with its response's status.
+function recordChats(page) {
+  const chats = [];
+  page.on('response', (r) => {
+    if (r.url().endsWith('/v1/chat/completions')) chats.push({ body: r.request().postDataJSON(), status: r.status() });
+  });
+  return chats;
+}
+
+// The prompt tokens of a chat request's messages, as the server counts them.
+async function promptTokens(server, messages) {
+  return (await api(server, '/tokenize', { messages })).count;
+}
+
+const answered = (page, n) => page.waitForFunction((want) =>
+  document.querySelectorAll('#chat-log article[data-role="assistant"][data-finish]').length >= want, n);
+
+// A user turn of ~70 tokens and answers of at least 200 (min_tokens): the second turn's
+// conversation, 340 to 400 tokens, leaves less than the default Max tokens (256) of the 512-token
+// context, and the third has no room left.
+const SHORT_TURN = 'Once upon a time there was a little girl named Lily who loved to play in the park with her ' +
+  'friends, and every day she ran to the big tree, climbed it, and looked at the birds and the sky.';
+// ~116 tokens.
+const LONG_TURN = 'Once upon a time there was a little girl named Lily who loved to play in the park with her ' +
+  'friends, and every day she ran to the big tree, climbed it, and looked at the birds and the sky. One day ' +
+  'she saw a small dog under the tree. The dog was sad because it was lost, so Lily gave it some bread.';
+
+test('chat turns on the 512-token model with the default Max tokens never get a 400: Max tokens is lowered to the room left', async () => {
+  const page = await openPage(stories);
+  assert.equal(await page.inputValue('#set-max-tokens'), '256', 'the default Max tokens');
+  await setField(page, 'set-min-tokens', 200);
+  await setField(page, 'set-seed', 5);
+  const chats = recordChats(page);
+  let lowered = 0;
+  for (let turn = 1; turn <= 4; ++turn) {
+    await page.fill('#chat-input', `${SHORT_TURN} Turn ${turn}.`);
+    await page.keyboard.press('Enter');
+    // Either answered (perhaps with Max tokens lowered), or not sent: the history leaves no room.
+    await page.waitForFunction((want) =>
+      document.querySelectorAll('#chat-log article[data-role="assistant"][data-finish]').length >= want ||
+      document.querySelector('#chat-room').dataset.kind === 'full', turn);
+    const kind = await page.getAttribute('#chat-room', 'data-kind');
+    if (kind === 'full') {
+      assert.match(await page.innerText('#chat-room-text'), /Not sent: this conversation takes \d+ of the model's 512 tokens/);
+      assert.equal(await page.inputValue('#chat-input'), `${SHORT_TURN} Turn ${turn}.`, 'the message stays in the box');
+      await page.click('#chat-drop');  // leaves out the oldest turns and sends
+      await answered(page, turn);
+    }
+    if (await page.getAttribute('#chat-room', 'data-kind') === 'lowered') {
+      ++lowered;
+      assert.match(await page.innerText('#chat-room-text'),
+        /Max tokens lowered from 256 to \d+ for this answer: the conversation takes \d+ of the model's 512 tokens/);
+    }
+    assert.match(await page.innerText('#chat-context'), /This conversation: \d+ of 512 tokens of context/);
+  }
+  assert.ok(lowered > 0, 'some turn had Max tokens lowered');
+  assert.equal(chats.length, 4, 'one request a turn');
+  for (const chat of chats) {
+    assert.equal(chat.status, 200, JSON.stringify(chat.body).slice(0, 200));
+    const n = await promptTokens(stories, chat.body.messages);
+    assert.ok(n + chat.body.max_tokens <= 512, `${n} prompt tokens + max_tokens ${chat.body.max_tokens} fit the context`);
+    assert.ok(chat.body.min_tokens <= chat.body.max_tokens);
+  }
+  assert.ok(chats.some((c) => c.body.max_tokens < 256));
+  await audit(page, 'the chat with Max tokens lowered');
+  await screenshot(page, 'chat-context-lowered');
+});
+
+test('a chat whose history fills the context offers to leave out the oldest turns, and then answers', async () => {
+  const page = await openPage(stories);
+  // A conversation of six turns, ~650 tokens: more than the context.
+  const old = [];
+  for (let i = 1; i <= 6; ++i) {
+    old.push({ role: 'user', content: `${LONG_TURN} Part ${i}.` });
+    old.push({ role: 'assistant', content: `The end of part ${i}. Lily and the dog went home and were happy.` });
+  }
+  assert.ok(await promptTokens(stories, old) > 512);
+  await page.evaluate((messages) => localStorage.setItem('sieve.conversations', JSON.stringify([{
+    id: 'cfull', title: 'A long story', settings: { system: '', temperature: 0, top_p: 1, max_tokens: 256, min_tokens: 0, seed: '', kv_policy: '' },
+    messages,
+  }])), old);
+  await page.reload();
+  await page.locator('#chat-log article').nth(11).waitFor();
+  const chats = recordChats(page);
+  await page.fill('#chat-input', 'What happened next?');
+  await page.keyboard.press('Enter');
+  await page.locator('#chat-room[data-kind="full"]').waitFor();
+  assert.match(await page.innerText('#chat-room-text'), /Not sent: this conversation takes \d+ of the model's 512 tokens of context, which leaves no room for an answer/);
+  assert.equal(await page.inputValue('#chat-input'), 'What happened next?');
+  assert.equal(chats.length, 0, 'nothing sent that the server would refuse');
+  await screenshot(page, 'chat-context-full');
+  await page.getByRole('button', { name: 'Drop the oldest turns' }).click();
+  await answered(page, 1);  // the stored answers have no stats: the new one is the first finished
+  assert.equal(chats.length, 1);
+  assert.equal(chats[0].status, 200);
+  // The oldest turns are kept on the page and in storage, marked, and no longer sent.
+  const stored = await page.evaluate(() => JSON.parse(localStorage.getItem('sieve.conversations'))[0].messages);
+  assert.equal(stored.length, 14);
+  const leftOut = stored.filter((m) => m.left_out);
+  assert.ok(leftOut.length >= 2 && leftOut.length % 2 === 0, `whole turns left out: ${leftOut.length}`);
+  assert.deepEqual(stored.slice(0, leftOut.length).map((m) => Boolean(m.left_out)), leftOut.map(() => true), 'the oldest ones');
+  assert.equal(await page.locator('#chat-log article[data-left-out="true"]').count(), leftOut.length);
+  assert.match(await page.locator('#chat-log article[data-left-out="true"] .who').first().innerText(), /left out/);
+  const sent = chats[0].body.messages;
+  assert.equal(sent.length, 14 - leftOut.length - 1, 'the request has every message but those left out');
+  assert.equal(sent[sent.length - 1].content, 'What happened next?');
+  assert.equal(chats[0].body.max_tokens, 256, 'room made for the whole Max tokens');
+  assert.ok(await promptTokens(stories, sent) + 256 <= 512);
+  assert.match(await page.innerText('#chat-room-text'), new RegExp(`Left out the ${leftOut.length} oldest messages`));
+  await audit(page, 'the chat with turns left out');
+  await screenshot(page, 'chat-context-dropped');
+});
+
+test('a finished chat answer stays on the KV dashboard with its policy and the pages it kept', async () => {
+  const page = await openPage(stories);
+  await setField(page, 'set-max-tokens', 32);
+  await setField(page, 'set-kv-policy', 'full');
+  await page.fill('#chat-input', 'Tell me about a dog.');
+  await page.keyboard.press('Enter');
+  await answered(page, 1);
+  const stats = await page.evaluate(() => JSON.parse(localStorage.getItem('sieve.conversations'))[0].messages[1].stats);
+  assert.match(stats.id, /^chatcmpl-/);
+  await page.click('#nav-dashboard');
+  const row = page.locator(`#fin-body tr[data-id="${stats.id}"]`);
+  await row.waitFor();
+  const text = await row.innerText();
+  assert.match(text, /\bfull\b/);
+  assert.match(text, /(stop|length), \d+ s ago/);
+  assert.equal(await row.getAttribute('data-pages-held'), String(stats.kv_cache.pages));
+  assert.equal(await row.getAttribute('data-pages-dense'), String(stats.kv_cache.dense_pages));
+  assert.match(text, new RegExp(`${stats.kv_cache.pages} / ${stats.kv_cache.dense_pages}`));
+  assert.equal(await page.isVisible('#fin-empty'), false);
+  assert.match(await page.innerText('#dash-cached-info'), /free/);
+  assert.match(await page.innerText('#dash-cached-free'), /^\d+$/);
+  await audit(page, 'the dashboard with a finished request');
+  await screenshot(page, 'dashboard-finished');
+});
+
+test('25 running requests: the table lists 20 and expands to all', async () => {
+  const page = await openPage(slow, { hash: '#dashboard' });
+  const load = Array.from({ length: 25 }, (_, i) => background(slow, {
+    prompt: `Request ${i} once upon a time`, max_tokens: 4000, ignore_eos: true, temperature: 0,
+  }));
+  await Promise.all(load.map((l) => l.id));
+  try {
+    await page.locator('#seq-more-text', { hasText: 'The first 20 of 25 sequences.' }).waitFor();
+    assert.equal(await page.locator('#seq-body tr').count(), 20);
+    const more = page.locator('#seq-more');
+    assert.equal(await more.getAttribute('aria-expanded'), 'false');
+    await more.click();
+    await page.locator('#seq-body tr').nth(24).waitFor();
+    assert.equal(await page.locator('#seq-body tr').count(), 25);
+    assert.equal(await more.getAttribute('aria-expanded'), 'true');
+    await audit(page, 'the dashboard with 25 requests');
+    await screenshot(page, 'dashboard-25-expanded');
+    await more.click();
+    await page.waitForFunction(() => document.querySelectorAll('#seq-body tr').length === 20);
+    await screenshot(page, 'dashboard-25-collapsed');
+  } finally {
+    for (const l of load) l.stop();
+    await Promise.all(load.map((l) => l.done));
+  }
+  await expectPoolEmpty(slow.base);
+  // Stopped, they are the recently finished: the last 16 of them.
+  await page.locator('#seq-more-line').waitFor({ state: 'hidden' });
+  await page.waitForFunction(() => document.querySelectorAll('#fin-body tr').length === 16);
+  assert.match(await page.locator('#fin-body tr').first().innerText(), /cancelled/);
+});
+
+// Every text label of the chart in `selector` lies inside it and overlaps no other (their boxes,
+// as the browser lays them out).
+async function expectLabelsApart(page, selector) {
+  const boxes = await page.locator(`${selector} svg`).evaluate((svg) => {
+    const box = (r) => ({ left: r.left, top: r.top, right: r.right, bottom: r.bottom });
+    return {
+      frame: box(svg.getBoundingClientRect()),
+      labels: [...svg.querySelectorAll('text')].map((t) => ({ text: t.textContent, ...box(t.getBoundingClientRect()) })),
+    };
+  });
+  assert.ok(boxes.labels.length > 10, `${selector} has its labels`);
+  for (const a of boxes.labels) {
+    assert.ok(a.left >= boxes.frame.left - 0.5 && a.right <= boxes.frame.right + 0.5 &&
+      a.top >= boxes.frame.top - 0.5 && a.bottom <= boxes.frame.bottom + 0.5, `${selector}: '${a.text}' lies inside the chart`);
+  }
+  for (let i = 0; i < boxes.labels.length; ++i) {
+    for (let j = i + 1; j < boxes.labels.length; ++j) {
+      const [a, b] = [boxes.labels[i], boxes.labels[j]];
+      const overlap = Math.min(a.right, b.right) - Math.max(a.left, b.left) > 0.5 &&
+        Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 0.5;
+      assert.ok(!overlap, `${selector}: '${a.text}' and '${b.text}' overlap`);
+    }
+  }
+  return boxes.labels.map((l) => l.text);
+}
+
+test('histogram labels do not overlap, with 5-digit counts', async () => {
+  // Some traffic, so that the live charts have bars.
+  await Promise.all(Array.from({ length: 8 }, (_, i) => api(stories, '/v1/completions', {
+    prompt: `Story ${i}:`, max_tokens: 64, ignore_eos: true, temperature: 0,
+  })));
+  const page = await openPage(stories, { hash: '#dashboard' });
+  await page.locator('#itl-chart svg rect').first().waitFor();
+  await expectLabelsApart(page, '#ttft-chart');
+  await expectLabelsApart(page, '#itl-chart');
+  // The worst case, which timing alone cannot be made to give: every bucket of the server's own
+  // histograms counting 5 and 6 digits, drawn by the page's chart code beside the live charts.
+  await page.evaluate(async () => {
+    const { barChart } = await import('/webui/js/charts.js');
+    const { histogram, parseMetrics } = await import('/webui/js/prometheus.js');
+    const key = localStorage.getItem('sieve.apiKey');
+    const samples = parseMetrics(await (await fetch('/metrics', { headers: { Authorization: `Bearer ${key}` } })).text());
+    const ms = (seconds) => (seconds < 1 ? `${Math.round(seconds * 1000)} ms` : `${seconds} s`);
+    for (const [name, digits] of [['vllm:time_to_first_token_seconds', 5], ['vllm:inter_token_latency_seconds', 6]]) {
+      const figure = document.createElement('figure');
+      figure.className = 'chart-box';
+      figure.innerHTML = `<figcaption>${name}, ${digits}-digit counts</figcaption><div class="chart" id="worst-${digits}"></div>`;
+      document.querySelector('.histograms').append(figure);
+      const buckets = histogram(samples, name).buckets.map((b, i) => ({ le: b.le, count: 10 ** (digits - 1) + 7919 * i }));
+      barChart(figure.querySelector('.chart'), { buckets, format: ms, label: `${name} with ${digits}-digit counts` });
+    }
+  });
+  const five = await expectLabelsApart(page, '#worst-5');
+  assert.ok(five.includes('10.0k'), `5-digit counts written short: ${five.join(' ')}`);
+  await expectLabelsApart(page, '#worst-6');
+  await page.locator('.histograms').screenshot({ path: join(SHOTS, 'dashboard-histograms.png') });
+  console.log(`screenshot: ${join(SHOTS, 'dashboard-histograms.png')}`);
 });

@@ -1,6 +1,8 @@
 // KV dashboard: polls GET /v1/kv/state and /metrics twice a second while shown. The pool's pages
-// over the last minute, each live sequence's pages held against its dense size, what each
-// (layer, KV head) of a chosen sequence keeps, and the latency histograms.
+// over the last minute, each live sequence's pages held against its dense size (the first
+// MAX_ROWS unless expanded), the last finished ones (a chat answer takes a fraction of a second:
+// between two polls), what each (layer, KV head) of a chosen sequence keeps, and the latency
+// histograms.
 import { ApiError, getJson, getText } from './api.js';
 import { barChart, lineChart } from './charts.js';
 import { histogram, metricValue, parseMetrics } from './prometheus.js';
@@ -8,6 +10,7 @@ import { histogram, metricValue, parseMetrics } from './prometheus.js';
 const $ = (id) => document.getElementById(id);
 const POLL_MS = 500;
 const HISTORY = 120;  // samples kept for the pool chart: a minute at POLL_MS
+const MAX_ROWS = 20;  // running sequences listed before the table collapses
 
 const ms = (seconds) => (seconds < 1 ? `${Math.round(seconds * 1000)} ms` : `${seconds} s`);
 
@@ -18,6 +21,26 @@ function cell(row, text, className) {
   row.append(td);
   return td;
 }
+
+// "3 / 8 (38%)" beside a bar of the share.
+function pagesCell(row, held, dense) {
+  const pages = cell(row, '', 'pages');
+  const share = dense > 0 ? held / dense : 0;
+  const bar = document.createElement('span');
+  bar.className = 'bar-track';
+  bar.setAttribute('aria-hidden', 'true');
+  const fill = document.createElement('span');
+  fill.className = 'bar-fill';
+  fill.style.width = `${Math.min(100, share * 100)}%`;
+  bar.append(fill);
+  const text = document.createElement('span');
+  text.className = 'pages-text';
+  text.textContent = `${held} / ${dense}` + (dense > 0 ? ` (${Math.round(share * 100)}%)` : '');
+  pages.append(bar, text);
+}
+
+const recoveryText = (r) => (r === null || r === undefined ? '–' : `${(r * 100).toFixed(1)}%`);
+const requestName = (s) => `${s.id}${s.index ? ` #${s.index}` : ''}`;
 
 // "fastgen:special+punct" -> a CSS class of its family: full, window, heavy, fastgen, quest.
 function kindClass(kind) {
@@ -36,6 +59,7 @@ export function mountDashboard() {
   let finishedNote = '';  // said in place of the map once the chosen sequence has finished
   let hasKvState = true;  // false on a server without /v1/kv/state: /metrics only
   let busy = false;  // a poll is in flight
+  let showAll = false;  // the running table lists every sequence, not the first MAX_ROWS
   let again = false;  // and another was asked for meanwhile (a click): run it right after
 
   function renderFigures({ running, waiting, usage, pool }) {
@@ -44,6 +68,7 @@ export function mountDashboard() {
     $('dash-usage').textContent = usage === null ? '–' : `${(usage * 100).toFixed(1)}%`;
     $('dash-used').textContent = pool.used ?? '–';
     $('dash-cached').textContent = pool.cached ?? '–';
+    $('dash-cached-free').textContent = pool.cachedFree ?? '–';
     $('dash-free').textContent = pool.free ?? '–';
   }
 
@@ -61,52 +86,91 @@ export function mountDashboard() {
     });
   }
 
-  function renderSequences(sequences) {
+  // One row of the running table, kept across polls (updateSequenceRow fills it): a row and its
+  // button stay the same elements while their sequence lives, so that a click or the focus on them
+  // survives the twice-a-second refresh.
+  function sequenceRow(s) {
+    const row = document.createElement('tr');
+    row.dataset.id = s.id;
+    row.dataset.index = s.index ?? 0;
+    const first = document.createElement('td');
+    const pick = document.createElement('button');
+    pick.type = 'button';
+    pick.className = 'link';
+    pick.textContent = requestName(s);
+    pick.title = 'Show what each KV head of this request keeps';
+    pick.addEventListener('click', () => {
+      const isSelected = selected && selected.id === row.dataset.id && selected.index === Number(row.dataset.index);
+      selected = isSelected ? null : { id: row.dataset.id, index: Number(row.dataset.index) };
+      finishedNote = '';
+      poll();
+    });
+    first.append(pick);
+    row.append(first);
+    return row;
+  }
+
+  function updateSequenceRow(row, s) {
+    const isSelected = selected && selected.id === s.id && selected.index === (s.index ?? 0);
+    row.querySelector('button').setAttribute('aria-pressed', isSelected ? 'true' : 'false');
+    row.dataset.pagesHeld = s.pages_held;
+    row.dataset.pagesDense = s.pages_dense;
+    // The cells after the first, rebuilt: plain text, no element anyone holds on to.
+    while (row.cells.length > 1) row.lastElementChild.remove();
+    cell(row, s.policy, 'mono');
+    cell(row, s.state);
+    cell(row, s.prompt_tokens, 'num');
+    cell(row, s.generated_tokens, 'num');
+    cell(row, s.context_tokens, 'num');
+    pagesCell(row, s.pages_held, s.pages_dense);
+    cell(row, recoveryText(s.attention_recovery), 'num');
+  }
+
+  function renderSequences(all) {
     const body = $('seq-body');
-    body.replaceChildren(...sequences.map((s) => {
+    const collapsed = all.length > MAX_ROWS && !showAll;
+    const sequences = collapsed ? all.slice(0, MAX_ROWS) : all;
+    $('seq-more-line').hidden = all.length <= MAX_ROWS;
+    $('seq-more-text').textContent = collapsed ? `The first ${MAX_ROWS} of ${all.length} sequences.` : `All ${all.length} sequences.`;
+    $('seq-more').textContent = collapsed ? `Show all ${all.length}` : `Show the first ${MAX_ROWS} only`;
+    $('seq-more').setAttribute('aria-expanded', collapsed ? 'false' : 'true');
+    // Rows are matched by sequence (id, index): a live sequence keeps its row, a new one gets one,
+    // a finished one's goes.
+    const key = (id, index) => `${id}#${index}`;
+    const rows = new Map([...body.rows].map((r) => [key(r.dataset.id, r.dataset.index), r]));
+    const wanted = sequences.map((s) => {
+      const k = key(s.id, s.index ?? 0);
+      const row = rows.get(k) ?? sequenceRow(s);
+      rows.delete(k);
+      updateSequenceRow(row, s);
+      return row;
+    });
+    for (const gone of rows.values()) gone.remove();
+    // In admission order; moving only rows out of place (a row moved loses the focus it holds).
+    wanted.forEach((row, i) => {
+      if (body.rows[i] !== row) body.insertBefore(row, body.rows[i] ?? null);
+    });
+    $('seq-empty').hidden = all.length > 0;
+  }
+
+  // The last sequences to finish, newest first; `now`: the snapshot's time (unix seconds).
+  function renderFinished(finished, now) {
+    $('fin-body').replaceChildren(...finished.map((s) => {
       const row = document.createElement('tr');
       row.dataset.id = s.id;
       row.dataset.index = s.index ?? 0;
       row.dataset.pagesHeld = s.pages_held;
       row.dataset.pagesDense = s.pages_dense;
-      const first = document.createElement('td');
-      const pick = document.createElement('button');
-      pick.type = 'button';
-      pick.className = 'link';
-      pick.textContent = `${s.id}${s.index ? ` #${s.index}` : ''}`;
-      const isSelected = selected && selected.id === s.id && selected.index === (s.index ?? 0);
-      pick.setAttribute('aria-pressed', isSelected ? 'true' : 'false');
-      pick.title = 'Show what each KV head of this request keeps';
-      pick.addEventListener('click', () => {
-        selected = isSelected ? null : { id: s.id, index: s.index ?? 0 };
-        finishedNote = '';
-        poll();
-      });
-      first.append(pick);
-      row.append(first);
+      cell(row, requestName(s), 'mono');
       cell(row, s.policy, 'mono');
-      cell(row, s.state);
+      cell(row, `${s.finish_reason}, ${Math.max(0, Math.round(now - s.finished_at))} s ago`);
       cell(row, s.prompt_tokens, 'num');
       cell(row, s.generated_tokens, 'num');
-      cell(row, s.context_tokens, 'num');
-      const pages = cell(row, '', 'pages');
-      const share = s.pages_dense > 0 ? s.pages_held / s.pages_dense : 0;
-      const bar = document.createElement('span');
-      bar.className = 'bar-track';
-      bar.setAttribute('aria-hidden', 'true');
-      const fill = document.createElement('span');
-      fill.className = 'bar-fill';
-      fill.style.width = `${Math.min(100, share * 100)}%`;
-      bar.append(fill);
-      const text = document.createElement('span');
-      text.className = 'pages-text';
-      text.textContent = `${s.pages_held} / ${s.pages_dense}` + (s.pages_dense > 0 ? ` (${Math.round(share * 100)}%)` : '');
-      pages.append(bar, text);
-      cell(row, s.attention_recovery === null || s.attention_recovery === undefined
-        ? '–' : `${(s.attention_recovery * 100).toFixed(1)}%`, 'num');
+      pagesCell(row, s.pages_held, s.pages_dense);
+      cell(row, recoveryText(s.attention_recovery), 'num');
       return row;
     }));
-    $('seq-empty').hidden = sequences.length > 0;
+    $('fin-empty').hidden = finished.length > 0;
   }
 
   function renderHeads(heads) {
@@ -187,11 +251,18 @@ export function mountDashboard() {
       selected = null;
       return state;
     }
+    const asked = selected;
     try {
-      return await getJson(`/v1/kv/state?request=${encodeURIComponent(selected.id)}&index=${selected.index}`);
+      return await getJson(`/v1/kv/state?request=${encodeURIComponent(asked.id)}&index=${asked.index}`);
     } catch (e) {
       if (!(e instanceof ApiError) || e.status !== 404) throw e;
-      return state;  // it finished between the two reads
+      // It finished between the two reads (the heads are read at the engine's next step, the
+      // overview may come from the last one): said now, and not asked for again.
+      if (selected === asked) {
+        finishedNote = `${asked.id} has finished.`;
+        selected = null;
+      }
+      return state;
     }
   }
 
@@ -206,11 +277,14 @@ export function mountDashboard() {
       const [state, metricsText] = await Promise.all([fetchState(), getText('/metrics')]);
       const samples = parseMetrics(metricsText);
       const pool = state
-        ? { used: state.pool.pages_used, free: state.pool.pages_free, cached: state.pool.pages_cached, total: state.pool.pages_total }
+        ? {
+          used: state.pool.pages_used, free: state.pool.pages_free, cached: state.pool.pages_cached,
+          cachedFree: state.pool.pages_cached_free, total: state.pool.pages_total,
+        }
         : (() => {
           const used = metricValue(samples, 'sieve:kv_pages_used');
           const free = metricValue(samples, 'sieve:kv_pages_free');
-          return { used, free, cached: null, total: used + free };
+          return { used, free, cached: null, cachedFree: null, total: used + free };
         })();
       renderFigures({
         running: state ? state.requests.running : metricValue(samples, 'vllm:num_requests_running'),
@@ -226,6 +300,8 @@ export function mountDashboard() {
       if (history.length > HISTORY) history.shift();
       renderPoolChart(pool.total);
       renderSequences(state ? state.sequences : []);
+      // A server from before the list has no `finished`.
+      renderFinished(state && state.finished ? state.finished : [], state ? state.time : 0);
       renderHeads(state ? state.heads : null);
       renderHistograms(samples);
       $('dash-error').textContent = '';
@@ -241,6 +317,10 @@ export function mountDashboard() {
     if (shown && !document.hidden) timer = setTimeout(poll, POLL_MS);
   }
 
+  $('seq-more').addEventListener('click', () => {
+    showAll = !showAll;
+    poll();
+  });
   document.addEventListener('visibilitychange', () => {
     if (shown && !document.hidden) poll();
   });

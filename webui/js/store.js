@@ -25,7 +25,8 @@ export function newConversation() {
     title: 'New conversation',
     settings: { ...DEFAULT_SETTINGS },
     // {role, content} as the API takes them; an assistant message also keeps `stats`
-    // ({ttft_ms, tokens_per_s, completion_tokens, kv_cache, finish}) for display.
+    // ({id, ttft_ms, tokens_per_s, completion_tokens, kv_cache, finish, max_tokens,
+    // context_tokens, context_window}) for display. `left_out`: kept here, no longer sent.
     messages: [],
   };
 }
