@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/pack.h"
 #include "kernels/ops.h"
 #include "util/thread_pool.h"
 
@@ -109,7 +110,7 @@ void run_matmul(benchmark::State& state, const MatmulCase& c) {
   PackedBytes packed;
   if (c.packed) {
     packed = pack_for_matmul(w.view);
-    w.view.packed = packed.data();
+    attach_packed(w.view, packed);
   }
   const std::vector<float> x = random_floats(c.num_x * c.cols, 99);
   std::vector<float> y(static_cast<size_t>(c.num_x * c.rows));

@@ -28,12 +28,16 @@ static_assert(kHoldsAt<ValueType::kUint8, uint8_t> && kHoldsAt<ValueType::kInt8,
 static_assert(std::variant_size_v<decltype(Value::data)> == 13);
 
 // One ggml block: `block_size` elements stored in `type_size` bytes. An empty name marks an id
-// that ggml never assigned or has removed (Q4_2, Q4_0_4_4, ...).
+// that ggml never assigned or has removed (Q4_2, Q4_0_4_4, ...). `supported`: sieve computes
+// with it, i.e. kernels::kDTypeTraits has a row with this gguf_type (model::to_dtype maps it;
+// tests/model checks that the two tables agree).
 struct TypeTraits {
   std::string_view name;
   uint64_t block_size = 0;
   uint64_t type_size = 0;
+  bool supported = false;
 };
+enum class Computes : bool { kNo, kYes };
 
 constexpr uint64_t kQK = 32;     // elements per block of the legacy quants (QK4_0, QK8_0, ...)
 constexpr uint64_t kQK_K = 256;  // elements per super-block of the K, IQ and TQ quants
@@ -41,38 +45,39 @@ constexpr uint64_t kQK_K = 256;  // elements per super-block of the K, IQ and TQ
 // Sizes from ggml-common.h's block structs (static_asserted there).
 constexpr auto kTypeTraits = [] {
   std::array<TypeTraits, 40> t{};
-  auto set = [&t](TensorType type, std::string_view name, uint64_t block, uint64_t bytes) {
-    t[static_cast<size_t>(type)] = {name, block, bytes};
+  auto set = [&t](TensorType type, std::string_view name, uint64_t block, uint64_t bytes,
+                  Computes computes = Computes::kNo) {
+    t[static_cast<size_t>(type)] = {name, block, bytes, computes == Computes::kYes};
   };
-  set(TensorType::kF32, "F32", 1, 4);
-  set(TensorType::kF16, "F16", 1, 2);
-  set(TensorType::kQ4_0, "Q4_0", kQK, 2 + 16);
-  set(TensorType::kQ4_1, "Q4_1", kQK, 2 + 2 + 16);
-  set(TensorType::kQ5_0, "Q5_0", kQK, 2 + 4 + 16);
-  set(TensorType::kQ5_1, "Q5_1", kQK, 2 + 2 + 4 + 16);
-  set(TensorType::kQ8_0, "Q8_0", kQK, 2 + 32);
+  set(TensorType::kF32, "F32", 1, 4, Computes::kYes);
+  set(TensorType::kF16, "F16", 1, 2, Computes::kYes);
+  set(TensorType::kQ4_0, "Q4_0", kQK, 2 + 16, Computes::kYes);
+  set(TensorType::kQ4_1, "Q4_1", kQK, 2 + 2 + 16, Computes::kYes);
+  set(TensorType::kQ5_0, "Q5_0", kQK, 2 + 4 + 16, Computes::kYes);
+  set(TensorType::kQ5_1, "Q5_1", kQK, 2 + 2 + 4 + 16, Computes::kYes);
+  set(TensorType::kQ8_0, "Q8_0", kQK, 2 + 32, Computes::kYes);
   set(TensorType::kQ8_1, "Q8_1", kQK, 2 + 2 + 32);
-  set(TensorType::kQ2_K, "Q2_K", kQK_K, 84);
-  set(TensorType::kQ3_K, "Q3_K", kQK_K, 110);
-  set(TensorType::kQ4_K, "Q4_K", kQK_K, 144);
-  set(TensorType::kQ5_K, "Q5_K", kQK_K, 176);
-  set(TensorType::kQ6_K, "Q6_K", kQK_K, 210);
+  set(TensorType::kQ2_K, "Q2_K", kQK_K, 84, Computes::kYes);
+  set(TensorType::kQ3_K, "Q3_K", kQK_K, 110, Computes::kYes);
+  set(TensorType::kQ4_K, "Q4_K", kQK_K, 144, Computes::kYes);
+  set(TensorType::kQ5_K, "Q5_K", kQK_K, 176, Computes::kYes);
+  set(TensorType::kQ6_K, "Q6_K", kQK_K, 210, Computes::kYes);
   set(TensorType::kQ8_K, "Q8_K", kQK_K, 292);
   set(TensorType::kIQ2_XXS, "IQ2_XXS", kQK_K, 66);
   set(TensorType::kIQ2_XS, "IQ2_XS", kQK_K, 74);
   set(TensorType::kIQ3_XXS, "IQ3_XXS", kQK_K, 98);
   set(TensorType::kIQ1_S, "IQ1_S", kQK_K, 50);
-  set(TensorType::kIQ4_NL, "IQ4_NL", kQK, 18);
+  set(TensorType::kIQ4_NL, "IQ4_NL", kQK, 18, Computes::kYes);
   set(TensorType::kIQ3_S, "IQ3_S", kQK_K, 110);
   set(TensorType::kIQ2_S, "IQ2_S", kQK_K, 82);
-  set(TensorType::kIQ4_XS, "IQ4_XS", kQK_K, 136);
+  set(TensorType::kIQ4_XS, "IQ4_XS", kQK_K, 136, Computes::kYes);
   set(TensorType::kI8, "I8", 1, 1);
   set(TensorType::kI16, "I16", 1, 2);
   set(TensorType::kI32, "I32", 1, 4);
   set(TensorType::kI64, "I64", 1, 8);
   set(TensorType::kF64, "F64", 1, 8);
   set(TensorType::kIQ1_M, "IQ1_M", kQK_K, 56);
-  set(TensorType::kBF16, "BF16", 1, 2);
+  set(TensorType::kBF16, "BF16", 1, 2, Computes::kYes);
   set(TensorType::kTQ1_0, "TQ1_0", kQK_K, 54);
   set(TensorType::kTQ2_0, "TQ2_0", kQK_K, 66);
   set(TensorType::kMXFP4, "MXFP4", kQK, 1 + 16);
@@ -137,26 +142,8 @@ std::string to_string(TensorType type) {
 }
 
 bool is_supported(TensorType type) {
-  switch (type) {
-    case TensorType::kF32:
-    case TensorType::kF16:
-    case TensorType::kBF16:
-    case TensorType::kQ8_0:
-    case TensorType::kQ4_0:
-    case TensorType::kQ4_1:
-    case TensorType::kQ5_0:
-    case TensorType::kQ5_1:
-    case TensorType::kIQ4_NL:
-    case TensorType::kQ2_K:
-    case TensorType::kQ3_K:
-    case TensorType::kQ4_K:
-    case TensorType::kQ5_K:
-    case TensorType::kQ6_K:
-    case TensorType::kIQ4_XS:
-      return true;
-    default:
-      return false;
-  }
+  const TypeTraits* traits = find_traits(type);
+  return traits != nullptr && traits->supported;
 }
 
 uint64_t block_size(TensorType type) { return traits_or_throw(type).block_size; }

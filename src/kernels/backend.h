@@ -148,9 +148,10 @@ class Backend {
   // back from the file); kHostMemory: the caller's memory, left alone.
   enum class WeightSource { kHostMemory, kMappedFile };
   // The view matmul() and get_rows() should be given for a weight matrix; the backend keeps what
-  // it makes alive. CPU: the same bytes, plus a repacking where packed_matmul_supported(dtype)
-  // (Q8_0, the 32-value 4- / 5-bit blocks, the K-quants and IQ4_XS); a device backend: a copy in
-  // device memory.
+  // it makes alive, and MatrixView::prepared (opaque to the caller) is its own form of the matrix.
+  // CPU: the same bytes, with a repacking (cpu/pack.h) as `prepared` where
+  // packed_matmul_supported(dtype) (F16 / BF16 with AVX-512; with VNNI Q8_0, the 32-value 4- /
+  // 5-bit blocks, the K-quants and IQ4_XS); a device backend: a copy in device memory.
   virtual MatrixView prepare_weights(const MatrixView& w, WeightSource source) = 0;
   // The same for a matrix only get_rows() reads (an untied embedding table): CPU: the same
   // bytes, no repacking; a device backend: a copy in device memory.

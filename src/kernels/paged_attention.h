@@ -85,16 +85,7 @@ struct PagedKv {
   const void* v_q = nullptr;
 };
 
-// The dtypes a KV pool may have.
-inline bool is_kv_dtype(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kQ8_0 ||
-         dtype == DType::kQ4_1;
-}
-// kQ8_0 / kQ4_1: rows of head_dim values in blocks of 32.
-inline bool is_block_kv_dtype(DType dtype) {
-  return dtype == DType::kQ8_0 || dtype == DType::kQ4_1;
-}
-
+// is_kv_dtype() and is_block_kv_dtype(): dtype.h.
 // Block dtypes: the bytes of the K (value = false) or V row at element offset `offset`.
 inline const uint8_t* kv_block_row(const PagedKv& kv, bool value, int64_t offset) {
   return static_cast<const uint8_t*>(value ? kv.v_q : kv.k_q) + row_bytes(kv.dtype, offset);

@@ -9,13 +9,24 @@
 
 namespace sieve::kernels::quant {
 
-// Q4_1, Q5_0, Q5_1, IQ4_NL (blocks of 32): quant_small_blocks.cc.
-void quantize_row_small_block(DType dtype, const float* src, void* dst, int64_t n);
-void dequantize_row_small_block(DType dtype, const void* src, float* dst, int64_t n);
-
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of 256): quant_super_blocks.cc/.h.
-void quantize_row_super_block(DType dtype, const float* src, void* dst, int64_t n);
-void dequantize_row_super_block(DType dtype, const void* src, float* dst, int64_t n);
+// One type's rows of n values (a multiple of its block): the entries of ops.cc's row codec
+// table, the one place quantize_row() / dequantize_row() choose by dtype.
+#define SIEVE_ROW_CODEC(suffix)                                       \
+  void quantize_row_##suffix(const float* src, void* dst, int64_t n); \
+  void dequantize_row_##suffix(const void* src, float* dst, int64_t n)
+// Blocks of 32: quant_small_blocks.cc.
+SIEVE_ROW_CODEC(q4_1);
+SIEVE_ROW_CODEC(q5_0);
+SIEVE_ROW_CODEC(q5_1);
+SIEVE_ROW_CODEC(iq4_nl);
+// Super-blocks of 256: quant_super_blocks.cc/.h.
+SIEVE_ROW_CODEC(q2_k);
+SIEVE_ROW_CODEC(q3_k);
+SIEVE_ROW_CODEC(q4_k);
+SIEVE_ROW_CODEC(q5_k);
+SIEVE_ROW_CODEC(q6_k);
+SIEVE_ROW_CODEC(iq4_xs);
+#undef SIEVE_ROW_CODEC
 
 // Index of the level of kIQ4NLValues nearest to v (ggml's best_index_int8: bisection, ties to
 // the upper level). Shared by the IQ4_NL and IQ4_XS quantizers.

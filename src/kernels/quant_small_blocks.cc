@@ -201,34 +201,30 @@ void dequantize_blocks(const void* src, float* dst, int64_t n, DequantizeBlock d
 
 }  // namespace
 
-void quantize_row_small_block(DType dtype, const float* src, void* dst, int64_t n) {
-  switch (dtype) {
-    case DType::kQ4_1:
-      return quantize_blocks<BlockQ4_1>(src, dst, n, quantize_block_q4_1);
-    case DType::kQ5_0:
-      return quantize_blocks<BlockQ5_0>(src, dst, n, quantize_block_q5_0);
-    case DType::kQ5_1:
-      return quantize_blocks<BlockQ5_1>(src, dst, n, quantize_block_q5_1);
-    case DType::kIQ4_NL:
-      return quantize_blocks<BlockIQ4_NL>(src, dst, n, quantize_block_iq4_nl);
-    default:
-      fail("quantize_row_small_block: {} is not a ggml block-of-32 type", to_string(dtype));
-  }
+void quantize_row_q4_1(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockQ4_1>(src, dst, n, quantize_block_q4_1);
+}
+void quantize_row_q5_0(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockQ5_0>(src, dst, n, quantize_block_q5_0);
+}
+void quantize_row_q5_1(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockQ5_1>(src, dst, n, quantize_block_q5_1);
+}
+void quantize_row_iq4_nl(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockIQ4_NL>(src, dst, n, quantize_block_iq4_nl);
 }
 
-void dequantize_row_small_block(DType dtype, const void* src, float* dst, int64_t n) {
-  switch (dtype) {
-    case DType::kQ4_1:
-      return dequantize_blocks<BlockQ4_1>(src, dst, n, dequantize_q4_1);
-    case DType::kQ5_0:
-      return dequantize_blocks<BlockQ5_0>(src, dst, n, dequantize_q5_0);
-    case DType::kQ5_1:
-      return dequantize_blocks<BlockQ5_1>(src, dst, n, dequantize_q5_1);
-    case DType::kIQ4_NL:
-      return dequantize_blocks<BlockIQ4_NL>(src, dst, n, dequantize_iq4_nl);
-    default:
-      fail("dequantize_row_small_block: {} is not a ggml block-of-32 type", to_string(dtype));
-  }
+void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockQ4_1>(src, dst, n, dequantize_q4_1);
+}
+void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockQ5_0>(src, dst, n, dequantize_q5_0);
+}
+void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockQ5_1>(src, dst, n, dequantize_q5_1);
+}
+void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockIQ4_NL>(src, dst, n, dequantize_iq4_nl);
 }
 
 }  // namespace sieve::kernels::quant

@@ -624,6 +624,24 @@ void quantize_blocks(const float* src, void* dst, int64_t n, Fn quantize_block) 
   for (int64_t b = 0; b < n / kQKBlock; ++b) quantize_block(src + b * kQKBlock, &blocks[b]);
 }
 
+// Through the integer form: x = (d * scale) * q - dmin * min, in f32, ggml's order.
+template <class Block, class Fn>
+void dequantize_blocks(const void* src, float* dst, int64_t n, Fn decode_block) {
+  const auto* blocks = static_cast<const Block*>(src);
+  SuperBlockInts ints;
+  for (int64_t b = 0; b < n / kQKBlock; ++b) {
+    decode_block(blocks[b], &ints);
+    float* y = dst + b * kQKBlock;
+    for (int s = 0; s < 16; ++s) {
+      const float scale = ints.d * ints.scales[s];
+      const float min = ints.dmin * ints.mins[s];
+      for (int j = 16 * s; j < 16 * s + 16; ++j) {
+        y[j] = ints.mins[s] != 0 ? scale * ints.q[j] - min : scale * ints.q[j];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // 6-bit scale and min j (0..7) of a Q4_K / Q5_K block, from the 12 packed bytes:
@@ -691,40 +709,42 @@ void quantize_row_q8_k(const float* x, BlockQ8_K* y, int64_t n) {
   }
 }
 
-void quantize_row_super_block(DType dtype, const float* src, void* dst, int64_t n) {
-  switch (dtype) {
-    case DType::kQ2_K:
-      return quantize_blocks<BlockQ2_K>(src, dst, n, quantize_q2_k);
-    case DType::kQ3_K:
-      return quantize_blocks<BlockQ3_K>(src, dst, n, quantize_q3_k);
-    case DType::kQ4_K:
-      return quantize_blocks<BlockQ4_K>(src, dst, n, quantize_q4_k);
-    case DType::kQ5_K:
-      return quantize_blocks<BlockQ5_K>(src, dst, n, quantize_q5_k);
-    case DType::kQ6_K:
-      return quantize_blocks<BlockQ6_K>(src, dst, n, quantize_q6_k);
-    case DType::kIQ4_XS:
-      return quantize_blocks<BlockIQ4_XS>(src, dst, n, quantize_iq4_xs);
-    default:
-      fail("{} is not a super-block type", to_string(dtype));
-  }
+void quantize_row_q2_k(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockQ2_K>(src, dst, n, quantize_q2_k);
+}
+void quantize_row_q3_k(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockQ3_K>(src, dst, n, quantize_q3_k);
+}
+void quantize_row_q4_k(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockQ4_K>(src, dst, n, quantize_q4_k);
+}
+void quantize_row_q5_k(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockQ5_K>(src, dst, n, quantize_q5_k);
+}
+void quantize_row_q6_k(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockQ6_K>(src, dst, n, quantize_q6_k);
+}
+void quantize_row_iq4_xs(const float* src, void* dst, int64_t n) {
+  quantize_blocks<BlockIQ4_XS>(src, dst, n, quantize_iq4_xs);
 }
 
-void dequantize_row_super_block(DType dtype, const void* src, float* dst, int64_t n) {
-  const size_t bytes = block_bytes(dtype);
-  SuperBlockInts ints;
-  for (int64_t b = 0; b < n / kQKBlock; ++b) {
-    decode_super_block(dtype, static_cast<const uint8_t*>(src) + b * bytes, &ints);
-    float* y = dst + b * kQKBlock;
-    for (int s = 0; s < 16; ++s) {
-      // ggml's order: (d * scale) * q - dmin * min, in f32.
-      const float scale = ints.d * ints.scales[s];
-      const float min = ints.dmin * ints.mins[s];
-      for (int j = 16 * s; j < 16 * s + 16; ++j) {
-        y[j] = ints.mins[s] != 0 ? scale * ints.q[j] - min : scale * ints.q[j];
-      }
-    }
-  }
+void dequantize_row_q2_k(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockQ2_K>(src, dst, n, decode_q2_k);
+}
+void dequantize_row_q3_k(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockQ3_K>(src, dst, n, decode_q3_k);
+}
+void dequantize_row_q4_k(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockQ4_K>(src, dst, n, decode_q4_k);
+}
+void dequantize_row_q5_k(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockQ5_K>(src, dst, n, decode_q5_k);
+}
+void dequantize_row_q6_k(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockQ6_K>(src, dst, n, decode_q6_k);
+}
+void dequantize_row_iq4_xs(const void* src, float* dst, int64_t n) {
+  dequantize_blocks<BlockIQ4_XS>(src, dst, n, decode_iq4_xs);
 }
 
 }  // namespace sieve::kernels::quant

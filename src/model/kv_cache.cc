@@ -7,44 +7,28 @@
 
 namespace sieve::model {
 
-namespace {
-
-constexpr int64_t kKvBlock = 32;  // values per q8 / q4 block (kernels::block_elems)
-
-}  // namespace
-
 std::optional<kernels::DType> parse_kv_dtype(std::string_view name) {
-  if (name == "f32") return kernels::DType::kF32;
-  if (name == "f16") return kernels::DType::kF16;
-  if (name == "q8") return kernels::DType::kQ8_0;
-  if (name == "q4") return kernels::DType::kQ4_1;
+  for (const kernels::DTypeTraits& traits : kernels::kDTypeTraits) {
+    if (!traits.kv_name.empty() && traits.kv_name == name) return traits.dtype;
+  }
   return std::nullopt;
 }
 
 std::string_view kv_dtype_name(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::kF32:
-      return "f32";
-    case kernels::DType::kF16:
-      return "f16";
-    case kernels::DType::kQ8_0:
-      return "q8";
-    case kernels::DType::kQ4_1:
-      return "q4";
-    default:
-      return kernels::to_string(dtype);
-  }
+  return kernels::is_kv_dtype(dtype) ? kernels::dtype_traits(dtype).kv_name
+                                     : kernels::to_string(dtype);
 }
 
 void KvCache::check_dtype(const ModelConfig& config, kernels::DType dtype) {
   if (!kernels::is_kv_dtype(dtype)) {
     fail("the KV cache stores {} only, not {}", kKvDTypeNames, kernels::to_string(dtype));
   }
-  if (kernels::is_block_kv_dtype(dtype) && config.head_dim % kKvBlock != 0) {
+  const int64_t block = kernels::block_elems(dtype);
+  if (kernels::is_block_kv_dtype(dtype) && config.head_dim % block != 0) {
     fail(
         "KV dtype {} stores every K/V row in blocks of {} values, so it needs a head_dim that is "
         "a multiple of {}; this model's head_dim is {}: use f32 or f16",
-        kv_dtype_name(dtype), kKvBlock, kKvBlock, config.head_dim);
+        kv_dtype_name(dtype), block, block, config.head_dim);
   }
 }
 

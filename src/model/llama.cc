@@ -57,7 +57,7 @@ constexpr uint32_t kSmoothingSeed = 20260501;
 }  // namespace
 
 // Every quantized matrix the forward pass multiplies by (Q8_0, Q4_0 .. Q5_1, IQ4_NL, Q2_K .. Q6_K,
-// IQ4_XS), and every F16 / BF16 one, gets the CPU backend's packed copy (kernels::pack_for_matmul,
+// IQ4_XS), and every F16 / BF16 one, gets the CPU backend's packed copy (kernels/cpu/pack.h,
 // where packed_matmul_supported(dtype)): matmul() on it runs 16 rows per vector with no horizontal
 // sums (Q8_0: 2.7x the multiply-adds per second of the plain VNNI kernel at bench-engine's shapes,
 // 16-512 rows; Q4_0 decode ~1.45x, prefill ~1.15x, one thread) and streams decode's weights faster;
@@ -138,8 +138,8 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights,
     kernels::MatrixView view =
         prepare({.dtype = first.dtype, .data = bytes.data(), .rows = rows, .cols = first.cols},
                 WeightSource::kHostMemory);
-    if (view.packed == nullptr) return std::nullopt;  // it would read our copy: keep the parts
-    view.data = nullptr;  // matmul reads the packed copy only; `bytes` goes now
+    if (view.prepared == nullptr) return std::nullopt;  // it would read our copy: keep the parts
+    view.data = nullptr;  // matmul reads the prepared copy only; `bytes` goes now
     return view;
   };
   for (const LayerWeights& w : weights_.layers) {

@@ -15,43 +15,6 @@ namespace sieve::model {
 
 namespace {
 
-// llama.cpp's general.file_type values ("mostly X").
-uint32_t file_type(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::kF32:
-      return 0;
-    case kernels::DType::kF16:
-      return 1;
-    case kernels::DType::kQ4_0:
-      return 2;
-    case kernels::DType::kQ8_0:
-      return 7;
-    case kernels::DType::kBF16:
-      return 32;
-    case kernels::DType::kQ4_1:
-      return 3;
-    case kernels::DType::kQ5_0:
-      return 8;
-    case kernels::DType::kQ5_1:
-      return 9;
-    case kernels::DType::kQ2_K:
-      return 10;
-    case kernels::DType::kQ3_K:
-      return 12;  // Q3_K_M
-    case kernels::DType::kQ4_K:
-      return 15;  // Q4_K_M
-    case kernels::DType::kQ5_K:
-      return 17;  // Q5_K_M
-    case kernels::DType::kQ6_K:
-      return 18;
-    case kernels::DType::kIQ4_NL:
-      return 25;
-    case kernels::DType::kIQ4_XS:
-      return 30;
-  }
-  return 0;
-}
-
 uint64_t splitmix64(uint64_t& state) {
   uint64_t z = (state += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -137,7 +100,7 @@ void write_random_model(const RandomModelSpec& spec, const std::string& out_path
   writer.set_string("general.architecture", "llama");
   writer.set_string("general.name", fmt::format("sieve-random-{}d-{}l-{}", spec.dim,
                                                 spec.num_layers, kernels::to_string(spec.dtype)));
-  writer.set_u32("general.file_type", file_type(spec.dtype));
+  writer.set_u32("general.file_type", kernels::dtype_traits(spec.dtype).gguf_file_type);
   writer.set_u32("llama.context_length", static_cast<uint32_t>(spec.context_length));
   writer.set_u32("llama.embedding_length", static_cast<uint32_t>(spec.dim));
   writer.set_u32("llama.block_count", static_cast<uint32_t>(spec.num_layers));
@@ -284,24 +247,6 @@ DType mix_rule(const QuantMix& mix, const QuantModelInfo& model, std::string_vie
   return base;
 }
 
-// llama-quantize's replacement when a row is not a multiple of the type's block.
-std::optional<DType> shape_fallback(DType type) {
-  switch (type) {
-    case DType::kQ2_K:
-    case DType::kQ3_K:
-    case DType::kIQ4_XS:
-      return DType::kIQ4_NL;
-    case DType::kQ4_K:
-      return DType::kQ5_0;
-    case DType::kQ5_K:
-      return DType::kQ5_1;
-    case DType::kQ6_K:
-      return DType::kQ8_0;
-    default:
-      return std::nullopt;
-  }
-}
-
 }  // namespace
 
 std::span<const QuantMix> quant_mixes() { return kQuantMixes; }
@@ -342,7 +287,7 @@ PlannedType plan_tensor_type(const QuantMix& mix, const QuantModelInfo& model,
   DType chosen = mix.base;
   if (kernels::is_quantized(mix.base) && !pure) chosen = mix_rule(mix, model, name, row_length);
   if (row_length % kernels::block_elems(chosen) == 0) return {chosen, ""};
-  DType fallback = shape_fallback(chosen).value_or(DType::kF16);
+  DType fallback = kernels::dtype_traits(chosen).quantize_fallback.value_or(DType::kF16);
   if (row_length % kernels::block_elems(fallback) != 0) fallback = DType::kF16;
   return {fallback, fmt::format("row length {} is not a multiple of {} for {}: {} instead",
                                 row_length, kernels::block_elems(chosen),

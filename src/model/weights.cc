@@ -13,76 +13,11 @@
 namespace sieve::model {
 
 std::optional<kernels::DType> to_dtype(gguf::TensorType type) {
-  switch (type) {
-    case gguf::TensorType::kF32:
-      return kernels::DType::kF32;
-    case gguf::TensorType::kF16:
-      return kernels::DType::kF16;
-    case gguf::TensorType::kBF16:
-      return kernels::DType::kBF16;
-    case gguf::TensorType::kQ8_0:
-      return kernels::DType::kQ8_0;
-    case gguf::TensorType::kQ4_0:
-      return kernels::DType::kQ4_0;
-    case gguf::TensorType::kQ4_1:
-      return kernels::DType::kQ4_1;
-    case gguf::TensorType::kQ5_0:
-      return kernels::DType::kQ5_0;
-    case gguf::TensorType::kQ5_1:
-      return kernels::DType::kQ5_1;
-    case gguf::TensorType::kIQ4_NL:
-      return kernels::DType::kIQ4_NL;
-    case gguf::TensorType::kQ2_K:
-      return kernels::DType::kQ2_K;
-    case gguf::TensorType::kQ3_K:
-      return kernels::DType::kQ3_K;
-    case gguf::TensorType::kQ4_K:
-      return kernels::DType::kQ4_K;
-    case gguf::TensorType::kQ5_K:
-      return kernels::DType::kQ5_K;
-    case gguf::TensorType::kQ6_K:
-      return kernels::DType::kQ6_K;
-    case gguf::TensorType::kIQ4_XS:
-      return kernels::DType::kIQ4_XS;
-    default:
-      return std::nullopt;
-  }
+  return kernels::dtype_of_gguf_type(static_cast<uint32_t>(type));
 }
 
 gguf::TensorType to_tensor_type(kernels::DType dtype) {
-  switch (dtype) {
-    case kernels::DType::kF32:
-      return gguf::TensorType::kF32;
-    case kernels::DType::kF16:
-      return gguf::TensorType::kF16;
-    case kernels::DType::kBF16:
-      return gguf::TensorType::kBF16;
-    case kernels::DType::kQ8_0:
-      return gguf::TensorType::kQ8_0;
-    case kernels::DType::kQ4_0:
-      return gguf::TensorType::kQ4_0;
-    case kernels::DType::kQ4_1:
-      return gguf::TensorType::kQ4_1;
-    case kernels::DType::kQ5_0:
-      return gguf::TensorType::kQ5_0;
-    case kernels::DType::kQ5_1:
-      return gguf::TensorType::kQ5_1;
-    case kernels::DType::kIQ4_NL:
-      return gguf::TensorType::kIQ4_NL;
-    case kernels::DType::kQ2_K:
-      return gguf::TensorType::kQ2_K;
-    case kernels::DType::kQ3_K:
-      return gguf::TensorType::kQ3_K;
-    case kernels::DType::kQ4_K:
-      return gguf::TensorType::kQ4_K;
-    case kernels::DType::kQ5_K:
-      return gguf::TensorType::kQ5_K;
-    case kernels::DType::kQ6_K:
-      return gguf::TensorType::kQ6_K;
-    case kernels::DType::kIQ4_XS:
-      return gguf::TensorType::kIQ4_XS;
-  }
-  return gguf::TensorType::kF32;
+  return static_cast<gguf::TensorType>(kernels::dtype_traits(dtype).gguf_type);
 }
 
 namespace {

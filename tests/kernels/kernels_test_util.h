@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/pack.h"
 #include "kernels/ops.h"
 #include "util/thread_pool.h"
 
@@ -76,7 +77,7 @@ inline void expect_packed_matmul_matches_ref(const MatrixView& w, size_t expecte
   ASSERT_EQ(packed.size(), expected_packed_bytes);
   const std::vector<uint8_t> zero_blocks(row_bytes(w.dtype, w.cols) * w.rows, 0);
   MatrixView packed_view = w;
-  packed_view.packed = packed.data();
+  attach_packed(packed_view, packed);
   if (packed_matmul_supported(w.dtype) && active_target() == "AVX3")
     packed_view.data = zero_blocks.data();
   for (int64_t num_x : num_x_list) {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/pack.h"
 #include "kernels/ops.h"
 #include "kernels_test_util.h"
 #include "util/thread_pool.h"
@@ -105,7 +106,7 @@ TEST_P(Matmul, PackedFloatRowsEqualAloneAndInAnyBatch) {
     const TestMatrix w(dtype, 97, 2100, 77);
     const PackedBytes packed = pack_for_matmul(w.view);
     MatrixView view = w.view;
-    view.packed = packed.data();
+    attach_packed(view, packed);
     constexpr int64_t kMaxX = 45;
     const std::vector<float> x = random_floats(kMaxX * w.view.cols, 78);
     std::vector<float> alone(kMaxX * w.view.rows);
@@ -139,7 +140,7 @@ TEST_P(Matmul, PackedQ8_0) {
       const PackedBytes packed = pack_for_matmul(w.view);
       EXPECT_EQ(packed.size(), (rows + 15) / 16 * row_bytes(DType::kQ8_0, cols) * 16);
       MatrixView view = w.view;
-      view.packed = packed.data();
+      attach_packed(view, packed);
       for (int64_t num_x : {1, 2, 3, 5, 8, 9, 17}) {
         for (ThreadPool* pool : {&pool1, &pool3})
           expect_matmul_matches_ref(view, num_x, *pool, ++seed, magnitudes);
@@ -156,13 +157,13 @@ TEST_P(Matmul, PackedQ8_0) {
   }
   MatrixView raw{DType::kQ8_0, bytes.data(), rows, cols};
   const PackedBytes raw_packed = pack_for_matmul(raw);
-  raw.packed = raw_packed.data();
+  attach_packed(raw, raw_packed);
   for (int64_t num_x : {1, 4, 11})
     expect_matmul_matches_ref(raw, num_x, pool3, 40 + num_x, magnitudes);
   const TestMatrix big(DType::kQ8_0, 131, 2080, ++seed);
   const PackedBytes big_packed = pack_for_matmul(big.view);
   MatrixView big_view = big.view;
-  big_view.packed = big_packed.data();
+  attach_packed(big_view, big_packed);
   for (int64_t num_x : {1, 19})
     expect_matmul_matches_ref(big_view, num_x, pool3, ++seed, magnitudes);
 }

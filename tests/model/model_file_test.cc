@@ -13,6 +13,7 @@
 #include "kernels/backend.h"
 #include "model/loader.h"
 #include "model/model_file.h"
+#include "model/weights.h"
 #include "shared_data.h"
 #include "util/thread_pool.h"
 
@@ -133,6 +134,24 @@ std::string planned(const char* mix_name, const model::QuantModelInfo& info,
                     const std::string& name, std::vector<uint64_t> shape, bool pure = false) {
   return std::string(
       kernels::to_string(model::plan_tensor_type(mix(mix_name), info, name, shape, pure).dtype));
+}
+
+// The kernels' dtype table and the GGUF reader's type table name the same types: a type the
+// reader calls supported maps to a dtype whose name and block layout it agrees with, and back.
+TEST(DTypeTable, AgreesWithTheGgufTypeTable) {
+  int num_supported = 0;
+  for (uint32_t id = 0; id < 64; ++id) {
+    const auto type = static_cast<gguf::TensorType>(id);
+    const std::optional<kernels::DType> dtype = model::to_dtype(type);
+    ASSERT_EQ(dtype.has_value(), gguf::is_supported(type)) << gguf::to_string(type);
+    if (!dtype) continue;
+    ++num_supported;
+    EXPECT_EQ(model::to_tensor_type(*dtype), type);
+    EXPECT_EQ(kernels::to_string(*dtype), gguf::to_string(type));
+    EXPECT_EQ(static_cast<uint64_t>(kernels::block_elems(*dtype)), gguf::block_size(type));
+    EXPECT_EQ(kernels::block_bytes(*dtype), gguf::type_size(type));
+  }
+  EXPECT_EQ(num_supported, std::ssize(kernels::kAllDTypes));
 }
 
 TEST(QuantPlan, ParsesLlamaQuantizeNamesAndFileTypes) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/pack.h"
 #include "kernels/host_backend.h"
 #include "util/thread_pool.h"
 
@@ -54,7 +55,7 @@ class CpuBackend final : public HostMemoryBackend {
   int num_threads() const override { return pool_.num_threads(); }
 
   MatrixView prepare_weights(const MatrixView& w, WeightSource source) override {
-    if (w.packed != nullptr || !packed_matmul_supported(w.dtype)) return w;
+    if (w.prepared != nullptr || !packed_matmul_supported(w.dtype)) return w;
     // Held while packing too: the pool runs one parallel loop at a time.
     const std::lock_guard lock(packed_mutex_);
     PackedBytes packed = pack_for_matmul(w, &pool_);
@@ -62,7 +63,7 @@ class CpuBackend final : public HostMemoryBackend {
     // write it to swap where there is some.
     if (source == WeightSource::kMappedFile) release_pages(w);
     MatrixView view = w;
-    view.packed = packed.data();  // stays put when packed_ grows (moved, not copied)
+    attach_packed(view, packed);  // stays put when packed_ grows (moved, not copied)
     packed_.push_back(std::move(packed));
     return view;
   }

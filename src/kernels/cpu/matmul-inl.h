@@ -45,6 +45,7 @@
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/matmul_vnni_small_blocks.h"
 #include "kernels/cpu/ops-inl.h"
+#include "kernels/cpu/pack.h"
 #include "kernels/ops.h"
 #include "util/thread_pool.h"
 
@@ -698,10 +699,10 @@ inline constexpr avx512::FloatFormat kFloatFormat =
 template <class Row>
 void MatmulFloat(const MatrixView& w, const float* x, int64_t num_x, float* y, ThreadPool& pool) {
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
-  if (w.packed != nullptr && avx512::supported()) {
+  if (packed_bytes(w) != nullptr && avx512::supported()) {
     const size_t bytes = row_bytes(w.dtype, w.cols);
     const PackedFloatAvx512Kernel kernel{{.format = kFloatFormat<Row>,
-                                          .w = static_cast<const uint8_t*>(w.packed),
+                                          .w = packed_bytes(w),
                                           .row_bytes = bytes,
                                           .rows = w.rows,
                                           .cols = w.cols,
@@ -761,14 +762,14 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
   }
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3
   if constexpr (std::is_same_v<Row, Q8_0Row>) {
-    if (w.packed != nullptr && vnni::supported()) {
+    if (packed_bytes(w) != nullptr && vnni::supported()) {
       // The weights' +128 bias times each activation block's sum, subtracted up front.
       const std::vector<int32_t> xsum = ScaledBlockSums(q, -128);
-      const PackedQ8_0VnniKernel kernel{{static_cast<const uint8_t*>(w.packed), w.rows, w.cols,
-                                         q.data(), d.data(), xsum.data(), y},
-                                        row_bytes(w.dtype, w.cols),
-                                        w.rows,
-                                        w.cols};
+      const PackedQ8_0VnniKernel kernel{
+          {packed_bytes(w), w.rows, w.cols, q.data(), d.data(), xsum.data(), y},
+          row_bytes(w.dtype, w.cols),
+          w.rows,
+          w.cols};
       return Run(kernel, num_x, pool);
     }
     if (num_x >= 2 && vnni::supported()) {
@@ -795,14 +796,14 @@ void MatmulQuant(const MatrixView& w, const float* x, int64_t num_x, float* y, T
                                       d.data(),
                                       sums.data(),
                                       y};
-      const bool packed = w.packed != nullptr;
+      const bool packed = packed_bytes(w) != nullptr;
       if (packed || num_x >= kMinSmallBlockGroupRows) {
         constexpr int32_t kOffset = vnni::level_offset(Row::kVnniFormat);
         const std::vector<int32_t> offset_sums =
             kOffset != 0 ? ScaledBlockSums(q, kOffset) : std::vector<int32_t>();
         problem.offset_sums = offset_sums.data();
         if (packed) {
-          problem.w = static_cast<const uint8_t*>(w.packed);
+          problem.w = packed_bytes(w);
           return Run(PackedSmallBlockVnniKernel{problem, bytes, w.rows, w.cols}, num_x, pool);
         }
         return Run(SmallBlockGroupVnniKernel{problem, bytes, w.rows, w.cols}, num_x, pool);

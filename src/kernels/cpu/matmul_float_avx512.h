@@ -28,7 +28,7 @@ inline int64_t tile_begin(int64_t num_x, int64_t t) {
 void pack_activations(const float* x, int64_t num_x, int64_t cols, float* xp, int64_t t_begin,
                       int64_t t_end);
 
-// F16 / BF16 weights packed by pack_for_matmul() (ops.h): groups of kPackedGroupRows rows (the
+// F16 / BF16 weights packed by pack_for_matmul() (cpu/pack.h): groups of kPackedGroupRows rows (the
 // last one padded with zero rows), each group column by column: element (r, c) at
 // (r / kPackedGroupRows * cols + c) * kPackedGroupRows + r % kPackedGroupRows, in the file's
 // 2-byte format. Decode then reads one sequential stream per thread (row-major F16 from DRAM: ~15

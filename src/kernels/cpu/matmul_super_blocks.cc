@@ -964,12 +964,8 @@ template <class Row>
 void MatmulPacked(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* y,
                   ThreadPool& pool) {
   const GroupSums<Row> sums(xq, num_x, w.cols);
-  const PackedSuperBlockVnniKernel kernel{w.dtype,
-                                          static_cast<const uint8_t*>(w.packed),
-                                          row_bytes(w.dtype, w.cols),
-                                          w.rows,
-                                          w.cols,
-                                          sums.activations(xq, w.cols),
+  const PackedSuperBlockVnniKernel kernel{w.dtype, packed_bytes(w), row_bytes(w.dtype, w.cols),
+                                          w.rows,  w.cols,          sums.activations(xq, w.cols),
                                           y};
   Run(kernel, num_x, pool);
 }
@@ -980,7 +976,8 @@ void MatmulWith(const MatrixView& w, const BlockQ8_K* xq, int64_t num_x, float* 
                 ThreadPool& pool) {
 #if HWY_TARGET == HWY_AVX3
   // Every super-block type is packed (pack_for_matmul) where the CPU has VNNI.
-  if (w.packed != nullptr && vnni::supported()) return MatmulPacked<Row>(w, xq, num_x, y, pool);
+  if (packed_bytes(w) != nullptr && vnni::supported())
+    return MatmulPacked<Row>(w, xq, num_x, y, pool);
   if (num_x >= kVnniMinRows && vnni::supported()) return MatmulVnni<Row>(w, xq, num_x, y, pool);
 #endif
 #if HWY_TARGET <= HWY_AVX3

@@ -41,7 +41,7 @@ void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x
                       int64_t first_block, int64_t num_x, float* y, int64_t y_stride, int num_rows,
                       bool accumulate);
 
-// Q2_K and Q3_K weights packed by pack_for_matmul() (ops.h): groups of 16 rows (the last one
+// Q2_K and Q3_K weights packed by pack_for_matmul() (cpu/pack.h): groups of 16 rows (the last one
 // padded with zero rows); their levels' 2 low bits, per 64-column chunk j, for m = 0..3, row r:
 // 4 bytes, byte b holding in bits 2f, 2f + 1 (f = 0..3) the column 64j + 32 (f / 2) + 4k + b with
 // k = m + 4 (f % 2). Per group and super-block:
@@ -56,7 +56,7 @@ inline constexpr int64_t kPackedQ2_KBytes = 64 + 16 * 16 + 4 * 4 * 64;
 inline constexpr int64_t kPackedQ3_KChunkBytes = 4 * 64 + 2 * 64;
 inline constexpr int64_t kPackedQ3_KBytes = 320 + 4 * kPackedQ3_KChunkBytes;
 
-// Q4_K weights packed by pack_for_matmul() (ops.h): groups of 16 rows (the last one padded
+// Q4_K weights packed by pack_for_matmul() (cpu/pack.h): groups of 16 rows (the last one padded
 // with zero rows), and per group and super-block kPackedQ4_KBytes:
 //   16 f16 d, 16 f16 dmin (row order); scales [8 sub-blocks][16 rows] u8; mins [8][16] u8;
 //   then for chunk j = 0..3 (64 columns), k = 0..7, row r: 4 bytes, byte b holding the level of

@@ -23,7 +23,7 @@ struct Q8_0Problem {
 };
 void q8_0_rows(const Q8_0Problem& p, int64_t r_begin, int64_t r_end, int64_t num_x);
 
-// The same product from weights packed by pack_for_matmul() (layout in ops.h): per group
+// The same product from weights packed by pack_for_matmul() (layout in cpu/pack.h): per group
 // of 16 rows and block, 8 vpdpbusd of all 16 rows' weights against a broadcast 4 bytes of x,
 // then one conversion and one FMA for the 16 rows. xsum[i][b] = -128 * sum_j xq[i][b][j]
 // corrects for the weights' +128 bias. Rows [g_begin * 16, min(rows, g_end * 16)).

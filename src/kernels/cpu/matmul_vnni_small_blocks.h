@@ -54,9 +54,9 @@ constexpr int level_offset(SmallBlockFormat format) {
 // Needs offset_sums where level_offset(format) != 0.
 void small_block_groups(const SmallBlockProblem& p, int64_t g_begin, int64_t g_end, int64_t num_x);
 
-// Weights packed by pack_for_matmul() (ops.h): groups of 16 rows (the last one padded with zero
-// rows), and per group and 32-column block, packed_block_bytes(format) bytes, the same as the 16
-// rows' blocks:
+// Weights packed by pack_for_matmul() (cpu/pack.h): groups of 16 rows (the last one padded with
+// zero rows), and per group and 32-column block, packed_block_bytes(format) bytes, the same as the
+// 16 rows' blocks:
 //   16 f16 scales d (row order); with a minimum, 16 f16 minimums m; with fifth bits, the 16 rows'
 //   4 qh bytes (row order); then for k = 0..3, for row r = 0..15: qs[4k .. 4k + 3] of row r
 // so one 64-byte load holds, per int32 lane r, columns 4k .. 4k + 3 (low nibbles) and 16 + 4k ..

@@ -17,7 +17,7 @@ class ReferenceBackend final : public HostMemoryBackend {
 
   MatrixView prepare_weights(const MatrixView& w, WeightSource /*source*/) override {
     MatrixView view = w;
-    view.packed = nullptr;  // the references read the ggml layout only
+    view.prepared = nullptr;  // the references read the ggml layout only
     return view;
   }
   MatrixView prepare_lookup_table(const MatrixView& w) override {
