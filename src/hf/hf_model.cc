@@ -235,7 +235,8 @@ std::vector<float> float_list(const Config& config, const json& parent, const ch
     fail("{}: rope_scaling \"{}\" must be a list of {} numbers", config.path(), key, size);
   std::vector<float> values;
   for (const json& item : *it) {
-    if (!item.is_number()) fail("{}: rope_scaling \"{}\" holds {}", config.path(), key, item.dump());
+    if (!item.is_number())
+      fail("{}: rope_scaling \"{}\" holds {}", config.path(), key, item.dump());
     values.push_back(item.get<float>());
   }
   return values;
@@ -314,7 +315,8 @@ gguf::File open_model_folder(const std::string& path) {
   u32("attention.head_count", num_heads);
   u32("attention.head_count_kv", num_kv_heads);
   f32("rope.freq_base", theta);
-  f32("attention.layer_norm_rms_epsilon", config.number("rms_norm_eps").value_or(arch.default_rms_eps));
+  f32("attention.layer_norm_rms_epsilon",
+      config.number("rms_norm_eps").value_or(arch.default_rms_eps));
   u32("rope.dimension_count", rope_dims);
   if (explicit_head_dim) {
     u32("attention.key_length", head_dim);
@@ -330,7 +332,9 @@ gguf::File open_model_folder(const std::string& path) {
   auto storage = std::make_shared<FolderStorage>();
   std::vector<gguf::File::AssembledTensor> tensors;
   auto add_f32 = [&](std::string name, const std::vector<float>& values) {
-    tensors.push_back({std::move(name), gguf::TensorType::kF32, {values.size()},
+    tensors.push_back({std::move(name),
+                       gguf::TensorType::kF32,
+                       {values.size()},
                        storage->keep(f32_bytes(values))});
   };
 
@@ -354,8 +358,10 @@ gguf::File open_model_folder(const std::string& path) {
       if (type == "yarn") {
         u32("rope.scaling.original_context_length",
             config.integer(scaling, "original_max_position_embeddings").value_or(context));
-        if (auto beta = config.number(scaling, "beta_fast")) f32("rope.scaling.yarn_beta_fast", *beta);
-        if (auto beta = config.number(scaling, "beta_slow")) f32("rope.scaling.yarn_beta_slow", *beta);
+        if (auto beta = config.number(scaling, "beta_fast"))
+          f32("rope.scaling.yarn_beta_fast", *beta);
+        if (auto beta = config.number(scaling, "beta_slow"))
+          f32("rope.scaling.yarn_beta_slow", *beta);
         // HF's default attention factor is the one YaRN's RoPE applies itself (0.1 ln s + 1).
         if (auto attention = config.number(scaling, "attention_factor");
             attention && std::fabs(*attention - (0.1 * std::log(*factor) + 1.0)) > 1e-6) {
@@ -373,13 +379,16 @@ gguf::File open_model_folder(const std::string& path) {
       f32("rope.scaling.attn_factor",
           scale > 1.0 ? std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(original)))
                       : 1.0);
-      add_f32("rope_factors_long.weight", float_list(config, scaling, "long_factor", rope_dims / 2));
+      add_f32("rope_factors_long.weight",
+              float_list(config, scaling, "long_factor", rope_dims / 2));
       add_f32("rope_factors_short.weight",
               float_list(config, scaling, "short_factor", rope_dims / 2));
     } else if (type != "default") {
       fail("{}: rope_scaling type '{}' is not supported for {} (supported: linear, yarn{})",
            config_path, type, arch.hf_name,
-           arch.permutes_qk ? ", llama3" : arch.gguf_name == "phi3" ? ", longrope" : "");
+           arch.permutes_qk           ? ", llama3"
+           : arch.gguf_name == "phi3" ? ", longrope"
+                                      : "");
     }
   }
 
@@ -419,9 +428,10 @@ gguf::File open_model_folder(const std::string& path) {
     tensors.push_back({*name, tensor_type(info.dtype), {info.shape[1], info.shape[0]}, data});
   }
   if (!tied && !has_output && storage->weights.find("model.embed_tokens.weight")) {
-    fail("'{}' has no lm_head.weight and config.json does not tie it to the embeddings "
-         "(tie_word_embeddings)",
-         path);
+    fail(
+        "'{}' has no lm_head.weight and config.json does not tie it to the embeddings "
+        "(tie_word_embeddings)",
+        path);
   }
   try {
     return gguf::File::assemble(std::move(metadata), std::move(tensors), std::move(storage));

@@ -7,8 +7,8 @@
 // `sieve convert` writes it out as is.
 //
 //   config.json "architectures"  general.architecture  Q/K rows    notes
-//   LlamaForCausalLM             llama                 permuted    rope_scaling llama3 -> rope_freqs
-//   MistralForCausalLM           llama                 permuted    sliding_window kept
+//   LlamaForCausalLM             llama                 permuted    rope_scaling llama3 ->
+//   rope_freqs MistralForCausalLM           llama                 permuted    sliding_window kept
 //   Qwen2ForCausalLM             qwen2                 as stored   q/k/v biases
 //   Qwen3ForCausalLM             qwen3                 as stored   q_norm, k_norm; head_dim
 //   Phi3ForCausalLM              phi3                  as stored   qkv_proj, gate_up_proj stay
@@ -17,9 +17,10 @@
 // Why Q/K are permuted for llama: HF's Llama rotates the pairs (i, i + d/2) of each head
 // (rotate_half), GGUF's llama rotates (2i, 2i + 1) ("normal" RoPE). Reordering each head's rows
 // so that row 2i is HF's row i and row 2i + 1 is HF's row i + d/2 makes the normal rotation
-// the same rotation, and permutes Q and K alike so their dot products are unchanged (exactly:
-// the same products summed in the same order per pair). qwen2, qwen3 and phi3 run NEOX RoPE,
-// which is HF's rotation: no permutation.
+// the same rotation, and permutes Q and K alike so their dot products are unchanged (up to
+// summation order). Permuting (rather than running NEOX RoPE on HF's order) gives the GGUF the
+// converter writes, so a folder and its conversion give bitwise equal logits; it costs a copy
+// of Q and K. qwen2, qwen3 and phi3 run NEOX RoPE, which is HF's rotation: no permutation.
 //
 // Weights stay in the safetensors mappings (F32, F16 and BF16 matrices as stored); permuted
 // Q/K matrices and the 1-D tensors (norms and biases, written as F32 as llama.cpp writes them)

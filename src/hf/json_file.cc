@@ -11,7 +11,8 @@ using nlohmann::json;
 
 json parse_json(std::string_view text, const std::string& label, std::string_view what) {
   const json::parser_callback_t limit_depth = [&](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxJsonDepth) fail("{}: {} nests deeper than {} levels", label, what, kMaxJsonDepth);
+    if (depth > kMaxJsonDepth)
+      fail("{}: {} nests deeper than {} levels", label, what, kMaxJsonDepth);
     return true;
   };
   try {

@@ -22,13 +22,13 @@ struct DTypeName {
   size_t size;
 };
 constexpr std::array kDTypes = {
-    DTypeName{DType::kF64, "F64", 8},         DTypeName{DType::kF32, "F32", 4},
-    DTypeName{DType::kF16, "F16", 2},         DTypeName{DType::kBF16, "BF16", 2},
-    DTypeName{DType::kI64, "I64", 8},         DTypeName{DType::kI32, "I32", 4},
-    DTypeName{DType::kI16, "I16", 2},         DTypeName{DType::kI8, "I8", 1},
-    DTypeName{DType::kU64, "U64", 8},         DTypeName{DType::kU32, "U32", 4},
-    DTypeName{DType::kU16, "U16", 2},         DTypeName{DType::kU8, "U8", 1},
-    DTypeName{DType::kBool, "BOOL", 1},       DTypeName{DType::kF8E4M3, "F8_E4M3", 1},
+    DTypeName{DType::kF64, "F64", 8},        DTypeName{DType::kF32, "F32", 4},
+    DTypeName{DType::kF16, "F16", 2},        DTypeName{DType::kBF16, "BF16", 2},
+    DTypeName{DType::kI64, "I64", 8},        DTypeName{DType::kI32, "I32", 4},
+    DTypeName{DType::kI16, "I16", 2},        DTypeName{DType::kI8, "I8", 1},
+    DTypeName{DType::kU64, "U64", 8},        DTypeName{DType::kU32, "U32", 4},
+    DTypeName{DType::kU16, "U16", 2},        DTypeName{DType::kU8, "U8", 1},
+    DTypeName{DType::kBool, "BOOL", 1},      DTypeName{DType::kF8E4M3, "F8_E4M3", 1},
     DTypeName{DType::kF8E5M2, "F8_E5M2", 1},
 };
 
@@ -68,7 +68,8 @@ TensorInfo read_tensor(const std::string& name, const json& entry, const std::st
   const auto shape_it = entry.find("shape");
   if (shape_it == entry.end() || !shape_it->is_array())
     fail("{}: tensor '{}' has no \"shape\" array", label, name);
-  if (shape_it->size() > 8) fail("{}: tensor '{}' has {} dimensions", label, name, shape_it->size());
+  if (shape_it->size() > 8)
+    fail("{}: tensor '{}' has {} dimensions", label, name, shape_it->size());
   // Element count with overflow checked: a product past 2^62 cannot fit in any file.
   uint64_t num_elements = 1;
   for (const json& dim : *shape_it) {
@@ -137,9 +138,10 @@ SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> bytes, std::stri
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | bytes[i];
   if (header_size > bytes.size() - 8) {
-    fail("{}: safetensors header length {} runs past the end of the file ({} bytes): truncated or "
-         "not a safetensors file",
-         name, header_size, bytes.size());
+    fail(
+        "{}: safetensors header length {} runs past the end of the file ({} bytes): truncated or "
+        "not a safetensors file",
+        name, header_size, bytes.size());
   }
   if (header_size > kMaxHeaderBytes)
     fail("{}: safetensors header of {} bytes is over the {} byte limit", name, header_size,
@@ -163,16 +165,18 @@ SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> bytes, std::stri
   }
   // The tensors must tile the data section: sorted by offset, each begins where the previous
   // ended, the last ends at the end of the file.
-  std::sort(file.tensors_.begin(), file.tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  std::sort(file.tensors_.begin(), file.tensors_.end(),
+            [](const TensorInfo& a, const TensorInfo& b) {
+              return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+            });
   uint64_t cursor = 0;
   const TensorInfo* previous = nullptr;
   for (const TensorInfo& tensor : file.tensors_) {
     if (tensor.end > file.data_.size()) {
-      fail("{}: tensor '{}' has data_offsets [{}, {}] past the end of the data ({} bytes): "
-           "truncated file",
-           name, tensor.name, tensor.begin, tensor.end, file.data_.size());
+      fail(
+          "{}: tensor '{}' has data_offsets [{}, {}] past the end of the data ({} bytes): "
+          "truncated file",
+          name, tensor.name, tensor.begin, tensor.end, file.data_.size());
     }
     if (tensor.begin < cursor) {
       fail("{}: tensors '{}' and '{}' overlap (data_offsets [{}, {}] and [{}, {}])", name,
@@ -255,8 +259,8 @@ SafetensorsSet SafetensorsSet::open(const std::string& path) {
         if (entry.path().extension() == ".safetensors") found.push_back(entry.path());
       }
       if (found.size() != 1) {
-        fail("'{}' holds {} *.safetensors files and no {}: cannot tell which are the model's",
-             path, found.size(), kIndexName);
+        fail("'{}' holds {} *.safetensors files and no {}: cannot tell which are the model's", path,
+             found.size(), kIndexName);
       }
       target = found[0];
     }

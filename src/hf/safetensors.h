@@ -31,7 +31,21 @@ namespace sieve::hf {
 // Every dtype the format defines (sizes known, so any well-formed file can be checked); only
 // the float ones below are weights sieve reads.
 enum class DType : uint8_t {
-  kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU64, kU32, kU16, kU8, kBool, kF8E4M3, kF8E5M2,
+  kF64,
+  kF32,
+  kF16,
+  kBF16,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU64,
+  kU32,
+  kU16,
+  kU8,
+  kBool,
+  kF8E4M3,
+  kF8E5M2,
 };
 std::string_view to_string(DType dtype);  // as the header spells it: "BF16"
 size_t dtype_size(DType dtype);           // bytes per element

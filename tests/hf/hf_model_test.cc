@@ -11,6 +11,7 @@
 #include <numbers>
 #include <random>
 
+#include "cli/run_sieve.h"
 #include "gguf/gguf.h"
 #include "hf/hf_model.h"
 #include "kernels/ops.h"
@@ -18,6 +19,8 @@
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
+#include "model/loader.h"
+#include "model/model_file.h"
 #include "model/weights.h"
 #include "safetensors_writer.h"
 #include "util/error.h"
@@ -96,8 +99,8 @@ std::vector<HfTensor> random_weights(const ArchCase& c, uint64_t seed) {
     }
     tensors.push_back({std::move(name), std::move(shape), std::move(values)});
   };
-  const uint64_t dim = c.dim, q_dim = c.num_heads * c.head_dim, kv_dim = c.num_kv_heads * c.head_dim,
-                 ffn = c.ffn_dim;
+  const uint64_t dim = c.dim, q_dim = c.num_heads * c.head_dim,
+                 kv_dim = c.num_kv_heads * c.head_dim, ffn = c.ffn_dim;
   const float in_scale = 1.7f / std::sqrt(static_cast<float>(dim));
   add("model.embed_tokens.weight", {static_cast<uint64_t>(c.vocab), dim}, 1.0f);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -157,8 +160,8 @@ json config_json(const ArchCase& c) {
 struct HfFolder {
   fs::path dir;
   explicit HfFolder(const ArchCase& c, const std::vector<HfTensor>& tensors) {
-    dir = fs::temp_directory_path() /
-          ("sieve_hf_test_" + std::to_string(::getpid()) + "_" + c.label);
+    dir =
+        fs::temp_directory_path() / ("sieve_hf_test_" + std::to_string(::getpid()) + "_" + c.label);
     fs::remove_all(dir);
     fs::create_directories(dir);
     std::ofstream(dir / "config.json") << config_json(c).dump(2);
@@ -309,7 +312,8 @@ std::vector<float> logits_of(std::shared_ptr<const gguf::File> file,
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   float diff = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) diff = std::max(diff, std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
   return diff;
 }
 
@@ -337,7 +341,8 @@ std::vector<ArchCase> arch_cases() {
   cases.push_back(linear);
   ArchCase yarn = llama;
   yarn.label = "llama_yarn";
-  yarn.rope_scaling = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
+  yarn.rope_scaling = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
   cases.push_back(yarn);
   ArchCase mistral = llama;
   mistral.label = "mistral_f16_window";
@@ -369,7 +374,8 @@ TEST_P(HfArchitectures, FolderGivesTheLogitsOfTheSameWeightsAsGguf) {
   const ArchCase& c = GetParam();
   const std::vector<HfTensor> tensors = random_weights(c, 7);
   const HfFolder folder(c, tensors);
-  const auto hf_file = std::make_shared<const gguf::File>(hf::open_model_folder(folder.dir.string()));
+  const auto hf_file =
+      std::make_shared<const gguf::File>(hf::open_model_folder(folder.dir.string()));
   const std::vector<uint8_t> gguf_bytes = gguf_of(c, tensors, c.permute_qk).to_bytes();
   const auto gguf_file = std::make_shared<const gguf::File>(gguf::File::parse(gguf_bytes));
   const std::vector<float> from_hf = logits_of(hf_file), from_gguf = logits_of(gguf_file);
@@ -390,13 +396,40 @@ TEST_P(HfArchitectures, FolderGivesTheLogitsOfTheSameWeightsAsGguf) {
     // Why the permutation: HF's unpermuted rows under NEOX RoPE (rotate_half, HF's own rotation)
     // give the same logits up to summation order.
     const std::vector<uint8_t> unpermuted = gguf_of(c, tensors, false).to_bytes();
-    const std::vector<float> neox = logits_of(
-        std::make_shared<const gguf::File>(gguf::File::parse(unpermuted)), kernels::RopeOrdering::kNeox);
+    const std::vector<float> neox =
+        logits_of(std::make_shared<const gguf::File>(gguf::File::parse(unpermuted)),
+                  kernels::RopeOrdering::kNeox);
     EXPECT_LT(max_abs_diff(from_hf, neox), 2e-3f);
     const std::vector<float> wrong =
         logits_of(std::make_shared<const gguf::File>(gguf::File::parse(unpermuted)));
     EXPECT_GT(max_abs_diff(from_hf, wrong), 1e-2f) << "the permutation must matter";
   }
+}
+
+// `sieve convert DIR OUT.gguf` writes what loading the folder reads: the GGUF loads, with the
+// same logits; `sieve convert DIR OUT.gguf TYPE` converts the weights as `sieve quantize` does.
+TEST_P(HfArchitectures, ConvertedGgufGivesTheSameLogits) {
+  const ArchCase& c = GetParam();
+  const std::vector<HfTensor> tensors = random_weights(c, 11);
+  const HfFolder folder(c, tensors);
+  const std::string out = (folder.dir / "converted.gguf").string();
+  const testing::CliResult convert =
+      testing::run_sieve(fmt::format("convert {} {}", folder.dir.string(), out), true);
+  ASSERT_EQ(convert.exit_code, 0) << convert.out;
+  const auto converted = std::make_shared<const gguf::File>(gguf::File::open(out));
+  EXPECT_EQ(converted->get_string("general.architecture"), c.gguf_arch);
+  EXPECT_EQ(
+      logits_of(converted),
+      logits_of(std::make_shared<const gguf::File>(hf::open_model_folder(folder.dir.string()))));
+
+  const std::string out_f32 = (folder.dir / "converted-f32.gguf").string();
+  const testing::CliResult to_f32 =
+      testing::run_sieve(fmt::format("convert {} {} f32", folder.dir.string(), out_f32), true);
+  ASSERT_EQ(to_f32.exit_code, 0) << to_f32.out;
+  const auto widened = std::make_shared<const gguf::File>(gguf::File::open(out_f32));
+  EXPECT_EQ(widened->find_tensor("token_embd.weight")->type, gguf::TensorType::kF32);
+  // F16 / BF16 values widen to F32 exactly; only the kernels' arithmetic differs.
+  EXPECT_LT(max_abs_diff(logits_of(widened), logits_of(converted)), 2e-3f);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, HfArchitectures, ::testing::ValuesIn(arch_cases()),
@@ -406,10 +439,13 @@ class BadFolder : public ::testing::Test {
  protected:
   void SetUp() override {
     c_ = arch_cases()[0];
-    c_.label = std::string("bad_") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    c_.label =
+        std::string("bad_") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     folder_.emplace(c_, random_weights(c_, 3));
   }
-  void write_config(const json& config) { std::ofstream(folder_->dir / "config.json") << config.dump(); }
+  void write_config(const json& config) {
+    std::ofstream(folder_->dir / "config.json") << config.dump();
+  }
   std::string open_error() {
     return error_of([&] { hf::open_model_folder(folder_->dir.string()); });
   }
@@ -422,7 +458,9 @@ TEST_F(BadFolder, UnsupportedArchitectureIsAnErrorNamingItAndTheSupported) {
   config["architectures"] = {"GPTNeoXForCausalLM"};
   write_config(config);
   const std::string error = open_error();
-  EXPECT_NE(error.find("config.json: unsupported architecture 'GPTNeoXForCausalLM'"), std::string::npos) << error;
+  EXPECT_NE(error.find("config.json: unsupported architecture 'GPTNeoXForCausalLM'"),
+            std::string::npos)
+      << error;
   EXPECT_NE(error.find("Qwen3ForCausalLM"), std::string::npos);
 }
 
@@ -444,17 +482,25 @@ TEST_F(BadFolder, UnsupportedRopeScalingIsAnError) {
 
 TEST_F(BadFolder, WeightsOfAnotherDtypeOrShapeOrNameAreErrorsNamingTheFile) {
   const fs::path weights = folder_->dir / "model.safetensors";
-  testing::write_bytes(weights, testing::safetensors_bytes({{"model.embed_tokens.weight", "I8", {96, 64}, std::vector<uint8_t>(96 * 64)}}));
+  testing::write_bytes(
+      weights, testing::safetensors_bytes(
+                   {{"model.embed_tokens.weight", "I8", {96, 64}, std::vector<uint8_t>(96 * 64)}}));
   std::string error = open_error();
-  EXPECT_NE(error.find("model.safetensors: tensor 'model.embed_tokens.weight' has dtype I8"), std::string::npos) << error;
-  testing::write_bytes(weights, testing::safetensors_bytes({{"model.vision_tower.weight", "F32", {1}, std::vector<uint8_t>(4)}}));
+  EXPECT_NE(error.find("model.safetensors: tensor 'model.embed_tokens.weight' has dtype I8"),
+            std::string::npos)
+      << error;
+  testing::write_bytes(weights,
+                       testing::safetensors_bytes(
+                           {{"model.vision_tower.weight", "F32", {1}, std::vector<uint8_t>(4)}}));
   error = open_error();
-  EXPECT_NE(error.find("'model.vision_tower.weight' is not one sieve knows"), std::string::npos) << error;
+  EXPECT_NE(error.find("'model.vision_tower.weight' is not one sieve knows"), std::string::npos)
+      << error;
   // A shape config.json does not imply: caught where the weights are viewed, naming the tensor.
   std::vector<HfTensor> tensors = random_weights(c_, 3);
   tensors[2].shape = {32, 128};  // q_proj of layer 0
   std::vector<StTensor> files;
-  for (const HfTensor& t : tensors) files.push_back({t.name, "F32", t.shape, encode("F32", t.values)});
+  for (const HfTensor& t : tensors)
+    files.push_back({t.name, "F32", t.shape, encode("F32", t.values)});
   testing::write_bytes(weights, testing::safetensors_bytes(files));
   error = error_of([&] {
     auto file = std::make_shared<const gguf::File>(hf::open_model_folder(folder_->dir.string()));
@@ -468,13 +514,26 @@ TEST_F(BadFolder, UntiedModelWithoutLmHeadIsAnError) {
   std::vector<HfTensor> tensors = random_weights(c_, 3);
   tensors.pop_back();  // lm_head
   std::vector<StTensor> files;
-  for (const HfTensor& t : tensors) files.push_back({t.name, "F32", t.shape, encode("F32", t.values)});
+  for (const HfTensor& t : tensors)
+    files.push_back({t.name, "F32", t.shape, encode("F32", t.values)});
   testing::write_bytes(folder_->dir / "model.safetensors", testing::safetensors_bytes(files));
   EXPECT_NE(open_error().find("no lm_head.weight"), std::string::npos);
 }
 
+TEST_F(BadFolder, ServingAFolderWithoutGgufTokenizerSaysTokenizerJsonIsNotSupportedYet) {
+  for (const std::string& path :
+       {folder_->dir.string(), (folder_->dir / "model.safetensors").string()}) {
+    const std::string error = error_of([&] { model::load_model({.model_path = path}); });
+    EXPECT_NE(error.find("tokenizer.json) is not supported yet"), std::string::npos) << error;
+    const testing::CliResult run = testing::run_sieve("run -m " + path + " -p hello -n 1", true);
+    EXPECT_NE(run.exit_code, 0);
+    EXPECT_NE(run.out.find("is not supported yet"), std::string::npos) << run.out;
+  }
+}
+
 TEST_F(BadFolder, TruncatedWeightsAreAnErrorNamingTheFile) {
-  fs::resize_file(folder_->dir / "model.safetensors", fs::file_size(folder_->dir / "model.safetensors") - 10);
+  fs::resize_file(folder_->dir / "model.safetensors",
+                  fs::file_size(folder_->dir / "model.safetensors") - 10);
   const std::string error = open_error();
   EXPECT_NE(error.find("model.safetensors"), std::string::npos) << error;
   EXPECT_NE(error.find("truncated"), std::string::npos) << error;

@@ -70,11 +70,15 @@ TEST(Safetensors, ReadsTensorsAndMetadata) {
 }
 
 TEST(Safetensors, TruncatedFilesAreErrorsNamingTheFile) {
-  EXPECT_NE(error_of([] { parse({1, 2, 3}); }).find("test.safetensors: truncated"),
+  EXPECT_NE(error_of([] {
+              parse({1, 2, 3});
+            }).find("test.safetensors: truncated"),
             std::string::npos);
   auto bytes = testing::safetensors_bytes(two_tensors());
   // Cut inside the header: the length runs past the end.
-  EXPECT_NE(error_of([&] { parse({bytes.begin(), bytes.begin() + 20}); }).find("past the end"),
+  EXPECT_NE(error_of([&] {
+              parse({bytes.begin(), bytes.begin() + 20});
+            }).find("past the end"),
             std::string::npos);
   // Cut inside the data: the last tensor's offsets run past it.
   bytes.resize(bytes.size() - 3);
@@ -95,8 +99,8 @@ TEST(Safetensors, HostileJsonIsAnError) {
             std::string::npos);
   // Numbers past double's range fail as JSON; past uint64, negative or fractional as offsets.
   for (const char* number : {"1e400", "18446744073709551616", "-4", "3.5", "1e3"}) {
-    const std::string header = fmt::format(
-        R"({{"t": {{"dtype": "U8", "shape": [4], "data_offsets": [0, {}]}}}})", number);
+    const std::string header =
+        fmt::format(R"({{"t": {{"dtype": "U8", "shape": [4], "data_offsets": [0, {}]}}}})", number);
     const std::string error = error_of([&] { parse_header(header, 4); });
     EXPECT_NE(error.find("test.safetensors: "), std::string::npos) << error;
     EXPECT_TRUE(error.find("non-negative integer") != std::string::npos ||
@@ -109,16 +113,16 @@ TEST(Safetensors, HostileJsonIsAnError) {
   EXPECT_NE(error_of([&] { parse_header(huge, 4); }).find("too large"), std::string::npos);
   EXPECT_NE(error_of([&] { parse_header(R"({"t": 5})", 0); }).find("not a JSON object"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { parse_header(R"({"__metadata__": {"k": 1}})", 0); }).find("not a string"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { parse_header(R"({"__metadata__": {"k": 1}})", 0); }).find("not a string"),
+      std::string::npos);
 }
 
 TEST(Safetensors, OffsetsOutOfRangeOverlappingOrWithHolesAreErrors) {
   const auto header = [](int a0, int a1, int b0, int b1) {
-    return fmt::format(
-        R"({{"a": {{"dtype": "U8", "shape": [{}], "data_offsets": [{}, {}]}}, )"
-        R"("b": {{"dtype": "U8", "shape": [{}], "data_offsets": [{}, {}]}}}})",
-        a1 - a0, a0, a1, b1 - b0, b0, b1);
+    return fmt::format(R"({{"a": {{"dtype": "U8", "shape": [{}], "data_offsets": [{}, {}]}}, )"
+                       R"("b": {{"dtype": "U8", "shape": [{}], "data_offsets": [{}, {}]}}}})",
+                       a1 - a0, a0, a1, b1 - b0, b0, b1);
   };
   EXPECT_NO_THROW(parse_header(header(0, 4, 4, 8), 8));
   EXPECT_NE(error_of([&] { parse_header(header(0, 4, 4, 12), 8); }).find("past the end"),
@@ -129,32 +133,30 @@ TEST(Safetensors, OffsetsOutOfRangeOverlappingOrWithHolesAreErrors) {
             std::string::npos);
   EXPECT_NE(error_of([&] { parse_header(header(0, 4, 4, 8), 10); }).find("after the last"),
             std::string::npos);
-  EXPECT_NE(
-      error_of([&] {
-        parse_header(R"({"a": {"dtype": "U8", "shape": [0], "data_offsets": [4, 0]}})", 4);
-      }).find("end before they begin"),
-      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              parse_header(R"({"a": {"dtype": "U8", "shape": [0], "data_offsets": [4, 0]}})", 4);
+            }).find("end before they begin"),
+            std::string::npos);
 }
 
 TEST(Safetensors, ShapeDtypeSizeMismatchAndUnknownDtypeAreErrors) {
-  EXPECT_NE(
-      error_of([&] {
-        parse_header(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8);
-      }).find("needs 12 bytes"),
-      std::string::npos);
-  const std::string unknown = error_of([&] {
-    parse_header(R"({"a": {"dtype": "F12", "shape": [1], "data_offsets": [0, 2]}})", 2);
-  });
+  EXPECT_NE(error_of([&] {
+              parse_header(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8);
+            }).find("needs 12 bytes"),
+            std::string::npos);
+  const std::string unknown = error_of(
+      [&] { parse_header(R"({"a": {"dtype": "F12", "shape": [1], "data_offsets": [0, 2]}})", 2); });
   EXPECT_NE(unknown.find("unknown dtype 'F12'"), std::string::npos);
   EXPECT_NE(unknown.find("test.safetensors"), std::string::npos);
-  EXPECT_NE(error_of([&] { parse_header(R"({"a": {"shape": [1], "data_offsets": [0, 1]}})", 1); })
-                .find("dtype"),
+  EXPECT_NE(error_of([&] {
+              parse_header(R"({"a": {"shape": [1], "data_offsets": [0, 1]}})", 1);
+            }).find("dtype"),
             std::string::npos);
-  EXPECT_NE(
-      error_of([&] {
-        parse_header(R"({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1], "x": 1}})", 1);
-      }).find("unknown field"),
-      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              parse_header(
+                  R"({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1], "x": 1}})", 1);
+            }).find("unknown field"),
+            std::string::npos);
 }
 
 class ShardedFolder : public ::testing::Test {

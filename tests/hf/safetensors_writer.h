@@ -12,8 +12,8 @@ namespace sieve::testing {
 
 struct StTensor {
   std::string name;
-  std::string dtype;             // "F32", "F16", "BF16", ...
-  std::vector<uint64_t> shape;   // row-major
+  std::string dtype;            // "F32", "F16", "BF16", ...
+  std::vector<uint64_t> shape;  // row-major
   std::vector<uint8_t> data;
 };
 
@@ -45,7 +45,8 @@ inline std::vector<uint8_t> safetensors_bytes(const std::vector<StTensor>& tenso
 
 inline void write_bytes(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace sieve::testing
