@@ -102,9 +102,11 @@ void add_quantize_command(CLI::App& app) {
                                          "Convert a GGUF model's weights to another type or to one "
                                          "of llama.cpp's mixes (Q4_K_M, Q5_K_M, ...), "
                                          "choosing each tensor's type as llama-quantize does");
-  command->add_option("input", options->in_path, "Input GGUF model")
+  command
+      ->add_option("input", options->in_path,
+                   "Input model: GGUF, or a Hugging Face folder (config.json + safetensors)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   command->add_option("output", options->out_path, "Output GGUF path")->required();
   command
       ->add_option(

@@ -8,6 +8,7 @@ void add_run_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_gen_model_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
+void add_convert_command(CLI::App& app);
 void add_perplexity_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_batch_command(CLI::App& app);

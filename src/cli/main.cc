@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   sieve::cli::add_tokenize_command(app);
   sieve::cli::add_perplexity_command(app);
   sieve::cli::add_quantize_command(app);
+  sieve::cli::add_convert_command(app);
   sieve::cli::add_gen_model_command(app);
   sieve::cli::add_bench_command(app);
   sieve::cli::add_bench_engine_command(app);

@@ -21,9 +21,12 @@ struct ModelOptions {
   int64_t yarn_original_context = 0;
 
   void add_to(CLI::App& command) {
-    command.add_option("-m,--model", model_path, "Model file: GGUF, or a llama2.c .bin checkpoint")
+    command
+        .add_option("-m,--model", model_path,
+                    "Model: a GGUF file, a Hugging Face folder (config.json + safetensors) or its "
+                    ".safetensors file, or a llama2.c .bin checkpoint")
         ->required()
-        ->check(CLI::ExistingFile);
+        ->check(CLI::ExistingPath);
     command
         .add_option("--tokenizer", tokenizer_path,
                     "llama2.c tokenizer file (only for llama2.c checkpoints)")

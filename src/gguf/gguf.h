@@ -142,6 +142,19 @@ class File {
   static File open(const std::string& path);
   // Parses bytes the caller keeps alive for the File's lifetime (tests, fuzzing).
   static File parse(std::span<const uint8_t> bytes);
+  // A File described in memory rather than read: what a converter would write (another format's
+  // weights under GGUF names and keys, e.g. a Hugging Face folder), whose tensor bytes lie
+  // wherever `storage` keeps them (mappings of other files, converted buffers). No copy of the
+  // tensors is made. Throws FormatError for duplicate keys or names, or a tensor whose bytes do
+  // not match its type and shape.
+  struct AssembledTensor {
+    std::string name;
+    TensorType type = TensorType::kF32;
+    std::vector<uint64_t> shape;  // ggml order
+    std::span<const uint8_t> data;
+  };
+  static File assemble(std::vector<KeyValue> metadata, std::vector<AssembledTensor> tensors,
+                       std::shared_ptr<const void> storage);
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
@@ -169,6 +182,9 @@ class File {
  private:
   MappedFile mapping_;  // empty when parsed from caller-owned bytes
   std::span<const uint8_t> bytes_;
+  // Assembled files: each tensor's bytes (parallel to tensors_), kept alive by storage_.
+  std::vector<std::span<const uint8_t>> assembled_data_;
+  std::shared_ptr<const void> storage_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

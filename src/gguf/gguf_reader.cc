@@ -339,7 +339,43 @@ const TensorInfo* File::find_tensor(std::string_view name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+File File::assemble(std::vector<KeyValue> metadata, std::vector<AssembledTensor> tensors,
+                    std::shared_ptr<const void> storage) {
+  File file;
+  file.version_ = 3;
+  file.storage_ = std::move(storage);
+  for (size_t i = 0; i < metadata.size(); ++i) {
+    if (!file.key_index_.emplace(metadata[i].key, i).second)
+      format_error("duplicate metadata key '{}'", metadata[i].key);
+  }
+  file.metadata_ = std::move(metadata);
+  uint64_t offset = 0;
+  for (AssembledTensor& tensor : tensors) {
+    TensorInfo info{.name = std::move(tensor.name),
+                    .shape = std::move(tensor.shape),
+                    .type = tensor.type,
+                    .offset = offset};
+    info.num_bytes = tensor_num_bytes(info.type, info.shape);
+    if (info.num_bytes != tensor.data.size()) {
+      format_error("tensor '{}' has {} bytes, its type and shape need {}", info.name,
+                   tensor.data.size(), info.num_bytes);
+    }
+    if (!file.tensor_index_.emplace(info.name, file.tensors_.size()).second)
+      format_error("duplicate tensor name '{}'", info.name);
+    // Offsets as a writer would lay the tensors out unaligned; informative only.
+    offset += info.num_bytes;
+    file.tensors_.push_back(std::move(info));
+    file.assembled_data_.push_back(tensor.data);
+  }
+  return file;
+}
+
 std::span<const uint8_t> File::tensor_data(const TensorInfo& tensor) const {
+  if (!assembled_data_.empty()) {
+    const TensorInfo* own = find_tensor(tensor.name);
+    if (own != &tensor) fail("tensor '{}' does not belong to this file", tensor.name);
+    return assembled_data_[static_cast<size_t>(own - tensors_.data())];
+  }
   // Re-checked so that a TensorInfo from another file cannot read out of bounds.
   const uint64_t size = bytes_.size();
   if (data_offset_ > size || tensor.offset > size - data_offset_ ||

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "gguf/gguf.h"
+#include "hf/hf_model.h"
 #include "model/llama.h"
 #include "util/error.h"
 
@@ -17,10 +18,30 @@ bool is_gguf_file(const std::string& path) {
   return in.gcount() == 4 && std::string_view(magic, 4) == "GGUF";
 }
 
+gguf::File open_model_file(const std::string& path) {
+  if (hf::is_model_folder(path)) return hf::open_model_folder(path);
+  return gguf::File::open(path);
+}
+
+namespace {
+
+// The tokenizer a GGUF file (or a folder read as one) describes.
+tok::Vocab vocab_of(const gguf::File& file, const std::string& path) {
+  if (hf::is_model_folder(path) && !file.find("tokenizer.ggml.model")) {
+    fail(
+        "'{}': reading a Hugging Face folder's tokenizer (tokenizer.json) is not supported yet; "
+        "convert the folder with llama.cpp's convert_hf_to_gguf.py and load the GGUF",
+        hf::model_folder(path));
+  }
+  return tok::load_vocab(file);
+}
+
+}  // namespace
+
 std::shared_ptr<const tok::Tokenizer> load_tokenizer(const LoadOptions& options) {
-  if (is_gguf_file(options.model_path)) {
-    gguf::File file = gguf::File::open(options.model_path);
-    return tok::Tokenizer::create(tok::load_vocab(file));
+  if (hf::is_model_folder(options.model_path) || is_gguf_file(options.model_path)) {
+    const gguf::File file = open_model_file(options.model_path);
+    return tok::Tokenizer::create(vocab_of(file, options.model_path));
   }
   return load_model(options).tokenizer;
 }
@@ -55,13 +76,13 @@ LoadedModel load_model(const LoadOptions& options) {
       options.shared_backend ? options.shared_backend : kernels::make_backend(options.backend);
   LoadedModel loaded;
   loaded.name = std::filesystem::path(options.model_path).filename().string();
-  if (is_gguf_file(options.model_path)) {
-    auto file = std::make_shared<const gguf::File>(gguf::File::open(options.model_path));
+  if (hf::is_model_folder(options.model_path) || is_gguf_file(options.model_path)) {
+    auto file = std::make_shared<const gguf::File>(open_model_file(options.model_path));
     if (auto name = file->get_string("general.name"); name && !name->empty()) loaded.name = *name;
     loaded.chat_template = file->get_string("tokenizer.chat_template");
     ModelConfig config = config_from_gguf(*file);
     apply_context_overrides(config, options.context);
-    loaded.tokenizer = tok::Tokenizer::create(tok::load_vocab(*file));
+    loaded.tokenizer = tok::Tokenizer::create(vocab_of(*file, options.model_path));
     Weights weights = weights_from_gguf(file, config);
     if (options.on_progress) touch_tensors(*file, options.on_progress);
     loaded.model = std::make_shared<const LlamaModel>(std::move(config), std::move(weights),

@@ -1,6 +1,8 @@
 #pragma once
-// Loads a model and its tokenizer from a GGUF file, or from a llama2.c checkpoint plus its
-// tokenizer file, as a Model (a LlamaModel for every family sieve runs today).
+// Loads a model and its tokenizer from a GGUF file, a Hugging Face folder (config.json +
+// safetensors, read as the GGUF llama.cpp's converter would make of it: hf/hf_model.h), or a
+// llama2.c checkpoint plus its tokenizer file, as a Model (a LlamaModel for every family sieve
+// runs today).
 #include <functional>
 #include <memory>
 #include <optional>
@@ -9,10 +11,15 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
+namespace sieve::gguf {
+class File;
+}
+
 namespace sieve::model {
 
 struct LoadOptions {
-  std::string model_path;      // .gguf, or a llama2.c .bin checkpoint
+  std::string model_path;      // .gguf, a Hugging Face folder (or its .safetensors), or a
+                               // llama2.c .bin checkpoint
   std::string tokenizer_path;  // llama2.c tokenizer .bin (required for llama2.c checkpoints)
   // Called while the weights are read into memory (fraction done, 0..1). Reading them at load
   // time (instead of on first use through the mapping) makes the first request as fast as the
@@ -42,5 +49,9 @@ LoadedModel load_model(const LoadOptions& options);
 std::shared_ptr<const tok::Tokenizer> load_tokenizer(const LoadOptions& options);
 
 bool is_gguf_file(const std::string& path);
+
+// A GGUF file, or a Hugging Face folder (or a .safetensors / index file in one) as GGUF: what
+// loading, `sieve quantize` and `sieve convert` read. Throws sieve::Error naming the file.
+gguf::File open_model_file(const std::string& path);
 
 }  // namespace sieve::model

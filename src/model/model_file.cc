@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "gguf/gguf.h"
+#include "model/loader.h"
 #include "model/weights.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -294,9 +295,22 @@ PlannedType plan_tensor_type(const QuantMix& mix, const QuantModelInfo& model,
                                 kernels::to_string(chosen), kernels::to_string(fallback))};
 }
 
+void write_model_file(const gguf::File& input, const std::string& out_path) {
+  gguf::Writer writer;
+  for (const gguf::KeyValue& kv : input.metadata()) {
+    if (kv.key == "general.alignment") continue;  // the writer chooses its own
+    writer.copy_from(input, kv.key);
+  }
+  for (const gguf::TensorInfo& info : input.tensors()) {
+    std::span<const uint8_t> data = input.tensor_data(info);
+    writer.add_tensor(info.name, info.type, info.shape, {data.begin(), data.end()});
+  }
+  writer.write(out_path);
+}
+
 QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
                               const QuantMix& mix, ThreadPool& pool, bool pure) {
-  const gguf::File input = gguf::File::open(in_path);
+  const gguf::File input = open_model_file(in_path);  // a GGUF or a Hugging Face folder
   const QuantModelInfo model = quant_model_info(input);
 
   struct Step {

@@ -101,7 +101,12 @@ struct QuantizeReport {
   uint64_t bytes_out = 0;
 };
 
-// Converts every 2-D weight of a GGUF model as plan_tensor_type() says. All metadata is
+// Writes `input` (a GGUF, or a Hugging Face folder read as one: model::open_model_file) as a GGUF
+// file with the same keys, tensors and types.
+void write_model_file(const gguf::File& input, const std::string& out_path);
+
+// Converts every 2-D weight of a GGUF model (or a Hugging Face folder: model::open_model_file) as
+// plan_tensor_type() says. All metadata is
 // copied; general.file_type becomes the mix's. Fails before writing anything when a planned
 // type cannot be quantized by this build.
 QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
