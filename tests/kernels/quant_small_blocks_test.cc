@@ -271,6 +271,9 @@ TEST(SmallBlocks, RowOffsetsBeyond2GiB) {
   void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   ASSERT_NE(mem, MAP_FAILED) << "cannot map " << total << " bytes";
+  // Transparent huge pages, where the kernel allows them: the reads then fault in the huge zero
+  // page 1,024 times instead of 4 KiB pages 524,288 times (25x faster, the same bytes read).
+  madvise(mem, total, MADV_HUGEPAGE);
   auto* base = static_cast<uint8_t*>(mem);
   const int64_t num_data_rows = 3;
   const TestMatrix tail(dtype, num_data_rows, cols, 77);
