@@ -44,7 +44,7 @@ echo "== [2/3] ASan + UBSan (clang): GGUF reader, tokenizer and chat-template te
 CC=clang CXX=clang++ cmake -S . -B build-sanitizers -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DSIEVE_SANITIZE=ON -DSIEVE_FUZZ=ON -DSIEVE_SHARED_DIR="$shared"
 cmake --build build-sanitizers -j"$jobs" --target gguf_test tokenizer_test chat_template_test \
-  kv_test sched_test sparse_engine_test grammar_test http_transport_test \
+  kv_test sched_test sparse_engine_test grammar_test http_transport_test answer_tokens_test \
   gguf_fuzz tokenizer_fuzz chat_template_fuzz
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # Runs the sanitized tests matching any of the patterns; a pattern that matches no test is an

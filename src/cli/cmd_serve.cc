@@ -299,6 +299,12 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   command
+      ->add_option("--remembered-answers", options->server.remembered_answers,
+                   "Recent answers whose token ids a next turn keeps when it sends the answer "
+                   "back as text, so that it continues the conversation's cache (0: prompts are "
+                   "always tokenized afresh)")
+      ->capture_default_str();
+  command
       ->add_option("--kv-policy", options->kv_policy,
                    "Default KV sparsity policy for requests without \"kv_policy\" (e.g. "
                    "streaming:S=4,W=1024, "

@@ -19,27 +19,37 @@ constexpr size_t kMaxPrompts = 256;
 constexpr int64_t kCompletionsDefaultMaxTokens = 16;  // OpenAI's legacy default
 
 // prompt: a string, an array of strings, an array of token ids, or an array of those arrays.
-std::vector<std::vector<TokenId>> parse_prompts(const json& body, const tok::Tokenizer& tokenizer) {
+void parse_prompts(const json& body, const ModelInfo& model, GenerationRequest& request) {
   const json* prompt = field(body, "prompt");
   if (!prompt) throw_invalid("prompt", "'prompt' is required");
-  const size_t vocab = tokenizer.vocab().size();
+  const size_t vocab = model.tokenizer->vocab().size();
   const tok::EncodeOptions encode{.add_special = true, .parse_special = true};
-  std::vector<std::vector<TokenId>> prompts;
+  request.prompt_encoding = encode;
+  std::vector<std::vector<TokenId>>& prompts = request.prompts;
+  std::vector<std::string>& texts = request.prompt_texts;
+  auto add_text = [&](std::string text) {
+    prompts.push_back(model.encode_prompt(text, encode));
+    texts.push_back(std::move(text));
+  };
+  auto add_ids = [&](const json& ids) {
+    prompts.push_back(token_array(ids, "prompt", vocab));
+    texts.emplace_back();
+  };
   if (prompt->is_string()) {
-    prompts.push_back(tokenizer.encode(prompt->get<std::string>(), encode));
+    add_text(prompt->get<std::string>());
   } else if (prompt->is_array()) {
     if (prompt->empty()) throw_invalid("prompt", "'prompt' must not be empty");
     const json& first = prompt->front();
     if (first.is_number()) {
-      prompts.push_back(token_array(*prompt, "prompt", vocab));
+      add_ids(*prompt);
     } else {
       if (prompt->size() > kMaxPrompts)
         throw_invalid("prompt", fmt::format("at most {} prompts per request", kMaxPrompts));
       for (const json& item : *prompt) {
         if (item.is_string()) {
-          prompts.push_back(tokenizer.encode(item.get<std::string>(), encode));
+          add_text(item.get<std::string>());
         } else if (item.is_array()) {
-          prompts.push_back(token_array(item, "prompt", vocab));
+          add_ids(item);
         } else {
           throw_invalid("prompt",
                         "'prompt' must be a string, an array of strings, an array of token ids, "
@@ -55,7 +65,6 @@ std::vector<std::vector<TokenId>> parse_prompts(const json& body, const tok::Tok
   for (const auto& p : prompts) {
     if (p.empty()) throw_invalid("prompt", "the prompt is empty");
   }
-  return prompts;
 }
 
 // Fields of the OpenAI API that sieve does not implement: refuse them rather than silently
@@ -141,6 +150,11 @@ json parse_request_body(std::string_view text) {
   return *std::move(body);
 }
 
+std::vector<TokenId> ModelInfo::encode_prompt(std::string_view text,
+                                              tok::EncodeOptions options) const {
+  return answers ? answers->encode(text, options) : tokenizer->encode(text, options);
+}
+
 bool serves_model(const ModelInfo& model, std::string_view name) {
   return name == model.served_name ||
          std::find(model.aliases.begin(), model.aliases.end(), name) != model.aliases.end();
@@ -177,10 +191,13 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
 
   ToolRequest tools;
   if (kind == ApiKind::kCompletion) {
-    request.prompts = parse_prompts(body, *model.tokenizer);
+    parse_prompts(body, model, request);
   } else {
     tools = parse_tool_request(body);
-    request.prompts.push_back(parse_chat_prompt(body, model, tools.render));
+    ChatPrompt chat = parse_chat_prompt(body, model, tools.render);
+    request.prompts.push_back(std::move(chat.ids));
+    request.prompt_texts.push_back(std::move(chat.text));
+    request.prompt_encoding = chat.encoding;
   }
   parse_echo(kind, body, *model.tokenizer, request);
 
@@ -239,15 +256,15 @@ std::vector<TokenId> parse_tokenize_request(const json& body, const ModelInfo& m
     // As /v1/chat/completions prompts the model, however long: a client tokenizes a conversation
     // to learn how much of it to drop (vLLM's /tokenize refuses no length either).
     const ToolRequest tools = parse_tool_request(body);
-    return parse_chat_prompt(body, model, tools.render);
+    return parse_chat_prompt(body, model, tools.render).ids;
   }
   const json* prompt = field(body, "prompt");
   if (!prompt || !prompt->is_string()) throw_invalid("prompt", "'prompt' must be a string");
   bool add_special = true;
   if (const json* v = field(body, "add_special_tokens"))
     add_special = bool_of(*v, "add_special_tokens");
-  return model.tokenizer->encode(prompt->get<std::string>(),
-                                 {.add_special = add_special, .parse_special = true});
+  return model.encode_prompt(prompt->get<std::string>(),
+                             {.add_special = add_special, .parse_special = true});
 }
 
 std::vector<TokenId> parse_detokenize_request(const json& body, size_t vocab_size) {

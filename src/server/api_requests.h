@@ -19,6 +19,7 @@
 
 #include "engine/engine.h"
 #include "grammar/grammar_cache.h"
+#include "server/answer_tokens.h"
 #include "server/api_error.h"
 #include "server/json.h"
 #include "server/tool_calls.h"
@@ -48,6 +49,11 @@ struct ModelInfo {
   // How this model writes tool calls (--tool-call-parser, else detected from its template);
   // kNone: `tools` are rendered but the output is not read for calls.
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+  // Recent answers' ids, kept where a prompt's text resends them (null: plain tokenization).
+  const AnswerTokens* answers = nullptr;
+
+  // A prompt text's ids: as model.answers keeps them, else the tokenizer's.
+  std::vector<TokenId> encode_prompt(std::string_view text, tok::EncodeOptions options) const;
 };
 
 // A request body as JSON: 400 (param "body") unless it is a JSON object.
@@ -61,6 +67,10 @@ struct GenerationRequest {
   ApiKind kind = ApiKind::kCompletion;
   std::string model;  // the name the request gave (an alias too), else served_name: echoed back
   std::vector<std::vector<TokenId>> prompts;  // one per prompt; each runs params.n samples
+  // [prompt] the text it was encoded from, and how ("" for token ids): with the answer, what
+  // AnswerTokens remembers.
+  std::vector<std::string> prompt_texts;
+  tok::EncodeOptions prompt_encoding;
   engine::SamplingParams params;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage

@@ -30,6 +30,7 @@ struct Echo {
 // What one choice (one sample of one prompt) has produced so far.
 struct ChoiceState {
   std::string text;
+  std::vector<TokenId> tokens;  // the ids of text (and of what a stop string cut from it)
   std::vector<engine::SampleResult> logprobs;
   std::optional<engine::Finish> finish;
   int32_t completion_tokens = 0;

@@ -246,8 +246,7 @@ void apply_tool_choice(const ToolRequest& tools, const ModelInfo& model,
       compile_constraint({"tools", {grammar::GrammarKind::kGbnf, std::move(gbnf)}}, model);
 }
 
-std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model,
-                                       const json* tools) {
+ChatPrompt parse_chat_prompt(const json& body, const ModelInfo& model, const json* tools) {
   const json* messages = field(body, "messages");
   if (!messages) throw_invalid("messages", "'messages' is required");
   if (!messages->is_array()) throw_invalid("messages", "'messages' must be an array");
@@ -288,13 +287,14 @@ std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model,
     throw_invalid("messages", fmt::format("the chat template rejected the messages: {}", e.what()));
   }
   const tok::Tokenizer& tokenizer = *model.tokenizer;
-  std::vector<TokenId> ids = tokenizer.encode(text, {.add_special = false, .parse_special = true});
+  const tok::EncodeOptions encoding{.add_special = false, .parse_special = true};
+  std::vector<TokenId> ids = model.encode_prompt(text, encoding);
   // Templates usually write the BOS token themselves; add it (as llama.cpp does) when the
   // vocabulary wants one and the template did not.
   const auto& v = tokenizer.vocab();
   if (v.add_bos && v.bos && (ids.empty() || ids.front() != *v.bos)) ids.insert(ids.begin(), *v.bos);
   if (ids.empty()) throw_invalid("messages", "the rendered conversation is empty");
-  return ids;
+  return {.text = std::move(text), .ids = std::move(ids), .encoding = encoding};
 }
 
 }  // namespace sieve::server

@@ -33,8 +33,14 @@ struct ToolRequest {
 };
 ToolRequest parse_tool_request(const json& body);
 
-// The prompt tokens of the body's messages (with `tools` rendered when not null).
-std::vector<TokenId> parse_chat_prompt(const json& body, const ModelInfo& model, const json* tools);
+// The body's messages (with `tools` rendered when not null) as the template writes them, and
+// their prompt tokens.
+struct ChatPrompt {
+  std::string text;
+  std::vector<TokenId> ids;
+  tok::EncodeOptions encoding;  // how text was encoded (a BOS may be put in front after)
+};
+ChatPrompt parse_chat_prompt(const json& body, const ModelInfo& model, const json* tools);
 
 // How the output of a chat request with tools is read, and for tool_choice "required" or a named
 // function the grammar that forces the call(s) (request.params.constraint).

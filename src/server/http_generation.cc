@@ -103,6 +103,7 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
                        .logprobs = event.prompt_logprobs};
   }
   choice.text += event.text;
+  choice.tokens.insert(choice.tokens.end(), event.tokens.begin(), event.tokens.end());
   choice.completion_tokens += static_cast<int32_t>(event.tokens.size());
   choice.logprobs.insert(choice.logprobs.end(), event.logprobs.begin(), event.logprobs.end());
   if (!event.tokens.empty() && !ex.first_token_seconds) {
@@ -111,6 +112,13 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   if (!event.finish) return;
   choice.finish = event.finish;
   ++ex.num_finished;
+  if (ex.backend->answers) {
+    const size_t prompt = ex.prompt_of.at(event.request_id);
+    if (prompt < ex.request.prompt_texts.size() && !ex.request.prompt_texts[prompt].empty()) {
+      ex.backend->answers->remember(ex.request.prompt_texts[prompt], ex.request.prompts.at(prompt),
+                                    choice.tokens, ex.request.prompt_encoding);
+    }
+  }
   ex.observed[index] = true;
   ex.usage.completion_tokens += event.usage.completion_tokens;
   ex.usage.kv_pages += event.usage.kv_pages;

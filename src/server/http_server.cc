@@ -38,7 +38,8 @@ ModelInfo Backend::model_info() const {
           .render_chat = render_chat,
           .default_kv_policy = default_kv_policy,
           .grammars = grammars.get(),
-          .tool_call_format = tool_call_format};
+          .tool_call_format = tool_call_format,
+          .answers = answers.get()};
 }
 
 // Request bodies are parsed and tokenized here, never on an I/O thread: a large prompt must
@@ -89,6 +90,10 @@ void HttpServer::set_backend(Backend backend) {
                   .cache_dtype = std::string(model::kv_dtype_name(ec.kv_dtype)),
                   .num_speculative_tokens =
                       ec.speculative.enabled() ? ec.speculative.num_speculative_tokens : 0});
+  if (!backend.answers && config_.remembered_answers > 0) {
+    backend.answers =
+        std::make_shared<AnswerTokens>(*backend.tokenizer, config_.remembered_answers);
+  }
   std::lock_guard lock(backend_mutex_);
   metrics_ = std::move(metrics);
   backend_ = std::make_shared<const Backend>(std::move(backend));

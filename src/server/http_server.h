@@ -55,6 +55,9 @@ struct ServerConfig {
   HttpLimits limits;
   int io_threads = 2;       // event loop threads (they never wait on a client)
   int handler_threads = 2;  // parse and tokenize request bodies off the I/O threads
+  // Answers whose token ids a next turn keeps when it sends the answer back as text, so that it
+  // continues the conversation's KV (AnswerTokens); 0: prompts are always tokenized afresh.
+  size_t remembered_answers = 256;
   std::chrono::milliseconds shutdown_grace{10000};
 };
 
@@ -71,6 +74,8 @@ struct Backend {
   std::shared_ptr<grammar::GrammarCache> grammars;
   // How the model writes tool calls (--tool-call-parser, else detected from the chat template).
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+  // Recent answers' ids (ServerConfig::remembered_answers; set_backend makes it).
+  std::shared_ptr<AnswerTokens> answers;
 
   // What request parsing needs to know of this model.
   ModelInfo model_info() const;

@@ -152,7 +152,7 @@ std::vector<TokenId> TokenizerBase::encode(std::string_view text, EncodeOptions 
   std::vector<TokenId> out;
   out.reserve(text.size() / 3 + 2);
   if (options.add_special && vocab_.add_bos) out.push_back(*vocab_.bos);
-  bool after_special = true;
+  bool after_special = !options.continues;
   for (const Fragment& fragment : specials_.partition(text, options.parse_special)) {
     if (fragment.token) {
       out.push_back(*fragment.token);

@@ -71,6 +71,9 @@ void validate(const Vocab& vocab);
 struct EncodeOptions {
   bool add_special = true;     // add BOS/EOS as the vocabulary says
   bool parse_special = false;  // recognise special-token text (e.g. "<|eot_id|>") in the input
+  // The text continues text encoded before it (the rest of a prompt after ids kept as they
+  // were): SPM puts no space in front of its start.
+  bool continues = false;
 };
 
 // Thread-safe: all methods are const and keep no per-call state in the object.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "fake_server.h"  // also unused_port()
 #include "cli/run_sieve.h"
@@ -207,6 +208,43 @@ TEST(BenchServeCli, TokenCountsEqualSieveServeUsage) {
       }
     }
   }
+  std::filesystem::remove(out);
+}
+
+// Multi-turn conversations against sieve serve on a compressed cache: every later turn resends
+// the answer as text, and continues from all that the turn before computed (its prompt and
+// output but the last token), because the server keeps the answer's ids.
+TEST(BenchServeCli, MultiTurnConversationsContinueFromTheCompressedCache) {
+  const std::string model = testing::shared_path("models/stories260K.gguf");
+  SieveServe server(model);
+  const std::string out = temp_path("sieve_bench_serve_turns.json").string();
+  const Result r = run("--base-url " + server.url() + " --tokenizer " + model +
+                       " --input-len 48 --output-len 12 --num-prompts 3 --max-concurrency 3"
+                       " --multi-turn 3 --turn-input-len 16 --seed 2"
+                       " --extra-body '{\"kv_policy\":\"streaming:S=4,W=16\"}' --out " +
+                       out);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream in(out);
+  const nlohmann::json report = nlohmann::json::parse(in);
+  ASSERT_EQ(report["runs"].size(), 1u);
+  const nlohmann::json& requests = report["runs"][0]["requests"];
+  ASSERT_EQ(requests.size(), 9u);
+  std::map<std::pair<int, int>, const nlohmann::json*> by_turn;
+  for (const nlohmann::json& request : requests) {
+    by_turn[{request["conversation"].get<int>(), request["turn"].get<int>()}] = &request;
+  }
+  ASSERT_EQ(by_turn.size(), 9u);
+  for (int c = 0; c < 3; ++c) {
+    for (int t = 1; t < 3; ++t) {
+      const nlohmann::json& before = *by_turn.at({c, t - 1});
+      const nlohmann::json& now = *by_turn.at({c, t});
+      EXPECT_EQ(now["cached_tokens"].get<int>(),
+                before["prompt_tokens"].get<int>() + before["output_tokens"].get<int>() - 1)
+          << "conversation " << c << " turn " << t;
+    }
+  }
+  ASSERT_EQ(report["runs"][0]["turns"].size(), 3u);
+  EXPECT_GT(report["runs"][0]["turns"][2]["cached_share"].get<double>(), 0.5);
   std::filesystem::remove(out);
 }
 

@@ -385,5 +385,66 @@ TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
   engine->stop();
 }
 
+// A conversation whose answer does not re-tokenize to the ids the model wrote (stories260K,
+// sampled): plain tokenization leaves the parked K/V at the answer's first token and computes
+// the history again; with the answers' ids remembered (the default) the next turn continues
+// from all of turn 1. Several seeds: at least one must re-tokenize differently, and every one
+// continues whole.
+TEST(HttpServerTest, ANextTurnThatResendsTheAnswerAsTextKeepsItsIdsAndContinues) {
+  struct Turns {
+    int64_t turn1_computed = 0;  // turn 1's prompt and output but the last token
+    int64_t turn2_cached = 0;
+  };
+  const auto converse = [](size_t remembered_answers, int seed) {
+    model::LoadedModel loaded =
+        model::load_model({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
+    auto engine = std::make_shared<engine::Engine>(engine::EngineConfig{.num_kv_pages = 256},
+                                                   loaded.model, loaded.tokenizer);
+    engine->start();
+    HttpServer server({.port = 0, .remembered_answers = remembered_answers});
+    server.bind();
+    std::thread listener([&] { server.listen(); });
+    server.set_backend({.engine = engine,
+                        .tokenizer = loaded.tokenizer,
+                        .model_name = "stories",
+                        .context_length = 512,
+                        .render_chat = [](const json&) { return std::string(); }});
+    httplib::Client client("127.0.0.1", server.port());
+    const auto complete = [&](const std::string& prompt) {
+      json body = {{"prompt", prompt},
+                   {"max_tokens", 24},
+                   {"temperature", 1.0},
+                   {"seed", seed},
+                   {"kv_policy", "streaming:S=4,W=16"}};
+      auto reply = client.Post("/v1/completions", body.dump(), "application/json");
+      EXPECT_TRUE(reply && reply->status == 200) << (reply ? reply->body : "no reply");
+      return reply ? json::parse(reply->body) : json();
+    };
+    std::string prompt =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park with her friends. One day, she saw a big red ball under a tree. She loved to";
+    const json turn1 = complete(prompt);
+    prompt += turn1["choices"][0]["text"].get<std::string>() + " One day, her mom said";
+    const json turn2 = complete(prompt);
+    server.shutdown();
+    listener.join();
+    engine->stop();
+    return Turns{
+        .turn1_computed = turn1["usage"]["prompt_tokens"].get<int64_t>() +
+                          turn1["usage"]["completion_tokens"].get<int64_t>() - 1,
+        .turn2_cached = turn2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>()};
+  };
+  int retokenized = 0;
+  for (int seed = 1; seed <= 6; ++seed) {
+    const Turns plain = converse(0, seed);
+    const Turns kept = converse(256, seed);
+    EXPECT_EQ(kept.turn1_computed, plain.turn1_computed) << "seed " << seed << ": same answer";
+    EXPECT_EQ(kept.turn2_cached, kept.turn1_computed) << "seed " << seed;
+    EXPECT_LE(plain.turn2_cached, plain.turn1_computed) << "seed " << seed;
+    retokenized += plain.turn2_cached < plain.turn1_computed;
+  }
+  EXPECT_GT(retokenized, 0) << "no answer re-tokenized differently: the test shows nothing";
+}
+
 }  // namespace
 }  // namespace sieve::server

@@ -1,0 +1,94 @@
+#include "server/answer_tokens.h"
+
+#include <algorithm>
+
+namespace sieve::server {
+
+AnswerTokens::AnswerTokens(const tok::Tokenizer& tokenizer, size_t capacity)
+    : tokenizer_(tokenizer), capacity_(capacity) {}
+
+std::vector<TokenId> AnswerTokens::encode(std::string_view text,
+                                          tok::EncodeOptions options) const {
+  std::vector<TokenId> ids;
+  size_t kept_bytes = 0;
+  {
+    std::lock_guard lock(mutex_);
+    const Entry* best = nullptr;
+    size_t best_tokens = 0;
+    for (const Entry& e : entries_) {
+      if (e.add_special != options.add_special || e.parse_special != options.parse_special ||
+          !text.starts_with(e.prompt_text)) {
+        continue;
+      }
+      size_t at = e.prompt_text.size();
+      size_t n = 0;
+      for (const std::string& piece : e.answer_pieces) {
+        if (piece.empty() || text.substr(at).substr(0, piece.size()) != piece) break;
+        at += piece.size();
+        ++n;
+      }
+      if (n == 0 || at <= kept_bytes) continue;  // the most recent of equals is kept
+      best = &e;
+      best_tokens = n;
+      kept_bytes = at;
+    }
+    if (best) {
+      ids.reserve(best->prompt_ids.size() + best_tokens + (text.size() - kept_bytes) / 3 + 1);
+      ids.assign(best->prompt_ids.begin(), best->prompt_ids.end());
+      ids.insert(ids.end(), best->answer.begin(), best->answer.begin() + best_tokens);
+    }
+  }
+  if (ids.empty()) return tokenizer_.encode(text, options);
+  // After a kept special token the rest starts as text after a special token always does (SPM
+  // puts its space in front); after other tokens it continues their text.
+  const std::vector<TokenId> rest =
+      tokenizer_.encode(text.substr(kept_bytes), {.add_special = false,
+                                                  .parse_special = options.parse_special,
+                                                  .continues = !tokenizer_.is_special(ids.back())});
+  ids.insert(ids.end(), rest.begin(), rest.end());
+  const auto& vocab = tokenizer_.vocab();
+  if (options.add_special && vocab.add_eos && vocab.eos) ids.push_back(*vocab.eos);
+  return ids;
+}
+
+void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenId> prompt_ids,
+                            std::span<const TokenId> answer, tok::EncodeOptions options) {
+  if (capacity_ == 0 || answer.empty() || prompt_text.empty()) return;
+  // Special tokens in an answer stand for their text only where the prompt's text is read for
+  // special tokens; elsewhere the answer is kept up to its first special token.
+  std::vector<std::string> pieces;
+  pieces.reserve(answer.size());
+  for (TokenId id : answer) {
+    if (!options.parse_special && tokenizer_.is_special(id)) break;
+    pieces.push_back(tokenizer_.token_to_piece(id, /*render_special=*/true));
+  }
+  if (pieces.empty()) return;
+  // An answer ending in the vocabulary's EOS: the prompt was encoded without one at its end.
+  const auto& vocab = tokenizer_.vocab();
+  if (options.add_special && vocab.add_eos && !prompt_ids.empty() && vocab.eos &&
+      prompt_ids.back() == *vocab.eos) {
+    return;  // a prompt that ends in EOS is not continued by its answer
+  }
+  Entry entry{.prompt_text = std::string(prompt_text),
+              .prompt_ids = std::vector<TokenId>(prompt_ids.begin(), prompt_ids.end()),
+              .answer = std::vector<TokenId>(answer.begin(), answer.begin() + pieces.size()),
+              .answer_pieces = std::move(pieces),
+              .add_special = options.add_special,
+              .parse_special = options.parse_special};
+  std::lock_guard lock(mutex_);
+  // A conversation keeps one entry: the turn this prompt continues is superseded by it.
+  std::erase_if(entries_, [&](const Entry& e) {
+    return e.add_special == entry.add_special && e.parse_special == entry.parse_special &&
+           prompt_text.starts_with(e.prompt_text) &&
+           std::ranges::mismatch(e.prompt_ids, entry.prompt_ids).in1 == e.prompt_ids.end();
+  });
+  entries_.push_front(std::move(entry));
+  while (entries_.size() > capacity_) entries_.pop_back();
+}
+
+size_t AnswerTokens::size() const {
+  std::lock_guard lock(mutex_);
+  return entries_.size();
+}
+
+}  // namespace sieve::server
