@@ -23,8 +23,7 @@ struct ConvertOptions {
 
 void convert(const ConvertOptions& options) {
   if (!hf::is_model_folder(options.in_path)) {
-    fail("'{}' is not a Hugging Face model folder (config.json + *.safetensors)",
-         options.in_path);
+    fail("'{}' is not a Hugging Face model folder (config.json + *.safetensors)", options.in_path);
   }
   if (options.type.empty()) {
     const gguf::File input = model::open_model_file(options.in_path);
