@@ -16,6 +16,7 @@
 #include "loadgen/workload.h"
 #include "model/loader.h"
 #include "util/error.h"
+#include "util/text_file.h"
 
 namespace sieve::cli {
 
@@ -50,13 +51,6 @@ struct BenchServeOptions {
   std::string plot_path;
   std::vector<std::string> compare;
 };
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  if (!out) fail("cannot write '{}'", path);
-  out << text;
-  if (!out) fail("failed writing '{}'", path);
-}
 
 nlohmann::json parse_extra_body(const std::string& text) {
   nlohmann::json body;

@@ -12,6 +12,7 @@
 #include "cli/model_options.h"
 #include "eval/sparsity_eval.h"
 #include "util/error.h"
+#include "util/text_file.h"
 
 namespace sieve::cli {
 
@@ -28,12 +29,6 @@ struct EvalOptions {
   LongContextOptions long_context;
   std::vector<CLI::Option*> fidelity_options;  // refused with --task
 };
-
-void write_file(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) fail("cannot write '{}'", path);
-  out << contents;
-}
 
 void run_eval(EvalOptions options) {
   if (!options.calibration_path.empty()) {

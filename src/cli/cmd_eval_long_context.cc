@@ -11,6 +11,7 @@
 #include "model/kv_cache.h"
 #include "server/chat_template.h"
 #include "server/chat_request.h"
+#include "util/text_file.h"
 #include "server/chat_template.h"
 #include "util/error.h"
 
@@ -24,12 +25,6 @@ std::string read_file(const std::string& path) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
-}
-
-void write_file(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary);
-  if (!out) fail("cannot write '{}'", path);
-  out << contents;
 }
 
 // The template a chat server would use: --chat-template, else the model's, else ChatML; the

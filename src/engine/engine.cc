@@ -4,15 +4,12 @@
 #include <utility>
 #include <fmt/format.h>
 
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace sieve::engine {
 
 namespace {
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 // The target's pages; a draft model's pool has as many (engine/draft_model.h), so each page of
 // the budget costs both.

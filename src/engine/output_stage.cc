@@ -5,15 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "util/clock.h"
+
 namespace sieve::engine {
-
-namespace {
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-}  // namespace
 
 void OutputStage::on_scheduled(const sched::ScheduledSequence& scheduled, Sample& first,
                                std::span<const float> prompt_rows, Clock::time_point now) {

@@ -8,17 +8,10 @@
 #include "speculative/draft_length.h"
 #include "speculative/ngram_proposer.h"
 #include "speculative/self_sparse_view.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace sieve::engine {
-
-namespace {
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-}  // namespace
 
 std::shared_ptr<const model::Model> SpeculativeDriver::load_draft_model(
     const EngineConfig& config, const model::Model& target, const tok::Tokenizer& tokenizer) {

@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "sparsity/policy_spec.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace sieve::eval {
@@ -16,10 +17,6 @@ namespace sieve::eval {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

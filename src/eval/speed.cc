@@ -8,15 +8,13 @@
 
 #include "engine/generator.h"
 #include "kernels/ops.h"
+#include "util/clock.h"
 #include "util/thread_pool.h"
 
 namespace sieve::eval {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 }  // namespace
 
 template <class Fn>

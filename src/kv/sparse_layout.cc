@@ -3,13 +3,9 @@
 #include <algorithm>
 #include <cassert>
 
+#include "util/numeric.h"
+
 namespace sieve::kv {
-
-namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-}  // namespace
 
 SlotAddress SparseLayout::address(int32_t stream, int32_t index) const {
   const SparseStream& s = streams[static_cast<size_t>(stream)];

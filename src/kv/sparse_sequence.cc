@@ -7,11 +7,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "util/numeric.h"
+
 namespace sieve::kv {
 
 namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 [[maybe_unused]] bool strictly_ascending(std::span<const int32_t> indices, int32_t limit) {
   for (size_t i = 0; i < indices.size(); ++i) {

@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "loadgen/sse.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace sieve::loadgen {
@@ -14,19 +15,6 @@ namespace {
 
 // Long enough for SYN retries (1 + 2 + 4 + 8 s) when a server's listen backlog overflows.
 constexpr int64_t kMaxConnectTimeoutUs = 30'000'000;
-
-double seconds_between(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
-std::string excerpt(std::string_view text, size_t max_chars = 200) {
-  std::string out(text.substr(0, max_chars));
-  for (char& c : out) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  if (text.size() > max_chars) out += "...";
-  return out;
-}
 
 // The message of an OpenAI-style error body ({"error": {"message": ...}} or {"error": "..."}),
 // else the start of the body.
@@ -185,6 +173,15 @@ std::string transport_error(httplib::Error error, const ServerUrl& url, const Cl
 }
 
 }  // namespace
+
+std::string excerpt(std::string_view text, size_t max_chars) {
+  std::string out(text.substr(0, max_chars));
+  for (char& c : out) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  if (text.size() > max_chars) out += "...";
+  return out;
+}
 
 std::string ServerUrl::origin() const { return fmt::format("{}://{}:{}", scheme, host, port); }
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loadgen/workload.h"
@@ -98,5 +99,8 @@ class Connection {
 // One request on a fresh connection.
 RequestRecord send_request(const ServerUrl& url, const ClientConfig& config, const Prompt& prompt,
                            Clock::time_point run_start);
+
+// The start of a text for an error message: at most max_chars, on one line.
+std::string excerpt(std::string_view text, size_t max_chars = 200);
 
 }  // namespace sieve::loadgen

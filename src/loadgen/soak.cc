@@ -31,15 +31,6 @@ double ms_since(Clock::time_point start) {
   return duration<double, std::milli>(Clock::now() - start).count();
 }
 
-std::string excerpt(std::string_view text, size_t max_chars = 100) {
-  std::string out(text.substr(0, max_chars));
-  for (char& c : out) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  if (text.size() > max_chars) out += "...";
-  return out;
-}
-
 // What the threads of one soak share. Counters and samples are under `mutex`.
 struct SoakState {
   const SoakConfig& config;
@@ -233,7 +224,7 @@ void run_normal(SoakState& s, std::mt19937_64& rng) {
   while (choice + 1 < r.texts.size() && r.texts[choice] == s.references[idx][choice]) ++choice;
   s.report.mismatch_examples.push_back(
       fmt::format("{} (choice {}): alone '{}', under load '{}'", request.label(), choice,
-                  excerpt(s.references[idx][choice]), excerpt(r.texts[choice])));
+                  excerpt(s.references[idx][choice], 100), excerpt(r.texts[choice], 100)));
 }
 
 void run_disconnect(SoakState& s, std::mt19937_64& rng) {

@@ -7,8 +7,7 @@ namespace sieve::server {
 AnswerTokens::AnswerTokens(const tok::Tokenizer& tokenizer, size_t capacity)
     : tokenizer_(tokenizer), capacity_(capacity) {}
 
-std::vector<TokenId> AnswerTokens::encode(std::string_view text,
-                                          tok::EncodeOptions options) const {
+std::vector<TokenId> AnswerTokens::encode(std::string_view text, tok::EncodeOptions options) const {
   std::vector<TokenId> ids;
   size_t kept_bytes = 0;
   {

@@ -15,7 +15,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<AdaKvSpec> kParams[] = {
+const Param<AdaKvSpec> kAdaKvParams[] = {
     {"alpha", &AdaKvSpec::alpha, "each head keeps at least floor(alpha * B) of its best",
      Fraction()},
 };
@@ -114,7 +114,7 @@ class SharedBudgetPolicy final : public GroupPolicy {
 
 class AdaKvType final : public ScoredWrapper<AdaKvSpec> {
  public:
-  AdaKvType() : ScoredWrapper(kParams, kScoredExcept) {}
+  AdaKvType() : ScoredWrapper(kAdaKvParams, kScoredExcept) {}
   std::string_view name() const override { return "adakv"; }
   bool decides_per_layer() const override { return true; }
   std::string_view budget_pattern() const override { return "adakv:B={budget},W={window}"; }

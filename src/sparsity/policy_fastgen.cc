@@ -7,7 +7,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<FastGenSpec> kParams[] = {
+const Param<FastGenSpec> kFastGenParams[] = {
     {"T",
      &FastGenSpec::threshold,
      "choose a policy recovering >= 1 - T of the attention",
@@ -70,7 +70,7 @@ class FastGenPolicy final : public CopyableStreamPolicy<FastGenPolicy> {
 }  // namespace
 
 const PolicyType& fastgen_policy_type() {
-  static const LeafPolicy<FastGenSpec, FastGenPolicy> type("fastgen", kParams);
+  static const LeafPolicy<FastGenSpec, FastGenPolicy> type("fastgen", kFastGenParams);
   return type;
 }
 

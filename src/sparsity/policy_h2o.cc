@@ -9,7 +9,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<H2OSpec> kParams[] = {
+const Param<H2OSpec> kH2OParams[] = {
     {"B", &H2OSpec::heavy_budget, "the heavy-hitter budget in tokens", AtLeast(1),
      Presence::kRequired},
     {"W", &H2OSpec::window, "the most recent W tokens are never evicted"},
@@ -57,7 +57,7 @@ class HeavyHitterPolicy final : public CopyableStreamPolicy<HeavyHitterPolicy> {
 }  // namespace
 
 const PolicyType& h2o_policy_type() {
-  static const LeafPolicy<H2OSpec, HeavyHitterPolicy> type("h2o", kParams,
+  static const LeafPolicy<H2OSpec, HeavyHitterPolicy> type("h2o", kH2OParams,
                                                            "h2o:B={budget},W={window}");
   return type;
 }

@@ -19,7 +19,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<KeyDiffSpec> kParams[] = {
+const Param<KeyDiffSpec> kKeyDiffParams[] = {
     {"B", &KeyDiffSpec::budget, "the token budget", AtLeast(1), Presence::kRequired},
     {"W", &KeyDiffSpec::window, "the most recent W keys, always kept"},
 };
@@ -63,13 +63,13 @@ class KeyDissimilarityScorer final : public KeyScorer {
 }  // namespace
 
 std::string_view Scored<KeyDiffSpec>::name() { return "keydiff"; }
-std::span<const Param<KeyDiffSpec>> Scored<KeyDiffSpec>::params() { return kParams; }
+std::span<const Param<KeyDiffSpec>> Scored<KeyDiffSpec>::params() { return kKeyDiffParams; }
 std::shared_ptr<const KeyScorer> Scored<KeyDiffSpec>::scorer(const KeyDiffSpec& spec) {
   return std::make_shared<KeyDissimilarityScorer>(spec);
 }
 
 const PolicyType& keydiff_policy_type() {
-  static const LeafPolicy<KeyDiffSpec, ScoredPolicy> type("keydiff", kParams,
+  static const LeafPolicy<KeyDiffSpec, ScoredPolicy> type("keydiff", kKeyDiffParams,
                                                           "keydiff:B={budget},W={window}");
   return type;
 }

@@ -5,7 +5,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<LayerwiseSpec> kParams[] = {
+const Param<LayerwiseSpec> kLayerwiseParams[] = {
     {"L",
      &LayerwiseSpec::num_full_layers,
      "the number of dense first layers",
@@ -33,24 +33,25 @@ class LayerwiseType final : public TypedPolicy<LayerwiseSpec> {
       }
     }
     LayerwiseSpec spec;
-    read_params<LayerwiseSpec>(kParams, GivenParams(name(), own, {kKeys[0], kKeys[1]}), spec);
+    read_params<LayerwiseSpec>(kLayerwiseParams, GivenParams(name(), own, {kKeys[0], kKeys[1]}),
+                               spec);
     if (!rest) fail("{}: missing rest (the policy of the other layers)", name());
     spec.rest = parse_node(strip_parens(*rest, name()));
     return spec;
   }
   void validate_spec(const LayerwiseSpec& spec) const override {
-    check_params<LayerwiseSpec>(kParams, spec, name());
+    check_params<LayerwiseSpec>(kLayerwiseParams, spec, name());
     sparsity::validate(*spec.rest);
   }
   std::string print_spec(const LayerwiseSpec& spec) const override {
     std::vector<std::string> items;
-    print_params<LayerwiseSpec>(kParams, spec, items);
+    print_params<LayerwiseSpec>(kLayerwiseParams, spec, items);
     items.push_back("rest=" + to_string(*spec.rest));
     return policy_text(name(), items);
   }
   Json json_spec(const LayerwiseSpec& spec) const override {
     Json object = {{"name", name()}, {"rest", policy_type(*spec.rest).to_json(*spec.rest)}};
-    json_params<LayerwiseSpec>(kParams, spec, object);
+    json_params<LayerwiseSpec>(kLayerwiseParams, spec, object);
     return object;
   }
   void resolve_spec(const LayerwiseSpec& spec, const std::vector<Cell>& cells,

@@ -7,7 +7,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<LServeSpec> kParams[] = {
+const Param<LServeSpec> kLServeParams[] = {
     {"f", &LServeSpec::streaming_fraction, "the fraction of KV heads that stream", Fraction()},
     {"t", &LServeSpec::min_streaming_score, "the least calibrated streaming score that streams",
      Fraction(), Presence::kUnlessDefault},
@@ -15,7 +15,7 @@ const Param<LServeSpec> kParams[] = {
 
 class LServeType final : public TypedPolicy<LServeSpec> {
  public:
-  static LayeredParams<LServeSpec, QuestSpec> params() { return {quest_params(), kParams}; }
+  static LayeredParams<LServeSpec, QuestSpec> params() { return {quest_params(), kLServeParams}; }
   std::string_view name() const override { return "lserve"; }
   std::string_view budget_pattern() const override {
     return "lserve:K={pages},R=4,S=4,W={recent},f=0.5,t=0.5";

@@ -10,14 +10,14 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<PyramidKvSpec> kParams[] = {
+const Param<PyramidKvSpec> kPyramidKvParams[] = {
     {"beta", &PyramidKvSpec::beta, "top layer budget = B / beta",
      AtLeast(1, "(1 = uniform budgets)")},
 };
 
 class PyramidKvType final : public ScoredWrapper<PyramidKvSpec> {
  public:
-  PyramidKvType() : ScoredWrapper(kParams, {}) {}
+  PyramidKvType() : ScoredWrapper(kPyramidKvParams, {}) {}
   std::string_view name() const override { return "pyramidkv"; }
   std::string_view budget_pattern() const override { return "pyramidkv:B={budget},W={window}"; }
 

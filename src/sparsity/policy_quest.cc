@@ -10,7 +10,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<QuestSpec> kParams[] = {
+const Param<QuestSpec> kQuestParams[] = {
     {"K", &QuestSpec::top_k_pages, "pages read per decode step", AtLeast(1), Presence::kRequired},
     {"R", &QuestSpec::reuse_steps, "decode steps one selection is used for", AtLeast(1)},
     {"S", &QuestSpec::num_sinks, "pages holding the first S tokens are always read"},
@@ -67,10 +67,10 @@ class PageSelectPolicy final : public CopyableStreamPolicy<PageSelectPolicy> {
 
 }  // namespace
 
-std::span<const Param<QuestSpec>> quest_params() { return kParams; }
+std::span<const Param<QuestSpec>> quest_params() { return kQuestParams; }
 
 const PolicyType& quest_policy_type() {
-  static const LeafPolicy<QuestSpec, PageSelectPolicy> type("quest", kParams,
+  static const LeafPolicy<QuestSpec, PageSelectPolicy> type("quest", kQuestParams,
                                                             "quest:K={pages},R=1,S=4,W={window}");
   return type;
 }

@@ -7,7 +7,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<SnapKvSpec> kParams[] = {
+const Param<SnapKvSpec> kSnapKvParams[] = {
     {"B", &SnapKvSpec::budget, "the token budget", AtLeast(1), Presence::kRequired},
     {"W", &SnapKvSpec::window, "the observation window: the last W prompt tokens, always kept",
      AtLeast(1)},
@@ -36,13 +36,13 @@ class ObservationScorer final : public KeyScorer {
 }  // namespace
 
 std::string_view Scored<SnapKvSpec>::name() { return "snapkv"; }
-std::span<const Param<SnapKvSpec>> Scored<SnapKvSpec>::params() { return kParams; }
+std::span<const Param<SnapKvSpec>> Scored<SnapKvSpec>::params() { return kSnapKvParams; }
 std::shared_ptr<const KeyScorer> Scored<SnapKvSpec>::scorer(const SnapKvSpec& spec) {
   return std::make_shared<ObservationScorer>(spec);
 }
 
 const PolicyType& snapkv_policy_type() {
-  static const LeafPolicy<SnapKvSpec, ScoredPolicy> type("snapkv", kParams,
+  static const LeafPolicy<SnapKvSpec, ScoredPolicy> type("snapkv", kSnapKvParams,
                                                          "snapkv:B={budget},W={window}");
   return type;
 }

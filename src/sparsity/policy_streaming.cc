@@ -7,7 +7,7 @@ namespace sieve::sparsity {
 
 namespace {
 
-const Param<StreamingSpec> kParams[] = {
+const Param<StreamingSpec> kStreamingParams[] = {
     {"S", &StreamingSpec::num_sinks, "attention sinks: the first S tokens"},
     {"W", &StreamingSpec::window, "the most recent W tokens", AtLeast(1)},
 };
@@ -38,7 +38,7 @@ class SinkWindowPolicy final : public CopyableStreamPolicy<SinkWindowPolicy> {
 }  // namespace
 
 const PolicyType& streaming_policy_type() {
-  static const LeafPolicy<StreamingSpec, SinkWindowPolicy> type("streaming", kParams,
+  static const LeafPolicy<StreamingSpec, SinkWindowPolicy> type("streaming", kStreamingParams,
                                                                 "streaming:S=4,W={recent}");
   return type;
 }

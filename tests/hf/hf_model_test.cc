@@ -30,17 +30,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::error_of;
 using testing::StTensor;
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
 
 struct ArchCase {
   std::string label;

@@ -17,18 +17,9 @@ namespace {
 
 using hf::SafetensorsFile;
 using hf::SafetensorsSet;
+using testing::error_of;
 using testing::StTensor;
 namespace fs = std::filesystem;
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
 
 std::vector<uint8_t> counting(size_t n) {
   std::vector<uint8_t> bytes(n);

@@ -4,9 +4,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
+
+#include "util/error.h"
 
 namespace sieve::testing {
 
@@ -47,6 +52,17 @@ inline void write_bytes(const std::filesystem::path& path, const std::vector<uin
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()),
             static_cast<std::streamsize>(bytes.size()));
+}
+
+// The message of the sieve::Error that action throws (a test failure when it throws none).
+inline std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const Error& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected an error";
+  return "";
 }
 
 }  // namespace sieve::testing

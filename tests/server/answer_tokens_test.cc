@@ -110,7 +110,7 @@ TEST_P(AnswerTokensOnVocab, APromptThatLeavesTheAnswerKeepsOnlyItsWholeTokensUpT
   // Another prompt, and a prompt that only shares the remembered one's beginning, are encoded
   // as the tokenizer would.
   for (const std::string& other : {std::string("Something else entirely."), prompt.substr(0, 10),
-                                  std::string("Q: name three animals.\nA: red")}) {
+                                   std::string("Q: name three animals.\nA: red")}) {
     EXPECT_EQ(answers_kept.encode(other, kCompletion), tokenizer->encode(other, kCompletion))
         << other;
   }
