@@ -40,9 +40,10 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 
 echo "== [2/3] ASan + UBSan (clang): GGUF reader, tokenizer and chat-template tests; KV pages, scheduler, KV sparsity; grammars; HTTP"
 # One clang build serves the sanitized tests and the fuzzers (stage 3): the libraries are
-# compiled once, with ASan + UBSan and libFuzzer's coverage.
+# compiled once, with ASan + UBSan (the SIMD kernels with ASan only) and libFuzzer's coverage
+# on what the fuzzers exercise (CMakeLists.txt).
 CC=clang CXX=clang++ cmake -S . -B build-sanitizers -G Ninja -DCMAKE_BUILD_TYPE=Debug \
-  -DSIEVE_SANITIZE=ON -DSIEVE_FUZZ=ON -DSIEVE_SHARED_DIR="$shared"
+  -DSIEVE_SANITIZE=ON -DSIEVE_FUZZ=ON -DSIEVE_UNITY_BUILD=OFF -DSIEVE_SHARED_DIR="$shared"
 cmake --build build-sanitizers -j"$jobs" --target gguf_test tokenizer_test chat_template_test \
   kv_test sched_test sparse_engine_test grammar_test http_transport_test answer_tokens_test \
   gguf_fuzz tokenizer_fuzz chat_template_fuzz
