@@ -427,9 +427,13 @@ TEST(Speculative, QuestDraftInAMixedBatchEqualsPlain) {
   EXPECT_GT(stats.spec_num_accepted_tokens, 0);
   EXPECT_LT(stats.spec_num_accepted_tokens, stats.spec_num_draft_tokens);
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (i % 5 == 2) EXPECT_EQ(got.at({i, 0}).usage.spec_draft_tokens, 0) << "sparse target " << i;
+    if (i % 5 == 2) {
+      EXPECT_EQ(got.at({i, 0}).usage.spec_draft_tokens, 0) << "sparse target " << i;
+    }
     // Self-speculation always drafts (prompt lookup only when it finds a match).
-    if (i % 5 == 0 || i % 5 == 4) EXPECT_GT(got.at({i, 0}).usage.spec_draft_tokens, 0) << i;
+    if (i % 5 == 0 || i % 5 == 4) {
+      EXPECT_GT(got.at({i, 0}).usage.spec_draft_tokens, 0) << i;
+    }
   }
 }
 

@@ -236,8 +236,9 @@ TEST_F(KvStateTest, FieldsAddUpWhileRequestsDecodeAndThePoolEmptiesAfterwards) {
     EXPECT_EQ(f["generated_tokens"], 200) << f;
     EXPECT_FALSE(f.contains("state")) << f;
     EXPECT_LE(f["finished_at"].get<double>(), after.body["time"].get<double>());
-    if (i > 0)
+    if (i > 0) {
       EXPECT_LE(f["finished_at"].get<double>(), finished[i - 1]["finished_at"].get<double>());
+    }
   }
   const json as_state = {{"sequences", finished}};  // find_sequence reads "sequences"
   const json* fd = find_sequence(as_state, dense_id);

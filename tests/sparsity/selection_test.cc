@@ -113,7 +113,9 @@ TEST(SnapKv, FollowBringsTheTokensAfterEachChosenKey) {
     const std::vector<int32_t> got = select_snapkv(r, h);
     EXPECT_EQ(std::ssize(got), h.budget + h.window) << seed;
     EXPECT_TRUE(std::is_sorted(got.begin(), got.end()));
-    if (h.follow == 0) EXPECT_EQ(got, plain);
+    if (h.follow == 0) {
+      EXPECT_EQ(got, plain);
+    }
   }
 }
 
