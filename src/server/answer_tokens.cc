@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "server/json.h"
+
 namespace sieve::server {
 
 AnswerTokens::AnswerTokens(const tok::Tokenizer& tokenizer, size_t capacity)
@@ -21,10 +23,14 @@ std::vector<TokenId> AnswerTokens::encode(std::string_view text, tok::EncodeOpti
       }
       size_t at = e.prompt_text.size();
       size_t n = 0;
-      for (const std::string& piece : e.answer_pieces) {
+      if (e.sent_tokens > 0 && text.substr(at).starts_with(e.sent_text)) {
+        at += e.sent_text.size();
+        n = e.sent_tokens;
+      }
+      for (; n < e.answer_pieces.size(); ++n) {
+        const std::string& piece = e.answer_pieces[n];
         if (piece.empty() || text.substr(at).substr(0, piece.size()) != piece) break;
         at += piece.size();
-        ++n;
       }
       if (n == 0 || at <= kept_bytes) continue;  // the most recent of equals is kept
       best = &e;
@@ -50,8 +56,18 @@ std::vector<TokenId> AnswerTokens::encode(std::string_view text, tok::EncodeOpti
   return ids;
 }
 
+namespace {
+
+// Text as a client reads it from a response: invalid UTF-8 replaced as the server's JSON writes it.
+std::string as_sent(std::string_view bytes) {
+  return json::parse(dump_json(std::string(bytes))).get<std::string>();
+}
+
+}  // namespace
+
 void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenId> prompt_ids,
-                            std::span<const TokenId> answer, tok::EncodeOptions options) {
+                            std::span<const TokenId> answer, tok::EncodeOptions options,
+                            std::optional<std::string_view> sent_text) {
   if (capacity_ == 0 || answer.empty() || prompt_text.empty()) return;
   // Special tokens in an answer stand for their text only where the prompt's text is read for
   // special tokens; elsewhere the answer is kept up to its first special token.
@@ -68,10 +84,29 @@ void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenI
       prompt_ids.back() == *vocab.eos) {
     return;  // a prompt that ends in EOS is not continued by its answer
   }
+  // The sent text stands for the answer's tokens up to the last that writes text (an EOS after
+  // them writes none), when those tokens' bytes read as that text.
+  std::string sent;
+  size_t sent_tokens = 0;
+  if (sent_text && !sent_text->empty()) {
+    std::string bytes;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const std::string piece = tokenizer_.token_to_piece(answer[i], /*render_special=*/false);
+      bytes += piece;
+      if (!piece.empty()) sent_tokens = i + 1;
+    }
+    sent = as_sent(*sent_text);
+    if (as_sent(bytes) != sent) {
+      sent.clear();
+      sent_tokens = 0;
+    }
+  }
   Entry entry{.prompt_text = std::string(prompt_text),
               .prompt_ids = std::vector<TokenId>(prompt_ids.begin(), prompt_ids.end()),
               .answer = std::vector<TokenId>(answer.begin(), answer.begin() + pieces.size()),
               .answer_pieces = std::move(pieces),
+              .sent_text = std::move(sent),
+              .sent_tokens = sent_tokens,
               .add_special = options.add_special,
               .parse_special = options.parse_special};
   std::lock_guard lock(mutex_);

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,9 +43,13 @@ class AnswerTokens {
   // encoded as a continuation. The ids always decode to text.
   std::vector<TokenId> encode(std::string_view text, tok::EncodeOptions options) const;
 
-  // After a request's answer: prompt_ids are what encode(prompt_text, options) gave.
+  // After a request's answer: prompt_ids are what encode(prompt_text, options) gave; sent_text,
+  // where given, the answer's text as the response carried it (the engine's bytes: JSON writes
+  // invalid UTF-8 as U+FFFD, so that a resent answer matches whole even where bytes of its
+  // tokens did not make characters).
   void remember(std::string_view prompt_text, std::span<const TokenId> prompt_ids,
-                std::span<const TokenId> answer, tok::EncodeOptions options);
+                std::span<const TokenId> answer, tok::EncodeOptions options,
+                std::optional<std::string_view> sent_text = std::nullopt);
 
   size_t size() const;
 
@@ -54,6 +59,10 @@ class AnswerTokens {
     std::vector<TokenId> prompt_ids;
     std::vector<TokenId> answer;
     std::vector<std::string> answer_pieces;  // the bytes of each answer token, special ones too
+    // The answer's text as the client received it, and how many of its tokens wrote it (0: the
+    // pieces are matched one by one only).
+    std::string sent_text;
+    size_t sent_tokens = 0;
     bool add_special = false;
     bool parse_special = false;
   };

@@ -116,7 +116,7 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
     const size_t prompt = ex.prompt_of.at(event.request_id);
     if (prompt < ex.request.prompt_texts.size() && !ex.request.prompt_texts[prompt].empty()) {
       ex.backend->answers->remember(ex.request.prompt_texts[prompt], ex.request.prompts.at(prompt),
-                                    choice.tokens, ex.request.prompt_encoding);
+                                    choice.tokens, ex.request.prompt_encoding, choice.text);
     }
   }
   ex.observed[index] = true;

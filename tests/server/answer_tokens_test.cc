@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -184,6 +186,51 @@ TEST(AnswerTokens, SpecialTokensOfAnAnswerAreKeptOnlyWhereTextIsReadForThem) {
   const auto literal_ids = plain_text.encode(next, literal);
   EXPECT_EQ(std::count(literal_ids.begin(), literal_ids.end(), eos), 0)
       << "text not read for special tokens never becomes one";
+}
+
+// An answer whose tokens' bytes do not make characters (a byte token cut off by the next):
+// the response carried U+FFFD for them, and the client sends that back. The answer given as the
+// response's text is kept whole; without it only the tokens before the byte match.
+TEST(AnswerTokens, AnAnswerWithInvalidUtf8IsKeptWholeWhenItsSentTextIsResent) {
+  const auto tokenizer = load_tokenizer("golden/tokenizer/ggml-vocab-llama-spm.gguf");
+  const auto& texts = tokenizer->vocab().tokens;
+  const auto found = std::find(texts.begin(), texts.end(), "<0xE2>");
+  ASSERT_NE(found, texts.end());
+  const std::optional<TokenId> byte_e2 = static_cast<TokenId>(found - texts.begin());
+  const std::string prompt = "Say something:";
+  const auto prompt_ids = tokenizer->encode(prompt, kCompletion);
+  std::vector<TokenId> answer = written_in_pieces(*tokenizer, " odd", 2);
+  const size_t before_byte = answer.size();
+  answer.push_back(*byte_e2);
+  const auto after = written_in_pieces(*tokenizer, "A word", 2);
+  answer.insert(answer.end(), after.begin(), after.end());
+  const std::string engine_text = text_of(*tokenizer, answer);  // " odd\xE2A word"
+  const std::string sent =
+      " odd\xEF\xBF\xBD"
+      "A word";  // as JSON carried it
+  const std::string next = prompt + sent + " More.";
+
+  AnswerTokens whole(*tokenizer, 4);
+  whole.remember(prompt, prompt_ids, answer, kCompletion, engine_text);
+  const auto ids = whole.encode(next, kCompletion);
+  const auto kept = concat(prompt_ids, answer);
+  ASSERT_GE(ids.size(), kept.size());
+  EXPECT_TRUE(std::equal(kept.begin(), kept.end(), ids.begin()));
+
+  AnswerTokens pieces_only(*tokenizer, 4);
+  pieces_only.remember(prompt, prompt_ids, answer, kCompletion);
+  const auto partial = pieces_only.encode(next, kCompletion);
+  const auto kept_partial =
+      concat(prompt_ids, std::vector<TokenId>(answer.begin(), answer.begin() + before_byte));
+  EXPECT_TRUE(std::equal(kept_partial.begin(), kept_partial.end(), partial.begin()));
+  EXPECT_NE(partial[kept_partial.size()], *byte_e2);
+
+  // A sent text the answer's bytes do not make (a stop string cut it) is not trusted whole.
+  AnswerTokens cut(*tokenizer, 4);
+  cut.remember(prompt, prompt_ids, answer, kCompletion, std::string_view(" odd"));
+  const auto cut_ids = cut.encode(prompt + " odd and more", kCompletion);
+  EXPECT_EQ(tokenizer->decode(cut_ids),
+            tokenizer->decode(tokenizer->encode(prompt + " odd and more", kCompletion)));
 }
 
 }  // namespace
