@@ -7,7 +7,8 @@
 #   bench/multi_turn.sh MODEL.gguf [POLICIES]
 #   default POLICIES="full snapkv:B=1024,W=32 streaming:S=4,W=1020"; env TURNS (8), NEW (2048),
 #   FIRST (the first turn's tokens, NEW), OUT (64), USERS (1), KV_TOKENS (the pool: TURNS * (NEW +
-#   OUT) tokens per user, rounded up to pages), SEED (3)
+#   OUT) tokens per user, rounded up to pages), SEED (3), SERVE_ARGS (more `sieve serve` options,
+#   e.g. "--remembered-answers 0")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$1
@@ -21,7 +22,8 @@ kv_tokens=${KV_TOKENS:-$((users * (first + (turns - 1) * new + turns * out + 16 
 source bench/serve_lib.sh
 echo "$users user(s) x $turns turns: $first tokens, then $new new tokens a turn, $out answered; KV pool $kv_tokens tokens"
 for policy in $policies; do
-  start_server "$model" --kv-tokens "$kv_tokens" --max-num-seqs 256 --kv-policy "$policy"
+  # shellcheck disable=SC2086 # SERVE_ARGS is a list of options
+  start_server "$model" --kv-tokens "$kv_tokens" --max-num-seqs 256 --kv-policy "$policy" ${SERVE_ARGS:-}
   echo "== $policy"
   "$sieve" bench-serve --base-url "http://127.0.0.1:$port" --tokenizer "$model" \
     --input-len "$first" --turn-input-len "$new" --output-len "$out" --multi-turn "$turns" \
