@@ -485,6 +485,25 @@ test('a chat whose history fills the context offers to leave out the oldest turn
   await screenshot(page, 'chat-context-dropped');
 });
 
+test('a finished compressed answer is parked for its next turn, and the dashboard shows it', async () => {
+  const prompt = SHORT_TURN;
+  const first = await api(stories, '/v1/completions',
+    { prompt, max_tokens: 16, temperature: 0, kv_policy: 'streaming:S=4,W=16' });
+  const page = await openPage(stories);
+  await page.click('#nav-dashboard');
+  await page.waitForFunction(() => Number(document.querySelector('#dash-parked').textContent) > 0);
+  const state = await (await fetch(`${stories.base}/v1/kv/state`, { headers: { Authorization: `Bearer ${KEY}` } })).json();
+  assert.ok(state.pool.parked_sequences >= 1);
+  assert.match(await page.innerText('#dash-parked-seqs'), /^\d+ conversations?$/);
+  // The next turn resends the answer as text and continues from the parked K/V.
+  const next = await api(stories, '/v1/completions',
+    { prompt: prompt + first.choices[0].text + ' Then she went home.', max_tokens: 4, temperature: 0,
+      kv_policy: 'streaming:S=4,W=16' });
+  assert.equal(next.usage.prompt_tokens_details.cached_tokens,
+    first.usage.prompt_tokens + first.usage.completion_tokens - 1);
+  await audit(page, 'the dashboard with a parked conversation');
+});
+
 test('a finished chat answer stays on the KV dashboard with its policy and the pages it kept', async () => {
   const page = await openPage(stories);
   await setField(page, 'set-max-tokens', 32);

@@ -70,6 +70,9 @@ export function mountDashboard() {
     $('dash-cached').textContent = pool.cached ?? '–';
     $('dash-cached-free').textContent = pool.cachedFree ?? '–';
     $('dash-free').textContent = pool.free ?? '–';
+    $('dash-parked').textContent = pool.parked ?? '–';
+    $('dash-parked-seqs').textContent = pool.parkedSeqs === undefined || pool.parkedSeqs === null
+      ? '–' : `${pool.parkedSeqs} conversation${pool.parkedSeqs === 1 ? '' : 's'}`;
   }
 
   function renderPoolChart(total) {
@@ -280,6 +283,7 @@ export function mountDashboard() {
         ? {
           used: state.pool.pages_used, free: state.pool.pages_free, cached: state.pool.pages_cached,
           cachedFree: state.pool.pages_cached_free, total: state.pool.pages_total,
+          parked: state.pool.pages_parked, parkedSeqs: state.pool.parked_sequences,
         }
         : (() => {
           const used = metricValue(samples, 'sieve:kv_pages_used');
