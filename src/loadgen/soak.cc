@@ -445,6 +445,26 @@ struct Answer {
   std::string error;  // empty when a response arrived
 };
 
+Answer get(const SoakState& s, const std::string& path, double timeout_s);
+
+// The served model's layers and KV heads, from /v1/models (sieve's "sieve" object); a server
+// that does not say gets the default shape.
+ModelShape served_model_shape(const SoakState& s) {
+  const Answer models = get(s, "/v1/models", 10);
+  ModelShape shape;
+  if (!models.error.empty() || models.status != 200) return shape;
+  const nlohmann::json body = nlohmann::json::parse(models.body, nullptr, false);
+  const nlohmann::json* card =
+      body.is_object() && body.contains("data") && body["data"].is_array() && !body["data"].empty()
+          ? &body["data"][0]
+          : nullptr;
+  if (!card || !card->contains("sieve") || !(*card)["sieve"].is_object()) return shape;
+  const nlohmann::json& sieve = (*card)["sieve"];
+  if (sieve.value("num_layers", 0) > 0) shape.num_layers = sieve["num_layers"].get<int64_t>();
+  if (sieve.value("num_kv_heads", 0) > 0) shape.num_kv_heads = sieve["num_kv_heads"].get<int64_t>();
+  return shape;
+}
+
 Answer get(const SoakState& s, const std::string& path, double timeout_s) {
   const Clock::time_point deadline = after(timeout_s);
   auto opened = RawConnection::open(s.url, deadline);
@@ -558,7 +578,7 @@ std::string SoakRequest::label() const {
   return out;
 }
 
-std::vector<SoakRequest> soak_catalogue() {
+std::vector<SoakRequest> soak_catalogue(const ModelShape& shape) {
   // Stories for a TinyStories model; the longer ones (~100+ tokens on a small vocabulary) are
   // long enough for the budgets below to drop keys.
   static const std::vector<std::string> kPrompts = {
@@ -572,8 +592,14 @@ std::vector<SoakRequest> soak_catalogue() {
       "spade and started to dig. The sea came closer and closer. Anna said, \"We need to be "
       "quick!\" Sam laughed and said,",
   };
-  // Every policy that needs no calibration profile (lserve with f=0 has no streaming heads).
-  static const std::vector<std::string> kPolicies = {
+  // Every policy that needs no calibration profile (lserve with f=0 has no streaming heads); the
+  // compositions name the first KV heads and layers the model has.
+  const std::string kv_heads = shape.num_kv_heads >= 2 ? "0+1" : "0";
+  const std::string layers =
+      shape.num_layers >= 3   ? "layers:full@0-1,(h2o:B=32,W=16)@2,rest=snapkv:B=32,W=16"
+      : shape.num_layers == 2 ? "layers:(h2o:B=32,W=16)@1,rest=snapkv:B=32,W=16"
+                              : "layers:(h2o:B=32,W=16)@0";
+  const std::vector<std::string> kPolicies = {
       "full",
       "streaming:S=4,W=32",
       "h2o:B=32,W=16",
@@ -584,8 +610,8 @@ std::vector<SoakRequest> soak_catalogue() {
       "quest:K=2",
       "lserve:K=2,f=0",
       "layerwise:L=2,rest=snapkv:B=32,W=16",
-      "heads:(streaming:S=4,W=32)@kv=0+1,rest=full",
-      "layers:full@0-1,(h2o:B=32,W=16)@2,rest=snapkv:B=32,W=16",
+      "heads:(streaming:S=4,W=32)@kv=" + kv_heads + ",rest=full",
+      layers,
   };
   std::vector<SoakRequest> catalogue;
   const size_t count = 2 * kPolicies.size();
@@ -634,12 +660,12 @@ std::vector<std::string> SoakReport::failures() const {
 
 SoakReport run_soak(const SoakConfig& config) {
   SoakState s{.config = config, .url = parse_base_url(config.base_url)};
-  s.catalogue = soak_catalogue();
   const Answer health = get(s, "/health", 10);
   if (!health.error.empty() || health.status != 200) {
     fail("{}/health did not answer 200 ({}): is the server up and ready?", s.url.origin(),
          health.error.empty() ? fmt::format("http {}", health.status) : health.error);
   }
+  s.catalogue = soak_catalogue(served_model_shape(s));
   for (const SoakRequest& request : s.catalogue) {
     const StreamResult r = stream_request(s, request, {});
     if (!r.completed)

@@ -63,10 +63,17 @@ struct SoakRequest {
   std::string label() const;    // e.g. "chat n=2 logprobs snapkv:B=32,W=16"
 };
 
-// The fixed catalogue: every kv_policy sieve serves without a calibration profile, each on both
-// endpoints, with n = 2, logprobs and stop strings spread across them. Sized for a model with a
-// context of 512 tokens or more.
-std::vector<SoakRequest> soak_catalogue();
+// What the served model's `kv_policy` may name: /v1/models' "sieve" object.
+struct ModelShape {
+  int64_t num_layers = 3;
+  int64_t num_kv_heads = 2;
+};
+
+// The catalogue: every kv_policy sieve serves without a calibration profile, each on both
+// endpoints, with n = 2, logprobs and stop strings spread across them; the per-layer and per-head
+// compositions name layers and KV heads the model has. Sized for a model with a context of 512
+// tokens or more.
+std::vector<SoakRequest> soak_catalogue(const ModelShape& shape);
 
 struct LatencySummary {
   int64_t count = 0;

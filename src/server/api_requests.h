@@ -38,6 +38,9 @@ struct ModelInfo {
   std::string served_name;
   std::vector<std::string> aliases;  // other names "model" may give (--served-model-name)
   int64_t context_length = 0;
+  // The model's layers and KV heads, which a kv_policy may name (/v1/models says them).
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;
   const tok::Tokenizer* tokenizer = nullptr;
   // Renders a chat template context ({"messages", "add_generation_prompt", "bos_token", ...})
   // to the prompt text; throws sieve::Error (e.g. raise_exception) which becomes a 400.

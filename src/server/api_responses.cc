@@ -296,7 +296,9 @@ json model_card(const ModelInfo& model, const std::string& name) {
               {"owned_by", "sieve"},
               {"root", model.served_name},
               {"parent", nullptr},
-              {"max_model_len", model.context_length}};
+              {"max_model_len", model.context_length},
+              // sieve's own: the shape a request's kv_policy may name (layers:, heads:@kv=).
+              {"sieve", {{"num_layers", model.num_layers}, {"num_kv_heads", model.num_kv_heads}}}};
 }
 
 json model_list(const ModelInfo& model) {

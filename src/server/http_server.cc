@@ -34,6 +34,8 @@ ModelInfo Backend::model_info() const {
   return {.served_name = model_name,
           .aliases = model_aliases,
           .context_length = context_length,
+          .num_layers = engine->model().config().num_layers,
+          .num_kv_heads = engine->model().config().num_kv_heads,
           .tokenizer = tokenizer.get(),
           .render_chat = render_chat,
           .default_kv_policy = default_kv_policy,

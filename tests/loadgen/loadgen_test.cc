@@ -697,10 +697,33 @@ TEST(RawConnection, ReadsAStreamedResponseToItsEnd) {
   EXPECT_EQ(events.back(), "[DONE]");
 }
 
+// The per-layer and per-head compositions name only layers and KV heads the model has (the
+// 2-layer copy model, 1 KV head: a 3-layer catalogue asked for a layer it does not have).
+TEST(Soak, CatalogueFitsTheModelsLayersAndKvHeads) {
+  for (const ModelShape shape :
+       {ModelShape{1, 1}, ModelShape{2, 1}, ModelShape{2, 4}, ModelShape{}}) {
+    int64_t max_layer = -1, max_head = -1;
+    for (const SoakRequest& r : soak_catalogue(shape)) {
+      if (r.kv_policy.starts_with("layers:")) {
+        const size_t at = r.kv_policy.rfind('@');
+        const std::string list = r.kv_policy.substr(at + 1, r.kv_policy.find(',', at) - at - 1);
+        max_layer = std::max<int64_t>(max_layer, list.back() - '0');
+      }
+      if (r.kv_policy.starts_with("heads:")) {
+        const size_t at = r.kv_policy.find("@kv=") + 4;
+        const std::string list = r.kv_policy.substr(at, r.kv_policy.find(',', at) - at);
+        max_head = std::max<int64_t>(max_head, list.back() - '0');
+      }
+    }
+    EXPECT_EQ(max_layer, std::min<int64_t>(shape.num_layers, 3) - 1) << shape.num_layers;
+    EXPECT_EQ(max_head, std::min<int64_t>(shape.num_kv_heads, 2) - 1) << shape.num_kv_heads;
+  }
+}
+
 // The soak's normal requests cover both endpoints, n > 1, logprobs and stop strings, and every
 // policy on both endpoints.
 TEST(Soak, CatalogueCoversEveryKind) {
-  const std::vector<SoakRequest> catalogue = soak_catalogue();
+  const std::vector<SoakRequest> catalogue = soak_catalogue({});
   std::map<std::string, std::set<ApiEndpoint>> policies;
   bool n2[2] = {}, logprobs[2] = {}, stop[2] = {};
   for (const SoakRequest& r : catalogue) {
