@@ -331,29 +331,54 @@ namespace {
 // prompt is the first's prompt + its text + more, so it continues from the parked K/V; counted in
 // usage.prompt_tokens_details.cached_tokens, vLLM's prefix-cache counters and sieve's own (the
 // engine tests check the continued tokens themselves).
-TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
-  model::LoadedModel loaded =
-      model::load_model({.model_path = sieve::testing::shared_path("models/copy/copy-lm.gguf")});
-  auto engine = std::make_shared<engine::Engine>(engine::EngineConfig{.num_kv_pages = 256},
-                                                 loaded.model, loaded.tokenizer);
-  engine->start();
-  HttpServer server({.port = 0});
-  server.bind();
-  std::thread listener([&] { server.listen(); });
-  server.set_backend({.engine = engine,
-                      .tokenizer = loaded.tokenizer,
-                      .model_name = "copy",
-                      .context_length = 1024,
-                      .render_chat = [](const json&) { return std::string(); }});
-  httplib::Client client("127.0.0.1", server.port());
-  const auto complete = [&](const std::string& prompt) {
-    json body = {{"prompt", prompt},
-                 {"max_tokens", 16},
-                 {"temperature", 0},
-                 {"kv_policy", "snapkv:B=32,W=8"}};
-    auto reply = client.Post("/v1/completions", body.dump(), "application/json");
+// A model's engine served in-process on a free port, stopped at the end of the scope.
+class ServedEngine {
+ public:
+  ServedEngine(const std::string& model_file, const std::string& name, int64_t context_length,
+               ServerConfig config = {.port = 0})
+      : loaded_(model::load_model({.model_path = sieve::testing::shared_path(model_file)})),
+        engine_(std::make_shared<engine::Engine>(engine::EngineConfig{.num_kv_pages = 256},
+                                                 loaded_.model, loaded_.tokenizer)),
+        server_(std::move(config)) {
+    engine_->start();
+    server_.bind();
+    listener_ = std::thread([this] { server_.listen(); });
+    server_.set_backend({.engine = engine_,
+                         .tokenizer = loaded_.tokenizer,
+                         .model_name = name,
+                         .context_length = context_length,
+                         .render_chat = [](const json&) { return std::string(); }});
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_.port());
+  }
+  ~ServedEngine() {
+    server_.shutdown();
+    listener_.join();
+    engine_->stop();
+  }
+  httplib::Client& client() { return *client_; }
+  // POST /v1/completions, expecting 200.
+  json complete(const json& body) {
+    auto reply = client_->Post("/v1/completions", body.dump(), "application/json");
     EXPECT_TRUE(reply && reply->status == 200) << (reply ? reply->body : "no reply");
     return reply ? json::parse(reply->body) : json();
+  }
+
+ private:
+  model::LoadedModel loaded_;
+  std::shared_ptr<engine::Engine> engine_;
+  HttpServer server_;
+  std::thread listener_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
+  ServedEngine served("models/copy/copy-lm.gguf", "copy", 1024);
+  httplib::Client& client = served.client();
+  const auto complete = [&](const std::string& prompt) {
+    return served.complete({{"prompt", prompt},
+                            {"max_tokens", 16},
+                            {"temperature", 0},
+                            {"kv_policy", "snapkv:B=32,W=8"}});
   };
   std::string prompt =
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -380,9 +405,6 @@ TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
   EXPECT_EQ(metrics[R"(sieve:parked_sequences{model_name="copy"})"], 1) << "turn 2's own";
   EXPECT_GE(metrics[R"(vllm:prefix_cache_hits_total{model_name="copy"})"],
             static_cast<double>(cached));
-  server.shutdown();
-  listener.join();
-  engine->stop();
 }
 
 // A conversation whose answer does not re-tokenize to the ids the model wrote (stories260K,
@@ -396,29 +418,14 @@ TEST(HttpServerTest, ANextTurnThatResendsTheAnswerAsTextKeepsItsIdsAndContinues)
     int64_t turn2_cached = 0;
   };
   const auto converse = [](size_t remembered_answers, int seed) {
-    model::LoadedModel loaded =
-        model::load_model({.model_path = sieve::testing::shared_path("models/stories260K.gguf")});
-    auto engine = std::make_shared<engine::Engine>(engine::EngineConfig{.num_kv_pages = 256},
-                                                   loaded.model, loaded.tokenizer);
-    engine->start();
-    HttpServer server({.port = 0, .remembered_answers = remembered_answers});
-    server.bind();
-    std::thread listener([&] { server.listen(); });
-    server.set_backend({.engine = engine,
-                        .tokenizer = loaded.tokenizer,
-                        .model_name = "stories",
-                        .context_length = 512,
-                        .render_chat = [](const json&) { return std::string(); }});
-    httplib::Client client("127.0.0.1", server.port());
+    ServedEngine served("models/stories260K.gguf", "stories", 512,
+                        {.port = 0, .remembered_answers = remembered_answers});
     const auto complete = [&](const std::string& prompt) {
-      json body = {{"prompt", prompt},
-                   {"max_tokens", 24},
-                   {"temperature", 1.0},
-                   {"seed", seed},
-                   {"kv_policy", "streaming:S=4,W=16"}};
-      auto reply = client.Post("/v1/completions", body.dump(), "application/json");
-      EXPECT_TRUE(reply && reply->status == 200) << (reply ? reply->body : "no reply");
-      return reply ? json::parse(reply->body) : json();
+      return served.complete({{"prompt", prompt},
+                              {"max_tokens", 24},
+                              {"temperature", 1.0},
+                              {"seed", seed},
+                              {"kv_policy", "streaming:S=4,W=16"}});
     };
     std::string prompt =
         "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -426,9 +433,6 @@ TEST(HttpServerTest, ANextTurnThatResendsTheAnswerAsTextKeepsItsIdsAndContinues)
     const json turn1 = complete(prompt);
     prompt += turn1["choices"][0]["text"].get<std::string>() + " One day, her mom said";
     const json turn2 = complete(prompt);
-    server.shutdown();
-    listener.join();
-    engine->stop();
     return Turns{
         .turn1_computed = turn1["usage"]["prompt_tokens"].get<int64_t>() +
                           turn1["usage"]["completion_tokens"].get<int64_t>() - 1,
