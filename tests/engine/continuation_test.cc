@@ -18,6 +18,7 @@
 #include "shared_data.h"
 #include "sparsity/calibration.h"
 #include "sparsity/policy_spec.h"
+#include "speculative/speculative_config.h"
 
 namespace sieve::engine {
 namespace {
@@ -250,6 +251,44 @@ TEST_P(Continuation, ParallelSamplesContinueFromOneParkedState) {
   EXPECT_EQ(samples[0], expected);
   EXPECT_EQ(samples[1], expected);  // greedy: the same
   expect_no_leak(engine);
+}
+
+TEST_P(Continuation, ASpeculativeRequestContinuesWithoutDraftsOnItsSparseTarget) {
+  // A continued turn that asks for prompt lookup or self-speculation: it starts from the parked
+  // state and its tokens equal the reference's. Speculation verifies against a dense target
+  // only, so a sparse request (and only sparse requests park) runs without drafts.
+  const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
+  const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
+  const std::vector<TokenId> new2 = text_tokens(tokenizer, 2000, 120);
+  const std::string policy = "snapkv:B=48,W=8";
+  Engine fresh(config(512, 0), loaded_.model, loaded_.tokenizer);
+  Request reference = greedy(p1, policy, 12 + 16);
+  Engine first(config(512, 0), loaded_.model, loaded_.tokenizer);
+  const Outcome turn1_tokens = run(first, {greedy(p1, policy, 12)})[0];
+  reference.given_output = turn1_tokens.tokens;
+  reference.then_prompt = new2;
+  const Outcome ref = run(fresh, {reference})[0];
+  const std::vector<TokenId> expected(ref.tokens.begin() + 12, ref.tokens.end());
+  const std::vector<speculative::SpeculativeConfig> drafts = {
+      {.method = speculative::Method::kNgram, .num_speculative_tokens = 4},
+      {.method = speculative::Method::kSelfSparse,
+       .num_speculative_tokens = 3,
+       .kv_policy = sparsity::parse_policy("streaming:S=4,W=16")}};
+  for (const speculative::SpeculativeConfig& draft : drafts) {
+    Engine engine(config(512, 0), loaded_.model, loaded_.tokenizer);
+    const Outcome turn1 = run(engine, {greedy(p1, policy, 12)})[0];
+    ASSERT_EQ(turn1.tokens, turn1_tokens.tokens);
+    Request turn2 = greedy(concat(concat(p1, turn1.tokens), new2), policy, 16);
+    turn2.speculative = draft;
+    const Outcome out = run(engine, {turn2})[0];
+    ASSERT_FALSE(out.error) << *out.error;
+    EXPECT_EQ(out.usage.cached_prompt_tokens,
+              static_cast<int32_t>(p1.size() + turn1.tokens.size()) - 1)
+        << speculative::method_name(draft.method);
+    EXPECT_EQ(out.tokens, expected) << speculative::method_name(draft.method);
+    EXPECT_EQ(out.usage.spec_draft_tokens, 0) << speculative::method_name(draft.method);
+    expect_no_leak(engine);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDTypes, Continuation,
