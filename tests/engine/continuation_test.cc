@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "kv_dtype_cases.h"
 #include "model/loader.h"
 #include "shared_data.h"
@@ -23,32 +24,9 @@
 namespace sieve::engine {
 namespace {
 
-struct Outcome {
-  std::vector<TokenId> tokens;
-  std::vector<float> logprobs;
-  Usage usage;
-  std::optional<std::string> error;
-};
-
-std::vector<Outcome> run(Engine& engine, const std::vector<Request>& requests) {
-  std::vector<Outcome> outcomes(requests.size());
-  std::map<RequestId, size_t> index;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    auto submitted = engine.submit(requests[i], [&outcomes, &index](const RequestEvent& event) {
-      Outcome& o = outcomes[index.at(event.request_id)];
-      o.tokens.insert(o.tokens.end(), event.tokens.begin(), event.tokens.end());
-      for (const SampleResult& r : event.logprobs) o.logprobs.push_back(r.logprob.value_or(1.0f));
-      if (event.finish) o.usage = event.usage;
-      if (event.error) o.error = event.error;
-    });
-    if (auto* refused = std::get_if<AdmissionError>(&submitted)) {
-      ADD_FAILURE() << refused->message;
-      continue;
-    }
-    index[std::get<RequestId>(submitted)] = i;
-  }
-  engine.run_until_idle();
-  return outcomes;
+// One request through the engine: its first sample's outcome.
+Outcome run_one(Engine& engine, const Request& request) {
+  return run(engine, {request}).at({0, 0});
 }
 
 Request greedy(std::vector<TokenId> prompt, const std::string& policy, int32_t max_tokens) {
@@ -116,16 +94,22 @@ class Continuation : public ::testing::TestWithParam<KvDTypeCase> {
             .kv_dtype = GetParam().dtype,
             .calibration = profile_};
   }
+  // Turn 2's tokens as the definition gives them: one sequence in a fresh engine that prefills
+  // p1, takes turn 1's output as given, prefills new2 and generates num_tokens more.
+  std::vector<TokenId> reference_turn2(const std::vector<TokenId>& p1,
+                                       const std::vector<TokenId>& turn1,
+                                       const std::vector<TokenId>& new2, const std::string& policy,
+                                       int32_t num_tokens) const {
+    Engine fresh(config(512, 0), loaded_.model, loaded_.tokenizer);
+    Request reference = greedy(p1, policy, static_cast<int32_t>(turn1.size()) + num_tokens);
+    reference.given_output = turn1;
+    reference.then_prompt = new2;
+    const Outcome ref = run_one(fresh, reference);
+    return {ref.tokens.begin() + static_cast<std::ptrdiff_t>(turn1.size()), ref.tokens.end()};
+  }
   model::LoadedModel loaded_;
   std::shared_ptr<const sparsity::CalibrationProfile> profile_;
 };
-
-void expect_no_leak(const Engine& engine) {
-  const EngineStats stats = engine.stats();
-  EXPECT_EQ(stats.kv.num_free_pages, stats.kv.num_pages) << "KV pages leaked";
-  EXPECT_EQ(stats.num_running, 0);
-  EXPECT_EQ(stats.num_waiting, 0);
-}
 
 TEST_P(Continuation, NextTurnsEqualOneSequenceThatTookTheOutputsAsGiven) {
   const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
@@ -136,34 +120,34 @@ TEST_P(Continuation, NextTurnsEqualOneSequenceThatTookTheOutputsAsGiven) {
     for (const std::string& policy : kPolicies) {
       SCOPED_TRACE(policy + " chunk " + std::to_string(chunk));
       Engine engine(config(512, chunk), loaded_.model, loaded_.tokenizer);
-      const Outcome turn1 = run(engine, {greedy(p1, policy, 20)})[0];
+      const Outcome turn1 = run_one(engine, greedy(p1, policy, 20));
       ASSERT_EQ(turn1.tokens.size(), 20u);
       EXPECT_EQ(engine.stats().kv.num_parked_seqs, 1);
       const std::vector<TokenId> prompt2 = concat(concat(p1, turn1.tokens), new2);
-      const Outcome turn2 = run(engine, {greedy(prompt2, policy, 16)})[0];
+      const Outcome turn2 = run_one(engine, greedy(prompt2, policy, 16));
       ASSERT_FALSE(turn2.error) << *turn2.error;
       // Everything turn 1 computed: its prompt and output but the last token.
       EXPECT_EQ(turn2.usage.cached_prompt_tokens,
                 static_cast<int32_t>(p1.size() + turn1.tokens.size()) - 1);
       const std::vector<TokenId> prompt3 = concat(concat(prompt2, turn2.tokens), new3);
-      const Outcome turn3 = run(engine, {greedy(prompt3, policy, 12)})[0];
+      const Outcome turn3 = run_one(engine, greedy(prompt3, policy, 12));
       EXPECT_EQ(turn3.usage.cached_prompt_tokens,
                 static_cast<int32_t>(prompt2.size() + turn2.tokens.size()) - 1);
       EXPECT_EQ(engine.stats().num_continued_requests, 2);
-      expect_no_leak(engine);
+      expect_all_pages_free(engine);
 
       // The reference: one sequence, outputs given, the new text prefilled after them.
       Engine fresh(config(512, chunk), loaded_.model, loaded_.tokenizer);
       Request reference = greedy(p1, policy, 20 + 16);
       reference.given_output = turn1.tokens;
       reference.then_prompt = new2;
-      const Outcome ref2 = run(fresh, {reference})[0];
+      const Outcome ref2 = run_one(fresh, reference);
       ASSERT_EQ(ref2.tokens.size(), 36u);
       EXPECT_EQ(std::vector<TokenId>(ref2.tokens.begin() + 20, ref2.tokens.end()), turn2.tokens);
       EXPECT_EQ(std::vector<float>(ref2.logprobs.begin() + 20, ref2.logprobs.end()),
                 turn2.logprobs);
       EXPECT_EQ(fresh.stats().num_continued_requests, 0);
-      expect_no_leak(fresh);
+      expect_all_pages_free(fresh);
     }
   }
 }
@@ -175,16 +159,16 @@ TEST_P(Continuation, APromptThatLeavesTheConversationComputesItAll) {
   const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
   const std::string policy = "snapkv:B=48,W=8";
   Engine engine(config(512, 0), loaded_.model, loaded_.tokenizer);
-  Outcome turn1 = run(engine, {greedy(p1, policy, 20)})[0];
+  Outcome turn1 = run_one(engine, greedy(p1, policy, 20));
   std::vector<TokenId> edited = turn1.tokens;
   edited[5] = edited[5] == 1 ? 2 : 1;
   const std::vector<TokenId> prompt2 = concat(concat(p1, edited), text_tokens(tokenizer, 2000, 80));
-  const Outcome turn2 = run(engine, {greedy(prompt2, policy, 12)})[0];
+  const Outcome turn2 = run_one(engine, greedy(prompt2, policy, 12));
   EXPECT_EQ(engine.stats().num_continued_requests, 0);
   Engine fresh(config(512, 0), loaded_.model, loaded_.tokenizer);
-  EXPECT_EQ(run(fresh, {greedy(prompt2, policy, 12)})[0].tokens, turn2.tokens);
+  EXPECT_EQ(run_one(fresh, greedy(prompt2, policy, 12)).tokens, turn2.tokens);
   EXPECT_EQ(engine.stats().kv.num_parked_seqs, 2);  // turn 1's and the edited one's
-  expect_no_leak(engine);
+  expect_all_pages_free(engine);
 }
 
 TEST_P(Continuation, ParkedPagesGoBackBeforeAnyoneIsPreempted) {
@@ -201,13 +185,13 @@ TEST_P(Continuation, ParkedPagesGoBackBeforeAnyoneIsPreempted) {
   const auto dense_pages = static_cast<int32_t>((long_prompt.size() + 8 + 15) / 16);
   ASSERT_GT(dense_pages, parked.kv.num_pages - parked.kv.num_parked_pages)
       << "the dense request must need parked pages";
-  const Outcome dense = run(engine, {greedy(long_prompt, "full", 8)})[0];
+  const Outcome dense = run_one(engine, greedy(long_prompt, "full", 8));
   EXPECT_FALSE(dense.error);
   EXPECT_EQ(dense.tokens.size(), 8u);
   const EngineStats after = engine.stats();
   EXPECT_EQ(after.num_preemptions, 0);
   EXPECT_GT(after.kv.num_parked_evictions, 0);
-  expect_no_leak(engine);
+  expect_all_pages_free(engine);
 }
 
 TEST_P(Continuation, NoParkingWithAZeroShare) {
@@ -216,12 +200,12 @@ TEST_P(Continuation, NoParkingWithAZeroShare) {
   c.max_parked_share = 0;
   Engine engine(c, loaded_.model, loaded_.tokenizer);
   const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
-  const Outcome turn1 = run(engine, {greedy(p1, "snapkv:B=48,W=8", 10)})[0];
+  const Outcome turn1 = run_one(engine, greedy(p1, "snapkv:B=48,W=8", 10));
   EXPECT_EQ(engine.stats().kv.num_parked_seqs, 0);
-  const Outcome turn2 = run(engine, {greedy(concat(p1, turn1.tokens), "snapkv:B=48,W=8", 10)})[0];
+  const Outcome turn2 = run_one(engine, greedy(concat(p1, turn1.tokens), "snapkv:B=48,W=8", 10));
   EXPECT_EQ(engine.stats().num_continued_requests, 0);
   EXPECT_EQ(turn2.tokens.size(), 10u);
-  expect_no_leak(engine);
+  expect_all_pages_free(engine);
 }
 
 TEST_P(Continuation, ParallelSamplesContinueFromOneParkedState) {
@@ -232,25 +216,14 @@ TEST_P(Continuation, ParallelSamplesContinueFromOneParkedState) {
   const std::vector<TokenId> new2 = text_tokens(tokenizer, 2000, 120);
   const std::string policy = "h2o:B=32,W=16";
   Engine engine(config(512, 0), loaded_.model, loaded_.tokenizer);
-  const Outcome turn1 = run(engine, {greedy(p1, policy, 12)})[0];
+  const Outcome turn1 = run_one(engine, greedy(p1, policy, 12));
   Request turn2 = greedy(concat(concat(p1, turn1.tokens), new2), policy, 10);
   turn2.params.n = 2;
-  std::vector<std::vector<TokenId>> samples(2);
-  auto submitted = engine.submit(turn2, [&](const RequestEvent& event) {
-    samples[event.sample_idx].insert(samples[event.sample_idx].end(), event.tokens.begin(),
-                                     event.tokens.end());
-  });
-  ASSERT_TRUE(std::holds_alternative<RequestId>(submitted));
-  engine.run_until_idle();
-  Engine fresh(config(512, 0), loaded_.model, loaded_.tokenizer);
-  Request reference = greedy(p1, policy, 12 + 10);
-  reference.given_output = turn1.tokens;
-  reference.then_prompt = new2;
-  const Outcome ref = run(fresh, {reference})[0];
-  const std::vector<TokenId> expected(ref.tokens.begin() + 12, ref.tokens.end());
-  EXPECT_EQ(samples[0], expected);
-  EXPECT_EQ(samples[1], expected);  // greedy: the same
-  expect_no_leak(engine);
+  const auto samples = run(engine, {turn2});
+  const std::vector<TokenId> expected = reference_turn2(p1, turn1.tokens, new2, policy, 10);
+  EXPECT_EQ(samples.at({0, 0}).tokens, expected);
+  EXPECT_EQ(samples.at({0, 1}).tokens, expected);  // greedy: the same
+  expect_all_pages_free(engine);
 }
 
 TEST_P(Continuation, ASpeculativeRequestContinuesWithoutDraftsOnItsSparseTarget) {
@@ -261,14 +234,6 @@ TEST_P(Continuation, ASpeculativeRequestContinuesWithoutDraftsOnItsSparseTarget)
   const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
   const std::vector<TokenId> new2 = text_tokens(tokenizer, 2000, 120);
   const std::string policy = "snapkv:B=48,W=8";
-  Engine fresh(config(512, 0), loaded_.model, loaded_.tokenizer);
-  Request reference = greedy(p1, policy, 12 + 16);
-  Engine first(config(512, 0), loaded_.model, loaded_.tokenizer);
-  const Outcome turn1_tokens = run(first, {greedy(p1, policy, 12)})[0];
-  reference.given_output = turn1_tokens.tokens;
-  reference.then_prompt = new2;
-  const Outcome ref = run(fresh, {reference})[0];
-  const std::vector<TokenId> expected(ref.tokens.begin() + 12, ref.tokens.end());
   const std::vector<speculative::SpeculativeConfig> drafts = {
       {.method = speculative::Method::kNgram, .num_speculative_tokens = 4},
       {.method = speculative::Method::kSelfSparse,
@@ -276,18 +241,18 @@ TEST_P(Continuation, ASpeculativeRequestContinuesWithoutDraftsOnItsSparseTarget)
        .kv_policy = sparsity::parse_policy("streaming:S=4,W=16")}};
   for (const speculative::SpeculativeConfig& draft : drafts) {
     Engine engine(config(512, 0), loaded_.model, loaded_.tokenizer);
-    const Outcome turn1 = run(engine, {greedy(p1, policy, 12)})[0];
-    ASSERT_EQ(turn1.tokens, turn1_tokens.tokens);
+    const Outcome turn1 = run_one(engine, greedy(p1, policy, 12));
+    const std::vector<TokenId> expected = reference_turn2(p1, turn1.tokens, new2, policy, 16);
     Request turn2 = greedy(concat(concat(p1, turn1.tokens), new2), policy, 16);
     turn2.speculative = draft;
-    const Outcome out = run(engine, {turn2})[0];
+    const Outcome out = run_one(engine, turn2);
     ASSERT_FALSE(out.error) << *out.error;
     EXPECT_EQ(out.usage.cached_prompt_tokens,
               static_cast<int32_t>(p1.size() + turn1.tokens.size()) - 1)
         << speculative::method_name(draft.method);
     EXPECT_EQ(out.tokens, expected) << speculative::method_name(draft.method);
     EXPECT_EQ(out.usage.spec_draft_tokens, 0) << speculative::method_name(draft.method);
-    expect_no_leak(engine);
+    expect_all_pages_free(engine);
   }
 }
 

@@ -67,6 +67,7 @@ inline std::vector<std::vector<TokenId>> prompts(const tok::Tokenizer& tokenizer
 
 struct Outcome {
   std::vector<TokenId> tokens;
+  std::vector<float> logprobs;  // each token's, where the request asked for them (else 1)
   std::string text;
   std::optional<Finish> finish;
   std::optional<std::string> error;
@@ -82,6 +83,7 @@ inline std::map<std::pair<size_t, int>, Outcome> run(Engine& engine,
     auto submitted = engine.submit(requests[i], [&outcomes, &index](const RequestEvent& event) {
       Outcome& o = outcomes[{index.at(event.request_id), event.sample_idx}];
       o.tokens.insert(o.tokens.end(), event.tokens.begin(), event.tokens.end());
+      for (const SampleResult& r : event.logprobs) o.logprobs.push_back(r.logprob.value_or(1.0f));
       o.text += event.text;
       if (event.finish) {
         o.finish = event.finish;

@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "util/error.h"
+#include "error_of.h"
 
 namespace sieve::testing {
 
@@ -52,17 +52,6 @@ inline void write_bytes(const std::filesystem::path& path, const std::vector<uin
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()),
             static_cast<std::streamsize>(bytes.size()));
-}
-
-// The message of the sieve::Error that action throws (a test failure when it throws none).
-inline std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
 }
 
 }  // namespace sieve::testing

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "gguf/gguf.h"
+#include "error_of.h"
 #include "model/config.h"
 #include "model/loader.h"
 #include "shared_data.h"
@@ -22,15 +23,7 @@
 namespace sieve {
 namespace {
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected an error";
-  return "";
-}
+using testing::error_of;
 
 // A copy of a shared GGUF file with its metadata and tensors edited, written to a temporary file.
 class EditedModel {

@@ -11,10 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "error_of.h"
 #include "util/error.h"
 
 namespace sieve::sparsity {
 namespace {
+
+using sieve::testing::error_of;
 
 CalibrationProfile sample_profile() {
   CalibrationProfile p;
@@ -32,16 +35,6 @@ std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
           (name + "." + std::to_string(::getpid()) + ".json"))
       .string();
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Calibration, SaveLoadRoundTripsExactly) {

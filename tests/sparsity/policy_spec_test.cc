@@ -11,21 +11,13 @@
 #include "sparsity/controller.h"
 
 #include "sparsity/calibration.h"
+#include "error_of.h"
 #include "util/error.h"
 
 namespace sieve::sparsity {
 namespace {
 
-// The message of the sieve::Error that f throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using sieve::testing::error_of;
 
 TEST(PolicySpec, ParsesEveryLeafPolicyWithItsParameters) {
   EXPECT_EQ(parse_policy("full"), (PolicySpec{FullSpec{}}));
