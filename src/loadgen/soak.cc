@@ -445,26 +445,6 @@ struct Answer {
   std::string error;  // empty when a response arrived
 };
 
-Answer get(const SoakState& s, const std::string& path, double timeout_s);
-
-// The served model's layers and KV heads, from /v1/models (sieve's "sieve" object); a server
-// that does not say gets the default shape.
-ModelShape served_model_shape(const SoakState& s) {
-  const Answer models = get(s, "/v1/models", 10);
-  ModelShape shape;
-  if (!models.error.empty() || models.status != 200) return shape;
-  const nlohmann::json body = nlohmann::json::parse(models.body, nullptr, false);
-  const nlohmann::json* card =
-      body.is_object() && body.contains("data") && body["data"].is_array() && !body["data"].empty()
-          ? &body["data"][0]
-          : nullptr;
-  if (!card || !card->contains("sieve") || !(*card)["sieve"].is_object()) return shape;
-  const nlohmann::json& sieve = (*card)["sieve"];
-  if (sieve.value("num_layers", 0) > 0) shape.num_layers = sieve["num_layers"].get<int64_t>();
-  if (sieve.value("num_kv_heads", 0) > 0) shape.num_kv_heads = sieve["num_kv_heads"].get<int64_t>();
-  return shape;
-}
-
 Answer get(const SoakState& s, const std::string& path, double timeout_s) {
   const Clock::time_point deadline = after(timeout_s);
   auto opened = RawConnection::open(s.url, deadline);
@@ -484,6 +464,24 @@ Answer get(const SoakState& s, const std::string& path, double timeout_s) {
     }
     answer.body += read.bytes;
   }
+}
+
+// The served model's layers and KV heads, from /v1/models (sieve's "sieve" object); a server
+// that does not say gets the default shape.
+ModelShape served_model_shape(const SoakState& s) {
+  const Answer models = get(s, "/v1/models", 10);
+  ModelShape shape;
+  if (!models.error.empty() || models.status != 200) return shape;
+  const nlohmann::json body = nlohmann::json::parse(models.body, nullptr, false);
+  const nlohmann::json* card =
+      body.is_object() && body.contains("data") && body["data"].is_array() && !body["data"].empty()
+          ? &body["data"][0]
+          : nullptr;
+  if (!card || !card->contains("sieve") || !(*card)["sieve"].is_object()) return shape;
+  const nlohmann::json& sieve = (*card)["sieve"];
+  if (sieve.value("num_layers", 0) > 0) shape.num_layers = sieve["num_layers"].get<int64_t>();
+  if (sieve.value("num_kv_heads", 0) > 0) shape.num_kv_heads = sieve["num_kv_heads"].get<int64_t>();
+  return shape;
 }
 
 void run_health_probe(SoakState& s) {

@@ -20,6 +20,17 @@ namespace sieve::kernels {
 
 namespace {
 
+// fn(begin, end) over groups [0, num_groups): on the pool's threads where there is a pool of more
+// than one, else here.
+template <class Fn>
+void for_groups(ThreadPool* pool, int64_t num_groups, const Fn& fn) {
+  if (pool == nullptr || pool->num_threads() == 1) {
+    fn(0, num_groups);
+  } else {
+    pool->parallel_for(num_groups, fn);
+  }
+}
+
 // The packed copy of w: groups of 16 rows, per group and block (block_bytes(w.dtype) bytes of a
 // row, block_cols columns) packed_bytes bytes, all `fill` at first. pack_block(block, out, lane)
 // writes row `lane`'s share of the group's packed block `out`; rows run on the pool's threads
@@ -41,11 +52,7 @@ PackedBytes pack_blocks(const MatrixView& w, int64_t block_cols, int64_t packed_
         pack_block(row + b * block_size, packed.data() + (g * num_blocks + b) * packed_bytes, lane);
     }
   };
-  if (pool == nullptr || pool->num_threads() == 1) {
-    pack_groups(0, num_groups);
-  } else {
-    pool->parallel_for(num_groups, pack_groups);
-  }
+  for_groups(pool, num_groups, pack_groups);
   return packed;
 }
 
@@ -77,11 +84,7 @@ PackedBytes pack_floats(const MatrixView& w, ThreadPool* pool) {
       }
     }
   };
-  if (pool == nullptr || pool->num_threads() == 1) {
-    pack_groups(0, num_groups);
-  } else {
-    pool->parallel_for(num_groups, pack_groups);
-  }
+  for_groups(pool, num_groups, pack_groups);
   return packed;
 }
 
