@@ -250,6 +250,7 @@ void Engine::admit() {
     sample->then_prompt = std::move(p->request.then_prompt);
     const int32_t max_new = *p->request.params.max_tokens;
     const int32_t continued = continue_parked(seq, *sample, p->request.prompt);
+    sample->continued_prompt_tokens = continued;
     scheduler_.add(
         seq, std::move(p->request.prompt), max_new,
         {.max_pages = sample->sparsity ? std::optional(p->sparse.pages_needed) : std::nullopt,
@@ -340,6 +341,26 @@ int32_t Engine::continue_parked(sched::SeqId seq, Sample& sample, std::span<cons
   return hit->num_tokens;
 }
 
+void Engine::serve_prefix_cache_resets() {
+  std::vector<ResetSink> asks;
+  bool idle = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (prefix_cache_resets_.empty()) return;
+    asks.swap(prefix_cache_resets_);
+    idle = pending_.empty() && cancelled_.empty();
+  }
+  const bool reset = idle && scheduler_.idle() && kv_.reset_prefix_cache();
+  forget_evicted_parked();
+  for (ResetSink& done : asks) done(reset);
+}
+
+void Engine::request_prefix_cache_reset(ResetSink done) {
+  std::lock_guard lock(mutex_);
+  prefix_cache_resets_.push_back(std::move(done));
+  work_available_.notify_one();
+}
+
 void Engine::forget_evicted_parked() {
   for (sched::SeqId seq : kv_.take_evicted_parked()) {
     parked_.erase(seq);
@@ -362,6 +383,7 @@ std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) 
     sample->first_scheduled = first.first_scheduled;
     sample->timings.queue_seconds = first.timings.queue_seconds;
     sample->cached_prompt_tokens = first.cached_prompt_tokens;
+    sample->continued_prompt_tokens = first.continued_prompt_tokens;
     // A sparse parent's child has its keys, so it continues from its policies' state.
     if (first.sparsity)
       sample->sparsity = std::make_unique<sparsity::SparsityController>(*first.sparsity);
@@ -469,6 +491,7 @@ bool Engine::step() {
   apply_cancellations();
   // Between steps, finished and cancelled sequences gone: a consistent view for snapshots.
   if (snapshots_.asked()) snapshots_.serve();
+  serve_prefix_cache_resets();
   speculative_.propose(samples_);
   sched::ScheduleOutput out = scheduler_.schedule();
   restart_preempted(out.preempted);
@@ -533,7 +556,8 @@ void Engine::start() {
       if (step()) continue;
       std::unique_lock lock(mutex_);
       work_available_.wait_for(lock, std::chrono::milliseconds(50), [&] {
-        return stop_requested_ || !pending_.empty() || !cancelled_.empty() || snapshots_.asked();
+        return stop_requested_ || !pending_.empty() || !cancelled_.empty() ||
+               !prefix_cache_resets_.empty() || snapshots_.asked();
       });
     }
   });
@@ -549,6 +573,7 @@ void Engine::stop() {
     loop_.join();
   }
   snapshots_.serve();  // nothing steps now: answer what was asked meanwhile
+  serve_prefix_cache_resets();
 }
 
 EngineStats Engine::stats() const {

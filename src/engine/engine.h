@@ -26,7 +26,8 @@
 //                                     policies let go
 //   finished or cancelled ──► Scheduler::finish ──► pages back to the pool in the same step
 //
-// Threading: submit(), cancel() and request_kv_snapshot() may be called from any thread;
+// Threading: submit(), cancel(), request_kv_snapshot() and request_prefix_cache_reset() may be
+// called from any thread;
 // step() runs on one thread (the caller's, or the engine's own loop after start()). Event sinks
 // are called on that thread and must not block.
 #include <atomic>
@@ -124,6 +125,13 @@ class Engine {
   // one, and such asks get it at once, on the calling thread: at most one step old.
   void request_kv_snapshot(KvSnapshotQuery query, KvSnapshotSink done);
   static constexpr std::chrono::seconds kSnapshotWatchWindow = KvSnapshots::kWatchWindow;
+  // vLLM's reset_prefix_cache: frees the parked conversations and forgets every cached prefix
+  // block, so that what comes next starts cold (a benchmark's first round, a soak's references).
+  // Only while no request is queued or runs; otherwise nothing changes and `done` gets false.
+  // Any thread; `done` is called once, on the stepping thread at the next step boundary (an idle
+  // loop wakes for it) or by stop(), and must not block.
+  using ResetSink = std::function<void(bool reset)>;
+  void request_prefix_cache_reset(ResetSink done);
   // Throws sieve::Error naming the problem if `policy` cannot run on this engine (e.g. lserve
   // without a calibration profile): a server checks its default policy once at start.
   void check_policy(const sparsity::PolicySpec& policy) const { (void)sparsity_.resolve(policy); }
@@ -169,6 +177,7 @@ class Engine {
   static uint64_t parking_key(const Sample& sample);
   int32_t continue_parked(sched::SeqId seq, Sample& sample, std::span<const TokenId> prompt);
   void forget_evicted_parked();
+  void serve_prefix_cache_resets();
   // Runs the output stage over the sampled tokens, keeps the accepted drafts it let through,
   // appends the last sampled token and sends the event (finishing the sample if it stopped).
   void emit_tokens(sched::SeqId seq, Sample& sample, std::span<SampleResult> results,
@@ -205,6 +214,7 @@ class Engine {
   std::condition_variable work_available_;
   std::vector<std::unique_ptr<PendingRequest>> pending_;
   std::vector<RequestId> cancelled_;
+  std::vector<ResetSink> prefix_cache_resets_;
   std::atomic<RequestId> next_request_id_{1};
   EngineStats published_stats_;
 

@@ -96,6 +96,7 @@ void OutputStage::finish(sched::SeqId seq, Sample& sample, RequestEvent& event) 
   event.usage = {.prompt_tokens = sample.num_prompt_tokens,
                  .completion_tokens = scheduler_.num_output_tokens(seq),
                  .cached_prompt_tokens = sample.cached_prompt_tokens,
+                 .continued_prompt_tokens = sample.continued_prompt_tokens,
                  .kv_pages = kv_pages,
                  .kv_dense_pages = kv_dense_pages,
                  .kv_bytes = kv_pages * kv_bytes_per_page_,

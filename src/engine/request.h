@@ -53,6 +53,8 @@ struct Usage {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;
+  // Of those, the tokens taken over from a parked compressed state (a next turn).
+  int32_t continued_prompt_tokens = 0;
   // KV pages the sequence held when it finished, and what the same tokens take dense; the same
   // in bytes (pages x the cache's bytes per page: its dtype's).
   int32_t kv_pages = 0;

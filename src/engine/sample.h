@@ -43,6 +43,8 @@ struct Sample {
   Clock::time_point arrival;
   std::optional<Clock::time_point> first_scheduled;
   int32_t cached_prompt_tokens = 0;
+  // Of those, the tokens taken over from a parked compressed state (a next turn).
+  int32_t continued_prompt_tokens = 0;
   Timings timings;
   std::optional<int32_t> prompt_logprobs;
   std::vector<SampleResult> prompt_rows;

@@ -37,6 +37,15 @@ struct SoakState {
   ServerUrl url;
   std::vector<SoakRequest> catalogue;
   std::vector<std::vector<std::string>> references;  // [catalogue idx][choice idx] text
+  // A catalogue request (n = 1) and its next turn, with the next turn's two references.
+  struct Conversation {
+    size_t first = 0;  // catalogue idx
+    SoakRequest next;
+    std::vector<std::string> cold;       // served after POST /reset_prefix_cache
+    std::vector<std::string> continued;  // served right after the first turn
+    int64_t continued_tokens = 0;        // what that one continued (0: nothing parked)
+  };
+  std::vector<Conversation> conversations;
   Clock::time_point deadline;
   std::atomic<bool> load_done{false};
 
@@ -77,6 +86,8 @@ struct StreamResult {
   std::optional<double> ttft_ms;
   std::vector<std::string> texts;  // [choice idx]
   bool logprobs_seen = false;
+  // usage.kv_cache.continued_tokens (sieve's): prompt tokens taken over from a parked state.
+  std::optional<int64_t> continued_tokens;
 };
 
 // The status outcome of an answer other than 200; 429 and 503 are the server asking clients to
@@ -106,6 +117,13 @@ bool take_event(const std::string& data, ApiEndpoint endpoint, StreamResult& r, 
   if (!chunk.is_object() || chunk.contains("error")) {
     r.outcome = "error in stream: " + excerpt(data, 80);
     return false;
+  }
+  if (chunk.contains("usage") && chunk["usage"].is_object()) {
+    const nlohmann::json& usage = chunk["usage"];
+    if (usage.contains("kv_cache") && usage["kv_cache"].is_object() &&
+        usage["kv_cache"].contains("continued_tokens") &&
+        usage["kv_cache"]["continued_tokens"].is_number_integer())
+      r.continued_tokens = usage["kv_cache"]["continued_tokens"].get<int64_t>();
   }
   if (!chunk.contains("choices") || !chunk["choices"].is_array()) return true;
   for (const nlohmann::json& choice : chunk["choices"]) {
@@ -203,28 +221,72 @@ StreamResult stream_request(const SoakState& s, const SoakRequest& request,
   }
 }
 
-void run_normal(SoakState& s, std::mt19937_64& rng) {
-  const size_t idx = std::uniform_int_distribution<size_t>(0, s.catalogue.size() - 1)(rng);
-  const SoakRequest& request = s.catalogue[idx];
+// A normal request of `kind` served under load, counted; with logprobs asked for, a completed one
+// without them fails.
+StreamResult serve_normal(SoakState& s, const SoakRequest& request, const std::string& kind) {
   StreamResult r = stream_request(s, request, {});
   if (r.completed && request.logprobs && !r.logprobs_seen) {
     r.outcome = "completed without the logprobs asked for";
     r.failed = true;
   }
   std::lock_guard lock(s.mutex);
-  ++s.report.outcomes["normal"][r.outcome];
+  ++s.report.outcomes[kind][r.outcome];
   if (r.failed) ++s.report.normal_failures;
   if (r.ttft_ms) s.ttft_ms.push_back(*r.ttft_ms);
-  if (!r.completed) return;
+  return r;
+}
+
+// Compares a completed greedy request's texts with its reference; under s.mutex.
+bool check_greedy(SoakState& s, const std::string& label, const std::vector<std::string>& want,
+                  const std::vector<std::string>& got) {
   ++s.report.greedy_checked;
-  if (r.texts == s.references[idx]) return;
+  if (got == want) return true;
   ++s.report.greedy_mismatches;
-  if (s.report.mismatch_examples.size() >= kMaxMismatchExamples) return;
+  if (s.report.mismatch_examples.size() >= kMaxMismatchExamples) return false;
   size_t choice = 0;
-  while (choice + 1 < r.texts.size() && r.texts[choice] == s.references[idx][choice]) ++choice;
+  while (choice + 1 < got.size() && choice + 1 < want.size() && got[choice] == want[choice])
+    ++choice;
   s.report.mismatch_examples.push_back(
-      fmt::format("{} (choice {}): alone '{}', under load '{}'", request.label(), choice,
-                  excerpt(s.references[idx][choice], 100), excerpt(r.texts[choice], 100)));
+      fmt::format("{} (choice {}): reference '{}', under load '{}'", label, choice,
+                  excerpt(choice < want.size() ? want[choice] : "", 100),
+                  excerpt(choice < got.size() ? got[choice] : "", 100)));
+  return false;
+}
+
+void run_normal(SoakState& s, std::mt19937_64& rng) {
+  const size_t idx = std::uniform_int_distribution<size_t>(0, s.catalogue.size() - 1)(rng);
+  const SoakRequest& request = s.catalogue[idx];
+  const StreamResult r = serve_normal(s, request, "normal");
+  if (!r.completed) return;
+  std::lock_guard lock(s.mutex);
+  check_greedy(s, request.label(), s.references[idx], r.texts);
+}
+
+// A first turn and, when it answered as alone, its next turn: compared with the reference of
+// the state it continued from, as the server reports it.
+void run_conversation(SoakState& s, std::mt19937_64& rng) {
+  const SoakState::Conversation& c =
+      s.conversations[std::uniform_int_distribution<size_t>(0, s.conversations.size() - 1)(rng)];
+  const SoakRequest& first = s.catalogue[c.first];
+  const StreamResult r1 = serve_normal(s, first, "conversation");
+  if (!r1.completed) return;
+  {
+    std::lock_guard lock(s.mutex);
+    if (!check_greedy(s, first.label(), s.references[c.first], r1.texts)) return;
+  }
+  const StreamResult r2 = serve_normal(s, c.next, "conversation");
+  if (!r2.completed) return;
+  std::lock_guard lock(s.mutex);
+  const int64_t continued = r2.continued_tokens.value_or(0);
+  if (continued > 0 && continued == c.continued_tokens) {
+    ++s.report.next_turns_continued;
+    check_greedy(s, c.next.label() + ", continued", c.continued, r2.texts);
+  } else if (continued == 0) {
+    ++s.report.next_turns_cold;
+    check_greedy(s, c.next.label() + ", cold", c.cold, r2.texts);
+  } else {
+    ++s.report.next_turns_elsewhere;
+  }
 }
 
 void run_disconnect(SoakState& s, std::mt19937_64& rng) {
@@ -445,13 +507,16 @@ struct Answer {
   std::string error;  // empty when a response arrived
 };
 
-Answer get(const SoakState& s, const std::string& path, double timeout_s) {
+// A plain request (`body` empty: none) on a fresh connection, read to its end.
+Answer ask(const SoakState& s, const std::string& method, const std::string& path,
+           const std::string& body, double timeout_s) {
   const Clock::time_point deadline = after(timeout_s);
   auto opened = RawConnection::open(s.url, deadline);
   if (auto* reason = std::get_if<std::string>(&opened)) return {.error = *reason};
   RawConnection& connection = *std::get<0>(opened);
   if (auto error = connection.send(
-          http_request("GET", s.url.path_prefix + path, s.url, "", s.headers(false)), deadline))
+          http_request(method, s.url.path_prefix + path, s.url, body, s.headers(!body.empty())),
+          deadline))
     return {.error = *error};
   auto head = connection.read_head(deadline);
   if (auto* reason = std::get_if<std::string>(&head)) return {.error = *reason};
@@ -464,6 +529,10 @@ Answer get(const SoakState& s, const std::string& path, double timeout_s) {
     }
     answer.body += read.bytes;
   }
+}
+
+Answer get(const SoakState& s, const std::string& path, double timeout_s) {
+  return ask(s, "GET", path, "", timeout_s);
 }
 
 // The served model's layers and KV heads, from /v1/models (sieve's "sieve" object); a server
@@ -501,6 +570,47 @@ void run_health_probe(SoakState& s) {
     }
     std::this_thread::sleep_until(start + std::chrono::milliseconds(500));
   }
+}
+
+// A greedy request served alone for a reference; throws when it fails.
+StreamResult serve_reference(const SoakState& s, const SoakRequest& request) {
+  StreamResult r = stream_request(s, request, {});
+  if (!r.completed)
+    fail("the reference request '{}' served alone failed: {}", request.label(), r.outcome);
+  return r;
+}
+
+// Each catalogue request of one answer gets a next turn, served cold (the server's prefix cache
+// and parked conversations dropped first) and then right after its first turn again.
+void serve_conversation_references(SoakState& s) {
+  for (size_t idx = 0; idx < s.catalogue.size(); ++idx) {
+    const SoakRequest& first = s.catalogue[idx];
+    if (first.n != 1) continue;
+    SoakState::Conversation c{
+        .first = idx, .next = next_turn(first, s.references[idx][0], s.conversations.size())};
+    // POST without a body: the path is vLLM's (sieve answers 409 while requests run).
+    const Answer reset = ask(s, "POST", "/reset_prefix_cache", "", 30);
+    if (!reset.error.empty() || reset.status != 200) {
+      fail(
+          "POST /reset_prefix_cache did not answer 200 ({}): the soak's conversations need a "
+          "cold server for their references",
+          reset.error.empty() ? fmt::format("http {}: {}", reset.status, excerpt(reset.body, 80))
+                              : reset.error);
+    }
+    c.cold = serve_reference(s, c.next).texts;
+    if (serve_reference(s, first).texts != s.references[idx])
+      fail("the reference request '{}' answered differently the second time", first.label());
+    const StreamResult continued = serve_reference(s, c.next);
+    c.continued = continued.texts;
+    c.continued_tokens = continued.continued_tokens.value_or(0);
+    if (c.continued_tokens > 0) {
+      ++s.report.conversation_references_continued;
+    } else {  // no parked state (`full`, a stop string cut the answer): prefix-cache hits only
+      check_greedy(s, c.next.label() + ", after its first turn", c.cold, c.continued);
+    }
+    s.conversations.push_back(std::move(c));
+  }
+  s.report.num_conversations = static_cast<int64_t>(s.conversations.size());
 }
 
 // The value of an unlabelled-or-labelled gauge in Prometheus text, summed over its series.
@@ -548,9 +658,14 @@ nlohmann::json SoakRequest::body() const {
                          {"temperature", 0.0},
                          {"max_tokens", max_tokens}};
   if (endpoint == ApiEndpoint::kChat) {
-    body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", prompt}}});
+    body["messages"] = nlohmann::json::array();
+    if (earlier) {
+      body["messages"].push_back({{"role", "user"}, {"content", earlier->prompt}});
+      body["messages"].push_back({{"role", "assistant"}, {"content", earlier->answer}});
+    }
+    body["messages"].push_back({{"role", "user"}, {"content", prompt}});
   } else {
-    body["prompt"] = prompt;
+    body["prompt"] = earlier ? earlier->prompt + earlier->answer + prompt : prompt;
   }
   if (n > 1) body["n"] = n;
   if (logprobs) {
@@ -568,6 +683,7 @@ nlohmann::json SoakRequest::body() const {
 
 std::string SoakRequest::label() const {
   std::string out = endpoint == ApiEndpoint::kChat ? "chat" : "completions";
+  if (earlier) out += " next turn";
   out += fmt::format(" max_tokens={}", max_tokens);
   if (n > 1) out += fmt::format(" n={}", n);
   if (logprobs) out += " logprobs";
@@ -627,6 +743,17 @@ std::vector<SoakRequest> soak_catalogue(const ModelShape& shape) {
   return catalogue;
 }
 
+SoakRequest next_turn(const SoakRequest& first, std::string answer, size_t k) {
+  SoakRequest next = first;
+  next.earlier = SoakRequest::EarlierTurn{.prompt = first.prompt, .answer = std::move(answer)};
+  next.prompt =
+      first.endpoint == ApiEndpoint::kChat ? "And then what did they do?" : " The next day, they";
+  next.n = k % 3 == 1 ? 2 : 1;
+  next.logprobs = k % 2 == 0;
+  next.stop.clear();
+  return next;
+}
+
 LatencySummary summarize_latency(std::vector<double> values_ms) {
   LatencySummary out;
   if (values_ms.empty()) return out;
@@ -646,7 +773,7 @@ std::vector<std::string> SoakReport::failures() const {
                     "timeout)",
                     normal_failures));
   if (greedy_mismatches > 0)
-    out.push_back(fmt::format("{} greedy request(s) differ from the same request served alone",
+    out.push_back(fmt::format("{} greedy request(s) differ from their reference (served alone)",
                               greedy_mismatches));
   if (!kv_pages_used_after) {
     out.push_back("/metrics did not answer after the run (is the server alive?)");
@@ -671,6 +798,7 @@ SoakReport run_soak(const SoakConfig& config) {
     s.references.push_back(r.texts);
   }
   s.report.num_references = static_cast<int64_t>(s.references.size());
+  serve_conversation_references(s);
 
   const Clock::time_point load_start = Clock::now();
   s.deadline = after(config.duration_s);
@@ -679,17 +807,23 @@ SoakReport run_soak(const SoakConfig& config) {
   for (int c = 0; c < config.num_clients; ++c) {
     threads.emplace_back([&s, c] {
       std::mt19937_64 rng(s.config.seed * 1000003 + static_cast<uint64_t>(c));
-      // With abuse: 70% normal, 12% disconnects, 8% cancellations, 10% malformed.
-      std::discrete_distribution<int> action({70, 12, 8, 10});
+      // 80% normal, 20% conversations; with abuse: 55% normal, 15% conversations, 12%
+      // disconnects, 8% cancellations, 10% malformed.
+      std::discrete_distribution<int> action =
+          s.config.abuse ? std::discrete_distribution<int>({55, 15, 12, 8, 10})
+                         : std::discrete_distribution<int>({80, 20});
       while (Clock::now() < s.deadline) {
-        switch (s.config.abuse ? action(rng) : 0) {
+        switch (action(rng)) {
           case 0:
             run_normal(s, rng);
             break;
           case 1:
-            run_disconnect(s, rng);
+            run_conversation(s, rng);
             break;
           case 2:
+            run_disconnect(s, rng);
+            break;
+          case 3:
             run_cancel(s, rng);
             break;
           default:
@@ -723,8 +857,12 @@ std::string format_soak_report(const SoakConfig& config, const SoakReport& repor
                        config.num_slow_readers);
   }
   out += fmt::format(", seed {}\n", config.seed);
-  out += fmt::format("references: {} distinct greedy requests, each served alone first\n\n",
+  out += fmt::format("references: {} distinct greedy requests, each served alone first\n",
                      report.num_references);
+  out += fmt::format(
+      "           {} next turns, each cold and after its first turn ({} continued its parked "
+      "state)\n\n",
+      report.num_conversations, report.conversation_references_continued);
   out += "outcomes\n";
   for (const auto& [kind, outcomes] : report.outcomes) {
     bool first = true;
@@ -747,9 +885,13 @@ std::string format_soak_report(const SoakConfig& config, const SoakReport& repor
         "(max)\n",
         l.p50_ms / 1e3, l.max_ms / 1e3);
   }
-  out += fmt::format("greedy: {} completed normal requests compared, {} differ from alone\n",
+  out += fmt::format("greedy: {} completed requests compared with their references, {} differ\n",
                      report.greedy_checked, report.greedy_mismatches);
   for (const std::string& example : report.mismatch_examples) out += "  " + example + "\n";
+  out += fmt::format(
+      "next turns: {} continued a parked state and {} ran cold, compared with those references; "
+      "{} continued another state (not compared)\n",
+      report.next_turns_continued, report.next_turns_cold, report.next_turns_elsewhere);
   const auto show = [](const std::optional<int64_t>& v) {
     return v ? std::to_string(*v) : std::string("?");
   };
@@ -786,6 +928,12 @@ nlohmann::json soak_report_json(const SoakConfig& config, const SoakReport& repo
       {"health", latency(report.health)},
       {"health_failures", report.health_failures},
       {"slow_loris_held", latency(report.slow_loris_held)},
+      {"conversations",
+       {{"references", report.num_conversations},
+        {"references_continued", report.conversation_references_continued},
+        {"next_turns_continued", report.next_turns_continued},
+        {"next_turns_cold", report.next_turns_cold},
+        {"next_turns_elsewhere", report.next_turns_elsewhere}}},
       {"greedy_checked", report.greedy_checked},
       {"greedy_mismatches", report.greedy_mismatches},
       {"mismatch_examples", report.mismatch_examples},

@@ -3,11 +3,18 @@
 // normal greedy requests of every kind mixed with hostile ones, and a check that nothing was
 // lost. Not a benchmark: it counts outcomes and compares texts.
 //
-//   references: each distinct greedy request of the catalogue, served alone, in order
+//   references: each distinct greedy request of the catalogue, served alone, in order; then
+//                each conversation's next turn twice: cold (after POST /reset_prefix_cache) and
+//                right after its first turn (continuing the first turn's parked compressed state,
+//                or its prefix-cache pages with `full`)
 //   load, until the deadline:
 //     num_clients threads, each request drawn from
 //       normal       a catalogue request (completions or chat, n > 1, logprobs, stop strings, a
 //                    kv_policy); a completed one must equal its reference text, every choice
+//       conversation a catalogue request, then its next turn (the prompt and answer resent with a
+//                    new question): the first must equal its reference; the next one its
+//                    continued reference if the server says it continued as many tokens
+//                    (usage.kv_cache.continued_tokens), its cold one if it continued none
 //       disconnect   a normal request closed after 1..24 text chunks           (abuse only)
 //       cancel       a normal request closed before or right after its first chunk (abuse only)
 //       malformed    invalid JSON, wrong types, a too-short Content-Length, garbage bytes, a
@@ -58,6 +65,13 @@ struct SoakRequest {
   bool logprobs = false;
   std::vector<std::string> stop;
   std::string kv_policy;  // as the JSON "kv_policy" string
+  // A next turn: the earlier prompt and its answer come before `prompt` (chat: user and
+  // assistant messages; completions: the three texts concatenated).
+  struct EarlierTurn {
+    std::string prompt;
+    std::string answer;
+  };
+  std::optional<EarlierTurn> earlier;
 
   nlohmann::json body() const;  // streaming, temperature 0, usage included
   std::string label() const;    // e.g. "chat n=2 logprobs snapkv:B=32,W=16"
@@ -75,6 +89,10 @@ struct ModelShape {
 // tokens or more.
 std::vector<SoakRequest> soak_catalogue(const ModelShape& shape);
 
+// The next turn of catalogue request `first` (n = 1) once it answered `answer`; n = 2 and logprobs
+// on some of them (`k`: the conversation's number, which spreads them).
+SoakRequest next_turn(const SoakRequest& first, std::string answer, size_t k);
+
 struct LatencySummary {
   int64_t count = 0;
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
@@ -91,6 +109,14 @@ struct SoakReport {
   int64_t health_failures = 0;
   LatencySummary slow_loris_held;  // from opening to the server's close, of those it closed
   int64_t greedy_checked = 0;      // completed normal requests compared with their reference
+  // Conversations: references whose next turn continued (of num_conversations); next turns under
+  // load compared with their continued and cold references, and those that continued from some
+  // other point (not compared).
+  int64_t num_conversations = 0;
+  int64_t conversation_references_continued = 0;
+  int64_t next_turns_continued = 0;
+  int64_t next_turns_cold = 0;
+  int64_t next_turns_elsewhere = 0;
   int64_t greedy_mismatches = 0;
   std::vector<std::string> mismatch_examples;  // a few, for the report
   int64_t normal_failures = 0;

@@ -37,7 +37,8 @@ json UsageTotals::to_json() const {
   json kv_cache = {{"pages", kv_pages},
                    {"dense_pages", kv_dense_pages},
                    {"bytes", kv_bytes},
-                   {"dense_bytes", kv_dense_bytes}};
+                   {"dense_bytes", kv_dense_bytes},
+                   {"continued_tokens", continued_tokens}};
   if (recovery_count > 0) kv_cache["attention_recovery"] = recovery_sum / recovery_count;
   json out = {{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},

@@ -45,9 +45,10 @@ struct UsageTotals {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
-  int64_t kv_pages = 0;        // pages the sequences held at the end (extension)
-  int64_t kv_dense_pages = 0;  // what the same tokens take with the full cache
-  int64_t kv_bytes = 0;        // the same two in bytes (of the server's KV dtype)
+  int64_t continued_tokens = 0;  // of cached_tokens, from a parked compressed state (extension)
+  int64_t kv_pages = 0;          // pages the sequences held at the end (extension)
+  int64_t kv_dense_pages = 0;    // what the same tokens take with the full cache
+  int64_t kv_bytes = 0;          // the same two in bytes (of the server's KV dtype)
   int64_t kv_dense_bytes = 0;
   double recovery_sum = 0.0;  // attention recovery of the scored sequences, summed
   int64_t recovery_count = 0;

@@ -134,6 +134,7 @@ void HttpServer::apply(Exchange& ex, const engine::RequestEvent& event) {
   if (event.sample_idx == 0) {  // the prompt is shared by the request's samples: count it once
     ex.usage.prompt_tokens += event.usage.prompt_tokens;
     ex.usage.cached_tokens += event.usage.cached_prompt_tokens;
+    ex.usage.continued_tokens += event.usage.continued_prompt_tokens;
   }
   SequenceRecord record{
       .finished_reason = std::string(engine::finish_reason_name(event.finish->reason)),

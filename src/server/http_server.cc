@@ -262,6 +262,7 @@ const HttpServer::Route HttpServer::kRoutes[] = {
     {"GET", "/v1/models", &HttpServer::serve_models, Runs::kAtOnce},
     {"GET", "/v1/models/*", &HttpServer::serve_model, Runs::kAtOnce},
     {"GET", "/v1/kv/state", &HttpServer::serve_kv_state, Runs::kAtOnce},
+    {"POST", "/reset_prefix_cache", &HttpServer::serve_reset_prefix_cache, Runs::kAtOnce},
     {"POST", "/tokenize", &HttpServer::serve_tokenize, Runs::kOnWorker},
     {"POST", "/detokenize", &HttpServer::serve_detokenize, Runs::kOnWorker},
     {"POST", "/v1/completions", &HttpServer::serve_completions, Runs::kOnWorker},
@@ -407,6 +408,29 @@ void HttpServer::serve_kv_state(const HttpRequest& request,
                                           .headers = headers});
         });
       });
+}
+
+// vLLM's route: the next requests start cold (no prefix hit, no parked conversation). 409 while
+// requests are in flight: their pages stay cached, and nothing is dropped.
+void HttpServer::serve_reset_prefix_cache(const HttpRequest& request,
+                                          const std::shared_ptr<Responder>& responder) {
+  HttpHeaders headers = cors_headers(request);
+  backend()->engine->request_prefix_cache_reset([responder,
+                                                 headers = std::move(headers)](bool reset) {
+    responder->post([responder, headers, reset] {
+      const json body = reset ? json{{"reset", true}}
+                              : ApiError{.status = 409,
+                                         .message =
+                                             "requests are in flight: the prefix cache is reset "
+                                             "only while no request is queued or runs",
+                                         .type = "ConflictError"}
+                                    .to_json();
+      responder->respond(HttpResponse{.status = reset ? 200 : 409,
+                                      .content_type = kJsonType,
+                                      .body = dump_json(body),
+                                      .headers = headers});
+    });
+  });
 }
 
 void HttpServer::serve_tokenize(const HttpRequest& request,

@@ -138,6 +138,8 @@ class HttpServer {
   void serve_models(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
   void serve_model(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
   void serve_kv_state(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
+  void serve_reset_prefix_cache(const HttpRequest& request,
+                                const std::shared_ptr<Responder>& responder);
   void serve_tokenize(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
   void serve_detokenize(const HttpRequest& request, const std::shared_ptr<Responder>& responder);
   void serve_completions(const HttpRequest& request, const std::shared_ptr<Responder>& responder);

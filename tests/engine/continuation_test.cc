@@ -208,6 +208,54 @@ TEST_P(Continuation, NoParkingWithAZeroShare) {
   expect_all_pages_free(engine);
 }
 
+TEST_P(Continuation, AResetOfThePrefixCacheDropsParkedStatesOnlyWhenIdle) {
+  // POST /reset_prefix_cache's engine side: refused (nothing changed) while a request is queued
+  // or runs; when idle, the parked state is gone and the next turn is computed cold, equal to a
+  // fresh engine's.
+  const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
+  const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 420);
+  const std::string policy = "snapkv:B=48,W=8";
+  Engine engine(config(512, 0), loaded_.model, loaded_.tokenizer);
+  const Outcome turn1 = run_one(engine, greedy(p1, policy, 12));
+  const std::vector<TokenId> prompt2 =
+      concat(concat(p1, turn1.tokens), text_tokens(tokenizer, 2000, 80));
+  std::vector<bool> answers;
+  const auto ask_reset = [&] {
+    engine.request_prefix_cache_reset([&](bool reset) { answers.push_back(reset); });
+  };
+
+  Outcome running;
+  ASSERT_TRUE(std::holds_alternative<RequestId>(engine.submit(
+      greedy(text_tokens(tokenizer, 3000, 200), policy, 4), [&](const RequestEvent& event) {
+        running.tokens.insert(running.tokens.end(), event.tokens.begin(), event.tokens.end());
+      })));
+  ask_reset();
+  engine.step();
+  ASSERT_EQ(answers, std::vector<bool>{false});
+  engine.run_until_idle();
+  EXPECT_EQ(running.tokens.size(), 4u);
+  EXPECT_EQ(engine.stats().kv.num_parked_seqs, 2) << "turn 1's and the other request's";
+
+  ask_reset();
+  engine.step();
+  ASSERT_EQ(answers, (std::vector<bool>{false, true}));
+  EXPECT_EQ(engine.stats().kv.num_parked_seqs, 0);
+  expect_all_pages_free(engine);
+  const Outcome cold = run_one(engine, greedy(prompt2, policy, 10));
+  EXPECT_EQ(cold.usage.cached_prompt_tokens, 0);
+  EXPECT_EQ(cold.usage.continued_prompt_tokens, 0);
+  Engine fresh(config(512, 0), loaded_.model, loaded_.tokenizer);
+  EXPECT_EQ(run_one(fresh, greedy(prompt2, policy, 10)).tokens, cold.tokens);
+
+  // Served again, turn 1 parks again and the next turn continues it, and says so.
+  EXPECT_EQ(run_one(engine, greedy(p1, policy, 12)).tokens, turn1.tokens);
+  const Outcome continued = run_one(engine, greedy(prompt2, policy, 10));
+  EXPECT_EQ(continued.usage.continued_prompt_tokens,
+            static_cast<int32_t>(p1.size() + turn1.tokens.size()) - 1);
+  EXPECT_EQ(continued.usage.cached_prompt_tokens, continued.usage.continued_prompt_tokens);
+  expect_all_pages_free(engine);
+}
+
 TEST_P(Continuation, ParallelSamplesContinueFromOneParkedState) {
   // n = 2 on a continued prompt: both samples start from the adopted state (the second gets a
   // copy at its first token), each equal to the same request in a fresh engine's reference.

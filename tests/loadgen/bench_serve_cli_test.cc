@@ -2,17 +2,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 
-#include "fake_server.h"  // also unused_port()
+#include "fake_server.h"
+#include "sieve_serve.h"
 #include "cli/run_sieve.h"
 #include "shared_data.h"
 
@@ -138,48 +133,9 @@ TEST(BenchServeCli, ServerWithoutExactLengthSupportIsReported) {
   std::filesystem::remove(dataset);
 }
 
-// A real `sieve serve` on a loopback port for the length of a test.
-class SieveServe {
- public:
-  explicit SieveServe(const std::string& model) : port_(testing::unused_port()) {
-    const std::string binary = std::string(SIEVE_BINARY_DIR) + "/sieve";
-    const std::string port = std::to_string(port_);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::freopen("/dev/null", "w", stdout);
-      std::freopen("/dev/null", "w", stderr);
-      ::execl(binary.c_str(), binary.c_str(), "serve", "-m", model.c_str(), "--port", port.c_str(),
-              "-t", "1", "--kv-memory", "16", static_cast<char*>(nullptr));
-      std::_Exit(127);
-    }
-    // Wait for the model to load (/health answers 503 until then), or for the server to exit.
-    httplib::Client client(url());
-    for (int attempt = 0; attempt < 600; ++attempt) {
-      if (auto response = client.Get("/health"); response && response->status == 200) return;
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    ADD_FAILURE() << "sieve serve did not become ready at " << url();
-  }
-  ~SieveServe() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-
- private:
-  int port_;
-  pid_t pid_ = -1;
-};
-
 TEST(BenchServeCli, TokenCountsEqualSieveServeUsage) {
   const std::string model = testing::shared_path("models/stories260K.gguf");
-  SieveServe server(model);
+  testing::SieveServe server(model);
   const std::string out = temp_path("sieve_bench_serve_real.json").string();
   for (const char* endpoint : {"completions", "chat"}) {
     const Result r = run(
@@ -216,7 +172,7 @@ TEST(BenchServeCli, TokenCountsEqualSieveServeUsage) {
 // output but the last token), because the server keeps the answer's ids.
 TEST(BenchServeCli, MultiTurnConversationsContinueFromTheCompressedCache) {
   const std::string model = testing::shared_path("models/stories260K.gguf");
-  SieveServe server(model);
+  testing::SieveServe server(model);
   const std::string out = temp_path("sieve_bench_serve_turns.json").string();
   const Result r = run("--base-url " + server.url() + " --tokenizer " + model +
                        " --input-len 48 --output-len 12 --num-prompts 3 --max-concurrency 3"

@@ -747,5 +747,31 @@ TEST(Soak, CatalogueCoversEveryKind) {
   }
 }
 
+// A conversation's next turn resends the first turn's prompt and answer before its own text:
+// as user and assistant messages on chat, concatenated on completions.
+TEST(Soak, NextTurnsResendThePromptAndAnswer) {
+  const std::vector<SoakRequest> catalogue = soak_catalogue({});
+  for (const SoakRequest& first : catalogue) {
+    if (first.n != 1) continue;
+    const SoakRequest next = next_turn(first, "ANSWER", 0);
+    EXPECT_EQ(next.endpoint, first.endpoint);
+    EXPECT_EQ(next.kv_policy, first.kv_policy);
+    EXPECT_NE(next.label().find("next turn"), std::string::npos);
+    const nlohmann::json body = next.body();
+    if (first.endpoint == ApiEndpoint::kChat) {
+      ASSERT_EQ(body["messages"].size(), 3u);
+      EXPECT_EQ(body["messages"][0]["content"], first.prompt);
+      EXPECT_EQ(body["messages"][1],
+                nlohmann::json({{"role", "assistant"}, {"content", "ANSWER"}}));
+      EXPECT_EQ(body["messages"][2]["content"], next.prompt);
+    } else {
+      EXPECT_EQ(body["prompt"], first.prompt + "ANSWER" + next.prompt);
+    }
+    EXPECT_FALSE(body.contains("stop"));
+  }
+  EXPECT_EQ(next_turn(catalogue[0], "", 1).n, 2);
+  EXPECT_TRUE(next_turn(catalogue[0], "", 0).logprobs);
+}
+
 }  // namespace
 }  // namespace sieve::loadgen

@@ -327,10 +327,6 @@ TEST(HttpServerTest, SpeculationKeepsGreedyTextAndIsCountedInUsageAndMetrics) {
 namespace sieve::server {
 namespace {
 
-// A conversation's next turn on a compressed cache, through the server: the second request's
-// prompt is the first's prompt + its text + more, so it continues from the parked K/V; counted in
-// usage.prompt_tokens_details.cached_tokens, vLLM's prefix-cache counters and sieve's own (the
-// engine tests check the continued tokens themselves).
 // A model's engine served in-process on a free port, stopped at the end of the scope.
 class ServedEngine {
  public:
@@ -371,6 +367,11 @@ class ServedEngine {
   std::unique_ptr<httplib::Client> client_;
 };
 
+// A conversation's next turn on a compressed cache, through the server: the second request's
+// prompt is the first's prompt + its text + more, so it continues from the parked K/V; counted in
+// usage.prompt_tokens_details.cached_tokens, usage.kv_cache.continued_tokens, vLLM's
+// prefix-cache counters and sieve's own (the engine tests check the continued tokens
+// themselves). After POST /reset_prefix_cache the same next turn starts cold.
 TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
   ServedEngine served("models/copy/copy-lm.gguf", "copy", 1024);
   httplib::Client& client = served.client();
@@ -393,6 +394,8 @@ TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
   EXPECT_EQ(cached, turn1["usage"]["prompt_tokens"].get<int64_t>() +
                         turn1["usage"]["completion_tokens"].get<int64_t>() - 1)
       << turn2;
+  EXPECT_EQ(turn1["usage"]["kv_cache"]["continued_tokens"], 0);
+  EXPECT_EQ(turn2["usage"]["kv_cache"]["continued_tokens"], cached);
   // The engine publishes its counters at the end of the step that answered: poll for them.
   std::map<std::string, double> metrics = scrape(client);
   for (int i = 0; i < 500 && metrics[R"(sieve:parked_sequences{model_name="copy"})"] < 1; ++i) {
@@ -405,6 +408,16 @@ TEST(HttpServerTest, ANextTurnContinuesFromTheCompressedCacheAndIsCounted) {
   EXPECT_EQ(metrics[R"(sieve:parked_sequences{model_name="copy"})"], 1) << "turn 2's own";
   EXPECT_GE(metrics[R"(vllm:prefix_cache_hits_total{model_name="copy"})"],
             static_cast<double>(cached));
+
+  auto reset = client.Post("/reset_prefix_cache", "", "application/json");
+  ASSERT_TRUE(reset);
+  EXPECT_EQ(reset->status, 200) << reset->body;
+  EXPECT_EQ(json::parse(reset->body), json({{"reset", true}}));
+  const json cold = complete(prompt);
+  EXPECT_EQ(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << cold;
+  EXPECT_EQ(cold["usage"]["kv_cache"]["continued_tokens"], 0);
+  metrics = scrape(client);
+  EXPECT_EQ(metrics[R"(sieve:continued_requests_total{model_name="copy"})"], 1);
 }
 
 // A conversation whose answer does not re-tokenize to the ids the model wrote (stories260K,
