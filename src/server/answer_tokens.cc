@@ -16,6 +16,7 @@ std::vector<TokenId> AnswerTokens::encode(std::string_view text, tok::EncodeOpti
     std::lock_guard lock(mutex_);
     const Entry* best = nullptr;
     size_t best_tokens = 0;
+    bool best_whole = false;
     for (const Entry& e : entries_) {
       if (e.add_special != options.add_special || e.parse_special != options.parse_special ||
           !text.starts_with(e.prompt_text)) {
@@ -23,7 +24,8 @@ std::vector<TokenId> AnswerTokens::encode(std::string_view text, tok::EncodeOpti
       }
       size_t at = e.prompt_text.size();
       size_t n = 0;
-      if (e.sent_tokens > 0 && text.substr(at).starts_with(e.sent_text)) {
+      const bool whole = e.sent_tokens > 0 && text.substr(at).starts_with(e.sent_text);
+      if (whole) {
         at += e.sent_text.size();
         n = e.sent_tokens;
       }
@@ -32,9 +34,14 @@ std::vector<TokenId> AnswerTokens::encode(std::string_view text, tok::EncodeOpti
         if (piece.empty() || text.substr(at).substr(0, piece.size()) != piece) break;
         at += piece.size();
       }
-      if (n == 0 || at <= kept_bytes) continue;  // the most recent of equals is kept
+      // An answer resent whole is the conversation the client holds: it beats a longer piecewise
+      // match of another answer to the same prompt (same text, but ids past this answer's end:
+      // "   " + " The" read as another answer's four spaces then "The"). Among equals, the most
+      // bytes; of equal bytes, the most recent.
+      if (n == 0 || (best_whole && !whole) || (whole == best_whole && at <= kept_bytes)) continue;
       best = &e;
       best_tokens = n;
+      best_whole = whole;
       kept_bytes = at;
     }
     if (best) {
@@ -110,11 +117,16 @@ void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenI
               .add_special = options.add_special,
               .parse_special = options.parse_special};
   std::lock_guard lock(mutex_);
-  // A conversation keeps one entry: the turn this prompt continues is superseded by it.
+  // A conversation keeps one entry: the turn this prompt continues is superseded by it. Other
+  // answers to the same prompt stay (n > 1, a regenerated answer: each may be resent), but the
+  // same answer again replaces its older copy.
   std::erase_if(entries_, [&](const Entry& e) {
-    return e.add_special == entry.add_special && e.parse_special == entry.parse_special &&
-           prompt_text.starts_with(e.prompt_text) &&
-           std::ranges::mismatch(e.prompt_ids, entry.prompt_ids).in1 == e.prompt_ids.end();
+    if (e.add_special != entry.add_special || e.parse_special != entry.parse_special ||
+        !prompt_text.starts_with(e.prompt_text) ||
+        std::ranges::mismatch(e.prompt_ids, entry.prompt_ids).in1 != e.prompt_ids.end()) {
+      return false;
+    }
+    return prompt_text.size() > e.prompt_text.size() || e.answer == entry.answer;
   });
   entries_.push_front(std::move(entry));
   while (entries_.size() > capacity_) entries_.pop_back();

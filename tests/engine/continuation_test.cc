@@ -256,6 +256,34 @@ TEST_P(Continuation, AResetOfThePrefixCacheDropsParkedStatesOnlyWhenIdle) {
   expect_all_pages_free(engine);
 }
 
+TEST_P(Continuation, TheParkedStateDoesNotDependOnWhatRanBesideTheFirstTurn) {
+  // Turn 1 alone, or batched with other requests of other policies (prefill chunks and decode
+  // rows beside its own): the state it parks continues into the same next turn.
+  const tok::Tokenizer& tokenizer = *loaded_.tokenizer;
+  const std::vector<TokenId> p1 = text_tokens(tokenizer, 0, 60);
+  const std::vector<TokenId> new2 = text_tokens(tokenizer, 2000, 60);
+  for (const std::string& policy : kPolicies) {
+    SCOPED_TRACE(policy);
+    std::vector<std::vector<TokenId>> next;
+    for (const bool beside : {false, true}) {
+      Engine engine(config(512, 48), loaded_.model, loaded_.tokenizer);
+      std::vector<Request> requests = {greedy(p1, policy, 50)};
+      if (beside) {
+        for (size_t i = 0; i < 5; ++i)
+          requests.push_back(greedy(text_tokens(tokenizer, 3000 + 400 * i, 100 + 150 * i),
+                                    kPolicies[(i * 5) % kPolicies.size()],
+                                    10 + 7 * static_cast<int32_t>(i)));
+      }
+      const auto outcomes = run(engine, requests);
+      const std::vector<TokenId>& turn1 = outcomes.at({0, 0}).tokens;
+      const Outcome turn2 = run_one(engine, greedy(concat(concat(p1, turn1), new2), policy, 40));
+      EXPECT_GT(turn2.usage.continued_prompt_tokens, 0);
+      next.push_back(turn2.tokens);
+    }
+    EXPECT_EQ(next[0], next[1]);
+  }
+}
+
 TEST_P(Continuation, ParallelSamplesContinueFromOneParkedState) {
   // n = 2 on a continued prompt: both samples start from the adopted state (the second gets a
   // copy at its first token), each equal to the same request in a fresh engine's reference.

@@ -161,6 +161,46 @@ TEST(AnswerTokens, AConversationKeepsOneEntryAndTheOldestGoFirst) {
   EXPECT_EQ(none.size(), 0u);
 }
 
+// Two answers to one prompt, one the start of the other ("  " and "    ", written a space a
+// token): a next turn that resends the short one whole, then " The", keeps the short one's ids,
+// although the long one's pieces would match one more space (a text the same, ids past the
+// answer the client holds: the next turn would not continue that answer's state as it was).
+TEST(AnswerTokens, AnAnswerResentWholeBeatsALongerPiecewiseMatchOfAnother) {
+  const auto tokenizer = load_tokenizer("models/stories260K.gguf");
+  const std::string prompt = "The sun was hot.";
+  const auto prompt_ids = tokenizer->encode(prompt, kCompletion);
+  const std::vector<TokenId> space =
+      tokenizer->encode(" ", {.add_special = false, .continues = true});
+  ASSERT_EQ(text_of(*tokenizer, space), " ");
+  std::vector<TokenId> short_answer, long_answer;
+  for (int i = 0; i < 2; ++i) short_answer = concat(short_answer, space);
+  for (int i = 0; i < 4; ++i) long_answer = concat(long_answer, space);
+  const std::string short_text = text_of(*tokenizer, short_answer);
+  for (const bool short_first : {true, false}) {
+    AnswerTokens kept(*tokenizer, 8);
+    const auto remember = [&](const std::vector<TokenId>& answer) {
+      kept.remember(prompt, prompt_ids, answer, kCompletion, text_of(*tokenizer, answer));
+    };
+    if (short_first) {
+      remember(short_answer);
+      remember(long_answer);
+    } else {
+      remember(long_answer);
+      remember(short_answer);
+    }
+    const std::vector<TokenId> ids = kept.encode(prompt + short_text + " The", kCompletion);
+    ASSERT_GE(ids.size(), prompt_ids.size() + short_answer.size() + 1);
+    EXPECT_EQ(std::vector<TokenId>(ids.begin(), ids.begin() + prompt_ids.size() + 2),
+              concat(prompt_ids, short_answer))
+        << "short first " << short_first;
+    const std::vector<TokenId> rest(ids.begin() + prompt_ids.size() + 2, ids.end());
+    EXPECT_EQ(rest, tokenizer->encode(" The", {.add_special = false, .continues = true}));
+    EXPECT_EQ(kept.size(), 2u) << "two answers to one prompt are both kept";
+    remember(short_answer);
+    EXPECT_EQ(kept.size(), 2u) << "the same answer again replaces its copy";
+  }
+}
+
 // Special tokens in an answer: kept where the prompt is read for them (chat templates), and
 // there the template's end-of-turn text resends the model's end-of-turn id.
 TEST(AnswerTokens, SpecialTokensOfAnAnswerAreKeptOnlyWhereTextIsReadForThem) {
