@@ -15,8 +15,7 @@ namespace {
 
 TEST(SoakCli, AShortSoakWithAbuseAndConversationsPasses) {
   testing::SieveServe server(testing::shared_path("models/stories260K.gguf"));
-  const std::string out =
-      (std::filesystem::temp_directory_path() / "sieve_soak_cli.json").string();
+  const std::string out = (std::filesystem::temp_directory_path() / "sieve_soak_cli.json").string();
   const testing::CliResult r = testing::run_sieve(
       "soak --base-url " + server.url() +
           " --duration 6 --clients 6 --slow-loris 2 --slow-readers 1 --seed 3 --out " + out,
