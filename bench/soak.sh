@@ -5,7 +5,7 @@
 # after each run, checks that the server is still alive, and prints one report.
 #   bench/soak.sh [MODEL.gguf] [extra serve args...]
 # MODEL defaults to ../shared/models/stories260K.gguf. Knobs (environment):
-#   DURATION=60      seconds of load per run (CI: 60; a person: 600 or more)
+#   DURATION=60      seconds of load per run (a person: 600 or more)
 #   CLIENTS=64  SLOW_LORIS=32  SLOW_READERS=4  SEED=0  RSS_INTERVAL=60
 #   SOAK_ARGS=...    more `sieve soak` flags;  OUT=DIR keeps the JSON reports;  SIEVE=path/to/sieve
 #   SIEVE_SERVE=path/to/sieve   the server's binary when it is another build (e.g. main's)
