@@ -17,6 +17,8 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "cli/model_options.h"
+#include "hf/generation_config.h"
+#include "hf/hf_model.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
 #include "util/error.h"
@@ -32,6 +34,7 @@ struct ServeOptions {
   std::string chat_template_file;
   std::string tool_call_parser = "auto";
   std::string kv_policy = "full";
+  std::string generation_config = "auto";
   double shutdown_grace_seconds = 10.0;
   size_t max_body_mib = 8;
   double request_timeout_seconds = 30.0;
@@ -39,6 +42,47 @@ struct ServeOptions {
   double write_timeout_seconds = 30.0;
   bool no_webui = false;
 };
+
+// --generation-config: "vllm" (none), "auto" (the model folder's generation_config.json, if it
+// is a folder and has one), or a folder holding one. Every id must be in the vocabulary.
+std::optional<std::pair<std::string, server::SamplingDefaults>> generation_defaults(
+    const std::string& option, const std::string& model_path, size_t vocab_size) {
+  std::optional<std::string> path;
+  if (option == "auto") {
+    if (hf::is_model_folder(model_path))
+      path = hf::find_generation_config(hf::model_folder(model_path));
+  } else if (option != "vllm") {
+    path = hf::find_generation_config(option);
+    if (!path) fail("--generation-config {}: no generation_config.json there", option);
+  }
+  if (!path) return std::nullopt;
+  const hf::GenerationConfig config = hf::read_generation_config(*path);
+  for (int32_t id : config.eos_token_ids) {
+    if (static_cast<size_t>(id) >= vocab_size)
+      fail("{}: eos_token_id {} is outside the vocabulary ({} tokens)", *path, id, vocab_size);
+  }
+  return std::pair(*path, server::SamplingDefaults{.temperature = config.temperature,
+                                                   .top_p = config.top_p,
+                                                   .top_k = config.top_k,
+                                                   .min_p = config.min_p,
+                                                   .repetition_penalty = config.repetition_penalty,
+                                                   .max_tokens = config.max_new_tokens,
+                                                   .stop_token_ids = config.eos_token_ids});
+}
+
+std::string describe(const server::SamplingDefaults& d) {
+  std::vector<std::string> parts;
+  if (d.temperature) parts.push_back(fmt::format("temperature {}", *d.temperature));
+  if (d.top_p) parts.push_back(fmt::format("top_p {}", *d.top_p));
+  if (d.top_k) parts.push_back(fmt::format("top_k {}", *d.top_k));
+  if (d.min_p) parts.push_back(fmt::format("min_p {}", *d.min_p));
+  if (d.repetition_penalty)
+    parts.push_back(fmt::format("repetition_penalty {}", *d.repetition_penalty));
+  if (d.max_tokens) parts.push_back(fmt::format("max_tokens at most {}", *d.max_tokens));
+  if (!d.stop_token_ids.empty())
+    parts.push_back(fmt::format("stop_token_ids {}", fmt::join(d.stop_token_ids, ",")));
+  return parts.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(parts, ", "));
+}
 
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
@@ -130,6 +174,9 @@ void serve(ServeOptions options) {
             ? server::detect_tool_call_format(template_source)
             : *server::parse_tool_call_format(options.tool_call_parser);
 
+    const auto generation = generation_defaults(options.generation_config, options.model.model_path,
+                                                loaded.tokenizer->vocab().size());
+
     engine::EngineConfig config = options.engine.engine_config();
     config.model_path = options.model.model_path;
     auto engine = std::make_shared<engine::Engine>(config, loaded.model, loaded.tokenizer);
@@ -159,6 +206,10 @@ void serve(ServeOptions options) {
         server::tool_call_format_name(tool_call_format),
         options.tool_call_parser == "auto" ? " (detected)" : "",
         options.server.api_key.empty() ? "none" : "required");
+    if (generation) {
+      spdlog::info("sampling defaults from {} (--generation-config vllm: none): {}",
+                   generation->first, describe(generation->second));
+    }
     spdlog::info(
         "HTTP: {} I/O threads; up to {} connections (+{} for /health and /metrics); request "
         "timeout {:.0f} s, keep-alive {:.0f} s, headers {} bytes / {} lines, body {} MiB; CORS: {}",
@@ -179,7 +230,8 @@ void serve(ServeOptions options) {
          .default_kv_policy = default_policy,
          .grammars = std::make_shared<grammar::GrammarCache>(
              grammar::Vocabulary::from_tokenizer(*loaded.tokenizer)),
-         .tool_call_format = tool_call_format});
+         .tool_call_format = tool_call_format,
+         .sampling_defaults = generation ? generation->second : server::SamplingDefaults{}});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'{}", options.server.host, http.port(), name,
                  aliases.empty() ? "" : fmt::format(" (aliases: {})", fmt::join(aliases, ", ")));
     if (!options.no_webui) {
@@ -309,6 +361,13 @@ void add_serve_command(CLI::App& app) {
                    "Default KV sparsity policy for requests without \"kv_policy\" (e.g. "
                    "streaming:S=4,W=1024, "
                    "snapkv:B=1024, layerwise:L=2,rest=snapkv:B=512)")
+      ->capture_default_str();
+  command
+      ->add_option("--generation-config", options->generation_config,
+                   "Sampling defaults for what requests leave out: auto (a Hugging Face "
+                   "folder's generation_config.json: temperature, top_p, top_k, min_p, "
+                   "repetition_penalty, max_new_tokens as a cap, eos_token_id as stop ids), vllm "
+                   "(none: OpenAI's defaults), or a folder holding a generation_config.json")
       ->capture_default_str();
   options->engine.add_to(*command);
   command->callback([options] { serve(*options); });

@@ -175,7 +175,7 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
   }
   reject_unsupported(kind, body);
 
-  parse_sampling(kind, body, request.params);
+  parse_sampling(kind, body, model.sampling_defaults, request.params);
   if (const json* v = field(body, "stream")) request.stream = bool_of(*v, "stream");
   if (const json* v = field(body, "stream_options")) {
     if (!request.stream)
@@ -211,6 +211,9 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
     for (const auto& prompt : request.prompts)
       room = std::min<int64_t>(room, model.context_length - prompt.size());
     request.params.max_tokens = static_cast<int32_t>(room);
+  }
+  if (const std::optional<int32_t> cap = model.sampling_defaults.max_tokens) {
+    request.params.max_tokens = std::min(request.params.max_tokens.value_or(*cap), *cap);
   }
   for (const auto& prompt : request.prompts) {
     const int64_t room = model.context_length - static_cast<int64_t>(prompt.size());

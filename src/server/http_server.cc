@@ -41,7 +41,8 @@ ModelInfo Backend::model_info() const {
           .default_kv_policy = default_kv_policy,
           .grammars = grammars.get(),
           .tool_call_format = tool_call_format,
-          .answers = answers.get()};
+          .answers = answers.get(),
+          .sampling_defaults = sampling_defaults};
 }
 
 // Request bodies are parsed and tokenized here, never on an I/O thread: a large prompt must

@@ -76,6 +76,8 @@ struct Backend {
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
   // Recent answers' ids (ServerConfig::remembered_answers; set_backend makes it).
   std::shared_ptr<AnswerTokens> answers;
+  // Sampling defaults from the model's generation_config.json (--generation-config).
+  SamplingDefaults sampling_defaults;
 
   // What request parsing needs to know of this model.
   ModelInfo model_info() const;

@@ -95,8 +95,13 @@ void check_strict_schema(const json& schema, const std::string& where) {
 
 }  // namespace
 
-void parse_sampling(ApiKind kind, const json& body, engine::SamplingParams& p) {
-  p.temperature = 1.0f;  // OpenAI's default
+void parse_sampling(ApiKind kind, const json& body, const SamplingDefaults& defaults,
+                    engine::SamplingParams& p) {
+  p.temperature = defaults.temperature.value_or(1.0f);  // OpenAI's default
+  if (defaults.top_p) p.top_p = *defaults.top_p;
+  if (defaults.top_k) p.top_k = *defaults.top_k;
+  if (defaults.min_p) p.min_p = *defaults.min_p;
+  if (defaults.repetition_penalty) p.repetition_penalty = *defaults.repetition_penalty;
   if (const json* v = field(body, "temperature")) p.temperature = float_of(*v, "temperature");
   if (const json* v = field(body, "top_p")) p.top_p = float_of(*v, "top_p");
   if (const json* v = field(body, "top_k")) {
@@ -131,6 +136,12 @@ void parse_sampling(ApiKind kind, const json& body, engine::SamplingParams& p) {
     for (const json& id : *v) p.stop_token_ids.push_back(int32_of(id, "stop_token_ids"));
   }
   if (const json* v = field(body, "ignore_eos")) p.ignore_eos = bool_of(*v, "ignore_eos");
+  if (!p.ignore_eos) {
+    for (TokenId id : defaults.stop_token_ids) {
+      if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
+        p.stop_token_ids.push_back(id);
+    }
+  }
   if (const json* v = field(body, "include_stop_str_in_output")) {
     p.include_stop_str_in_output = bool_of(*v, "include_stop_str_in_output");
   }

@@ -16,8 +16,10 @@
 
 namespace sieve::server {
 
-// Reads the sampling fields into `p` (types only; OpenAI's defaults where the body is silent).
-void parse_sampling(ApiKind kind, const json& body, engine::SamplingParams& p);
+// Reads the sampling fields into `p` (types only); where the body is silent, `defaults`, else
+// OpenAI's. The defaults' stop ids join the body's unless it ignores EOS.
+void parse_sampling(ApiKind kind, const json& body, const SamplingDefaults& defaults,
+                    engine::SamplingParams& p);
 
 // Throws ApiException (400) when engine::check_sampling_params refuses `p`, its param the
 // field's name in `body` (chat's top_logprobs, max_completion_tokens).

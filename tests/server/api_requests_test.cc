@@ -70,6 +70,47 @@ TEST_F(ApiRequestsTest, DefaultsFollowOpenAi) {
   EXPECT_FALSE(chat.params.max_tokens.has_value());  // chat: until the context is full
 }
 
+// A model's generation_config.json defaults (--generation-config auto): they fill what a body
+// leaves out, a body's own values win, max_new_tokens caps every request, and the extra EOS ids
+// stop every request that does not ignore EOS.
+TEST_F(ApiRequestsTest, GenerationConfigDefaultsFillWhatTheBodyLeavesOut) {
+  ModelInfo model = info();
+  model.sampling_defaults = {.temperature = 0.6f,
+                             .top_p = 0.9f,
+                             .top_k = 20,
+                             .min_p = 0.05f,
+                             .repetition_penalty = 1.1f,
+                             .max_tokens = 12,
+                             .stop_token_ids = {7, 9}};
+  const auto parse_with = [&](ApiKind kind, const std::string& body) {
+    return parse_generation_request(kind, json::parse(body), model);
+  };
+  const GenerationRequest silent = parse_with(ApiKind::kCompletion, R"({"prompt":"Once"})");
+  EXPECT_FLOAT_EQ(silent.params.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(silent.params.top_p, 0.9f);
+  EXPECT_EQ(silent.params.top_k, 20);
+  EXPECT_FLOAT_EQ(silent.params.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(silent.params.repetition_penalty, 1.1f);
+  EXPECT_EQ(silent.params.max_tokens, 12) << "the legacy 16, capped";
+  EXPECT_EQ(silent.params.stop_token_ids, (std::vector<TokenId>{7, 9}));
+
+  const GenerationRequest given = parse_with(
+      ApiKind::kCompletion,
+      R"({"prompt":"Once","temperature":0,"top_p":1,"top_k":-1,"max_tokens":100,"stop_token_ids":[9,3]})");
+  EXPECT_FLOAT_EQ(given.params.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(given.params.top_p, 1.0f);
+  EXPECT_EQ(given.params.top_k, 0);
+  EXPECT_EQ(given.params.max_tokens, 12) << "max_new_tokens caps what a request asks";
+  EXPECT_EQ(given.params.stop_token_ids, (std::vector<TokenId>{9, 3, 7}));
+
+  const GenerationRequest chat =
+      parse_with(ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}]})");
+  EXPECT_EQ(chat.params.max_tokens, 12);
+  const GenerationRequest ignoring =
+      parse_with(ApiKind::kCompletion, R"({"prompt":"Once","ignore_eos":true})");
+  EXPECT_TRUE(ignoring.params.stop_token_ids.empty());
+}
+
 TEST_F(ApiRequestsTest, ParametersMapToSamplingParams) {
   const GenerationRequest r = parse(ApiKind::kCompletion, R"({
       "prompt": "Once", "max_tokens": 20, "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.1,
