@@ -19,6 +19,7 @@ struct ModelOptions {
   std::string rope_scaling;  // empty: the file's
   float rope_scale = 0.0f;   // 0: the file's
   int64_t yarn_original_context = 0;
+  std::string quantize;  // empty: the weights as stored
 
   void add_to(CLI::App& command) {
     command
@@ -53,6 +54,10 @@ struct ModelOptions {
                     "RoPE context scaling factor (the context is stretched by it; linear unless "
                     "--rope-scaling or the file says yarn)")
         ->check(CLI::Range(1.0f, 1e6f));
+    command.add_option("--quantize", quantize,
+                       "Convert the weights at load, in memory, as `sieve quantize` writes them "
+                       "(q8_0, q4_0, q4_k_m, q6_k, ...; e.g. a Hugging Face folder's BF16 "
+                       "weights); default: as the file stores them");
     command
         .add_option("--yarn-orig-ctx", yarn_original_context,
                     "YaRN: the context the model was trained for (default: the file's)")
@@ -67,7 +72,8 @@ struct ModelOptions {
     return {.model_path = model_path,
             .tokenizer_path = tokenizer_path,
             .backend = {.device = device, .threads = threads},
-            .context = context};
+            .context = context,
+            .quantize = quantize};
   }
 };
 

@@ -6,7 +6,9 @@
 #include "gguf/gguf.h"
 #include "hf/hf_model.h"
 #include "model/llama.h"
+#include "model/model_file.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
 
 namespace sieve::model {
 
@@ -48,6 +50,21 @@ std::shared_ptr<const tok::Tokenizer> load_tokenizer(const LoadOptions& options)
 
 namespace {
 
+// LoadOptions::quantize: the file's weights converted in memory.
+std::shared_ptr<const gguf::File> quantize_at_load(std::shared_ptr<const gguf::File> file,
+                                                   const LoadOptions& options) {
+  const std::optional<QuantMix> mix = parse_quant_mix(options.quantize);
+  if (!mix) {
+    std::string names;
+    for (const QuantMix& m : quant_mixes())
+      names += (names.empty() ? "" : ", ") + std::string(m.name);
+    fail("--quantize {}: not a quantization sieve writes (choose one of {})", options.quantize,
+         names);
+  }
+  ThreadPool pool(options.backend.threads);
+  return std::make_shared<const gguf::File>(quantize_file(std::move(file), *mix, pool).file);
+}
+
 // Reads one byte per page of every tensor so the mapping is resident, reporting progress.
 void touch_tensors(const gguf::File& file, const std::function<void(double)>& on_progress) {
   uint64_t total = 0;
@@ -78,6 +95,7 @@ LoadedModel load_model(const LoadOptions& options) {
   loaded.name = std::filesystem::path(options.model_path).filename().string();
   if (hf::is_model_folder(options.model_path) || is_gguf_file(options.model_path)) {
     auto file = std::make_shared<const gguf::File>(open_model_file(options.model_path));
+    if (!options.quantize.empty()) file = quantize_at_load(std::move(file), options);
     if (auto name = file->get_string("general.name"); name && !name->empty()) loaded.name = *name;
     loaded.chat_template = file->get_string("tokenizer.chat_template");
     ModelConfig config = config_from_gguf(*file);
@@ -88,6 +106,11 @@ LoadedModel load_model(const LoadOptions& options) {
     loaded.model = std::make_shared<const LlamaModel>(std::move(config), std::move(weights),
                                                       std::move(backend));
   } else {
+    if (!options.quantize.empty()) {
+      fail(
+          "'{}': --quantize converts GGUF files and Hugging Face folders, not llama2.c checkpoints",
+          options.model_path);
+    }
     if (options.tokenizer_path.empty()) {
       fail(
           "'{}' is not a GGUF file; for a llama2.c checkpoint also give its tokenizer file "

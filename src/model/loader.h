@@ -33,6 +33,10 @@ struct LoadOptions {
   std::shared_ptr<kernels::Backend> shared_backend;
   // The served context and RoPE scaling, when not the file's.
   ContextOverrides context;
+  // A `sieve quantize` target (q8_0, q4_k_m, ...; model/model_file.h): the weights are converted
+  // at load, in memory, as `sieve quantize` would write them (vLLM's --quantization); empty: as
+  // the file stores them. GGUF files and Hugging Face folders only.
+  std::string quantize;
 };
 
 struct LoadedModel {

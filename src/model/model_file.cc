@@ -308,9 +308,9 @@ void write_model_file(const gguf::File& input, const std::string& out_path) {
   writer.write(out_path);
 }
 
-QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
-                              const QuantMix& mix, ThreadPool& pool, bool pure) {
-  const gguf::File input = open_model_file(in_path);  // a GGUF or a Hugging Face folder
+QuantizedFile quantize_file(std::shared_ptr<const gguf::File> input_file, const QuantMix& mix,
+                            ThreadPool& pool, bool pure) {
+  const gguf::File& input = *input_file;
   const QuantModelInfo model = quant_model_info(input);
 
   struct Step {
@@ -340,42 +340,65 @@ QuantizeReport quantize_model(const std::string& in_path, const std::string& out
     kernels::quantize_row(step.to.dtype, values.data(), out_bytes.data(), n);
   }
 
-  gguf::Writer writer;
-  for (const gguf::KeyValue& kv : input.metadata()) {
-    if (kv.key == "general.alignment") continue;  // the writer chooses its own
-    writer.copy_from(input, kv.key);
+  std::vector<gguf::KeyValue> metadata = input.metadata();
+  const gguf::Value file_type{mix.file_type};
+  auto it = std::find_if(metadata.begin(), metadata.end(),
+                         [](const gguf::KeyValue& kv) { return kv.key == "general.file_type"; });
+  if (it != metadata.end()) {
+    it->value = file_type;
+  } else {
+    metadata.push_back({"general.file_type", file_type});
   }
-  writer.set_u32("general.file_type", mix.file_type);
 
+  // The converted tensors' buffers, and the input whose bytes the others still are.
+  struct Storage {
+    std::shared_ptr<const gguf::File> input;
+    std::vector<std::vector<uint8_t>> buffers;
+  };
+  auto storage = std::make_shared<Storage>();
+  storage->input = input_file;
+  storage->buffers.reserve(steps.size());
+  std::vector<gguf::File::AssembledTensor> tensors;
   QuantizeReport report;
   for (const Step& step : steps) {
     const gguf::TensorInfo& info = *step.info;
     const DType from = step.from, to = step.to.dtype;
     std::span<const uint8_t> src = input.tensor_data(info);
-    std::vector<uint8_t> data;
-    if (from == to) {
-      data.assign(src.begin(), src.end());  // nothing to convert: bytes kept exactly
-    } else {
+    std::span<const uint8_t> data = src;  // nothing to convert: bytes kept exactly
+    if (from != to) {
       const int64_t cols = static_cast<int64_t>(info.shape.empty() ? 1 : info.shape[0]);
       const int64_t rows = static_cast<int64_t>(info.num_elements() / cols);
       const size_t in_row = kernels::row_bytes(from, cols), out_row = kernels::row_bytes(to, cols);
-      data.resize(out_row * rows);
+      std::vector<uint8_t>& out = storage->buffers.emplace_back(out_row * rows);
       pool.parallel_for(rows, [&](int64_t begin, int64_t end) {
         std::vector<float> values(cols);
         for (int64_t r = begin; r < end; ++r) {
           kernels::dequantize_row(from, src.data() + r * in_row, values.data(), cols);
-          kernels::quantize_row(to, values.data(), data.data() + r * out_row, cols);
+          kernels::quantize_row(to, values.data(), out.data() + r * out_row, cols);
         }
       });
+      data = out;
     }
     report.bytes_in += src.size();
     report.bytes_out += data.size();
-    writer.add_tensor(info.name, to_tensor_type(to), info.shape, std::move(data));
+    tensors.push_back({.name = info.name,
+                       .type = from == to ? info.type : to_tensor_type(to),
+                       .shape = info.shape,
+                       .data = data});
     report.tensors.push_back({info.name, std::string(kernels::to_string(from)),
                               std::string(kernels::to_string(to)), step.to.note});
   }
-  writer.write(out_path);
-  return report;
+  return {gguf::File::assemble(std::move(metadata), std::move(tensors), std::move(storage)),
+          std::move(report)};
+}
+
+QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
+                              const QuantMix& mix, ThreadPool& pool, bool pure) {
+  // A GGUF or a Hugging Face folder.
+  QuantizedFile quantized =
+      quantize_file(std::make_shared<const gguf::File>(open_model_file(in_path)), mix, pool, pure);
+  write_model_file(quantized.file, out_path);
+  return std::move(quantized.report);
 }
 
 }  // namespace sieve::model

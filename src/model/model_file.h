@@ -2,19 +2,18 @@
 // Writing model files: deterministic random-weight Llama GGUFs for tests and benchmarks, and
 // conversion of a GGUF model between weight types.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
 #include <string>
 #include <vector>
 
+#include "gguf/gguf.h"
 #include "kernels/ops.h"
 
 namespace sieve {
 class ThreadPool;
-}
-namespace sieve::gguf {
-class File;
 }
 
 namespace sieve::model {
@@ -105,10 +104,19 @@ struct QuantizeReport {
 // file with the same keys, tensors and types.
 void write_model_file(const gguf::File& input, const std::string& out_path);
 
-// Converts every 2-D weight of a GGUF model (or a Hugging Face folder: model::open_model_file) as
-// plan_tensor_type() says. All metadata is
-// copied; general.file_type becomes the mix's. Fails before writing anything when a planned
-// type cannot be quantized by this build.
+// Converts every 2-D weight of a GGUF model (or a Hugging Face folder read as one:
+// model::open_model_file) as plan_tensor_type() says, in memory: the returned File keeps the
+// converted tensors and `input` (the tensors it did not convert are still its bytes). All
+// metadata is kept; general.file_type becomes the mix's. Fails before converting anything when a
+// planned type cannot be quantized by this build.
+struct QuantizedFile {
+  gguf::File file;
+  QuantizeReport report;
+};
+QuantizedFile quantize_file(std::shared_ptr<const gguf::File> input, const QuantMix& mix,
+                            ThreadPool& pool, bool pure = false);
+
+// quantize_file() of `in_path`, written to `out_path` (`sieve quantize`).
 QuantizeReport quantize_model(const std::string& in_path, const std::string& out_path,
                               const QuantMix& mix, ThreadPool& pool, bool pure = false);
 

@@ -4,6 +4,7 @@
 // or unsupported folders are errors naming the file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include "model/weights.h"
 #include "safetensors_writer.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
 
 namespace sieve {
 namespace {
@@ -421,6 +423,36 @@ TEST_P(HfArchitectures, ConvertedGgufGivesTheSameLogits) {
   EXPECT_EQ(widened->find_tensor("token_embd.weight")->type, gguf::TensorType::kF32);
   // F16 / BF16 values widen to F32 exactly; only the kernels' arithmetic differs.
   EXPECT_LT(max_abs_diff(logits_of(widened), logits_of(converted)), 2e-3f);
+}
+
+// --quantize at load (LoadOptions::quantize): the folder's weights converted in memory are what
+// `sieve convert DIR OUT.gguf q8_0` writes, bitwise: same tensor types, same logits.
+TEST_P(HfArchitectures, QuantizedAtLoadIsWhatConvertWrites) {
+  const ArchCase& c = GetParam();
+  const std::vector<HfTensor> tensors = random_weights(c, 13);
+  const HfFolder folder(c, tensors);
+  const std::string out = (folder.dir / "converted-q8_0.gguf").string();
+  const testing::CliResult convert =
+      testing::run_sieve(fmt::format("convert {} {} q8_0", folder.dir.string(), out), true);
+  ASSERT_EQ(convert.exit_code, 0) << convert.out;
+  const auto written = std::make_shared<const gguf::File>(gguf::File::open(out));
+  ThreadPool pool(2);
+  const auto in_memory = std::make_shared<const gguf::File>(
+      model::quantize_file(
+          std::make_shared<const gguf::File>(hf::open_model_folder(folder.dir.string())),
+          *model::parse_quant_mix("q8_0"), pool)
+          .file);
+  ASSERT_EQ(in_memory->tensors().size(), written->tensors().size());
+  for (const gguf::TensorInfo& tensor : in_memory->tensors()) {
+    const gguf::TensorInfo* other = written->find_tensor(tensor.name);
+    ASSERT_NE(other, nullptr) << tensor.name;
+    EXPECT_EQ(tensor.type, other->type) << tensor.name;
+    const std::span<const uint8_t> a = in_memory->tensor_data(tensor),
+                                   b = written->tensor_data(*other);
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << tensor.name;
+  }
+  EXPECT_EQ(in_memory->get_u64("general.file_type"), written->get_u64("general.file_type"));
+  EXPECT_EQ(logits_of(in_memory), logits_of(written));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, HfArchitectures, ::testing::ValuesIn(arch_cases()),

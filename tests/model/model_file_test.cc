@@ -14,6 +14,7 @@
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "model/weights.h"
+#include "error_of.h"
 #include "shared_data.h"
 #include "util/thread_pool.h"
 
@@ -120,6 +121,36 @@ TEST(Quantize, EveryTypeLoadsAndTracksF32) {
     EXPECT_EQ(file.tensors().size(), 48u);
     std::filesystem::remove(output);
   }
+}
+
+// --quantize at load: the same weights `sieve quantize` writes, converted in memory, so the model
+// computes the same logits as the written file's; a name it does not know, or a llama2.c
+// checkpoint, is an error.
+TEST(Quantize, AtLoadEqualsTheWrittenFile) {
+  const std::string input = testing::shared_path("models/stories260K.gguf");
+  const std::string output = temp_path("at-load-q8_0.gguf");
+  ThreadPool pool(2);
+  model::quantize_model(input, output, *model::parse_quant_mix("q8_0"), pool);
+  model::LoadedModel written = model::load_model({output, ""});
+  model::LoadOptions at_load{input, ""};
+  at_load.quantize = "Q8_0";
+  model::LoadedModel converted = model::load_model(at_load);
+  const std::vector<std::vector<int32_t>> prompts = {written.tokenizer->encode("Once upon a time")};
+  const eval::ModelAgreement agreement =
+      eval::compare_models(*written.model, *converted.model, prompts, 16);
+  EXPECT_EQ(agreement.max_abs_logit_error, 0.0);
+  EXPECT_EQ(agreement.free_run_tokens, agreement.free_run_total);
+  std::filesystem::remove(output);
+
+  at_load.quantize = "q9_k";
+  const std::string unknown = testing::error_of([&] { model::load_model(at_load); });
+  EXPECT_NE(unknown.find("--quantize q9_k"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("Q4_K_M"), std::string::npos) << unknown;
+  model::LoadOptions checkpoint{testing::shared_path("models/stories260K.bin"),
+                                testing::shared_path("models/tok512.bin")};
+  checkpoint.quantize = "q8_0";
+  EXPECT_NE(testing::error_of([&] { model::load_model(checkpoint); }).find("llama2.c"),
+            std::string::npos);
 }
 
 // --- the per-tensor plan of the mixes -------------------------------------------------------
