@@ -45,7 +45,7 @@ struct ServeOptions {
 
 // --generation-config: "vllm" (none), "auto" (the model folder's generation_config.json, if it
 // is a folder and has one), or a folder holding one. Every id must be in the vocabulary.
-std::optional<std::pair<std::string, server::SamplingDefaults>> generation_defaults(
+std::optional<std::pair<std::string, hf::GenerationConfig>> generation_defaults(
     const std::string& option, const std::string& model_path, size_t vocab_size) {
   std::optional<std::string> path;
   if (option == "auto") {
@@ -61,16 +61,10 @@ std::optional<std::pair<std::string, server::SamplingDefaults>> generation_defau
     if (static_cast<size_t>(id) >= vocab_size)
       fail("{}: eos_token_id {} is outside the vocabulary ({} tokens)", *path, id, vocab_size);
   }
-  return std::pair(*path, server::SamplingDefaults{.temperature = config.temperature,
-                                                   .top_p = config.top_p,
-                                                   .top_k = config.top_k,
-                                                   .min_p = config.min_p,
-                                                   .repetition_penalty = config.repetition_penalty,
-                                                   .max_tokens = config.max_new_tokens,
-                                                   .stop_token_ids = config.eos_token_ids});
+  return std::pair(*path, config);
 }
 
-std::string describe(const server::SamplingDefaults& d) {
+std::string describe(const hf::GenerationConfig& d) {
   std::vector<std::string> parts;
   if (d.temperature) parts.push_back(fmt::format("temperature {}", *d.temperature));
   if (d.top_p) parts.push_back(fmt::format("top_p {}", *d.top_p));
@@ -78,9 +72,9 @@ std::string describe(const server::SamplingDefaults& d) {
   if (d.min_p) parts.push_back(fmt::format("min_p {}", *d.min_p));
   if (d.repetition_penalty)
     parts.push_back(fmt::format("repetition_penalty {}", *d.repetition_penalty));
-  if (d.max_tokens) parts.push_back(fmt::format("max_tokens at most {}", *d.max_tokens));
-  if (!d.stop_token_ids.empty())
-    parts.push_back(fmt::format("stop_token_ids {}", fmt::join(d.stop_token_ids, ",")));
+  if (d.max_new_tokens) parts.push_back(fmt::format("max_tokens at most {}", *d.max_new_tokens));
+  if (!d.eos_token_ids.empty())
+    parts.push_back(fmt::format("stop_token_ids {}", fmt::join(d.eos_token_ids, ",")));
   return parts.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(parts, ", "));
 }
 
@@ -231,7 +225,7 @@ void serve(ServeOptions options) {
          .grammars = std::make_shared<grammar::GrammarCache>(
              grammar::Vocabulary::from_tokenizer(*loaded.tokenizer)),
          .tool_call_format = tool_call_format,
-         .sampling_defaults = generation ? generation->second : server::SamplingDefaults{}});
+         .sampling_defaults = generation ? generation->second : hf::GenerationConfig{}});
     spdlog::info("ready: http://{}:{}/v1 serves '{}'{}", options.server.host, http.port(), name,
                  aliases.empty() ? "" : fmt::format(" (aliases: {})", fmt::join(aliases, ", ")));
     if (!options.no_webui) {

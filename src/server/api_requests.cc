@@ -212,7 +212,7 @@ GenerationRequest parse_generation_request(ApiKind kind, const json& body, const
       room = std::min<int64_t>(room, model.context_length - prompt.size());
     request.params.max_tokens = static_cast<int32_t>(room);
   }
-  if (const std::optional<int32_t> cap = model.sampling_defaults.max_tokens) {
+  if (const std::optional<int32_t> cap = model.sampling_defaults.max_new_tokens) {
     request.params.max_tokens = std::min(request.params.max_tokens.value_or(*cap), *cap);
   }
   for (const auto& prompt : request.prompts) {

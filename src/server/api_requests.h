@@ -19,6 +19,7 @@
 
 #include "engine/engine.h"
 #include "grammar/grammar_cache.h"
+#include "hf/generation_config.h"
 #include "server/answer_tokens.h"
 #include "server/api_error.h"
 #include "server/json.h"
@@ -34,21 +35,6 @@ using tok::TokenId;
 enum class ApiKind { kCompletion, kChat };
 
 // What parsing needs to know about the served model.
-// Defaults for what a request body leaves out, from the model's generation_config.json (vLLM's
-// --generation-config): unset fields keep OpenAI's defaults.
-struct SamplingDefaults {
-  std::optional<float> temperature;
-  std::optional<float> top_p;
-  std::optional<int32_t> top_k;
-  std::optional<float> min_p;
-  std::optional<float> repetition_penalty;
-  // A cap on every request's output length, whatever max_tokens it asks (vLLM's max_new_tokens).
-  std::optional<int32_t> max_tokens;
-  // More ids that end a generation beside the tokenizer's (eos_token_id lists), as stop_token_ids
-  // of every request that does not ignore EOS.
-  std::vector<TokenId> stop_token_ids;
-};
-
 struct ModelInfo {
   std::string served_name;
   std::vector<std::string> aliases;  // other names "model" may give (--served-model-name)
@@ -69,7 +55,10 @@ struct ModelInfo {
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
   // Recent answers' ids, kept where a prompt's text resends them (null: plain tokenization).
   const AnswerTokens* answers = nullptr;
-  SamplingDefaults sampling_defaults;
+  // Defaults for what a body leaves out, from the model's generation_config.json (vLLM's
+  // --generation-config): unset fields keep OpenAI's; max_new_tokens caps every request's
+  // max_tokens; eos_token_id ids join the stop_token_ids of every request that does not ignore EOS.
+  hf::GenerationConfig sampling_defaults;
 
   // A prompt text's ids: as model.answers keeps them, else the tokenizer's.
   std::vector<TokenId> encode_prompt(std::string_view text, tok::EncodeOptions options) const;

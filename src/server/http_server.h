@@ -77,7 +77,7 @@ struct Backend {
   // Recent answers' ids (ServerConfig::remembered_answers; set_backend makes it).
   std::shared_ptr<AnswerTokens> answers;
   // Sampling defaults from the model's generation_config.json (--generation-config).
-  SamplingDefaults sampling_defaults;
+  hf::GenerationConfig sampling_defaults;
 
   // What request parsing needs to know of this model.
   ModelInfo model_info() const;

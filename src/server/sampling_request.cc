@@ -95,7 +95,7 @@ void check_strict_schema(const json& schema, const std::string& where) {
 
 }  // namespace
 
-void parse_sampling(ApiKind kind, const json& body, const SamplingDefaults& defaults,
+void parse_sampling(ApiKind kind, const json& body, const hf::GenerationConfig& defaults,
                     engine::SamplingParams& p) {
   p.temperature = defaults.temperature.value_or(1.0f);  // OpenAI's default
   if (defaults.top_p) p.top_p = *defaults.top_p;
@@ -137,7 +137,7 @@ void parse_sampling(ApiKind kind, const json& body, const SamplingDefaults& defa
   }
   if (const json* v = field(body, "ignore_eos")) p.ignore_eos = bool_of(*v, "ignore_eos");
   if (!p.ignore_eos) {
-    for (TokenId id : defaults.stop_token_ids) {
+    for (TokenId id : defaults.eos_token_ids) {
       if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
         p.stop_token_ids.push_back(id);
     }

@@ -18,7 +18,7 @@ namespace sieve::server {
 
 // Reads the sampling fields into `p` (types only); where the body is silent, `defaults`, else
 // OpenAI's. The defaults' stop ids join the body's unless it ignores EOS.
-void parse_sampling(ApiKind kind, const json& body, const SamplingDefaults& defaults,
+void parse_sampling(ApiKind kind, const json& body, const hf::GenerationConfig& defaults,
                     engine::SamplingParams& p);
 
 // Throws ApiException (400) when engine::check_sampling_params refuses `p`, its param the

@@ -80,8 +80,8 @@ TEST_F(ApiRequestsTest, GenerationConfigDefaultsFillWhatTheBodyLeavesOut) {
                              .top_k = 20,
                              .min_p = 0.05f,
                              .repetition_penalty = 1.1f,
-                             .max_tokens = 12,
-                             .stop_token_ids = {7, 9}};
+                             .max_new_tokens = 12,
+                             .eos_token_ids = {7, 9}};
   const auto parse_with = [&](ApiKind kind, const std::string& body) {
     return parse_generation_request(kind, json::parse(body), model);
   };
