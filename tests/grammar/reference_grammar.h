@@ -45,12 +45,12 @@ inline std::optional<std::vector<uint32_t>> decode_utf8(std::string_view text) {
 struct Node {
   enum class Kind { kAlternatives, kSequence, kLiteral, kClass, kAny, kRule, kRepeat };
   Kind kind = Kind::kSequence;
-  std::vector<std::unique_ptr<Node>> children;      // alternatives, sequence, repeat (one)
-  std::vector<uint32_t> literal;                    // kLiteral
+  std::vector<std::unique_ptr<Node>> children;        // alternatives, sequence, repeat (one)
+  std::vector<uint32_t> literal;                      // kLiteral
   std::vector<std::pair<uint32_t, uint32_t>> ranges;  // kClass
-  bool negated = false;                             // kClass
-  std::string rule;                                 // kRule
-  int min = 0, max = -1;                            // kRepeat; max -1: unbounded
+  bool negated = false;                               // kClass
+  std::string rule;                                   // kRule
+  int min = 0, max = -1;                              // kRepeat; max -1: unbounded
 };
 
 class Grammar {
@@ -99,8 +99,8 @@ class Grammar {
     }
   }
   static bool name_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
   }
   std::string read_name() {
     const size_t start = pos_;
@@ -109,7 +109,8 @@ class Grammar {
     return std::string(text_.substr(start, pos_ - start));
   }
   void expect(std::string_view s) {
-    if (text_.substr(pos_, s.size()) != s) throw std::runtime_error("reference: expected " + std::string(s));
+    if (text_.substr(pos_, s.size()) != s)
+      throw std::runtime_error("reference: expected " + std::string(s));
     pos_ += s.size();
   }
   // Whether a rule definition `name ::=` starts here (a rule body ends there).

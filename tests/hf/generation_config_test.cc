@@ -16,9 +16,8 @@ class GenerationConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() /
-           ("sieve_generation_config_" + std::to_string(::testing::UnitTest::GetInstance()
-                                                            ->current_test_info()
-                                                            ->line()));
+           ("sieve_generation_config_" +
+            std::to_string(::testing::UnitTest::GetInstance()->current_test_info()->line()));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
