@@ -6,6 +6,7 @@
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/spm_tokenizer.h"
 #include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unicode.h"
 #include "util/error.h"
 
 namespace sieve::tok {
@@ -158,7 +159,11 @@ std::vector<TokenId> TokenizerBase::encode(std::string_view text, EncodeOptions 
       out.push_back(*fragment.token);
       after_special = true;
     } else {
-      encode_text(fragment.text, after_special, out);
+      if (vocab_.normalize_nfc) {
+        encode_text(unicode::to_nfc(fragment.text), after_special, out);
+      } else {
+        encode_text(fragment.text, after_special, out);
+      }
       after_special = false;
     }
   }
