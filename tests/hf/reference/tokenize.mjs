@@ -5,7 +5,7 @@
 //
 // Usage: node tokenize.mjs [name...] (default: all of llama3_1, qwen3, gemma3).
 // Prints one JSON object: {"texts": [...], "tokenizers": {"<name>": {"models": "<dir of
-// tokenizer.json>", "ids": [[...] per text]}}}.
+// tokenizer.json>", "ids": [[...] per text], "decoded": [the text the ids decode to]}}}.
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -113,5 +113,8 @@ for (const name of names) {
     models,
     ids: texts.map((text) => Array.from(tokenizer.encode(text, { add_special_tokens: true }))),
   };
+  // The texts those ids decode to, special tokens shown and no clean-up of spaces (sieve's decode).
+  out.tokenizers[name].decoded = out.tokenizers[name].ids.map((ids) =>
+    ids.length === 0 ? '' : tokenizer.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
 }
 process.stdout.write(JSON.stringify(out));
