@@ -106,7 +106,8 @@ class Reader {
   const json& object(const json& parent, std::string_view key, std::string_view where) const {
     const json* value = member(parent, key);
     if (value == nullptr) error("{} has no \"{}\"", where.empty() ? "the file" : where, key);
-    if (!value->is_object()) error("{} is {}, expected an object", field(where, key), brief(*value));
+    if (!value->is_object())
+      error("{} is {}, expected an object", field(where, key), brief(*value));
     return *value;
   }
   const json& array(const json& parent, std::string_view key, std::string_view where) const {
@@ -192,8 +193,8 @@ Pattern pattern_of(const Reader& file, const json& step, std::string_view where)
   file.error("{}.pattern has neither \"Regex\" nor \"String\"", where);
 }
 
-bool is_replace(const Reader& file, const json& step, std::string_view where,
-                std::string_view from, std::string_view to) {
+bool is_replace(const Reader& file, const json& step, std::string_view where, std::string_view from,
+                std::string_view to) {
   if (type_of(file, step, where) != "Replace") return false;
   const Pattern pattern = pattern_of(file, step, where);
   return !pattern.regex && pattern.text == from && file.string(step, "content", where) == to;
@@ -216,8 +217,8 @@ struct Layout {
 // Byte-level BPE: the pre-tokenizer family, checked normalizer and decoder.
 void read_byte_level(const Reader& file, const json& tokenizer, bool ignore_merges,
                      Layout& layout) {
-  for (const json* step : steps(file, Reader::member(tokenizer, "normalizer"), "normalizers",
-                                "normalizer")) {
+  for (const json* step :
+       steps(file, Reader::member(tokenizer, "normalizer"), "normalizers", "normalizer")) {
     const std::string type = type_of(file, *step, "normalizer");
     if (type != "NFC")
       file.error("normalizer '{}' is not supported for a byte-level BPE tokenizer", type);
@@ -225,8 +226,8 @@ void read_byte_level(const Reader& file, const json& tokenizer, bool ignore_merg
   }
   std::string regexes;  // joined by "\n" (a pattern with a newline is not in the table)
   bool byte_level = false;
-  for (const json* step : steps(file, Reader::member(tokenizer, "pre_tokenizer"), "pretokenizers",
-                                "pre_tokenizer")) {
+  for (const json* step :
+       steps(file, Reader::member(tokenizer, "pre_tokenizer"), "pretokenizers", "pre_tokenizer")) {
     const std::string type = type_of(file, *step, "pre_tokenizer");
     if (type == "Split") {
       const Pattern pattern = pattern_of(file, *step, "pre_tokenizer");
@@ -274,8 +275,8 @@ void read_byte_level(const Reader& file, const json& tokenizer, bool ignore_merg
 void read_spm(const Reader& file, const json& tokenizer, Layout& layout) {
   layout.spm = true;
   bool spaces_escaped = false;
-  for (const json* step : steps(file, Reader::member(tokenizer, "normalizer"), "normalizers",
-                                "normalizer")) {
+  for (const json* step :
+       steps(file, Reader::member(tokenizer, "normalizer"), "normalizers", "normalizer")) {
     const std::string type = type_of(file, *step, "normalizer");
     if (type == "Prepend" && !spaces_escaped &&
         file.string(*step, "prepend", "normalizer") == kSpmSpace) {
@@ -286,14 +287,14 @@ void read_spm(const Reader& file, const json& tokenizer, Layout& layout) {
       file.error("normalizer '{}' is not supported for a SentencePiece-style tokenizer", type);
     }
   }
-  for (const json* step : steps(file, Reader::member(tokenizer, "pre_tokenizer"), "pretokenizers",
-                                "pre_tokenizer")) {
+  for (const json* step :
+       steps(file, Reader::member(tokenizer, "pre_tokenizer"), "pretokenizers", "pre_tokenizer")) {
     const std::string type = type_of(file, *step, "pre_tokenizer");
     if (type == "Metaspace" && !spaces_escaped &&
         file.string(*step, "replacement", "pre_tokenizer") == kSpmSpace &&
         !file.boolean(*step, "split", "pre_tokenizer").value_or(true)) {
-      const std::string scheme = file.string(*step, "prepend_scheme", "pre_tokenizer")
-                                     .value_or("always");
+      const std::string scheme =
+          file.string(*step, "prepend_scheme", "pre_tokenizer").value_or("always");
       // sieve puts the space in front of the text and after every special token in it, as
       // "always" does; "first" would put it in front of the text only.
       if (scheme == "first")
@@ -447,7 +448,8 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
     for (size_t i = 0; i < added->size(); ++i) {
       const std::string where = fmt::format("added_tokens[{}]", i);
       const json& entry = (*added)[i];
-      if (!entry.is_object()) file.error("{} is {}, expected an object", where, Reader::brief(entry));
+      if (!entry.is_object())
+        file.error("{} is {}, expected an object", where, Reader::brief(entry));
       const json* id = Reader::member(entry, "id");
       const json* content = Reader::member(entry, "content");
       if (id == nullptr || content == nullptr) file.error("{} needs \"id\" and \"content\"", where);
@@ -533,8 +535,8 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
   }
   std::optional<bool> add_bos = config_file.boolean(config, "add_bos_token", "");
   std::optional<bool> add_eos = config_file.boolean(config, "add_eos_token", "");
-  for (const json* step : steps(file, Reader::member(tokenizer, "post_processor"), "processors",
-                                "post_processor")) {
+  for (const json* step :
+       steps(file, Reader::member(tokenizer, "post_processor"), "processors", "post_processor")) {
     const std::string type = type_of(file, *step, "post_processor");
     if (type == "ByteLevel") continue;  // offsets only
     if (type != "TemplateProcessing") {
@@ -587,8 +589,7 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
       if (!chat_template) chat_template = value->get<std::string>();
     } else if (value->is_array()) {
       for (const json& entry : *value) {
-        const std::string name =
-            config_file.string(entry, "name", "chat_template[]").value_or("");
+        const std::string name = config_file.string(entry, "name", "chat_template[]").value_or("");
         const json* text = Reader::member(entry, "template");
         if (name.empty() || text == nullptr)
           config_file.error("chat_template entries need \"name\" and \"template\"");
@@ -600,8 +601,7 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
         }
       }
     } else {
-      config_file.error("chat_template is {}, expected a string or a list",
-                        Reader::brief(*value));
+      config_file.error("chat_template is {}, expected a string or a list", Reader::brief(*value));
     }
   }
   if (chat_template) set(kChatTemplateKey, {*chat_template});

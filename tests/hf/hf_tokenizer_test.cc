@@ -27,8 +27,7 @@ json byte_level_tokenizer() {
   return {
       {"version", "1.0"},
       {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
       {"post_processor", nullptr},
       {"decoder", {{"type", "ByteLevel"}}},
       {"added_tokens",
@@ -86,8 +85,8 @@ TEST(HfTokenizer, ByteLevelTokenizerMergesAsItsMergesSay) {
 
 TEST(HfTokenizer, ChatTemplatesAndPaddingAreTheConvertersKeys) {
   const gguf::File file = gguf::File::assemble(
-      hf::tokenizer_metadata({byte_level_tokenizer().dump(), config().dump(), ""}, "dir", 200),
-      {}, nullptr);
+      hf::tokenizer_metadata({byte_level_tokenizer().dump(), config().dump(), ""}, "dir", 200), {},
+      nullptr);
   EXPECT_EQ(file.get_string("tokenizer.chat_template"), "{{ messages }}");
   EXPECT_EQ(file.get_string("tokenizer.chat_template.tool_use"), "{{ tools }}");
   const tok::Vocab vocab = tok::load_vocab(file);
@@ -116,25 +115,33 @@ TEST(HfTokenizer, MalformedTokenizerJsonIsAnErrorNamingTheFileAndField) {
       {[](json& t) { t["model"]["vocab"]["he"] = 0; }, "gives id 0 to 'he', which is '!'"},
       {[](json& t) { t["model"]["merges"] = 3; }, "model.merges is 3, expected a list"},
       {[](json& t) { t["model"]["merges"][0] = "hello"; }, "model.merges[0] is \"hello\""},
-      {[](json& t) { t["model"]["merges"][1] = json::array({1, 2}); }, "model.merges[1] is [1,2]"},
+      {[](json& t) {
+         t["model"]["merges"][1] = json::array({1, 2});
+       },
+       "model.merges[1] is [1,2]"},
       {[](json& t) { t["added_tokens"][0].erase("id"); }, "added_tokens[0] needs \"id\""},
       {[](json& t) { t["added_tokens"][0]["rstrip"] = true; },
        "added token '<|end|>' has rstrip, which sieve does not support"},
       {[](json& t) { t["model"]["dropout"] = 0.1; }, "BPE dropout is not supported"},
-      {[](json& t) { t["normalizer"] = {{"type", "Lowercase"}}; },
+      {[](json& t) {
+         t["normalizer"] = {{"type", "Lowercase"}};
+       },
        "normalizer 'Lowercase' is not supported"},
       {[](json& t) {
-         t["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers",
-                                {{{"type", "Split"},
-                                  {"pattern", {{"Regex", "\\p{N}"}}},
-                                  {"behavior", "Isolated"}},
-                                 {{"type", "ByteLevel"}, {"add_prefix_space", false}}}}};
+         t["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers",
+              {{{"type", "Split"}, {"pattern", {{"Regex", "\\p{N}"}}}, {"behavior", "Isolated"}},
+               {{"type", "ByteLevel"}, {"add_prefix_space", false}}}}};
        },
        "the pre_tokenizer's regex '\\p{N}"},
-      {[](json& t) { t["pre_tokenizer"] = {{"type", "Whitespace"}}; },
+      {[](json& t) {
+         t["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
        "pre_tokenizer 'Whitespace' is not supported"},
-      {[](json& t) { t["post_processor"] = {{"type", "BertProcessing"}}; },
+      {[](json& t) {
+         t["post_processor"] = {{"type", "BertProcessing"}};
+       },
        "post_processor 'BertProcessing' is not supported"},
       {[](json& t) { t["model"]["byte_fallback"] = true; },
        "pre_tokenizer 'ByteLevel' is not supported for a SentencePiece-style tokenizer"},
@@ -146,8 +153,9 @@ TEST(HfTokenizer, MalformedTokenizerJsonIsAnErrorNamingTheFileAndField) {
     EXPECT_NE(error.find("tokenizer.json"), std::string::npos) << error;
     EXPECT_NE(error.find(c.expected), std::string::npos) << error;
   }
-  EXPECT_NE(error_of([&] { hf::tokenizer_metadata({"{", "", ""}, "dir", std::nullopt); })
-                .find("dir/tokenizer.json: the file is not valid JSON"),
+  EXPECT_NE(error_of([&] {
+              hf::tokenizer_metadata({"{", "", ""}, "dir", std::nullopt);
+            }).find("dir/tokenizer.json: the file is not valid JSON"),
             std::string::npos);
 }
 
@@ -162,8 +170,7 @@ TEST(HfTokenizer, MalformedTokenizerConfigIsAnErrorNamingTheFile) {
       {{{"chat_template", {{{"name", "default"}}}}}, "need \"name\" and \"template\""},
   };
   for (const auto& [tokenizer_config, expected] : cases) {
-    const std::string error =
-        error_of([&] { metadata(byte_level_tokenizer(), tokenizer_config); });
+    const std::string error = error_of([&] { metadata(byte_level_tokenizer(), tokenizer_config); });
     EXPECT_NE(error.find(expected), std::string::npos) << error;
   }
 }
