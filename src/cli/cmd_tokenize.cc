@@ -44,9 +44,12 @@ void tokenize(const TokenizeOptions& options) {
 void add_tokenize_command(CLI::App& app) {
   auto options = std::make_shared<TokenizeOptions>();
   CLI::App* command = app.add_subcommand("tokenize", "Print the token ids of a text");
-  command->add_option("-m,--model", options->model_path, "GGUF model or vocabulary-only GGUF file")
+  command
+      ->add_option("-m,--model", options->model_path,
+                   "GGUF model, vocabulary-only GGUF file, or Hugging Face folder (its "
+                   "tokenizer.json)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   command
       ->add_option("--tokenizer", options->tokenizer_path,
                    "llama2.c tokenizer file (for .bin models)")

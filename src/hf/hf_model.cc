@@ -10,6 +10,7 @@
 #include <numbers>
 #include <optional>
 
+#include "hf/hf_tokenizer.h"
 #include "hf/json_file.h"
 #include "hf/safetensors.h"
 #include "kernels/ops.h"
@@ -323,6 +324,9 @@ gguf::File open_model_folder(const std::string& path) {
     u32("attention.value_length", head_dim);
   }
   if (auto vocab = config.integer("vocab_size")) u32("vocab_size", *vocab);
+  // The tokenizer (tokenizer.json and friends), padded to the model's rows as the converter does.
+  for (gguf::KeyValue& entry : tokenizer_metadata(folder.string(), config.integer("vocab_size")))
+    metadata.push_back(std::move(entry));
   if (arch.keeps_sliding_window) {
     if (auto window = config.integer("sliding_window")) u32("attention.sliding_window", *window);
   } else if (config.boolean("use_sliding_window").value_or(false)) {

@@ -5,6 +5,7 @@
 
 #include "gguf/gguf.h"
 #include "hf/hf_model.h"
+#include "hf/hf_tokenizer.h"
 #include "model/llama.h"
 #include "model/model_file.h"
 #include "util/error.h"
@@ -30,10 +31,8 @@ namespace {
 // The tokenizer a GGUF file (or a folder read as one) describes.
 tok::Vocab vocab_of(const gguf::File& file, const std::string& path) {
   if (hf::is_model_folder(path) && !file.find("tokenizer.ggml.model")) {
-    fail(
-        "'{}': reading a Hugging Face folder's tokenizer (tokenizer.json) is not supported yet; "
-        "convert the folder with llama.cpp's convert_hf_to_gguf.py and load the GGUF",
-        hf::model_folder(path));
+    fail("'{}' has no tokenizer.json: sieve needs the folder's tokenizer beside its weights",
+         hf::model_folder(path));
   }
   return tok::load_vocab(file);
 }
@@ -41,9 +40,14 @@ tok::Vocab vocab_of(const gguf::File& file, const std::string& path) {
 }  // namespace
 
 std::shared_ptr<const tok::Tokenizer> load_tokenizer(const LoadOptions& options) {
-  if (hf::is_model_folder(options.model_path) || is_gguf_file(options.model_path)) {
-    const gguf::File file = open_model_file(options.model_path);
-    return tok::Tokenizer::create(vocab_of(file, options.model_path));
+  if (hf::is_model_folder(options.model_path)) {
+    // The tokenizer files alone: the weights are not opened.
+    return tok::Tokenizer::create(
+        vocab_of(hf::open_tokenizer_folder(options.model_path), options.model_path));
+  }
+  if (is_gguf_file(options.model_path)) {
+    return tok::Tokenizer::create(
+        vocab_of(gguf::File::open(options.model_path), options.model_path));
   }
   return load_model(options).tokenizer;
 }

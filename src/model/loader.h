@@ -42,8 +42,9 @@ struct LoadOptions {
 struct LoadedModel {
   std::shared_ptr<const Model> model;
   std::shared_ptr<const tok::Tokenizer> tokenizer;
-  std::string name;                          // general.name, else the file name
-  std::optional<std::string> chat_template;  // tokenizer.chat_template (GGUF only)
+  std::string name;  // general.name, else the file name
+  std::optional<std::string>
+      chat_template;  // tokenizer.chat_template (a folder: its tokenizer_config.json)
 };
 
 // Throws sieve::Error with a clear message (bad file, unsupported architecture or tensor type).

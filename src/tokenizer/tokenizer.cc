@@ -6,6 +6,7 @@
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/spm_tokenizer.h"
 #include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/unicode.h"
 #include "util/error.h"
 
 namespace sieve::tok {
@@ -120,9 +121,13 @@ void TokenizerBase::build_piece_cache() {
           pieces_[id] = normal_piece(text);
         }
         break;
+      case TokenType::kUserDefined:
+        // SentencePiece's (and Hugging Face's) decoders read U+2581 in these as a space too:
+        // Gemma's "▁▁" runs are user-defined tokens.
+        pieces_[id] = vocab_.kind == VocabKind::kSpm ? normal_piece(text) : text;
+        break;
       case TokenType::kControl:
       case TokenType::kUnknown:
-      case TokenType::kUserDefined:
         pieces_[id] = text;
         break;
       case TokenType::kUnused:
@@ -158,7 +163,11 @@ std::vector<TokenId> TokenizerBase::encode(std::string_view text, EncodeOptions 
       out.push_back(*fragment.token);
       after_special = true;
     } else {
-      encode_text(fragment.text, after_special, out);
+      if (vocab_.normalize_nfc) {
+        encode_text(unicode::to_nfc(fragment.text), after_special, out);
+      } else {
+        encode_text(fragment.text, after_special, out);
+      }
       after_special = false;
     }
   }

@@ -45,6 +45,10 @@ struct Vocab {
   bool add_bos = false;
   bool add_eos = false;
   bool add_space_prefix = true;  // SPM: prepend a space to the text
+  // Compose the text (Unicode NFC) before tokenizing it, as a Hugging Face tokenizer.json with
+  // the NFC normalizer does (Qwen's). GGUF key tokenizer.sieve.normalizer = "NFC": sieve's own,
+  // since llama.cpp's tokenizers ignore the normalizer and have no key for it.
+  bool normalize_nfc = false;
   size_t size() const { return tokens.size(); }
   friend bool operator==(const Vocab&, const Vocab&) = default;
 };
@@ -52,8 +56,10 @@ struct Vocab {
 // Reads tokenizer.ggml.* keys. Throws sieve::Error with the key name when data is missing or
 // inconsistent (e.g. scores/types arrays of a different length than tokens, ids out of range).
 // Defaults follow llama.cpp: "llama" vocabularies add BOS and a space prefix and default to
-// unk/bos/eos = 0/1/2; "gpt2" ones add BOS only for the llama3 pre-tokenizers. A special-token
-// id of 0xFFFFFFFF (or -1) means "none". Token types outside the enum read as kUndefined.
+// unk/bos/eos = 0/1/2; "gpt2" ones add BOS only for the llama3 pre-tokenizers.
+// tokenizer.sieve.normalizer may be "NFC" (see Vocab::normalize_nfc); any other value throws. A
+// special-token id of 0xFFFFFFFF (or -1) means "none". Token types outside the enum read as
+// kUndefined.
 Vocab load_vocab(const gguf::File& file);
 // Reads a llama2.c tokenizer file (e.g. tok512.bin): i32 max_token_length, then per token
 // f32 score, i32 length, bytes. Produces the same SPM vocabulary as the GGUF conversion.

@@ -1,6 +1,12 @@
 #include "tokenizer/unicode.h"
 
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
+#include <algorithm>
 #include <array>
+
+#include "util/error.h"
 
 namespace sieve::tok::unicode {
 namespace {
@@ -111,5 +117,51 @@ std::optional<uint8_t> unicode_to_byte(uint32_t cpt) {
 std::string escape_spm_spaces(std::string_view text) { return replace_all(text, " ", kSpmSpace); }
 
 std::string unescape_spm_spaces(std::string_view text) { return replace_all(text, kSpmSpace, " "); }
+
+std::string to_nfc(std::string_view text) {
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<uint8_t>(c) < 0x80; }))
+    return std::string(text);  // ASCII is composed already
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
+  if (U_FAILURE(status)) fail("ICU's NFC data is unavailable: {}", u_errorName(status));
+  // A code point ICU reads as the lenient decoder does: well-formed, shortest form, no surrogate.
+  auto well_formed = [](uint32_t cpt, size_t length) {
+    const size_t shortest = cpt < 0x80 ? 1 : cpt < 0x800 ? 2 : cpt < 0x10000 ? 3 : 4;
+    return length == shortest && !(cpt >= 0xD800 && cpt <= 0xDFFF) &&
+           !(cpt == kReplacementChar && length == 1);
+  };
+  std::string out;
+  out.reserve(text.size());
+  size_t offset = 0;
+  while (offset < text.size()) {
+    size_t end = offset, next = offset;
+    while (end < text.size()) {
+      next = end;
+      const uint32_t cpt = decode_lenient(text, next);
+      if (!well_formed(cpt, next - end)) break;
+      end = next;
+    }
+    if (end > offset) {
+      const std::string_view run = text.substr(offset, end - offset);
+      const icu::UnicodeString wide = icu::UnicodeString::fromUTF8(
+          icu::StringPiece(run.data(), static_cast<int32_t>(run.size())));
+      status = U_ZERO_ERROR;
+      if (nfc->isNormalized(wide, status)) {
+        out.append(run);
+      } else {
+        nfc->normalize(wide, status).toUTF8String(out);
+      }
+      if (U_FAILURE(status)) fail("NFC normalization failed: {}", u_errorName(status));
+    }
+    if (end < text.size()) {  // the malformed sequence, as it is
+      next = end;
+      decode_lenient(text, next);
+      out.append(text.substr(end, next - end));
+      end = next;
+    }
+    offset = end;
+  }
+  return out;
+}
 
 }  // namespace sieve::tok::unicode

@@ -39,6 +39,11 @@ bool is_valid_utf8(std::string_view text);
 std::string_view byte_to_unicode(uint8_t byte);  // the UTF-8 of the mapped code point
 std::optional<uint8_t> unicode_to_byte(uint32_t cpt);
 
+// The text in Unicode Normalization Form C (ICU's, Unicode 15 in Debian 12's ICU 72). Only
+// well-formed stretches are composed; malformed bytes, overlong forms and surrogates are kept
+// as they are, for the tokenizer to treat as it does without normalization.
+std::string to_nfc(std::string_view text);
+
 // Replaces every space by U+2581.
 std::string escape_spm_spaces(std::string_view text);
 // Replaces every U+2581 by a space.

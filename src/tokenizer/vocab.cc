@@ -24,6 +24,7 @@ constexpr std::string_view kMergesKey = "tokenizer.ggml.merges";
 constexpr std::string_view kAddBosKey = "tokenizer.ggml.add_bos_token";
 constexpr std::string_view kAddEosKey = "tokenizer.ggml.add_eos_token";
 constexpr std::string_view kAddSpacePrefixKey = "tokenizer.ggml.add_space_prefix";
+constexpr std::string_view kNormalizerKey = "tokenizer.sieve.normalizer";
 
 TokenType to_token_type(int32_t value) {
   if (value < static_cast<int32_t>(TokenType::kUndefined) ||
@@ -169,6 +170,11 @@ Vocab load_vocab(const gguf::File& file) {
   vocab.add_eos = file.get_bool(kAddEosKey).value_or(false);
   vocab.add_space_prefix =
       file.get_bool(kAddSpacePrefixKey).value_or(vocab.kind == VocabKind::kSpm);
+  if (const std::optional<std::string> normalizer = file.get_string(kNormalizerKey)) {
+    if (*normalizer != "NFC")
+      fail("unsupported normalizer '{}' ({}): sieve supports 'NFC'", *normalizer, kNormalizerKey);
+    vocab.normalize_nfc = true;
+  }
 
   validate(vocab);
   return vocab;

@@ -43,6 +43,18 @@ TEST(Unicode, LenientDecoding) {
   EXPECT_EQ(decode_at("\xC0\x80", offset), 0u);
 }
 
+TEST(Unicode, NfcComposesWellFormedStretchesAndKeepsMalformedBytes) {
+  EXPECT_EQ(to_nfc("plain ascii"), "plain ascii");
+  EXPECT_EQ(to_nfc("Cafe\u0301 e\u0301\u0323"), "Caf\u00E9 \u1EB9\u0301");  // reordered marks
+  EXPECT_EQ(to_nfc("\u037E \u2001 \u095D"), "; \u2003 \u0922\u093C");       // singletons, exclusion
+  EXPECT_EQ(to_nfc("\u00E9\u65E5\U0001F44B"), "\u00E9\u65E5\U0001F44B");    // NFC already
+  // A stray byte, an overlong '/' and an encoded surrogate stay; the text around them composes.
+  EXPECT_EQ(to_nfc("e\u0301\xFF"
+                   "e\u0301\xC0\xAF\xED\xA0\x80"
+                   "a\u0308"),
+            "\u00E9\xFF\u00E9\xC0\xAF\xED\xA0\x80\u00E4");
+}
+
 TEST(Unicode, Validity) {
   EXPECT_TRUE(is_valid_utf8(""));
   EXPECT_TRUE(is_valid_utf8("héllo \xF0\x9F\x98\x81 \uFFFD"));
