@@ -458,6 +458,55 @@ TEST_P(HfArchitectures, QuantizedAtLoadIsWhatConvertWrites) {
 INSTANTIATE_TEST_SUITE_P(All, HfArchitectures, ::testing::ValuesIn(arch_cases()),
                          [](const auto& info) { return info.param.label; });
 
+// A whole folder as a user serves it: weights, a byte-level tokenizer.json (26 letters, the
+// space, a few merges, padded to the model's 96 ids), tokenizer_config.json with its chat
+// template and EOS, generation_config.json. `sieve run -m DIR` answers, with the tokenizer's ids
+// (BOS off, as the config says), and `--quantize q8_0` runs too; `sieve tokenize` reads the
+// folder's tokenizer.
+TEST(HfFolderServed, RunsWithItsTokenizerChatTemplateAndQuantizedAtLoad) {
+  ArchCase c = arch_cases()[0];
+  c.label = "served";
+  const HfFolder folder(c, random_weights(c, 5));
+  json vocab = json::object();
+  int id = 0;
+  for (char ch = 'a'; ch <= 'z'; ++ch) vocab[std::string(1, ch)] = id++;
+  vocab["\xC4\xA0"] = id++;  // GPT-2's byte alphabet writes a space as U+0120
+  for (const char* merged : {"he", "ll", "hell", "hello", "\xC4\xA0w"}) vocab[merged] = id++;
+  const json tokenizer = {
+      {"version", "1.0"},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens", {{{"id", id}, {"content", "<|end|>"}, {"special", true}}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", json::array({"h e", "l l", "he ll", "hell o", "\xC4\xA0 w"})}}}};
+  std::ofstream(folder.dir / "tokenizer.json") << tokenizer.dump();
+  std::ofstream(folder.dir / "tokenizer_config.json")
+      << json{{"eos_token", "<|end|>"},
+              {"add_bos_token", false},
+              {"chat_template", "{% for m in messages %}{{ m['content'] }}<|end|>{% endfor %}"}}
+             .dump();
+  const testing::CliResult tokens =
+      testing::run_sieve("tokenize -m " + folder.dir.string() + " --ids 'hello world'", true);
+  ASSERT_EQ(tokens.exit_code, 0) << tokens.out;
+  const std::string hello = std::to_string(vocab["hello"].get<int>());
+  EXPECT_NE(tokens.out.find(hello), std::string::npos) << tokens.out;
+  for (const char* extra : {"", " --quantize q8_0"}) {
+    const testing::CliResult run = testing::run_sieve("run -m " + folder.dir.string() + extra +
+                                                      " -p 'hello world' -n 4 --temp 0 --json");
+    ASSERT_EQ(run.exit_code, 0) << extra << run.out;
+    const json out = json::parse(run.out);
+    // "hello" merged whole, then " world" as Ġw o r l d; no BOS (add_bos_token false).
+    EXPECT_EQ(out["prompt_tokens"], json::array({vocab["hello"], vocab["\xC4\xA0w"], vocab["o"],
+                                                 vocab["r"], vocab["l"], vocab["d"]}))
+        << extra;
+    EXPECT_EQ(out["tokens"].size(), 4u) << extra;
+  }
+}
+
 class BadFolder : public ::testing::Test {
  protected:
   void SetUp() override {
