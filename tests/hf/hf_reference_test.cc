@@ -10,6 +10,8 @@
 // A missing node or npm package fails the test.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -34,7 +36,8 @@ using nlohmann::ordered_json;
 // the message) when node fails.
 std::string run_node(const std::string& script, const std::string& args) {
   const fs::path dir = fs::path(SIEVE_SOURCE_DIR) / "tests/hf/reference";
-  const fs::path err = fs::temp_directory_path() / ("sieve_hf_reference_" + script + ".err");
+  const fs::path err = fs::temp_directory_path() /
+                       ("sieve_hf_reference_" + std::to_string(::getpid()) + "_" + script + ".err");
   const std::string command = "cd '" + dir.string() + "' && '" + SIEVE_NODE + "' " + script + " " +
                               args + " 2>'" + err.string() + "'";
   FILE* pipe = ::popen(command.c_str(), "r");
@@ -44,9 +47,13 @@ std::string run_node(const std::string& script, const std::string& args) {
   size_t n;
   while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) out.append(buffer.data(), n);
   const int status = ::pclose(pipe);
-  if (status != 0) {
+  std::string message;
+  {
     std::ifstream in(err);
-    const std::string message((std::istreambuf_iterator<char>(in)), {});
+    message.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  fs::remove(err);
+  if (status != 0) {
     ADD_FAILURE() << command << " failed (status " << status << "):\n" << message;
     throw std::runtime_error("node failed");
   }
@@ -60,9 +67,11 @@ fs::path package_models(const std::string& name) {
 }
 
 // A Hugging Face folder of the package's tokenizer files and a config.json without weights
-// (loading only the tokenizer needs none).
+// (loading only the tokenizer needs none); one per test process, as ctest runs these in parallel,
+// removed when the process ends.
 fs::path make_folder(const std::string& name) {
-  const fs::path folder = fs::temp_directory_path() / ("sieve_hf_reference_" + name);
+  const fs::path folder =
+      fs::temp_directory_path() / ("sieve_hf_reference_" + std::to_string(::getpid()) + "_" + name);
   fs::create_directories(folder);
   for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
     if (!fs::exists(package_models(name) / file)) {
@@ -73,6 +82,15 @@ fs::path make_folder(const std::string& name) {
     fs::copy_file(package_models(name) / file, folder / file, fs::copy_options::overwrite_existing);
   }
   std::ofstream(folder / "config.json") << R"({"architectures": ["LlamaForCausalLM"]})";
+  struct RemovedAtExit {
+    std::vector<fs::path> paths;
+    ~RemovedAtExit() {
+      std::error_code ignored;
+      for (const fs::path& path : paths) fs::remove_all(path, ignored);
+    }
+  };
+  static RemovedAtExit made;
+  made.paths.push_back(folder);
   return folder;
 }
 
@@ -162,7 +180,7 @@ TEST_P(HfReference, ChatTemplateRendersAsHuggingFaceJinja) {
 TEST_P(HfReference, ConvertedGgufLoadsTheSameTokenizer) {
   const fs::path folder = make_folder(GetParam());
   const gguf::File file = hf::open_tokenizer_folder(folder.string());
-  const fs::path out = fs::temp_directory_path() / ("sieve_hf_reference_" + GetParam() + ".gguf");
+  const fs::path out = folder / "converted.gguf";
   model::write_model_file(file, out.string());
   const gguf::File converted = gguf::File::open(out.string());
   EXPECT_EQ(tok::load_vocab(converted), tok::load_vocab(file));
