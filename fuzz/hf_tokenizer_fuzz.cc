@@ -21,8 +21,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const sieve::gguf::File file = sieve::gguf::File::assemble(
         sieve::hf::tokenizer_metadata({text, config, ""}, "fuzz", 300), {}, nullptr);
     const auto tokenizer = sieve::tok::Tokenizer::create(sieve::tok::load_vocab(file));
-    for (sieve::tok::TokenId id :
-         tokenizer->encode("Hello  world <s> 12345 \xE2\x96\x81 caf\xC3\xA9\xFF", {.parse_special = true})) {
+    for (sieve::tok::TokenId id : tokenizer->encode(
+             "Hello  world <s> 12345 \xE2\x96\x81 caf\xC3\xA9\xFF", {.parse_special = true})) {
       if (id < 0 || static_cast<size_t>(id) >= tokenizer->vocab().size()) __builtin_trap();
     }
   } catch (const sieve::Error&) {

@@ -342,14 +342,17 @@ int32_t Engine::continue_parked(sched::SeqId seq, Sample& sample, std::span<cons
 }
 
 void Engine::serve_prefix_cache_resets() {
+  // Relaxed: the one thing a step reads when nobody asked (the lock orders the rest).
+  if (!prefix_cache_reset_asked_.load(std::memory_order_relaxed)) return;
   std::vector<ResetSink> asks;
   bool idle = false;
   {
     std::lock_guard lock(mutex_);
-    if (prefix_cache_resets_.empty()) return;
+    prefix_cache_reset_asked_ = false;
     asks.swap(prefix_cache_resets_);
     idle = pending_.empty() && cancelled_.empty();
   }
+  if (asks.empty()) return;
   const bool reset = idle && scheduler_.idle() && kv_.reset_prefix_cache();
   forget_evicted_parked();
   for (ResetSink& done : asks) done(reset);
@@ -358,6 +361,7 @@ void Engine::serve_prefix_cache_resets() {
 void Engine::request_prefix_cache_reset(ResetSink done) {
   std::lock_guard lock(mutex_);
   prefix_cache_resets_.push_back(std::move(done));
+  prefix_cache_reset_asked_ = true;
   work_available_.notify_one();
 }
 

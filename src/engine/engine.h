@@ -215,6 +215,7 @@ class Engine {
   std::vector<std::unique_ptr<PendingRequest>> pending_;
   std::vector<RequestId> cancelled_;
   std::vector<ResetSink> prefix_cache_resets_;
+  std::atomic<bool> prefix_cache_reset_asked_{false};  // prefix_cache_resets_ is not empty
   std::atomic<RequestId> next_request_id_{1};
   EngineStats published_stats_;
 
