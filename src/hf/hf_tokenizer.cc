@@ -47,15 +47,7 @@ constexpr std::array kSpecialTokenFields = {
     SpecialTokenField{"pad_token", "tokenizer.ggml.padding_token_id"},
 };
 
-// tokenizer.ggml.token_type values (tok::TokenType; this layer sits below the tokenizer's).
-enum TokenType : int32_t {
-  kNormal = 1,
-  kUnknown = 2,
-  kControl = 3,
-  kUserDefined = 4,
-  kUnused = 5,
-  kByte = 6,
-};
+using gguf::TokenType;
 
 // Byte-level BPE pre-tokenizers: the Split regexes of tokenizer.json (HF's spelling; a
 // ByteLevel pre-tokenizer with use_regex contributes GPT-2's) and model.ignore_merges, and the
@@ -202,7 +194,7 @@ bool is_replace(const Reader& file, const json& step, std::string_view where, st
 
 struct Token {
   std::string text;
-  int32_t type = kNormal;
+  TokenType type = TokenType::kNormal;
   bool assigned = false;
 };
 
@@ -425,7 +417,7 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
 
   // Tokens: model.vocab, then added_tokens (which may repeat a vocab entry's id).
   std::vector<Token> tokens;
-  auto place = [&](int32_t id, std::string text, int32_t type, std::string_view what) {
+  auto place = [&](int32_t id, std::string text, TokenType type, std::string_view what) {
     if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
     Token& token = tokens[id];
     if (token.assigned && token.text != text)
@@ -434,11 +426,11 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
   };
   const json& vocab = file.object(model, "vocab", "model");
   for (const auto& [text, id] : vocab.items()) {
-    int32_t type = kNormal;
+    TokenType type = TokenType::kNormal;
     if (layout.spm && text.size() == 6 && text.starts_with("<0x") && text.back() == '>' &&
         std::isxdigit(static_cast<unsigned char>(text[3])) &&
         std::isxdigit(static_cast<unsigned char>(text[4]))) {
-      type = kByte;
+      type = TokenType::kByte;
     }
     place(file.id(id, fmt::format("model.vocab['{}']", text)), text, type, "model.vocab");
   }
@@ -461,7 +453,8 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
           file.error("added token '{}' has {}, which sieve does not support", text, flag);
       }
       const bool special = file.boolean(entry, "special", where).value_or(false);
-      place(file.id(*id, where + ".id"), text, special ? kControl : kUserDefined, "added_tokens");
+      place(file.id(*id, where + ".id"), text,
+            special ? TokenType::kControl : TokenType::kUserDefined, "added_tokens");
     }
   }
   if (tokens.empty()) file.error("model.vocab has no tokens");
@@ -475,13 +468,13 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
   ids.reserve(tokens.size());
   for (size_t id = 0; id < tokens.size(); ++id) {
     Token& token = tokens[id];
-    if (!token.assigned) token = {fmt::format("[PAD{}]", id), kUnused, true};
+    if (!token.assigned) token = {fmt::format("[PAD{}]", id), TokenType::kUnused, true};
     ids.emplace(token.text, static_cast<int32_t>(id));
   }
   if (const auto unk = file.string(model, "unk_token", "model")) {
     const auto it = ids.find(*unk);
     if (it == ids.end()) file.error("model.unk_token '{}' is not a token", *unk);
-    tokens[it->second].type = kUnknown;
+    tokens[it->second].type = TokenType::kUnknown;
   }
 
   std::vector<gguf::KeyValue> out;
@@ -573,7 +566,7 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
   types.reserve(tokens.size());
   for (Token& token : tokens) {
     texts_out.push_back(std::move(token.text));
-    types.push_back(token.type);
+    types.push_back(static_cast<int32_t>(token.type));
   }
   set(kTokensKey, string_array(std::move(texts_out)));
   gguf::Array type_array{gguf::ValueType::kInt32, {}};

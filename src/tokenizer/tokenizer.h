@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gguf/gguf.h"
+
 namespace sieve::gguf {
 class File;
 }
@@ -22,15 +24,7 @@ namespace sieve::tok {
 using TokenId = int32_t;
 
 // tokenizer.ggml.token_type values.
-enum class TokenType : int32_t {
-  kUndefined = 0,
-  kNormal = 1,
-  kUnknown = 2,
-  kControl = 3,
-  kUserDefined = 4,
-  kUnused = 5,
-  kByte = 6,
-};
+using TokenType = gguf::TokenType;
 
 enum class VocabKind { kSpm, kBpe };
 
