@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -88,7 +89,11 @@ std::vector<std::string> xml_elements(const std::string& xml, std::string& error
 class EvalNeedleCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / "sieve_eval_needle_cli";
+    // One folder per test process: ctest -j runs this fixture's tests side by side, and a
+    // shared folder was removed under the grid test by the other test's SetUp/TearDown.
+    dir_ = fs::temp_directory_path() /
+           ("sieve_eval_needle_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
