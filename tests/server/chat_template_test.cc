@@ -1,9 +1,10 @@
 // Chat-template rendering: real Hugging Face templates, Jinja semantics, errors and limits.
 //
-// The family templates (real_chat_templates.h) are the "chat_template" values of the models'
-// tokenizer_config.json, kept as the JSON string (escapes and all); each expected prompt was worked
-// out by hand from the template (see the comment on each case) and cross-checked against Python's
-// jinja2 3.1 with transformers' settings (trim_blocks, lstrip_blocks, loopcontrols).
+// The real templates' expected prompts are in chat_template_cases.h (worked out by hand from each
+// template and checked against @huggingface/jinja by chat_template_reference_test); the Jinja
+// rows below follow Python's jinja2 3.1 with transformers' settings (trim_blocks, lstrip_blocks,
+// loopcontrols), whose printing of values (True, None, reprs) the JavaScript renderer does not
+// share.
 #include "server/chat_template.h"
 
 #include <gmock/gmock.h>
@@ -14,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "real_chat_templates.h"
+#include "chat_template_cases.h"
 
 namespace sieve::server {
 namespace {
@@ -22,329 +23,48 @@ namespace {
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-using namespace templates;  // k_llama31, ..., template_text (real_chat_templates.h)
+using namespace templates;  // k_llama31, ..., TemplateCase (chat_template_cases.h)
 
-std::string render(std::string_view source, const json& context,
+template <class Json = json>
+std::string render(std::string_view source, const Json& context,
                    const ChatTemplateLimits& limits = {}) {
   return ChatTemplate::parse(source).render(context, limits);
 }
 
-// system + user + assistant + user. The assistant turn has spaces around it to show which
-// templates trim message content.
-json conversation(bool with_system) {
-  json messages = json::parse(R"([
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Hello"},
-    {"role": "assistant", "content": " Hi! "},
-    {"role": "user", "content": "What is 2+2?"}
-  ])");
-  if (!with_system) messages.erase(messages.begin());
-  return messages;
-}
-
-json context(const json& messages, json bos, json eos, bool add_generation_prompt = true) {
-  return {{"messages", messages},
-          {"bos_token", std::move(bos)},
-          {"eos_token", std::move(eos)},
-          {"add_generation_prompt", add_generation_prompt}};
-}
-
 // ---------------------------------------------------------------------------------------------
-// Real templates, rendered.
+// Real templates, rendered: chat_template_cases.h (its expectations are also checked against
+// @huggingface/jinja by chat_template_reference_test).
 
-struct FamilyCase {
-  const char* name;
-  const char* template_json;
-  bool with_system;  // false for models whose template rejects a system message
-  json bos, eos;
-  bool add_generation_prompt;
-  const char* expected;
-};
+class RealTemplate : public ::testing::TestWithParam<TemplateCase> {};
 
-std::vector<FamilyCase> family_cases() {
-  return {
-      // The system message goes inside <<SYS>> in the first user turn; user turns get
-      // bos + "[INST] " + content.strip() + " [/INST]", assistant turns " " + strip + " " + eos;
-      // no generation prompt exists in this format.
-      {"Llama2", k_llama2, true, "<s>", "</s>", true,
-       "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHello [/INST] Hi! </s>"
-       "<s>[INST] What is 2+2? [/INST]"},
-      // bos before the first turn; each turn is header + "\n\n" + content|trim + <|eot_id|>;
-      // then the assistant header.
-      {"Llama3", k_llama3, true, "<|begin_of_text|>", "<|eot_id|>", true,
-       "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
-       "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
-       "<|start_header_id|>assistant<|end_header_id|>\n\nHi!<|eot_id|>"
-       "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
-       "<|start_header_id|>assistant<|end_header_id|>\n\n"},
-      // No tools and no date_string: the system turn gets the knowledge-cutoff lines with the
-      // default date "26 Jul 2024", then the (trimmed) system message; every newline and indent
-      // of the template source is eaten by {%- / {{- .
-      {"Llama31", k_llama31, true, "<|begin_of_text|>", "<|eot_id|>", true,
-       "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-       "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
-       "You are terse.<|eot_id|>"
-       "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
-       "<|start_header_id|>assistant<|end_header_id|>\n\nHi!<|eot_id|>"
-       "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
-       "<|start_header_id|>assistant<|end_header_id|>\n\n"},
-      // bos, then "[INST] content [/INST]" per user turn and content + eos + " " per assistant
-      // turn, content untrimmed.
-      {"MistralV01", k_mistral_v01, false, "<s>", "</s>", true,
-       "<s>[INST] Hello [/INST] Hi! </s> [INST] What is 2+2? [/INST]"},
-      // " [INST] " + system + "\n\n" + first user message; assistant turns " " + content + eos.
-      {"MistralV02", k_mistral_v02, true, "<s>", "</s>", true,
-       "<s> [INST] You are terse.\n\nHello [/INST]  Hi! </s> [INST] What is 2+2? [/INST]"},
-      // ChatML, content untrimmed.
-      {"Qwen2", k_qwen2, true, json(), "<|im_end|>", true,
-       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
-       "<|im_start|>assistant\n Hi! <|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
-       "<|im_start|>assistant\n"},
-      // Without a system message Qwen2 inserts its default one before the first turn.
-      {"Qwen2DefaultSystem", k_qwen2, false, json(), "<|im_end|>", true,
-       "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-       "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n Hi! <|im_end|>\n"
-       "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"},
-      // Qwen2.5 without tools is ChatML like Qwen2, content untrimmed.
-      {"Qwen25", k_qwen25, true, json(), "<|im_end|>", true,
-       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
-       "<|im_start|>assistant\n Hi! <|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
-       "<|im_start|>assistant\n"},
-      // ... and its default system message names Qwen.
-      {"Qwen25DefaultSystem", k_qwen25, false, json(), "<|im_end|>", true,
-       "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-       "assistant.<|im_end|>\n"
-       "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n Hi! <|im_end|>\n"
-       "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"},
-      // Qwen3: the assistant turn comes before the last user query (index 3), so it is printed
-      // as is, without a think block; no default system message.
-      {"Qwen3", k_qwen3, true, json(), "<|im_end|>", true,
-       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
-       "<|im_start|>assistant\n Hi! <|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
-       "<|im_start|>assistant\n"},
-      {"Qwen3NoSystem", k_qwen3, false, json(), "<|im_end|>", true,
-       "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n Hi! <|im_end|>\n"
-       "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"},
-      // assistant is renamed "model"; content|trim.
-      {"Gemma", k_gemma, false, "<bos>", "<eos>", true,
-       "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nHi!<end_of_turn>\n"
-       "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"},
-      {"Phi3", k_phi3, true, "<s>", "<|endoftext|>", true,
-       "<|system|>\nYou are terse.<|end|>\n<|user|>\nHello<|end|>\n<|assistant|>\n Hi! <|end|>\n"
-       "<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n"},
-      // Without the generation prompt Phi-3 ends with eos.
-      {"Phi3NoGenerationPrompt", k_phi3, true, "<s>", "<|endoftext|>", false,
-       "<|system|>\nYou are terse.<|end|>\n<|user|>\nHello<|end|>\n<|assistant|>\n Hi! <|end|>\n"
-       "<|user|>\nWhat is 2+2?<|end|>\n<|endoftext|>"},
-      // Every tag sits on its own line: trim_blocks eats the newline after each {% %}, but the
-      // newline after each {{ }} stays, so every turn ends in eos + "\n".
-      {"Zephyr", k_zephyr, true, "<s>", "</s>", true,
-       "<|system|>\nYou are terse.</s>\n<|user|>\nHello</s>\n<|assistant|>\n Hi! </s>\n"
-       "<|user|>\nWhat is 2+2?</s>\n<|assistant|>\n"},
-  };
+TEST_P(RealTemplate, RendersAsExpected) {
+  const TemplateCase& c = GetParam();
+  const auto tmpl = ChatTemplate::parse(c.source);
+  if (!c.raises) {
+    EXPECT_EQ(tmpl.render(c.context), c.expected);
+    return;
+  }
+  try {
+    tmpl.render(c.context);
+    ADD_FAILURE() << "no exception";
+  } catch (const ChatTemplateRaised& e) {
+    EXPECT_EQ(std::string(e.what()), c.expected);
+  }
 }
 
-class FamilyTest : public ::testing::TestWithParam<FamilyCase> {};
+INSTANTIATE_TEST_SUITE_P(RealTemplates, RealTemplate, ::testing::ValuesIn(real_template_cases()),
+                         [](const auto& info) { return info.param.name; });
 
-TEST_P(FamilyTest, RendersConversation) {
-  const FamilyCase& c = GetParam();
-  const auto tmpl = ChatTemplate::parse(template_text(c.template_json));
-  EXPECT_EQ(
-      tmpl.render(context(conversation(c.with_system), c.bos, c.eos, c.add_generation_prompt)),
-      c.expected);
-}
-
-INSTANTIATE_TEST_SUITE_P(RealTemplates, FamilyTest, ::testing::ValuesIn(family_cases()),
-                         [](const auto& info) { return std::string(info.param.name); });
-
-// Llama 3.1 with a tool: the tool list goes into the first user turn as tojson(indent=4) (keys in
-// the sorted order nlohmann::json keeps), a tool call renders as {"name": ..., "parameters": ...},
-// and a tool result goes in an ipython turn; its string content `is iterable`, so it is printed
-// through tojson, quotes included (what Jinja does too).
-TEST(ChatTemplate, Llama31ToolCalling) {
-  json ctx = context(json::parse(R"([
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": null, "tool_calls": [
-      {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-    {"role": "tool", "content": "sunny"}
-  ])"),
-                     "<|begin_of_text|>", "<|eot_id|>");
-  ctx["tools"] = json::parse(R"([{"type": "function", "function": {
-      "name": "get_weather", "description": "Get the weather",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                     "required": ["city"]}}}])");
-  const std::string expected =
-      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-      "Environment: ipython\n"
-      "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
-      "You are terse.<|eot_id|>"
-      "<|start_header_id|>user<|end_header_id|>\n\n"
-      "Given the following functions, please respond with a JSON for a function call with its "
-      "proper arguments that best answers the given prompt.\n\n"
-      "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument "
-      "name and its value}.Do not use variables.\n\n"
-      "{\n"
-      "    \"function\": {\n"
-      "        \"description\": \"Get the weather\",\n"
-      "        \"name\": \"get_weather\",\n"
-      "        \"parameters\": {\n"
-      "            \"properties\": {\n"
-      "                \"city\": {\n"
-      "                    \"type\": \"string\"\n"
-      "                }\n"
-      "            },\n"
-      "            \"required\": [\n"
-      "                \"city\"\n"
-      "            ],\n"
-      "            \"type\": \"object\"\n"
-      "        }\n"
-      "    },\n"
-      "    \"type\": \"function\"\n"
-      "}\n\n"
-      "Weather in Paris?<|eot_id|>"
-      "<|start_header_id|>assistant<|end_header_id|>\n\n"
-      "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"
-      "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny\"<|eot_id|>"
-      "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  EXPECT_EQ(render(template_text(k_llama31), ctx), expected);
-}
-
-// The tool definition every tool-calling case below offers, in the order a client sends it.
-nlohmann::ordered_json weather_tool() {
-  return nlohmann::ordered_json::parse(R"([{"type": "function", "function": {
-      "name": "get_weather", "description": "Get the weather",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                     "required": ["city"]}}}])");
-}
-
-// Qwen2.5 and Qwen3 both print the same tools section in the system turn: the system message
-// (Qwen2.5: its default one when there is none) + "\n\n# Tools..." + one tojson line per tool
-// (compact, keys in the request's order) + the <tool_call> format instructions.
-std::string qwen_tools_system(const std::string& system_prefix) {
-  return "<|im_start|>system\n" + system_prefix +
-         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-         "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
-         "\"Get the "
-         "weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
-         "\"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\n"
-         "For each function call, return a json object with function name and arguments within "
-         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-         "\"arguments\": "
-         "<args-json-object>}\n</tool_call><|im_end|>\n";
-}
-
-// Qwen2.5 with a tool: an assistant turn with tool_calls and empty content prints no newline
-// for the content, then "\n<tool_call>\n" + {"name": ..., "arguments": tojson} + "\n</tool_call>";
-// a tool result becomes a user turn wrapping it in <tool_response>.
-TEST(ChatTemplate, Qwen25ToolCalling) {
-  nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(R"({"messages": [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-      {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-    {"role": "tool", "content": "sunny"}
-  ], "add_generation_prompt": true})");
-  ctx["tools"] = weather_tool();
-  const std::string expected =
-      qwen_tools_system("You are terse.\n\n") +
-      "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
-      "<|im_start|>assistant\n<tool_call>\n"
-      "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
-      "</tool_call><|im_end|>\n"
-      "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
-      "<|im_start|>assistant\n";
-  EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen25)).render(ctx), expected);
-  // Without a system message the tools section follows Qwen2.5's default one.
-  ctx["messages"].erase(ctx["messages"].begin());
-  EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen25)).render(ctx),
-            qwen_tools_system(
-                "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n") +
-                expected.substr(qwen_tools_system("You are terse.\n\n").size()));
-}
-
-// Qwen3 with a tool, after the last real user query (index 0; tool results do not count): the
-// assistant turn that calls the tool keeps its reasoning (split out of content at </think>)
-// in a think block; its arguments are a string, printed as is; two consecutive tool results
-// share one user turn; the last assistant turn gets an empty think block.
-TEST(ChatTemplate, Qwen3ToolCallingWithThinking) {
-  nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(R"({"messages": [
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": "<think>\nNeed the weather.\n</think>\n\n", "tool_calls": [
-      {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-    {"role": "tool", "content": "sunny"},
-    {"role": "tool", "content": "22 C"},
-    {"role": "assistant", "content": "It is sunny."}
-  ], "add_generation_prompt": false})");
-  ctx["tools"] = weather_tool();
-  EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen3)).render(ctx),
-            qwen_tools_system("") +
-                "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
-                "<|im_start|>assistant\n<think>\nNeed the weather.\n</think>\n\n<tool_call>\n"
-                "{\"name\": \"get_weather\", \"arguments\": {\"city\": "
-                "\"Paris\"}}\n</tool_call><|im_end|>\n"
-                "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
-                "<tool_response>\n22 C\n</tool_response><|im_end|>\n"
-                "<|im_start|>assistant\n<think>\n\n</think>\n\nIt is sunny.<|im_end|>\n");
-}
-
-// Qwen3 with the tool call of Qwen2.5's test (a system message, arguments as an object, empty
-// content): same turns as Qwen2.5 apart from the system text.
-TEST(ChatTemplate, Qwen3ToolCallMatchesQwen25Format) {
-  nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(R"({"messages": [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-      {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-    {"role": "tool", "content": "sunny"}
-  ], "add_generation_prompt": true})");
-  ctx["tools"] = weather_tool();
-  EXPECT_EQ(ChatTemplate::parse(template_text(k_qwen3)).render(ctx),
-            ChatTemplate::parse(template_text(k_qwen25)).render(ctx));
-}
-
-// Qwen3 reasoning in history: the think block of a turn before the last user query is dropped
-// (only the text after </think>, left-stripped of newlines, stays); the last turn keeps it,
-// newlines around the reasoning normalised to one.
-TEST(ChatTemplate, Qwen3ThinkingHistory) {
-  json ctx = context(json::parse(R"([
+// A user turn that is only a <tool_response> does not count as Qwen3's last query: the
+// assistant turn before it then keeps its reasoning.
+TEST(ChatTemplate, Qwen3ToolResponseIsNotAQuery) {
+  const nlohmann::ordered_json ctx = context(nlohmann::ordered_json::parse(R"([
     {"role": "user", "content": "What is 2+2?"},
     {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"},
-    {"role": "user", "content": "And 3+3?"},
-    {"role": "assistant", "content": "<think>\n\nAdd again.\n\n</think>\n\n6"}
+    {"role": "user", "content": "<tool_response>\n8\n</tool_response>"}
   ])"),
-                     json(), "<|im_end|>", false);
-  EXPECT_EQ(render(template_text(k_qwen3), ctx),
-            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
-            "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
-            "<|im_start|>assistant\n<think>\nAdd again.\n</think>\n\n6<|im_end|>\n");
-}
-
-// reasoning_content given separately is used instead of parsing content (and dropped here, as
-// the turn precedes the last query); enable_thinking=false makes the generation prompt an empty
-// think block, which tells the model to answer without reasoning.
-TEST(ChatTemplate, Qwen3ReasoningContentAndThinkingSwitch) {
-  json ctx = context(json::parse(R"([
-    {"role": "user", "content": "What is 2+2?"},
-    {"role": "assistant", "content": "4", "reasoning_content": "Add them."},
-    {"role": "user", "content": "And 3+3?"}
-  ])"),
-                     json(), "<|im_end|>", true);
-  const std::string turns =
-      "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
-      "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n";
-  EXPECT_EQ(render(template_text(k_qwen3), ctx), turns);
-  ctx["enable_thinking"] = true;
-  EXPECT_EQ(render(template_text(k_qwen3), ctx), turns);
-  ctx["enable_thinking"] = false;
-  EXPECT_EQ(render(template_text(k_qwen3), ctx), turns + "<think>\n\n</think>\n\n");
-  // A user turn that is only a <tool_response> does not count as the last query: the
-  // assistant turn before it then keeps its reasoning.
-  ctx["messages"][2]["content"] = "<tool_response>\n8\n</tool_response>";
-  ctx["messages"][1]["content"] = "<think>\nAdd them.\n</think>\n\n4";
-  ctx["messages"][1].erase("reasoning_content");
-  EXPECT_THAT(render(template_text(k_qwen3), ctx),
+                                             nullptr, "<|im_end|>", true);
+  EXPECT_THAT(ChatTemplate::parse(template_text(k_qwen3)).render(ctx),
               HasSubstr("<|im_start|>assistant\n<think>\nAdd them.\n</think>\n\n4<|im_end|>\n"));
 }
 
@@ -358,15 +78,6 @@ TEST(ChatTemplate, TojsonKeyOrder) {
   EXPECT_EQ(tmpl.render(json::parse(tools)), R"({"function": {"name": "f"}, "type": "function"})");
 }
 
-// date_string given by the caller replaces the default.
-TEST(ChatTemplate, Llama31DateString) {
-  json ctx = context(conversation(false), "<|begin_of_text|>", "<|eot_id|>");
-  ctx["date_string"] = "01 Jan 2025";
-  EXPECT_THAT(render(template_text(k_llama31), ctx),
-              HasSubstr("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
-                        "December 2023\nToday Date: 01 Jan 2025\n\n<|eot_id|>"));
-}
-
 TEST(ChatTemplate, ChatmlFallback) {
   const auto tmpl = ChatTemplate::parse(chatml_template());
   const std::string turns =
@@ -378,55 +89,6 @@ TEST(ChatTemplate, ChatmlFallback) {
   // With the real ChatML template, the fallback matches a model that ships ChatML.
   EXPECT_EQ(tmpl.render(context(conversation(true), json(), json(), true)),
             render(template_text(k_qwen2), context(conversation(true), json(), "<|im_end|>")));
-}
-
-// ---------------------------------------------------------------------------------------------
-// raise_exception: the template's own message, as ChatTemplateRaised.
-
-struct RaiseCase {
-  const char* name;
-  const char* template_json;
-  const char* messages;
-  const char* message;
-};
-
-TEST(ChatTemplate, RaiseException) {
-  const RaiseCase cases[] = {
-      {"gemma rejects system", k_gemma,
-       R"([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])",
-       "System role not supported"},
-      {"mistral v0.1: a system message breaks the alternation", k_mistral_v01,
-       R"([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])",
-       "Conversation roles must alternate user/assistant/user/assistant/..."},
-      {"mistral v0.1: unknown role", k_mistral_v01,
-       R"([{"role": "user", "content": "u"}, {"role": "tool", "content": "t"}])",
-       "Only user and assistant roles are supported!"},
-      {"mistral v0.2: two user turns", k_mistral_v02,
-       R"([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-           {"role": "user", "content": "u"}])",
-       "After the optional system message, conversation roles must alternate "
-       "user/assistant/user/assistant/..."},
-      {"llama 2: assistant first", k_llama2, R"([{"role": "assistant", "content": "a"}])",
-       "Conversation roles must alternate user/assistant/user/assistant/..."},
-      {"gemma: two user turns", k_gemma,
-       R"([{"role": "user", "content": "u"}, {"role": "user", "content": "u"}])",
-       "Conversation roles must alternate user/assistant/user/assistant/..."},
-      {"llama 3.1: two tool calls", k_llama31,
-       R"([{"role": "user", "content": "u"}, {"role": "assistant", "tool_calls": [
-            {"function": {"name": "a", "arguments": {}}},
-            {"function": {"name": "b", "arguments": {}}}]}])",
-       "This model only supports single tool-calls at once!"},
-  };
-  for (const RaiseCase& c : cases) {
-    SCOPED_TRACE(c.name);
-    const auto tmpl = ChatTemplate::parse(template_text(c.template_json));
-    try {
-      tmpl.render(context(json::parse(c.messages), "<s>", "</s>"));
-      ADD_FAILURE() << "no exception";
-    } catch (const ChatTemplateRaised& e) {
-      EXPECT_EQ(std::string(e.what()), c.message);
-    }
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -803,7 +465,8 @@ class TemplateContinuation : public ::testing::TestWithParam<ContinuationCase> {
 TEST_P(TemplateContinuation, NextTurnStartsWithTheLastPromptAndReply) {
   const ContinuationCase& c = GetParam();
   const auto tmpl = ChatTemplate::parse(template_text(c.template_json));
-  json messages = json::parse(R"([{"role": "user", "content": "Hello, who are you?"}])");
+  nlohmann::ordered_json messages =
+      nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Hello, who are you?"}])");
   const std::string prompt1 = tmpl.render(context(messages, c.bos, c.end_of_turn));
   messages.push_back({{"role", "assistant"}, {"content", c.reply}});
   messages.push_back({{"role", "user"}, {"content", "Tell me more."}});
