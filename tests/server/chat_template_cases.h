@@ -286,18 +286,17 @@ inline std::vector<TemplateCase> real_template_cases() {
   // Qwen3 reasoning in history: the think block of a turn before the last user query is dropped
   // (only the text after </think>, left-stripped of newlines, stays); the last turn keeps it,
   // newlines around the reasoning normalised to one.
-  cases.push_back(
-      {"Qwen3ThinkingHistory", template_text(k_qwen3),
-       context(json::parse(R"([
+  cases.push_back({"Qwen3ThinkingHistory", template_text(k_qwen3),
+                   context(json::parse(R"([
          {"role": "user", "content": "What is 2+2?"},
          {"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"},
          {"role": "user", "content": "And 3+3?"},
          {"role": "assistant", "content": "<think>\n\nAdd again.\n\n</think>\n\n6"}
        ])"),
-               json(), "<|im_end|>", false),
-       "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
-       "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
-       "<|im_start|>assistant\n<think>\nAdd again.\n</think>\n\n6<|im_end|>\n"});
+                           json(), "<|im_end|>", false),
+                   "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+                   "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+                   "<|im_start|>assistant\n<think>\nAdd again.\n</think>\n\n6<|im_end|>\n"});
 
   // reasoning_content given separately is used instead of parsing content (and dropped here, as
   // the turn precedes the last query); enable_thinking=false makes the generation prompt an empty
@@ -316,8 +315,8 @@ inline std::vector<TemplateCase> real_template_cases() {
     ctx["enable_thinking"] = true;
     cases.push_back({"Qwen3EnableThinking", template_text(k_qwen3), ctx, turns});
     ctx["enable_thinking"] = false;
-    cases.push_back({"Qwen3DisableThinking", template_text(k_qwen3), ctx,
-                     turns + "<think>\n\n</think>\n\n"});
+    cases.push_back(
+        {"Qwen3DisableThinking", template_text(k_qwen3), ctx, turns + "<think>\n\n</think>\n\n"});
   }
 
   // date_string given by the caller replaces the default.

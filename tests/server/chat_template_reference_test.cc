@@ -28,9 +28,8 @@ TEST(ChatTemplateReference, HuggingFaceJinjaRendersEveryExpectedPrompt) {
       std::filesystem::temp_directory_path() /
       ("sieve_template_cases_" + std::to_string(::getpid()) + ".json");
   std::ofstream(file) << input.dump();
-  const ordered_json results =
-      ordered_json::parse(testing::run_node_script("tests/hf/reference", "render_cases.mjs",
-                                                   "'" + file.string() + "'"));
+  const ordered_json results = ordered_json::parse(testing::run_node_script(
+      "tests/hf/reference", "render_cases.mjs", "'" + file.string() + "'"));
   std::filesystem::remove(file);
   ASSERT_EQ(results.size(), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
