@@ -32,12 +32,15 @@
 // Before storing / attending, the model (llama.cc) transforms each key and query head, q·k
 // changing only by a per-query constant (softmax, SnapKV's probabilities and Quest's ranking
 // unchanged; no bytes stored):
-//   1. static smoothing, per (layer, kv head, channel), measured once per model (when it first
-//      gets a q8 / q4 cache) from one f32 forward pass and carried by the cache (key_smoothing.h):
-//      k_c <- (k_c - mu_c) / s_c, q_c <- q_c * s_c, s_c = sqrt(sd(k_c) / rms(q_c)) shared by a RoPE
-//      pair (KVQuant / KIVI find key outliers per channel; QServe's SmoothAttention; the mean
-//      removal is exact under softmax);
+//   1. static smoothing, per (layer, kv head, channel), measured once per model and KV dtype
+//      (when it first gets a q8 / q4 cache) from one f32 forward pass and carried by the cache
+//      (key_smoothing.h): k_c <- (k_c - mu_c) / s_c, q_c <- q_c * s_c, s_c = sqrt(sd(k_c) /
+//      rms(q_c)) shared by a RoPE pair (KVQuant / KIVI find key outliers per channel; QServe's
+//      SmoothAttention; the mean removal is exact under softmax);
 //   2. a normalized Walsh–Hadamard rotation, which spreads what is left over the group.
+// Each kv head gets both, one, or neither: whichever rounds its keys with the least cost to the
+// attention on that pass (key_smoothing.h), since a head of few equal-magnitude codes rounds
+// almost exactly as it is (eval-32k's wired induction head: q4 top-1 0.84 -> 0.98).
 // Values are stored as they are. No residual window: a page's newest rows are quantized when
 // written, like the rest.
 //

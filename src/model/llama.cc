@@ -29,11 +29,9 @@ namespace {
 // alike: q·k is unchanged, and a key channel's outlier is spread over its quantization block
 // instead of setting the block's scale (attention output's rel. L2 error against f32 with one
 // outlier key channel, tests/kernels/paged_attention_test.cc: q8 2.5e-2 -> 1.0e-2 rotated, q4
-// 0.25 -> 0.15). The transform works on powers of two: groups of the largest one
-// dividing head_dim (a multiple of 32 there, so >= 32): the whole head at 64 or 128, blocks of
-// 32 at 96. The rotation follows the key smoothing below. f32 / f16 caches are neither smoothed
-// nor rotated (their outputs stay bit for bit).
-int64_t rotation_size(int64_t head_dim) { return head_dim & -head_dim; }
+// 0.25 -> 0.15). The transform works on powers of two (KeySmoothing::rotation_group). The
+// rotation follows the key smoothing below. f32 / f16 caches are neither smoothed nor rotated
+// (their outputs stay bit for bit).
 
 // Key smoothing (before the rotation, on q8 / q4 caches only, like it): per layer, kv head and
 // channel c, k_c <- (k_c - mu_c) / s_c and, for the query heads of its group, q_c <- q_c * s_c.
@@ -46,7 +44,11 @@ int64_t rotation_size(int64_t head_dim) { return head_dim & -head_dim; }
 // error of k against the weight q gives it (SmoothQuant's alpha = 0.5; QServe's SmoothAttention
 // scales keys alike). mu and s are measured once, when the first q8 / q4 cache is used or an
 // engine makes one (prepare_cache: measure_key_smoothing), from a forward
-// pass over kSmoothingTokens pseudo-random tokens with an f32 cache. copy-lm, K alone
+// pass over kSmoothingTokens pseudo-random tokens with an f32 cache, once per KV dtype.
+//
+// Smoothing and rotation are chosen per kv head: each head gets whichever of plain, smoothed,
+// rotated or both rounds its keys with the least score error on that pass (key_smoothing.h:
+// a head of few equal-magnitude codes rounds best as it is). copy-lm, K alone
 // quantized (V and Q exact), rotated: top-1 0.70 -> 0.82 (q4), 0.980 -> 0.992 (q8, with V q8).
 // Cost: one f32 prefill of kSmoothingTokens (copy-lm's whole q4 cache, mean KL: 64 tokens
 // 0.31, 128 0.24, 256 0.18, 512 0.12, 1024 0.12, none 0.34; the teacher-forced test prefers
@@ -175,110 +177,46 @@ LlamaModel::LlamaModel(ModelConfig config, Weights weights,
 }
 
 void LlamaModel::prepare_cache(KvCache& cache) const {
-  if (rotates_keys(cache) && !cache.key_smoothing()) cache.set_key_smoothing(key_smoothing());
+  if (rotates_keys(cache) && !cache.key_smoothing())
+    cache.set_key_smoothing(key_smoothing(cache.dtype()));
 }
 
-std::shared_ptr<const KeySmoothing> LlamaModel::key_smoothing() const {
-  std::call_once(smoothing_measured_, [this] { smoothing_ = measure_key_smoothing(); });
-  return smoothing_;
+std::shared_ptr<const KeySmoothing> LlamaModel::key_smoothing(kernels::DType dtype) const {
+  const std::lock_guard lock(smoothing_mutex_);
+  std::shared_ptr<const KeySmoothing>& memo = smoothings_[dtype];
+  if (!memo) memo = measure_key_smoothing(dtype);
+  return memo;
 }
 
-std::shared_ptr<const KeySmoothing> LlamaModel::measure_key_smoothing() const {
+std::shared_ptr<const KeySmoothing> LlamaModel::measure_key_smoothing(kernels::DType dtype) const {
   kernels::Backend& b = *backend_;
   const ModelConfig& c = config_;
-  const int64_t head_dim = c.head_dim, nkv = c.num_kv_heads, group = c.group_size();
-  const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  const KeySmoothing::Shape shape{.num_layers = c.num_layers,
+                                  .num_heads = c.num_heads,
+                                  .num_kv_heads = c.num_kv_heads,
+                                  .head_dim = c.head_dim,
+                                  .rope_dims = rope_.num_dims,
+                                  .rope_neox = rope_.ordering == kernels::RopeOrdering::kNeox};
+  KeySmoothing::Builder builder(shape, dtype);
   const auto n = static_cast<int32_t>(std::min<int64_t>(kSmoothingTokens, c.context_length));
-  const int64_t per_layer = 2 * kv_dim + q_dim;  // key_shift, key_scale, query_scale
-  if (n < 2) {                                   // nothing to measure on: no shift, unit scales
-    std::vector<float> identity(static_cast<size_t>(c.num_layers * per_layer), 1.0f);
-    for (int64_t l = 0; l < c.num_layers; ++l)
-      std::fill_n(identity.begin() + l * per_layer, kv_dim, 0.0f);
-    return std::make_shared<const KeySmoothing>(b, c.num_layers, kv_dim, q_dim, identity);
-  }
+  if (n < 2) return builder.make(b);  // nothing to measure on: the identity
   auto [cache, block_table] = KvCache::for_one_sequence(b, c, n, 16, kernels::DType::kF32);
   Batch batch;
   batch.begin_sequence(block_table);
   std::mt19937 rng(kSmoothingSeed);
   std::uniform_int_distribution<int64_t> token(0, c.vocab_size - 1);
   for (int32_t t = 0; t < n; ++t) batch.add(static_cast<TokenId>(token(rng)), t, t == n - 1);
-  // Per layer: sums of k, k^2 ([kv_dim]) and q^2 ([q_dim]) over the tokens, in double.
-  std::vector<double> k_sum(static_cast<size_t>(c.num_layers * kv_dim)), k_sq(k_sum.size()),
-      q_sq(static_cast<size_t>(c.num_layers * q_dim));
-  std::vector<float> host_q(static_cast<size_t>(n * q_dim)),
-      host_k(static_cast<size_t>(n * kv_dim));
+  std::vector<float> host_q(static_cast<size_t>(n * c.q_dim())),
+      host_k(static_cast<size_t>(n * c.kv_dim()));
   ForwardScratch scratch;
   scratch.on_projected = [&](int64_t layer, int64_t rows) {
     b.download(host_q.data(), scratch.q.as<const float>(), host_q.size() * sizeof(float));
     b.download(host_k.data(), scratch.k.as<const float>(), host_k.size() * sizeof(float));
-    for (int64_t t = 0; t < rows; ++t) {
-      for (int64_t i = 0; i < kv_dim; ++i) {
-        const double x = host_k[static_cast<size_t>(t * kv_dim + i)];
-        k_sum[static_cast<size_t>(layer * kv_dim + i)] += x;
-        k_sq[static_cast<size_t>(layer * kv_dim + i)] += x * x;
-      }
-      for (int64_t i = 0; i < q_dim; ++i) {
-        const double x = host_q[static_cast<size_t>(t * q_dim + i)];
-        q_sq[static_cast<size_t>(layer * q_dim + i)] += x * x;
-      }
-    }
+    builder.measure_layer(layer, host_q, host_k, rows);
   };
   std::vector<float> logits;
   forward(batch, cache, scratch, logits);
-
-  // Per layer: key_shift [kv_dim], key_scale [kv_dim], query_scale [q_dim].
-  std::vector<float> host(static_cast<size_t>(c.num_layers * per_layer));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    float* shift = host.data() + l * per_layer;
-    float* key_scale = shift + kv_dim;
-    float* query_scale = key_scale + kv_dim;
-    for (int64_t h = 0; h < nkv; ++h) {
-      // sd(k_c) and rms(q_c) over the group's query heads, each shared by a RoPE pair (RoPE
-      // mixes the two channels of a pair, so only a common scale commutes with it).
-      std::vector<double> s(static_cast<size_t>(head_dim));
-      double max_sd = 0.0, max_rms = 0.0;
-      std::vector<double> sd(static_cast<size_t>(head_dim)), rms(static_cast<size_t>(head_dim));
-      for (int64_t i = 0; i < head_dim; ++i) {
-        const size_t k_at = static_cast<size_t>(l * kv_dim + h * head_dim + i);
-        const double mean = k_sum[k_at] / n;
-        shift[h * head_dim + i] = static_cast<float>(-mean);
-        sd[static_cast<size_t>(i)] = std::max(0.0, k_sq[k_at] / n - mean * mean);
-        double q_ms = 0.0;
-        for (int64_t g = 0; g < group; ++g)
-          q_ms += q_sq[static_cast<size_t>(l * q_dim + (h * group + g) * head_dim + i)];
-        rms[static_cast<size_t>(i)] = q_ms / (n * group);
-      }
-      const int64_t rotated = rope_.num_dims, half = rotated / 2;
-      const bool neox = rope_.ordering == kernels::RopeOrdering::kNeox;
-      for (int64_t i = 0; i < head_dim; ++i) {  // the (mean squares of) each pair, averaged
-        const int64_t j = i >= rotated ? i : neox ? (i < half ? i + half : i - half) : (i ^ 1);
-        if (j < i) continue;
-        const auto ui = static_cast<size_t>(i), uj = static_cast<size_t>(j);
-        sd[ui] = sd[uj] = std::sqrt((sd[ui] + sd[uj]) / 2);
-        rms[ui] = rms[uj] = std::sqrt((rms[ui] + rms[uj]) / 2);
-      }
-      for (int64_t i = 0; i < head_dim; ++i) {
-        max_sd = std::max(max_sd, sd[static_cast<size_t>(i)]);
-        max_rms = std::max(max_rms, rms[static_cast<size_t>(i)]);
-      }
-      // Floors keep dead channels from getting extreme scales.
-      double log_sum = 0.0;
-      for (int64_t i = 0; i < head_dim; ++i) {
-        const auto ui = static_cast<size_t>(i);
-        s[ui] = std::sqrt(std::max(sd[ui], 1e-3 * max_sd + 1e-30) /
-                          std::max(rms[ui], 1e-3 * max_rms + 1e-30));
-        log_sum += std::log(s[ui]);
-      }
-      const double norm = std::exp(-log_sum / static_cast<double>(head_dim));
-      for (int64_t i = 0; i < head_dim; ++i) {
-        const double si = s[static_cast<size_t>(i)] * norm;
-        key_scale[h * head_dim + i] = static_cast<float>(1.0 / si);
-        for (int64_t g = 0; g < group; ++g)
-          query_scale[(h * group + g) * head_dim + i] = static_cast<float>(si);
-      }
-    }
-  }
-  return std::make_shared<const KeySmoothing>(b, c.num_layers, kv_dim, q_dim, host);
+  return builder.make(b);
 }
 
 std::string LlamaModel::fingerprint() const {
@@ -440,8 +378,19 @@ void LlamaModel::project_qkv(kernels::Backend& backend, const DeviceLayer& w, in
     if (!smoothing) return;
     if (shift) backend.add_bias(shift, {x, dim}, n, dim);
     backend.scale_columns(scale, {x, dim}, n, dim);
-    const int64_t group = rotation_size(head_dim);
-    backend.rotate_heads({x, dim}, n, dim / group, group);
+    // The heads the smoothing rotates (a query head as its kv head), runs of them per call.
+    const int64_t group = KeySmoothing::rotation_group(head_dim);
+    const int64_t heads_per_kv = num_heads / c.num_kv_heads;
+    for (int64_t h = 0; h < num_heads;) {
+      if (!smoothing->rotates(layer, h / heads_per_kv)) {
+        ++h;
+        continue;
+      }
+      int64_t end = h + 1;
+      while (end < num_heads && smoothing->rotates(layer, end / heads_per_kv)) ++end;
+      backend.rotate_heads({x + h * head_dim, dim}, n, (end - h) * head_dim / group, group);
+      h = end;
+    }
   };
   finish(q, q_dim, w.bq, w.q_norm, c.num_heads, nullptr,
          smoothing ? smoothing->query_scale(layer) : nullptr);

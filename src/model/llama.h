@@ -23,6 +23,7 @@
 // Quest's slice bounds, attention weights and observation scores.
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <optional>
 #include <functional>
 #include <memory>
@@ -94,10 +95,10 @@ class LlamaModel final : public Model {
     if (!config_.sliding_window) return std::nullopt;
     return static_cast<int32_t>(std::min<int64_t>(*config_.sliding_window, INT32_MAX));
   }
-  // The key smoothing of q8 / q4 caches: measured on first call from one forward pass over an
-  // f32 cache (llama.cc), then the same object.
-  std::shared_ptr<const KeySmoothing> key_smoothing() const;
-  std::shared_ptr<const KeySmoothing> measure_key_smoothing() const;
+  // The key transform of q8 / q4 caches of `dtype`: measured on first call from one forward
+  // pass over an f32 cache (llama.cc), then the same object.
+  std::shared_ptr<const KeySmoothing> key_smoothing(kernels::DType dtype) const;
+  std::shared_ptr<const KeySmoothing> measure_key_smoothing(kernels::DType dtype) const;
 
   // Grows the scratch buffers every layer uses for n rows.
   void reserve(kernels::Backend& backend, int64_t n, ForwardScratch& s) const;
@@ -136,8 +137,8 @@ class LlamaModel final : public Model {
   std::shared_ptr<kernels::Backend> backend_;
   kernels::DeviceBuffer vectors_;  // every layer's norms and biases, and output_norm
   // key_smoothing()'s: measured when first asked for (a memo; the model is otherwise unchanged).
-  mutable std::once_flag smoothing_measured_;
-  mutable std::shared_ptr<const KeySmoothing> smoothing_;
+  mutable std::mutex smoothing_mutex_;
+  mutable std::map<kernels::DType, std::shared_ptr<const KeySmoothing>> smoothings_;
   std::vector<DeviceLayer> layers_;
   kernels::MatrixView token_embd_, output_;
   const float* output_norm_ = nullptr;
