@@ -12,6 +12,7 @@
 
 #include "hf/hf_model.h"
 #include "hf/json_file.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace sieve::hf {
@@ -34,6 +35,8 @@ constexpr std::string_view kAddSpacePrefixKey = "tokenizer.ggml.add_space_prefix
 constexpr std::string_view kChatTemplateKey = "tokenizer.chat_template";
 // sieve's own: llama.cpp has no key for a normalizer (tok::Vocab::normalize_nfc).
 constexpr std::string_view kNormalizerKey = "tokenizer.sieve.normalizer";
+// sieve's own: llama.cpp has no key for added tokens' flags (tok::AddedTokenFlags).
+constexpr std::string_view kAddedTokenFlagsKey = "tokenizer.sieve.added_token_flags";
 
 // tokenizer_config.json's special tokens and the id keys they become.
 struct SpecialTokenField {
@@ -196,6 +199,7 @@ struct Token {
   std::string text;
   TokenType type = TokenType::kNormal;
   bool assigned = false;
+  tok::AddedTokenFlags flags;  // added tokens' lstrip / rstrip / single_word
 };
 
 // The decided shape of the tokenizer.
@@ -417,12 +421,13 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
 
   // Tokens: model.vocab, then added_tokens (which may repeat a vocab entry's id).
   std::vector<Token> tokens;
-  auto place = [&](int32_t id, std::string text, TokenType type, std::string_view what) {
+  auto place = [&](int32_t id, std::string text, TokenType type, std::string_view what,
+                   tok::AddedTokenFlags flags) {
     if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
     Token& token = tokens[id];
     if (token.assigned && token.text != text)
       file.error("{} gives id {} to '{}', which is '{}' already", what, id, text, token.text);
-    token = {std::move(text), type, true};
+    token = {std::move(text), type, true, flags};
   };
   const json& vocab = file.object(model, "vocab", "model");
   for (const auto& [text, id] : vocab.items()) {
@@ -432,7 +437,7 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
         std::isxdigit(static_cast<unsigned char>(text[4]))) {
       type = TokenType::kByte;
     }
-    place(file.id(id, fmt::format("model.vocab['{}']", text)), text, type, "model.vocab");
+    place(file.id(id, fmt::format("model.vocab['{}']", text)), text, type, "model.vocab", {});
   }
   if (const json* added = Reader::member(tokenizer, "added_tokens")) {
     if (!added->is_array())
@@ -446,15 +451,14 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
       const json* content = Reader::member(entry, "content");
       if (id == nullptr || content == nullptr) file.error("{} needs \"id\" and \"content\"", where);
       const std::string text = file.string(*content, where + ".content");
-      // Hugging Face matches these with the white space around them, or as whole words only;
-      // sieve matches a special token's text exactly.
-      for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
-        if (file.boolean(entry, flag, where).value_or(false))
-          file.error("added token '{}' has {}, which sieve does not support", text, flag);
-      }
+      // Matched with the white space around it, or as a whole word only (Phi-3's chat tokens
+      // take the white space after them).
+      const tok::AddedTokenFlags flags{file.boolean(entry, "lstrip", where).value_or(false),
+                                       file.boolean(entry, "rstrip", where).value_or(false),
+                                       file.boolean(entry, "single_word", where).value_or(false)};
       const bool special = file.boolean(entry, "special", where).value_or(false);
       place(file.id(*id, where + ".id"), text,
-            special ? TokenType::kControl : TokenType::kUserDefined, "added_tokens");
+            special ? TokenType::kControl : TokenType::kUserDefined, "added_tokens", flags);
     }
   }
   if (tokens.empty()) file.error("model.vocab has no tokens");
@@ -561,17 +565,25 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
   set(kAddEosKey, {add_eos.value_or(false)});
 
   std::vector<std::string> texts_out;
-  std::vector<int32_t> types;
+  std::vector<int32_t> types, flags;
   texts_out.reserve(tokens.size());
   types.reserve(tokens.size());
+  flags.reserve(tokens.size());
   for (Token& token : tokens) {
     texts_out.push_back(std::move(token.text));
     types.push_back(static_cast<int32_t>(token.type));
+    flags.push_back(token.flags.bits());
   }
   set(kTokensKey, string_array(std::move(texts_out)));
   gguf::Array type_array{gguf::ValueType::kInt32, {}};
   for (int32_t type : types) type_array.items.push_back({type});
   set(kTypesKey, {std::move(type_array)});
+  // Only when a token has a flag: every other tokenizer's keys stay as llama.cpp writes them.
+  if (std::any_of(flags.begin(), flags.end(), [](int32_t bits) { return bits != 0; })) {
+    gguf::Array flag_array{gguf::ValueType::kInt32, {}};
+    for (int32_t bits : flags) flag_array.items.push_back({bits});
+    set(kAddedTokenFlagsKey, {std::move(flag_array)});
+  }
 
   // Chat templates: chat_template.jinja, else tokenizer_config.json's (a string, or named
   // templates of which "default" is the template and the others tokenizer.chat_template.<name>).

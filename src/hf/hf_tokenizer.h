@@ -15,13 +15,14 @@
 //                                order in which SentencePiece-style merging then merges pairs
 //   normalizer NFC               tokenizer.sieve.normalizer = "NFC" (sieve's key: llama.cpp
 //                                ignores the normalizer; tok::Vocab::normalize_nfc)
+//   added_tokens' lstrip, rstrip tokenizer.sieve.added_token_flags, int32 per token (sieve's
+//   and single_word              key, written only when a token has one: tok::AddedTokenFlags)
 //   tokenizer_config.json        bos/eos/unk/pad_token -> *_token_id; add_bos/eos_token (else
 //                                the post_processor's TemplateProcessing); chat_template
 //
 // What sieve's tokenizers cannot do is refused, naming the file and the feature, rather than
 // tokenized differently: another model type, a pre-tokenizer regex no family of sieve's has,
-// normalizers and decoders other than the ones above, added tokens that strip white space or
-// match single words only.
+// normalizers and decoders other than the ones above.
 #include <cstdint>
 #include <optional>
 #include <string>

@@ -4,6 +4,7 @@
 // Hugging Face's own code: hf_reference_test.cc.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "error_of.h"
@@ -83,6 +84,37 @@ TEST(HfTokenizer, ByteLevelTokenizerMergesAsItsMergesSay) {
   EXPECT_EQ(ids[4], end + 1);
 }
 
+TEST(HfTokenizer, AddedTokenFlagsTakeWhiteSpaceOrWholeWords) {
+  // Without flags there is no sieve key: the keys are llama.cpp's converter's, as before.
+  EXPECT_FALSE(gguf::File::assemble(metadata(byte_level_tokenizer(), config()), {}, nullptr)
+                   .find("tokenizer.sieve.added_token_flags"));
+  json tokenizer = byte_level_tokenizer();
+  tokenizer["added_tokens"][0]["rstrip"] = true;  // <|end|>, as Phi-3's chat tokens
+  tokenizer["added_tokens"][1]["lstrip"] = true;  // <tool>
+  tokenizer["added_tokens"][1]["single_word"] = true;
+  const gguf::File file = gguf::File::assemble(metadata(tokenizer, config()), {}, nullptr);
+  const auto flagged = tok::Tokenizer::create(tok::load_vocab(file));
+  const tok::Vocab& vocab = flagged->vocab();
+  const tok::TokenId end = static_cast<tok::TokenId>(vocab.size()) - 2, tool = end + 1;
+  ASSERT_EQ(vocab.added_token_flags.size(), vocab.size());
+  EXPECT_EQ(vocab.added_token_flags[end], (tok::AddedTokenFlags{.rstrip = true}));
+  EXPECT_EQ(vocab.added_token_flags[tool],
+            (tok::AddedTokenFlags{.lstrip = true, .single_word = true}));
+  EXPECT_EQ(file.get_i32_array("tokenizer.sieve.added_token_flags")->at(tool),
+            tok::AddedTokenFlags::kLstripBit | tok::AddedTokenFlags::kSingleWordBit);
+  auto encode = [&](std::string_view text) {
+    return flagged->encode(text, {.parse_special = true});
+  };
+  const tok::TokenId hello = encode("hello")[0];
+  EXPECT_EQ(encode("hello<|end|> \n\nhello"), (std::vector<tok::TokenId>{hello, end, hello}));
+  EXPECT_EQ(encode("hello  <tool>"), (std::vector<tok::TokenId>{hello, tool}));
+  // Inside a word <tool> is text; the tokens give back their text alone.
+  const std::vector<tok::TokenId> inside = encode("hello<tool>");
+  EXPECT_EQ(std::find(inside.begin(), inside.end(), tool), inside.end());
+  EXPECT_EQ(flagged->decode(inside, true), "hello<tool>");
+  EXPECT_EQ(flagged->decode(encode("hello<|end|> \n\nhello"), true), "hello<|end|>hello");
+}
+
 TEST(HfTokenizer, ChatTemplatesAndPaddingAreTheConvertersKeys) {
   const gguf::File file = gguf::File::assemble(
       hf::tokenizer_metadata({byte_level_tokenizer().dump(), config().dump(), ""}, "dir", 200), {},
@@ -120,8 +152,8 @@ TEST(HfTokenizer, MalformedTokenizerJsonIsAnErrorNamingTheFileAndField) {
        },
        "model.merges[1] is [1,2]"},
       {[](json& t) { t["added_tokens"][0].erase("id"); }, "added_tokens[0] needs \"id\""},
-      {[](json& t) { t["added_tokens"][0]["rstrip"] = true; },
-       "added token '<|end|>' has rstrip, which sieve does not support"},
+      {[](json& t) { t["added_tokens"][0]["rstrip"] = "yes"; },
+       "added_tokens[0].rstrip is \"yes\", expected true or false"},
       {[](json& t) { t["model"]["dropout"] = 0.1; }, "BPE dropout is not supported"},
       {[](json& t) {
          t["normalizer"] = {{"type", "Lowercase"}};
