@@ -24,6 +24,7 @@
 #include "model/loader.h"
 #include "model/model_file.h"
 #include "server/chat_template.h"
+#include "server/real_chat_templates.h"
 #include "util/error.h"
 
 namespace sieve {
@@ -247,29 +248,23 @@ INSTANTIATE_TEST_SUITE_P(Packages, HfReferenceTokenizer,
 // Chat templates: the packages that have one.
 class HfReference : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(HfReference, ChatTemplateRendersAsHuggingFaceJinja) {
-  // Ordered: tojson prints a context's keys in their order, as Python and JavaScript do.
-  const ordered_json reference = ordered_json::parse(run_node("render.mjs", GetParam()));
-  const fs::path folder = make_folder(GetParam());
-  const gguf::File file = hf::open_tokenizer_folder(folder.string());
-  const std::optional<std::string> source = file.get_string("tokenizer.chat_template");
-  ASSERT_TRUE(source) << "no tokenizer.chat_template from " << folder;
-  const server::ChatTemplate tmpl = server::ChatTemplate::parse(*source);
-  const auto tokenizer = model::load_tokenizer({.model_path = folder.string()});
-
+// sieve's rendering of each of render.mjs's cases equals the reference's (or raises as it did);
+// the number of cases compared.
+size_t expect_renderings_equal(const ordered_json& reference, const server::ChatTemplate& tmpl,
+                               const tok::Tokenizer& tokenizer, const std::string& name) {
   size_t cases = 0;
   for (const ordered_json& c : reference.at("cases")) {
-    SCOPED_TRACE(GetParam() + " " + c.at("label").get<std::string>());
+    SCOPED_TRACE(name + " " + c.at("label").get<std::string>());
     const ordered_json& context = c.at("context");
     // The bos/eos strings the server passes (the tokenizer's pieces) are the reference's.
-    const tok::Vocab& vocab = tokenizer->vocab();
+    const tok::Vocab& vocab = tokenizer.vocab();
     if (context.contains("bos_token")) {
-      ASSERT_TRUE(vocab.bos);
-      EXPECT_EQ(tokenizer->token_to_piece(*vocab.bos, true), context["bos_token"]);
+      EXPECT_TRUE(vocab.bos);
+      if (vocab.bos) EXPECT_EQ(tokenizer.token_to_piece(*vocab.bos, true), context["bos_token"]);
     }
     if (context.contains("eos_token")) {
-      ASSERT_TRUE(vocab.eos);
-      EXPECT_EQ(tokenizer->token_to_piece(*vocab.eos, true), context["eos_token"]);
+      EXPECT_TRUE(vocab.eos);
+      if (vocab.eos) EXPECT_EQ(tokenizer.token_to_piece(*vocab.eos, true), context["eos_token"]);
     }
     if (c.contains("error")) {
       try {
@@ -283,8 +278,47 @@ TEST_P(HfReference, ChatTemplateRendersAsHuggingFaceJinja) {
     }
     ++cases;
   }
+  return cases;
+}
+
+TEST_P(HfReference, ChatTemplateRendersAsHuggingFaceJinja) {
+  // Ordered: tojson prints a context's keys in their order, as Python and JavaScript do.
+  const ordered_json reference = ordered_json::parse(run_node("render.mjs", GetParam()));
+  const fs::path folder = make_folder(GetParam());
+  const gguf::File file = hf::open_tokenizer_folder(folder.string());
+  const std::optional<std::string> source = file.get_string("tokenizer.chat_template");
+  ASSERT_TRUE(source) << "no tokenizer.chat_template from " << folder;
+  const server::ChatTemplate tmpl = server::ChatTemplate::parse(*source);
+  const auto tokenizer = model::load_tokenizer({.model_path = folder.string()});
+  const size_t cases = expect_renderings_equal(reference, tmpl, *tokenizer, GetParam());
   EXPECT_GE(cases, 12u);
   std::cout << GetParam() << ": " << cases << " conversations rendered\n";
+}
+
+// The llama3_1 package's chat_template is Llama 3's, which ignores tools; Llama 3.1's own (its
+// tokenizer_config.json's, as the server tests keep it) puts the tools in the first user
+// message or the system message, writes a call as {"name", "parameters"} JSON and a result
+// under the ipython header, and raises on two calls at once or tools without a user message.
+TEST(HfReference, Llama31ToolTemplateRendersAsHuggingFaceJinja) {
+  const fs::path folder = make_folder("llama3_1");
+  const std::string source = server::templates::template_text(server::templates::k_llama31);
+  const fs::path template_file = folder / "llama31.jinja";
+  std::ofstream(template_file) << source;
+  const ordered_json reference =
+      ordered_json::parse(run_node("render.mjs", "llama3_1 '" + template_file.string() + "'"));
+  const auto tokenizer = model::load_tokenizer({.model_path = folder.string()});
+  const size_t cases = expect_renderings_equal(reference, server::ChatTemplate::parse(source),
+                                               *tokenizer, "llama3_1 (Llama 3.1's template)");
+  size_t tool_cases = 0, raised = 0;
+  for (const ordered_json& c : reference.at("cases")) {
+    const ordered_json& context = c.at("context");
+    tool_cases += context.contains("tools") || context.contains("custom_tools");
+    raised += c.contains("error");
+  }
+  EXPECT_GE(tool_cases, 10u);
+  EXPECT_GE(raised, 4u);
+  std::cout << "llama3_1 with Llama 3.1's template: " << cases << " conversations rendered ("
+            << tool_cases << " with tools, " << raised << " raising)\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Packages, HfReference, ::testing::Values("llama3_1", "qwen3", "gemma3"),
