@@ -373,6 +373,21 @@ std::optional<int32_t> special_token_id(const Reader& config, const json& value,
   return it->second;
 }
 
+// config.json's bos_token_id / eos_token_id: an id, or a list of ids of which the first is the
+// token (the others, for EOS, are stop ids: generation_config.h); std::nullopt when absent.
+std::optional<int32_t> model_config_token_id(const Reader& config, const json& value,
+                                             std::string_view field, size_t num_tokens) {
+  const json* first = &value;
+  if (value.is_array()) {
+    if (value.empty()) return std::nullopt;
+    first = &value[0];
+  }
+  const int32_t id = config.id(*first, field);
+  if (static_cast<size_t>(id) >= num_tokens)
+    config.error("{} {} is not a token id of tokenizer.json ({} tokens)", field, id, num_tokens);
+  return id;
+}
+
 gguf::Value string_array(std::vector<std::string> items) {
   gguf::Array array{gguf::ValueType::kString, {}};
   array.items.reserve(items.size());
@@ -392,8 +407,14 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
   const json config = texts.tokenizer_config_json.empty()
                           ? json::object()
                           : parse_json(texts.tokenizer_config_json, config_file.path(), "the file");
+  const Reader model_config_file((fs::path(folder) / "config.json").string());
+  const json model_config =
+      texts.config_json.empty()
+          ? json::object()
+          : parse_json(texts.config_json, model_config_file.path(), "the file");
   if (!tokenizer.is_object()) file.error("not a JSON object");
   if (!config.is_object()) config_file.error("not a JSON object");
+  if (!model_config.is_object()) model_config_file.error("not a JSON object");
 
   // The model: BPE, plain or with byte fallback.
   const json& model = file.object(tokenizer, "model", "");
@@ -516,13 +537,20 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
     set(kMergesKey, string_array(std::move(lines)));
   }
 
-  // Special tokens and whether BOS/EOS are added: tokenizer_config.json, else what the
-  // post-processor adds (as the converter infers it).
+  // Special tokens and whether BOS/EOS are added: tokenizer_config.json, else config.json's
+  // ids (as the converter falls back to them), else what the post-processor adds (as the
+  // converter infers it).
   std::optional<int32_t> bos, eos;
   for (const SpecialTokenField& field : kSpecialTokenFields) {
     const json* value = Reader::member(config, field.config_field);
     std::optional<int32_t> id;
-    if (value != nullptr) id = special_token_id(config_file, *value, field.config_field, ids);
+    if (value != nullptr) {
+      id = special_token_id(config_file, *value, field.config_field, ids);
+    } else if (field.config_field == "bos_token" || field.config_field == "eos_token") {
+      const std::string id_field = fmt::format("{}_id", field.config_field);
+      if (const json* model_value = Reader::member(model_config, id_field))
+        id = model_config_token_id(model_config_file, *model_value, id_field, tokens.size());
+    }
     if (field.config_field == "unk_token" && !id) {
       if (const auto unk = file.string(model, "unk_token", "model")) id = ids.at(*unk);
     }
@@ -635,9 +663,9 @@ std::string read_optional(const fs::path& path) {
 std::vector<gguf::KeyValue> tokenizer_metadata(const std::string& folder,
                                                std::optional<uint64_t> vocab_size) {
   const fs::path dir(folder);
-  TokenizerTexts texts{read_optional(dir / "tokenizer.json"),
-                       read_optional(dir / "tokenizer_config.json"),
-                       read_optional(dir / "chat_template.jinja")};
+  TokenizerTexts texts{
+      read_optional(dir / "tokenizer.json"), read_optional(dir / "tokenizer_config.json"),
+      read_optional(dir / "chat_template.jinja"), read_optional(dir / "config.json")};
   return tokenizer_metadata(texts, folder, vocab_size);
 }
 

@@ -4,7 +4,11 @@
 // Hugging Face's own code: hf_reference_test.cc.)
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "error_of.h"
@@ -113,6 +117,49 @@ TEST(HfTokenizer, AddedTokenFlagsTakeWhiteSpaceOrWholeWords) {
   EXPECT_EQ(std::find(inside.begin(), inside.end(), tool), inside.end());
   EXPECT_EQ(flagged->decode(inside, true), "hello<tool>");
   EXPECT_EQ(flagged->decode(encode("hello<|end|> \n\nhello"), true), "hello<|end|>hello");
+}
+
+TEST(HfTokenizer, BosAndEosFallBackToConfigJsonsIds) {
+  auto vocab_of = [](const json& tokenizer_config, const json& model_config) {
+    return tok::load_vocab(gguf::File::assemble(
+        hf::tokenizer_metadata(
+            {byte_level_tokenizer().dump(), tokenizer_config.dump(), "", model_config.dump()},
+            "dir", std::nullopt),
+        {}, nullptr));
+  };
+  const json no_special_tokens = {{"add_bos_token", false}};
+  const tok::Vocab plain = vocab_of(no_special_tokens, json::object());
+  EXPECT_FALSE(plain.bos);
+  EXPECT_FALSE(plain.eos);
+  const tok::TokenId end = static_cast<tok::TokenId>(plain.size()) - 2;
+  // An id, or a list whose first id is the EOS (the others are stop ids: generation_config.h).
+  const tok::Vocab from_config =
+      vocab_of(no_special_tokens, {{"bos_token_id", 3}, {"eos_token_id", {end, 4, 5}}});
+  EXPECT_EQ(from_config.bos, 3);
+  EXPECT_EQ(from_config.eos, end);
+  EXPECT_EQ(vocab_of(no_special_tokens, {{"eos_token_id", 7}}).eos, 7);
+  EXPECT_FALSE(vocab_of(no_special_tokens, {{"eos_token_id", json::array()}}).eos);
+  // tokenizer_config.json's tokens win.
+  EXPECT_EQ(vocab_of(config(), {{"eos_token_id", 4}}).eos, end);
+  // A folder's config.json is read beside its tokenizer files.
+  const std::filesystem::path folder =
+      std::filesystem::temp_directory_path() /
+      ("sieve_hf_tokenizer_" + std::to_string(::getpid()) + "_config_ids");
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder / "tokenizer.json") << byte_level_tokenizer().dump();
+  std::ofstream(folder / "tokenizer_config.json") << no_special_tokens.dump();
+  std::ofstream(folder / "config.json") << json{{"eos_token_id", {end, 4}}}.dump();
+  EXPECT_EQ(tok::load_vocab(hf::open_tokenizer_folder(folder.string())).eos, end);
+  std::filesystem::remove_all(folder);
+  for (const auto& [model_config, expected] : std::vector<std::pair<json, std::string>>{
+           {{{"eos_token_id", 100000}}, "dir/config.json: eos_token_id 100000 is not a token id"},
+           {{{"bos_token_id", "1"}}, "dir/config.json: bos_token_id is \"1\", expected a token id"},
+           {{{"eos_token_id", {-1}}}, "dir/config.json: eos_token_id is -1"},
+           {json::array(), "dir/config.json: not a JSON object"},
+       }) {
+    const std::string error = error_of([&] { vocab_of(no_special_tokens, model_config); });
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  }
 }
 
 TEST(HfTokenizer, ChatTemplatesAndPaddingAreTheConvertersKeys) {
