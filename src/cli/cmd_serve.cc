@@ -43,25 +43,27 @@ struct ServeOptions {
   bool no_webui = false;
 };
 
-// --generation-config: "vllm" (none), "auto" (the model folder's generation_config.json, if it
-// is a folder and has one), or a folder holding one. Every id must be in the vocabulary.
+// --generation-config: "vllm" (none), "auto" (the model folder's generation_config.json, else
+// its config.json's eos_token_id, if it is a folder: hf::read_folder_generation_config), or a
+// folder holding a generation_config.json. Every id must be in the vocabulary.
 std::optional<std::pair<std::string, hf::GenerationConfig>> generation_defaults(
     const std::string& option, const std::string& model_path, size_t vocab_size) {
-  std::optional<std::string> path;
+  std::optional<std::pair<std::string, hf::GenerationConfig>> found;
   if (option == "auto") {
     if (hf::is_model_folder(model_path))
-      path = hf::find_generation_config(hf::model_folder(model_path));
+      found = hf::read_folder_generation_config(hf::model_folder(model_path));
   } else if (option != "vllm") {
-    path = hf::find_generation_config(option);
+    const std::optional<std::string> path = hf::find_generation_config(option);
     if (!path) fail("--generation-config {}: no generation_config.json there", option);
+    found = std::pair(*path, hf::read_generation_config(*path));
   }
-  if (!path) return std::nullopt;
-  const hf::GenerationConfig config = hf::read_generation_config(*path);
-  for (int32_t id : config.eos_token_ids) {
+  if (!found) return std::nullopt;
+  for (int32_t id : found->second.eos_token_ids) {
     if (static_cast<size_t>(id) >= vocab_size)
-      fail("{}: eos_token_id {} is outside the vocabulary ({} tokens)", *path, id, vocab_size);
+      fail("{}: eos_token_id {} is outside the vocabulary ({} tokens)", found->first, id,
+           vocab_size);
   }
-  return std::pair(*path, config);
+  return found;
 }
 
 std::string describe(const hf::GenerationConfig& d) {
@@ -360,7 +362,8 @@ void add_serve_command(CLI::App& app) {
       ->add_option("--generation-config", options->generation_config,
                    "Sampling defaults for what requests leave out: auto (a Hugging Face "
                    "folder's generation_config.json: temperature, top_p, top_k, min_p, "
-                   "repetition_penalty, max_new_tokens as a cap, eos_token_id as stop ids), vllm "
+                   "repetition_penalty, max_new_tokens as a cap, eos_token_id as stop ids; "
+                   "without one, config.json's eos_token_id as stop ids), vllm "
                    "(none: OpenAI's defaults), or a folder holding a generation_config.json")
       ->capture_default_str();
   options->engine.add_to(*command);

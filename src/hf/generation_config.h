@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sieve::hf {
@@ -31,5 +32,14 @@ GenerationConfig read_generation_config(const std::string& path);
 
 // The folder's generation_config.json, if it has one.
 std::optional<std::string> find_generation_config(const std::string& folder);
+
+// The sampling defaults of a model folder, and the file they came from: its
+// generation_config.json, else config.json's eos_token_id (an id or a list, as transformers'
+// GenerationConfig.from_model_config takes it when there is no generation_config.json; the
+// first id is also the tokenizer's EOS, hf_tokenizer.h), else std::nullopt. Only eos_token_id
+// is taken from config.json: the sampling fields an old config.json may hold are defaults
+// transformers no longer reads from there.
+std::optional<std::pair<std::string, GenerationConfig>> read_folder_generation_config(
+    const std::string& folder);
 
 }  // namespace sieve::hf

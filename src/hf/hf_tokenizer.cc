@@ -12,6 +12,7 @@
 
 #include "hf/hf_model.h"
 #include "hf/json_file.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace sieve::hf {
@@ -34,6 +35,8 @@ constexpr std::string_view kAddSpacePrefixKey = "tokenizer.ggml.add_space_prefix
 constexpr std::string_view kChatTemplateKey = "tokenizer.chat_template";
 // sieve's own: llama.cpp has no key for a normalizer (tok::Vocab::normalize_nfc).
 constexpr std::string_view kNormalizerKey = "tokenizer.sieve.normalizer";
+// sieve's own: llama.cpp has no key for added tokens' flags (tok::AddedTokenFlags).
+constexpr std::string_view kAddedTokenFlagsKey = "tokenizer.sieve.added_token_flags";
 
 // tokenizer_config.json's special tokens and the id keys they become.
 struct SpecialTokenField {
@@ -196,6 +199,7 @@ struct Token {
   std::string text;
   TokenType type = TokenType::kNormal;
   bool assigned = false;
+  tok::AddedTokenFlags flags;  // added tokens' lstrip / rstrip / single_word
 };
 
 // The decided shape of the tokenizer.
@@ -369,6 +373,21 @@ std::optional<int32_t> special_token_id(const Reader& config, const json& value,
   return it->second;
 }
 
+// config.json's bos_token_id / eos_token_id: an id, or a list of ids of which the first is the
+// token (the others, for EOS, are stop ids: generation_config.h); std::nullopt when absent.
+std::optional<int32_t> model_config_token_id(const Reader& config, const json& value,
+                                             std::string_view field, size_t num_tokens) {
+  const json* first = &value;
+  if (value.is_array()) {
+    if (value.empty()) return std::nullopt;
+    first = &value[0];
+  }
+  const int32_t id = config.id(*first, field);
+  if (static_cast<size_t>(id) >= num_tokens)
+    config.error("{} {} is not a token id of tokenizer.json ({} tokens)", field, id, num_tokens);
+  return id;
+}
+
 gguf::Value string_array(std::vector<std::string> items) {
   gguf::Array array{gguf::ValueType::kString, {}};
   array.items.reserve(items.size());
@@ -388,8 +407,14 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
   const json config = texts.tokenizer_config_json.empty()
                           ? json::object()
                           : parse_json(texts.tokenizer_config_json, config_file.path(), "the file");
+  const Reader model_config_file((fs::path(folder) / "config.json").string());
+  const json model_config =
+      texts.config_json.empty()
+          ? json::object()
+          : parse_json(texts.config_json, model_config_file.path(), "the file");
   if (!tokenizer.is_object()) file.error("not a JSON object");
   if (!config.is_object()) config_file.error("not a JSON object");
+  if (!model_config.is_object()) model_config_file.error("not a JSON object");
 
   // The model: BPE, plain or with byte fallback.
   const json& model = file.object(tokenizer, "model", "");
@@ -417,12 +442,13 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
 
   // Tokens: model.vocab, then added_tokens (which may repeat a vocab entry's id).
   std::vector<Token> tokens;
-  auto place = [&](int32_t id, std::string text, TokenType type, std::string_view what) {
+  auto place = [&](int32_t id, std::string text, TokenType type, std::string_view what,
+                   tok::AddedTokenFlags flags) {
     if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
     Token& token = tokens[id];
     if (token.assigned && token.text != text)
       file.error("{} gives id {} to '{}', which is '{}' already", what, id, text, token.text);
-    token = {std::move(text), type, true};
+    token = {std::move(text), type, true, flags};
   };
   const json& vocab = file.object(model, "vocab", "model");
   for (const auto& [text, id] : vocab.items()) {
@@ -432,7 +458,7 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
         std::isxdigit(static_cast<unsigned char>(text[4]))) {
       type = TokenType::kByte;
     }
-    place(file.id(id, fmt::format("model.vocab['{}']", text)), text, type, "model.vocab");
+    place(file.id(id, fmt::format("model.vocab['{}']", text)), text, type, "model.vocab", {});
   }
   if (const json* added = Reader::member(tokenizer, "added_tokens")) {
     if (!added->is_array())
@@ -446,15 +472,14 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
       const json* content = Reader::member(entry, "content");
       if (id == nullptr || content == nullptr) file.error("{} needs \"id\" and \"content\"", where);
       const std::string text = file.string(*content, where + ".content");
-      // Hugging Face matches these with the white space around them, or as whole words only;
-      // sieve matches a special token's text exactly.
-      for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
-        if (file.boolean(entry, flag, where).value_or(false))
-          file.error("added token '{}' has {}, which sieve does not support", text, flag);
-      }
+      // Matched with the white space around it, or as a whole word only (Phi-3's chat tokens
+      // take the white space after them).
+      const tok::AddedTokenFlags flags{file.boolean(entry, "lstrip", where).value_or(false),
+                                       file.boolean(entry, "rstrip", where).value_or(false),
+                                       file.boolean(entry, "single_word", where).value_or(false)};
       const bool special = file.boolean(entry, "special", where).value_or(false);
       place(file.id(*id, where + ".id"), text,
-            special ? TokenType::kControl : TokenType::kUserDefined, "added_tokens");
+            special ? TokenType::kControl : TokenType::kUserDefined, "added_tokens", flags);
     }
   }
   if (tokens.empty()) file.error("model.vocab has no tokens");
@@ -512,13 +537,20 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
     set(kMergesKey, string_array(std::move(lines)));
   }
 
-  // Special tokens and whether BOS/EOS are added: tokenizer_config.json, else what the
-  // post-processor adds (as the converter infers it).
+  // Special tokens and whether BOS/EOS are added: tokenizer_config.json, else config.json's
+  // ids (as the converter falls back to them), else what the post-processor adds (as the
+  // converter infers it).
   std::optional<int32_t> bos, eos;
   for (const SpecialTokenField& field : kSpecialTokenFields) {
     const json* value = Reader::member(config, field.config_field);
     std::optional<int32_t> id;
-    if (value != nullptr) id = special_token_id(config_file, *value, field.config_field, ids);
+    if (value != nullptr) {
+      id = special_token_id(config_file, *value, field.config_field, ids);
+    } else if (field.config_field == "bos_token" || field.config_field == "eos_token") {
+      const std::string id_field = fmt::format("{}_id", field.config_field);
+      if (const json* model_value = Reader::member(model_config, id_field))
+        id = model_config_token_id(model_config_file, *model_value, id_field, tokens.size());
+    }
     if (field.config_field == "unk_token" && !id) {
       if (const auto unk = file.string(model, "unk_token", "model")) id = ids.at(*unk);
     }
@@ -561,17 +593,25 @@ std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
   set(kAddEosKey, {add_eos.value_or(false)});
 
   std::vector<std::string> texts_out;
-  std::vector<int32_t> types;
+  std::vector<int32_t> types, flags;
   texts_out.reserve(tokens.size());
   types.reserve(tokens.size());
+  flags.reserve(tokens.size());
   for (Token& token : tokens) {
     texts_out.push_back(std::move(token.text));
     types.push_back(static_cast<int32_t>(token.type));
+    flags.push_back(token.flags.bits());
   }
   set(kTokensKey, string_array(std::move(texts_out)));
   gguf::Array type_array{gguf::ValueType::kInt32, {}};
   for (int32_t type : types) type_array.items.push_back({type});
   set(kTypesKey, {std::move(type_array)});
+  // Only when a token has a flag: every other tokenizer's keys stay as llama.cpp writes them.
+  if (std::any_of(flags.begin(), flags.end(), [](int32_t bits) { return bits != 0; })) {
+    gguf::Array flag_array{gguf::ValueType::kInt32, {}};
+    for (int32_t bits : flags) flag_array.items.push_back({bits});
+    set(kAddedTokenFlagsKey, {std::move(flag_array)});
+  }
 
   // Chat templates: chat_template.jinja, else tokenizer_config.json's (a string, or named
   // templates of which "default" is the template and the others tokenizer.chat_template.<name>).
@@ -623,9 +663,9 @@ std::string read_optional(const fs::path& path) {
 std::vector<gguf::KeyValue> tokenizer_metadata(const std::string& folder,
                                                std::optional<uint64_t> vocab_size) {
   const fs::path dir(folder);
-  TokenizerTexts texts{read_optional(dir / "tokenizer.json"),
-                       read_optional(dir / "tokenizer_config.json"),
-                       read_optional(dir / "chat_template.jinja")};
+  TokenizerTexts texts{
+      read_optional(dir / "tokenizer.json"), read_optional(dir / "tokenizer_config.json"),
+      read_optional(dir / "chat_template.jinja"), read_optional(dir / "config.json")};
   return tokenizer_metadata(texts, folder, vocab_size);
 }
 

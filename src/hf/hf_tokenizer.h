@@ -15,13 +15,18 @@
 //                                order in which SentencePiece-style merging then merges pairs
 //   normalizer NFC               tokenizer.sieve.normalizer = "NFC" (sieve's key: llama.cpp
 //                                ignores the normalizer; tok::Vocab::normalize_nfc)
+//   added_tokens' lstrip, rstrip tokenizer.sieve.added_token_flags, int32 per token (sieve's
+//   and single_word              key, written only when a token has one: tok::AddedTokenFlags)
 //   tokenizer_config.json        bos/eos/unk/pad_token -> *_token_id; add_bos/eos_token (else
 //                                the post_processor's TemplateProcessing); chat_template
+//   config.json                  bos/eos_token_id when tokenizer_config.json names no bos/eos
+//                                token (an id, or a list whose first id is the EOS: the others
+//                                are generation_config.h's extra stop ids), else the ids the
+//                                post_processor adds
 //
 // What sieve's tokenizers cannot do is refused, naming the file and the feature, rather than
 // tokenized differently: another model type, a pre-tokenizer regex no family of sieve's has,
-// normalizers and decoders other than the ones above, added tokens that strip white space or
-// match single words only.
+// normalizers and decoders other than the ones above.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -43,6 +48,7 @@ struct TokenizerTexts {
   std::string tokenizer_json;
   std::string tokenizer_config_json;
   std::string chat_template_jinja;
+  std::string config_json;  // only its bos_token_id / eos_token_id are read here
 };
 std::vector<gguf::KeyValue> tokenizer_metadata(const TokenizerTexts& texts,
                                                const std::string& folder,

@@ -4,6 +4,8 @@
 #include <iterator>
 #include <map>
 
+#include "tokenizer/unicode.h"
+
 namespace sieve::tok {
 
 SpecialTokenMatcher::SpecialTokenMatcher(const Vocab& vocab) {
@@ -13,7 +15,8 @@ SpecialTokenMatcher::SpecialTokenMatcher(const Vocab& vocab) {
     const bool user_defined = type == TokenType::kUserDefined;
     if ((!special && !user_defined) || vocab.tokens[id].empty()) continue;
     candidates_.push_back(
-        {static_cast<TokenId>(id), static_cast<uint32_t>(vocab.tokens[id].size()), user_defined});
+        {static_cast<TokenId>(id), static_cast<uint32_t>(vocab.tokens[id].size()), user_defined,
+         vocab.added_token_flags.empty() ? AddedTokenFlags{} : vocab.added_token_flags[id]});
   }
   std::stable_sort(candidates_.begin(), candidates_.end(),
                    [](const Candidate& a, const Candidate& b) { return a.length > b.length; });
@@ -44,6 +47,11 @@ uint32_t SpecialTokenMatcher::child(uint32_t node, uint8_t byte) const {
   return it != children.end() && it->first == byte ? it->second : 0;
 }
 
+bool SpecialTokenMatcher::single_word_at(std::string_view text, size_t begin, size_t end) {
+  return (begin == 0 || !unicode::is_alphanumeric(unicode::code_point_before(text, begin))) &&
+         (end == text.size() || !unicode::is_alphanumeric(unicode::code_point_at(text, end)));
+}
+
 std::vector<Fragment> SpecialTokenMatcher::partition(std::string_view text,
                                                      bool parse_special) const {
   // 1. Every occurrence of every enabled candidate, as (priority, start).
@@ -59,7 +67,8 @@ std::vector<Fragment> SpecialTokenMatcher::partition(std::string_view text,
         node = child(node, static_cast<uint8_t>(text[i]));
         if (node == 0) break;
         const auto& candidate = trie_[node].candidate;
-        if (candidate && (parse_special || candidates_[*candidate].always)) {
+        if (candidate && (parse_special || candidates_[*candidate].always) &&
+            (!candidates_[*candidate].flags.single_word || single_word_at(text, begin, i + 1))) {
           occurrences.push_back({*candidate, begin});
         }
       }
@@ -93,13 +102,23 @@ std::vector<Fragment> SpecialTokenMatcher::partition(std::string_view text,
     same_candidate_end = end;
   }
 
-  // 3. Interleave the uncut text with the cut tokens.
+  // 3. Interleave the uncut text with the cut tokens, which take the white space their
+  //    lstrip / rstrip flags say up to the previous (grown) cut and the next cut.
   std::vector<Fragment> fragments;
   size_t position = 0;
-  for (const auto& [begin, cut] : cuts) {
+  for (auto it = cuts.begin(); it != cuts.end(); ++it) {
+    const auto& [end, candidate_index] = it->second;
+    const Candidate& candidate = candidates_[candidate_index];
+    size_t begin = it->first;
+    if (candidate.flags.lstrip)
+      begin = std::max(position, unicode::white_space_start_before(text, begin));
     if (begin > position) fragments.push_back({text.substr(position, begin - position), {}});
-    fragments.push_back({{}, candidates_[cut.second].id});
-    position = cut.first;
+    fragments.push_back({{}, candidate.id});
+    position = end;
+    if (candidate.flags.rstrip) {
+      const size_t next_cut = std::next(it) == cuts.end() ? text.size() : std::next(it)->first;
+      position = std::min(next_cut, unicode::white_space_end_after(text, end));
+    }
   }
   if (position < text.size()) fragments.push_back({text.substr(position), {}});
   return fragments;

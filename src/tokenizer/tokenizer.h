@@ -28,6 +28,28 @@ using TokenType = gguf::TokenType;
 
 enum class VocabKind { kSpm, kBpe };
 
+// How an added token (special or user-defined) is found in the input, as a Hugging Face
+// tokenizer.json's added_tokens flags say: lstrip / rstrip: the token takes the white space
+// (Unicode White_Space) before / after its text with it, so that white space is not tokenized;
+// single_word: the text is the token only where neither neighbouring character is a letter or
+// a digit (Unicode Alphabetic or Numeric). GGUF: tokenizer.sieve.added_token_flags (sieve's own
+// key: llama.cpp has none), an int32 per token, the sum of the bits below.
+struct AddedTokenFlags {
+  static constexpr int32_t kLstripBit = 1;
+  static constexpr int32_t kRstripBit = 2;
+  static constexpr int32_t kSingleWordBit = 4;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool single_word = false;
+
+  int32_t bits() const {
+    return (lstrip ? kLstripBit : 0) | (rstrip ? kRstripBit : 0) |
+           (single_word ? kSingleWordBit : 0);
+  }
+  bool any() const { return lstrip || rstrip || single_word; }
+  friend bool operator==(const AddedTokenFlags&, const AddedTokenFlags&) = default;
+};
+
 struct Vocab {
   VocabKind kind = VocabKind::kSpm;
   std::string pre;                  // tokenizer.ggml.pre ("default" when absent)
@@ -43,6 +65,8 @@ struct Vocab {
   // the NFC normalizer does (Qwen's). GGUF key tokenizer.sieve.normalizer = "NFC": sieve's own,
   // since llama.cpp's tokenizers ignore the normalizer and have no key for it.
   bool normalize_nfc = false;
+  // Per token, or empty when every added token matches its text exactly (no flags).
+  std::vector<AddedTokenFlags> added_token_flags;
   size_t size() const { return tokens.size(); }
   friend bool operator==(const Vocab&, const Vocab&) = default;
 };
@@ -53,7 +77,8 @@ struct Vocab {
 // unk/bos/eos = 0/1/2; "gpt2" ones add BOS only for the llama3 pre-tokenizers.
 // tokenizer.sieve.normalizer may be "NFC" (see Vocab::normalize_nfc); any other value throws. A
 // special-token id of 0xFFFFFFFF (or -1) means "none". Token types outside the enum read as
-// kUndefined.
+// kUndefined. tokenizer.sieve.added_token_flags, when present, has one entry per token with
+// no bits but AddedTokenFlags' (else it throws).
 Vocab load_vocab(const gguf::File& file);
 // Reads a llama2.c tokenizer file (e.g. tok512.bin): i32 max_token_length, then per token
 // f32 score, i32 length, bytes. Produces the same SPM vocabulary as the GGUF conversion.
@@ -63,9 +88,9 @@ Vocab load_vocab(const gguf::File& file);
 Vocab load_llama2c_vocab(const std::string& path, size_t vocab_size);
 
 // Checks the invariants every tokenizer relies on: parallel arrays of equal length (scores may
-// be empty, meaning all 0), no NaN score, unique token texts, special ids in range, BOS/EOS
-// ids present when they are to be added. Throws sieve::Error saying what is wrong.
-// Tokenizer::create calls it.
+// be empty, meaning all 0; added_token_flags too, meaning none), no NaN score, unique token texts,
+// special ids in range, BOS/EOS ids present when they are to be added. Throws sieve::Error saying
+// what is wrong. Tokenizer::create calls it.
 void validate(const Vocab& vocab);
 
 struct EncodeOptions {
@@ -93,7 +118,8 @@ class Tokenizer {
   // llama.cpp's detokenize, which keeps it after BOS). No clean-up of spaces before
   // punctuation (llama.cpp's clean_spaces) is done, so decode(encode(text)) == text for all
   // valid UTF-8 (SPM: without U+2581, which SPM cannot tell from a space; BPE: malformed bytes
-  // come back as U+FFFD). Ids out of range throw sieve::Error.
+  // come back as U+FFFD; not the white space an lstrip/rstrip added token took with it). Ids
+  // out of range throw sieve::Error.
   virtual std::string decode(std::span<const TokenId> ids, bool render_special = false) const = 0;
 
   const Vocab& vocab() const { return vocab_; }

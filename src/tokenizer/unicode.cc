@@ -1,6 +1,7 @@
 #include "tokenizer/unicode.h"
 
 #include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
 #include <unicode/unistr.h>
 
 #include <algorithm>
@@ -112,6 +113,64 @@ std::string_view byte_to_unicode(uint8_t byte) { return byte_map().to_unicode[by
 std::optional<uint8_t> unicode_to_byte(uint32_t cpt) {
   if (cpt >= byte_map().to_byte.size() || byte_map().to_byte[cpt] < 0) return std::nullopt;
   return static_cast<uint8_t>(byte_map().to_byte[cpt]);
+}
+
+bool is_white_space(uint32_t cpt) {
+  return u_hasBinaryProperty(static_cast<UChar32>(cpt), UCHAR_WHITE_SPACE) != 0;
+}
+
+bool is_alphanumeric(uint32_t cpt) {
+  const auto c = static_cast<UChar32>(cpt);
+  if (u_hasBinaryProperty(c, UCHAR_ALPHABETIC)) return true;
+  const int8_t type = u_charType(c);
+  return type == U_DECIMAL_DIGIT_NUMBER || type == U_LETTER_NUMBER || type == U_OTHER_NUMBER;
+}
+
+namespace {
+
+// The offset where the code point ending at `offset` (> 0) starts: the lead byte up to three
+// continuation bytes back when it decodes to exactly there, else the byte before (malformed).
+size_t start_before(std::string_view text, size_t offset) {
+  for (size_t back = 1; back <= 4 && back <= offset; ++back) {
+    const auto byte = static_cast<uint8_t>(text[offset - back]);
+    if ((byte & 0xC0) == 0x80) continue;  // a continuation byte
+    size_t end = offset - back;
+    decode_lenient(text, end);
+    return end == offset ? offset - back : offset - 1;
+  }
+  return offset - 1;
+}
+
+}  // namespace
+
+uint32_t code_point_before(std::string_view text, size_t offset) {
+  size_t start = start_before(text, offset);
+  const uint32_t cpt = decode_lenient(text, start);
+  return start == offset ? cpt : kReplacementChar;
+}
+
+uint32_t code_point_at(std::string_view text, size_t offset) {
+  return decode_lenient(text, offset);
+}
+
+size_t white_space_start_before(std::string_view text, size_t offset) {
+  while (offset > 0) {
+    const size_t start = start_before(text, offset);
+    size_t end = start;
+    const uint32_t cpt = decode_lenient(text, end);
+    if (end != offset || !is_white_space(cpt)) break;
+    offset = start;
+  }
+  return offset;
+}
+
+size_t white_space_end_after(std::string_view text, size_t offset) {
+  while (offset < text.size()) {
+    size_t next = offset;
+    if (!is_white_space(decode_lenient(text, next))) break;
+    offset = next;
+  }
+  return offset;
 }
 
 std::string escape_spm_spaces(std::string_view text) { return replace_all(text, " ", kSpmSpace); }

@@ -44,6 +44,19 @@ std::optional<uint8_t> unicode_to_byte(uint32_t cpt);
 // as they are, for the tokenizer to treat as it does without normalization.
 std::string to_nfc(std::string_view text);
 
+// Unicode properties from ICU, as Rust's char::is_whitespace / is_alphanumeric (which Hugging
+// Face's added tokens use) define them: White_Space; Alphabetic or a number (Nd, Nl, No).
+bool is_white_space(uint32_t cpt);
+bool is_alphanumeric(uint32_t cpt);
+// The code point that ends at text[offset] (offset > 0), or the one that starts there (offset
+// < size), decoded leniently (a malformed byte reads as kReplacementChar).
+uint32_t code_point_before(std::string_view text, size_t offset);
+uint32_t code_point_at(std::string_view text, size_t offset);
+// The start of the run of white space that ends at offset / the end of the one that starts
+// there (offset itself when there is none).
+size_t white_space_start_before(std::string_view text, size_t offset);
+size_t white_space_end_after(std::string_view text, size_t offset);
+
 // Replaces every space by U+2581.
 std::string escape_spm_spaces(std::string_view text);
 // Replaces every U+2581 by a space.

@@ -25,6 +25,7 @@ constexpr std::string_view kAddBosKey = "tokenizer.ggml.add_bos_token";
 constexpr std::string_view kAddEosKey = "tokenizer.ggml.add_eos_token";
 constexpr std::string_view kAddSpacePrefixKey = "tokenizer.ggml.add_space_prefix";
 constexpr std::string_view kNormalizerKey = "tokenizer.sieve.normalizer";
+constexpr std::string_view kAddedTokenFlagsKey = "tokenizer.sieve.added_token_flags";
 
 TokenType to_token_type(int32_t value) {
   if (value < static_cast<int32_t>(TokenType::kUndefined) ||
@@ -175,6 +176,25 @@ Vocab load_vocab(const gguf::File& file) {
       fail("unsupported normalizer '{}' ({}): sieve supports 'NFC'", *normalizer, kNormalizerKey);
     vocab.normalize_nfc = true;
   }
+  if (const auto flags = file.get_i32_array(kAddedTokenFlagsKey)) {
+    if (flags->size() != num_tokens) {
+      fail("{} has {} entries but {} has {}", kAddedTokenFlagsKey, flags->size(), kTokensKey,
+           num_tokens);
+    }
+    constexpr int32_t kKnownBits =
+        AddedTokenFlags::kLstripBit | AddedTokenFlags::kRstripBit | AddedTokenFlags::kSingleWordBit;
+    vocab.added_token_flags.reserve(num_tokens);
+    for (size_t id = 0; id < num_tokens; ++id) {
+      const int32_t bits = (*flags)[id];
+      if ((bits & ~kKnownBits) != 0)
+        fail("{}[{}] is {}: sieve knows the bits {} (lstrip), {} (rstrip) and {} (single_word)",
+             kAddedTokenFlagsKey, id, bits, AddedTokenFlags::kLstripBit,
+             AddedTokenFlags::kRstripBit, AddedTokenFlags::kSingleWordBit);
+      vocab.added_token_flags.push_back({(bits & AddedTokenFlags::kLstripBit) != 0,
+                                         (bits & AddedTokenFlags::kRstripBit) != 0,
+                                         (bits & AddedTokenFlags::kSingleWordBit) != 0});
+    }
+  }
 
   validate(vocab);
   return vocab;
@@ -242,6 +262,10 @@ void validate(const Vocab& vocab) {
   }
   if (!vocab.scores.empty() && vocab.scores.size() != n) {
     fail("the vocabulary has {} tokens but {} scores", n, vocab.scores.size());
+  }
+  if (!vocab.added_token_flags.empty() && vocab.added_token_flags.size() != n) {
+    fail("the vocabulary has {} tokens but {} added-token flags", n,
+         vocab.added_token_flags.size());
   }
   for (size_t id = 0; id < vocab.scores.size(); ++id) {
     if (std::isnan(vocab.scores[id])) fail("token {} has a NaN score", id);

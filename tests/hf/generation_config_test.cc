@@ -73,5 +73,35 @@ TEST_F(GenerationConfigTest, BadFieldsAreErrorsNamingTheFileAndField) {
   EXPECT_NE(error("{\"top_p\": ").find("generation_config.json"), std::string::npos);
 }
 
+TEST_F(GenerationConfigTest, FolderWithoutOneTakesConfigJsonsEosIds) {
+  const std::string config_path = (dir_ / "config.json").string();
+  EXPECT_FALSE(read_folder_generation_config(dir_.string())) << "no files";
+  // Phi-3-like: a list, whose other ids are stop ids too; the sampling fields an old config.json
+  // may hold are not taken.
+  std::ofstream(config_path) << R"({"eos_token_id": [32000, 32001, 32007], "temperature": 0.7})";
+  auto found = read_folder_generation_config(dir_.string());
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->first, config_path);
+  EXPECT_EQ(found->second.eos_token_ids, (std::vector<int32_t>{32000, 32001, 32007}));
+  EXPECT_FALSE(found->second.temperature);
+  std::ofstream(config_path) << R"({"eos_token_id": 2})";
+  EXPECT_EQ(read_folder_generation_config(dir_.string())->second.eos_token_ids,
+            std::vector<int32_t>{2});
+  std::ofstream(config_path) << R"({"vocab_size": 100})";
+  EXPECT_FALSE(read_folder_generation_config(dir_.string())) << "nothing to apply";
+  std::ofstream(config_path) << R"({"eos_token_id": "two"})";
+  const std::string message =
+      testing::error_of([&] { read_folder_generation_config(dir_.string()); });
+  EXPECT_NE(message.find("config.json: 'eos_token_id' must be a token id"), std::string::npos)
+      << message;
+  // generation_config.json, when there is one, is what applies.
+  const std::string path = write(R"({"eos_token_id": [5, 6], "top_k": 4})");
+  found = read_folder_generation_config(dir_.string());
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->first, path);
+  EXPECT_EQ(found->second.eos_token_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(found->second.top_k, 4);
+}
+
 }  // namespace
 }  // namespace sieve::hf

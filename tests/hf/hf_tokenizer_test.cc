@@ -4,6 +4,11 @@
 // Hugging Face's own code: hf_reference_test.cc.)
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "error_of.h"
@@ -83,6 +88,80 @@ TEST(HfTokenizer, ByteLevelTokenizerMergesAsItsMergesSay) {
   EXPECT_EQ(ids[4], end + 1);
 }
 
+TEST(HfTokenizer, AddedTokenFlagsTakeWhiteSpaceOrWholeWords) {
+  // Without flags there is no sieve key: the keys are llama.cpp's converter's, as before.
+  EXPECT_FALSE(gguf::File::assemble(metadata(byte_level_tokenizer(), config()), {}, nullptr)
+                   .find("tokenizer.sieve.added_token_flags"));
+  json tokenizer = byte_level_tokenizer();
+  tokenizer["added_tokens"][0]["rstrip"] = true;  // <|end|>, as Phi-3's chat tokens
+  tokenizer["added_tokens"][1]["lstrip"] = true;  // <tool>
+  tokenizer["added_tokens"][1]["single_word"] = true;
+  const gguf::File file = gguf::File::assemble(metadata(tokenizer, config()), {}, nullptr);
+  const auto flagged = tok::Tokenizer::create(tok::load_vocab(file));
+  const tok::Vocab& vocab = flagged->vocab();
+  const tok::TokenId end = static_cast<tok::TokenId>(vocab.size()) - 2, tool = end + 1;
+  ASSERT_EQ(vocab.added_token_flags.size(), vocab.size());
+  EXPECT_EQ(vocab.added_token_flags[end], (tok::AddedTokenFlags{.rstrip = true}));
+  EXPECT_EQ(vocab.added_token_flags[tool],
+            (tok::AddedTokenFlags{.lstrip = true, .single_word = true}));
+  EXPECT_EQ(file.get_i32_array("tokenizer.sieve.added_token_flags")->at(tool),
+            tok::AddedTokenFlags::kLstripBit | tok::AddedTokenFlags::kSingleWordBit);
+  auto encode = [&](std::string_view text) {
+    return flagged->encode(text, {.parse_special = true});
+  };
+  const tok::TokenId hello = encode("hello")[0];
+  EXPECT_EQ(encode("hello<|end|> \n\nhello"), (std::vector<tok::TokenId>{hello, end, hello}));
+  EXPECT_EQ(encode("hello  <tool>"), (std::vector<tok::TokenId>{hello, tool}));
+  // Inside a word <tool> is text; the tokens give back their text alone.
+  const std::vector<tok::TokenId> inside = encode("hello<tool>");
+  EXPECT_EQ(std::find(inside.begin(), inside.end(), tool), inside.end());
+  EXPECT_EQ(flagged->decode(inside, true), "hello<tool>");
+  EXPECT_EQ(flagged->decode(encode("hello<|end|> \n\nhello"), true), "hello<|end|>hello");
+}
+
+TEST(HfTokenizer, BosAndEosFallBackToConfigJsonsIds) {
+  auto vocab_of = [](const json& tokenizer_config, const json& model_config) {
+    return tok::load_vocab(gguf::File::assemble(
+        hf::tokenizer_metadata(
+            {byte_level_tokenizer().dump(), tokenizer_config.dump(), "", model_config.dump()},
+            "dir", std::nullopt),
+        {}, nullptr));
+  };
+  const json no_special_tokens = {{"add_bos_token", false}};
+  const tok::Vocab plain = vocab_of(no_special_tokens, json::object());
+  EXPECT_FALSE(plain.bos);
+  EXPECT_FALSE(plain.eos);
+  const tok::TokenId end = static_cast<tok::TokenId>(plain.size()) - 2;
+  // An id, or a list whose first id is the EOS (the others are stop ids: generation_config.h).
+  const tok::Vocab from_config =
+      vocab_of(no_special_tokens, {{"bos_token_id", 3}, {"eos_token_id", {end, 4, 5}}});
+  EXPECT_EQ(from_config.bos, 3);
+  EXPECT_EQ(from_config.eos, end);
+  EXPECT_EQ(vocab_of(no_special_tokens, {{"eos_token_id", 7}}).eos, 7);
+  EXPECT_FALSE(vocab_of(no_special_tokens, {{"eos_token_id", json::array()}}).eos);
+  // tokenizer_config.json's tokens win.
+  EXPECT_EQ(vocab_of(config(), {{"eos_token_id", 4}}).eos, end);
+  // A folder's config.json is read beside its tokenizer files.
+  const std::filesystem::path folder =
+      std::filesystem::temp_directory_path() /
+      ("sieve_hf_tokenizer_" + std::to_string(::getpid()) + "_config_ids");
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder / "tokenizer.json") << byte_level_tokenizer().dump();
+  std::ofstream(folder / "tokenizer_config.json") << no_special_tokens.dump();
+  std::ofstream(folder / "config.json") << json{{"eos_token_id", {end, 4}}}.dump();
+  EXPECT_EQ(tok::load_vocab(hf::open_tokenizer_folder(folder.string())).eos, end);
+  std::filesystem::remove_all(folder);
+  for (const auto& [model_config, expected] : std::vector<std::pair<json, std::string>>{
+           {{{"eos_token_id", 100000}}, "dir/config.json: eos_token_id 100000 is not a token id"},
+           {{{"bos_token_id", "1"}}, "dir/config.json: bos_token_id is \"1\", expected a token id"},
+           {{{"eos_token_id", {-1}}}, "dir/config.json: eos_token_id is -1"},
+           {json::array(), "dir/config.json: not a JSON object"},
+       }) {
+    const std::string error = error_of([&] { vocab_of(no_special_tokens, model_config); });
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  }
+}
+
 TEST(HfTokenizer, ChatTemplatesAndPaddingAreTheConvertersKeys) {
   const gguf::File file = gguf::File::assemble(
       hf::tokenizer_metadata({byte_level_tokenizer().dump(), config().dump(), ""}, "dir", 200), {},
@@ -120,8 +199,8 @@ TEST(HfTokenizer, MalformedTokenizerJsonIsAnErrorNamingTheFileAndField) {
        },
        "model.merges[1] is [1,2]"},
       {[](json& t) { t["added_tokens"][0].erase("id"); }, "added_tokens[0] needs \"id\""},
-      {[](json& t) { t["added_tokens"][0]["rstrip"] = true; },
-       "added token '<|end|>' has rstrip, which sieve does not support"},
+      {[](json& t) { t["added_tokens"][0]["rstrip"] = "yes"; },
+       "added_tokens[0].rstrip is \"yes\", expected true or false"},
       {[](json& t) { t["model"]["dropout"] = 0.1; }, "BPE dropout is not supported"},
       {[](json& t) {
          t["normalizer"] = {{"type", "Lowercase"}};

