@@ -23,6 +23,7 @@
 #include "hf/hf_tokenizer.h"
 #include "model/loader.h"
 #include "model/model_file.h"
+#include "node_script.h"
 #include "server/chat_template.h"
 #include "server/real_chat_templates.h"
 #include "util/error.h"
@@ -34,32 +35,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-// stdout of `node <script> <args>` run in tests/hf/reference; a failure (with its stderr in
-// the message) when node fails.
+// stdout of `node <script> <args>` run in tests/hf/reference (node_script.h).
 std::string run_node(const std::string& script, const std::string& args) {
-  const fs::path dir = fs::path(SIEVE_SOURCE_DIR) / "tests/hf/reference";
-  const fs::path err = fs::temp_directory_path() /
-                       ("sieve_hf_reference_" + std::to_string(::getpid()) + "_" + script + ".err");
-  const std::string command = "cd '" + dir.string() + "' && '" + SIEVE_NODE + "' " + script + " " +
-                              args + " 2>'" + err.string() + "'";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) throw std::runtime_error("cannot run " + command);
-  std::string out;
-  std::array<char, 65536> buffer{};
-  size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) out.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  std::string message;
-  {
-    std::ifstream in(err);
-    message.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  fs::remove(err);
-  if (status != 0) {
-    ADD_FAILURE() << command << " failed (status " << status << "):\n" << message;
-    throw std::runtime_error("node failed");
-  }
-  return out;
+  return testing::run_node_script("tests/hf/reference", script, args);
 }
 
 // The package's models folder (tokenizer.json, tokenizer_config.json).
