@@ -38,9 +38,9 @@
 //      rms(q_c)) shared by a RoPE pair (KVQuant / KIVI find key outliers per channel; QServe's
 //      SmoothAttention; the mean removal is exact under softmax);
 //   2. a normalized Walsh–Hadamard rotation, which spreads what is left over the group.
-// Each kv head gets both, one, or neither: whichever rounds its keys with the least cost to the
-// attention on that pass (key_smoothing.h), since a head of few equal-magnitude codes rounds
-// almost exactly as it is (eval-32k's wired induction head: q4 top-1 0.84 -> 0.98).
+// A kv head gets only one or neither where that rounds its keys at far less cost to the
+// attention on that pass (key_smoothing.h): a head of few equal-magnitude codes rounds almost
+// exactly as it is at 4 bits (eval-32k's wired induction head: q4 top-1 0.84 -> 0.98).
 // Values are stored as they are. No residual window: a page's newest rows are quantized when
 // written, like the rest.
 //

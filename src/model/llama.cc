@@ -46,9 +46,9 @@ namespace {
 // engine makes one (prepare_cache: measure_key_smoothing), from a forward
 // pass over kSmoothingTokens pseudo-random tokens with an f32 cache, once per KV dtype.
 //
-// Smoothing and rotation are chosen per kv head: each head gets whichever of plain, smoothed,
-// rotated or both rounds its keys with the least score error on that pass (key_smoothing.h:
-// a head of few equal-magnitude codes rounds best as it is). copy-lm, K alone
+// Smoothing and rotation are chosen per kv head: both, unless one or neither rounds the head's
+// keys at far less cost to its attention on that pass (key_smoothing.h: a head of few
+// equal-magnitude codes rounds best as it is at 4 bits). copy-lm, K alone
 // quantized (V and Q exact), rotated: top-1 0.70 -> 0.82 (q4), 0.980 -> 0.992 (q8, with V q8).
 // Cost: one f32 prefill of kSmoothingTokens (copy-lm's whole q4 cache, mean KL: 64 tokens
 // 0.31, 128 0.24, 256 0.18, 512 0.12, 1024 0.12, none 0.34; the teacher-forced test prefers
