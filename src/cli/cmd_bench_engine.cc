@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "cli/commands.h"
@@ -23,6 +25,7 @@ struct BenchEngineOptions {
   eval::EngineBenchConfig config;
   int64_t kv_memory_mib = 0;  // 0: sized per point
   std::string calibration_path;
+  std::string prompt_file;
   bool json = false;
 };
 
@@ -68,6 +71,7 @@ nlohmann::json to_json(const eval::DepthPoint& p) {
           {"decode_tokens_per_s", p.decode_tokens_per_s},
           {"decode_cpu_seconds", p.decode_cpu_seconds},
           {"cpu_ratio_vs_baseline", p.cpu_ratio_vs_baseline},
+          {"same_tokens_as_baseline", p.same_tokens_as_baseline},
           {"steps", p.steps},
           {"ratio_vs_depth0", p.ratio_vs_depth0}};
 }
@@ -92,12 +96,12 @@ void print_depth_row(const eval::DepthPoint& p) {
           : std::string("-");
   fmt::print(
       "{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8} {:>10.3f} "
-      "{:>8} {:>6}  {} | {}{}\n",
+      "{:>8} {:>6} {:>5}  {} | {}{}\n",
       p.depth, p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens,
       p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
       p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
       ratio(p.ratio_vs_baseline), 1e3 * p.itl_p50_seconds, ratio(p.itl_ratio_vs_baseline),
-      acceptance, p.policy, p.speculative,
+      acceptance, p.same_tokens_as_baseline ? "yes" : "no", p.policy, p.speculative,
       p.draft_kv_bytes > 0 ? fmt::format(" (+ draft KV {:.3f} MiB)",
                                          static_cast<double>(p.draft_kv_bytes) / (1 << 20))
                            : std::string());
@@ -114,6 +118,13 @@ void bench_engine(BenchEngineOptions options) {
   }
   model::LoadedModel loaded = model::load_model(options.model.load_options());
   const model::ModelConfig& mc = loaded.model->config();
+  if (!options.prompt_file.empty()) {
+    std::ifstream in(options.prompt_file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (text.str().empty()) fail("--prompt-file {}: no text in it", options.prompt_file);
+    config.prompt_text = loaded.tokenizer->encode(text.str());
+  }
 
   eval::EngineBenchProgress progress;
   bool depth_header = false;
@@ -142,11 +153,12 @@ void bench_engine(BenchEngineOptions options) {
             "chunks of {}\n",
             config.depth_decode_tokens, config.max_batch_tokens);
         fmt::print(
-            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8} {:>6}  {} "
-            "| {}\n",
+            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8} {:>6} "
+            "{:>5}  "
+            "{} | {}\n",
             "depth", "prompt", "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0",
-            "KV MiB", "KV/dense", "vs first", "ITL p50 ms", "vs first", "accept", "kv_policy",
-            "speculative");
+            "KV MiB", "KV/dense", "vs first", "ITL p50 ms", "vs first", "accept", "same",
+            "kv_policy", "speculative");
         depth_header = true;
       }
       print_depth_row(p);
@@ -250,6 +262,12 @@ void add_bench_engine_command(CLI::App& app) {
                    "Depth prompts repeat a random span of this many tokens (text that repeats "
                    "itself, for prompt lookup); 0: random tokens")
       ->capture_default_str();
+  command
+      ->add_option("--prompt-file", options->prompt_file,
+                   "Prompts are this text's tokens (e.g. held-out text; repeated where it runs "
+                   "out): a depth prompt from its start, concurrent request i from i prompt "
+                   "lengths in; default: random tokens")
+      ->check(CLI::ExistingFile);
   command
       ->add_option("--calibration", options->calibration_path,
                    "Calibration profile of the model's KV heads (`sieve calibrate`), for lserve")

@@ -65,12 +65,14 @@ struct Finished {
   engine::Timings timings;
   std::vector<Clock::time_point> token_times;  // when each token's event arrived
   std::vector<double> token_cpu_seconds;       // process CPU time then (std::clock)
+  std::vector<int32_t> tokens;                 // what it generated
 };
 
 engine::RequestId submit_or_fail(engine::Engine& engine, engine::Request request, Finished& slot) {
   auto submitted = engine.submit(std::move(request), [&slot](const engine::RequestEvent& event) {
     if (!event.tokens.empty())
       slot.token_times.insert(slot.token_times.end(), event.tokens.size(), Clock::now());
+    slot.tokens.insert(slot.tokens.end(), event.tokens.begin(), event.tokens.end());
     if (!event.tokens.empty()) {
       slot.token_cpu_seconds.insert(slot.token_cpu_seconds.end(), event.tokens.size(),
                                     static_cast<double>(std::clock()) / CLOCKS_PER_SEC);
@@ -111,6 +113,14 @@ void check_config(const EngineBenchConfig& config) {
 
 }  // namespace
 
+// `length` tokens of `text` from `start` on, wrapping around its end.
+std::vector<int32_t> text_prompt(const std::vector<int32_t>& text, int64_t start, int32_t length) {
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (int32_t i = 0; i < length; ++i)
+    prompt[static_cast<size_t>(i)] = text[static_cast<size_t>(start + i) % text.size()];
+  return prompt;
+}
+
 std::vector<int32_t> bench_prompt(int64_t vocab_size, int32_t length, uint64_t index) {
   constexpr int64_t kFirstId = 3;  // skip llama's unk/bos/eos
   const int64_t range = std::max<int64_t>(1, vocab_size - kFirstId);
@@ -138,7 +148,10 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::Model>& 
   for (int32_t i = 0; i < concurrency; ++i) {
     // Offset the indices by the concurrency so that no two points share prompts either.
     requests[i].prompt =
-        bench_prompt(vocab, config.prompt_tokens, (uint64_t{1} << 32) * concurrency + i);
+        config.prompt_text.empty()
+            ? bench_prompt(vocab, config.prompt_tokens, (uint64_t{1} << 32) * concurrency + i)
+            : text_prompt(config.prompt_text, int64_t{i} * config.prompt_tokens,
+                          config.prompt_tokens);
     requests[i].params = bench_params(config.output_tokens);
   }
   std::vector<Finished> finished(concurrency);
@@ -221,7 +234,9 @@ DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
   engine::Engine engine(ec, model, tokenizer);
 
   std::vector<int32_t> prompt;
-  if (config.depth_prompt_period > 0) {
+  if (!config.prompt_text.empty()) {
+    prompt = text_prompt(config.prompt_text, 0, prompt_len);
+  } else if (config.depth_prompt_period > 0) {
     const std::vector<int32_t> span =
         bench_prompt(vocab, config.depth_prompt_period, (uint64_t{1} << 48) + depth);
     for (int32_t i = 0; i < prompt_len; ++i) prompt.push_back(span[i % span.size()]);
@@ -250,6 +265,7 @@ DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
       point.speculative += " " + sparsity::to_string(spec_config.kv_policy);
     if (spec_config.adaptive) point.speculative += " adaptive";
   }
+  point.tokens = finished.tokens;
   point.spec_draft_tokens = finished.usage.spec_draft_tokens;
   point.spec_accepted_tokens = finished.usage.spec_accepted_tokens;
   point.kv_pages = finished.usage.kv_pages;
@@ -342,6 +358,8 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::Model>& mo
         point.itl_ratio_vs_baseline = baseline->itl_p50_seconds / point.itl_p50_seconds;
       if (point.decode_cpu_seconds > 0)
         point.cpu_ratio_vs_baseline = baseline->decode_cpu_seconds / point.decode_cpu_seconds;
+      // Greedy: speculation must give the baseline's tokens (a sparse policy need not).
+      point.same_tokens_as_baseline = point.tokens == baseline->tokens;
       if (d == 0 && !d0) d0 = point.decode_tokens_per_s;
       if (d0 && *d0 > 0) point.ratio_vs_depth0 = point.decode_tokens_per_s / *d0;
       if (progress.on_depth) progress.on_depth(point);

@@ -41,6 +41,10 @@ struct EngineBenchConfig {
   // > 0: the depth prompt is a random span of this many tokens repeated (text that repeats
   // itself, for prompt lookup); 0: random tokens throughout.
   int32_t depth_prompt_period = 0;
+  // Non-empty: prompts are these tokens (e.g. held-out text) instead of random ones, repeated
+  // where a prompt runs past the end: the depth prompt from the start (depth_prompt_period is
+  // then unused), request i of a concurrency point from i prompt lengths in.
+  std::vector<int32_t> prompt_text;
   // The model's KV-head calibration (`sieve calibrate`), for kv_policies that need one (lserve).
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;
 };
@@ -97,6 +101,9 @@ struct DepthPoint {
   double cpu_ratio_vs_baseline = 0.0;  // the first policy's decode_cpu_seconds / this one's
   int64_t steps = 0;
   double ratio_vs_depth0 = 0.0;  // decode tok/s / the depth-0 figure (0 when no depth-0 point)
+  std::vector<int32_t> tokens;   // generated (greedy)
+  // tokens equal the first point's at this depth: what speculative decoding must keep.
+  bool same_tokens_as_baseline = false;
 };
 
 struct EngineBenchResult {

@@ -236,6 +236,32 @@ TEST(Cli, SpeculativeConfigIsOneOptionOnEveryEngineCommand) {
   EXPECT_GT(s["speculative"]["accepted_tokens"].get<int>(), 0) << s["speculative"];
 }
 
+// bench-engine on held-out text (--prompt-file): the depth point's speculative variant gives the
+// plain point's tokens and says so; concurrent requests read the text from different offsets.
+TEST(Cli, BenchEngineOnATextChecksSpeculativeTokensAgainstPlain) {
+  const std::string copy = testing::shared_path("models/copy/copy-lm.gguf");
+  Result r = run("bench-engine -m " + copy + " -t 2 --concurrency 2 --prompt-tokens 64 " +
+                 "--output-tokens 8 --depths 200 --depth-decode-tokens 24 --prompt-file " +
+                 testing::shared_path("models/copy/heldout.txt") +
+                 " --depth-speculative "
+                 "'{\"method\":\"self_sparse\",\"num_speculative_tokens\":2,"
+                 "\"kv_policy\":\"streaming:S=4,W=60\"}' --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json out = nlohmann::json::parse(r.out);
+  ASSERT_EQ(out["depths"].size(), 2u);
+  const nlohmann::json &plain = out["depths"][0], &speculative = out["depths"][1];
+  EXPECT_EQ(plain["speculative"], "none");
+  EXPECT_TRUE(plain["same_tokens_as_baseline"].get<bool>());
+  EXPECT_NE(speculative["speculative"], "none");
+  EXPECT_GT(speculative["spec_draft_tokens"].get<int>(), 0);
+  EXPECT_TRUE(speculative["same_tokens_as_baseline"].get<bool>());
+  ASSERT_EQ(out["concurrency"].size(), 1u);
+  EXPECT_EQ(out["concurrency"][0]["prompt_tokens"], 2 * 64);
+  Result empty = run("bench-engine -m " + copy + " --prompt-file /dev/null --depths 8", true);
+  EXPECT_NE(empty.exit_code, 0);
+  EXPECT_NE(empty.out.find("no text"), std::string::npos) << empty.out;
+}
+
 TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
   const std::string path =
       (std::filesystem::temp_directory_path() / "sieve_cli_calibration.json").string();
