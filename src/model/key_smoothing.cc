@@ -12,7 +12,7 @@ namespace sieve::model {
 
 namespace {
 
-// The candidate transforms of a kv head, cheapest first (ties keep the earlier one).
+// The candidate transforms of a kv head; the last, smoothing then rotation, is the default.
 struct Candidate {
   bool smooth, rotate;
 };
