@@ -50,8 +50,6 @@ enum class ValueType : uint32_t {
 };
 std::string_view to_string(ValueType type);
 
-// ggml tensor type ids as written in the file. Only the ones sieve can compute with are
-// "supported"; the others are named so that errors can say which type a tensor has.
 // tokenizer.ggml.token_type values (llama.cpp's llama_token_type): what the tokenizer reads and
 // a converter (hf/hf_tokenizer.cc) writes.
 enum class TokenType : int32_t {
@@ -64,6 +62,8 @@ enum class TokenType : int32_t {
   kByte = 6,
 };
 
+// ggml tensor type ids as written in the file. Only the ones sieve can compute with are
+// "supported"; the others are named so that errors can say which type a tensor has.
 enum class TensorType : uint32_t {
   kF32 = 0,
   kF16 = 1,
