@@ -148,7 +148,8 @@ void add_eval_command(CLI::App& app) {
   command
       ->add_option("--policies", c.families,
                    "Policy families (streaming, h2o, snapkv, pyramidkv, adakv, layerwise, fastgen, "
-                   "quest, lserve, keydiff)")
+                   "quest, lserve, keydiff), each with parameters of its own if given "
+                   "(snapkv:G=11, lserve:R=1,B=1)")
       ->delimiter(',')
       ->capture_default_str();
   command->add_option("--budgets", c.budgets, "KV budgets as fractions of the prompt (comma list)")

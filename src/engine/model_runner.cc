@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/attention_scores.h"
 #include "sparsity/selection.h"
 
 namespace sieve::engine {
@@ -48,18 +49,24 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
                                                    int32_t num_written) {
   if (summaries.size() <= stream_idx) summaries.resize(stream_idx + 1);
   SliceSummaries& summary = summaries[stream_idx];
-  summarize(summary, stream.slices, num_written / cache_.page_size());
+  summarize(summary, stream.slices, num_written / cache_.page_size(), reads.key_halves);
   return {.choose = reads.choose,
           .summaries = reads.choose ? summary.values.as<float>() : nullptr,
           .num_summarized = reads.choose ? summary.num_summarized : 0,
+          .key_halves = reads.key_halves,
           .top_k = reads.top_k,
           .forced = reads.forced,
           .reuse = reads.reuse};
 }
 
 float* ModelRunner::summarize(SliceSummaries& summary, std::span<const int32_t> slices,
-                              int32_t num_full) {
-  const int64_t summary_floats = 2 * model_.config().head_dim;
+                              int32_t num_full, bool key_halves) {
+  if (summary.key_halves != key_halves) {  // another layout: summarize again
+    summary.num_summarized = 0;
+    summary.key_halves = key_halves;
+  }
+  const int64_t summary_floats =
+      kernels::key_summary_floats(model_.config().head_dim, cache_.page_size(), key_halves);
   if (num_full > summary.num_summarized) {
     const size_t kept_bytes = summary.num_summarized * summary_floats * sizeof(float);
     const size_t bytes = num_full * summary_floats * sizeof(float);
@@ -70,7 +77,8 @@ float* ModelRunner::summarize(SliceSummaries& summary, std::span<const int32_t> 
       if (kept_bytes > 0) backend.copy(grown.data(), summary.values.data(), kept_bytes);
       summary.values = std::move(grown);
     }
-    cache_.summarize_slices(slices, summary.num_summarized, num_full, summary.values.as<float>());
+    cache_.summarize_slices(slices, summary.num_summarized, num_full, key_halves,
+                            summary.values.as<float>());
     summary.num_summarized = num_full;
   }
   return summary.values.as<float>();
@@ -115,7 +123,7 @@ const std::vector<float>& ModelRunner::run_draft(std::span<const DraftRow> rows)
                                    row.position % page_size);
       if (!summaries) continue;
       SliceSummaries& summary = (*summaries)[static_cast<size_t>(s)];
-      float* values = summarize(summary, stream.slices, num_full);
+      float* values = summarize(summary, stream.slices, num_full, /*key_halves=*/false);
       stream.selection = model::SliceSelection{.choose = true,
                                                .summaries = values,
                                                .num_summarized = summary.num_summarized,

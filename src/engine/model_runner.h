@@ -98,12 +98,13 @@ class ModelRunner {
   }
 
  private:
-  // Quest: one stream's key min / max per full slice, by slice index in the stream (so they
-  // survive slice moves): [num_summarized][2][head_dim] floats in the model's backend memory
-  // (derived from K, which lives there; the forward pass reads them there).
+  // Quest: one stream's key summaries per full slice, by slice index in the stream (so they
+  // survive slice moves): [num_summarized][kernels::key_summary_floats()] floats in the model's
+  // backend memory (derived from K, which lives there; the forward pass reads them there).
   struct SliceSummaries {
     kernels::DeviceBuffer values;
     int32_t num_summarized = 0;
+    bool key_halves = false;
   };
 
   // The model's view of a sequence's streams (its block table, or each stream's slices);
@@ -112,7 +113,8 @@ class ModelRunner {
                                 const RowRequests* requests);
   // Summarizes slices [summary.num_summarized, num_full) of `slices` (full ones), growing the
   // buffer; returns the summaries.
-  float* summarize(SliceSummaries& summary, std::span<const int32_t> slices, int32_t num_full);
+  float* summarize(SliceSummaries& summary, std::span<const int32_t> slices, int32_t num_full,
+                   bool key_halves);
   model::SliceSelection slice_selection(const sparsity::PageReads& reads,
                                         std::vector<SliceSummaries>& summaries, size_t stream_idx,
                                         const model::KvStream& stream, int32_t num_written);

@@ -190,7 +190,18 @@ std::vector<PolicySetting> policy_settings(const std::vector<std::string>& famil
                                            kernels::DType kv_dtype, bool have_calibration) {
   std::vector<PolicySetting> settings = {{"full", 1.0, kernels::DType::kF32}};
   if (kv_dtype != kernels::DType::kF32) settings.push_back({"full", 1.0, kv_dtype});
-  for (const std::string& family : families) {
+  // The command line splits "lserve:R=1,B=1,quest" at every comma: a piece that is a bare
+  // KEY=VALUE (no family name) belongs to the family before it.
+  std::vector<std::string> joined;
+  for (const std::string& piece : families) {
+    const size_t eq = piece.find('=');
+    if (!joined.empty() && eq != std::string::npos && piece.find(':') > eq) {
+      joined.back() += "," + piece;
+    } else {
+      joined.push_back(piece);
+    }
+  }
+  for (const std::string& family : joined) {
     if (family == "full") continue;  // the rows above: f32, and the dtype's own when it differs
     const std::string name = family.substr(0, family.find(':'));
     if (name == "lserve" && !have_calibration) {

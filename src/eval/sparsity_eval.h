@@ -93,7 +93,8 @@ struct PolicySetting {
   kernels::DType kv_dtype = kernels::DType::kF32;
 };
 // The settings a sweep runs, in order: the f32 dense reference; "full" in kv_dtype when that is
-// not f32; every other family at each budget (fastgen at each threshold) in kv_dtype. Throws
+// not f32; every other family at each budget (fastgen at each threshold) in kv_dtype. A family's
+// own parameters may have come split at their commas: {"lserve:R=1", "B=1"} is one family. Throws
 // sieve::Error for an unknown family, or lserve without a calibration profile.
 std::vector<PolicySetting> policy_settings(const std::vector<std::string>& families,
                                            const std::vector<double>& budgets,

@@ -25,8 +25,11 @@ struct SliceSelection {
   // and read the `forced` slices plus the best others by bound, top_k in all (top_slices()).
   // Slices from num_summarized on (the newest, not summarized yet) get +inf bounds.
   bool choose = false;
-  float* summaries = nullptr;  // [num_summarized][2][head_dim]: key min, then max
+  // [num_summarized][kernels::key_summary_floats(head_dim, page_size, key_halves)]: key min,
+  // then max, then (key_halves) each key's half bits.
+  float* summaries = nullptr;
   int32_t num_summarized = 0;
+  bool key_halves = false;
   int32_t top_k = 0;
   std::vector<int32_t> forced;  // ascending slice indices (the sinks' and the window's)
   // !choose: read these slices (indices into SparseStream::slices, ascending, the last one

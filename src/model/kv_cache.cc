@@ -153,12 +153,13 @@ void KvCache::copy_slice(int64_t src_slice, int64_t dst_slice) {
 }
 
 void KvCache::summarize_slices(std::span<const int32_t> slices, int32_t first, int32_t end,
-                               float* summaries) const {
+                               bool key_halves, float* summaries) const {
   const kernels::PagedKv keys = slice_view(slices, 0);
-  const int64_t summary_floats = 2 * head_dim_;
+  const int64_t summary_floats = kernels::key_summary_floats(head_dim_, page_size_, key_halves);
   for (int32_t b = first; b < end; ++b) {
-    backend_->summarize_page_keys(keys, b, page_size_,
-                                  {.data = summaries + b * summary_floats, .page_stride = 0});
+    backend_->summarize_page_keys(
+        keys, b, page_size_,
+        {.data = summaries + b * summary_floats, .page_stride = 0, .key_halves = key_halves});
   }
 }
 

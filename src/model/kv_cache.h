@@ -161,11 +161,12 @@ class KvCache {
   }
   void copy_row(int64_t src_slice, int32_t src_slot, int64_t dst_slice, int32_t dst_slot);
   void copy_slice(int64_t src_slice, int64_t dst_slice);
-  // Quest: the key summaries (kernels::KeySummaries: per channel min, then max) of slices
-  // [first, end) of a stream, each full (page_size keys): slice b's 2 * head_dim floats go to
-  // summaries + b * 2 * head_dim (backend memory).
+  // Quest: the key summaries (kernels::KeySummaries: per channel min, then max, then with
+  // key_halves each key's half bits) of slices [first, end) of a stream, each full (page_size
+  // keys): slice b's F = kernels::key_summary_floats() floats go to summaries + b * F (backend
+  // memory).
   void summarize_slices(std::span<const int32_t> slices, int32_t first, int32_t end,
-                        float* summaries) const;
+                        bool key_halves, float* summaries) const;
 
  private:
   // Byte offset of element offset `offset` (a multiple of head_dim) in keys_ / values_.

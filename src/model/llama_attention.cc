@@ -120,8 +120,12 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
                                           .head_dim = head_dim,
                                           .num_kv_heads = 1,
                                           .block_table = scratch.slice_ids};
+      const bool key_halves = stream.selection->key_halves;
       backend.page_upper_bounds(
-          summary_view, {.data = stream.selection->summaries, .page_stride = 2 * head_dim},
+          summary_view,
+          {.data = stream.selection->summaries,
+           .page_stride = kernels::key_summary_floats(head_dim, page_size, key_halves),
+           .key_halves = key_halves},
           q_group + group_at(f, nt, g), group, num_blocks, bounds + bounds_at);
       bounds_at += num_blocks;
     }

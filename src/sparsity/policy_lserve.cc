@@ -1,6 +1,6 @@
 // lserve (LServe): the fraction f of KV heads that a calibration profile rates most
 // streaming-like (only those scoring >= t) keep S sinks + a window of W; the others are quest
-// heads with quest's parameters.
+// heads with quest's parameters (their window w, W unless given).
 #include "sparsity/policy_type.h"
 
 namespace sieve::sparsity {
@@ -11,6 +11,11 @@ const Param<LServeSpec> kLServeParams[] = {
     {"f", &LServeSpec::streaming_fraction, "the fraction of KV heads that stream", Fraction()},
     {"t", &LServeSpec::min_streaming_score, "the least calibrated streaming score that streams",
      Fraction(), Presence::kUnlessDefault},
+    {"w",
+     &LServeSpec::dynamic_window,
+     "the quest heads' window in tokens (-1: W)",
+     {.min = -1},
+     Presence::kUnlessDefault},
 };
 
 class LServeType final : public TypedPolicy<LServeSpec> {
@@ -18,7 +23,7 @@ class LServeType final : public TypedPolicy<LServeSpec> {
   static LayeredParams<LServeSpec, QuestSpec> params() { return {quest_params(), kLServeParams}; }
   std::string_view name() const override { return "lserve"; }
   std::string_view budget_pattern() const override {
-    return "lserve:K={pages},R=4,S=4,W={recent},f=0.5,t=0.5";
+    return "lserve:K={pages},R=4,S=4,W={recent},f=0.5,t=0.5,w={window}";
   }
 
  protected:
@@ -52,7 +57,9 @@ class LServeType final : public TypedPolicy<LServeSpec> {
     });
     resolver.set_all(streaming,
                      StreamingSpec{.num_sinks = spec.quest.num_sinks, .window = spec.quest.window});
-    resolver.set_all(Resolver::without(cells, streaming), spec.quest);
+    QuestSpec dynamic = spec.quest;
+    if (spec.dynamic_window >= 0) dynamic.window = spec.dynamic_window;
+    resolver.set_all(Resolver::without(cells, streaming), dynamic);
   }
 };
 

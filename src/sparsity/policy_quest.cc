@@ -15,6 +15,12 @@ const Param<QuestSpec> kQuestParams[] = {
     {"R", &QuestSpec::reuse_steps, "decode steps one selection is used for", AtLeast(1)},
     {"S", &QuestSpec::num_sinks, "pages holding the first S tokens are always read"},
     {"W", &QuestSpec::window, "pages holding the last W tokens are always read"},
+    {"B",
+     &QuestSpec::key_bits,
+     "bits per key and channel that tighten a page's bound (0: the page's min/max, as Quest; 1: "
+     "each key's half of the page's range as well)",
+     {.min = 0, .max = 1},
+     Presence::kUnlessDefault},
 };
 
 int32_t num_slices(int32_t num_keys, int32_t page_size) {
@@ -37,6 +43,7 @@ class PageSelectPolicy final : public CopyableStreamPolicy<PageSelectPolicy> {
     if (chosen_.empty() || num_decode_steps_ % head_.reuse_steps == 0) {
       reads.choose = true;
       reads.top_k = static_cast<int32_t>(head_.top_k_pages);
+      reads.key_halves = head_.key_bits > 0;
       reads.forced = forced_pages(num_keys, page_size, head_);
       return reads;
     }

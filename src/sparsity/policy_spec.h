@@ -154,6 +154,10 @@ struct QuestSpec {
   int64_t reuse_steps = 1;  // R: decode steps one selection is used for; >= 1
   int64_t num_sinks = 4;    // S: pages holding the first S tokens are always read
   int64_t window = 32;      // W: pages holding the last W tokens are always read
+  // B: 0: a page's bound from its keys' per-channel min/max (Quest); 1: also one bit per key
+  // and channel (which half of the page's range), so each key is bounded and the page takes
+  // the largest (kernels/attention_scores.h: key halves).
+  int64_t key_bits = 0;
   friend bool operator==(const QuestSpec&, const QuestSpec&) = default;
 };
 struct LServeSpec {
@@ -165,6 +169,10 @@ struct LServeSpec {
   // fraction alone can make a retrieval head (little attention near its sinks and window)
   // streaming when a model has few streaming-like heads, and it then loses what it retrieves.
   double min_streaming_score = 0.0;
+  // w: the quest heads' window in tokens; -1: W. A budget that gives the streaming heads a long
+  // window (W) must not force that window on the quest heads too: their K pages would all go
+  // to it, and none to the pages the query chooses.
+  int64_t dynamic_window = -1;
   friend bool operator==(const LServeSpec&, const LServeSpec&) = default;
 };
 

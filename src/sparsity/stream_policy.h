@@ -62,6 +62,7 @@ struct PageReads {
   // top_k in all (model::top_slices). The row reports its choice back (DecodeInput).
   bool choose = false;
   int32_t top_k = 0;
+  bool key_halves = false;      // the summaries carry key halves (QuestSpec::key_bits)
   std::vector<int32_t> forced;  // ascending
   std::vector<int32_t> reuse;   // !choose: read these (ascending, the newest slice included)
   bool operator==(const PageReads&) const = default;

@@ -236,7 +236,20 @@ TEST(SparsityEval, PolicyStringsScaleWithTheBudget) {
   EXPECT_THROW(policy_for_budget("fastgen", 0.5, 256, 8), Error) << "a threshold, not a budget";
   EXPECT_EQ(fastgen_policy(0.05, 256, 8), "fastgen:T=0.05,W=32,F=0.1");
   EXPECT_EQ(policy_for_budget("quest", 0.25, 256, 8), "quest:K=4,R=1,S=4,W=8");
-  EXPECT_EQ(policy_for_budget("lserve", 0.25, 256, 8), "lserve:K=4,R=4,S=4,W=60,f=0.5,t=0.5");
+  // lserve's quest heads keep the short window; its streaming heads take the budget's.
+  EXPECT_EQ(policy_for_budget("lserve", 0.25, 256, 8), "lserve:K=4,R=4,S=4,W=60,f=0.5,t=0.5,w=8");
+  EXPECT_EQ(policy_for_budget("quest:B=1", 0.25, 256, 8), "quest:K=4,R=1,S=4,W=8,B=1");
+}
+
+// --policies lserve:R=1,B=1,quest arrives split at every comma.
+TEST(SparsityEval, AFamilysOwnParametersSplitAtCommasStayWithIt) {
+  const std::vector<PolicySetting> settings = policy_settings(
+      {"lserve:R=1", "B=1", "quest", "snapkv:G=11"}, {0.25}, {}, kernels::DType::kF32, true);
+  ASSERT_EQ(settings.size(), 4u);
+  EXPECT_EQ(settings[1].family, "lserve:R=1,B=1");
+  EXPECT_EQ(settings[2].family, "quest");
+  EXPECT_EQ(settings[3].family, "snapkv:G=11");
+  EXPECT_EQ(policy_for_setting(settings[1], 256, 8), "lserve:K=4,R=1,S=4,W=60,f=0.5,t=0.5,w=8,B=1");
 }
 
 }  // namespace

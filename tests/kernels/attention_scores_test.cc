@@ -324,6 +324,104 @@ TEST_P(AttentionScores, PageUpperBoundsMatchTheReferenceAndBoundEveryKey) {
   }
 }
 
+// Key halves (one bit per key and channel): summaries byte for byte equal to the reference's,
+// whole pages or key by key; each page's bound matches the reference, bounds every key of its
+// page, and is never looser than the page's min/max bound.
+TEST_P(AttentionScores, KeyHalvesTightenTheBoundAndStillBoundEveryKey) {
+  uint32_t seed = 700;
+  for (int64_t head_dim : {3, 8, 64, 72, 128}) {
+    for (int32_t page_size : {1, 5, 16}) {
+      const CacheShape shape{
+          .num_keys = 83, .num_kv_heads = 2, .head_dim = head_dim, .page_size = page_size};
+      const TestCache cache(shape, ++seed);
+      const PagedKv kv = cache.view();
+      const int64_t num_pages = max_page_id(kv);
+      const int64_t stride = kv.num_kv_heads * key_summary_floats(head_dim, page_size, true) + 7;
+      std::vector<float> got(static_cast<size_t>(num_pages * stride), 5.0f), want = got,
+                                                                             extended = got;
+      const KeySummaries got_view{got.data(), stride, true}, want_view{want.data(), stride, true},
+          extended_view{extended.data(), stride, true};
+      SummaryBuffer plain(kv, num_pages, 0.0f);
+      const int64_t num_blocks = (shape.num_keys + page_size - 1) / page_size;
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        const int64_t filled = std::min<int64_t>(page_size, shape.num_keys - b * page_size);
+        summarize_page_keys(kv, b, filled, got_view);
+        ref::summarize_page_keys(kv, b, filled, want_view);
+        ref::summarize_page_keys(kv, b, filled, plain.view);
+      }
+      for (int64_t t = 0; t < shape.num_keys; ++t) extend_page_key_summary(kv, t, extended_view);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << "head_dim " << head_dim << " page " << page_size;
+      ASSERT_EQ(std::memcmp(extended.data(), want.data(), got.size() * sizeof(float)), 0)
+          << "head_dim " << head_dim << " page " << page_size;
+      for (int64_t group : {1, 4}) {
+        const int64_t num_heads = kv.num_kv_heads * group;
+        const std::vector<float> q = random_floats(num_heads * head_dim, ++seed, -2.0f, 2.0f);
+        const size_t n = static_cast<size_t>(kv.num_kv_heads * num_blocks);
+        std::vector<float> bounds(n), ref_bounds(n), page_bounds(n);
+        page_upper_bounds(kv, got_view, q.data(), num_heads, num_blocks, bounds.data());
+        ref::page_upper_bounds(kv, want_view, q.data(), num_heads, num_blocks, ref_bounds.data());
+        ref::page_upper_bounds(kv, plain.view, q.data(), num_heads, num_blocks, page_bounds.data());
+        std::vector<float> k(static_cast<size_t>(head_dim));
+        for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
+          for (int64_t b = 0; b < num_blocks; ++b) {
+            const size_t i = static_cast<size_t>(h * num_blocks + b);
+            const float tol = 1e-4f * (1 + std::fabs(bounds[i]));
+            ASSERT_NEAR(bounds[i], ref_bounds[i], tol) << head_dim << " " << page_size << " " << b;
+            ASSERT_LE(bounds[i], page_bounds[i] + tol) << head_dim << " " << page_size << " " << b;
+            for (int64_t t = b * page_size;
+                 t < std::min<int64_t>(shape.num_keys, (b + 1) * page_size); ++t) {
+              load_kv_row(kv, /*value=*/false, t, h, k.data());
+              double dot = 0;
+              for (int64_t g = 0; g < group; ++g) {
+                for (int64_t c = 0; c < head_dim; ++c)
+                  dot += double{q[(h * group + g) * head_dim + c]} * k[c];
+              }
+              ASSERT_LE(dot, bounds[i] + tol) << "key " << t;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Why key halves exist: keys that are codes of independent signs (a copy head's) take both
+// signs in every channel of a 16-key page, so every page's min/max bound is the same and the
+// query's own key cannot be found; with key halves its page is the only one that reaches it.
+TEST_P(AttentionScores, KeyHalvesFindTheMatchingCodeWherePageBoundsTie) {
+  const CacheShape shape{.num_keys = 1024, .num_kv_heads = 1, .head_dim = 64, .page_size = 16};
+  std::mt19937 rng(800);
+  std::vector<float> codes(static_cast<size_t>(shape.num_keys * shape.head_dim));
+  for (float& c : codes) c = rng() % 2 ? 1.0f : -1.0f;
+  const TestCache cache(shape, 801, [&](int64_t t, int64_t, int64_t d) {
+    return codes[static_cast<size_t>(t * shape.head_dim + d)];
+  });
+  const PagedKv kv = cache.view();
+  const int64_t num_blocks = shape.num_keys / shape.page_size;
+  const int64_t match = 700;  // the key the query equals, in block 43
+  const std::vector<float> q(codes.begin() + match * shape.head_dim,
+                             codes.begin() + (match + 1) * shape.head_dim);
+  for (bool key_halves : {false, true}) {
+    const int64_t stride = key_summary_floats(shape.head_dim, shape.page_size, key_halves);
+    std::vector<float> summaries(static_cast<size_t>(max_page_id(kv) * stride));
+    const KeySummaries view{summaries.data(), stride, key_halves};
+    for (int64_t b = 0; b < num_blocks; ++b) summarize_page_keys(kv, b, shape.page_size, view);
+    std::vector<float> bounds(static_cast<size_t>(num_blocks));
+    page_upper_bounds(kv, view, q.data(), 1, num_blocks, bounds.data());
+    const auto best = std::max_element(bounds.begin(), bounds.end());
+    const int64_t ties = std::count(bounds.begin(), bounds.end(), *best);
+    if (!key_halves) {
+      // A channel of one sign in all 16 keys of a page has odds 2^-15: nearly every page ties.
+      EXPECT_GE(ties, num_blocks * 9 / 10) << "min/max bounds tie";
+    } else {
+      EXPECT_EQ(ties, 1);
+      EXPECT_EQ(best - bounds.begin(), match / shape.page_size);
+      EXPECT_FLOAT_EQ(*best, static_cast<float>(shape.head_dim));  // q·q, reached
+    }
+  }
+}
+
 // Q8_0 / Q4_1 pools: observation scores (against the reference and the naive softmax of the
 // dequantized keys), page summaries (bit for bit: min/max of the same dequantized values, whole
 // pages and key by key) and page bounds (against the reference; each bounds every dequantized

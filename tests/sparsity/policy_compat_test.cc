@@ -130,6 +130,12 @@ const std::vector<Recorded> kRecorded = {
     {"quest:K=1,R=1,S=0,W=0", "quest:K=1,R=1,S=0,W=0",
      R"({"K":1,"R":1,"S":0,"W":0,"name":"quest"})", "quest:K=1,R=1,S=0,W=0 x6",
      "quest:K=1,R=1,S=0,W=0 x5"},
+    {"quest:K=16,B=1", "quest:K=16,R=1,S=4,W=32,B=1",
+     R"({"B":1,"K":16,"R":1,"S":4,"W":32,"name":"quest"})", "quest:K=16,R=1,S=4,W=32,B=1 x6",
+     "quest:K=16,R=1,S=4,W=32,B=1 x5"},
+    {"lserve:K=8,f=0,W=2044,w=8,B=1", "lserve:K=8,R=4,S=4,W=2044,B=1,f=0,w=8",
+     R"({"B":1,"K":8,"R":4,"S":4,"W":2044,"f":0.0,"name":"lserve","w":8})",
+     "quest:K=8,R=4,S=4,W=8,B=1 x6", "quest:K=8,R=4,S=4,W=8,B=1 x5"},
     {"lserve:K=16", "lserve:K=16,R=4,S=4,W=32,f=0.5",
      R"({"K":16,"R":4,"S":4,"W":32,"f":0.5,"name":"lserve"})",
      "streaming:S=4,W=32 quest:K=16,R=4,S=4,W=32 x2 streaming:S=4,W=32 quest:K=16,R=4,S=4,W=32 "

@@ -165,6 +165,8 @@ TEST(PolicySpec, ErrorsNameTheProblem) {
       {"quest:K=4,R=0", "R must be >= 1"},
       {"lserve:K=4,f=2", "f must be in [0, 1]"},
       {"lserve:K=4,t=-1", "t must be in [0, 1]"},
+      {"quest:K=4,B=2", "B must be in [0, 1]"},
+      {"lserve:K=4,w=-2", "w must be"},
       {"layerwise:L=2", "missing rest"},
       {"layerwise:rest=full", "missing L"},
       {"layerwise:L=2,rest=snapkv:B=0", "snapkv: B must be >= 1"},

@@ -224,8 +224,29 @@ inline void ObservationScores(const PagedKv& kv, const AttentionQuery& window, c
 
 // ----------------------------------------------------------------------------- summaries
 
-inline float* SummaryMin(const KeySummaries& s, int64_t page, int64_t kv_head, int64_t head_dim) {
-  return s.data + page * s.page_stride + kv_head * 2 * head_dim;
+inline float* SummaryMin(const KeySummaries& s, const PagedKv& kv, int64_t page, int64_t kv_head) {
+  return s.data + page * s.page_stride +
+         kv_head * key_summary_floats(kv.head_dim, kv.page_size, s.key_halves);
+}
+
+inline uint8_t* HalfBits(float* min, int64_t head_dim, int64_t slot) {
+  return reinterpret_cast<uint8_t*>(min + 2 * head_dim) + slot * key_half_bytes(head_dim);
+}
+
+// Each slot's half bits (attention_scores.h) from its gathered row; unfilled slots repeat
+// slot 0's, so that they never raise the page's bound. Once per page: scalar.
+inline void HalfBitsOfRows(const float* rows, int64_t count, int64_t dp, int64_t page_size,
+                           int64_t head_dim, float* min) {
+  const float* max = min + head_dim;
+  for (int64_t slot = 0; slot < page_size; ++slot) {
+    const float* k = rows + (slot < count ? slot : 0) * dp;
+    uint8_t* bits = HalfBits(min, head_dim, slot);
+    std::fill(bits, bits + key_half_bytes(head_dim), uint8_t{0});
+    for (int64_t c = 0; c < head_dim; ++c) {
+      const float mid = 0.5f * (min[c] + max[c]);
+      if (k[c] > mid) bits[c / 8] = static_cast<uint8_t>(bits[c / 8] | (1 << (c % 8)));
+    }
+  }
 }
 
 // min/max of `count` gathered rows (dp apart) into min[0..head_dim) / max[0..head_dim);
@@ -260,14 +281,19 @@ HWY_INLINE void MinMaxRows(const float* HWY_RESTRICT rows, int64_t count, int64_
 
 inline void SummarizePage(const PagedKv& kv, int64_t block, int64_t first_slot, int64_t count,
                           const KeySummaries& summaries) {
+  if (summaries.key_halves && first_slot > 0) {  // the midpoints may move: the page again
+    count += first_slot;
+    first_slot = 0;
+  }
   const int64_t dp = RoundUpToVectors(kv.head_dim);
   auto rows = hwy::AllocateAligned<float>(static_cast<size_t>(count * dp));
   const int64_t page = kv.block_table[static_cast<size_t>(block)];
   for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
     GatherKeys(kv, h, block * kv.page_size + first_slot, count, dp, rows.get());
-    float* min = SummaryMin(summaries, page, h, kv.head_dim);
+    float* min = SummaryMin(summaries, kv, page, h);
     MinMaxRows(rows.get(), count, dp, kv.head_dim, /*extend=*/first_slot > 0, min,
                min + kv.head_dim);
+    if (summaries.key_halves) HalfBitsOfRows(rows.get(), count, dp, kv.page_size, kv.head_dim, min);
   }
 }
 
@@ -282,7 +308,7 @@ inline void PageUpperBounds(const PagedKv& kv, const KeySummaries& summaries, co
   for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
     for (int64_t b = 0; b < num_blocks; ++b) {
       const int64_t page = kv.block_table[static_cast<size_t>(b)];
-      const float* min = SummaryMin(summaries, page, kv_head, head_dim);
+      const float* min = SummaryMin(summaries, kv, page, kv_head);
       const float* max = min + head_dim;
       VF acc = hn::Zero(d);
       for (int64_t g = 0; g < group; ++g) {
@@ -305,6 +331,63 @@ inline void PageUpperBounds(const PagedKv& kv, const KeySummaries& summaries, co
   }
 }
 
+// page_upper_bounds with key halves. Per page and query head, lower[c] = max(q·min, q·mid) is
+// channel c's bound for a key in the lower half and lower[c] + raise[c] = max(q·mid, q·max)
+// for one in the upper half; a key's bound is sum(lower) + the raises its bits select.
+inline void PageUpperBoundsByHalves(const PagedKv& kv, const KeySummaries& summaries,
+                                    const float* q, int64_t num_heads, int64_t num_blocks,
+                                    float* bounds) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t head_dim = kv.head_dim, page_size = kv.page_size;
+  const int64_t group = num_heads / kv.num_kv_heads;
+  const int64_t dp = RoundUpToVectors(head_dim);
+  // Whole vectors whose mask bits start on a byte: LoadMaskBits; the rest channel by channel.
+  const int64_t simd_channels = N >= 8 ? head_dim / N * N : 0;
+  auto raise = hwy::AllocateAligned<float>(static_cast<size_t>(group * dp));
+  std::vector<float> key_bound(static_cast<size_t>(page_size));
+  for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t page = kv.block_table[static_cast<size_t>(b)];
+      float* min = SummaryMin(summaries, kv, page, kv_head);
+      const float* max = min + head_dim;
+      VF base = hn::Zero(d);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qh = q + (kv_head * group + g) * head_dim;
+        float* r = raise.get() + g * dp;
+        for (int64_t c = 0; c < dp; c += N) {
+          const auto rest = static_cast<size_t>(std::min(N, head_dim - c));
+          const VF qv = LoadTail(d, qh + c, rest, 0.0f);
+          const VF lo = LoadTail(d, min + c, rest, 0.0f), hi = LoadTail(d, max + c, rest, 0.0f);
+          const VF mid = hn::Mul(hn::Add(lo, hi), hn::Set(d, 0.5f));
+          const VF lower = hn::Max(hn::Mul(qv, lo), hn::Mul(qv, mid));
+          base = hn::Add(base, lower);
+          hn::Store(hn::Sub(hn::Max(hn::Mul(qv, mid), hn::Mul(qv, hi)), lower), d, r + c);
+        }
+      }
+      const float base_sum = ReduceSum(d, base);
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t slot = 0; slot < page_size; ++slot) {
+        const uint8_t* bits = HalfBits(min, head_dim, slot);
+        VF acc = hn::Zero(d);
+        float tail = 0.0f;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* r = raise.get() + g * dp;
+          for (int64_t c = 0; c < simd_channels; c += N) {
+            acc = hn::Add(
+                acc, hn::IfThenElseZero(hn::LoadMaskBits(d, bits + c / 8), hn::Load(d, r + c)));
+          }
+          for (int64_t c = simd_channels; c < head_dim; ++c) {
+            if ((bits[c / 8] >> (c % 8)) & 1) tail += r[c];
+          }
+        }
+        best = std::max(best, base_sum + ReduceSum(d, acc) + tail);
+      }
+      bounds[kv_head * num_blocks + b] = best;
+    }
+  }
+}
+
 }  // namespace scores
 
 void ObservationScoresImpl(const PagedKv& kv, const AttentionQuery& window, const float* row_lse,
@@ -317,7 +400,11 @@ void SummarizePageImpl(const PagedKv& kv, int64_t block, int64_t first_slot, int
 }
 void PageUpperBoundsImpl(const PagedKv& kv, const KeySummaries& summaries, const float* q,
                          int64_t num_heads, int64_t num_blocks, float* bounds) {
-  scores::PageUpperBounds(kv, summaries, q, num_heads, num_blocks, bounds);
+  if (summaries.key_halves) {
+    scores::PageUpperBoundsByHalves(kv, summaries, q, num_heads, num_blocks, bounds);
+  } else {
+    scores::PageUpperBounds(kv, summaries, q, num_heads, num_blocks, bounds);
+  }
 }
 const char* AttentionScoresTargetName() { return hwy::TargetName(HWY_TARGET); }
 

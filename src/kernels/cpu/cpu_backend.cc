@@ -212,7 +212,8 @@ class CpuBackend final : public HostMemoryBackend {
                          int64_t num_heads, int64_t num_blocks, float* bounds) override {
     // One KV head (a Quest stream's summaries): its blocks split over the pool, each block's
     // bound independent of the others. (Several heads' bounds interleave by head: left whole.)
-    const int64_t floats = num_blocks * num_heads * 2 * kv.head_dim;
+    const int64_t floats =
+        num_blocks * num_heads * (summaries.key_halves ? kv.page_size : 2) * kv.head_dim;
     if (kv.num_kv_heads != 1 || pool_.num_threads() == 1 || floats < kMinParallelFloats) {
       kernels::page_upper_bounds(kv, summaries, q, num_heads, num_blocks, bounds);
       return;

@@ -18,9 +18,17 @@ std::vector<float> key_row(const PagedKv& kv, int64_t position, int64_t kv_head)
   return row;
 }
 
-float* summary_min(const KeySummaries& s, int64_t page, int64_t kv_head, int64_t head_dim) {
-  return s.data + page * s.page_stride + kv_head * 2 * head_dim;
+float* summary_min(const KeySummaries& s, const PagedKv& kv, int64_t page, int64_t kv_head) {
+  return s.data + page * s.page_stride +
+         kv_head * key_summary_floats(kv.head_dim, kv.page_size, s.key_halves);
 }
+
+// Slot j's half bits, after the head's min and max.
+uint8_t* half_bits(float* min, int64_t head_dim, int64_t slot) {
+  return reinterpret_cast<uint8_t*>(min + 2 * head_dim) + slot * key_half_bytes(head_dim);
+}
+
+bool upper_half(const uint8_t* bits, int64_t c) { return (bits[c / 8] >> (c % 8)) & 1; }
 
 }  // namespace
 
@@ -62,7 +70,7 @@ void summarize_page_keys(const PagedKv& kv, int64_t block, int64_t num_filled,
   assert(num_filled >= 1 && num_filled <= kv.page_size);
   const int64_t page = kv.block_table[static_cast<size_t>(block)];
   for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
-    float* min = summary_min(summaries, page, h, kv.head_dim);
+    float* min = summary_min(summaries, kv, page, h);
     float* max = min + kv.head_dim;
     std::vector<double> lo(static_cast<size_t>(kv.head_dim),
                            std::numeric_limits<double>::infinity());
@@ -78,6 +86,17 @@ void summarize_page_keys(const PagedKv& kv, int64_t block, int64_t num_filled,
       min[c] = static_cast<float>(lo[c]);
       max[c] = static_cast<float>(hi[c]);
     }
+    if (!summaries.key_halves) continue;
+    for (int64_t slot = 0; slot < kv.page_size; ++slot) {
+      const std::vector<float> k =
+          key_row(kv, block * kv.page_size + (slot < num_filled ? slot : 0), h);
+      uint8_t* bits = half_bits(min, kv.head_dim, slot);
+      std::fill(bits, bits + key_half_bytes(kv.head_dim), uint8_t{0});
+      for (int64_t c = 0; c < kv.head_dim; ++c) {
+        const float mid = 0.5f * (min[c] + max[c]);
+        if (k[c] > mid) bits[c / 8] = static_cast<uint8_t>(bits[c / 8] | (1 << (c % 8)));
+      }
+    }
   }
 }
 
@@ -88,13 +107,31 @@ void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const f
   for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
     for (int64_t b = 0; b < num_blocks; ++b) {
       const int64_t page = kv.block_table[static_cast<size_t>(b)];
-      const float* min = summary_min(summaries, page, kv_head, kv.head_dim);
+      float* min = summary_min(summaries, kv, page, kv_head);
       const float* max = min + kv.head_dim;
+      // Bounds q·k over keys whose channels lie in [lo, hi].
+      const auto bound_within = [&](const auto& lo, const auto& hi) {
+        double bound = 0.0;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qh = q + (kv_head * group + g) * kv.head_dim;
+          for (int64_t c = 0; c < kv.head_dim; ++c) {
+            bound += std::max(double{qh[c]} * lo(c), double{qh[c]} * hi(c));
+          }
+        }
+        return bound;
+      };
       double bound = 0.0;
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qh = q + (kv_head * group + g) * kv.head_dim;
-        for (int64_t c = 0; c < kv.head_dim; ++c) {
-          bound += std::max(double{qh[c]} * min[c], double{qh[c]} * max[c]);
+      if (!summaries.key_halves) {
+        bound = bound_within([&](int64_t c) { return min[c]; }, [&](int64_t c) { return max[c]; });
+      } else {
+        bound = -std::numeric_limits<double>::infinity();
+        for (int64_t slot = 0; slot < kv.page_size; ++slot) {
+          const uint8_t* bits = half_bits(min, kv.head_dim, slot);
+          const auto mid = [&](int64_t c) { return 0.5f * (min[c] + max[c]); };
+          bound = std::max(
+              bound,
+              bound_within([&](int64_t c) { return upper_half(bits, c) ? mid(c) : min[c]; },
+                           [&](int64_t c) { return upper_half(bits, c) ? max[c] : mid(c); }));
         }
       }
       bounds[kv_head * num_blocks + b] = static_cast<float>(bound);
