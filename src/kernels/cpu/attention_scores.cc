@@ -331,9 +331,10 @@ inline void PageUpperBounds(const PagedKv& kv, const KeySummaries& summaries, co
   }
 }
 
-// page_upper_bounds with key halves. Per page and query head, lower[c] = max(q·min, q·mid) is
-// channel c's bound for a key in the lower half and lower[c] + raise[c] = max(q·mid, q·max)
-// for one in the upper half; a key's bound is sum(lower) + the raises its bits select.
+// page_upper_bounds with key halves. Per page, lower[c] = the group's sum of max(q·min, q·mid)
+// bounds channel c for a key in the lower half and lower[c] + raise[c] (the group's sum of
+// max(q·mid, q·max)) for one in the upper half; a key's bound is sum(lower) + the raises its
+// bits select. The bits are the key's, shared by the group's heads: one masked add per vector.
 inline void PageUpperBoundsByHalves(const PagedKv& kv, const KeySummaries& summaries,
                                     const float* q, int64_t num_heads, int64_t num_blocks,
                                     float* bounds) {
@@ -344,42 +345,38 @@ inline void PageUpperBoundsByHalves(const PagedKv& kv, const KeySummaries& summa
   const int64_t dp = RoundUpToVectors(head_dim);
   // Whole vectors whose mask bits start on a byte: LoadMaskBits; the rest channel by channel.
   const int64_t simd_channels = N >= 8 ? head_dim / N * N : 0;
-  auto raise = hwy::AllocateAligned<float>(static_cast<size_t>(group * dp));
-  std::vector<float> key_bound(static_cast<size_t>(page_size));
+  auto raise = hwy::AllocateAligned<float>(static_cast<size_t>(dp));
   for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
     for (int64_t b = 0; b < num_blocks; ++b) {
       const int64_t page = kv.block_table[static_cast<size_t>(b)];
       float* min = SummaryMin(summaries, kv, page, kv_head);
       const float* max = min + head_dim;
       VF base = hn::Zero(d);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qh = q + (kv_head * group + g) * head_dim;
-        float* r = raise.get() + g * dp;
-        for (int64_t c = 0; c < dp; c += N) {
-          const auto rest = static_cast<size_t>(std::min(N, head_dim - c));
-          const VF qv = LoadTail(d, qh + c, rest, 0.0f);
-          const VF lo = LoadTail(d, min + c, rest, 0.0f), hi = LoadTail(d, max + c, rest, 0.0f);
-          const VF mid = hn::Mul(hn::Add(lo, hi), hn::Set(d, 0.5f));
-          const VF lower = hn::Max(hn::Mul(qv, lo), hn::Mul(qv, mid));
-          base = hn::Add(base, lower);
-          hn::Store(hn::Sub(hn::Max(hn::Mul(qv, mid), hn::Mul(qv, hi)), lower), d, r + c);
+      for (int64_t c = 0; c < dp; c += N) {
+        const auto rest = static_cast<size_t>(std::min(N, head_dim - c));
+        const VF lo = LoadTail(d, min + c, rest, 0.0f), hi = LoadTail(d, max + c, rest, 0.0f);
+        const VF mid = hn::Mul(hn::Add(lo, hi), hn::Set(d, 0.5f));
+        VF lower = hn::Zero(d), upper = hn::Zero(d);
+        for (int64_t g = 0; g < group; ++g) {
+          const VF qv = LoadTail(d, q + (kv_head * group + g) * head_dim + c, rest, 0.0f);
+          lower = hn::Add(lower, hn::Max(hn::Mul(qv, lo), hn::Mul(qv, mid)));
+          upper = hn::Add(upper, hn::Max(hn::Mul(qv, mid), hn::Mul(qv, hi)));
         }
+        base = hn::Add(base, lower);
+        hn::Store(hn::Sub(upper, lower), d, raise.get() + c);
       }
       const float base_sum = ReduceSum(d, base);
       float best = -std::numeric_limits<float>::infinity();
       for (int64_t slot = 0; slot < page_size; ++slot) {
         const uint8_t* bits = HalfBits(min, head_dim, slot);
         VF acc = hn::Zero(d);
+        for (int64_t c = 0; c < simd_channels; c += N) {
+          acc = hn::Add(acc, hn::IfThenElseZero(hn::LoadMaskBits(d, bits + c / 8),
+                                                hn::Load(d, raise.get() + c)));
+        }
         float tail = 0.0f;
-        for (int64_t g = 0; g < group; ++g) {
-          const float* r = raise.get() + g * dp;
-          for (int64_t c = 0; c < simd_channels; c += N) {
-            acc = hn::Add(
-                acc, hn::IfThenElseZero(hn::LoadMaskBits(d, bits + c / 8), hn::Load(d, r + c)));
-          }
-          for (int64_t c = simd_channels; c < head_dim; ++c) {
-            if ((bits[c / 8] >> (c % 8)) & 1) tail += r[c];
-          }
+        for (int64_t c = simd_channels; c < head_dim; ++c) {
+          if ((bits[c / 8] >> (c % 8)) & 1) tail += raise[static_cast<size_t>(c)];
         }
         best = std::max(best, base_sum + ReduceSum(d, acc) + tail);
       }

@@ -213,7 +213,7 @@ class CpuBackend final : public HostMemoryBackend {
     // One KV head (a Quest stream's summaries): its blocks split over the pool, each block's
     // bound independent of the others. (Several heads' bounds interleave by head: left whole.)
     const int64_t floats =
-        num_blocks * num_heads * (summaries.key_halves ? kv.page_size : 2) * kv.head_dim;
+        num_blocks * (summaries.key_halves ? kv.page_size : 2 * num_heads) * kv.head_dim;
     if (kv.num_kv_heads != 1 || pool_.num_threads() == 1 || floats < kMinParallelFloats) {
       kernels::page_upper_bounds(kv, summaries, q, num_heads, num_blocks, bounds);
       return;
