@@ -86,9 +86,16 @@ inline constexpr int kQkRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 // 1k keys 25% and prefill 10-20% faster in attention_bench, f16 within noise).
 inline constexpr int kPvRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 inline constexpr int kPvChunks = 4;
-// No software prefetch: paced prefetching of the next unit's K/V rows (as the matmul does) or
-// of V during QK, or of the next tiles, measured neutral to 5% slower on Zen 4, DRAM- or
-// L3-resident; what helps is the order of the reads (TileKeys below).
+// Software prefetch: for tasks of several kv heads (dense layers), none: paced prefetching of
+// the next unit's K/V rows (as the matmul does) or of V during QK, or of the next tiles,
+// measured neutral to 5% slower on Zen 4, DRAM- or L3-resident; what helps is the order of the
+// reads (TileKeys below). Tasks of one kv head (a compressed sequence's streams, short dense
+// jobs) read one head's page-long slices, 4 KiB apart at best (f32, head_dim 64), which the
+// hardware prefetchers do not run ahead of: they prefetch the K and V rows of the tile
+// kOneHeadPrefetchTiles ahead. A 1024-key stream on every other slice, evicted from the caches
+// (attention_bench-like, one thread, Zen 4): ~70-110 us without, ~45 us 2 tiles ahead, ~50 us
+// 1 ahead; into L2 (T1) or the whole task up front, 55-70 us.
+inline constexpr int64_t kOneHeadPrefetchTiles = 2;
 // Quantized pools on AVX3 with VNNI (RunTask): keys per tile at most (Q4_1: 4 pages of 16;
 // Q8_0 half that), and tiles prefetched this many tiles ahead.
 inline constexpr int64_t kVnniTileKeys = 64;
@@ -658,6 +665,25 @@ HWY_INLINE void PrefetchTile(const PagedKv& kv, int64_t kv_head, int64_t key0, i
   }
 }
 
+// f32 / f16 pools: prefetches the K and V rows of keys [key0, key1) of kv_head.
+template <typename T>
+HWY_INLINE void PrefetchRuns(const PagedKv& kv, int64_t kv_head, int64_t key0, int64_t key1) {
+  for (int64_t t = key0; t < key1;) {
+    const int64_t slot = (t + kv.key_offset) % kv.page_size;
+    const int64_t count = std::min(key1 - t, kv.page_size - slot);
+    const int64_t offset = kv_offset(kv, t, kv_head);
+    const T* k = KBase<T>(kv) + offset;
+    const T* v = VBase<T>(kv) + offset;
+    const int64_t elements = count * kv.head_dim;
+    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
+    for (int64_t i = 0; i < elements; i += kLine) {
+      hwy::Prefetch(k + i);
+      hwy::Prefetch(v + i);
+    }
+    t += count;
+  }
+}
+
 // out row = acc / sum (head_dim floats, acc padded to whole vectors).
 HWY_INLINE void StoreNormalized(const float* HWY_RESTRICT acc, float inv_sum, int64_t head_dim,
                                 float* HWY_RESTRICT out) {
@@ -793,6 +819,12 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   const int64_t tile_keys = TileKeys(p.kv, num_heads, p.row_invariant);
   for (int64_t key0 = task.key_begin; !p.vnni && key0 < task.key_end; key0 += tile_keys) {
     const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
+    if (num_heads == 1 && !p.quantized) {
+      const int64_t ahead = key0 + kOneHeadPrefetchTiles * tile_keys;
+      if (ahead < task.key_end) {
+        PrefetchRuns<T>(p.kv, task.kv_head_begin, ahead, std::min(task.key_end, ahead + tile_keys));
+      }
+    }
     for (int64_t b = 0; b < num_heads; ++b) {
       int64_t num_runs;
       if constexpr (std::is_same_v<T, float>) {
