@@ -52,9 +52,10 @@ void observation_scores(const PagedKv& kv, const AttentionQuery& window, const f
 // so pages shared through the prefix cache share it). With F = key_summary_floats():
 //   page p, kv head h:  min[c] at data[p * page_stride + h * F + c]
 //                       max[c] at data[p * page_stride + h * F + head_dim + c]
-//   key halves:         slot j's bits from byte 4 * (2 * head_dim) + j * key_half_bytes() of
-//                       that head's floats; bit c % 8 of byte c / 8 is channel c (1: the key is
+//   key halves:         channel c's bits from byte 4 * (2 * head_dim) + c * key_half_bytes() of
+//                       that head's floats; bit j % 8 of byte j / 8 is slot j (1: the key is
 //                       above (min[c] + max[c]) / 2 in float). Unfilled slots repeat slot 0's.
+//                       Channel-major, so that a vector of slots is bounded at once.
 struct KeySummaries {
   float* data = nullptr;
   // Floats between pages, >= num_kv_heads * F; or 0 with one kv head: every page shares the
@@ -63,11 +64,11 @@ struct KeySummaries {
   int64_t page_stride = 0;
   bool key_halves = false;
 };
-// Bytes of one key's half bits.
-constexpr int64_t key_half_bytes(int64_t head_dim) { return (head_dim + 7) / 8; }
+// Bytes of one channel's half bits (a bit per slot of the page).
+constexpr int64_t key_half_bytes(int64_t page_size) { return (page_size + 7) / 8; }
 // Floats of one page's summary for one kv head.
 constexpr int64_t key_summary_floats(int64_t head_dim, int64_t page_size, bool key_halves) {
-  return 2 * head_dim + (key_halves ? (page_size * key_half_bytes(head_dim) + 3) / 4 : 0);
+  return 2 * head_dim + (key_halves ? (head_dim * key_half_bytes(page_size) + 3) / 4 : 0);
 }
 
 // Recomputes the summary of logical block `block` (page kv.block_table[block]) from its slots

@@ -229,22 +229,24 @@ inline float* SummaryMin(const KeySummaries& s, const PagedKv& kv, int64_t page,
          kv_head * key_summary_floats(kv.head_dim, kv.page_size, s.key_halves);
 }
 
-inline uint8_t* HalfBits(float* min, int64_t head_dim, int64_t slot) {
-  return reinterpret_cast<uint8_t*>(min + 2 * head_dim) + slot * key_half_bytes(head_dim);
+inline uint8_t* HalfBits(float* min, int64_t head_dim) {
+  return reinterpret_cast<uint8_t*>(min + 2 * head_dim);
 }
 
-// Each slot's half bits (attention_scores.h) from its gathered row; unfilled slots repeat
+// The page's half bits (attention_scores.h) from its gathered rows; unfilled slots repeat
 // slot 0's, so that they never raise the page's bound. Once per page: scalar.
 inline void HalfBitsOfRows(const float* rows, int64_t count, int64_t dp, int64_t page_size,
                            int64_t head_dim, float* min) {
   const float* max = min + head_dim;
+  const int64_t bytes = key_half_bytes(page_size);
+  uint8_t* bits = HalfBits(min, head_dim);
+  std::fill(bits, bits + head_dim * bytes, uint8_t{0});
   for (int64_t slot = 0; slot < page_size; ++slot) {
     const float* k = rows + (slot < count ? slot : 0) * dp;
-    uint8_t* bits = HalfBits(min, head_dim, slot);
-    std::fill(bits, bits + key_half_bytes(head_dim), uint8_t{0});
     for (int64_t c = 0; c < head_dim; ++c) {
       const float mid = 0.5f * (min[c] + max[c]);
-      if (k[c] > mid) bits[c / 8] = static_cast<uint8_t>(bits[c / 8] | (1 << (c % 8)));
+      uint8_t& byte = bits[c * bytes + slot / 8];
+      if (k[c] > mid) byte = static_cast<uint8_t>(byte | (1 << (slot % 8)));
     }
   }
 }
@@ -334,7 +336,8 @@ inline void PageUpperBounds(const PagedKv& kv, const KeySummaries& summaries, co
 // page_upper_bounds with key halves. Per page, lower[c] = the group's sum of max(q·min, q·mid)
 // bounds channel c for a key in the lower half and lower[c] + raise[c] (the group's sum of
 // max(q·mid, q·max)) for one in the upper half; a key's bound is sum(lower) + the raises its
-// bits select. The bits are the key's, shared by the group's heads: one masked add per vector.
+// bits select. The bits are channel-major: one vector holds N slots' bounds, and channel c adds
+// raise[c] to the slots its bits select, with no reduction per key.
 inline void PageUpperBoundsByHalves(const PagedKv& kv, const KeySummaries& summaries,
                                     const float* q, int64_t num_heads, int64_t num_blocks,
                                     float* bounds) {
@@ -343,8 +346,9 @@ inline void PageUpperBoundsByHalves(const PagedKv& kv, const KeySummaries& summa
   const int64_t head_dim = kv.head_dim, page_size = kv.page_size;
   const int64_t group = num_heads / kv.num_kv_heads;
   const int64_t dp = RoundUpToVectors(head_dim);
-  // Whole vectors whose mask bits start on a byte: LoadMaskBits; the rest channel by channel.
-  const int64_t simd_channels = N >= 8 ? head_dim / N * N : 0;
+  const int64_t bytes = key_half_bytes(page_size);
+  // Vectors of N slots whose bits start on a byte; otherwise slot by slot.
+  const bool by_vectors = N >= 8 && page_size % N == 0;
   auto raise = hwy::AllocateAligned<float>(static_cast<size_t>(dp));
   for (int64_t kv_head = 0; kv_head < kv.num_kv_heads; ++kv_head) {
     for (int64_t b = 0; b < num_blocks; ++b) {
@@ -353,12 +357,16 @@ inline void PageUpperBoundsByHalves(const PagedKv& kv, const KeySummaries& summa
       const float* max = min + head_dim;
       VF base = hn::Zero(d);
       for (int64_t c = 0; c < dp; c += N) {
+        // LoadTail only for a partial vector: it assembles lanes through the stack.
         const auto rest = static_cast<size_t>(std::min(N, head_dim - c));
-        const VF lo = LoadTail(d, min + c, rest, 0.0f), hi = LoadTail(d, max + c, rest, 0.0f);
+        const auto load = [&](const float* p) HWY_ATTR {
+          return rest == static_cast<size_t>(N) ? hn::LoadU(d, p) : LoadTail(d, p, rest, 0.0f);
+        };
+        const VF lo = load(min + c), hi = load(max + c);
         const VF mid = hn::Mul(hn::Add(lo, hi), hn::Set(d, 0.5f));
         VF lower = hn::Zero(d), upper = hn::Zero(d);
         for (int64_t g = 0; g < group; ++g) {
-          const VF qv = LoadTail(d, q + (kv_head * group + g) * head_dim + c, rest, 0.0f);
+          const VF qv = load(q + (kv_head * group + g) * head_dim + c);
           lower = hn::Add(lower, hn::Max(hn::Mul(qv, lo), hn::Mul(qv, mid)));
           upper = hn::Add(upper, hn::Max(hn::Mul(qv, mid), hn::Mul(qv, hi)));
         }
@@ -366,19 +374,37 @@ inline void PageUpperBoundsByHalves(const PagedKv& kv, const KeySummaries& summa
         hn::Store(hn::Sub(upper, lower), d, raise.get() + c);
       }
       const float base_sum = ReduceSum(d, base);
+      const uint8_t* bits = HalfBits(min, head_dim);
       float best = -std::numeric_limits<float>::infinity();
-      for (int64_t slot = 0; slot < page_size; ++slot) {
-        const uint8_t* bits = HalfBits(min, head_dim, slot);
-        VF acc = hn::Zero(d);
-        for (int64_t c = 0; c < simd_channels; c += N) {
-          acc = hn::Add(acc, hn::IfThenElseZero(hn::LoadMaskBits(d, bits + c / 8),
-                                                hn::Load(d, raise.get() + c)));
+      if (by_vectors) {
+        // Four sums, so that the adds do not wait on one another.
+        const auto add_channel = [&](VF acc, int64_t c, int64_t first) HWY_ATTR {
+          return hn::Add(acc, hn::IfThenElseZero(hn::LoadMaskBits(d, bits + c * bytes + first / 8),
+                                                 hn::Set(d, raise[static_cast<size_t>(c)])));
+        };
+        for (int64_t first = 0; first < page_size; first += N) {
+          VF acc0 = hn::Set(d, base_sum), acc1 = hn::Zero(d), acc2 = hn::Zero(d),
+             acc3 = hn::Zero(d);
+          int64_t c = 0;
+          for (; c + 4 <= head_dim; c += 4) {
+            acc0 = add_channel(acc0, c, first);
+            acc1 = add_channel(acc1, c + 1, first);
+            acc2 = add_channel(acc2, c + 2, first);
+            acc3 = add_channel(acc3, c + 3, first);
+          }
+          for (; c < head_dim; ++c) acc0 = add_channel(acc0, c, first);
+          const VF acc = hn::Add(hn::Add(acc0, acc1), hn::Add(acc2, acc3));
+          best = std::max(best, hn::GetLane(hn::MaxOfLanes(d, acc)));
         }
-        float tail = 0.0f;
-        for (int64_t c = simd_channels; c < head_dim; ++c) {
-          if ((bits[c / 8] >> (c % 8)) & 1) tail += raise[static_cast<size_t>(c)];
+      } else {
+        for (int64_t slot = 0; slot < page_size; ++slot) {
+          float sum = base_sum;
+          for (int64_t c = 0; c < head_dim; ++c) {
+            if ((bits[c * bytes + slot / 8] >> (slot % 8)) & 1)
+              sum += raise[static_cast<size_t>(c)];
+          }
+          best = std::max(best, sum);
         }
-        best = std::max(best, base_sum + ReduceSum(d, acc) + tail);
       }
       bounds[kv_head * num_blocks + b] = best;
     }

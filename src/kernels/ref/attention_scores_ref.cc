@@ -23,12 +23,13 @@ float* summary_min(const KeySummaries& s, const PagedKv& kv, int64_t page, int64
          kv_head * key_summary_floats(kv.head_dim, kv.page_size, s.key_halves);
 }
 
-// Slot j's half bits, after the head's min and max.
-uint8_t* half_bits(float* min, int64_t head_dim, int64_t slot) {
-  return reinterpret_cast<uint8_t*>(min + 2 * head_dim) + slot * key_half_bytes(head_dim);
+// Whether slot j lies in the upper half of channel c (bits after the head's min and max).
+uint8_t* half_bits(float* min, const PagedKv& kv) {
+  return reinterpret_cast<uint8_t*>(min + 2 * kv.head_dim);
 }
-
-bool upper_half(const uint8_t* bits, int64_t c) { return (bits[c / 8] >> (c % 8)) & 1; }
+bool upper_half(const uint8_t* bits, const PagedKv& kv, int64_t c, int64_t slot) {
+  return (bits[c * key_half_bytes(kv.page_size) + slot / 8] >> (slot % 8)) & 1;
+}
 
 }  // namespace
 
@@ -87,14 +88,15 @@ void summarize_page_keys(const PagedKv& kv, int64_t block, int64_t num_filled,
       max[c] = static_cast<float>(hi[c]);
     }
     if (!summaries.key_halves) continue;
+    uint8_t* bits = half_bits(min, kv);
+    std::fill(bits, bits + kv.head_dim * key_half_bytes(kv.page_size), uint8_t{0});
     for (int64_t slot = 0; slot < kv.page_size; ++slot) {
       const std::vector<float> k =
           key_row(kv, block * kv.page_size + (slot < num_filled ? slot : 0), h);
-      uint8_t* bits = half_bits(min, kv.head_dim, slot);
-      std::fill(bits, bits + key_half_bytes(kv.head_dim), uint8_t{0});
       for (int64_t c = 0; c < kv.head_dim; ++c) {
         const float mid = 0.5f * (min[c] + max[c]);
-        if (k[c] > mid) bits[c / 8] = static_cast<uint8_t>(bits[c / 8] | (1 << (c % 8)));
+        uint8_t& byte = bits[c * key_half_bytes(kv.page_size) + slot / 8];
+        if (k[c] > mid) byte = static_cast<uint8_t>(byte | (1 << (slot % 8)));
       }
     }
   }
@@ -125,13 +127,12 @@ void page_upper_bounds(const PagedKv& kv, const KeySummaries& summaries, const f
         bound = bound_within([&](int64_t c) { return min[c]; }, [&](int64_t c) { return max[c]; });
       } else {
         bound = -std::numeric_limits<double>::infinity();
+        const uint8_t* bits = half_bits(min, kv);
+        const auto mid = [&](int64_t c) { return 0.5f * (min[c] + max[c]); };
         for (int64_t slot = 0; slot < kv.page_size; ++slot) {
-          const uint8_t* bits = half_bits(min, kv.head_dim, slot);
-          const auto mid = [&](int64_t c) { return 0.5f * (min[c] + max[c]); };
-          bound = std::max(
-              bound,
-              bound_within([&](int64_t c) { return upper_half(bits, c) ? mid(c) : min[c]; },
-                           [&](int64_t c) { return upper_half(bits, c) ? max[c] : mid(c); }));
+          const auto up = [&](int64_t c) { return upper_half(bits, kv, c, slot); };
+          bound = std::max(bound, bound_within([&](int64_t c) { return up(c) ? mid(c) : min[c]; },
+                                               [&](int64_t c) { return up(c) ? max[c] : mid(c); }));
         }
       }
       bounds[kv_head * num_blocks + b] = static_cast<float>(bound);
