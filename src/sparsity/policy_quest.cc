@@ -40,10 +40,11 @@ class PageSelectPolicy final : public CopyableStreamPolicy<PageSelectPolicy> {
 
   std::optional<PageReads> decode_reads(int32_t num_keys, int32_t page_size) const override {
     PageReads reads;
+    // On reuse steps too: the summaries kept for the next choice keep their layout.
+    reads.key_halves = head_.key_bits > 0;
     if (chosen_.empty() || num_decode_steps_ % head_.reuse_steps == 0) {
       reads.choose = true;
       reads.top_k = static_cast<int32_t>(head_.top_k_pages);
-      reads.key_halves = head_.key_bits > 0;
       reads.forced = forced_pages(num_keys, page_size, head_);
       return reads;
     }

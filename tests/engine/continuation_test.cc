@@ -62,6 +62,7 @@ const std::vector<std::string> kPolicies = {
     "fastgen:T=0.3,W=16,F=0.1",
     "quest:K=4,R=1,S=4,W=16",
     "lserve:K=3,R=3,S=4,W=32,f=0.5",
+    "quest:K=4,R=2,S=4,W=16,B=1",
     "layerwise:L=1,rest=snapkv:B=32,W=8",
     "heads:(streaming:S=4,W=32)@kv=0,rest=snapkv:B=40,W=8",
     "layers:(h2o:B=32,W=16)@0,rest=snapkv:B=40,W=8",

@@ -119,7 +119,9 @@ const std::vector<std::string> kPolicies = {
     "fastgen:T=0.6,W=8,F=0.05",
     "fastgen:T=0,W=16",  // every head recovers all: chooses full
     "quest:K=4,R=1,S=4,W=16",
+    "quest:K=4,R=2,S=4,W=16,B=1",
     "lserve:K=3,R=3,S=4,W=32,f=0.5",
+    "lserve:K=3,R=1,S=4,W=32,f=0.5,w=8,B=1",
 };
 
 // The PolicySpec alternatives `spec` uses (its groups and rest included) and, per pyramidkv /

@@ -67,6 +67,21 @@ TEST(PageReads, ChoiceIsReusedForRStepsWithTheSlicesStartedSince) {
   EXPECT_EQ(reads[0]->reuse, (std::vector<int32_t>{0, 5, 8}));
 }
 
+// B=1: every plan asks for summaries with key halves, reusing steps too (the summaries are kept
+// from step to step, and a plan without them would have them rebuilt in the other layout).
+TEST(PageReads, KeyHalvesAreAskedForOnEveryStep) {
+  for (const char* policy : {"quest:K=3,R=2,S=4,W=4,B=1", "lserve:K=3,R=2,S=4,W=4,f=0,B=1"}) {
+    SparsityController controller = compressed(policy, 1, 30);
+    for (int32_t keys = 31; keys < 35; ++keys) {
+      const auto reads = step(controller, keys, {0, 3, 7});
+      ASSERT_TRUE(reads[0]) << policy;
+      EXPECT_TRUE(reads[0]->key_halves) << policy << " at " << keys << " keys";
+    }
+  }
+  SparsityController plain = compressed("quest:K=3,R=2,S=4,W=4", 1, 30);
+  EXPECT_FALSE(step(plain, 31, {0, 3, 7})[0]->key_halves);
+}
+
 TEST(PageReads, AForkContinuesFromItsParentsChoice) {
   SparsityController parent = compressed("quest:K=2,R=4,S=4,W=4", 1, 16);
   step(parent, 17, {0, 4});
