@@ -234,19 +234,48 @@ inline uint8_t* HalfBits(float* min, int64_t head_dim) {
 }
 
 // The page's half bits (attention_scores.h) from its gathered rows; unfilled slots repeat
-// slot 0's, so that they never raise the page's bound. Once per page: scalar.
+// slot 0's, so that they never raise the page's bound. Compared a vector of channels at a time
+// into slot-major bits, then turned channel-major bit by bit (integers only).
 inline void HalfBitsOfRows(const float* rows, int64_t count, int64_t dp, int64_t page_size,
                            int64_t head_dim, float* min) {
+  const DF d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
   const float* max = min + head_dim;
-  const int64_t bytes = key_half_bytes(page_size);
+  // key_bytes covers the padded row, so that a vector's bits never spill into the next slot's.
+  const int64_t bytes = key_half_bytes(page_size), key_bytes = (dp + 7) / 8;
   uint8_t* bits = HalfBits(min, head_dim);
   std::fill(bits, bits + head_dim * bytes, uint8_t{0});
+  // by_slot[j * key_bytes + c / 8] bit c % 8: slot j above channel c's midpoint.
+  std::vector<uint8_t> by_slot(static_cast<size_t>(page_size * key_bytes), 0);
+  const bool by_vectors = N >= 8;
+  for (int64_t c = 0; c < head_dim; c += by_vectors ? N : head_dim) {
+    if (!by_vectors) {  // lanes of fewer than a byte: channel by channel
+      for (int64_t slot = 0; slot < count; ++slot) {
+        for (int64_t ch = 0; ch < head_dim; ++ch) {
+          if (rows[slot * dp + ch] > 0.5f * (min[ch] + max[ch])) {
+            by_slot[static_cast<size_t>(slot * key_bytes + ch / 8)] |=
+                static_cast<uint8_t>(1 << (ch % 8));
+          }
+        }
+      }
+      break;
+    }
+    const auto rest = static_cast<size_t>(std::min(N, head_dim - c));
+    const VF mid =
+        hn::Mul(hn::Add(LoadTail(d, min + c, rest, 0.0f), LoadTail(d, max + c, rest, 0.0f)),
+                hn::Set(d, 0.5f));
+    for (int64_t slot = 0; slot < count; ++slot) {
+      // Lanes past head_dim compare the rows' zero padding with 0: never above.
+      hn::StoreMaskBits(d, hn::Gt(hn::Load(d, rows + slot * dp + c), mid),
+                        by_slot.data() + slot * key_bytes + c / 8);
+    }
+  }
   for (int64_t slot = 0; slot < page_size; ++slot) {
-    const float* k = rows + (slot < count ? slot : 0) * dp;
+    const uint8_t* from = by_slot.data() + (slot < count ? slot : 0) * key_bytes;
     for (int64_t c = 0; c < head_dim; ++c) {
-      const float mid = 0.5f * (min[c] + max[c]);
-      uint8_t& byte = bits[c * bytes + slot / 8];
-      if (k[c] > mid) byte = static_cast<uint8_t>(byte | (1 << (slot % 8)));
+      if ((from[c / 8] >> (c % 8)) & 1) {
+        bits[c * bytes + slot / 8] |= static_cast<uint8_t>(1 << (slot % 8));
+      }
     }
   }
 }
