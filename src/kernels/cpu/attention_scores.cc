@@ -247,27 +247,26 @@ inline void HalfBitsOfRows(const float* rows, int64_t count, int64_t dp, int64_t
   std::fill(bits, bits + head_dim * bytes, uint8_t{0});
   // by_slot[j * key_bytes + c / 8] bit c % 8: slot j above channel c's midpoint.
   std::vector<uint8_t> by_slot(static_cast<size_t>(page_size * key_bytes), 0);
-  const bool by_vectors = N >= 8;
-  for (int64_t c = 0; c < head_dim; c += by_vectors ? N : head_dim) {
-    if (!by_vectors) {  // lanes of fewer than a byte: channel by channel
+  if (N >= 8) {
+    for (int64_t c = 0; c < head_dim; c += N) {
+      const auto rest = static_cast<size_t>(std::min(N, head_dim - c));
+      const VF mid =
+          hn::Mul(hn::Add(LoadTail(d, min + c, rest, 0.0f), LoadTail(d, max + c, rest, 0.0f)),
+                  hn::Set(d, 0.5f));
       for (int64_t slot = 0; slot < count; ++slot) {
-        for (int64_t ch = 0; ch < head_dim; ++ch) {
-          if (rows[slot * dp + ch] > 0.5f * (min[ch] + max[ch])) {
-            by_slot[static_cast<size_t>(slot * key_bytes + ch / 8)] |=
-                static_cast<uint8_t>(1 << (ch % 8));
-          }
+        // Lanes past head_dim compare the rows' zero padding with 0: never above.
+        hn::StoreMaskBits(d, hn::Gt(hn::Load(d, rows + slot * dp + c), mid),
+                          by_slot.data() + slot * key_bytes + c / 8);
+      }
+    }
+  } else {  // lanes of fewer than a byte: channel by channel
+    for (int64_t slot = 0; slot < count; ++slot) {
+      for (int64_t c = 0; c < head_dim; ++c) {
+        if (rows[slot * dp + c] > 0.5f * (min[c] + max[c])) {
+          by_slot[static_cast<size_t>(slot * key_bytes + c / 8)] |=
+              static_cast<uint8_t>(1 << (c % 8));
         }
       }
-      break;
-    }
-    const auto rest = static_cast<size_t>(std::min(N, head_dim - c));
-    const VF mid =
-        hn::Mul(hn::Add(LoadTail(d, min + c, rest, 0.0f), LoadTail(d, max + c, rest, 0.0f)),
-                hn::Set(d, 0.5f));
-    for (int64_t slot = 0; slot < count; ++slot) {
-      // Lanes past head_dim compare the rows' zero padding with 0: never above.
-      hn::StoreMaskBits(d, hn::Gt(hn::Load(d, rows + slot * dp + c), mid),
-                        by_slot.data() + slot * key_bytes + c / 8);
     }
   }
   for (int64_t slot = 0; slot < page_size; ++slot) {
