@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/kv_dtype_option.h"
 #include "cli/model_options.h"
 #include "eval/perplexity.h"
 #include "util/error.h"
@@ -18,6 +19,8 @@ struct PerplexityOptions {
   ModelOptions model;
   std::string text_path;
   int64_t context = 512;
+  int64_t chunks = 0;  // 0: every whole chunk of the text
+  kernels::DType kv_dtype = model::kKvDefaultDType;
   bool json = false;
 };
 
@@ -34,11 +37,15 @@ void run_perplexity(const PerplexityOptions& options) {
   if (!vocab.bos) fail("the model's vocabulary has no BOS token, which this method needs");
   std::vector<tok::TokenId> tokens =
       loaded.tokenizer->encode(text, {.add_special = true, .parse_special = false});
+  if (options.chunks > 0 && static_cast<int64_t>(tokens.size()) > options.chunks * options.context)
+    tokens.resize(static_cast<size_t>(options.chunks * options.context));
   eval::PerplexityResult result = eval::perplexity(
-      *loaded.model, tokens, *vocab.bos, options.context, [&](const eval::PerplexityResult& r) {
+      *loaded.model, tokens, *vocab.bos, options.context,
+      [&](const eval::PerplexityResult& r) {
         if (!options.json)
           fmt::print(stderr, "[{}]{:.4f} ", r.running_ppl.size(), r.running_ppl.back());
-      });
+      },
+      options.kv_dtype);
   const double tokens_per_second = result.num_chunks * result.context / result.seconds;
   if (options.json) {
     nlohmann::json out = {
@@ -70,6 +77,12 @@ void add_perplexity_command(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingFile);
   command->add_option("-c,--ctx", options->context, "Chunk size in tokens")->capture_default_str();
+  command
+      ->add_option("--chunks", options->chunks,
+                   "Score only the first N chunks, as llama-perplexity's --chunks (default: all)")
+      ->check(CLI::NonNegativeNumber);
+  // llama-perplexity caches K/V in F16 by default: --kv-dtype f16 compares like with like.
+  add_kv_dtype_option(*command, options->kv_dtype);
   command->add_flag("--json", options->json, "Print the result as JSON");
   command->callback([options] { run_perplexity(*options); });
 }

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "model/kv_cache.h"
 #include "model/model.h"
 
 namespace sieve::eval {
@@ -24,9 +25,11 @@ struct PerplexityResult {
 };
 
 // `tokens` is the whole tokenized text (BOS first). Throws sieve::Error when there is not one
-// full chunk or context is not in [4, model context].
+// full chunk or context is not in [4, model context]. kv_dtype: the cache's element type
+// (llama-perplexity's default is F16, sieve's f32: model::kKvDefaultDType).
 PerplexityResult perplexity(const model::Model& model, std::span<const int32_t> tokens,
                             int32_t bos_id, int64_t context,
-                            const std::function<void(const PerplexityResult&)>& on_chunk = {});
+                            const std::function<void(const PerplexityResult&)>& on_chunk = {},
+                            kernels::DType kv_dtype = model::kKvDefaultDType);
 
 }  // namespace sieve::eval

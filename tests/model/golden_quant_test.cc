@@ -30,18 +30,22 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <numeric>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "engine/generator.h"
 #include "engine/sampler.h"
 #include "eval/perplexity.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "model/kv_cache.h"
 #include "model/loader.h"
+#include "model/model_file.h"
 #include "shared_data.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -287,6 +291,138 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
   // The line to put in kMeasured after a change that moves this type's figures on purpose.
   std::printf("measured {\"%s\", {%.1e, %.1e, %.1e, %.1e}},\n", type.c_str(), first_step_error, max,
               mean, std::abs(ppl_change));
+}
+
+// Teacher-forced logits, decoded as generate() does (the prompt as one batch, then one token at a
+// time) over `tokens` whatever the model would pick: step i's logits see prompt + tokens[0, i).
+std::vector<std::vector<float>> forced_logits(const model::Model& model,
+                                              std::span<const int32_t> prompt,
+                                              std::span<const int32_t> tokens) {
+  auto [cache, block_table] = model::KvCache::for_one_sequence(
+      model.backend(), model.config(), static_cast<int32_t>(prompt.size() + tokens.size()));
+  model::ForwardScratch scratch;
+  std::vector<std::vector<float>> steps;
+  std::vector<float> logits;
+  model::Batch batch;
+  batch.begin_sequence(block_table);
+  for (size_t j = 0; j < prompt.size(); ++j)
+    batch.add(prompt[j], static_cast<int32_t>(j), j + 1 == prompt.size());
+  model.forward(batch, cache, scratch, logits);
+  steps.push_back(logits);
+  for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+    model::Batch next;
+    next.begin_sequence(block_table);
+    next.add(tokens[i], static_cast<int32_t>(prompt.size() + i), true);
+    model.forward(next, cache, scratch, logits);
+    steps.push_back(logits);
+  }
+  return steps;
+}
+
+// How far each engine's outputs are from an f32 reference: the same file with every weight
+// dequantized to F32, run with f32 activations and an f32 KV cache, so that what is left is the
+// engines' own arithmetic (activation rounding, KV dtype, summation order), not the weights'.
+struct Exactness {
+  std::string file;
+  bool quantized;                 // activations rounded to 8 bits (Q8_0 / Q8_1 / Q8_K)
+  double sieve_top5, llama_top5;  // mean over steps of the largest top-5 logprob |diff|
+  double sieve_ppl, sieve_f16_ppl, llama_ppl;  // perplexity / reference - 1
+};
+
+Exactness measure_exactness(const json& entry) {
+  const std::string file = entry["file"].get<std::string>();
+  const std::string type = entry["type_or_arch"].get<std::string>();
+  const std::string path = testing::shared_path("golden/quant/" + file);
+  const std::string reference_path =
+      (std::filesystem::temp_directory_path() /
+       ("sieve_f32_reference_" + std::to_string(::getpid()) + "_" + file))
+          .string();
+  {
+    ThreadPool pool(2);
+    model::quantize_model(path, reference_path, *model::parse_quant_mix("F32"), pool);
+  }
+  model::LoadedModel reference = model::load_model({reference_path, ""});
+  std::filesystem::remove(reference_path);
+  model::LoadedModel loaded = model::load_model({path, ""});
+
+  Exactness result{.file = file, .quantized = !type.ends_with("F16")};
+  int64_t steps = 0;
+  for (const json& c : entry["cases"]) {
+    const auto prompt = c["prompt_tokens"].get<std::vector<int32_t>>();
+    const auto tokens = c["tokens"].get<std::vector<int32_t>>();
+    const json& recorded = c["top_logprobs"];
+    const auto want = forced_logits(*reference.model, prompt, tokens);
+    const auto got = forced_logits(*loaded.model, prompt, tokens);
+    for (size_t step = 0; step < tokens.size(); ++step, ++steps) {
+      double sieve_error = 0.0, llama_error = 0.0;
+      for (const json& top : recorded[step]) {
+        const int32_t id = top["id"].get<int32_t>();
+        const double exact = engine::token_logprob(want[step], id);
+        sieve_error = std::max(sieve_error, std::abs(engine::token_logprob(got[step], id) - exact));
+        llama_error = std::max(llama_error, std::abs(top["logprob"].get<double>() - exact));
+      }
+      result.sieve_top5 += sieve_error;
+      result.llama_top5 += llama_error;
+    }
+  }
+  result.sieve_top5 /= static_cast<double>(steps);
+  result.llama_top5 /= static_cast<double>(steps);
+
+  std::vector<int32_t> tokens = tinystories_tokens(*loaded.tokenizer);
+  tokens.resize(kContext * kChunks);
+  const double reference_ppl = eval::perplexity(*reference.model, tokens, 1, kContext).ppl;
+  result.sieve_ppl = eval::perplexity(*loaded.model, tokens, 1, kContext).ppl / reference_ppl - 1;
+  result.sieve_f16_ppl =
+      eval::perplexity(*loaded.model, tokens, 1, kContext, {}, kernels::DType::kF16).ppl /
+          reference_ppl -
+      1;
+  result.llama_ppl = entry["perplexity"]["value"].get<double>() / reference_ppl - 1;
+  return result;
+}
+
+// Issue 40's exactness target: for every weight type, sieve's outputs are no further from the f32
+// reference than llama.cpp's recorded ones.
+//   - top-5 logprobs at each of llama.cpp's greedy steps (every engine fed llama.cpp's tokens;
+//     llama.cpp's were recorded with an F32 KV cache, as sieve runs here): per file, sieve's mean
+//     distance within 1.1x llama.cpp's + 1e-3. Both round activations to 8 bits for quantized
+//     weights with the same arithmetic (2026-12-06: 0.0980 / 0.0982 averaged over the 18
+//     quantized files); F16 files separate them: llama.cpp rounds activations to F16, sieve keeps
+//     them F32 (2e-3 to 5e-3 / ~6e-6).
+//   - perplexity (ctx 128, 20 chunks): on these random models one 8-bit rounding that falls the
+//     other way moves a chunk's log-likelihood by ~0.1, so a file's figure moves by up to 0.3%
+//     with any change of arithmetic (sieve's own f32 -> f16 KV: -0.28% -> -0.02% on Q3_K_S,
+//     +0.56% -> +0.21% on qwen2-Q4_K_M) and one file cannot rank the engines. Over the quantized
+//     files, sieve's mean |distance| with llama-perplexity's F16 KV cache must stay within 1.5x
+//     llama.cpp's (2026-12-06: 0.140% against 0.125%; f32 KV 0.141%).
+TEST(GoldenQuantSet, NoFurtherFromAnF32ReferenceThanLlamaCpp) {
+  double sieve_ppl_sum = 0.0, llama_ppl_sum = 0.0;
+  int quantized_files = 0;
+  for (const json& entry : golden()) {
+    if (entry["type_or_arch"] == "TQ2_0") continue;  // does not load (MatchesLlamaCpp checks that)
+    const Exactness e = measure_exactness(entry);
+    SCOPED_TRACE(e.file);
+    std::printf(
+        "exactness %-28s top-5 logprob |diff| sieve %.2e llama.cpp %.2e; perplexity sieve "
+        "%+.4f%% (f16 KV %+.4f%%) llama.cpp %+.4f%%\n",
+        e.file.c_str(), e.sieve_top5, e.llama_top5, 100 * e.sieve_ppl, 100 * e.sieve_f16_ppl,
+        100 * e.llama_ppl);
+    if (e.quantized) {
+      EXPECT_LE(e.sieve_top5, 1.1 * e.llama_top5 + 1e-3);
+      sieve_ppl_sum += std::abs(e.sieve_f16_ppl);
+      llama_ppl_sum += std::abs(e.llama_ppl);
+      ++quantized_files;
+    } else {
+      EXPECT_LT(e.sieve_top5, 0.1 * e.llama_top5);
+      EXPECT_LT(std::abs(e.sieve_ppl), 1e-5);
+    }
+  }
+  ASSERT_EQ(quantized_files, 18);
+  std::printf(
+      "exactness over %d quantized files: mean |perplexity - reference| sieve %.4f%% (f16 "
+      "KV) llama.cpp %.4f%%\n",
+      quantized_files, 100 * sieve_ppl_sum / quantized_files,
+      100 * llama_ppl_sum / quantized_files);
+  EXPECT_LE(sieve_ppl_sum, 1.5 * llama_ppl_sum);
 }
 
 INSTANTIATE_TEST_SUITE_P(
