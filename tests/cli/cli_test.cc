@@ -194,6 +194,27 @@ TEST(Cli, KvDTypeIsOneOptionOnEveryCommand) {
   }
 }
 
+// llama-perplexity's --chunks, and its default F16 KV cache through --kv-dtype.
+TEST(Cli, PerplexityTakesChunksAndAKvDType) {
+  const std::string text = testing::shared_path("golden/stories260K/tinystories_valid.txt");
+  nlohmann::json by_dtype;
+  for (const char* dtype : {"f32", "f16"}) {
+    Result r = run("perplexity -m " + model() + " -f " + text + " -c 64 --chunks 3 -t 2 --json " +
+                   "--kv-dtype " + dtype);
+    ASSERT_EQ(r.exit_code, 0) << dtype << ": " << r.out;
+    by_dtype[dtype] = nlohmann::json::parse(r.out);
+    EXPECT_EQ(by_dtype[dtype]["n_chunks"].get<int>(), 3) << dtype;
+    EXPECT_EQ(by_dtype[dtype]["scored_tokens"].get<int>(), 3 * 31) << dtype;
+  }
+  const double f32 = by_dtype["f32"]["ppl"].get<double>(),
+               f16 = by_dtype["f16"]["ppl"].get<double>();
+  EXPECT_NE(f32, f16);  // the cache's rounding reaches the logits
+  EXPECT_NEAR(f16, f32, 1e-2 * f32);
+  Result bad = run("perplexity -m " + model() + " -f " + text + " --kv-dtype q5", true);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("use one of f32, f16, q8, q4"), std::string::npos) << bad.out;
+}
+
 // --speculative-config takes vLLM's JSON on every command that builds an engine from options; a
 // bad one is a usage error naming the key, and a method the engine cannot run stops serve at
 // start. Speculation does not change greedy tokens.
