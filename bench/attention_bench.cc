@@ -12,6 +12,12 @@
 //   DecodeL2/<target>/ctx:64/threads:1       ... and in L2 (512 KiB): the kernel's compute speed
 //   Prefill/<target>/n:N/threads:T           causal prompt of N tokens: GFLOP/s (4 * head_dim
 //                                            * heads * N(N+1)/2 per call)
+//   FmaPeak/threads:T                        f32 FMAs from registers (512-bit, else 256-bit):
+//                                            the peak the GFLOP/s figures compare against
+//   EnginePrefillChunk/<target>/<f32|f16>/ctx:C/threads:T
+//                                            one 512-row prefill chunk at the end of a C-key
+//                                            context on bench-engine's model (head_dim 64, 8
+//                                            heads, 2 kv heads): GFLOP/s over the visible keys
 //   RefDecode/ctx:2048                       the double-precision reference, for scale
 //   Observation/<target>/n:N/threads:T       observation_scores() of the last 32 rows of an
 //                                            N-token prompt (SnapKV's window): GFLOP/s of q·k
@@ -36,6 +42,10 @@
 //
 //   attention_bench --benchmark_filter='Decode/AVX3'
 #include <benchmark/benchmark.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -281,6 +291,97 @@ void run_engine_decode(benchmark::State& state, const std::string& target, DType
   force_target_for_testing("");
 }
 
+// One prefill chunk of kChunk rows at the end of a ctx-key context on the bench-engine model's
+// pool (how `sieve bench-engine` prefills a long prompt: chunks of 512 rows, each against all
+// the keys before it); each call runs the next layer. GFLOP/s of q·k and p·v over the visible
+// keys (4 * head_dim * heads per visible key and row).
+void run_engine_prefill_chunk(benchmark::State& state, const std::string& target, DType dtype,
+                              int64_t ctx, int threads) {
+  if (!force_target_for_testing(target)) {
+    state.SkipWithError("target not available");
+    return;
+  }
+  constexpr int64_t kChunk = 512;
+  const EngineCache cache(ctx, dtype, /*layer_major=*/true);
+  const std::vector<float> q = random_floats(kChunk * EngineCache::kHeadsQ * EngineCache::kDim, 7);
+  std::vector<int32_t> positions(static_cast<size_t>(kChunk));
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(ctx - kChunk));
+  const AttentionQuery query{q.data(), positions, EngineCache::kHeadsQ, 0.125f};
+  std::vector<float> out(kChunk * EngineCache::kHeadsQ * EngineCache::kDim),
+      row_lse(kChunk * EngineCache::kHeadsQ);
+  ThreadPool& pool = pool_of(threads);
+  int64_t layer = 0;
+  for (auto _ : state) {
+    paged_attention(cache.layer(layer), query, {out.data(), nullptr, row_lse.data()}, pool);
+    layer = (layer + 1) % EngineCache::kLayers;
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  double visible = 0.0;
+  for (int32_t p : positions) visible += p + 1.0;
+  const double flops = 4.0 * EngineCache::kDim * EngineCache::kHeadsQ * visible;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  force_target_for_testing("");
+}
+
+// The f32 FMA peak the attention's GFLOP/s compare against: 12 independent chains of 512-bit
+// (AVX2: 256-bit) FMAs from registers on each thread; 2 flops per lane.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) double fma_chains_512(int64_t iterations) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
+  const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-6f);
+  for (int64_t k = 0; k < iterations; ++k) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < 12; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  return lanes[0];
+}
+__attribute__((target("avx2,fma"))) double fma_chains_256(int64_t iterations) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
+  const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-6f);
+  for (int64_t k = 0; k < iterations; ++k) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], b, c);
+  }
+  __m256 sum = acc[0];
+  for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  return lanes[0];
+}
+
+void run_fma_peak(benchmark::State& state, int threads) {
+  const bool wide = __builtin_cpu_supports("avx512f");
+  if (!wide && !__builtin_cpu_supports("fma")) {
+    state.SkipWithError("no FMA");
+    return;
+  }
+  constexpr int64_t kIterations = 1 << 22;
+  ThreadPool& pool = pool_of(threads);
+  std::vector<double> sink(static_cast<size_t>(threads));
+  for (auto _ : state) {
+    pool.parallel_for(
+        threads,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            sink[static_cast<size_t>(t)] =
+                wide ? fma_chains_512(kIterations) : fma_chains_256(kIterations);
+          }
+        },
+        1);
+    benchmark::DoNotOptimize(sink.data());
+  }
+  const double flops = 2.0 * (wide ? 16 : 8) * 12.0 * kIterations * threads;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+#endif
+
 // Sums a 1 GiB buffer with all threads: the read bandwidth decode can hope for.
 void run_observation(benchmark::State& state, const std::string& target, int64_t n, int threads) {
   if (!force_target_for_testing(target)) {
@@ -440,6 +541,28 @@ void register_all() {
       benchmark::RegisterBenchmark(name.c_str(), run_prefill, target, n, max_threads)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
+    }
+  }
+#if defined(__x86_64__) && defined(__GNUC__)
+  for (int threads : thread_counts) {
+    const std::string name = "FmaPeak/threads:" + std::to_string(threads);
+    benchmark::RegisterBenchmark(name.c_str(), run_fma_peak, threads)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+#endif
+  for (const std::string& target : available_targets()) {
+    for (DType dtype : {DType::kF32, DType::kF16}) {
+      for (int64_t ctx : {4096, 16384, 32768}) {
+        const std::string name = "EnginePrefillChunk/" + target + "/" +
+                                 std::string(dtype == DType::kF16 ? "f16" : "f32") +
+                                 "/ctx:" + std::to_string(ctx) +
+                                 "/threads:" + std::to_string(max_threads);
+        benchmark::RegisterBenchmark(name.c_str(), run_engine_prefill_chunk, target, dtype, ctx,
+                                     max_threads)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
     }
   }
   benchmark::RegisterBenchmark("RefDecode/ctx:2048", run_decode, std::string(), int64_t{2048}, 1,
