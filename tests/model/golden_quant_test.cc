@@ -22,7 +22,10 @@
 // target and their VNNI tiles); other kernel paths sum in another order, so a CPU without them
 // checks against the generic bounds instead (and says so). A kernel change that moves a type's
 // figures must re-measure them (the test prints a "measured" line per file in the table's form)
-// and say why.
+// and say why. (2026-12-06: the perplexity column of the quantized types, after prefill
+// attention began summing q·k with keys in lanes: its 128-token chunks round differently, and
+// one 8-bit activation rounding falling the other way moves these random models' perplexity by
+// up to ~0.3%; the other columns come from decode steps, which did not change.)
 // TQ2_0 is not a type sieve runs: its case checks that loading fails naming the tensor, the type
 // and the supported types.
 #include <gtest/gtest.h>
@@ -70,29 +73,29 @@ struct Measured {
 const std::map<std::string, Measured, std::less<>> kMeasured = {
     // type_or_arch           first    any      mean     perplexity
     {"F16",                  {2.3e-3, 6.5e-3, 2.8e-3, 4.0e-5}},
-    {"Q4_0",                 {2.0e-6, 6.2e-2, 1.6e-3, 8.5e-4}},
-    {"Q4_1",                 {2.0e-6, 8.8e-2, 1.7e-2, 4.4e-5}},
-    {"Q5_0",                 {1.0e-6, 1.1e-1, 2.3e-2, 1.7e-4}},
-    {"Q5_1",                 {1.0e-6, 8.7e-2, 1.3e-2, 9.1e-5}},
+    {"Q4_0",                 {2.0e-6, 6.2e-2, 1.6e-3, 8.2e-4}},
+    {"Q4_1",                 {2.0e-6, 8.8e-2, 1.7e-2, 7.2e-4}},
+    {"Q5_0",                 {1.0e-6, 1.1e-1, 2.3e-2, 3.4e-4}},
+    {"Q5_1",                 {1.0e-6, 8.7e-2, 1.3e-2, 2.1e-4}},
     {"Q8_0",                 {1.0e-6, 1.2e-1, 1.7e-2, 8.1e-4}},
-    {"Q2_K",                 {2.0e-6, 6.9e-2, 3.3e-3, 9.2e-4}},
-    {"Q3_K_S",               {2.0e-6, 4.0e-6, 1.0e-6, 2.8e-3}},
-    {"Q3_K_M",               {2.0e-6, 2.2e-1, 1.4e-2, 7.6e-4}},
-    {"Q3_K_L",               {1.0e-6, 1.4e-1, 1.6e-2, 7.7e-4}},
-    {"Q4_K_S",               {1.0e-6, 1.8e-1, 1.7e-2, 1.5e-3}},
-    {"Q4_K_M",               {2.0e-6, 3.0e-6, 1.0e-6, 6.7e-4}},
-    {"Q5_K_S",               {2.0e-6, 3.0e-6, 1.0e-6, 5.3e-4}},
-    {"Q5_K_M",               {1.0e-6, 4.0e-6, 1.0e-6, 4.5e-5}},
-    {"Q6_K",                 {1.0e-6, 4.0e-2, 9.9e-4, 2.2e-4}},
-    {"IQ4_NL",               {2.0e-6, 2.0e-6, 1.0e-6, 2.7e-3}},
-    {"IQ4_XS",               {1.0e-6, 1.4e-1, 1.5e-2, 5.0e-4}},
+    {"Q2_K",                 {2.0e-6, 6.9e-2, 3.3e-3, 1.9e-3}},
+    {"Q3_K_S",               {2.0e-6, 4.0e-6, 1.0e-6, 2.9e-3}},
+    {"Q3_K_M",               {2.0e-6, 2.2e-1, 1.4e-2, 7.1e-4}},
+    {"Q3_K_L",               {1.0e-6, 1.4e-1, 1.6e-2, 1.0e-3}},
+    {"Q4_K_S",               {1.0e-6, 1.8e-1, 1.7e-2, 1.6e-3}},
+    {"Q4_K_M",               {2.0e-6, 3.0e-6, 1.0e-6, 9.9e-4}},
+    {"Q5_K_S",               {2.0e-6, 3.0e-6, 1.0e-6, 1.1e-3}},
+    {"Q5_K_M",               {1.0e-6, 4.0e-6, 1.0e-6, 5.4e-4}},
+    {"Q6_K",                 {1.0e-6, 4.0e-2, 9.9e-4, 2.3e-4}},
+    {"IQ4_NL",               {2.0e-6, 2.0e-6, 1.0e-6, 2.1e-3}},
+    {"IQ4_XS",               {1.0e-6, 1.4e-1, 1.5e-2, 1.5e-3}},
     {"llama3rope-F16",       {2.8e-3, 7.1e-3, 3.2e-3, 1.4e-4}},
     {"llama-linrope-F16",    {4.9e-3, 8.0e-3, 3.0e-3, 7.6e-5}},
     {"qwen2-F16",            {8.1e-3, 1.1e-2, 5.2e-3, 9.1e-5}},
     {"qwen3-F16",            {3.1e-3, 5.2e-3, 2.5e-3, 1.3e-5}},
     {"phi3-F16",             {4.1e-3, 7.2e-3, 3.1e-3, 4.2e-5}},
-    {"qwen2-Q4_K_M",         {1.0e-6, 6.2e-2, 8.6e-4, 8.5e-4}},
-    {"llama3rope-Q4_K_M",    {1.0e-6, 2.2e-1, 1.9e-2, 1.8e-3}},
+    {"qwen2-Q4_K_M",         {1.0e-6, 6.2e-2, 8.6e-4, 1.9e-3}},
+    {"llama3rope-Q4_K_M",    {1.0e-6, 2.2e-1, 1.9e-2, 1.5e-3}},
 };
 // clang-format on
 
@@ -390,10 +393,11 @@ Exactness measure_exactness(const json& entry) {
 //     them F32 (2e-3 to 5e-3 / ~6e-6).
 //   - perplexity (ctx 128, 20 chunks): on these random models one 8-bit rounding that falls the
 //     other way moves a chunk's log-likelihood by ~0.1, so a file's figure moves by up to 0.3%
-//     with any change of arithmetic (sieve's own f32 -> f16 KV: -0.28% -> -0.02% on Q3_K_S,
-//     +0.56% -> +0.21% on qwen2-Q4_K_M) and one file cannot rank the engines. Over the quantized
+//     with any change of arithmetic (sieve's own f32 -> f16 KV: -0.29% -> -0.06% on Q3_K_S;
+//     prefill attention's summation order: +0.56% -> +0.29% on qwen2-Q4_K_M) and one file
+//     cannot rank the engines. Over the quantized
 //     files, sieve's mean |distance| with llama-perplexity's F16 KV cache must stay within 1.5x
-//     llama.cpp's (2026-12-06: 0.140% against 0.125%; f32 KV 0.141%).
+//     llama.cpp's (2026-12-06: 0.156% against 0.125%; f32 KV 0.139%).
 TEST(GoldenQuantSet, NoFurtherFromAnF32ReferenceThanLlamaCpp) {
   double sieve_ppl_sum = 0.0, llama_ppl_sum = 0.0;
   int quantized_files = 0;

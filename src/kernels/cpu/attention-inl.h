@@ -61,6 +61,7 @@
 #include "kernels/cpu/attention_vnni.h"
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/ops-inl.h"
+#include "kernels/cpu/transpose16x16.h"
 #include "kernels/paged_attention.h"
 #include "util/thread_pool.h"
 
@@ -75,8 +76,12 @@ using VF = hn::Vec<DF>;
 
 // Keys per online-softmax step: 2 pages of 16; K and V tiles of 16 KiB each at head_dim 128.
 inline constexpr int64_t kTileKeys = 32;
+// Long jobs (not row-invariant) on f32 / f16 pools where keys go in lanes (kKeysInLanes): 4-page
+// tiles, so the online softmax's per-tile work (maxima, rescale factors, acc rescaling) is paid
+// once per 64 keys.
+inline constexpr int64_t kLongTileKeys = 64;
 // At most this many runs (pages) per tile: a page of one slot makes one run per key.
-inline constexpr int64_t kMaxRuns = kTileKeys;
+inline constexpr int64_t kMaxRuns = kLongTileKeys;
 // Register tiles. AVX-512 has 32 vector registers, the other targets 16:
 //   QK: kQkRows x 4 accumulators + 4 key vectors + 1 query vector
 //   PV: kPvRows x kPvChunks accumulators + kPvChunks value vectors + 1 broadcast
@@ -85,6 +90,15 @@ inline constexpr int kQkRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 // loads (and, f16, widens) each V vector once instead of twice (2 x 8 before: f32 decode at
 // 1k keys 25% and prefill 10-20% faster in attention_bench, f16 within noise).
 inline constexpr int kPvRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+// Long jobs (prefill chunks) on AVX-512 score a tile with its keys along the lanes (QkKeysInLanes
+// below) when a kv head has at least this many query vectors in the task to share the tile's
+// transpose.
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+inline constexpr bool kKeysInLanes = true;
+#else
+inline constexpr bool kKeysInLanes = false;
+#endif
+inline constexpr int64_t kKeysInLanesMinVectors = 8;
 inline constexpr int kPvChunks = 4;
 // Software prefetch: for tasks of several kv heads (dense layers), none: paced prefetching of
 // the next unit's K/V rows (as the matmul does) or of V during QK, or of the next tiles,
@@ -174,6 +188,7 @@ struct Scratch {
   float* alpha;   // [max_rows] this tile's rescale factor of acc
   float* k_tile;  // quantized pools: [kTileKeys][head_dim] one unit's K rows, dequantized
   float* v_tile;  // ... and V rows
+  float* kt;      // QkKeysInLanes: [head_dim][tp] the tile's K, transposed
   // vnni: the staged queries as Q8_0 (int8 [max_rows][head_dim], d [max_rows][head_dim / 32])
   // and each kv head's sets of 4 (vnni::attn_prepare_queries; at most max_rows sets).
   hwy::AlignedFreeUniquePtr<int8_t[]> q_int;
@@ -185,8 +200,9 @@ struct Scratch {
     const int64_t floats_per_vec = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t small = (n + floats_per_vec - 1) / floats_per_vec * floats_per_vec;
     const int64_t tile = p.quantized && !p.vnni ? kTileKeys * p.kv.head_dim : 0;
+    const int64_t kt_floats = kKeysInLanes ? p.dp * p.tp : 0;
     buffer = hwy::AllocateAligned<float>(
-        static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small + 2 * tile));
+        static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small + 2 * tile + kt_floats));
     q = buffer.get();
     acc = q + n * p.dp;
     s = acc + n * p.dp;
@@ -195,6 +211,7 @@ struct Scratch {
     alpha = sum + small;
     k_tile = alpha + small;
     v_tile = k_tile + tile;
+    kt = v_tile + tile;
     if (p.vnni) {
       const int64_t hd = p.kv.head_dim;
       q_int = hwy::AllocateAligned<int8_t>(static_cast<size_t>(n * hd));
@@ -374,6 +391,119 @@ HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* ru
     });
   }
 }
+
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+// Scores with the tile's keys along the lanes, for long jobs: the tile's K is transposed once
+// (kt[i * tp + col] = element i of the key in column col) and every query vector of the kv head
+// then takes head_dim FMAs per 16 keys, a broadcast query element times a row of kt, with no
+// horizontal sums (QkTile's Reduce4 spends ~9 shuffles and adds per 4 scores, on the port that
+// also runs FMAs on Intel cores). A score sums over head_dim in another order than QkTile's, so
+// only jobs that are not row-invariant (AttentionPlan) take it: decode and verification rows
+// keep QkTile, and come out the same alone and in any batch.
+// (GCC 12 warns about the _mm512_undefined_epi32() inside its unpack intrinsics when they inline
+// into a Highway target region: a false positive.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <typename T>
+HWY_INLINE void TransposeTile(const KeyRun<T>* runs, int64_t num_runs, int64_t head_dim,
+                              int64_t num_keys, int64_t tp, float* HWY_RESTRICT kt) {
+  const DF d;
+  constexpr int64_t N = 16;
+  static_assert(hn::MaxLanes(DF()) == N);
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const KeyRun<T>& run = runs[r];
+    int64_t j = 0;
+    // Whole vectors of 16 keys (a page of 16, or a dequantized tile) by 16 x 16 transposes.
+    for (; head_dim % N == 0 && (run.col + j) % N == 0 && j + N <= run.count; j += N) {
+      alignas(64) float block[N * N];
+      for (int64_t c = 0; c < head_dim; c += N) {
+        __m512i rows[N];
+        for (int64_t e = 0; e < N; ++e) {
+          rows[e] = _mm512_castps_si512(LoadKv(d, run.k + (j + e) * head_dim + c).raw);
+        }
+        Transpose16x16(rows, reinterpret_cast<uint8_t*>(block));
+        for (int64_t e = 0; e < N; ++e) {
+          hn::Store(hn::Load(d, block + e * N), d, kt + (c + e) * tp + run.col + j);
+        }
+      }
+    }
+    for (; j < run.count; ++j) {
+      const T* k = run.k + j * head_dim;
+      for (int64_t i = 0; i < head_dim; ++i) {
+        if constexpr (std::is_same_v<T, float>) {
+          kt[i * tp + run.col + j] = k[i];
+        } else {
+          kt[i * tp + run.col + j] = hn::GetLane(PromoteF16(hn::CappedTag<float, 1>(), k + i));
+        }
+      }
+    }
+  }
+  if (num_keys % N != 0) {  // the last vector's columns past the tile: finite, masked later
+    const int64_t end = (num_keys + N - 1) / N * N;
+    for (int64_t i = 0; i < head_dim; ++i)
+      std::fill(kt + i * tp + num_keys, kt + i * tp + end, 0.0f);
+  }
+}
+
+#pragma GCC diagnostic pop
+
+// s[m * tp + c * N + lane] = <q_m, key in that column> for m < kM, c < kC.
+template <int kM, int kC>
+HWY_INLINE void QkKeysInLanesTile(const float* HWY_RESTRICT q, int64_t dp,
+                                  const float* HWY_RESTRICT kt, int64_t tp, int64_t head_dim,
+                                  float* HWY_RESTRICT s) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF acc[kM][kC];
+  for (int m = 0; m < kM; ++m) {
+    for (int c = 0; c < kC; ++c) acc[m][c] = hn::Zero(d);
+  }
+  for (int64_t i = 0; i < head_dim; ++i) {
+    VF k[kC];
+    for (int c = 0; c < kC; ++c) k[c] = hn::Load(d, kt + i * tp + c * N);
+    for (int m = 0; m < kM; ++m) {
+      const VF qv = hn::Set(d, q[m * dp + i]);
+      for (int c = 0; c < kC; ++c) acc[m][c] = hn::MulAdd(qv, k[c], acc[m][c]);
+    }
+  }
+  for (int m = 0; m < kM; ++m) {
+    for (int c = 0; c < kC; ++c) hn::Store(acc[m][c], d, s + m * tp + c * N);
+  }
+}
+
+// Columns [c0, c0 + 16 kC) of the tile (kt: their first column).
+template <int kC>
+HWY_NOINLINE void QkKeysInLanesRows(const Problem& p, const HeadBlock& block, const float* kt,
+                                    int64_t c0) {
+  // kC key vectors x 8 query vectors: 8 kC accumulators, per element kC loads of kt and 8
+  // broadcasts of a query element (loads on Intel cores).
+  constexpr int kRows = 8;
+  int64_t m = 0;
+  for (; m + kRows <= block.num_rows; m += kRows) {
+    QkKeysInLanesTile<kRows, kC>(block.q + m * p.dp, p.dp, kt, p.tp, p.kv.head_dim,
+                                 block.s + m * p.tp + c0);
+  }
+  for (; m < block.num_rows; m += 4) {
+    WithRowTile<4>(block.num_rows - m, [&]<int kM>() HWY_ATTR {
+      QkKeysInLanesTile<kM, kC>(block.q + m * p.dp, p.dp, kt, p.tp, p.kv.head_dim,
+                                block.s + m * p.tp + c0);
+    });
+  }
+}
+
+template <typename T>
+HWY_INLINE void QkKeysInLanes(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
+                              int64_t num_runs, int64_t num_keys, float* kt) {
+  TransposeTile(runs, num_runs, p.kv.head_dim, num_keys, p.tp, kt);
+  for (int64_t c0 = 0; c0 < num_keys; c0 += 32) {
+    if (num_keys - c0 > 16) {
+      QkKeysInLanesRows<2>(p, block, kt + c0, c0);
+    } else {
+      QkKeysInLanesRows<1>(p, block, kt + c0, c0);
+    }
+  }
+}
+#endif
 
 // ----------------------------------------------------------------------------- softmax
 
@@ -584,7 +714,18 @@ HWY_NOINLINE void PvRows(const float* HWY_RESTRICT prob, int64_t tp, const KeyRu
 template <typename T>
 HWY_INLINE void Pv(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
                    int64_t num_runs) {
-  for (int64_t m = 0; m < block.num_rows; m += kPvRows) {
+  int64_t m = 0;
+  if constexpr (kKeysInLanes) {
+    // Long jobs: 6 query vectors x 4 vectors of columns (24 accumulators), each V load used 6
+    // times. A vector's sums do not depend on the vectors beside it, so the bits are the same.
+    if (p.tp == kLongTileKeys) {
+      for (; m + 6 <= block.num_rows; m += 6) {
+        PvRows<6>(block.s + m * p.tp, p.tp, runs, num_runs, p.kv.head_dim, block.alpha + m,
+                  block.acc + m * p.dp, p.dp);
+      }
+    }
+  }
+  for (; m < block.num_rows; m += kPvRows) {
     WithRowTile<kPvRows>(block.num_rows - m, [&]<int kM>() HWY_ATTR {
       PvRows<kM>(block.s + m * p.tp, p.tp, runs, num_runs, p.kv.head_dim, block.alpha + m,
                  block.acc + m * p.dp, p.dp);
@@ -769,9 +910,9 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                                  head_dim, sc.q_sets.get() + b * sets_per_head * set_bytes);
     }
   }
-  int64_t
-      first[kAttentionQueryVectorsPerTask];  // per query row: keys in [first, limit) are visible
-  int64_t limit[kAttentionQueryVectorsPerTask];
+  int64_t first[kAttentionLongJobQueryVectorsPerTask];  // per query row: keys in [first, limit) are
+                                                        // visible
+  int64_t limit[kAttentionLongJobQueryVectorsPerTask];
   for (int64_t r = 0; r < num_rows; ++r) {
     first[r] = first_visible_key(p.q, static_cast<size_t>(task.row_begin + r));
     limit[r] = int64_t{p.q.positions[task.row_begin + r]} + 1;
@@ -816,10 +957,14 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   }
   // Otherwise units of work in order: for each key tile, each kv head of the task.
   KeyRun<T> runs[kMaxRuns];
-  const int64_t tile_keys = TileKeys(p.kv, num_heads, p.row_invariant);
+  const bool keys_in_lanes = p.tp == kLongTileKeys && per_head >= kKeysInLanesMinVectors;
+  // Long jobs with enough query vectors per key: 4-page tiles (the tile's keys are reused by all
+  // of them, so reading order matters less than per-tile work).
+  const int64_t tile_keys =
+      keys_in_lanes ? kLongTileKeys : TileKeys(p.kv, num_heads, p.row_invariant);
   for (int64_t key0 = task.key_begin; !p.vnni && key0 < task.key_end; key0 += tile_keys) {
     const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
-    if (num_heads == 1 && !p.quantized) {
+    if (num_heads == 1 && !p.quantized && !keys_in_lanes) {
       const int64_t ahead = key0 + kOneHeadPrefetchTiles * tile_keys;
       if (ahead < task.key_end) {
         PrefetchRuns<T>(p.kv, task.kv_head_begin, ahead, std::min(task.key_end, ahead + tile_keys));
@@ -840,7 +985,15 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                             sc.s,
                             sc.alpha,
                             per_head};
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+      if (keys_in_lanes) {
+        QkKeysInLanes(p, block, runs, num_runs, key1 - key0, sc.kt);
+      } else {
+        Qk(p, block, runs, num_runs);
+      }
+#else
       Qk(p, block, runs, num_runs);
+#endif
       SoftmaxStep4(p, block, first, limit, key0, key1 - key0);
       Pv(p, block, runs, num_runs);
     }
@@ -913,6 +1066,7 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
                   is_block_kv_dtype(kv.dtype),
                   false,
                   plan.row_invariant};
+  if (kKeysInLanes && !plan.row_invariant && !problem.quantized) problem.tp = kLongTileKeys;
 #if HWY_TARGET == HWY_AVX3
   problem.vnni = problem.quantized && vnni::supported();
   if (problem.vnni) problem.tp = kVnniTileKeys;

@@ -26,6 +26,9 @@ namespace sieve::kernels {
 // Query vectors (rows x query heads) per task: the accumulators ([32][head_dim] f32, 16 KiB at
 // head_dim 128) and staged queries stay in L1/L2 while each K/V tile is reused by all of them.
 inline constexpr int64_t kAttentionQueryVectorsPerTask = 32;
+// Longer jobs (prefill chunks) take more per task: each K/V tile, read from L2/L3 and (AVX-512)
+// transposed, is then shared by 4x the query vectors.
+inline constexpr int64_t kAttentionLongJobQueryVectorsPerTask = 128;
 // Jobs of at most this many query rows (decode, a speculative verification of up to 16 drafts)
 // are planned so that each row's output is bit for bit the one it gets alone: keys cut at fixed
 // multiples of kAttentionSplitKeys (whole pages), whatever the rows, heads or threads, and every

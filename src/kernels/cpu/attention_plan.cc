@@ -22,11 +22,14 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
       static_cast<int64_t>(kv.block_table.size()) * kv.page_size - kv.key_offset;
 
   AttentionPlan plan;
-  plan.rows_per_tile = std::max<int64_t>(1, kAttentionQueryVectorsPerTask / group);
+  const int64_t vectors_per_task = num_q <= kAttentionInvariantRows
+                                       ? kAttentionQueryVectorsPerTask
+                                       : kAttentionLongJobQueryVectorsPerTask;
+  plan.rows_per_tile = std::max<int64_t>(1, vectors_per_task / group);
   const int64_t rows_per_tile = std::min(plan.rows_per_tile, std::max<int64_t>(1, num_q));
   // kv heads per task: as many as the query-vector budget allows (decode), evened out.
-  int64_t heads_per_task = std::clamp<int64_t>(
-      kAttentionQueryVectorsPerTask / (rows_per_tile * group), 1, kv.num_kv_heads);
+  int64_t heads_per_task =
+      std::clamp<int64_t>(vectors_per_task / (rows_per_tile * group), 1, kv.num_kv_heads);
   const int64_t num_head_groups = ceil_div(kv.num_kv_heads, heads_per_task);
   heads_per_task = ceil_div(kv.num_kv_heads, num_head_groups);
   plan.max_query_vectors = rows_per_tile * group * heads_per_task;
