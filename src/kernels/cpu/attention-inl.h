@@ -189,6 +189,7 @@ struct Scratch {
   float* k_tile;  // quantized pools: [kTileKeys][head_dim] one unit's K rows, dequantized
   float* v_tile;  // ... and V rows
   float* kt;      // QkKeysInLanes: [head_dim][tp] the tile's K, transposed
+  float* vt;      // ... and f16 pools: [tp][head_dim] the tile's V as f32
   // vnni: the staged queries as Q8_0 (int8 [max_rows][head_dim], d [max_rows][head_dim / 32])
   // and each kv head's sets of 4 (vnni::attn_prepare_queries; at most max_rows sets).
   hwy::AlignedFreeUniquePtr<int8_t[]> q_int;
@@ -202,7 +203,7 @@ struct Scratch {
     const int64_t tile = p.quantized && !p.vnni ? kTileKeys * p.kv.head_dim : 0;
     const int64_t kt_floats = kKeysInLanes ? p.dp * p.tp : 0;
     buffer = hwy::AllocateAligned<float>(
-        static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small + 2 * tile + kt_floats));
+        static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small + 2 * tile + 2 * kt_floats));
     q = buffer.get();
     acc = q + n * p.dp;
     s = acc + n * p.dp;
@@ -212,6 +213,7 @@ struct Scratch {
     k_tile = alpha + small;
     v_tile = k_tile + tile;
     kt = v_tile + tile;
+    vt = kt + kt_floats;
     if (p.vnni) {
       const int64_t hd = p.kv.head_dim;
       q_int = hwy::AllocateAligned<int8_t>(static_cast<size_t>(n * hd));
@@ -507,12 +509,50 @@ HWY_INLINE void QkKeysInLanes(const Problem& p, const HeadBlock& block, const Ke
 
 // ----------------------------------------------------------------------------- softmax
 
+// exp(x) for the scores of long jobs' tiles (x <= 0: a score minus its running max, or -inf),
+// in about half of hn::Exp's instructions (the exp was ~17% of a prefill chunk's attention at
+// head_dim 64): n = round(x / ln 2), f = x - n ln 2 in two parts (Cody-Waite), e^f by its Taylor
+// polynomial of degree 6 (relative error < 2e-7 on |f| <= ln 2 / 2), times 2^n by vscalefps;
+// 0 below -87 (no subnormal probabilities, which would slow P·V's FMAs) and for -inf. Only
+// jobs that are not row-invariant use it (attention-inl.h's QkKeysInLanes says why).
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+#pragma GCC diagnostic push  // GCC 12's false positive, as at TransposeTile
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+HWY_INLINE VF ExpOfScores(DF, VF x) {
+  const __m512 v = x.raw;
+  const __mmask16 finite = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), v);
+  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), f);
+  __m512 e = _mm512_set1_ps(1.0f / 720);
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f / 120));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f / 24));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f / 6));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(0.5f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
+  return VF{_mm512_maskz_scalef_ps(finite, e, n)};
+}
+#pragma GCC diagnostic pop
+#endif
+
+// e^x of a tile's scores (x <= 0 or -inf): ExpOfScores for long jobs' tiles, else hn::Exp.
+HWY_INLINE VF ScoreExp(bool long_job, DF d, VF x) {
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+  if (long_job) return ExpOfScores(d, x);
+#endif
+  (void)long_job;
+  return hn::Exp(d, x);
+}
+
 // Online softmax step of query vector m for one tile of num_keys keys starting at position key0.
 // Query vector m (row m / group) sees keys in [first, limit) of its row. Leaves its
 // probabilities in S (0 for masked keys) and its acc rescale factor in alpha.
 HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64_t* first,
                            const int64_t* limit, int64_t key0, int64_t num_keys, int64_t m) {
   const DF d;
+  const bool long_job = p.tp == kLongTileKeys;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = (num_keys + N - 1) / N * N;  // <= tp: this tile's scores, whole vectors
   float* HWY_RESTRICT s = block.s + m * p.tp;
@@ -535,7 +575,7 @@ HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64
   const VF shift = hn::Set(d, new_max);
   VF vsum = hn::Zero(d);
   for (int64_t i = 0; i < width; i += N) {
-    const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
+    const VF e = ScoreExp(long_job, d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
     hn::Store(e, d, s + i);
     vsum = hn::Add(vsum, e);
   }
@@ -587,6 +627,7 @@ HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int
                              const int64_t* limit, int64_t key0, int64_t num_keys) {
 #if HWY_TARGET != HWY_SCALAR
   const DF d;
+  const bool long_job = p.tp == kLongTileKeys;
   const hn::CappedTag<float, 4> d4;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   if (N >= 4) {
@@ -628,7 +669,7 @@ HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int
         const VF sh = hn::Set(d, shift[r]);
         vsum[r] = hn::Zero(d);
         for (int64_t i = 0; i < width; i += N) {
-          const VF e = hn::Exp(d, hn::Sub(hn::Load(d, row + i), sh));  // exp(-inf) = 0
+          const VF e = ScoreExp(long_job, d, hn::Sub(hn::Load(d, row + i), sh));  // exp(-inf) = 0
           hn::Store(e, d, row + i);
           vsum[r] = hn::Add(vsum[r], e);
         }
@@ -746,6 +787,31 @@ HWY_INLINE int64_t TileRuns(const PagedKv& kv, int64_t kv_head, int64_t key0, in
     const int64_t offset = kv_offset(kv, t, kv_head);
     runs[num_runs++] = KeyRun<T>{KBase<T>(kv) + offset, VBase<T>(kv) + offset, t - key0, count};
     t += count;
+  }
+  return num_runs;
+}
+
+// n halves at src as floats at dst.
+HWY_INLINE void ConvertF16Row(const uint16_t* HWY_RESTRICT src, int64_t n,
+                              float* HWY_RESTRICT dst) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(LoadKv(d, src + i), d, dst + i);
+  if (i < n)
+    StoreTail(d, LoadKvTail(d, src + i, static_cast<size_t>(n - i)), dst + i,
+              static_cast<size_t>(n - i));
+}
+
+// The V rows of a tile's runs (f16) as f32 at vt + col * head_dim; float runs over them (their
+// K unused). Returns how many (one per input run).
+HWY_INLINE int64_t WidenValues(const KeyRun<uint16_t>* runs, int64_t num_runs, int64_t head_dim,
+                               float* HWY_RESTRICT vt, KeyRun<float>* wide) {
+  for (int64_t r = 0; r < num_runs; ++r) {
+    const KeyRun<uint16_t>& run = runs[r];
+    float* out = vt + run.col * head_dim;
+    ConvertF16Row(run.v, run.count * head_dim, out);
+    wide[r] = KeyRun<float>{nullptr, out, run.col, run.count};
   }
   return num_runs;
 }
@@ -995,6 +1061,16 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
       Qk(p, block, runs, num_runs);
 #endif
       SoftmaxStep4(p, block, first, limit, key0, key1 - key0);
+      if constexpr (!std::is_same_v<T, float>) {
+        // f16 pools in long jobs: the tile's V widened once for all the P·V passes over it
+        // (each pass of 6 query vectors would widen every V row again).
+        if (keys_in_lanes) {
+          KeyRun<float> wide[kMaxRuns];
+          const int64_t num_wide = WidenValues(runs, num_runs, head_dim, sc.vt, wide);
+          Pv(p, block, wide, num_wide);
+          continue;
+        }
+      }
       Pv(p, block, runs, num_runs);
     }
   }
