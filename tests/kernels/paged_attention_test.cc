@@ -781,18 +781,19 @@ TEST(AttentionPlan, PrefillTilesRowsAndCoversTheCausalTriangle) {
   for (int64_t group : {1, 4, 8}) {
     const PagedKv kv{nullptr, nullptr, 0, 0, 16, 64, 2, table};
     const AttentionQuery q{nullptr, positions, 2 * group, 1.0f};
-    const AttentionPlan plan = plan_paged_attention(kv, q, 3);
+    const AttentionPlan plan = plan_paged_attention(kv, q, 2);
     // Longer jobs than kAttentionInvariantRows rows take the long jobs' budget per task.
     EXPECT_EQ(plan.rows_per_tile * group, kAttentionLongJobQueryVectorsPerTask);
     EXPECT_EQ(plan.max_query_vectors, kAttentionLongJobQueryVectorsPerTask);
     const AttentionQuery verification{nullptr, position_range(990, 990 + kAttentionInvariantRows),
                                       2 * group, 1.0f};
-    EXPECT_EQ(plan_paged_attention(kv, verification, 3).max_query_vectors,
+    EXPECT_EQ(plan_paged_attention(kv, verification, 2).max_query_vectors,
               std::min(kAttentionQueryVectorsPerTask, kAttentionInvariantRows * group));
     // A long prompt has tasks enough for the threads: nothing split.
     EXPECT_FALSE(plan.row_invariant);
     EXPECT_TRUE(plan.merges.empty());
-    expect_plan_covers(kv, q, 3);
+    expect_plan_covers(kv, q, 2);
+    expect_plan_covers(kv, q, 3);  // (fewer tasks than 4 per thread with group 1: split)
   }
   // A short chunk over a long context with many threads is split.
   const std::vector<int32_t> chunk = position_range(9000, 9010);

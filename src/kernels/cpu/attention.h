@@ -27,8 +27,9 @@ namespace sieve::kernels {
 // head_dim 128) and staged queries stay in L1/L2 while each K/V tile is reused by all of them.
 inline constexpr int64_t kAttentionQueryVectorsPerTask = 32;
 // Longer jobs (prefill chunks) take more per task: each K/V tile, read from L2/L3 and (AVX-512)
-// transposed, is then shared by 4x the query vectors.
-inline constexpr int64_t kAttentionLongJobQueryVectorsPerTask = 128;
+// transposed, is then shared by 8x the query vectors (a 512-row chunk of bench-engine's model at
+// 16k keys, f32: 32 -> 128 -> 256 vectors 139 -> 200 -> 227-237 GFLOP/s; 512: 202-237).
+inline constexpr int64_t kAttentionLongJobQueryVectorsPerTask = 256;
 // Jobs of at most this many query rows (decode, a speculative verification of up to 16 drafts)
 // are planned so that each row's output is bit for bit the one it gets alone: keys cut at fixed
 // multiples of kAttentionSplitKeys (whole pages), whatever the rows, heads or threads, and every
