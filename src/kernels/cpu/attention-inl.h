@@ -699,6 +699,11 @@ HWY_INLINE void PvTile(const float* HWY_RESTRICT prob, int64_t tp, const KeyRun<
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   VF a[kM][kC];
   for (int m = 0; m < kM; ++m) {
+    // Past the first tiles the running max rarely moves (alpha = 1): x * 1 is x.
+    if (alpha[m] == 1.0f) {
+      for (int c = 0; c < kC; ++c) a[m][c] = hn::Load(d, acc + m * dp + c0 + c * N);
+      continue;
+    }
     const VF scale = hn::Set(d, alpha[m]);
     for (int c = 0; c < kC; ++c) a[m][c] = hn::Mul(hn::Load(d, acc + m * dp + c0 + c * N), scale);
   }
