@@ -339,9 +339,102 @@ SIEVE_AVX512_ATTR void PackedColumnsRemainder(const FloatProblem& p, const float
   }
 }
 
+// Prefill from packed groups: a slice of a group's columns is widened to f32 once ([c][64] in a
+// per-thread buffer that stays in L2) and every tile of activation rows then reads it there, so
+// each weight is widened once per matmul instead of once per 6 activation rows (vcvtph2ps runs
+// on an FMA port on Intel cores: 4 per 24 FMAs). The FMAs and their column order are
+// PackedColumns', a slice's sums carried to the next through y, so the bits are the same as
+// there (PackedFloatRowsEqualAloneAndInAnyBatch). Measured (kernels_bench
+// SuperBlocks/Prefill/F16/4096x4096/packed/x256, 2 threads, Xeon with a 346 GFLOP/s f32 peak):
+// see docs/performance.md.
+inline constexpr int64_t kWidenMinRows = 12;
+inline constexpr int64_t kWidenSliceCols = 1024;
+
+template <int kX>
+SIEVE_AVX512_ATTR void WidenedColumns(const FloatProblem& p, const float* x, const float* wf,
+                                      int64_t g, int64_t x0, int64_t c0, int64_t n) {
+  constexpr int kVecs = kPackedGroupRows / 16;
+  const float* x_rows[kX];
+  for (int i = 0; i < kX; ++i) x_rows[i] = x + (x0 + i) * p.cols + c0;
+  const int64_t rows_left = p.rows - g * kPackedGroupRows;
+  __mmask16 masks[kVecs];
+  for (int v = 0; v < kVecs; ++v) {
+    const int64_t m = std::clamp<int64_t>(rows_left - 16 * v, 0, 16);
+    masks[v] = static_cast<__mmask16>((1u << m) - 1);
+  }
+  float* y = p.y + x0 * p.rows + g * kPackedGroupRows;
+  __m512 acc[kX][kVecs];
+#pragma GCC unroll 8
+  for (int i = 0; i < kX; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) {
+      acc[i][v] =
+          c0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(masks[v], y + i * p.rows + 16 * v);
+    }
+  }
+  for (int64_t c = 0; c < n; ++c, wf += kPackedGroupRows) {
+    __m512 w[kVecs];
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) w[v] = _mm512_load_ps(wf + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < kX; ++i) {
+      const __m512 b = _mm512_set1_ps(x_rows[i][c]);
+#pragma GCC unroll 4
+      for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_fmadd_ps(b, w[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < kVecs; ++v) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kX; ++i)
+      _mm512_mask_storeu_ps(y + i * p.rows + 16 * v, masks[v], acc[i][v]);
+  }
+}
+
+template <int kX>
+SIEVE_AVX512_ATTR void WidenedColumnsRemainder(const FloatProblem& p, const float* x,
+                                               const float* wf, int64_t g, int64_t x0, int64_t c0,
+                                               int64_t n, int64_t num_x_left) {
+  if constexpr (kX > 0) {
+    if (num_x_left == kX) return WidenedColumns<kX>(p, x, wf, g, x0, c0, n);
+    WidenedColumnsRemainder<kX - 1>(p, x, wf, g, x0, c0, n, num_x_left);
+  }
+}
+
+template <FloatFormat F>
+SIEVE_AVX512_ATTR void WidenedGroups(const FloatProblem& p, const float* x, int64_t g_begin,
+                                     int64_t g_end) {
+  constexpr int kX = 6;
+  constexpr int64_t kElemBytes = F == FloatFormat::kF32 ? 4 : 2;
+  constexpr int64_t kColumnBytes = kPackedGroupRows * kElemBytes;
+  constexpr int kVecs = kPackedGroupRows / 16;
+  // 256 KiB per thread, on the heap (as Rows' panel).
+  static thread_local std::vector<float> buffer;
+  if (buffer.empty()) buffer.resize(kWidenSliceCols * kPackedGroupRows + 16);
+  float* wf =
+      reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const uint8_t* group = p.w + g * p.cols * kColumnBytes;
+    for (int64_t c0 = 0; c0 < p.cols; c0 += kWidenSliceCols) {
+      const int64_t n = std::min(kWidenSliceCols, p.cols - c0);
+      const uint8_t* column = group + c0 * kColumnBytes;
+      for (int64_t c = 0; c < n; ++c, column += kColumnBytes) {
+#pragma GCC unroll 4
+        for (int v = 0; v < kVecs; ++v) {
+          _mm512_store_ps(wf + c * kPackedGroupRows + 16 * v, LoadRow<F>(column, 16 * v, 0xFFFF));
+        }
+      }
+      int64_t x0 = 0;
+      for (; x0 + kX <= p.num_x; x0 += kX) WidenedColumns<kX>(p, x, wf, g, x0, c0, n);
+      WidenedColumnsRemainder<kX - 1>(p, x, wf, g, x0, c0, n, p.num_x - x0);
+    }
+  }
+}
+
 template <FloatFormat F>
 SIEVE_AVX512_ATTR void PackedGroups(const FloatProblem& p, const float* x, int64_t g_begin,
                                     int64_t g_end) {
+  if (p.num_x >= kWidenMinRows) return WidenedGroups<F>(p, x, g_begin, g_end);
   constexpr int kX = 6;
   for (int64_t g = g_begin; g < g_end; ++g) {
     int64_t x0 = 0;
