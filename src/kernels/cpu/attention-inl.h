@@ -201,7 +201,7 @@ struct Scratch {
     const int64_t floats_per_vec = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t small = (n + floats_per_vec - 1) / floats_per_vec * floats_per_vec;
     const int64_t tile = p.quantized && !p.vnni ? kTileKeys * p.kv.head_dim : 0;
-    const int64_t kt_floats = kKeysInLanes ? p.dp * p.tp : 0;
+    const int64_t kt_floats = kKeysInLanes && p.tp == kLongTileKeys ? p.dp * p.tp : 0;
     buffer = hwy::AllocateAligned<float>(
         static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small + 2 * tile + 2 * kt_floats));
     q = buffer.get();
@@ -538,21 +538,21 @@ HWY_INLINE VF ExpOfScores(DF, VF x) {
 #endif
 
 // e^x of a tile's scores (x <= 0 or -inf): ExpOfScores for long jobs' tiles, else hn::Exp.
-HWY_INLINE VF ScoreExp(bool long_job, DF d, VF x) {
+template <bool kLongJob>
+HWY_INLINE VF ScoreExp(DF d, VF x) {
 #if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
-  if (long_job) return ExpOfScores(d, x);
+  if constexpr (kLongJob) return ExpOfScores(d, x);
 #endif
-  (void)long_job;
   return hn::Exp(d, x);
 }
 
 // Online softmax step of query vector m for one tile of num_keys keys starting at position key0.
 // Query vector m (row m / group) sees keys in [first, limit) of its row. Leaves its
 // probabilities in S (0 for masked keys) and its acc rescale factor in alpha.
+template <bool kLongJob>
 HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64_t* first,
                            const int64_t* limit, int64_t key0, int64_t num_keys, int64_t m) {
   const DF d;
-  const bool long_job = p.tp == kLongTileKeys;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t width = (num_keys + N - 1) / N * N;  // <= tp: this tile's scores, whole vectors
   float* HWY_RESTRICT s = block.s + m * p.tp;
@@ -575,7 +575,7 @@ HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64
   const VF shift = hn::Set(d, new_max);
   VF vsum = hn::Zero(d);
   for (int64_t i = 0; i < width; i += N) {
-    const VF e = ScoreExp(long_job, d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
+    const VF e = ScoreExp<kLongJob>(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
     hn::Store(e, d, s + i);
     vsum = hn::Add(vsum, e);
   }
@@ -586,10 +586,11 @@ HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64
 
 // Online softmax step for one tile of num_keys keys starting at position key0, every query
 // vector of the block (SoftmaxRow).
+template <bool kLongJob>
 HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first,
                             const int64_t* limit, int64_t key0, int64_t num_keys) {
   for (int64_t m = 0; m < block.num_rows; ++m) {
-    SoftmaxRow(p, block, first, limit, key0, num_keys, m);
+    SoftmaxRow<kLongJob>(p, block, first, limit, key0, num_keys, m);
   }
 }
 
@@ -623,11 +624,11 @@ HWY_INLINE auto Max4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e
 // to all 4 (every tile of a decode row but its last): their maxima, rescale factors and sums
 // as 4 lanes (one Exp for the 4 alphas, no scalar exp, 2 horizontal folds per 4 vectors
 // instead of 2 per vector). The other vectors take SoftmaxRow.
+template <bool kLongJob>
 HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int64_t* first,
                              const int64_t* limit, int64_t key0, int64_t num_keys) {
 #if HWY_TARGET != HWY_SCALAR
   const DF d;
-  const bool long_job = p.tp == kLongTileKeys;
   const hn::CappedTag<float, 4> d4;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   if (N >= 4) {
@@ -641,7 +642,8 @@ HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int
         visible = visible && first[row] <= key0 && limit[row] >= key1;
       }
       if (!visible) {
-        for (int64_t r = 0; r < 4; ++r) SoftmaxRow(p, block, first, limit, key0, num_keys, m + r);
+        for (int64_t r = 0; r < 4; ++r)
+          SoftmaxRow<kLongJob>(p, block, first, limit, key0, num_keys, m + r);
         continue;
       }
       float* HWY_RESTRICT s = block.s + m * p.tp;
@@ -669,7 +671,7 @@ HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int
         const VF sh = hn::Set(d, shift[r]);
         vsum[r] = hn::Zero(d);
         for (int64_t i = 0; i < width; i += N) {
-          const VF e = ScoreExp(long_job, d, hn::Sub(hn::Load(d, row + i), sh));  // exp(-inf) = 0
+          const VF e = ScoreExp<kLongJob>(d, hn::Sub(hn::Load(d, row + i), sh));  // exp(-inf) = 0
           hn::Store(e, d, row + i);
           vsum[r] = hn::Add(vsum[r], e);
         }
@@ -679,11 +681,11 @@ HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int
       hn::StoreU(new_max, d4, block.max + m);
       hn::StoreU(hn::MulAdd(hn::LoadU(d4, block.sum + m), alpha, sums), d4, block.sum + m);
     }
-    for (; m < block.num_rows; ++m) SoftmaxRow(p, block, first, limit, key0, num_keys, m);
+    for (; m < block.num_rows; ++m) SoftmaxRow<kLongJob>(p, block, first, limit, key0, num_keys, m);
     return;
   }
 #endif
-  SoftmaxStep(p, block, first, limit, key0, num_keys);
+  SoftmaxStep<kLongJob>(p, block, first, limit, key0, num_keys);
 }
 
 // ----------------------------------------------------------------------------- PV
@@ -1020,7 +1022,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
         const uint8_t* v_rows[kVnniTileKeys];
         const int64_t num_keys = QuantTileRows(p.kv, kv_head, key0, key1, k_rows, v_rows);
         vnni::attn_scores(format, q_sets, per_head, head_dim, k_rows, num_keys, block.s, p.tp);
-        SoftmaxStep4(p, block, first, limit, key0, num_keys);
+        SoftmaxStep4<false>(p, block, first, limit, key0, num_keys);
         vnni::attn_pv(format, block.s, p.tp, block.alpha, per_head, v_rows, num_keys, head_dim,
                       block.acc, p.dp);
       }
@@ -1065,7 +1067,11 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
 #else
       Qk(p, block, runs, num_runs);
 #endif
-      SoftmaxStep4(p, block, first, limit, key0, key1 - key0);
+      if (p.tp == kLongTileKeys) {
+        SoftmaxStep4<true>(p, block, first, limit, key0, key1 - key0);
+      } else {
+        SoftmaxStep4<false>(p, block, first, limit, key0, key1 - key0);
+      }
       if constexpr (!std::is_same_v<T, float>) {
         // f16 pools in long jobs: the tile's V widened once for all the P·V passes over it
         // (each pass of 6 query vectors would widen every V row again).
