@@ -22,6 +22,13 @@
 //   PV       acc[m] = alpha[m] * acc[m] + P[m] · V    PvTile<kM, kC>: kM query vectors x kC
 //                                       vectors of head_dim, each V load used kM times
 //
+// Long jobs (prefill chunks: more than kAttentionInvariantRows rows) on f32 / f16 pools with
+// AVX-512 take a faster variant of the same steps, whose sums run in another order: 64-key
+// tiles (kLongTileKeys), QK with the keys along the lanes (QkKeysInLanes: the tile's K
+// transposed once, no horizontal sums), the scores' exp by ExpOfScores, P·V 6 query vectors at
+// a time (f16 V widened once per tile). Decode and verification rows never take it, so they
+// stay the same bits alone and in any batch.
+//
 // At the end: out = acc / sum, row_max = max, lse = max + log(sum); or, for a split task, the
 // (max, sum, acc) state goes to a partial slot and MergeSplits combines the slots:
 //   max = max_j max_j,  w_j = exp(max_j - max),  sum = sum_j w_j sum_j,
