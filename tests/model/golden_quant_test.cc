@@ -25,7 +25,9 @@
 // and say why. (2026-12-06: the perplexity column of the quantized types, after prefill
 // attention began summing q·k with keys in lanes: its 128-token chunks round differently, and
 // one 8-bit activation rounding falling the other way moves these random models' perplexity by
-// up to ~0.3%; the other columns come from decode steps, which did not change.)
+// up to ~0.3%; the other columns come from decode steps, which did not change.) The perplexity
+// bound is also never tighter than twice what an F16 KV cache alone moves the file's
+// perplexity: a change of arithmetic that moves it no more than that is noise, not a regression.
 // TQ2_0 is not a type sieve runs: its case checks that loading fails naming the tensor, the type
 // and the supported types.
 #include <gtest/gtest.h>
@@ -210,6 +212,7 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
   EXPECT_EQ(model.config().architecture, entry["arch"].get<std::string>());
 
   double ppl_change = 0.0;  // relative to llama.cpp's
+  double ppl_bound = 0.0;   // the bound it was held to
   {
     SCOPED_TRACE("perplexity");
     std::vector<int32_t> tokens = tinystories_tokens(*loaded.tokenizer);
@@ -221,7 +224,18 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
     ASSERT_EQ(want["chunks"].get<int64_t>(), kChunks);
     EXPECT_EQ(result.num_chunks, kChunks);
     const double want_ppl = want["value"].get<double>();
-    EXPECT_NEAR(result.ppl, want_ppl, tol.perplexity * want_ppl);
+    // How far this file's perplexity moves under a change of arithmetic alone: sieve's own run
+    // with an F16 KV cache (llama-perplexity's default). On these random models one 8-bit
+    // activation rounding falling the other way moves it by up to ~0.3%, and any change of
+    // summation order in prefill does that; the bound is never tighter than twice this.
+    const double noise = std::abs(
+        eval::perplexity(model, tokens, 1, kContext, {}, kernels::DType::kF16).ppl / result.ppl -
+        1.0);
+    const double generic = (quantized ? kGenericQuantized : kGenericF16).perplexity;
+    ppl_bound = std::min(generic, std::max(tol.perplexity, 2 * noise));
+    EXPECT_NEAR(result.ppl, want_ppl, ppl_bound * want_ppl)
+        << "bound " << ppl_bound << " (measured " << tol.perplexity << ", arithmetic noise "
+        << noise << ")";
     ppl_change = result.ppl / want_ppl - 1.0;
   }
 
@@ -287,10 +301,10 @@ TEST_P(GoldenQuant, MatchesLlamaCpp) {
   std::printf(
       "golden %s: perplexity %+.4f%%, greedy %d/%d equal (%d before a near-tie must), top-5 "
       "logprob |diff| step 0 %.2e, max %.2e, mean %.2e; %s bounds %.1e %.1e %.1e, perplexity "
-      "%.1e\n",
+      "%.1e (with the arithmetic noise)\n",
       file.c_str(), 100.0 * ppl_change, greedy_equal, greedy_total, greedy_before_near_tie,
       first_step_error, max, mean, measured_path ? "measured" : "generic (another kernel path)",
-      tol.first_step, tol.any_step, tol.mean, tol.perplexity);
+      tol.first_step, tol.any_step, tol.mean, ppl_bound);
   // The line to put in kMeasured after a change that moves this type's figures on purpose.
   std::printf("measured {\"%s\", {%.1e, %.1e, %.1e, %.1e}},\n", type.c_str(), first_step_error, max,
               mean, std::abs(ppl_change));
