@@ -100,7 +100,7 @@ inline constexpr int kPvRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 // Long jobs (prefill chunks) on AVX-512 score a tile with its keys along the lanes (QkKeysInLanes
 // below) when a kv head has at least this many query vectors in the task to share the tile's
 // transpose.
-#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX2
 inline constexpr bool kKeysInLanes = true;
 #else
 inline constexpr bool kKeysInLanes = false;
@@ -401,7 +401,7 @@ HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* ru
   }
 }
 
-#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX2
 // Scores with the tile's keys along the lanes, for long jobs: the tile's K is transposed once
 // (kt[i * tp + col] = element i of the key in column col) and every query vector of the kv head
 // then takes head_dim FMAs per 16 keys, a broadcast query element times a row of kt, with no
@@ -411,18 +411,24 @@ HWY_INLINE void Qk(const Problem& p, const HeadBlock& block, const KeyRun<T>* ru
 // keep QkTile, and come out the same alone and in any batch.
 // (GCC 12 warns about the _mm512_undefined_epi32() inside its unpack intrinsics when they inline
 // into a Highway target region: a false positive.)
+// Keys per QkKeysInLanesRows call: 2 vectors (AVX-512) or 4 (AVX2); query vectors per register
+// tile: 8 (8 kC of the 32 registers) or 2 (of 16).
+inline constexpr int64_t kKeysPerCall = 32;
+inline constexpr int kKeysInLanesRows = HWY_TARGET <= HWY_AVX3 ? 8 : 2;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <typename T>
 HWY_INLINE void TransposeTile(const KeyRun<T>* runs, int64_t num_runs, int64_t head_dim,
                               int64_t num_keys, int64_t tp, float* HWY_RESTRICT kt) {
-  const DF d;
-  constexpr int64_t N = 16;
-  static_assert(hn::MaxLanes(DF()) == N);
   for (int64_t r = 0; r < num_runs; ++r) {
     const KeyRun<T>& run = runs[r];
     int64_t j = 0;
-    // Whole vectors of 16 keys (a page of 16, or a dequantized tile) by 16 x 16 transposes.
+#if HWY_TARGET <= HWY_AVX3
+    // Whole vectors of 16 keys (a page of 16, or a dequantized tile) by 16 x 16 transposes. (AVX2:
+    // element by element below, ~3% of a 256-vector task's FMAs.)
+    const DF d;
+    constexpr int64_t N = 16;
+    static_assert(hn::MaxLanes(DF()) == N);
     for (; head_dim % N == 0 && (run.col + j) % N == 0 && j + N <= run.count; j += N) {
       alignas(64) float block[N * N];
       for (int64_t c = 0; c < head_dim; c += N) {
@@ -436,6 +442,7 @@ HWY_INLINE void TransposeTile(const KeyRun<T>* runs, int64_t num_runs, int64_t h
         }
       }
     }
+#endif
     for (; j < run.count; ++j) {
       const T* k = run.k + j * head_dim;
       for (int64_t i = 0; i < head_dim; ++i) {
@@ -447,8 +454,8 @@ HWY_INLINE void TransposeTile(const KeyRun<T>* runs, int64_t num_runs, int64_t h
       }
     }
   }
-  if (num_keys % N != 0) {  // the last vector's columns past the tile: finite, masked later
-    const int64_t end = (num_keys + N - 1) / N * N;
+  if (num_keys % kKeysPerCall != 0) {  // columns past the tile that QK reads: finite, masked later
+    const int64_t end = std::min(tp, (num_keys + kKeysPerCall - 1) / kKeysPerCall * kKeysPerCall);
     for (int64_t i = 0; i < head_dim; ++i)
       std::fill(kt + i * tp + num_keys, kt + i * tp + end, 0.0f);
   }
@@ -480,23 +487,30 @@ HWY_INLINE void QkKeysInLanesTile(const float* HWY_RESTRICT q, int64_t dp,
   }
 }
 
-// Columns [c0, c0 + 16 kC) of the tile (kt: their first column).
+// Columns [c0, c0 + kC vectors) of the tile (kt: their first column).
 template <int kC>
 HWY_NOINLINE void QkKeysInLanesRows(const Problem& p, const HeadBlock& block, const float* kt,
                                     int64_t c0) {
-  // kC key vectors x 8 query vectors: 8 kC accumulators, per element kC loads of kt and 8
-  // broadcasts of a query element (loads on Intel cores).
-  constexpr int kRows = 8;
+  // kC key vectors x kRows query vectors: kRows kC accumulators, per element kC loads of kt and
+  // kRows broadcasts of a query element (loads on Intel cores).
+  constexpr int kRows = kKeysInLanesRows;
   int64_t m = 0;
   for (; m + kRows <= block.num_rows; m += kRows) {
     QkKeysInLanesTile<kRows, kC>(block.q + m * p.dp, p.dp, kt, p.tp, p.kv.head_dim,
                                  block.s + m * p.tp + c0);
   }
-  for (; m < block.num_rows; m += 4) {
-    WithRowTile<4>(block.num_rows - m, [&]<int kM>() HWY_ATTR {
-      QkKeysInLanesTile<kM, kC>(block.q + m * p.dp, p.dp, kt, p.tp, p.kv.head_dim,
-                                block.s + m * p.tp + c0);
-    });
+  if constexpr (kRows >= 8) {
+    for (; m < block.num_rows; m += 4) {
+      WithRowTile<4>(block.num_rows - m, [&]<int kM>() HWY_ATTR {
+        QkKeysInLanesTile<kM, kC>(block.q + m * p.dp, p.dp, kt, p.tp, p.kv.head_dim,
+                                  block.s + m * p.tp + c0);
+      });
+    }
+  } else {
+    for (; m < block.num_rows; ++m) {
+      QkKeysInLanesTile<1, kC>(block.q + m * p.dp, p.dp, kt, p.tp, p.kv.head_dim,
+                               block.s + m * p.tp + c0);
+    }
   }
 }
 
@@ -504,11 +518,16 @@ template <typename T>
 HWY_INLINE void QkKeysInLanes(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
                               int64_t num_runs, int64_t num_keys, float* kt) {
   TransposeTile(runs, num_runs, p.kv.head_dim, num_keys, p.tp, kt);
-  for (int64_t c0 = 0; c0 < num_keys; c0 += 32) {
-    if (num_keys - c0 > 16) {
-      QkKeysInLanesRows<2>(p, block, kt + c0, c0);
+  constexpr int64_t N = hn::MaxLanes(DF());
+  for (int64_t c0 = 0; c0 < num_keys; c0 += kKeysPerCall) {
+    if constexpr (N == 16) {
+      if (num_keys - c0 > 16) {
+        QkKeysInLanesRows<2>(p, block, kt + c0, c0);
+      } else {
+        QkKeysInLanesRows<1>(p, block, kt + c0, c0);
+      }
     } else {
-      QkKeysInLanesRows<1>(p, block, kt + c0, c0);
+      QkKeysInLanesRows<kKeysPerCall / N>(p, block, kt + c0, c0);
     }
   }
 }
@@ -770,7 +789,7 @@ template <typename T>
 HWY_INLINE void Pv(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
                    int64_t num_runs) {
   int64_t m = 0;
-  if constexpr (kKeysInLanes) {
+  if constexpr (kKeysInLanes && HWY_TARGET <= HWY_AVX3) {
     // Long jobs: 6 query vectors x 4 vectors of columns (24 accumulators), each V load used 6
     // times. A vector's sums do not depend on the vectors beside it, so the bits are the same.
     if (p.tp == kLongTileKeys) {
@@ -1065,7 +1084,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                             sc.s,
                             sc.alpha,
                             per_head};
-#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX2
       if (keys_in_lanes) {
         QkKeysInLanes(p, block, runs, num_runs, key1 - key0, sc.kt);
       } else {
