@@ -179,6 +179,9 @@ struct Problem {
                        // into Scratch::k_tile / v_tile, or with `vnni` read in place
   bool vnni;           // quantized on AVX3 with VNNI: cpu/attention_vnni.h scores and P·V
   bool row_invariant;  // AttentionPlan::row_invariant: page-long tiles for every task
+  // Not row-invariant, f32 / f16 pool, kKeysInLanes target: kLongTileKeys tiles (tp), and the
+  // tasks with enough query vectors score with keys in lanes (RunTask).
+  bool long_tiles = false;
   // A partial slot: [max_rows][dp] acc, [max_rows] max, [max_rows] sum; whole cache lines, so
   // every slot's acc is vector-aligned.
   int64_t SlotFloats() const { return (max_rows * (dp + 2) + 15) / 16 * 16; }
@@ -208,7 +211,7 @@ struct Scratch {
     const int64_t floats_per_vec = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t small = (n + floats_per_vec - 1) / floats_per_vec * floats_per_vec;
     const int64_t tile = p.quantized && !p.vnni ? kTileKeys * p.kv.head_dim : 0;
-    const int64_t kt_floats = kKeysInLanes && p.tp == kLongTileKeys ? p.dp * p.tp : 0;
+    const int64_t kt_floats = p.long_tiles ? p.dp * p.tp : 0;
     buffer = hwy::AllocateAligned<float>(
         static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small + 2 * tile + 2 * kt_floats));
     q = buffer.get();
@@ -792,7 +795,7 @@ HWY_INLINE void Pv(const Problem& p, const HeadBlock& block, const KeyRun<T>* ru
   if constexpr (kKeysInLanes && HWY_TARGET <= HWY_AVX3) {
     // Long jobs: 6 query vectors x 4 vectors of columns (24 accumulators), each V load used 6
     // times. A vector's sums do not depend on the vectors beside it, so the bits are the same.
-    if (p.tp == kLongTileKeys) {
+    if (p.long_tiles) {
       for (; m + 6 <= block.num_rows; m += 6) {
         PvRows<6>(block.s + m * p.tp, p.tp, runs, num_runs, p.kv.head_dim, block.alpha + m,
                   block.acc + m * p.dp, p.dp);
@@ -1056,7 +1059,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   }
   // Otherwise units of work in order: for each key tile, each kv head of the task.
   KeyRun<T> runs[kMaxRuns];
-  const bool keys_in_lanes = p.tp == kLongTileKeys && per_head >= kKeysInLanesMinVectors;
+  const bool keys_in_lanes = p.long_tiles && per_head >= kKeysInLanesMinVectors;
   // Long jobs with enough query vectors per key: 4-page tiles (the tile's keys are reused by all
   // of them, so reading order matters less than per-tile work).
   const int64_t tile_keys =
@@ -1093,7 +1096,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
 #else
       Qk(p, block, runs, num_runs);
 #endif
-      if (p.tp == kLongTileKeys) {
+      if (p.long_tiles) {
         SoftmaxStep4<true>(p, block, first, limit, key0, key1 - key0);
       } else {
         SoftmaxStep4<false>(p, block, first, limit, key0, key1 - key0);
@@ -1179,7 +1182,8 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
                   is_block_kv_dtype(kv.dtype),
                   false,
                   plan.row_invariant};
-  if (kKeysInLanes && !plan.row_invariant && !problem.quantized) problem.tp = kLongTileKeys;
+  problem.long_tiles = kKeysInLanes && !plan.row_invariant && !problem.quantized;
+  if (problem.long_tiles) problem.tp = kLongTileKeys;
 #if HWY_TARGET == HWY_AVX3
   problem.vnni = problem.quantized && vnni::supported();
   if (problem.vnni) problem.tp = kVnniTileKeys;
