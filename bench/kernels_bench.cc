@@ -238,8 +238,8 @@ void register_all() {
 void register_super_blocks() {
   const int threads = hardware_threads();
   const std::string target = available_targets().front();
-  const DType dtypes[] = {DType::kF16,  DType::kQ8_0, DType::kQ4_0, DType::kQ2_K,  DType::kQ3_K,
-                          DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS};
+  const DType dtypes[] = {DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ2_K,
+                          DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS};
   const auto add = [](const std::string& name, const MatmulCase& c) {
     benchmark::RegisterBenchmark(name.c_str(), run_matmul, c)
         ->UseRealTime()
