@@ -120,6 +120,11 @@ struct AttentionQuery {
   // (positions[i] - window, positions[i]]. Key indices, so on a sparse stream it is exact when
   // the stream keeps a contiguous run of recent keys (a sink-0 streaming policy).
   std::optional<int32_t> window;
+  // Jobs of up to kAttentionInvariantRows rows (cpu/attention.h) are planned so that each row
+  // comes out bit for bit as it would alone (decode, speculative verification). A pass whose
+  // rows never meet their decode (the observation window's recompute) sets this and is planned
+  // as a prefill chunk, whose tiles run several times faster per key.
+  bool chunk_tiles = false;
 };
 
 // The first key row i may see: 0, or positions[i] - window + 1 under a sliding window.

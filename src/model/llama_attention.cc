@@ -167,7 +167,8 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
                                   .positions = std::span<const int32_t>(seq.positions, nt),
                                   .num_heads = c.num_heads,
                                   .scale = scale,
-                                  .window = window()},
+                                  .window = window(),
+                                  .chunk_tiles = scores != nullptr},
                         .out = {.out = attn + f * q_dim,
                                 .row_lse = want || scores ? lse + f * c.num_heads : nullptr},
                         .observations = observations_from(first_observation)});
@@ -217,7 +218,8 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
                      .positions = std::span<const int32_t>(head_positions, nt),
                      .num_heads = group,
                      .scale = scale,
-                     .window = window()},
+                     .window = window(),
+                     .chunk_tiles = scores != nullptr},
            .out = {.out = out_group + group_at(f, nt, g),
                    .row_lse = need_lse ? lse + f * c.num_heads + g * nt * group : nullptr},
            .observations = observations_from(first_head_observation)});

@@ -56,13 +56,15 @@ std::string describe(const CacheShape& shape, const std::vector<int32_t>& positi
 // and lse within 1e-5 * (1 + |value|). Also checks nothing is written past the outputs.
 void expect_matches_ref(const TestCache& cache, const std::vector<int32_t>& positions,
                         int64_t group, ThreadPool& pool, uint32_t seed, float q_lo = -1.0f,
-                        float q_hi = 1.0f, std::optional<int32_t> window = std::nullopt) {
+                        float q_hi = 1.0f, std::optional<int32_t> window = std::nullopt,
+                        bool chunk_tiles = false) {
   const CacheShape& shape = cache.shape();
   const int64_t num_q = static_cast<int64_t>(positions.size());
   const int64_t num_heads = shape.num_kv_heads * group;
   const std::vector<float> q = random_floats(num_q * num_heads * shape.head_dim, seed, q_lo, q_hi);
-  const AttentionQuery query{q.data(), positions, num_heads,
-                             1.0f / std::sqrt(static_cast<float>(shape.head_dim)), window};
+  const AttentionQuery query{q.data(),  positions,
+                             num_heads, 1.0f / std::sqrt(static_cast<float>(shape.head_dim)),
+                             window,    chunk_tiles};
   constexpr float kSentinel = 12345.0f;
   Outputs got(num_q, num_heads, shape.head_dim, kSentinel);
   Outputs want(num_q, num_heads, shape.head_dim, kSentinel);
@@ -241,6 +243,30 @@ TEST_P(PagedAttention, ChunkedPrefill) {
   // A long chunk late in a long sequence, split across threads.
   const TestCache cache({.num_keys = 1000, .num_kv_heads = 2, .head_dim = 64}, ++seed);
   expect_matches_ref(cache, position_range(900, 1000), 2, pool3, ++seed);
+}
+
+// Short jobs that ask for chunk tiles (AttentionQuery::chunk_tiles: the observation window's
+// recompute) are planned and run as prefill chunks: rows 1 to 32 at the end of short and long
+// contexts, f32 and f16 pools, against the reference.
+TEST_P(PagedAttention, ShortJobsOnChunkTiles) {
+  ThreadPool pool1(1), pool2(2);
+  uint32_t seed = 350;
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    for (int64_t len : {40, 700}) {
+      for (int64_t head_dim : {8, 64, 128}) {
+        const TestCache cache(
+            {.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim, .dtype = dtype}, ++seed);
+        for (int64_t rows : {1, 7, 32}) {
+          for (int64_t group : {1, 4}) {
+            for (ThreadPool* pool : {&pool1, &pool2}) {
+              expect_matches_ref(cache, position_range(len - rows, len), group, *pool, ++seed,
+                                 -1.0f, 1.0f, std::nullopt, /*chunk_tiles=*/true);
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // Speculative decoding verifies k drafted tokens as one chunk and must give, token for token,
@@ -785,10 +811,18 @@ TEST(AttentionPlan, PrefillTilesRowsAndCoversTheCausalTriangle) {
     // Longer jobs than kAttentionInvariantRows rows take the long jobs' budget per task.
     EXPECT_EQ(plan.rows_per_tile * group, kAttentionLongJobQueryVectorsPerTask);
     EXPECT_EQ(plan.max_query_vectors, kAttentionLongJobQueryVectorsPerTask);
-    const AttentionQuery verification{nullptr, position_range(990, 990 + kAttentionInvariantRows),
-                                      2 * group, 1.0f};
+    const std::vector<int32_t> last_rows = position_range(990, 990 + kAttentionInvariantRows);
+    const AttentionQuery verification{nullptr, last_rows, 2 * group, 1.0f};
     EXPECT_EQ(plan_paged_attention(kv, verification, 2).max_query_vectors,
               std::min(kAttentionQueryVectorsPerTask, kAttentionInvariantRows * group));
+    EXPECT_TRUE(plan_paged_attention(kv, verification, 2).row_invariant);
+    // The same rows asking for chunk tiles (an observation window) are planned as a chunk.
+    AttentionQuery window = verification;
+    window.chunk_tiles = true;
+    const AttentionPlan window_plan = plan_paged_attention(kv, window, 2);
+    EXPECT_FALSE(window_plan.row_invariant);
+    EXPECT_GT(window_plan.max_query_vectors, kAttentionQueryVectorsPerTask);
+    expect_plan_covers(kv, window, 2);
     // A long prompt has tasks enough for the threads: nothing split.
     EXPECT_FALSE(plan.row_invariant);
     EXPECT_TRUE(plan.merges.empty());

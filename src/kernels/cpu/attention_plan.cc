@@ -22,9 +22,9 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
       static_cast<int64_t>(kv.block_table.size()) * kv.page_size - kv.key_offset;
 
   AttentionPlan plan;
-  const int64_t vectors_per_task = num_q <= kAttentionInvariantRows
-                                       ? kAttentionQueryVectorsPerTask
-                                       : kAttentionLongJobQueryVectorsPerTask;
+  const bool row_invariant = num_q <= kAttentionInvariantRows && !q.chunk_tiles;
+  const int64_t vectors_per_task =
+      row_invariant ? kAttentionQueryVectorsPerTask : kAttentionLongJobQueryVectorsPerTask;
   plan.rows_per_tile = std::max<int64_t>(1, vectors_per_task / group);
   const int64_t rows_per_tile = std::min(plan.rows_per_tile, std::max<int64_t>(1, num_q));
   // kv heads per task: as many as the query-vector budget allows (decode), evened out.
@@ -56,7 +56,7 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
     plan.total_macs += 2 * (num_keys - first_key) * (end - begin) * q.num_heads * kv.head_dim;
   }
 
-  plan.row_invariant = num_q <= kAttentionInvariantRows;
+  plan.row_invariant = row_invariant;
   if (plan.row_invariant) {
     // Keys split at absolute multiples of split_keys (whole pages), whatever the rows, heads and
     // threads: a row's keys go through the same pieces, tiles and merge whether it is attended
