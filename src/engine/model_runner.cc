@@ -49,7 +49,8 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
                                                    int32_t num_written) {
   if (summaries.size() <= stream_idx) summaries.resize(stream_idx + 1);
   SliceSummaries& summary = summaries[stream_idx];
-  summarize(summary, stream.slices, num_written / cache_.page_size(), reads.key_halves);
+  summarize(summary, static_cast<int32_t>(stream_idx), stream.slices,
+            num_written / cache_.page_size(), reads.key_halves);
   return {.choose = reads.choose,
           .summaries = reads.choose ? summary.values.as<float>() : nullptr,
           .num_summarized = reads.choose ? summary.num_summarized : 0,
@@ -59,8 +60,8 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
           .reuse = reads.reuse};
 }
 
-float* ModelRunner::summarize(SliceSummaries& summary, std::span<const int32_t> slices,
-                              int32_t num_full, bool key_halves) {
+float* ModelRunner::summarize(SliceSummaries& summary, int32_t stream,
+                              std::span<const int32_t> slices, int32_t num_full, bool key_halves) {
   if (summary.key_halves != key_halves) {  // another layout: summarize again
     summary.num_summarized = 0;
     summary.key_halves = key_halves;
@@ -77,7 +78,7 @@ float* ModelRunner::summarize(SliceSummaries& summary, std::span<const int32_t> 
       if (kept_bytes > 0) backend.copy(grown.data(), summary.values.data(), kept_bytes);
       summary.values = std::move(grown);
     }
-    cache_.summarize_slices(slices, summary.num_summarized, num_full, key_halves,
+    cache_.summarize_slices(stream, slices, summary.num_summarized, num_full, key_halves,
                             summary.values.as<float>());
     summary.num_summarized = num_full;
   }
@@ -123,7 +124,7 @@ const std::vector<float>& ModelRunner::run_draft(std::span<const DraftRow> rows)
                                    row.position % page_size);
       if (!summaries) continue;
       SliceSummaries& summary = (*summaries)[static_cast<size_t>(s)];
-      float* values = summarize(summary, stream.slices, num_full, /*key_halves=*/false);
+      float* values = summarize(summary, s, stream.slices, num_full, /*key_halves=*/false);
       stream.selection = model::SliceSelection{.choose = true,
                                                .summaries = values,
                                                .num_summarized = summary.num_summarized,

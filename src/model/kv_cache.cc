@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/attention_scores.h"
+#include "model/key_smoothing.h"
 #include "util/error.h"
 
 namespace sieve::model {
@@ -152,13 +153,41 @@ void KvCache::copy_slice(int64_t src_slice, int64_t dst_slice) {
   copy_elements(row_offset(src_slice, 0), row_offset(dst_slice, 0), head_stride_);
 }
 
-void KvCache::summarize_slices(std::span<const int32_t> slices, int32_t first, int32_t end,
-                               bool key_halves, float* summaries) const {
+void KvCache::summarize_slices(int32_t stream, std::span<const int32_t> slices, int32_t first,
+                               int32_t end, bool key_halves, float* summaries) const {
   const kernels::PagedKv keys = slice_view(slices, 0);
   const int64_t summary_floats = kernels::key_summary_floats(head_dim_, page_size_, key_halves);
+  const bool rotated =
+      key_smoothing_ && key_smoothing_->rotates(stream / num_kv_heads_, stream % num_kv_heads_);
+  if (!rotated) {
+    for (int32_t b = first; b < end; ++b) {
+      backend_->summarize_page_keys(
+          keys, b, page_size_,
+          {.data = summaries + b * summary_floats, .page_stride = 0, .key_halves = key_halves});
+    }
+    return;
+  }
+  // Each slice's keys as f32, rotated back (the normalized transform is its own inverse), and
+  // summarized from there.
+  const int64_t group = KeySmoothing::rotation_group(head_dim_);
+  kernels::DeviceBuffer rows =
+      backend_->allocate(static_cast<size_t>(page_size_ * head_dim_) * sizeof(float));
+  float* unrotated = rows.as<float>();
+  const int32_t page0 = 0;
+  const kernels::PagedKv view{.k = unrotated,
+                              .v = unrotated,
+                              .page_stride = page_size_ * head_dim_,
+                              .head_stride = page_size_ * head_dim_,
+                              .page_size = page_size_,
+                              .head_dim = head_dim_,
+                              .num_kv_heads = 1,
+                              .block_table = std::span<const int32_t>(&page0, 1)};
   for (int32_t b = first; b < end; ++b) {
+    backend_->gather_keys(slice_view(slices.subspan(static_cast<size_t>(b), 1), 0), page_size_,
+                          unrotated);
+    backend_->rotate_heads({unrotated, head_dim_}, page_size_, head_dim_ / group, group);
     backend_->summarize_page_keys(
-        keys, b, page_size_,
+        view, 0, page_size_,
         {.data = summaries + b * summary_floats, .page_stride = 0, .key_halves = key_halves});
   }
 }

@@ -12,6 +12,7 @@
 #include "kernels/attention_scores.h"
 #include "kernels/ops.h"
 #include "kernels/paged_attention.h"
+#include "model/key_smoothing.h"
 #include "model/llama.h"
 #include "model/llama_internal.h"
 #include "util/error.h"
@@ -121,12 +122,22 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
                                           .num_kv_heads = 1,
                                           .block_table = scratch.slice_ids};
       const bool key_halves = stream.selection->key_halves;
+      // Summaries of rotated keys are of the keys rotated back (KvCache::summarize_slices): so
+      // is the query the bounds take.
+      const float* bound_q = q_group + group_at(f, nt, g);
+      if (cache.key_smoothing() && cache.key_smoothing()->rotates(layer, g)) {
+        const int64_t rotation = KeySmoothing::rotation_group(head_dim);
+        float* unrotated = grow(backend, s.bound_q, nt * group_floats);
+        backend.copy(unrotated, bound_q, static_cast<size_t>(nt * group_floats) * sizeof(float));
+        backend.rotate_heads({unrotated, head_dim}, nt * group, head_dim / rotation, rotation);
+        bound_q = unrotated;
+      }
       backend.page_upper_bounds(
           summary_view,
           {.data = stream.selection->summaries,
            .page_stride = kernels::key_summary_floats(head_dim, page_size, key_halves),
            .key_halves = key_halves},
-          q_group + group_at(f, nt, g), group, num_blocks, bounds + bounds_at);
+          bound_q, group, num_blocks, bounds + bounds_at);
       bounds_at += num_blocks;
     }
     ++own_idx;

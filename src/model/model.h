@@ -41,6 +41,7 @@ struct ForwardScratch {
   kernels::DeviceBuffer q_group, out_group;
   kernels::DeviceBuffer lse;           // [n][num_heads]: attention's log-sum-exp, where needed
   kernels::DeviceBuffer bounds;        // Quest: each choosing stream's slice bounds, one layer
+  kernels::DeviceBuffer bound_q;       // Quest: a rotated stream's queries rotated back
   kernels::DeviceBuffer weights;       // attention weights asked for, one layer
   kernels::DeviceBuffer scores;        // observe: one layer's observation scores; read_keys' keys
   kernels::DeviceBuffer rows, logits;  // [num_logits][dim], [num_logits][vocab]

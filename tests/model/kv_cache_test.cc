@@ -5,13 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/ops.h"
 #include "kernels/paged_attention.h"
+#include "model/key_smoothing.h"
 #include "util/error.h"
 
 namespace sieve::model {
@@ -90,6 +94,65 @@ TEST(KvCache, BlockDTypesNeedAHeadDimMultipleOf32) {
 // Rows go in with write_rows, are moved by copy_row / copy_slice / copy_page, and every row
 // reads back (load_kv_row, through slice and layer views) as the dtype's rounding of what was
 // written: a row's scales travel with it.
+// Quest's page summaries of a stream whose keys the key smoothing rotated are of the keys
+// rotated back (per channel min / max over the page); a stream left unrotated is summarized as
+// stored. q8 pages, one layer, kv head 0 rotated, kv head 1 not.
+TEST(KvCache, QuestSummariesOfRotatedStreamsAreOfTheKeysRotatedBack) {
+  constexpr int64_t kHeadDim = 64;
+  constexpr int32_t kPageSize = 16;
+  const ModelConfig c = shape(1, 2, kHeadDim);
+  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(1);
+  KvCache cache(*backend, c, 2, kPageSize, DType::kQ8_0);
+  const KeySmoothing::Shape smoothing_shape{.num_layers = 1,
+                                            .num_heads = c.num_heads,
+                                            .num_kv_heads = c.num_kv_heads,
+                                            .head_dim = kHeadDim,
+                                            .rope_dims = kHeadDim,
+                                            .rope_neox = false};
+  const int64_t kv_dim = c.num_kv_heads * kHeadDim, q_dim = c.num_heads * kHeadDim;
+  std::vector<float> host(static_cast<size_t>(2 * kv_dim + q_dim), 1.0f);
+  std::fill(host.begin(), host.begin() + kv_dim, 0.0f);  // no shift, unit scales
+  cache.set_key_smoothing(
+      std::make_shared<KeySmoothing>(*backend, smoothing_shape, host, std::vector<uint8_t>{1, 0}));
+
+  const kv::SliceShape slices = cache.slice_shape();
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> k(static_cast<size_t>(2 * kPageSize * kHeadDim));
+  for (float& x : k) x = normal(rng);
+  // Channel 5 an outlier, as smoothing leaves some.
+  for (int64_t r = 0; r < 2 * kPageSize; ++r) k[static_cast<size_t>(r * kHeadDim + 5)] *= 8.0f;
+  std::vector<int64_t> offsets;
+  for (int32_t stream = 0; stream < 2; ++stream) {
+    for (int32_t slot = 0; slot < kPageSize; ++slot)
+      offsets.push_back(cache.row_offset(slices.dense_slice(kv::PageId{0}, stream).value, slot));
+  }
+  cache.write_rows({k.data(), kHeadDim}, {k.data(), kHeadDim}, offsets);
+
+  for (int32_t stream = 0; stream < 2; ++stream) {
+    SCOPED_TRACE("stream " + std::to_string(stream));
+    const std::vector<int32_t> table = {
+        static_cast<int32_t>(slices.dense_slice(kv::PageId{0}, stream).value)};
+    std::vector<float> got(
+        static_cast<size_t>(kernels::key_summary_floats(kHeadDim, kPageSize, false)));
+    cache.summarize_slices(stream, table, 0, 1, /*key_halves=*/false, got.data());
+    std::vector<float> lo(kHeadDim, INFINITY), hi(kHeadDim, -INFINITY);
+    for (int32_t slot = 0; slot < kPageSize; ++slot) {
+      std::vector<float> row(kHeadDim);
+      kernels::load_kv_row(cache.slice_view(table, 0), false, slot, 0, row.data());
+      if (stream == 0) kernels::rotate_heads(row.data(), 1, 1, kHeadDim);
+      for (int64_t ch = 0; ch < kHeadDim; ++ch) {
+        lo[ch] = std::min(lo[ch], row[ch]);
+        hi[ch] = std::max(hi[ch], row[ch]);
+      }
+    }
+    for (int64_t ch = 0; ch < kHeadDim; ++ch) {
+      EXPECT_FLOAT_EQ(got[ch], lo[ch]) << "min of channel " << ch;
+      EXPECT_FLOAT_EQ(got[kHeadDim + ch], hi[ch]) << "max of channel " << ch;
+    }
+  }
+}
+
 TEST(KvCache, RowsSlicesAndPagesMoveWithTheirScales) {
   const ModelConfig c = shape(2, 2, 64);
   constexpr int32_t kPages = 6, kPageSize = 4;
