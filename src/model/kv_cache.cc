@@ -167,13 +167,17 @@ void KvCache::summarize_slices(int32_t stream, std::span<const int32_t> slices, 
     }
     return;
   }
-  // Each slice's keys as f32, rotated back (the normalized transform is its own inverse), and
-  // summarized from there.
+  // The slices' keys as f32, rotated back (the normalized transform is its own inverse), and
+  // summarized from there; kChunk slices at a time (one gather and one rotation each), so the
+  // f32 rows stay in L2 between the three passes.
+  constexpr int32_t kChunk = 64;
   const int64_t group = KeySmoothing::rotation_group(head_dim_);
-  kernels::DeviceBuffer rows =
-      backend_->allocate(static_cast<size_t>(page_size_ * head_dim_) * sizeof(float));
-  float* unrotated = rows.as<float>();
-  const int32_t page0 = 0;
+  const int64_t chunk_rows = int64_t{std::min(kChunk, end - first)} * page_size_;
+  kernels::DeviceBuffer buffer =
+      backend_->allocate(static_cast<size_t>(chunk_rows * head_dim_) * sizeof(float));
+  float* unrotated = buffer.as<float>();
+  std::vector<int32_t> pages(static_cast<size_t>(kChunk));
+  for (int32_t b = 0; b < kChunk; ++b) pages[static_cast<size_t>(b)] = b;
   const kernels::PagedKv view{.k = unrotated,
                               .v = unrotated,
                               .page_stride = page_size_ * head_dim_,
@@ -181,14 +185,20 @@ void KvCache::summarize_slices(int32_t stream, std::span<const int32_t> slices, 
                               .page_size = page_size_,
                               .head_dim = head_dim_,
                               .num_kv_heads = 1,
-                              .block_table = std::span<const int32_t>(&page0, 1)};
-  for (int32_t b = first; b < end; ++b) {
-    backend_->gather_keys(slice_view(slices.subspan(static_cast<size_t>(b), 1), 0), page_size_,
-                          unrotated);
-    backend_->rotate_heads({unrotated, head_dim_}, page_size_, head_dim_ / group, group);
-    backend_->summarize_page_keys(
-        view, 0, page_size_,
-        {.data = summaries + b * summary_floats, .page_stride = 0, .key_halves = key_halves});
+                              .block_table = pages};
+  for (int32_t b0 = first; b0 < end; b0 += kChunk) {
+    const int32_t count = std::min(kChunk, end - b0);
+    const int64_t rows = int64_t{count} * page_size_;
+    backend_->gather_keys(
+        slice_view(slices.subspan(static_cast<size_t>(b0), static_cast<size_t>(count)), 0), rows,
+        unrotated);
+    backend_->rotate_heads({unrotated, head_dim_}, rows, head_dim_ / group, group);
+    for (int32_t b = 0; b < count; ++b) {
+      backend_->summarize_page_keys(view, b, page_size_,
+                                    {.data = summaries + (b0 + b) * summary_floats,
+                                     .page_stride = 0,
+                                     .key_halves = key_halves});
+    }
   }
 }
 
