@@ -247,13 +247,14 @@ TEST_P(PagedAttention, ChunkedPrefill) {
 
 // Short jobs that ask for chunk tiles (AttentionQuery::chunk_tiles: the observation window's
 // recompute) are planned and run as prefill chunks: rows 1 to 32 at the end of short and long
-// contexts, f32 and f16 pools, against the reference.
+// contexts, every pool dtype, against the reference.
 TEST_P(PagedAttention, ShortJobsOnChunkTiles) {
   ThreadPool pool1(1), pool2(2);
   uint32_t seed = 350;
-  for (DType dtype : {DType::kF32, DType::kF16}) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_1}) {
     for (int64_t len : {40, 700}) {
       for (int64_t head_dim : {8, 64, 128}) {
+        if (is_block_kv_dtype(dtype) && head_dim % 32 != 0) continue;
         const TestCache cache(
             {.num_keys = len, .num_kv_heads = 2, .head_dim = head_dim, .dtype = dtype}, ++seed);
         for (int64_t rows : {1, 7, 32}) {
