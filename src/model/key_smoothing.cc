@@ -22,6 +22,17 @@ constexpr std::array<Candidate, 4> kCandidates = {
 // How much cheaper than smoothing and rotation another transform must be to be chosen.
 constexpr double kSwitchRatio = 0.05;
 
+// A kv head is kept in f16 as well (KeySmoothing::precise_streams) when its keys, smoothed and
+// rotated, cost its attention at least this many times the median head's, on the calibration
+// pass; at most one stream in kMaxPreciseShare (the costliest first), which bounds the extra
+// memory at (1 / kMaxPreciseShare) * 4 / 2.125 (q8) or 4 / 1.25 (q4) of the cache's bytes.
+// Per-query cost (the score error's variance under the attention), eval-32k: the wired
+// induction head 0.008 at q8 and 1.81 at q4, against medians of 6e-5 and 0.011 (130x and 160x);
+// copy-lm's heads at most 4.6x their median at q8 and 5.5x at q4; the generated 57M model's
+// (random weights) within 1.2x.
+constexpr double kPreciseRatio = 20.0;
+constexpr int64_t kMaxPreciseShare = 8;
+
 }  // namespace
 
 KeySmoothing::Builder::Builder(const Shape& shape, kernels::DType dtype)
@@ -32,6 +43,7 @@ KeySmoothing::Builder::Builder(const Shape& shape, kernels::DType dtype)
   for (int64_t l = 0; l < shape.num_layers; ++l)
     std::fill_n(host_.begin() + l * per_layer, kv_dim, 0.0f);
   rotate_.assign(static_cast<size_t>(shape.num_layers * shape.num_kv_heads), 0);
+  default_cost_.assign(rotate_.size(), 0.0);
 }
 
 void KeySmoothing::Builder::measure_layer(int64_t layer, std::span<const float> q,
@@ -162,6 +174,8 @@ void KeySmoothing::Builder::measure_layer(int64_t layer, std::span<const float> 
     // 0.945 -> 0.954 but +0.9% -> +1.9% at 4k and 0.951 -> 0.943 / +1.7% -> +2.4% at 16k, so
     // q8 keeps the default. copy-lm's heads differ by < 3x and keep it too.
     const size_t fallback = kCandidates.size() - 1;
+    default_cost_[static_cast<size_t>(layer * nkv + h)] =
+        cost[fallback] / static_cast<double>(n * group);
     size_t chosen = fallback;
     for (size_t c = 0; c < kCandidates.size(); ++c)
       if (cost[c] < cost[chosen] && cost[c] < kSwitchRatio * cost[fallback]) chosen = c;
@@ -179,16 +193,37 @@ void KeySmoothing::Builder::measure_layer(int64_t layer, std::span<const float> 
   }
 }
 
+std::vector<int32_t> KeySmoothing::Builder::precise_streams() const {
+  std::vector<double> sorted = default_cost_;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+  std::vector<int32_t> streams;
+  for (size_t s = 0; s < default_cost_.size(); ++s) {
+    if (default_cost_[s] > 0.0 && default_cost_[s] >= kPreciseRatio * median)
+      streams.push_back(static_cast<int32_t>(s));
+  }
+  std::sort(streams.begin(), streams.end(), [&](int32_t a, int32_t b) {
+    return default_cost_[static_cast<size_t>(a)] > default_cost_[static_cast<size_t>(b)];
+  });
+  const auto most =
+      static_cast<size_t>((std::ssize(default_cost_) + kMaxPreciseShare - 1) / kMaxPreciseShare);
+  if (streams.size() > most) streams.resize(most);
+  std::sort(streams.begin(), streams.end());
+  return streams;
+}
+
 std::shared_ptr<const KeySmoothing> KeySmoothing::Builder::make(kernels::Backend& backend) const {
-  return std::make_shared<const KeySmoothing>(backend, shape_, host_, rotate_);
+  return std::make_shared<const KeySmoothing>(backend, shape_, host_, rotate_, precise_streams());
 }
 
 KeySmoothing::KeySmoothing(kernels::Backend& backend, const Shape& shape,
-                           std::span<const float> host, std::vector<uint8_t> rotate)
+                           std::span<const float> host, std::vector<uint8_t> rotate,
+                           std::vector<int32_t> precise_streams)
     : kv_dim_(shape.num_kv_heads * shape.head_dim),
       q_dim_(shape.num_heads * shape.head_dim),
       num_kv_heads_(shape.num_kv_heads),
-      rotate_(std::move(rotate)) {
+      rotate_(std::move(rotate)),
+      precise_streams_(std::move(precise_streams)) {
   const auto floats = static_cast<size_t>(shape.num_layers * (2 * kv_dim_ + q_dim_));
   if (host.size() != floats)
     fail("key smoothing: {} values for {} layers, not {}", host.size(), shape.num_layers, floats);

@@ -43,16 +43,23 @@ class KeySmoothing {
     std::shared_ptr<const KeySmoothing> make(kernels::Backend& backend) const;
 
    private:
+    // The streams whose smoothed and rotated keys cost far more than the others' (the
+    // outliers, key_smoothing.cc), ascending.
+    std::vector<int32_t> precise_streams() const;
+
     Shape shape_;
     kernels::DType dtype_;
     std::vector<float> host_;      // per layer [key_shift | key_scale | query_scale]
     std::vector<uint8_t> rotate_;  // [layer][kv head]
+    // [layer][kv head]: the default transform's cost per query on the calibration pass.
+    std::vector<double> default_cost_;
   };
 
   // host: per layer [key_shift | key_scale | query_scale], copied into `backend`'s memory;
-  // rotate: [layer][kv head], 1 where the head is rotated.
+  // rotate: [layer][kv head], 1 where the head is rotated; precise_streams: ascending stream
+  // indices (layer * num_kv_heads + kv head).
   KeySmoothing(kernels::Backend& backend, const Shape& shape, std::span<const float> host,
-               std::vector<uint8_t> rotate);
+               std::vector<uint8_t> rotate, std::vector<int32_t> precise_streams = {});
 
   const float* key_shift(int64_t layer) const { return layer_start(layer); }
   const float* key_scale(int64_t layer) const { return layer_start(layer) + kv_dim_; }
@@ -64,6 +71,11 @@ class KeySmoothing {
   bool rotates(int64_t layer, int64_t kv_head) const {
     return rotate_[static_cast<size_t>(layer * num_kv_heads_ + kv_head)] != 0;
   }
+  // The streams (layer * num_kv_heads + kv head, ascending) whose keys this dtype rounds at
+  // far more cost to their attention than the other heads' (no transform helps them enough):
+  // a cache may keep them in f16 too (KvCache's precise streams). eval-32k's wired induction
+  // head separates matches by fractions of a logit out of ~100; 8 bits per channel move them.
+  std::span<const int32_t> precise_streams() const { return precise_streams_; }
 
  private:
   const float* layer_start(int64_t layer) const {
@@ -72,6 +84,7 @@ class KeySmoothing {
 
   int64_t kv_dim_, q_dim_, num_kv_heads_;
   std::vector<uint8_t> rotate_;
+  std::vector<int32_t> precise_streams_;
   kernels::DeviceBuffer buffer_;
 };
 

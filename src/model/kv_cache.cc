@@ -34,7 +34,7 @@ void KvCache::check_dtype(const ModelConfig& config, kernels::DType dtype) {
 }
 
 KvCache::KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t num_pages,
-                 int32_t page_size, kernels::DType dtype)
+                 int32_t page_size, kernels::DType dtype, std::vector<int32_t> precise_streams)
     : backend_(&backend),
       num_layers_(config.num_layers),
       num_kv_heads_(config.num_kv_heads),
@@ -44,28 +44,84 @@ KvCache::KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t n
       dtype_(dtype),
       head_stride_(static_cast<int64_t>(page_size) * config.head_dim),
       page_stride_(head_stride_ * config.num_kv_heads),
-      layer_stride_(page_stride_ * num_pages) {
+      layer_stride_(page_stride_ * num_pages),
+      precise_streams_(std::move(precise_streams)) {
   check_dtype(config, dtype);
   if (num_pages <= 0 || page_size <= 0)
     fail("KV cache needs pages (got {} pages of {} tokens)", num_pages, page_size);
   const size_t bytes = bytes_at(layer_stride_ * num_layers_);
   keys_ = backend.allocate(bytes);
   values_ = backend.allocate(bytes);
+  if (precise_streams_.empty()) return;
+  if (!kernels::is_block_kv_dtype(dtype))
+    fail("precise KV streams keep an f16 copy beside q8 / q4 rows, not beside {}",
+         kv_dtype_name(dtype));
+  const int64_t num_streams = num_layers_ * num_kv_heads_;
+  precise_rank_.assign(static_cast<size_t>(num_streams), -1);
+  for (size_t r = 0; r < precise_streams_.size(); ++r) {
+    const int32_t stream = precise_streams_[r];
+    if (stream < 0 || stream >= num_streams || (r > 0 && stream <= precise_streams_[r - 1]))
+      fail("precise KV streams must be ascending stream indices below {}", num_streams);
+    precise_rank_[static_cast<size_t>(stream)] = static_cast<int32_t>(r);
+  }
+  const size_t precise_bytes =
+      std::size(precise_streams_) * static_cast<size_t>(layer_stride_ / num_kv_heads_) * 2;
+  precise_keys_ = backend.allocate(precise_bytes);
+  precise_values_ = backend.allocate(precise_bytes);
 }
 
-size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, kernels::DType dtype) {
+size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, kernels::DType dtype,
+                               int64_t num_precise_streams) {
   check_dtype(config, dtype);
   const size_t row = kernels::row_bytes(dtype, config.head_dim);
-  return 2 * row * static_cast<size_t>(page_size) * config.num_kv_heads * config.num_layers;
+  const size_t precise_row = kernels::row_bytes(kernels::DType::kF16, config.head_dim);
+  return 2 * static_cast<size_t>(page_size) *
+         (row * config.num_kv_heads * config.num_layers +
+          precise_row * static_cast<size_t>(num_precise_streams));
 }
 
 KvCache::Single KvCache::for_one_sequence(kernels::Backend& backend, const ModelConfig& config,
                                           int32_t num_tokens, int32_t page_size,
-                                          kernels::DType dtype) {
+                                          kernels::DType dtype,
+                                          std::vector<int32_t> precise_streams) {
   const int32_t num_pages = std::max(1, (num_tokens + page_size - 1) / page_size);
   std::vector<int32_t> table(num_pages);
   for (int32_t i = 0; i < num_pages; ++i) table[i] = i;
-  return {KvCache(backend, config, num_pages, page_size, dtype), std::move(table)};
+  return {KvCache(backend, config, num_pages, page_size, dtype, std::move(precise_streams)),
+          std::move(table)};
+}
+
+bool KvCache::layer_has_precise_streams(int64_t layer) const {
+  for (int32_t stream : precise_streams_)
+    if (stream / num_kv_heads_ == layer) return true;
+  return false;
+}
+
+kernels::PagedKv KvCache::head_view(int64_t layer, int64_t kv_head,
+                                    std::span<const int32_t> block_table) const {
+  const int32_t rank = precise_rank(layer, kv_head);
+  if (rank < 0) {
+    kernels::PagedKv view = layer_view(layer, block_table);
+    view.num_kv_heads = 1;
+    set_bases(view, layer * layer_stride_ + kv_head * head_stride_);
+    return view;
+  }
+  const int64_t base = precise_row_offset(rank, 0, 0);
+  return {.page_stride = head_stride_,
+          .head_stride = head_stride_,
+          .page_size = page_size_,
+          .head_dim = head_dim_,
+          .num_kv_heads = 1,
+          .block_table = block_table,
+          .dtype = kernels::DType::kF16,
+          .k_f16 = precise_keys_.as<const uint16_t>() + base,
+          .v_f16 = precise_values_.as<const uint16_t>() + base};
+}
+
+void KvCache::write_precise_rows(kernels::Rows<const float> k, kernels::Rows<const float> v,
+                                 std::span<const int64_t> offsets) {
+  backend_->store_kv_rows(k, head_dim_, kernels::DType::kF16, precise_keys_.data(), offsets);
+  backend_->store_kv_rows(v, head_dim_, kernels::DType::kF16, precise_values_.data(), offsets);
 }
 
 void KvCache::set_bases(kernels::PagedKv& view, int64_t offset) const {
@@ -117,6 +173,14 @@ void KvCache::copy_page(int32_t src, int32_t dst) {
   for (int64_t layer = 0; layer < num_layers_; ++layer) {
     const int64_t layer_base = layer * layer_stride_;
     copy_elements(layer_base + src * page_stride_, layer_base + dst * page_stride_, page_stride_);
+  }
+  const size_t bytes = static_cast<size_t>(head_stride_) * sizeof(uint16_t);
+  for (int32_t rank = 0; rank < std::ssize(precise_streams_); ++rank) {
+    for (const kernels::DeviceBuffer* data : {&precise_keys_, &precise_values_}) {
+      auto* base = static_cast<uint16_t*>(data->data());
+      backend_->copy(base + precise_row_offset(rank, dst, 0),
+                     base + precise_row_offset(rank, src, 0), bytes);
+    }
   }
 }
 

@@ -67,7 +67,21 @@
 // layer. stories260K (head_dim 8, 4 kv heads: 256 / 128 bytes per layer in f32 / f16) cannot
 // use q8 or q4.
 //
-// K and V live in the backend's memory (two DeviceBuffers); every write and copy here is a
+// Precise streams (q8 / q4 only). A head whose keys no transform rounds well enough (the
+// calibration pass finds it: KeySmoothing::precise_streams; eval-32k's wired induction head,
+// which separates matches by fractions of a logit out of ~100) is also kept in f16, in a second
+// pair of buffers indexed by page, not by slice:
+//
+//   precise_k[rank][page][slot][head_dim]     rank: the stream's index among precise_streams()
+//
+// Dense sequences write those rows to both and attend that head from the f16 copy
+// (head_view). Sparse sequences place a stream's keys in any slice of their pages
+// (kv/sparse_layout.h), which a per-page copy cannot follow: they read the q8 / q4 rows, which
+// are always written too, so turning a dense sequence sparse moves nothing extra. So the f16
+// copy is what the full cache, prefix sharing and a sequence's pages before its first
+// compression see. Its bytes count in bytes_per_page (--kv-memory).
+//
+// K and V live in the backend's memory (DeviceBuffers); every write and copy here is a
 // backend call (store_kv_rows, copy), so the host never touches them. The backend must outlive
 // the cache.
 #include <cstdint>
@@ -102,14 +116,18 @@ std::string_view kv_dtype_name(kernels::DType dtype);
 class KvCache {
  public:
   // dtype: one of kKvDTypeNames' (check_dtype). K and V are allocated (zero-filled) through
-  // `backend`.
+  // `backend`. precise_streams: ascending stream indices (layer * num_kv_heads + kv head) also
+  // kept in f16 (header); q8 / q4 only.
   KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t num_pages,
-          int32_t page_size, kernels::DType dtype = kKvDefaultDType);
+          int32_t page_size, kernels::DType dtype = kKvDefaultDType,
+          std::vector<int32_t> precise_streams = {});
 
   // Bytes of K and V one page takes, exactly (the unit of --kv-memory accounting): num_layers *
-  // num_kv_heads * 2 * page_size * bytes per row (header). Checks the dtype like the constructor.
+  // num_kv_heads * 2 * page_size * bytes per row (header), plus 2 * page_size * 2 * head_dim per
+  // precise stream. Checks the dtype like the constructor.
   static size_t bytes_per_page(const ModelConfig& config, int32_t page_size,
-                               kernels::DType dtype = kKvDefaultDType);
+                               kernels::DType dtype = kKvDefaultDType,
+                               int64_t num_precise_streams = 0);
   // Throws sieve::Error naming the dtype and the head_dim when a model's K/V cannot be stored
   // in `dtype` (q8 / q4 need a head_dim that is a multiple of 32).
   static void check_dtype(const ModelConfig& config, kernels::DType dtype);
@@ -118,7 +136,8 @@ class KvCache {
   struct Single;
   static Single for_one_sequence(kernels::Backend& backend, const ModelConfig& config,
                                  int32_t num_tokens, int32_t page_size = 16,
-                                 kernels::DType dtype = kKvDefaultDType);
+                                 kernels::DType dtype = kKvDefaultDType,
+                                 std::vector<int32_t> precise_streams = {});
 
   int32_t num_pages() const { return num_pages_; }
   int32_t page_size() const { return page_size_; }
@@ -136,8 +155,29 @@ class KvCache {
              const float* v);
   // The kernel's view of one layer of one sequence.
   kernels::PagedKv layer_view(int64_t layer, std::span<const int32_t> block_table) const;
-  // Copy-on-write support: page `dst` becomes a copy of page `src` (all layers).
+  // Copy-on-write support: page `dst` becomes a copy of page `src` (all layers, and the
+  // precise streams' f16 rows).
   void copy_page(int32_t src, int32_t dst);
+
+  // Precise streams (header): ascending; precise_rank: the stream's index among them, or -1.
+  std::span<const int32_t> precise_streams() const { return precise_streams_; }
+  int32_t precise_rank(int64_t layer, int64_t kv_head) const {
+    return precise_rank_.empty()
+               ? -1
+               : precise_rank_[static_cast<size_t>(layer * num_kv_heads_ + kv_head)];
+  }
+  bool layer_has_precise_streams(int64_t layer) const;
+  // The kernel's view of one kv head of one dense sequence's layer: the f16 copy of a precise
+  // stream, else that head of layer_view.
+  kernels::PagedKv head_view(int64_t layer, int64_t kv_head,
+                             std::span<const int32_t> block_table) const;
+  // The f16 copy: row r of k and v (head_dim floats each, backend memory) goes to element offset
+  // offsets[r] (precise_row_offset()) of the copy's K and V.
+  void write_precise_rows(kernels::Rows<const float> k, kernels::Rows<const float> v,
+                          std::span<const int64_t> offsets);
+  int64_t precise_row_offset(int32_t rank, int32_t page, int32_t slot) const {
+    return (int64_t{rank} * num_pages_ + page) * head_stride_ + int64_t{slot} * head_dim_;
+  }
 
   // Streams see the pool as one flat array of equal slices: page_size rows of one (layer, page,
   // kv head), numbered as kv/sparse_layout.h says, which is this layout: slice i is rows
@@ -186,6 +226,10 @@ class KvCache {
   kernels::DType dtype_;
   int64_t head_stride_, page_stride_, layer_stride_;  // in elements
   kernels::DeviceBuffer keys_, values_;  // row_bytes(dtype_, num_layers * layer_stride) bytes
+  std::vector<int32_t> precise_streams_;
+  std::vector<int32_t> precise_rank_;  // [stream], -1 where not precise; empty: none
+  // f16, [rank][page][slot][head_dim]
+  kernels::DeviceBuffer precise_keys_, precise_values_;
   std::shared_ptr<const KeySmoothing> key_smoothing_;
 };
 

@@ -66,6 +66,72 @@ TEST(KvCache, BytesPerPageIsExactForEachDType) {
   const ModelConfig one = shape(1, 1, 128);
   EXPECT_EQ(KvCache::bytes_per_page(one, 1, DType::kQ8_0), 272u);  // 2.125 * 128
   EXPECT_EQ(KvCache::bytes_per_page(one, 1, DType::kQ4_1), 160u);  // 1.25 * 128
+  // Each precise stream adds its f16 K and V rows of the page.
+  EXPECT_EQ(KvCache::bytes_per_page(c, 16, DType::kQ8_0, 2), rows * 2 * 34 + 2 * 2 * 16 * 64 * 2);
+}
+
+// A precise stream's rows of dense pages: written to the f16 copy (write_precise_rows), read
+// through head_view as f16, carried by copy_page; the other heads' head_view is their slice of
+// the layer view. Precise streams are refused beside f32 / f16 rows and out of order.
+TEST(KvCache, PreciseStreamsKeepAnF16CopyOfDensePages) {
+  const ModelConfig c = shape(2, 2, 64);
+  constexpr int32_t kPages = 4, kPageSize = 4;
+  const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(2);
+  EXPECT_THROW(KvCache(*backend, c, kPages, kPageSize, DType::kF16, {1}), Error);
+  EXPECT_THROW(KvCache(*backend, c, kPages, kPageSize, DType::kQ8_0, {2, 1}), Error);
+  EXPECT_THROW(KvCache(*backend, c, kPages, kPageSize, DType::kQ8_0, {4}), Error);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (DType dtype : {DType::kQ8_0, DType::kQ4_1}) {
+    SCOPED_TRACE(std::string(kv_dtype_name(dtype)));
+    // Stream 2 = layer 1, kv head 0.
+    KvCache cache(*backend, c, kPages, kPageSize, dtype, {2});
+    EXPECT_EQ(cache.precise_rank(1, 0), 0);
+    EXPECT_EQ(cache.precise_rank(1, 1), -1);
+    EXPECT_EQ(cache.precise_rank(0, 0), -1);
+    EXPECT_TRUE(cache.layer_has_precise_streams(1));
+    EXPECT_FALSE(cache.layer_has_precise_streams(0));
+    // Page 1, every slot, both heads of layer 1: main rows and the precise head's f16 copy.
+    std::vector<float> k(static_cast<size_t>(kPageSize * 2 * 64)), v(k.size());
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    const std::vector<int32_t> table = {1};
+    std::vector<int64_t> offsets, precise_offsets;
+    for (int32_t slot = 0; slot < kPageSize; ++slot) {
+      for (int32_t h = 0; h < 2; ++h) {
+        const kv::SliceId slice =
+            cache.slice_shape().dense_slice(kv::PageId{1}, cache.slice_shape().stream_index(1, h));
+        offsets.push_back(cache.row_offset(slice.value, slot));
+      }
+      precise_offsets.push_back(cache.precise_row_offset(0, 1, slot));
+    }
+    cache.write_rows({k.data(), 64}, {v.data(), 64}, offsets);
+    cache.write_precise_rows({k.data(), 128}, {v.data(), 128}, precise_offsets);
+    cache.copy_page(1, 3);
+    std::vector<float> got(64);
+    for (int32_t page : {1, 3}) {
+      const std::vector<int32_t> read_table = {page};
+      for (int32_t h = 0; h < 2; ++h) {
+        const kernels::PagedKv view = cache.head_view(1, h, read_table);
+        EXPECT_EQ(view.dtype, h == 0 ? DType::kF16 : dtype);
+        for (int32_t slot = 0; slot < kPageSize; ++slot) {
+          for (bool value : {false, true}) {
+            const float* row = (value ? v.data() : k.data()) + (slot * 2 + h) * 64;
+            kernels::load_kv_row(view, value, slot, 0, got.data());
+            EXPECT_EQ(got, stored(view.dtype, std::vector<float>(row, row + 64)))
+                << "page " << page << " head " << h << " slot " << slot;
+            // The main rows of the precise head are written too (sparse sequences read them).
+            kernels::load_kv_row(cache.layer_view(1, read_table), value, slot, h, got.data());
+            EXPECT_EQ(got, stored(dtype, std::vector<float>(row, row + 64)));
+          }
+        }
+      }
+    }
+    // Page 2 was never written: its f16 copy is zero.
+    const std::vector<int32_t> untouched = {2};
+    kernels::load_kv_row(cache.head_view(1, 0, untouched), false, 0, 0, got.data());
+    EXPECT_EQ(got, std::vector<float>(64, 0.0f));
+  }
 }
 
 TEST(KvCache, BlockDTypesNeedAHeadDimMultipleOf32) {
