@@ -246,6 +246,7 @@ void add_bench_engine_command(CLI::App& app) {
   command->add_option("--page-size", config.page_size, "KV page size in tokens")
       ->capture_default_str();
   add_kv_dtype_option(*command, config.kv_dtype);
+  add_precise_kv_heads_option(*command, config.precise_kv_heads);
   add_speculative_config_option(*command, config.speculative);
   command
       ->add_option_function<std::vector<std::string>>(

@@ -203,6 +203,7 @@ void add_eval_command(CLI::App& app) {
       ->description(
           "K/V element type of the policies' pages (f32, f16, q8, q4); the reference stays the "
           "f32 dense cache, and a non-f32 dtype adds a 'full' row in that dtype");
+  add_precise_kv_heads_option(*command, c.precise_kv_heads);
   command->add_option("--json", options->json_path, "Write the results as JSON");
   options->fidelity_options.push_back(command->add_option(
       "--plot", options->plot_path, "Write an SVG plot (top-1 agreement vs KV kept)"));

@@ -249,6 +249,7 @@ void run_long_context_eval(const SharedEvalOptions& shared, const LongContextOpt
                                  .observation_window = sweep.observation_window,
                                  .calibration = sweep.calibration,
                                  .kv_dtype = sweep.kv_dtype,
+                                 .precise_kv_heads = sweep.precise_kv_heads,
                                  .kv_memory_bytes = static_cast<uint64_t>(options.kv_memory_mib)
                                                     << 20,
                                  .sparse_prefill_chunk = options.sparse_prefill_chunk};

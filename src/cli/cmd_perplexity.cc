@@ -21,6 +21,7 @@ struct PerplexityOptions {
   int64_t context = 512;
   int64_t chunks = 0;  // 0: every whole chunk of the text
   kernels::DType kv_dtype = model::kKvDefaultDType;
+  bool precise_kv_heads = true;
   bool json = false;
 };
 
@@ -45,7 +46,7 @@ void run_perplexity(const PerplexityOptions& options) {
         if (!options.json)
           fmt::print(stderr, "[{}]{:.4f} ", r.running_ppl.size(), r.running_ppl.back());
       },
-      options.kv_dtype);
+      options.kv_dtype, options.precise_kv_heads);
   const double tokens_per_second = result.num_chunks * result.context / result.seconds;
   if (options.json) {
     nlohmann::json out = {
@@ -83,6 +84,7 @@ void add_perplexity_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   // llama-perplexity caches K/V in F16 by default: --kv-dtype f16 compares like with like.
   add_kv_dtype_option(*command, options->kv_dtype);
+  add_precise_kv_heads_option(*command, options->precise_kv_heads);
   command->add_flag("--json", options->json, "Print the result as JSON");
   command->callback([options] { run_perplexity(*options); });
 }

@@ -53,6 +53,7 @@ struct EngineOptions {
         ->capture_default_str()
         ->check(CLI::Range(0.0, 1.0));
     add_kv_dtype_option(command, config.kv_dtype);
+    add_precise_kv_heads_option(command, config.precise_kv_heads);
     add_speculative_config_option(command, config.speculative);
     command
         .add_option("--calibration", calibration_path,

@@ -29,4 +29,11 @@ inline CLI::Option* add_kv_dtype_option(CLI::App& command, kernels::DType& dtype
       ->check(known);
 }
 
+// Adds --no-precise-kv-heads (engine::EngineConfig::precise_kv_heads) to `command`.
+inline CLI::Option* add_precise_kv_heads_option(CLI::App& command, bool& precise) {
+  return command.add_flag("--no-precise-kv-heads{false}", precise,
+                          "q8 / q4: do not keep the few heads those bits round far worse than "
+                          "the others (found by the key calibration pass) in f16 as well");
+}
+
 }  // namespace sieve::cli

@@ -14,20 +14,24 @@ namespace {
 // The target's pages; a draft model's pool has as many (engine/draft_model.h), so each page of
 // the budget costs both.
 int32_t pages_for(const EngineConfig& config, const model::ModelConfig& model,
-                  const model::Model* draft) {
+                  int64_t num_precise_streams, const model::Model* draft) {
   if (config.num_kv_pages > 0) return config.num_kv_pages;
   const size_t target_page_bytes =
-      model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype);
+      model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype, num_precise_streams);
   size_t page_bytes = target_page_bytes;
   if (draft) {
     page_bytes += model::KvCache::bytes_per_page(
         draft->config(), config.page_size,
         DraftModelProposer::kv_dtype_for(draft->config(), config.kv_dtype));
   }
-  // The default is sized for the target's pages; a draft model's mirror pool comes on top.
-  const uint64_t kv_memory_bytes = config.kv_memory_bytes ? *config.kv_memory_bytes
-                                                          : default_kv_memory_bytes(model, config) /
-                                                                target_page_bytes * page_bytes;
+  // The default is sized for the target's pages; a draft model's mirror pool and the precise
+  // streams' f16 rows come on top.
+  const uint64_t kv_memory_bytes =
+      config.kv_memory_bytes
+          ? *config.kv_memory_bytes
+          : default_kv_memory_bytes(model, config) /
+                model::KvCache::bytes_per_page(model, config.page_size, config.kv_dtype) *
+                page_bytes;
   const uint64_t pages = kv_memory_bytes / page_bytes;
   if (pages == 0) {
     fail("--kv-memory of {} bytes holds no page ({} bytes per page of {} tokens{})",
@@ -73,8 +77,11 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::Model> m
       model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
       eos_ids_(tokenizer_->eog_ids().begin(), tokenizer_->eog_ids().end()),
+      precise_kv_streams_(config.precise_kv_heads ? model_->precise_kv_streams(config.kv_dtype)
+                                                  : std::vector<int32_t>{}),
       kv_([&] {
-        const int32_t num_pages = pages_for(config, model_->config(), draft_model.get());
+        const int32_t num_pages =
+            pages_for(config, model_->config(), std::ssize(precise_kv_streams_), draft_model.get());
         return kv::KvConfig{
             .num_pages = num_pages,
             .page_size = config.page_size,
@@ -85,9 +92,9 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::Model> m
             .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)};
       }()),
       cache_(model_->backend(), model_->config(), kv_.num_pages(), config.page_size,
-             config.kv_dtype),
-      kv_bytes_per_page_(static_cast<int64_t>(
-          model::KvCache::bytes_per_page(model_->config(), config.page_size, config.kv_dtype))),
+             config.kv_dtype, precise_kv_streams_),
+      kv_bytes_per_page_(static_cast<int64_t>(model::KvCache::bytes_per_page(
+          model_->config(), config.page_size, config.kv_dtype, std::ssize(precise_kv_streams_)))),
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
                                         .max_num_seqs = config.max_num_seqs,
                                         .max_model_len =

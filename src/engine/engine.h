@@ -187,6 +187,8 @@ class Engine {
   std::shared_ptr<const model::Model> model_;
   std::shared_ptr<const tok::Tokenizer> tokenizer_;
   std::vector<TokenId> eos_ids_;
+  // cache_'s precise streams (EngineConfig::precise_kv_heads), known before the pool is sized.
+  std::vector<int32_t> precise_kv_streams_;
   kv::KvManager kv_;
   model::KvCache cache_;
   int64_t kv_bytes_per_page_ = 0;  // cache_'s

@@ -37,6 +37,10 @@ struct EngineConfig {
   // the engine is made). kv_memory_bytes counts real bytes: a q4 pool has ~3.2x the pages of an
   // f16 one.
   kernels::DType kv_dtype = model::kKvDefaultDType;
+  // q8 / q4: keep the heads whose keys those bits round far worse than the others' in f16 too
+  // (model::KvCache's precise streams, Model::precise_kv_streams; eval-32k's wired induction
+  // head). Their f16 rows count in kv_memory_bytes.
+  bool precise_kv_heads = true;
   // Which KV heads are streaming-like (`sieve calibrate`), for lserve and heads:...@profile=F.
   // Must be for this model (Model::fingerprint()); null: such policies are refused.
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;

@@ -38,6 +38,7 @@ engine::EngineConfig engine_config(const EngineBenchConfig& config, int32_t page
   ec.max_queued = std::max(ec.max_queued, max_num_seqs);
   ec.enable_prefix_caching = false;  // every point pays for every prompt token
   ec.kv_dtype = config.kv_dtype;
+  ec.precise_kv_heads = config.precise_kv_heads;
   ec.speculative = config.speculative;
   ec.calibration = config.calibration;
   if (config.kv_memory_bytes) {
@@ -270,9 +271,8 @@ DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
   point.spec_accepted_tokens = finished.usage.spec_accepted_tokens;
   point.kv_pages = finished.usage.kv_pages;
   point.kv_dense_pages = finished.usage.kv_dense_pages;
-  point.kv_bytes =
-      uint64_t{static_cast<uint32_t>(point.kv_pages)} *
-      model::KvCache::bytes_per_page(model->config(), config.page_size, config.kv_dtype);
+  point.kv_bytes = uint64_t{static_cast<uint32_t>(point.kv_pages)} *
+                   static_cast<uint64_t>(engine.kv_bytes_per_page());
   point.draft_kv_bytes = static_cast<uint64_t>(finished.usage.spec_draft_kv_bytes);
   point.prompt_tokens = prompt_len;
   point.num_kv_pages = engine.config().num_kv_pages;

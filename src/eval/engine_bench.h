@@ -34,6 +34,7 @@ struct EngineBenchConfig {
   int32_t max_batch_tokens = 512;
   int32_t page_size = 16;
   kernels::DType kv_dtype = kernels::DType::kF32;
+  bool precise_kv_heads = true;                // engine::EngineConfig's
   speculative::SpeculativeConfig speculative;  // every request's (off by default)
   // Speculative decoding at depth: each depth runs each kv_policy as configured, then with
   // each of these (same prompt, same greedy tokens; ratios against the first point).

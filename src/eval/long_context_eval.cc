@@ -82,8 +82,10 @@ std::vector<EvalOutput> run_setting(std::shared_ptr<const model::Model> model,
     total_pages += pages;
     largest = std::max(largest, pages);
   }
+  const int64_t num_precise =
+      config.precise_kv_heads ? std::ssize(model->precise_kv_streams(setting.kv_dtype)) : 0;
   const auto page_bytes = static_cast<int64_t>(
-      model::KvCache::bytes_per_page(model->config(), kPageSize, setting.kv_dtype));
+      model::KvCache::bytes_per_page(model->config(), kPageSize, setting.kv_dtype, num_precise));
   const int64_t cap = static_cast<int64_t>(config.kv_memory_bytes) / page_bytes;
   if (cap < largest) {
     fail("one case needs {} MiB of {} KV but the pool may take {} MiB; give it more --kv-memory",
@@ -98,6 +100,7 @@ std::vector<EvalOutput> run_setting(std::shared_ptr<const model::Model> model,
                          .max_queued = static_cast<int32_t>(cases.size()) + 1,
                          .enable_prefix_caching = true,
                          .kv_dtype = setting.kv_dtype,
+                         .precise_kv_heads = config.precise_kv_heads,
                          .calibration = config.calibration},
                         std::move(model), std::move(tokenizer));
   std::vector<EvalRequest> requests;

@@ -38,6 +38,7 @@ struct LongContextConfig {
   int32_t observation_window = 8;
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;  // for lserve
   kernels::DType kv_dtype = kernels::DType::kF32;  // of the policies' pages (not the reference's)
+  bool precise_kv_heads = true;                    // engine::EngineConfig's
   uint64_t kv_memory_bytes = uint64_t{1} << 30;    // the page pool of each setting, at most
   int32_t sparse_prefill_chunk = 0;                // 0: compress once, after the prompt
   int32_t max_batch_tokens = 512;                  // tokens per engine step (chunked prefill)

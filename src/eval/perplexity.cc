@@ -11,7 +11,7 @@ namespace sieve::eval {
 PerplexityResult perplexity(const model::Model& model, std::span<const int32_t> tokens,
                             int32_t bos_id, int64_t context,
                             const std::function<void(const PerplexityResult&)>& on_chunk,
-                            kernels::DType kv_dtype) {
+                            kernels::DType kv_dtype, bool precise_kv_heads) {
   const model::ModelConfig& config = model.config();
   if (context < 4 || context > config.context_length) {
     fail("perplexity context {} must be in [4, {}] (the model's context)", context,
@@ -24,8 +24,9 @@ PerplexityResult perplexity(const model::Model& model, std::span<const int32_t> 
     fail("the text has {} tokens, fewer than one chunk of {}", tokens.size(), context);
   }
   const auto start = std::chrono::steady_clock::now();
-  auto [cache, block_table] = model::KvCache::for_one_sequence(
-      model.backend(), config, static_cast<int32_t>(context), 16, kv_dtype);
+  auto [cache, block_table] =
+      model::KvCache::for_one_sequence(model.backend(), config, static_cast<int32_t>(context), 16,
+                                       kv_dtype, model.precise_kv_streams(kv_dtype));
   model::ForwardScratch scratch;
   std::vector<float> logits;
   const int64_t first_scored = context / 2;  // logits at first_scored predict token first_scored+1

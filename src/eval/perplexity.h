@@ -26,10 +26,12 @@ struct PerplexityResult {
 
 // `tokens` is the whole tokenized text (BOS first). Throws sieve::Error when there is not one
 // full chunk or context is not in [4, model context]. kv_dtype: the cache's element type
-// (llama-perplexity's default is F16, sieve's f32: model::kKvDefaultDType).
+// (llama-perplexity's default is F16, sieve's f32: model::kKvDefaultDType); precise_kv_heads:
+// a q8 / q4 cache keeps the model's precise streams in f16 too (engine::EngineConfig's).
 PerplexityResult perplexity(const model::Model& model, std::span<const int32_t> tokens,
                             int32_t bos_id, int64_t context,
                             const std::function<void(const PerplexityResult&)>& on_chunk = {},
-                            kernels::DType kv_dtype = model::kKvDefaultDType);
+                            kernels::DType kv_dtype = model::kKvDefaultDType,
+                            bool precise_kv_heads = true);
 
 }  // namespace sieve::eval

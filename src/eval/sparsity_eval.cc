@@ -87,7 +87,7 @@ std::vector<EvalOutput> run_cases(std::shared_ptr<const model::Model> model,
                                   const std::vector<Case>& cases,
                                   const std::vector<std::string>& policies,
                                   std::shared_ptr<const sparsity::CalibrationProfile> calibration,
-                                  kernels::DType kv_dtype) {
+                                  kernels::DType kv_dtype, bool precise_kv_heads) {
   int64_t pages = 0;
   for (const Case& c : cases)
     pages += (static_cast<int64_t>(c.prompt.size()) + c.max_tokens) / kPageSize + 2;
@@ -98,6 +98,7 @@ std::vector<EvalOutput> run_cases(std::shared_ptr<const model::Model> model,
                          .max_queued = 4096,
                          .enable_prefix_caching = false,
                          .kv_dtype = kv_dtype,
+                         .precise_kv_heads = precise_kv_heads,
                          .calibration = std::move(calibration)},
                         std::move(model), std::move(tokenizer));
   std::vector<EvalRequest> requests;
@@ -242,7 +243,7 @@ std::vector<PolicyFidelity> run_sparsity_eval(
                                             config.observation_window));
     }
     return std::make_pair(policies, run_cases(model, tokenizer, cases, policies, config.calibration,
-                                              setting.kv_dtype));
+                                              setting.kv_dtype, config.precise_kv_heads));
   };
 
   // Bytes the f32 cache takes per page, the denominator of kv_bytes_kept.

@@ -59,6 +59,7 @@ struct SparsityEvalConfig {
   int32_t observation_window = 8;
   std::shared_ptr<const sparsity::CalibrationProfile> calibration;  // for lserve
   kernels::DType kv_dtype = kernels::DType::kF32;  // of the policies' pages (not the reference's)
+  bool precise_kv_heads = true;                    // engine::EngineConfig's
 };
 
 struct PolicyFidelity {

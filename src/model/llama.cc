@@ -181,6 +181,12 @@ void LlamaModel::prepare_cache(KvCache& cache) const {
     cache.set_key_smoothing(key_smoothing(cache.dtype()));
 }
 
+std::vector<int32_t> LlamaModel::precise_kv_streams(kernels::DType dtype) const {
+  if (!kernels::is_block_kv_dtype(dtype)) return {};
+  const std::span<const int32_t> streams = key_smoothing(dtype)->precise_streams();
+  return {streams.begin(), streams.end()};
+}
+
 std::shared_ptr<const KeySmoothing> LlamaModel::key_smoothing(kernels::DType dtype) const {
   const std::lock_guard lock(smoothing_mutex_);
   std::shared_ptr<const KeySmoothing>& memo = smoothings_[dtype];
@@ -480,6 +486,25 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ForwardScratch& s,
     }
     cache.write_rows({s.k.as<const float>(), head_dim}, {s.v.as<const float>(), head_dim},
                      s.kv_offsets);
+    // Dense sequences' rows of precise streams also go to the streams' f16 copy (kv_cache.h).
+    for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      const int32_t rank = cache.precise_rank(l, h);
+      if (rank < 0) continue;
+      for (const BatchSequence& seq : batch.sequences) {
+        if (!seq.kv.shares_block_table()) continue;
+        s.precise_offsets.resize(static_cast<size_t>(seq.num_tokens));
+        for (int32_t i = 0; i < seq.num_tokens; ++i) {
+          const int32_t position = batch.positions[seq.first_token + i];
+          s.precise_offsets[i] = cache.precise_row_offset(
+              rank, seq.kv.block_table[static_cast<size_t>(position / cache.page_size())],
+              position % cache.page_size());
+        }
+        const int64_t first_row = (int64_t{seq.first_token} * c.num_kv_heads + h) * head_dim;
+        const int64_t stride = c.num_kv_heads * head_dim;
+        cache.write_precise_rows({s.k.as<const float>() + first_row, stride},
+                                 {s.v.as<const float>() + first_row, stride}, s.precise_offsets);
+      }
+    }
     attend(backend, sequences, l, cache, s);
     finish_layer(backend, w, n, s);
   }

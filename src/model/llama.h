@@ -58,6 +58,7 @@ class LlamaModel final : public Model {
   const Weights& weights() const override { return weights_; }
   std::string fingerprint() const override;
   void prepare_cache(KvCache& cache) const override;
+  std::vector<int32_t> precise_kv_streams(kernels::DType dtype) const override;
   void forward(const Batch& batch, KvCache& cache, ForwardScratch& scratch,
                std::vector<float>& logits,
                std::vector<StreamOutputs>* stream_outputs = nullptr) const override;

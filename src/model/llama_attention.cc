@@ -65,19 +65,30 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
     }
     return false;
   };
+  // A layer with a precise stream (kv_cache.h) reads that head of dense sequences from its f16
+  // copy, so their heads run as jobs of their own, like streams', each through head_view.
+  const bool split_dense = cache.layer_has_precise_streams(layer);
+  const auto one_job = [&](const SequenceRows& seq) {
+    return seq.kv->shares_block_table() && !split_dense;
+  };
+  // Keys head g of the sequence holds (all its positions for a dense one).
+  const auto keys_of = [&](const SequenceRows& seq, int64_t g) -> int64_t {
+    return seq.kv->shares_block_table() ? dense_keys(seq) : stream_of(seq, g).num_keys;
+  };
 
   // Sizes of this layer's outputs, before any pointer into them is taken.
   int64_t num_weights = 0, num_bounds = 0, num_own = 0, num_rows = 0;
   for (const SequenceRows& seq : sequences) {
     num_rows = std::max<int64_t>(num_rows, int64_t{seq.first_token} + seq.num_tokens);
-    if (seq.kv->shares_block_table()) {
+    if (one_job(seq)) {
       if (dense_wants(seq)) num_weights += nkv * dense_keys(seq);
       continue;
     }
     ++num_own;
     for (int64_t g = 0; g < nkv; ++g) {
+      if (wants_attention(seq, first_stream + g)) num_weights += keys_of(seq, g);
+      if (seq.kv->shares_block_table()) continue;
       const KvStream& stream = stream_of(seq, g);
-      if (wants_attention(seq, first_stream + g)) num_weights += stream.num_keys;
       if (chooses(seq, stream)) num_bounds += num_summarized(stream);
     }
   }
@@ -100,7 +111,7 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
   // 1. and 2.: each KV head's query heads of streams of their own; Quest's bounds.
   int64_t own_idx = 0, bounds_at = 0;
   for (const SequenceRows& seq : sequences) {
-    if (seq.kv->shares_block_table()) continue;
+    if (one_job(seq)) continue;
     const int64_t f = seq.first_token, nt = seq.num_tokens;
     // Row (f + i) * nkv + g of s.q, in rows of one group's heads, goes to row g * nt + i.
     int32_t* ids = &s.row_ids[f * nkv];
@@ -109,7 +120,7 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
     }
     backend.gather_rows({q, group_floats}, std::span<const int32_t>(ids, nt * nkv),
                         {q_group + f * q_dim, group_floats}, group_floats);
-    for (int64_t g = 0; g < nkv; ++g) {
+    for (int64_t g = 0; g < nkv && !seq.kv->shares_block_table(); ++g) {
       const KvStream& stream = stream_of(seq, g);
       if (!chooses(seq, stream)) continue;
       // A one-head view whose "page" b is summary b.
@@ -161,7 +172,7 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
   int64_t weights_at = 0;
   for (const SequenceRows& seq : sequences) {
     const int64_t f = seq.first_token, nt = seq.num_tokens;
-    if (seq.kv->shares_block_table()) {
+    if (one_job(seq)) {
       const size_t first_observation = s.observations.size();
       // Every stream of the layer reads one block table: one job for all heads reads each page
       // once, through all its heads.
@@ -190,8 +201,33 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
     float* head_scores = scores;  // each stream's after the ones before it in the layer
     for (int64_t g = 0; g < nkv; ++g) {
       const int64_t stream_idx = first_stream + g;
-      const KvStream& stream = stream_of(seq, g);
       const size_t first_head_observation = s.observations.size();
+      if (seq.kv->shares_block_table()) {  // a dense sequence's head, split_dense
+        const int64_t num_keys = dense_keys(seq);
+        const bool want = wants_attention(seq, stream_idx);
+        if (head_scores) {
+          s.observations.push_back({.num_keys = num_keys, .scores = head_scores});
+          head_scores += num_keys;
+        }
+        if (want) {
+          need_output(seq);
+          s.observations.push_back({.num_keys = num_keys, .scores = weights + weights_at});
+          weights_at += num_keys;
+        }
+        s.jobs.push_back(
+            {.kv = cache.head_view(layer, g, seq.kv->block_table),
+             .query = {.q = q_group + group_at(f, nt, g),
+                       .positions = std::span<const int32_t>(seq.positions, nt),
+                       .num_heads = group,
+                       .scale = scale,
+                       .window = window(),
+                       .chunk_tiles = scores != nullptr},
+             .out = {.out = out_group + group_at(f, nt, g),
+                     .row_lse = want || scores ? lse + f * c.num_heads + g * nt * group : nullptr},
+             .observations = observations_from(first_head_observation)});
+        continue;
+      }
+      const KvStream& stream = stream_of(seq, g);
       int32_t* head_positions = &s.positions[f * nkv + g * nt];
       for (int64_t i = 0; i < nt; ++i) head_positions[i] = seq.positions[i] - stream.num_dropped;
       std::span<const int32_t> slices = stream.slices;
@@ -243,7 +279,7 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
   weights_at = 0;
   for (const SequenceRows& seq : sequences) {
     const int64_t f = seq.first_token, nt = seq.num_tokens;
-    if (seq.kv->shares_block_table()) {
+    if (one_job(seq)) {
       if (!dense_wants(seq)) continue;
       const int64_t num_keys = dense_keys(seq);
       for (int64_t h = 0; h < nkv; ++h) {
@@ -266,11 +302,11 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
                         group_floats);
     for (int64_t g = 0; g < nkv; ++g) {
       if (!wants_attention(seq, first_stream + g)) continue;
-      const KvStream& stream = stream_of(seq, g);
+      const int64_t num_keys = keys_of(seq, g);
       std::vector<float>& head = seq.out->attention[static_cast<size_t>(first_stream + g)];
-      head.resize(static_cast<size_t>(stream.num_keys));
+      head.resize(static_cast<size_t>(num_keys));
       backend.download(head.data(), weights + weights_at, head.size() * sizeof(float));
-      weights_at += stream.num_keys;
+      weights_at += num_keys;
     }
   }
 }

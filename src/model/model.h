@@ -46,11 +46,12 @@ struct ForwardScratch {
   kernels::DeviceBuffer scores;        // observe: one layer's observation scores; read_keys' keys
   kernels::DeviceBuffer rows, logits;  // [num_logits][dim], [num_logits][vocab]
   // Host memory.
-  std::vector<int32_t> positions;    // [n][num_kv_heads]: stream rows' key positions
-  std::vector<int32_t> row_ids;      // gathers: q rows to q_group, out_group to attn, logits
-  std::vector<int64_t> kv_offsets;   // [n][num_kv_heads]: where new K/V rows go
-  std::vector<float> host_bounds;    // bounds, downloaded
-  std::vector<SliceScratch> slices;  // [own-stream sequence][kv head]
+  std::vector<int32_t> positions;        // [n][num_kv_heads]: stream rows' key positions
+  std::vector<int32_t> row_ids;          // gathers: q rows to q_group, out_group to attn, logits
+  std::vector<int64_t> kv_offsets;       // [n][num_kv_heads]: where new K/V rows go
+  std::vector<int64_t> precise_offsets;  // one sequence's rows of one precise stream: f16 copy
+  std::vector<float> host_bounds;        // bounds, downloaded
+  std::vector<SliceScratch> slices;      // [own-stream sequence][kv head]
   std::vector<kernels::AttentionJob> jobs;
   std::vector<kernels::ObservationOutput> observations;
   // Calibration only (LlamaModel's key smoothing; normally empty): called by forward() after
@@ -81,6 +82,12 @@ class Model {
   // (once, thread-safe). forward() does it on first use; an engine calls it when it makes its
   // cache, so that neither a server on f32 / f16 KV nor a first request pays.
   virtual void prepare_cache(KvCache& cache) const = 0;
+  // The streams (layer * num_kv_heads + kv head, ascending) a q8 / q4 cache of `dtype` should
+  // also keep in f16 (KvCache's precise streams): the heads whose keys that dtype rounds at far
+  // more cost than the others' (KeySmoothing::precise_streams), measured with the smoothing.
+  // Empty for f32 / f16. A cache gets them at construction, so the engine asks before it sizes
+  // its pool.
+  virtual std::vector<int32_t> precise_kv_streams(kernels::DType dtype) const = 0;
 
   // Runs `batch`, writing each token's K/V into `cache` through its sequence's block table;
   // each token attends to positions [0, position] of its sequence. Fills `logits` with

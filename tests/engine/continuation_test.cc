@@ -182,7 +182,13 @@ TEST_P(Continuation, ParkedPagesGoBackBeforeAnyoneIsPreempted) {
   const EngineStats parked = engine.stats();
   EXPECT_GE(parked.kv.num_parked_seqs, 2);
   EXPECT_LE(parked.kv.num_parked_pages, 20) << "within half the pool";
-  const std::vector<TokenId> long_prompt = text_tokens(tokenizer, 5000, 800);
+  // Text enough to need parked pages (a larger vocabulary takes more characters a token).
+  const int32_t free_pages = parked.kv.num_pages - parked.kv.num_parked_pages;
+  std::vector<TokenId> long_prompt;
+  for (size_t chars = 800; chars <= 3000; chars += 200) {
+    long_prompt = text_tokens(tokenizer, 5000, chars);
+    if (static_cast<int32_t>((long_prompt.size() + 8 + 15) / 16) > free_pages) break;
+  }
   const auto dense_pages = static_cast<int32_t>((long_prompt.size() + 8 + 15) / 16);
   ASSERT_GT(dense_pages, parked.kv.num_pages - parked.kv.num_parked_pages)
       << "the dense request must need parked pages";
@@ -334,7 +340,8 @@ TEST_P(Continuation, ASpeculativeRequestContinuesWithoutDraftsOnItsSparseTarget)
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDTypes, Continuation,
-                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4), kv_case_name);
+                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4, kEvalQ8Precise),
+                         kv_case_name);
 
 }  // namespace
 }  // namespace sieve::engine

@@ -91,7 +91,7 @@ TEST_P(EngineOnKvDType, RepeatedPromptHitsThePrefixCache) {
   model::LoadedModel loaded = GetParam().load();
   std::vector<TokenId> prompt = loaded.tokenizer->encode(
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun "
-      "with her dog.");
+      "with her dog. They ran to the park and played with a red ball until the sun went down.");
   ASSERT_GT(prompt.size(), 32u);
   Engine engine(config(128), loaded.model, loaded.tokenizer);
   auto first = run(engine, {greedy(prompt, 16)});
@@ -138,7 +138,8 @@ TEST_P(EngineOnKvDType, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) 
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDTypes, EngineOnKvDType,
-                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4), kv_case_name);
+                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4, kEvalQ8Precise),
+                         kv_case_name);
 
 // --kv-memory buys pages of the dtype's real size: q4 pages are 1.25 bytes per value against
 // f16's 2 per value, so the same bytes hold 3.2x the pages (the ratio computed, not assumed);

@@ -772,7 +772,8 @@ TEST_P(SparseEngineOnKvDType, ChunkCompressedRequestsShareTheFirstChunkThroughTh
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDTypes, SparseEngineOnKvDType,
-                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4), kv_case_name);
+                         ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4, kEvalQ8Precise),
+                         kv_case_name);
 
 // Quest's page choice is made inside the forward pass (it needs this step's queries) from plain
 // data: the model's rule (forced slices + the best others by bound) must be the policy's.

@@ -233,7 +233,7 @@ struct KvFidelity {
 // Top-1 agreement, mean KL(f32 || dtype), max |logit diff| and max |observation score diff|
 // over `prompts` prompts of `length` tokens, printed.
 std::map<kernels::DType, KvFidelity> kv_fidelity(const std::string& model_path, int32_t prompts,
-                                                 int32_t length) {
+                                                 int32_t length, bool precise_streams = false) {
   model::LoadedModel loaded = model::load_model({model_path, ""});
   const model::ModelConfig& mc = loaded.model->config();
   std::ifstream in(testing::shared_path("models/copy/heldout.txt"));
@@ -248,8 +248,9 @@ std::map<kernels::DType, KvFidelity> kv_fidelity(const std::string& model_path, 
     std::vector<float> logits, scores;
   };
   const auto run = [&](kernels::DType dtype, int32_t p) {
-    auto [cache, table] =
-        model::KvCache::for_one_sequence(loaded.model->backend(), mc, length, 16, dtype);
+    auto [cache, table] = model::KvCache::for_one_sequence(
+        loaded.model->backend(), mc, length, 16, dtype,
+        precise_streams ? loaded.model->precise_kv_streams(dtype) : std::vector<int32_t>{});
     model::ForwardScratch scratch;
     model::Batch batch;
     batch.begin_sequence(table);
@@ -298,9 +299,10 @@ std::map<kernels::DType, KvFidelity> kv_fidelity(const std::string& model_path, 
     f.agreement = static_cast<double>(agree) / static_cast<double>(positions);
     f.mean_kl /= static_cast<double>(positions);
     std::printf(
-        "%s KV vs f32: top-1 agreement %.4f, mean KL %.2e, max |logit diff| %.3f, "
+        "%s KV%s vs f32: top-1 agreement %.4f, mean KL %.2e, max |logit diff| %.3f, "
         "max |observation score diff| %.4f\n",
-        std::string(model::kv_dtype_name(dtype)).c_str(), f.agreement, f.mean_kl, f.logit_diff,
+        std::string(model::kv_dtype_name(dtype)).c_str(),
+        precise_streams ? " (precise streams)" : "", f.agreement, f.mean_kl, f.logit_diff,
         f.score_diff);
     EXPECT_GT(f.logit_diff, 0.0f) << "the cache's dtype is really used";
   }
@@ -355,7 +357,11 @@ TEST(Forward, QuantizedKvCachesTrackF32OnTheEvaluationModel) {
               << model::kv_dtype_name(dtype) << " layer " << layer << " kv head " << h;
         }
       }
+      // The wired head (stream 1 * 2 + 0) is the one both dtypes keep in f16 as well.
+      EXPECT_EQ(loaded.model->precise_kv_streams(dtype), std::vector<int32_t>{2})
+          << model::kv_dtype_name(dtype);
     }
+    EXPECT_TRUE(loaded.model->precise_kv_streams(kernels::DType::kF16).empty());
   }
   auto f = kv_fidelity(path, 4, 512);
   ASSERT_EQ(f.size(), 3u);
@@ -366,6 +372,51 @@ TEST(Forward, QuantizedKvCachesTrackF32OnTheEvaluationModel) {
   EXPECT_GE(q4.agreement, 0.97);
   EXPECT_LT(q4.mean_kl, 3e-3);
   EXPECT_LT(q4.logit_diff, 2.5f);
+  // With the wired head's dense rows read from f16 (the observation scores too), q8 comes to
+  // f16's error and q4 closer to it: measured q8 0.998 / 3.0e-5 / 0.28 (observation scores
+  // 0.09), q4 0.990 / 6.1e-4 / 0.71.
+  auto precise = kv_fidelity(path, 4, 512, /*precise_streams=*/true);
+  ASSERT_EQ(precise.size(), 3u);
+  const KvFidelity &f16 = precise[kernels::DType::kF16], &p8 = precise[kernels::DType::kQ8_0],
+                   &p4 = precise[kernels::DType::kQ4_1];
+  EXPECT_GE(p8.agreement, f16.agreement - 0.005);
+  EXPECT_LT(p8.mean_kl, q8.mean_kl / 10);
+  EXPECT_LT(p4.mean_kl, q4.mean_kl);
+  EXPECT_LT(p8.score_diff, q8.score_diff);
+}
+
+// A q8 cache whose every stream is precise attends dense sequences from f16 rows alone: the
+// logits are an f16 cache's up to the rounding of the transformed (smoothed, rotated) keys,
+// against f32 about as far as f16's, far closer than plain q8's.
+TEST(Forward, EveryStreamPreciseAttendsLikeAnF16Cache) {
+  model::LoadedModel loaded =
+      model::load_model({testing::shared_path("models/copy/copy-lm.gguf"), ""});
+  const model::ModelConfig& mc = loaded.model->config();
+  const std::vector<int32_t> prompt = loaded.tokenizer->encode(
+      "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.");
+  const auto n = static_cast<int32_t>(prompt.size());
+  const auto logits_of = [&](kernels::DType dtype, std::vector<int32_t> precise) {
+    auto [cache, table] = model::KvCache::for_one_sequence(loaded.model->backend(), mc, n, 16,
+                                                           dtype, std::move(precise));
+    model::ForwardScratch scratch;
+    model::Batch batch;
+    batch.begin_sequence(table);
+    for (int32_t i = 0; i < n; ++i) batch.add(prompt[i], i, true);
+    std::vector<float> logits;
+    loaded.model->forward(batch, cache, scratch, logits);
+    return logits;
+  };
+  std::vector<int32_t> all(static_cast<size_t>(mc.num_layers * mc.num_kv_heads));
+  for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int32_t>(s);
+  const std::vector<float> f32 = logits_of(kernels::DType::kF32, {});
+  const float f16 = max_abs_diff(f32, logits_of(kernels::DType::kF16, {}));
+  const float q8 = max_abs_diff(f32, logits_of(kernels::DType::kQ8_0, {}));
+  const float precise = max_abs_diff(f32, logits_of(kernels::DType::kQ8_0, all));
+  std::printf("max |logit diff| against f32: f16 %.4f, q8 %.4f, q8 every stream precise %.4f\n",
+              f16, q8, precise);
+  EXPECT_GT(precise, 0.0f);
+  EXPECT_LT(precise, 2 * f16 + 1e-3f);
+  EXPECT_LT(precise, q8 / 4);
 }
 
 // copy_page duplicates a page in every layer, for both element types.
