@@ -188,12 +188,18 @@ void serve(ServeOptions options) {
     spdlog::info("model '{}' from {}: {} layers, {} heads ({} KV), vocab {}, context {} tokens",
                  name, options.model.model_path, mc.num_layers, mc.num_heads, mc.num_kv_heads,
                  mc.vocab_size, mc.context_length);
+    std::string precise;
+    for (int32_t stream : engine->precise_kv_streams()) {
+      precise += fmt::format("{}layer {} kv head {}", precise.empty() ? "" : ", ",
+                             stream / mc.num_kv_heads, stream % mc.num_kv_heads);
+    }
     spdlog::info(
-        "KV cache: {} pages of {} tokens ({} tokens, {:.1f} MiB of {}); max {} sequences, {} "
+        "KV cache: {} pages of {} tokens ({} tokens, {:.1f} MiB of {}{}); max {} sequences, {} "
         "batched tokens, {} queued",
         ec.num_kv_pages, ec.page_size, static_cast<int64_t>(ec.num_kv_pages) * ec.page_size,
         static_cast<double>(engine->kv_bytes_per_page()) * ec.num_kv_pages / (1 << 20),
-        model::kv_dtype_name(ec.kv_dtype), ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
+        model::kv_dtype_name(ec.kv_dtype), precise.empty() ? "" : "; also in f16: " + precise,
+        ec.max_num_seqs, ec.max_batch_tokens, ec.max_queued);
     spdlog::info("default kv_policy: {}; speculative decoding: {}",
                  sparsity::to_string(default_policy), speculative::to_json(ec.speculative));
     spdlog::info(

@@ -110,7 +110,8 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::Model> m
                   .bytes_per_page = kv_bytes_per_page_,
                   .kv_dtype = config.kv_dtype,
                   .num_layers = static_cast<int32_t>(model_->config().num_layers),
-                  .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)},
+                  .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads),
+                  .precise_streams = precise_kv_streams_},
                  kv_, scheduler_, samples_) {
   config_.num_kv_pages = kv_.num_pages();
   model_->prepare_cache(cache_);

@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -142,6 +143,8 @@ class Engine {
   }
   const EngineConfig& config() const { return config_; }
   const model::Model& model() const { return *model_; }
+  // The (layer * num_kv_heads + kv head) streams the cache also keeps in f16 (model::KvCache).
+  std::span<const int32_t> precise_kv_streams() const { return precise_kv_streams_; }
   // Bytes of K and V one page takes in this engine's cache (config().kv_dtype).
   int64_t kv_bytes_per_page() const { return kv_bytes_per_page_; }
 

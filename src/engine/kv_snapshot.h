@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace sieve::engine {
@@ -85,6 +86,9 @@ struct KvSnapshot {
   int32_t page_size = 0;  // tokens per page
   int64_t bytes_per_page = 0;
   std::string kv_dtype;  // model::kv_dtype_name
+  // (layer, kv head) pairs whose dense rows the cache also keeps in f16 (model::KvCache's
+  // precise streams); their bytes are in bytes_per_page.
+  std::vector<std::pair<int32_t, int32_t>> precise_heads;
   int32_t num_pages = 0;
   int32_t num_pages_used = 0;  // reference count > 0
   int32_t num_pages_free = 0;  // reference count 0, cached-free ones included, and

@@ -75,6 +75,13 @@ void KvSnapshots::publish() {
   }
 }
 
+std::vector<std::pair<int32_t, int32_t>> KvSnapshots::precise_heads() const {
+  std::vector<std::pair<int32_t, int32_t>> heads;
+  for (int32_t stream : shape_.precise_streams)
+    heads.emplace_back(stream / shape_.num_kv_heads, stream % shape_.num_kv_heads);
+  return heads;
+}
+
 KvSnapshot KvSnapshots::make() const {
   const kv::PagePool& pool = kv_.pool();
   // Pages only parked sequences hold count as free, as in the engine's stats (kv_manager.h).
@@ -83,6 +90,7 @@ KvSnapshot KvSnapshots::make() const {
                       .page_size = shape_.page_size,
                       .bytes_per_page = shape_.bytes_per_page,
                       .kv_dtype = std::string(model::kv_dtype_name(shape_.kv_dtype)),
+                      .precise_heads = precise_heads(),
                       .num_pages = kv_.num_pages(),
                       .num_pages_used = stats.num_pages - stats.num_free_pages,
                       .num_pages_free = stats.num_free_pages,

@@ -31,6 +31,7 @@ class KvSnapshots {
     kernels::DType kv_dtype = model::kKvDefaultDType;
     int32_t num_layers = 0;
     int32_t num_kv_heads = 0;
+    std::vector<int32_t> precise_streams;  // model::KvCache's
   };
   // Reads `kv`, `scheduler` and `samples` on the stepping thread only (serve(), publish()).
   KvSnapshots(const CacheShape& shape, const kv::KvManager& kv, const sched::Scheduler& scheduler,
@@ -64,6 +65,7 @@ class KvSnapshots {
     KvSnapshotSink done;
   };
   KvSnapshot make() const;
+  std::vector<std::pair<int32_t, int32_t>> precise_heads() const;
   KvSequenceSnapshot sequence(sched::SeqId seq, const Sample& sample) const;
   std::optional<KvSnapshot::Heads> heads(const KvSnapshotQuery& query) const;
 

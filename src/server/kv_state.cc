@@ -123,11 +123,15 @@ KvStateResponse kv_state_response(const engine::KvSnapshot& snapshot,
     entry["finished_at"] = unix_seconds(f.finished_at);
     finished.push_back(std::move(entry));
   }
+  json precise_heads = json::array();
+  for (const auto& [layer, kv_head] : snapshot.precise_heads)
+    precise_heads.push_back({{"layer", layer}, {"kv_head", kv_head}});
   json body = {{"time", unix_seconds(snapshot.taken_at)},
                {"model", model_name},
                {"kv_dtype", snapshot.kv_dtype},
                {"page_tokens", snapshot.page_size},
                {"bytes_per_page", snapshot.bytes_per_page},
+               {"precise_heads", precise_heads},
                {"pool",
                 {{"pages_total", snapshot.num_pages},
                  {"pages_used", snapshot.num_pages_used},

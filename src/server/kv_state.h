@@ -9,7 +9,10 @@
 //   model             the served model name
 //   kv_dtype          "f32" | "f16" | "q8" | "q4" (--kv-dtype)
 //   page_tokens       tokens per page
-//   bytes_per_page    bytes of K and V one page holds, all layers and KV heads, in kv_dtype
+//   bytes_per_page    bytes of K and V one page holds, all layers and KV heads, in kv_dtype (and
+//                     the precise heads' f16 rows)
+//   precise_heads     [{layer, kv_head}] whose dense rows q8 / q4 pages also keep in f16
+//                     (--no-precise-kv-heads: none); empty for f32 / f16
 //   pool              pages_total; pages_used (reference count > 0); pages_free (reference
 //                     count 0, cached-free included; used + free = total); pages_cached
 //                     (published in the prefix cache, in use or free); pages_cached_free (free

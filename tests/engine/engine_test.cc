@@ -137,6 +137,31 @@ TEST_P(EngineOnKvDType, ParallelSamplesShareThePromptAndEachEqualsItsSeedAlone) 
   EXPECT_GT(distinct.size(), 1u) << "samples with different seeds should differ";
 }
 
+// The evaluation model's wired induction head (layer 1, kv head 0) is the one precise stream of
+// its q8 and q4 caches: each page carries that head's f16 K and V too, and --kv-memory pays for
+// them; --no-precise-kv-heads drops them.
+TEST(EngineKvMemory, PagesOfQuantizedCachesPayForTheirPreciseHeads) {
+  model::LoadedModel loaded =
+      model::load_model({std::string(SIEVE_SOURCE_DIR) + "/models/eval-32k.gguf", ""});
+  const model::ModelConfig& mc = loaded.model->config();
+  for (kernels::DType dtype : {kernels::DType::kQ8_0, kernels::DType::kQ4_1}) {
+    SCOPED_TRACE(std::string(model::kv_dtype_name(dtype)));
+    EngineConfig with = engine::config(64, 256, true, dtype);
+    with.num_kv_pages = 0;
+    with.kv_memory_bytes = uint64_t{8} << 20;
+    EngineConfig without = with;
+    without.precise_kv_heads = false;
+    Engine precise(with, loaded.model, loaded.tokenizer);
+    Engine plain(without, loaded.model, loaded.tokenizer);
+    EXPECT_EQ(precise.kv_bytes_per_page(),
+              static_cast<int64_t>(model::KvCache::bytes_per_page(mc, 16, dtype, 1)));
+    EXPECT_EQ(plain.kv_bytes_per_page(),
+              static_cast<int64_t>(model::KvCache::bytes_per_page(mc, 16, dtype)));
+    EXPECT_EQ(precise.config().num_kv_pages, (8 << 20) / precise.kv_bytes_per_page());
+    EXPECT_EQ(plain.config().num_kv_pages, (8 << 20) / plain.kv_bytes_per_page());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(KvDTypes, EngineOnKvDType,
                          ::testing::Values(kStoriesF32, kCopyLmQ8, kCopyLmQ4, kEvalQ8Precise),
                          kv_case_name);
