@@ -6,7 +6,8 @@
 #   bench/sparse_concurrency.sh MODEL.gguf [POLICIES]
 #   default POLICIES="full streaming:S=4,W=1020 snapkv:B=992,W=32"; env LEN (8192), OUT (32),
 #   N (16), DENSE (8), KV_DTYPES (f32; e.g. "f16 q8 q4": the memory is DENSE requests in the
-#   first one, in bytes, so a smaller dtype fits more pages)
+#   first one, in bytes, so a smaller dtype fits more pages), SERVE_ARGS (more `sieve serve`
+#   flags for every measured server, e.g. --no-precise-kv-heads)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=$1
@@ -29,7 +30,8 @@ kv_mib=$(awk -v m="$kv_mib" 'BEGIN { print int(m) + (m > int(m)) }')
 echo "KV memory: $kv_mib MiB ($dense dense requests of $len + $out in $first_dtype); $n requests at concurrency $n"
 for dtype in $dtypes; do
 for policy in $policies; do
-  start_server "$model" --kv-memory "$kv_mib" --max-num-seqs 256 --kv-policy "$policy" --kv-dtype "$dtype"
+  # shellcheck disable=SC2086 # SERVE_ARGS is a list of flags
+  start_server "$model" --kv-memory "$kv_mib" --max-num-seqs 256 --kv-policy "$policy" --kv-dtype "$dtype" ${SERVE_ARGS:-}
   peak_file=$(mktemp)
   echo 0 > "$peak_file"
   ( peak=0
