@@ -35,13 +35,16 @@
 //   out = sum_j w_j acc_j / sum
 //
 // Quantized pools (kQ8_0 / kQ4_1, layout in paged_attention.h): the staged queries are rounded to
-// Q8_0 blocks (block_kv_query). On AVX3 with VNNI, QK and PV of a unit run in
-// cpu/attention_vnni.cc (int8 scores straight from the K rows, V widened in registers; the
-// queries quantized and laid out once per task), in another order: head by head, in tiles of
-// 2-4 pages with software prefetch (RunTask); elsewhere each unit first dequantizes its
-// tile's K and V rows (SIMD, DequantizeKvRow) into two per-thread [kTileKeys][head_dim] buffers
-// and runs the above on them as one run; the rest is the f32 path. The dequantization costs
-// ~2-3 vector ops per Lanes values per unit, shared by all query vectors of the kv head.
+// Q8_0 blocks (block_kv_query). Row-invariant jobs (decode, verification) on AVX3 with VNNI run
+// QK and PV of a unit in cpu/attention_vnni.cc (int8 scores straight from the K rows, V widened
+// in registers; the queries quantized and laid out once per task), in another order: head by
+// head, in tiles of 2-4 pages with software prefetch (RunTask). Otherwise each unit first
+// dequantizes its tile's K and V rows (SIMD, DequantizeKvRow) into two per-thread
+// [tile keys][head_dim] buffers and runs the above on them as one run, long jobs with keys in
+// lanes as f16 pools do; the rest is the f32 path. The dequantization costs ~2-3 vector ops per
+// Lanes values per unit, shared by all query vectors of the kv head. (Long jobs took the VNNI
+// path until 2026-12-06: its P·V widens each V row again for every set of 4 query vectors, and
+// eval-32k's 16k prefill on q8 pages ran 1.6x as long as on f16 ones.)
 //
 // Cost per unit and query vector: 2 * tile keys * head_dim FMAs + one Exp per tile vector.
 // Memory: scratch of vectors * (2 * dp + tp + 3) floats per thread (~40 KiB at 32 vectors,
@@ -210,7 +213,8 @@ struct Scratch {
     const int64_t n = p.max_rows;
     const int64_t floats_per_vec = static_cast<int64_t>(hn::Lanes(DF()));
     const int64_t small = (n + floats_per_vec - 1) / floats_per_vec * floats_per_vec;
-    const int64_t tile = p.quantized && !p.vnni ? kTileKeys * p.kv.head_dim : 0;
+    const int64_t tile =
+        p.quantized && !p.vnni ? (p.long_tiles ? kLongTileKeys : kTileKeys) * p.kv.head_dim : 0;
     const int64_t kt_floats = p.long_tiles ? p.dp * p.tp : 0;
     buffer = hwy::AllocateAligned<float>(
         static_cast<size_t>(n * (2 * p.dp + p.tp) + 3 * small + 2 * tile + 2 * kt_floats));
@@ -1182,10 +1186,13 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
                   is_block_kv_dtype(kv.dtype),
                   false,
                   plan.row_invariant};
-  problem.long_tiles = kKeysInLanes && !plan.row_invariant && !problem.quantized;
+  problem.long_tiles = kKeysInLanes && !plan.row_invariant;
   if (problem.long_tiles) problem.tp = kLongTileKeys;
 #if HWY_TARGET == HWY_AVX3
-  problem.vnni = problem.quantized && vnni::supported();
+  // Long jobs on quantized pools dequantize each tile once for all its query vectors and score
+  // with keys in lanes, as f16 pools do: VNNI's int8 P·V widens every V row again for each set
+  // of query vectors (eval-32k, q8, 16k prefill: Pv 45% of the time).
+  problem.vnni = problem.quantized && vnni::supported() && !problem.long_tiles;
   if (problem.vnni) problem.tp = kVnniTileKeys;
 #endif
   hwy::AlignedFreeUniquePtr<float[]> partials;
