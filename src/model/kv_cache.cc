@@ -64,8 +64,10 @@ KvCache::KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t n
       fail("precise KV streams must be ascending stream indices below {}", num_streams);
     precise_rank_[static_cast<size_t>(stream)] = static_cast<int32_t>(r);
   }
+  // [rank][page][slot][head_dim] halves.
   const size_t precise_bytes =
-      std::size(precise_streams_) * static_cast<size_t>(layer_stride_ / num_kv_heads_) * 2;
+      kernels::row_bytes(kernels::DType::kF16,
+                         precise_row_offset(static_cast<int32_t>(precise_streams_.size()), 0, 0));
   precise_keys_ = backend.allocate(precise_bytes);
   precise_values_ = backend.allocate(precise_bytes);
 }

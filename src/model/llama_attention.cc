@@ -202,67 +202,54 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
     for (int64_t g = 0; g < nkv; ++g) {
       const int64_t stream_idx = first_stream + g;
       const size_t first_head_observation = s.observations.size();
-      if (seq.kv->shares_block_table()) {  // a dense sequence's head, split_dense
-        const int64_t num_keys = dense_keys(seq);
-        const bool want = wants_attention(seq, stream_idx);
-        if (head_scores) {
-          s.observations.push_back({.num_keys = num_keys, .scores = head_scores});
-          head_scores += num_keys;
+      // The head's keys: a dense sequence's (split_dense) through head_view, else its stream's.
+      kernels::PagedKv view;
+      std::span<const int32_t> positions(seq.positions, nt);
+      int64_t num_keys = 0;
+      if (seq.kv->shares_block_table()) {
+        view = cache.head_view(layer, g, seq.kv->block_table);
+        num_keys = dense_keys(seq);
+      } else {
+        const KvStream& stream = stream_of(seq, g);
+        int32_t* head_positions = &s.positions[f * nkv + g * nt];
+        for (int64_t i = 0; i < nt; ++i) head_positions[i] = seq.positions[i] - stream.num_dropped;
+        std::span<const int32_t> slices = stream.slices;
+        if (stream.selection && nt == 1) {
+          std::span<const float> slice_bounds;
+          if (chooses(seq, stream)) {
+            slice_bounds = std::span<const float>(s.host_bounds)
+                               .subspan(static_cast<size_t>(bounds_at),
+                                        static_cast<size_t>(num_summarized(stream)));
+            bounds_at += num_summarized(stream);
+          }
+          SliceScratch& scratch = s.slices[static_cast<size_t>(own_idx * nkv + g)];
+          slices = select_slices(stream, slice_bounds, scratch);
+          if (stream.selection->choose) {
+            need_output(seq);
+            seq.out->chosen_slices[static_cast<size_t>(stream_idx)] = scratch.chosen;
+          }
+          head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * page_size +
+                                                   (stream.num_keys - 1) % page_size);
         }
-        if (want) {
-          need_output(seq);
-          s.observations.push_back({.num_keys = num_keys, .scores = weights + weights_at});
-          weights_at += num_keys;
-        }
-        s.jobs.push_back(
-            {.kv = cache.head_view(layer, g, seq.kv->block_table),
-             .query = {.q = q_group + group_at(f, nt, g),
-                       .positions = std::span<const int32_t>(seq.positions, nt),
-                       .num_heads = group,
-                       .scale = scale,
-                       .window = window(),
-                       .chunk_tiles = scores != nullptr},
-             .out = {.out = out_group + group_at(f, nt, g),
-                     .row_lse = want || scores ? lse + f * c.num_heads + g * nt * group : nullptr},
-             .observations = observations_from(first_head_observation)});
-        continue;
-      }
-      const KvStream& stream = stream_of(seq, g);
-      int32_t* head_positions = &s.positions[f * nkv + g * nt];
-      for (int64_t i = 0; i < nt; ++i) head_positions[i] = seq.positions[i] - stream.num_dropped;
-      std::span<const int32_t> slices = stream.slices;
-      if (stream.selection && nt == 1) {
-        std::span<const float> slice_bounds;
-        if (chooses(seq, stream)) {
-          slice_bounds = std::span<const float>(s.host_bounds)
-                             .subspan(static_cast<size_t>(bounds_at),
-                                      static_cast<size_t>(num_summarized(stream)));
-          bounds_at += num_summarized(stream);
-        }
-        SliceScratch& scratch = s.slices[static_cast<size_t>(own_idx * nkv + g)];
-        slices = select_slices(stream, slice_bounds, scratch);
-        if (stream.selection->choose) {
-          need_output(seq);
-          seq.out->chosen_slices[static_cast<size_t>(stream_idx)] = scratch.chosen;
-        }
-        head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * page_size +
-                                                 (stream.num_keys - 1) % page_size);
+        view = cache.slice_view(slices, stream.key_offset);
+        positions = std::span<const int32_t>(head_positions, nt);
+        num_keys = stream.num_keys;
       }
       const bool want = wants_attention(seq, stream_idx);
-      if (head_scores) {  // observation pass: every row's attention over this stream's keys
-        s.observations.push_back({.num_keys = stream.num_keys, .scores = head_scores});
-        head_scores += stream.num_keys;
+      if (head_scores) {  // observation pass: every row's attention over this head's keys
+        s.observations.push_back({.num_keys = num_keys, .scores = head_scores});
+        head_scores += num_keys;
       }
       if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
         need_output(seq);
-        s.observations.push_back({.num_keys = stream.num_keys, .scores = weights + weights_at});
-        weights_at += stream.num_keys;
+        s.observations.push_back({.num_keys = num_keys, .scores = weights + weights_at});
+        weights_at += num_keys;
       }
       const bool need_lse = want || scores;
       s.jobs.push_back(
-          {.kv = cache.slice_view(slices, stream.key_offset),
+          {.kv = view,
            .query = {.q = q_group + group_at(f, nt, g),
-                     .positions = std::span<const int32_t>(head_positions, nt),
+                     .positions = positions,
                      .num_heads = group,
                      .scale = scale,
                      .window = window(),
