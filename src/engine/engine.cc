@@ -89,10 +89,13 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const model::Model> m
             .max_parked_pages = static_cast<int32_t>(std::clamp(config.max_parked_share, 0.0, 1.0) *
                                                      static_cast<double>(num_pages)),
             .num_layers = static_cast<int32_t>(model_->config().num_layers),
-            .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads)};
+            .num_kv_heads = static_cast<int32_t>(model_->config().num_kv_heads),
+            .precise_streams = precise_kv_streams_,
+            .num_spare_areas =
+                model::KvCache::spare_areas_for(num_pages, std::ssize(precise_kv_streams_))};
       }()),
       cache_(model_->backend(), model_->config(), kv_.num_pages(), config.page_size,
-             config.kv_dtype, precise_kv_streams_),
+             config.kv_dtype, precise_kv_streams_, kv_.config().num_spare_areas),
       kv_bytes_per_page_(static_cast<int64_t>(model::KvCache::bytes_per_page(
           model_->config(), config.page_size, config.kv_dtype, std::ssize(precise_kv_streams_)))),
       scheduler_(sched::SchedulerConfig{.max_batch_tokens = config.max_batch_tokens,
@@ -388,7 +391,7 @@ std::vector<sched::SeqId> Engine::fork_samples(sched::SeqId seq, Sample& first) 
   for (int32_t i = 1; i <= first.num_samples_to_fork; ++i) {
     const sched::SeqId child{next_seq_id_++};
     // A compressed parent's child gets copies of its slices (before anything changes them).
-    runner_.copy_slices(scheduler_.fork(seq, child));
+    runner_.apply(scheduler_.fork(seq, child));
     auto sample = std::make_unique<Sample>(first.request_id, i, first.sink,
                                            params_for_sample(request_params, i), eos_ids_,
                                            first.num_prompt_tokens, first.arrival);

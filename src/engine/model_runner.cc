@@ -22,6 +22,7 @@ model::SequenceKv ModelRunner::sequence_kv(sched::SeqId seq, const kv::SparseApp
     model::KvStream& to = view.streams[s];
     to.slices.reserve(from.slices.size());
     for (kv::SliceId slice : from.slices) to.slices.push_back(static_cast<int32_t>(slice.value));
+    for (kv::AreaId area : from.areas) to.areas.push_back(area.value);
     to.key_offset = from.first_slot;
     to.num_keys = from.num_tokens;
     to.num_dropped = from.num_dropped;
@@ -31,6 +32,9 @@ model::SequenceKv ModelRunner::sequence_kv(sched::SeqId seq, const kv::SparseApp
     for (int32_t i = first; i < from.num_tokens; ++i) {
       const kv::SlotAddress at = layout.address(static_cast<int32_t>(s), i);
       to.new_rows.emplace_back(static_cast<int32_t>(at.slice.value), at.slot);
+      if (!from.f16_copy) continue;
+      const kv::AreaSlot area = layout.area_address(static_cast<int32_t>(s), i);
+      to.new_area_rows.emplace_back(area.area.value, area.slot);
     }
     // Quest reads a subset of slices on decode rows of streams that hold every key.
     if (requests && s < requests->page_reads.size() && requests->page_reads[s] &&
@@ -168,11 +172,12 @@ void ModelRunner::apply(const kv::CompactionPlan& plan) {
   for (const kv::TokenMove& move : plan.token_moves) {
     cache_.copy_row(move.src.slice.value, move.src.slot, move.dst.slice.value, move.dst.slot);
   }
-  copy_slices(plan.slice_moves);
-}
-
-void ModelRunner::copy_slices(std::span<const kv::SliceMove> moves) {
-  for (const kv::SliceMove& move : moves) cache_.copy_slice(move.src.value, move.dst.value);
+  for (const kv::SliceMove& move : plan.slice_moves)
+    cache_.copy_slice(move.src.value, move.dst.value);
+  for (const kv::AreaRowMove& move : plan.area_row_moves) {
+    cache_.copy_area_row(move.src.area.value, move.src.slot, move.dst.area.value, move.dst.slot);
+  }
+  for (const kv::AreaMove& move : plan.area_moves) cache_.copy_area(move.src.value, move.dst.value);
 }
 
 const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,

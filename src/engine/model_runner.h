@@ -65,9 +65,8 @@ class ModelRunner {
   const model::StreamOutputs* outputs(sched::SeqId seq) const;
 
   // Performs a KV manager plan (compression or drops of a sparse sequence, or a sparse fork's
-  // slice copies): token moves in order, then slice moves.
+  // copies): token moves in order, slice moves, then the same for precise streams' f16 areas.
   void apply(const kv::CompactionPlan& plan);
-  void copy_slices(std::span<const kv::SliceMove> moves);
 
   // Observation scores (model::Model::observe) of a sequence that has computed exactly
   // `tokens`: how much attention each key of each stream receives from the last `window` tokens'

@@ -27,6 +27,12 @@ struct SliceId {
   auto operator<=>(const SliceId&) const = default;
 };
 
+// rank * num_pages + page for a page's own area, then the spare ones (precise_areas.h).
+struct AreaId {
+  int32_t value = 0;
+  auto operator<=>(const AreaId&) const = default;
+};
+
 }  // namespace sieve::kv
 
 template <>

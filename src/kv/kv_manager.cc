@@ -7,7 +7,11 @@
 
 namespace sieve::kv {
 
-KvManager::KvManager(const KvConfig& config) : config_(config), pool_(config.num_pages) {
+KvManager::KvManager(const KvConfig& config)
+    : config_(config),
+      pool_(config.num_pages),
+      precise_(config.precise_streams, config.num_layers * config.num_kv_heads, config.num_pages,
+               config.num_spare_areas) {
   assert(config.page_size > 0 && config.num_pages >= 0);
 }
 
@@ -52,7 +56,10 @@ KvStats KvManager::stats() const {
                  .num_prefix_hit_requests = num_prefix_hit_requests_,
                  .num_parked_seqs = static_cast<int32_t>(parked_.size()),
                  .num_parked_pages = num_parked_pages_,
-                 .num_parked_evictions = num_parked_evictions_};
+                 .num_parked_evictions = num_parked_evictions_,
+                 .num_free_spare_areas = precise_.num_free_spares(),
+                 .num_spare_areas = precise_.num_spare(),
+                 .num_dropped_f16_copies = precise_.num_dropped_copies()};
 }
 
 int32_t KvManager::num_pages_for(int32_t num_tokens) const {
@@ -189,13 +196,13 @@ WritePlan KvManager::prepare_write(SeqId seq, int32_t position) {
   return plan;
 }
 
-std::optional<std::vector<SliceMove>> KvManager::fork(SeqId parent, SeqId child) {
+std::optional<CompactionPlan> KvManager::fork(SeqId parent, SeqId child) {
   assert(!contains(child) && "SeqId already in use");
   if (auto it = sparse_.find(parent); it != sparse_.end()) {
-    std::vector<SliceMove> copies;
+    CompactionPlan copies;
     std::optional<SparseSequence> copy = reclaiming([&] {
-      copies.clear();
-      return it->second.copy_to_fresh_pages(pool_, copies);
+      copies = CompactionPlan{};
+      return it->second.copy_to_fresh_pages(pool_, precise_, copies);
     });
     if (!copy) return std::nullopt;
     sparse_.emplace(child, std::move(*copy));
@@ -204,15 +211,15 @@ std::optional<std::vector<SliceMove>> KvManager::fork(SeqId parent, SeqId child)
   SeqState copy = state(parent);
   for (PageId page : copy.pages) pool_.retain(page);
   seqs_.emplace(child, std::move(copy));
-  return std::vector<SliceMove>{};
+  return CompactionPlan{};
 }
 
 std::optional<StepSlots> KvManager::reserve(SeqId seq, int32_t num_computed, int32_t num_tokens) {
   assert(num_tokens > num_computed);
   if (auto it = sparse_.find(seq); it != sparse_.end()) {
     assert(num_computed == it->second.layout().num_positions);
-    std::optional<SparseAppend> append =
-        reclaiming([&] { return it->second.append(num_tokens - num_computed, {}, pool_); });
+    std::optional<SparseAppend> append = reclaiming(
+        [&] { return it->second.append(num_tokens - num_computed, {}, pool_, precise_); });
     if (!append) return std::nullopt;
     return StepSlots{.append = std::move(*append)};
   }
@@ -259,7 +266,7 @@ void KvManager::free(SeqId seq) {
     parked_.erase(parked);
   }
   if (auto sparse = sparse_.find(seq); sparse != sparse_.end()) {
-    sparse->second.release(pool_);
+    sparse->second.release(pool_, precise_);
     sparse_.erase(sparse);
     return;
   }
@@ -282,12 +289,16 @@ std::span<const PageId> KvManager::block_table(SeqId seq) const { return state(s
 std::optional<std::string> KvManager::invariant_violation() const {
   if (std::optional<std::string> violation = pool_.invariant_violation()) return violation;
   std::vector<int32_t> num_uses(pool_.num_pages(), 0);
+  std::vector<AreaId> spares_held;
   for (const auto& [seq, sparse] : sparse_) {
     if (seqs_.contains(seq)) return fmt::format("seq {} is both dense and sparse", seq.value);
-    if (std::optional<std::string> violation = sparse.invariant_violation(pool_, num_uses)) {
+    if (std::optional<std::string> violation =
+            sparse.invariant_violation(pool_, precise_, num_uses, spares_held)) {
       return fmt::format("sparse seq {} {}", seq.value, *violation);
     }
   }
+  if (std::optional<std::string> violation = precise_.invariant_violation(spares_held))
+    return violation;
   for (const auto& [seq, s] : seqs_) {
     if (s.block_hashes.size() > s.pages.size()) {
       return fmt::format("seq {} has {} block hashes but {} pages", seq.value,
@@ -427,7 +438,7 @@ void KvManager::evict_all_parked() {
 
 void KvManager::start_sparse(SeqId seq) {
   assert(!contains(seq) && "SeqId already in use");
-  sparse_.emplace(seq, SparseSequence(slice_shape()));
+  sparse_.emplace(seq, SparseSequence(slice_shape(), precise_));
 }
 
 std::optional<CompactionPlan> KvManager::compress(SeqId seq, int32_t num_tokens,
@@ -436,7 +447,7 @@ std::optional<CompactionPlan> KvManager::compress(SeqId seq, int32_t num_tokens,
   CompactionPlan plan;
   if (auto sparse = sparse_.find(seq); sparse != sparse_.end()) {
     assert(num_tokens == sparse->second.layout().num_positions);
-    sparse->second.compact(keep, pool_, plan);
+    sparse->second.compact(keep, pool_, precise_, plan);
     return plan;
   }
   SeqState& dense = state(seq);
@@ -444,8 +455,9 @@ std::optional<CompactionPlan> KvManager::compress(SeqId seq, int32_t num_tokens,
     return pool_.ref_count(page) == 1 && !pool_.block_hash(page);
   });
   if (all_private) {
-    SparseSequence sparse = SparseSequence::adopt_dense(slice_shape(), dense.pages, num_tokens);
-    sparse.compact(keep, pool_, plan);
+    SparseSequence sparse =
+        SparseSequence::adopt_dense(slice_shape(), precise_, dense.pages, num_tokens);
+    sparse.compact(keep, pool_, precise_, plan);
     seqs_.erase(seq);
     sparse_.emplace(seq, std::move(sparse));
     return plan;
@@ -453,7 +465,7 @@ std::optional<CompactionPlan> KvManager::compress(SeqId seq, int32_t num_tokens,
   std::optional<SparseSequence> sparse = reclaiming([&] {
     plan = CompactionPlan{};
     return SparseSequence::copy_from_dense(slice_shape(), dense.pages, num_tokens, keep, pool_,
-                                           plan);
+                                           precise_, plan);
   });
   if (!sparse) return std::nullopt;
   // As free(): last block first, so a cached prefix's tail is evicted before its head.
@@ -470,7 +482,7 @@ std::optional<SparseAppend> KvManager::append_sparse(SeqId seq, int32_t num_toke
                                                      std::span<const uint8_t> stores) {
   auto it = sparse_.find(seq);
   assert(it != sparse_.end() && "append_sparse on a sequence that is not sparse");
-  return reclaiming([&] { return it->second.append(num_tokens, stores, pool_); });
+  return reclaiming([&] { return it->second.append(num_tokens, stores, pool_, precise_); });
 }
 
 int32_t KvManager::num_pages_needed_sparse(SeqId seq, int32_t num_tokens,
@@ -484,7 +496,7 @@ CompactionPlan KvManager::drop_tokens(SeqId seq, const DropSets& drop) {
   auto it = sparse_.find(seq);
   assert(it != sparse_.end() && "drop_tokens on a sequence that is not sparse");
   CompactionPlan plan;
-  it->second.drop(drop, pool_, plan);
+  it->second.drop(drop, pool_, precise_, plan);
   return plan;
 }
 

@@ -60,6 +60,7 @@
 #include "kv/block_hash.h"
 #include "kv/ids.h"
 #include "kv/page_pool.h"
+#include "kv/precise_areas.h"
 #include "kv/sparse_layout.h"
 #include "kv/sparse_sequence.h"
 
@@ -75,6 +76,10 @@ struct KvConfig {
   // The page layout's slices (sparse_layout.h); needed by sparse sequences only.
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;
+  // Streams the model runner also keeps in f16 (ascending), and the spare areas for sparse
+  // sequences' copies of them (precise_areas.h).
+  std::vector<int32_t> precise_streams;
+  int32_t num_spare_areas = 0;
 };
 
 // The longest cached prefix of a prompt, from lookup_prefix(); valid until the next call that
@@ -146,6 +151,11 @@ struct KvStats {
   int32_t num_parked_seqs = 0;
   int32_t num_parked_pages = 0;
   int64_t num_parked_evictions = 0;
+  // Precise streams' f16 copies (precise_areas.h): spare areas free, of how many, and the
+  // sparse streams that dropped their copy for lack of one.
+  int32_t num_free_spare_areas = 0;
+  int32_t num_spare_areas = 0;
+  int64_t num_dropped_f16_copies = 0;
   double usage() const {  // fraction of pages in use (ref count > 0)
     return num_pages == 0 ? 0.0 : 1.0 - static_cast<double>(num_free_pages) / num_pages;
   }
@@ -201,10 +211,11 @@ class KvManager {
   std::optional<StepSlots> reserve(SeqId seq, int32_t num_computed, int32_t num_tokens);
   // Parallel sampling: `child` (new SeqId) starts as a copy of `parent`. Streams sharing a block
   // table share all its pages (writes to shared pages then go through copy-on-write; returns no
-  // copies). Streams of their own get fresh pages holding a copy of every used slice: perform
-  // the returned copies before either sequence writes or compacts (the layouts are equal but for
-  // slice ids); nullopt, nothing changed, if the pool lacks the pages.
-  std::optional<std::vector<SliceMove>> fork(SeqId parent, SeqId child);
+  // copies). Streams of their own get fresh pages holding a copy of every used slice (and area
+  // of an f16 copy): perform the returned copies (slice_moves, area_moves) before either
+  // sequence writes or compacts (the layouts are equal but for slice and area ids); nullopt,
+  // nothing changed, if the pool lacks the pages.
+  std::optional<CompactionPlan> fork(SeqId parent, SeqId child);
   // Speculative decoding's rollback: a sequence whose streams share a block table keeps only its
   // first num_tokens tokens' K/V (the rejected draft tokens' slots are written again later).
   // Pages past them go back to the pool now (last first), and hashes of blocks past them are
@@ -328,6 +339,7 @@ class KvManager {
 
   KvConfig config_;
   PagePool pool_;
+  PreciseAreas precise_;
   std::unordered_map<SeqId, SeqState> seqs_;  // dense
   std::unordered_map<SeqId, SparseSequence> sparse_;
   int64_t num_prefix_query_tokens_ = 0;

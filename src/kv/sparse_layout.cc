@@ -15,6 +15,14 @@ SlotAddress SparseLayout::address(int32_t stream, int32_t index) const {
                      .slot = static_cast<int32_t>(storage % shape.page_size)};
 }
 
+AreaSlot SparseLayout::area_address(int32_t stream, int32_t index) const {
+  const SparseStream& s = streams[static_cast<size_t>(stream)];
+  assert(s.f16_copy && index >= 0 && index < s.num_tokens);
+  const int64_t storage = int64_t{s.first_slot} + index;
+  return AreaSlot{.area = s.areas[static_cast<size_t>(storage / shape.page_size)],
+                  .slot = static_cast<int32_t>(storage % shape.page_size)};
+}
+
 int64_t SparseLayout::num_used_slices() const {
   int64_t total = 0;
   for (const SparseStream& s : streams) total += static_cast<int64_t>(s.slices.size());

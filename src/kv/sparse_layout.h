@@ -76,12 +76,22 @@ struct SlotAddress {
   int32_t slot = 0;
   bool operator==(const SlotAddress&) const = default;
 };
+// One row of the f16 copy: slot `slot` of area `area`.
+struct AreaSlot {
+  AreaId area;
+  int32_t slot = 0;
+  bool operator==(const AreaSlot&) const = default;
+};
 
 struct SparseStream {
   std::vector<SliceId> slices;  // storage order
   int32_t first_slot = 0;       // storage index of key 0, in [0, page_size)
   int32_t num_tokens = 0;       // keys held, in position order
   int32_t num_dropped = 0;      // positions of the sequence this stream does not hold
+  // A precise stream's f16 copy (precise_areas.h): areas[i] holds the same slots as slices[i].
+  // Empty, with f16_copy false, for every other stream and for one that dropped its copy.
+  bool f16_copy = false;
+  std::vector<AreaId> areas;
   bool operator==(const SparseStream&) const = default;
 };
 
@@ -95,6 +105,8 @@ struct SparseLayout {
   }
   // Where key `index` (< num_tokens) of stream `stream` lives.
   SlotAddress address(int32_t stream, int32_t index) const;
+  // Where the f16 copy of that key lives (the stream has one: f16_copy).
+  AreaSlot area_address(int32_t stream, int32_t index) const;
   // Slices all streams hold.
   int64_t num_used_slices() const;
   bool operator==(const SparseLayout&) const = default;
@@ -112,6 +124,17 @@ struct SliceMove {
   SliceId dst;
   bool operator==(const SliceMove&) const = default;
 };
+// The same for the f16 copy of precise streams: one row, or a whole area.
+struct AreaRowMove {
+  AreaSlot src;
+  AreaSlot dst;
+  bool operator==(const AreaRowMove&) const = default;
+};
+struct AreaMove {
+  AreaId src;
+  AreaId dst;
+  bool operator==(const AreaMove&) const = default;
+};
 
 // What the model runner must do after a compress() or drop_tokens(), before any later K/V write
 // or copy the manager directs (pages in freed_pages are back in the pool and may be handed to
@@ -123,9 +146,16 @@ struct SliceMove {
 //      freed_pages (step 2 carries that slice out), and so may a source.
 //   2. slice_moves, in any order: sources and destinations are all distinct slices, every
 //      source in a page of freed_pages, every destination in a page the sequence keeps.
+//   3. area_row_moves, in the order given: token_moves' rows of streams with an f16 copy, in
+//      their areas (the same order rule).
+//   4. area_moves, in any order: distinct areas; every source a page area of a page in
+//      freed_pages, every destination an area the sequence keeps.
+// (A fork's copies use slice_moves and area_moves only, sources in the parent's pages.)
 struct CompactionPlan {
   std::vector<TokenMove> token_moves;
   std::vector<SliceMove> slice_moves;
+  std::vector<AreaRowMove> area_row_moves;
+  std::vector<AreaMove> area_moves;
   std::vector<PageId> new_pages;    // taken from the pool by this call
   std::vector<PageId> freed_pages;  // returned to the pool by this call
   bool operator==(const CompactionPlan&) const = default;

@@ -59,7 +59,12 @@ struct KvStream {
   int32_t num_dropped = 0;      // tokens dropped before the new ones: key j is visible to the
                                 // query at position p iff j <= p - num_dropped
   std::vector<std::pair<int32_t, int32_t>> new_rows;  // (slice, slot) of each new token
-  std::optional<SliceSelection> selection;            // Quest; unset: read every slice
+  // A precise stream's f16 copy (KvCache areas, kv/precise_areas.h): areas[i] holds the keys
+  // of slices[i], and new_area_rows the new tokens' (area, slot). Empty: none (the stream
+  // reads its q8 / q4 rows).
+  std::vector<int32_t> areas;
+  std::vector<std::pair<int32_t, int32_t>> new_area_rows;
+  std::optional<SliceSelection> selection;  // Quest; unset: read every slice
 };
 struct SequenceKv {
   std::vector<int32_t> block_table;  // shared by every stream; empty when `streams` is set

@@ -34,7 +34,8 @@ void KvCache::check_dtype(const ModelConfig& config, kernels::DType dtype) {
 }
 
 KvCache::KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t num_pages,
-                 int32_t page_size, kernels::DType dtype, std::vector<int32_t> precise_streams)
+                 int32_t page_size, kernels::DType dtype, std::vector<int32_t> precise_streams,
+                 int32_t num_spare_areas)
     : backend_(&backend),
       num_layers_(config.num_layers),
       num_kv_heads_(config.num_kv_heads),
@@ -64,10 +65,11 @@ KvCache::KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t n
       fail("precise KV streams must be ascending stream indices below {}", num_streams);
     precise_rank_[static_cast<size_t>(stream)] = static_cast<int32_t>(r);
   }
-  // [rank][page][slot][head_dim] halves.
+  if (num_spare_areas < 0) fail("a negative number of spare precise areas");
+  // [area][slot][head_dim] halves: the pages' own areas, then the spares.
+  num_areas_ = std::ssize(precise_streams_) * num_pages_ + num_spare_areas;
   const size_t precise_bytes =
-      kernels::row_bytes(kernels::DType::kF16,
-                         precise_row_offset(static_cast<int32_t>(precise_streams_.size()), 0, 0));
+      kernels::row_bytes(kernels::DType::kF16, area_row_offset(num_areas_, 0));
   precise_keys_ = backend.allocate(precise_bytes);
   precise_values_ = backend.allocate(precise_bytes);
 }
@@ -77,9 +79,18 @@ size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, ker
   check_dtype(config, dtype);
   const size_t row = kernels::row_bytes(dtype, config.head_dim);
   const size_t precise_row = kernels::row_bytes(kernels::DType::kF16, config.head_dim);
+  // A page's own areas, and its share of the spares (an exact number of bytes: precise_row is
+  // a multiple of 4).
+  const size_t precise_area_rows = static_cast<size_t>(num_precise_streams) *
+                                   (kSpareAreasPerPage.den + kSpareAreasPerPage.num) /
+                                   kSpareAreasPerPage.den;
   return 2 * static_cast<size_t>(page_size) *
-         (row * config.num_kv_heads * config.num_layers +
-          precise_row * static_cast<size_t>(num_precise_streams));
+         (row * config.num_kv_heads * config.num_layers + precise_row * precise_area_rows);
+}
+
+int32_t KvCache::spare_areas_for(int32_t num_pages, int64_t num_precise_streams) {
+  return static_cast<int32_t>(num_precise_streams * num_pages * kSpareAreasPerPage.num /
+                              kSpareAreasPerPage.den);
 }
 
 KvCache::Single KvCache::for_one_sequence(kernels::Backend& backend, const ModelConfig& config,
@@ -89,8 +100,10 @@ KvCache::Single KvCache::for_one_sequence(kernels::Backend& backend, const Model
   const int32_t num_pages = std::max(1, (num_tokens + page_size - 1) / page_size);
   std::vector<int32_t> table(num_pages);
   for (int32_t i = 0; i < num_pages; ++i) table[i] = i;
-  return {KvCache(backend, config, num_pages, page_size, dtype, std::move(precise_streams)),
-          std::move(table)};
+  const int32_t num_spare = spare_areas_for(num_pages, std::ssize(precise_streams));
+  return {
+      KvCache(backend, config, num_pages, page_size, dtype, std::move(precise_streams), num_spare),
+      std::move(table)};
 }
 
 bool KvCache::layer_has_precise_streams(int64_t layer) const {
@@ -118,6 +131,36 @@ kernels::PagedKv KvCache::head_view(int64_t layer, int64_t kv_head,
           .dtype = kernels::DType::kF16,
           .k_f16 = precise_keys_.as<const uint16_t>() + base,
           .v_f16 = precise_values_.as<const uint16_t>() + base};
+}
+
+kernels::PagedKv KvCache::area_view(std::span<const int32_t> areas, int32_t key_offset) const {
+  return {.page_stride = head_stride_,
+          .head_stride = head_stride_,
+          .page_size = page_size_,
+          .head_dim = head_dim_,
+          .num_kv_heads = 1,
+          .block_table = areas,
+          .key_offset = key_offset,
+          .dtype = kernels::DType::kF16,
+          .k_f16 = precise_keys_.as<const uint16_t>(),
+          .v_f16 = precise_values_.as<const uint16_t>()};
+}
+
+void KvCache::copy_precise(int64_t src, int64_t dst, int64_t elements) {
+  const size_t bytes = static_cast<size_t>(elements) * sizeof(uint16_t);
+  for (const kernels::DeviceBuffer* data : {&precise_keys_, &precise_values_}) {
+    auto* base = static_cast<uint16_t*>(data->data());
+    backend_->copy(base + dst, base + src, bytes);
+  }
+}
+
+void KvCache::copy_area_row(int32_t src_area, int32_t src_slot, int32_t dst_area,
+                            int32_t dst_slot) {
+  copy_precise(area_row_offset(src_area, src_slot), area_row_offset(dst_area, dst_slot), head_dim_);
+}
+
+void KvCache::copy_area(int32_t src_area, int32_t dst_area) {
+  copy_precise(area_row_offset(src_area, 0), area_row_offset(dst_area, 0), head_stride_);
 }
 
 void KvCache::write_precise_rows(kernels::Rows<const float> k, kernels::Rows<const float> v,
@@ -176,14 +219,8 @@ void KvCache::copy_page(int32_t src, int32_t dst) {
     const int64_t layer_base = layer * layer_stride_;
     copy_elements(layer_base + src * page_stride_, layer_base + dst * page_stride_, page_stride_);
   }
-  const size_t bytes = static_cast<size_t>(head_stride_) * sizeof(uint16_t);
-  for (int32_t rank = 0; rank < std::ssize(precise_streams_); ++rank) {
-    for (const kernels::DeviceBuffer* data : {&precise_keys_, &precise_values_}) {
-      auto* base = static_cast<uint16_t*>(data->data());
-      backend_->copy(base + precise_row_offset(rank, dst, 0),
-                     base + precise_row_offset(rank, src, 0), bytes);
-    }
-  }
+  for (int32_t rank = 0; rank < std::ssize(precise_streams_); ++rank)
+    copy_precise(precise_row_offset(rank, src, 0), precise_row_offset(rank, dst, 0), head_stride_);
 }
 
 kernels::PagedKv KvCache::slice_view(std::span<const int32_t> slices, int32_t key_offset) const {

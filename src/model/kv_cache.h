@@ -74,12 +74,19 @@
 //
 //   precise_k[rank][page][slot][head_dim]     rank: the stream's index among precise_streams()
 //
+// that is, an area per (precise stream, page), then spare areas (kv/precise_areas.h numbers
+// them: area rank * num_pages + page, then the spares):
+//
+//   precise_k[area][slot][head_dim]
+//
 // Dense sequences write those rows to both and attend that head from the f16 copy
 // (head_view). Sparse sequences place a stream's keys in any slice of their pages
-// (kv/sparse_layout.h), which a per-page copy cannot follow: they read the q8 / q4 rows, which
-// are always written too, so turning a dense sequence sparse moves nothing extra. So the f16
-// copy is what the full cache, prefix sharing and a sequence's pages before its first
-// compression see. Its bytes count in bytes_per_page (--kv-memory).
+// (kv/sparse_layout.h): the KV manager gives each slice of a precise stream an area of its own
+// (the sequence's pages' areas first, then spares; area_view), and the runner mirrors every
+// row move into the areas. The q8 / q4 rows are always written too: a sparse stream that found
+// no area reads them, and turning a dense sequence sparse in place moves nothing extra. There
+// are kSpareAreasPerPage spare areas per page and precise stream; all of it counts in
+// bytes_per_page (--kv-memory).
 //
 // K and V live in the backend's memory (DeviceBuffers); every write and copy here is a
 // backend call (store_kv_rows, copy), so the host never touches them. The backend must outlive
@@ -107,6 +114,15 @@ class KeySmoothing;
 // stories260K's top logprobs by up to 2e-3), so f32 stays the default.
 inline constexpr kernels::DType kKvDefaultDType = kernels::DType::kF32;
 
+// Spare f16 areas of precise streams per page and precise stream (header): a sparse sequence's
+// precise stream that keeps more keys than its sequence owns pages (lserve's dynamic heads keep
+// all of them while its streaming heads keep a window) takes spares. A quarter: eval-32k's
+// lserve at 16k needs 0.8 spares per page it owns, streaming and snapkv about none.
+struct SpareShare {
+  int64_t num, den;
+};
+inline constexpr SpareShare kSpareAreasPerPage{1, 4};
+
 // The KV element types by their user-facing names (--kv-dtype, sieve eval, metrics): "f32",
 // "f16", "q8" (kQ8_0) and "q4" (kQ4_1). parse_kv_dtype: nullopt for any other name.
 inline constexpr std::string_view kKvDTypeNames = "f32, f16, q8, q4";
@@ -118,16 +134,21 @@ class KvCache {
   // dtype: one of kKvDTypeNames' (check_dtype). K and V are allocated (zero-filled) through
   // `backend`. precise_streams: ascending stream indices (layer * num_kv_heads + kv head) also
   // kept in f16 (header); q8 / q4 only.
+  // num_spare_areas: spare f16 areas for precise streams (spare_areas_for(num_pages, ...) as
+  // bytes_per_page pays for).
   KvCache(kernels::Backend& backend, const ModelConfig& config, int32_t num_pages,
           int32_t page_size, kernels::DType dtype = kKvDefaultDType,
-          std::vector<int32_t> precise_streams = {});
+          std::vector<int32_t> precise_streams = {}, int32_t num_spare_areas = 0);
 
   // Bytes of K and V one page takes, exactly (the unit of --kv-memory accounting): num_layers *
   // num_kv_heads * 2 * page_size * bytes per row (header), plus 2 * page_size * 2 * head_dim per
-  // precise stream. Checks the dtype like the constructor.
+  // precise stream and its share of spare areas (kSpareAreasPerPage). Checks the dtype like
+  // the constructor.
   static size_t bytes_per_page(const ModelConfig& config, int32_t page_size,
                                kernels::DType dtype = kKvDefaultDType,
                                int64_t num_precise_streams = 0);
+  // Spare areas a pool of num_pages pays for (bytes_per_page).
+  static int32_t spare_areas_for(int32_t num_pages, int64_t num_precise_streams);
   // Throws sieve::Error naming the dtype and the head_dim when a model's K/V cannot be stored
   // in `dtype` (q8 / q4 need a head_dim that is a multiple of 32).
   static void check_dtype(const ModelConfig& config, kernels::DType dtype);
@@ -176,8 +197,18 @@ class KvCache {
   void write_precise_rows(kernels::Rows<const float> k, kernels::Rows<const float> v,
                           std::span<const int64_t> offsets);
   int64_t precise_row_offset(int32_t rank, int32_t page, int32_t slot) const {
-    return (int64_t{rank} * num_pages_ + page) * head_stride_ + int64_t{slot} * head_dim_;
+    return area_row_offset(int64_t{rank} * num_pages_ + page, slot);
   }
+  // Areas of the f16 copy (kv/precise_areas.h's numbering): row `slot` of area `area`.
+  int64_t num_precise_areas() const { return num_areas_; }
+  int64_t area_row_offset(int64_t area, int32_t slot) const {
+    return area * head_stride_ + int64_t{slot} * head_dim_;
+  }
+  // The kernel's view of a sparse sequence's precise stream: one f16 head whose "pages" are
+  // the given areas.
+  kernels::PagedKv area_view(std::span<const int32_t> areas, int32_t key_offset) const;
+  void copy_area_row(int32_t src_area, int32_t src_slot, int32_t dst_area, int32_t dst_slot);
+  void copy_area(int32_t src_area, int32_t dst_area);
 
   // Streams see the pool as one flat array of equal slices: page_size rows of one (layer, page,
   // kv head), numbered as kv/sparse_layout.h says, which is this layout: slice i is rows
@@ -219,6 +250,8 @@ class KvCache {
   void set_bases(kernels::PagedKv& view, int64_t offset) const;
   // Byte copy of `elements` elements (whole rows) from element offset src to dst, K and V.
   void copy_elements(int64_t src, int64_t dst, int64_t elements);
+  // The same in the f16 copy.
+  void copy_precise(int64_t src, int64_t dst, int64_t elements);
 
   kernels::Backend* backend_;
   int64_t num_layers_, num_kv_heads_, head_dim_;
@@ -228,7 +261,8 @@ class KvCache {
   kernels::DeviceBuffer keys_, values_;  // row_bytes(dtype_, num_layers * layer_stride) bytes
   std::vector<int32_t> precise_streams_;
   std::vector<int32_t> precise_rank_;  // [stream], -1 where not precise; empty: none
-  // f16, [rank][page][slot][head_dim]
+  // f16, [area][slot][head_dim]: [rank][page], then the spares
+  int64_t num_areas_ = 0;
   kernels::DeviceBuffer precise_keys_, precise_values_;
   std::shared_ptr<const KeySmoothing> key_smoothing_;
 };

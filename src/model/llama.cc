@@ -294,6 +294,23 @@ void LlamaModel::check_batch(const Batch& batch, const KvCache& cache) const {
           if (slice < 0 || slice >= num_slices || slot < 0 || slot >= cache.page_size())
             fail("new row (slice {}, slot {}) is outside the KV cache", slice, slot);
         }
+        if (!stream.areas.empty()) {
+          const int32_t s = static_cast<int32_t>(&stream - streams.data());
+          if (cache.precise_rank(s / config_.num_kv_heads, s % config_.num_kv_heads) < 0)
+            fail("stream {} has f16 areas but is not a precise stream of the cache", s);
+          if (stream.areas.size() != stream.slices.size() ||
+              stream.new_area_rows.size() != stream.new_rows.size())
+            fail("a precise stream's areas must match its slices and new rows");
+          for (int32_t area : stream.areas) {
+            if (area < 0 || area >= cache.num_precise_areas())
+              fail("area {} is outside the KV cache's f16 copy", area);
+          }
+          for (const auto& [area, slot] : stream.new_area_rows) {
+            if (area < 0 || area >= cache.num_precise_areas() || slot < 0 ||
+                slot >= cache.page_size())
+              fail("new row (area {}, slot {}) is outside the KV cache's f16 copy", area, slot);
+          }
+        }
         if (stream.selection) {
           if (stream.key_offset != 0 || stream.num_dropped != 0)
             fail("a Quest stream must hold every key");
@@ -486,18 +503,27 @@ void LlamaModel::forward(const Batch& batch, KvCache& cache, ForwardScratch& s,
     }
     cache.write_rows({s.k.as<const float>(), head_dim}, {s.v.as<const float>(), head_dim},
                      s.kv_offsets);
-    // Dense sequences' rows of precise streams also go to the streams' f16 copy (kv_cache.h).
+    // Rows of precise streams also go to the streams' f16 copy (kv_cache.h): a dense
+    // sequence's to its pages' areas, a sparse one's to its stream's areas, if it has them.
     for (int32_t h = 0; h < c.num_kv_heads; ++h) {
       const int32_t rank = cache.precise_rank(l, h);
       if (rank < 0) continue;
       for (const BatchSequence& seq : batch.sequences) {
-        if (!seq.kv.shares_block_table()) continue;
         s.precise_offsets.resize(static_cast<size_t>(seq.num_tokens));
-        for (int32_t i = 0; i < seq.num_tokens; ++i) {
-          const int32_t position = batch.positions[seq.first_token + i];
-          s.precise_offsets[i] = cache.precise_row_offset(
-              rank, seq.kv.block_table[static_cast<size_t>(position / cache.page_size())],
-              position % cache.page_size());
+        if (seq.kv.shares_block_table()) {
+          for (int32_t i = 0; i < seq.num_tokens; ++i) {
+            const int32_t position = batch.positions[seq.first_token + i];
+            s.precise_offsets[i] = cache.precise_row_offset(
+                rank, seq.kv.block_table[static_cast<size_t>(position / cache.page_size())],
+                position % cache.page_size());
+          }
+        } else {
+          const KvStream& stream = seq.kv.streams[static_cast<size_t>(l * c.num_kv_heads + h)];
+          if (stream.areas.empty()) continue;
+          for (int32_t i = 0; i < seq.num_tokens; ++i) {
+            const auto [area, slot] = stream.new_area_rows[static_cast<size_t>(i)];
+            s.precise_offsets[i] = cache.area_row_offset(area, slot);
+          }
         }
         const int64_t first_row = (int64_t{seq.first_token} * c.num_kv_heads + h) * head_dim;
         const int64_t stride = c.num_kv_heads * head_dim;

@@ -214,6 +214,7 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
         int32_t* head_positions = &s.positions[f * nkv + g * nt];
         for (int64_t i = 0; i < nt; ++i) head_positions[i] = seq.positions[i] - stream.num_dropped;
         std::span<const int32_t> slices = stream.slices;
+        std::span<const int32_t> areas = stream.areas;  // a precise stream's f16 copy
         if (stream.selection && nt == 1) {
           std::span<const float> slice_bounds;
           if (chooses(seq, stream)) {
@@ -224,6 +225,12 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
           }
           SliceScratch& scratch = s.slices[static_cast<size_t>(own_idx * nkv + g)];
           slices = select_slices(stream, slice_bounds, scratch);
+          if (!areas.empty() && slices.size() != areas.size()) {
+            scratch.read_areas.resize(scratch.chosen.size());
+            for (size_t i = 0; i < scratch.chosen.size(); ++i)
+              scratch.read_areas[i] = stream.areas[static_cast<size_t>(scratch.chosen[i])];
+            areas = scratch.read_areas;
+          }
           if (stream.selection->choose) {
             need_output(seq);
             seq.out->chosen_slices[static_cast<size_t>(stream_idx)] = scratch.chosen;
@@ -231,7 +238,8 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
           head_positions[0] = static_cast<int32_t>((std::ssize(slices) - 1) * page_size +
                                                    (stream.num_keys - 1) % page_size);
         }
-        view = cache.slice_view(slices, stream.key_offset);
+        view = areas.empty() ? cache.slice_view(slices, stream.key_offset)
+                             : cache.area_view(areas, stream.key_offset);
         positions = std::span<const int32_t>(head_positions, nt);
         num_keys = stream.num_keys;
       }
@@ -451,7 +459,9 @@ void LlamaModel::read_keys(const SequenceKv& kv, int32_t num_positions, const Kv
     }
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
       const KvStream& stream = kv.streams[static_cast<size_t>(l * c.num_kv_heads + h)];
-      read(cache.slice_view(stream.slices, stream.key_offset), stream.num_keys);
+      read(stream.areas.empty() ? cache.slice_view(stream.slices, stream.key_offset)
+                                : cache.area_view(stream.areas, stream.key_offset),
+           stream.num_keys);
     }
   }
 }

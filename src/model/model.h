@@ -24,7 +24,7 @@ namespace sieve::model {
 // Quest's page choice for one stream (host memory).
 struct SliceScratch {
   std::vector<float> slice_bounds;
-  std::vector<int32_t> slice_ids, chosen, read_slices;
+  std::vector<int32_t> slice_ids, chosen, read_slices, read_areas;
 };
 
 // Buffers reused across forward calls, grown on demand; one per caller thread, used with one

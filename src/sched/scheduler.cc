@@ -26,11 +26,11 @@ void Scheduler::add(SeqId seq, std::vector<int32_t> prompt, int32_t max_new_toke
   waiting_.push_back(seq);
 }
 
-std::vector<kv::SliceMove> Scheduler::fork(SeqId parent, SeqId child) {
+kv::CompactionPlan Scheduler::fork(SeqId parent, SeqId child) {
   const Sequence& p = seqs_.at(parent);
   assert(p.running && !seqs_.contains(child));
   Sequence& c = seqs_.emplace(child, p).first->second;
-  std::optional<std::vector<kv::SliceMove>> copies = kv_.fork(parent, child);
+  std::optional<kv::CompactionPlan> copies = kv_.fork(parent, child);
   if (copies) {
     running_.push_back(child);
     return std::move(*copies);

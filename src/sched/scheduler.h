@@ -125,10 +125,10 @@ class Scheduler {
   // Starts `child` as a running copy of running sequence `parent` (parallel sampling, n > 1):
   // a dense child shares every page, its own writes go through copy-on-write. Call right after
   // the step in which the parent sampled its first token, before appending that token to either.
-  // A sparse parent's child gets fresh pages: the returned slice copies must be performed
+  // A sparse parent's child gets fresh pages: the returned slice and area copies must be performed
   // before anything changes the parent's K/V (a compress or drop of the parent included); if the
   // pool lacks the pages the child waits and is recomputed from its tokens (nothing returned).
-  std::vector<kv::SliceMove> fork(SeqId parent, SeqId child);
+  kv::CompactionPlan fork(SeqId parent, SeqId child);
 
   ScheduleOutput schedule();
   // After the model ran `out`: the scheduled tokens are computed; full blocks are published to

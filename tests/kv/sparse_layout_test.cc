@@ -413,9 +413,9 @@ TEST(SparseLayoutTest, ForkCopiesEverySliceIntoFreshPages) {
       {std::vector<int32_t>{4}, std::nullopt, std::vector<int32_t>{}, std::vector<int32_t>{0}}));
   // Stream 0 in slice 0, stream 1 in 2 and 3, stream 3 moved from 6 to 1: one page.
   EXPECT_EQ(kv.owned_pages(SeqId{1}).size(), 1u);
-  std::optional<std::vector<SliceMove>> copies = kv.fork(SeqId{1}, SeqId{2});
+  std::optional<CompactionPlan> copies = kv.fork(SeqId{1}, SeqId{2});
   ASSERT_TRUE(copies);
-  runner.run_slices(*copies);
+  runner.run_copies(*copies);
   const SparseLayout& parent = kv.sparse_layout(SeqId{1});
   const SparseLayout& child = kv.sparse_layout(SeqId{2});
   EXPECT_EQ(child.num_used_slices(), parent.num_used_slices());

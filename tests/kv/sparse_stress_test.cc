@@ -4,7 +4,9 @@
 // writes a tag per row (a fingerprint of the sequence's prefix up to that position, and the
 // stream) and performs every copy and plan; it refuses writes into pages that are shared or
 // published. After every operation the manager's invariants hold and every live sequence reads
-// back exactly its own kept tags, in order. It ends with every page free.
+// back exactly its own kept tags, in order, from its f16 copies too where two streams are
+// precise (with few spare areas, so that some streams drop their copy). It ends with every page
+// and spare area free.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,18 +54,23 @@ struct Counters {
   int admitted = 0, started_sparse = 0, dense_steps = 0, sparse_steps = 0, skipping_appends = 0;
   int append_failed = 0, compress_in_place = 0, compress_copy = 0, compress_failed = 0;
   int compress_sparse = 0, drops = 0, slice_moves = 0, pages_freed = 0, forks = 0, sparse_forks = 0,
-      frees = 0;
+      frees = 0, area_row_moves = 0, area_moves = 0;
 };
+
+constexpr int32_t kSpareAreas = 6;
 
 class SparseSimulation {
  public:
-  explicit SparseSimulation(uint32_t seed)
+  SparseSimulation(uint32_t seed, bool precise)
       : rng_(seed),
-        kv_(KvConfig{.num_pages = kNumPages,
-                     .page_size = kPageSize,
-                     .hash_seed = seed,
-                     .num_layers = 2,
-                     .num_kv_heads = 2}),
+        kv_(KvConfig{
+            .num_pages = kNumPages,
+            .page_size = kPageSize,
+            .hash_seed = seed,
+            .num_layers = 2,
+            .num_kv_heads = 2,
+            .precise_streams = precise ? std::vector<int32_t>{1, 2} : std::vector<int32_t>{},
+            .num_spare_areas = precise ? kSpareAreas : 0}),
         runner_(kv_) {
     for (int i = 0; i < 3; ++i) {
       std::vector<int32_t> head;
@@ -94,11 +101,13 @@ class SparseSimulation {
     }
     while (!seqs_.empty()) Free(seqs_.begin()->first);
     EXPECT_EQ(kv_.num_free_pages(), kNumPages);
+    EXPECT_EQ(kv_.stats().num_free_spare_areas, kv_.config().num_spare_areas);
     EXPECT_EQ(kv_.num_seqs(), 0);
     EXPECT_EQ(kv_.invariant_violation(), std::nullopt);
   }
 
   const Counters& counters() const { return counters_; }
+  const KvManager& kv() const { return kv_; }
 
  private:
   int Uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
@@ -138,7 +147,7 @@ class SparseSimulation {
   void WriteDense(SeqId id, SimSeq& seq, int32_t n) {
     for (int32_t p = seq.num_computed; p < seq.num_computed + n; ++p) {
       for (int32_t s = 0; s < kStreams; ++s) {
-        runner_.write(runner_.dense_address(kv_.block_table(id), s, p), seq.tag(s, p));
+        runner_.write_dense(kv_.block_table(id), s, p, seq.tag(s, p));
       }
     }
     seq.num_computed += n;
@@ -181,7 +190,7 @@ class SparseSimulation {
       EXPECT_EQ(layout.address(s, *append->first_index[s]), append->first_slot[s]);
       for (int32_t i = 0; i < n; ++i) {
         const int32_t p = seq.num_computed + i;
-        runner_.write(layout.address(s, *append->first_index[s] + i), seq.tag(s, p));
+        runner_.write_sparse(layout, s, *append->first_index[s] + i, seq.tag(s, p));
         seq.kept[s].push_back(seq.tag(s, p));
       }
     }
@@ -270,6 +279,8 @@ class SparseSimulation {
   void RunPlan(const CompactionPlan& plan) {
     runner_.run(plan);
     counters_.slice_moves += static_cast<int>(plan.slice_moves.size());
+    counters_.area_row_moves += static_cast<int>(plan.area_row_moves.size());
+    counters_.area_moves += static_cast<int>(plan.area_moves.size());
     counters_.pages_freed += static_cast<int>(plan.freed_pages.size());
   }
 
@@ -277,12 +288,12 @@ class SparseSimulation {
     const SeqId child{next_id_++};
     SimSeq copy = seqs_.at(parent);
     if (copy.sparse) {
-      std::optional<std::vector<SliceMove>> copies = kv_.fork(parent, child);
+      std::optional<CompactionPlan> copies = kv_.fork(parent, child);
       if (!copies) return;
-      runner_.run_slices(*copies);
+      runner_.run_copies(*copies);
       ++counters_.sparse_forks;
     } else {
-      ASSERT_EQ(kv_.fork(parent, child), std::vector<SliceMove>{});  // shares every page
+      ASSERT_EQ(kv_.fork(parent, child), CompactionPlan{});  // shares every page
       ++counters_.forks;
     }
     seqs_.emplace(child, std::move(copy));
@@ -302,6 +313,10 @@ class SparseSimulation {
           for (int32_t p = 0; p < seq.num_computed; ++p) {
             ASSERT_EQ(runner_.row(runner_.dense_address(kv_.block_table(id), s, p)), seq.tag(s, p))
                 << "dense seq " << id.value << " stream " << s << " position " << p;
+            if (auto area = runner_.dense_area(kv_.block_table(id), s, p)) {
+              ASSERT_EQ(runner_.area_row(*area), seq.tag(s, p))
+                  << "dense seq " << id.value << " f16 copy of stream " << s << " position " << p;
+            }
           }
         }
         continue;
@@ -311,6 +326,10 @@ class SparseSimulation {
       for (int32_t s = 0; s < kStreams; ++s) {
         ASSERT_EQ(runner_.read_stream(layout, s), seq.kept[s])
             << "sparse seq " << id.value << " stream " << s;
+        if (layout.streams[static_cast<size_t>(s)].f16_copy) {
+          ASSERT_EQ(runner_.read_copy(layout, s), seq.kept[s])
+              << "sparse seq " << id.value << " f16 copy of stream " << s;
+        }
       }
     }
   }
@@ -324,10 +343,11 @@ class SparseSimulation {
   Counters counters_;
 };
 
-class SparseStressTest : public ::testing::TestWithParam<uint32_t> {};
+class SparseStressTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {};
 
 TEST_P(SparseStressTest, DenseAndSparseSequencesShareThePool) {
-  SparseSimulation sim(GetParam());
+  const auto [seed, precise] = GetParam();
+  SparseSimulation sim(seed, precise);
   ASSERT_NO_FATAL_FAILURE(sim.Run(3000));
   const Counters& c = sim.counters();
   // Every path was taken.
@@ -344,6 +364,18 @@ TEST_P(SparseStressTest, DenseAndSparseSequencesShareThePool) {
   EXPECT_GT(c.pages_freed, 20);
   EXPECT_GT(c.forks, 5);
   EXPECT_GT(c.sparse_forks, 5);
+  const KvStats stats = sim.kv().stats();
+  if (precise) {
+    EXPECT_GT(c.area_row_moves, 50);
+    EXPECT_GT(c.area_moves, 5);                  // areas left pages going back to the pool
+    EXPECT_GT(stats.num_dropped_f16_copies, 0);  // a stream found no area
+  } else {
+    EXPECT_EQ(c.area_row_moves + c.area_moves, 0);
+    EXPECT_EQ(stats.num_dropped_f16_copies, 0);
+  }
+  std::printf("precise streams: %s; area row moves %d, area moves %d, f16 copies dropped %lld\n",
+              precise ? "1, 2" : "none", c.area_row_moves, c.area_moves,
+              static_cast<long long>(stats.num_dropped_f16_copies));
   std::printf(
       "counters: admitted %d, sparse starts %d, dense steps %d, sparse steps %d "
       "(%d skipping, %d refused), compress in place %d / copy %d / failed %d / sparse %d, "
@@ -353,7 +385,8 @@ TEST_P(SparseStressTest, DenseAndSparseSequencesShareThePool) {
       c.drops, c.slice_moves, c.pages_freed, c.forks, c.sparse_forks, c.frees);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, SparseStressTest, ::testing::Values(1u, 2u, 3u, 4u));
+INSTANTIATE_TEST_SUITE_P(Seeds, SparseStressTest,
+                         ::testing::Combine(::testing::Values(1u, 2u, 3u, 4u), ::testing::Bool()));
 
 }  // namespace
 }  // namespace sieve::kv

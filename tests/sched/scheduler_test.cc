@@ -308,7 +308,7 @@ class StreamingEngine {
     return text;
   }
 
-  std::vector<kv::SliceMove> fork(char parent, char child) {
+  kv::CompactionPlan fork(char parent, char child) {
     max_new_[child] = max_new_[parent];
     return scheduler_.fork(SeqId{static_cast<uint64_t>(parent)},
                            SeqId{static_cast<uint64_t>(child)});
@@ -376,13 +376,13 @@ TEST(Scheduler, ForkOfACompressedSequenceCopiesItsSlicesOrWaits) {
   ASSERT_TRUE(engine.kv().compress(a, 10, keep));
   ASSERT_EQ(engine.kv().owned_pages(a).size(), 2u);
 
-  std::vector<kv::SliceMove> copies = engine.fork('A', 'F');
-  EXPECT_EQ(copies.size(), 8u);  // every used slice
+  kv::CompactionPlan copies = engine.fork('A', 'F');
+  EXPECT_EQ(copies.slice_moves.size(), 8u);  // every used slice
   EXPECT_TRUE(engine.kv().is_sparse(SeqId{'F'}));
   // Someone else holds the last two pages: a second child waits, to be recomputed.
   const SeqId other{'Z'};
   ASSERT_TRUE(engine.kv().admit(other, engine.kv().lookup_prefix(std::vector<int32_t>{1}), 8));
-  EXPECT_EQ(engine.fork('A', 'G'), std::vector<kv::SliceMove>{});
+  EXPECT_EQ(engine.fork('A', 'G'), kv::CompactionPlan{});
   EXPECT_FALSE(engine.kv().contains(SeqId{'G'}));
   EXPECT_EQ(engine.scheduler().stats().num_waiting, 1);
   engine.kv().free(other);
