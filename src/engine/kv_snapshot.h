@@ -97,6 +97,11 @@ struct KvSnapshot {
   // pages they hold: free to take back.
   int32_t num_pages_parked = 0;
   int32_t num_parked_sequences = 0;
+  // Spare f16 areas of the precise heads (kv/precise_areas.h): in all and free, and the
+  // compressed sequences' precise heads that found none.
+  int32_t num_precise_spare_areas = 0;
+  int32_t num_precise_spare_areas_free = 0;
+  int64_t num_precise_copies_dropped = 0;
   int32_t num_pages_cached = 0;       // published in the prefix cache (in use or free)
   int32_t num_pages_cached_free = 0;  // of those, free: reusable by a prefix hit until evicted
   int32_t num_running = 0;            // sequences (the scheduler's counts)

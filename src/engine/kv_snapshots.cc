@@ -96,6 +96,9 @@ KvSnapshot KvSnapshots::make() const {
                       .num_pages_free = stats.num_free_pages,
                       .num_pages_parked = stats.num_parked_pages,
                       .num_parked_sequences = stats.num_parked_seqs,
+                      .num_precise_spare_areas = stats.num_spare_areas,
+                      .num_precise_spare_areas_free = stats.num_free_spare_areas,
+                      .num_precise_copies_dropped = stats.num_dropped_f16_copies,
                       .num_pages_cached = pool.num_cached_pages(),
                       .num_running = scheduler_.stats().num_running,
                       .num_waiting = scheduler_.stats().num_waiting};

@@ -53,7 +53,7 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
                                                    int32_t num_written) {
   if (summaries.size() <= stream_idx) summaries.resize(stream_idx + 1);
   SliceSummaries& summary = summaries[stream_idx];
-  summarize(summary, static_cast<int32_t>(stream_idx), stream.slices,
+  summarize(summary, static_cast<int32_t>(stream_idx), stream.slices, stream.areas,
             num_written / cache_.page_size(), reads.key_halves);
   return {.choose = reads.choose,
           .summaries = reads.choose ? summary.values.as<float>() : nullptr,
@@ -65,7 +65,8 @@ model::SliceSelection ModelRunner::slice_selection(const sparsity::PageReads& re
 }
 
 float* ModelRunner::summarize(SliceSummaries& summary, int32_t stream,
-                              std::span<const int32_t> slices, int32_t num_full, bool key_halves) {
+                              std::span<const int32_t> slices, std::span<const int32_t> areas,
+                              int32_t num_full, bool key_halves) {
   if (summary.key_halves != key_halves) {  // another layout: summarize again
     summary.num_summarized = 0;
     summary.key_halves = key_halves;
@@ -82,7 +83,7 @@ float* ModelRunner::summarize(SliceSummaries& summary, int32_t stream,
       if (kept_bytes > 0) backend.copy(grown.data(), summary.values.data(), kept_bytes);
       summary.values = std::move(grown);
     }
-    cache_.summarize_slices(stream, slices, summary.num_summarized, num_full, key_halves,
+    cache_.summarize_slices(stream, slices, areas, summary.num_summarized, num_full, key_halves,
                             summary.values.as<float>());
     summary.num_summarized = num_full;
   }
@@ -128,7 +129,7 @@ const std::vector<float>& ModelRunner::run_draft(std::span<const DraftRow> rows)
                                    row.position % page_size);
       if (!summaries) continue;
       SliceSummaries& summary = (*summaries)[static_cast<size_t>(s)];
-      float* values = summarize(summary, s, stream.slices, num_full, /*key_halves=*/false);
+      float* values = summarize(summary, s, stream.slices, {}, num_full, /*key_halves=*/false);
       stream.selection = model::SliceSelection{.choose = true,
                                                .summaries = values,
                                                .num_summarized = summary.num_summarized,

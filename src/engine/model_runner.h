@@ -111,9 +111,10 @@ class ModelRunner {
   model::SequenceKv sequence_kv(sched::SeqId seq, const kv::SparseAppend* append,
                                 const RowRequests* requests);
   // Summarizes slices [summary.num_summarized, num_full) of `slices` (full ones) of stream
-  // `stream`, growing the buffer; returns the summaries.
+  // `stream` (from `areas`, its f16 copy, if it has one), growing the buffer; returns the
+  // summaries.
   float* summarize(SliceSummaries& summary, int32_t stream, std::span<const int32_t> slices,
-                   int32_t num_full, bool key_halves);
+                   std::span<const int32_t> areas, int32_t num_full, bool key_halves);
   model::SliceSelection slice_selection(const sparsity::PageReads& reads,
                                         std::vector<SliceSummaries>& summaries, size_t stream_idx,
                                         const model::KvStream& stream, int32_t num_written);

@@ -79,13 +79,12 @@ size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, ker
   check_dtype(config, dtype);
   const size_t row = kernels::row_bytes(dtype, config.head_dim);
   const size_t precise_row = kernels::row_bytes(kernels::DType::kF16, config.head_dim);
-  // A page's own areas, and its share of the spares (an exact number of bytes: precise_row is
-  // a multiple of 4).
-  const size_t precise_area_rows = static_cast<size_t>(num_precise_streams) *
-                                   (kSpareAreasPerPage.den + kSpareAreasPerPage.num) /
-                                   kSpareAreasPerPage.den;
-  return 2 * static_cast<size_t>(page_size) *
-         (row * config.num_kv_heads * config.num_layers + precise_row * precise_area_rows);
+  // A page's own areas, and its share of the spares (exact: precise_row is a multiple of 64).
+  const size_t own_areas =
+      2 * static_cast<size_t>(page_size) * precise_row * static_cast<size_t>(num_precise_streams);
+  const size_t spare_share = own_areas * kSpareAreasPerPage.num / kSpareAreasPerPage.den;
+  return 2 * static_cast<size_t>(page_size) * row * config.num_kv_heads * config.num_layers +
+         own_areas + spare_share;
 }
 
 int32_t KvCache::spare_areas_for(int32_t num_pages, int64_t num_precise_streams) {
@@ -256,9 +255,15 @@ void KvCache::copy_slice(int64_t src_slice, int64_t dst_slice) {
   copy_elements(row_offset(src_slice, 0), row_offset(dst_slice, 0), head_stride_);
 }
 
-void KvCache::summarize_slices(int32_t stream, std::span<const int32_t> slices, int32_t first,
-                               int32_t end, bool key_halves, float* summaries) const {
-  const kernels::PagedKv keys = slice_view(slices, 0);
+void KvCache::summarize_slices(int32_t stream, std::span<const int32_t> slices,
+                               std::span<const int32_t> areas, int32_t first, int32_t end,
+                               bool key_halves, float* summaries) const {
+  // A precise stream's f16 copy where it has one: the keys it attends.
+  const auto keys_of = [&](std::span<const int32_t> blocks) {
+    return areas.empty() ? slice_view(blocks, 0) : area_view(blocks, 0);
+  };
+  const std::span<const int32_t> blocks = areas.empty() ? slices : areas;
+  const kernels::PagedKv keys = keys_of(blocks);
   const int64_t summary_floats = kernels::key_summary_floats(head_dim_, page_size_, key_halves);
   const bool rotated =
       key_smoothing_ && key_smoothing_->rotates(stream / num_kv_heads_, stream % num_kv_heads_);
@@ -293,7 +298,7 @@ void KvCache::summarize_slices(int32_t stream, std::span<const int32_t> slices, 
     const int32_t count = std::min(kChunk, end - b0);
     const int64_t rows = int64_t{count} * page_size_;
     backend_->gather_keys(
-        slice_view(slices.subspan(static_cast<size_t>(b0), static_cast<size_t>(count)), 0), rows,
+        keys_of(blocks.subspan(static_cast<size_t>(b0), static_cast<size_t>(count))), rows,
         unrotated);
     backend_->rotate_heads({unrotated, head_dim_}, rows, head_dim_ / group, group);
     for (int32_t b = 0; b < count; ++b) {

@@ -240,8 +240,11 @@ class KvCache {
   // rotation mixes every channel into every other, so each channel's [min, max] over a page
   // widens and the page bounds say little (eval-32k, q8 pages, quest at 1/8: perplexity 295
   // against f16's 202). Bounds then take the query rotated back too (LlamaModel::attend).
-  void summarize_slices(int32_t stream, std::span<const int32_t> slices, int32_t first, int32_t end,
-                        bool key_halves, float* summaries) const;
+  // `areas`: a precise stream's f16 copy of those slices (area_view), summarized instead; empty
+  // for any other stream.
+  void summarize_slices(int32_t stream, std::span<const int32_t> slices,
+                        std::span<const int32_t> areas, int32_t first, int32_t end, bool key_halves,
+                        float* summaries) const;
 
  private:
   // Byte offset of element offset `offset` (a multiple of head_dim) in keys_ / values_.

@@ -92,6 +92,13 @@ Metrics::Metrics(const MetricsInfo& info)
                               "Parked compressed states freed to make room or replaced.");
   parked_seqs_ = gauge("sieve:parked_sequences",
                        "Finished compressed requests whose KV is kept for a next turn.");
+  precise_spares_free_ =
+      gauge("sieve:kv_precise_spare_areas_free",
+            "Spare f16 areas left for compressed sequences' precise KV heads (q8 / q4 caches).");
+  precise_copies_dropped_ =
+      counter("sieve:kv_precise_copies_dropped_total",
+              "Precise KV heads of compressed sequences that found no f16 area and read their "
+              "q8 / q4 rows instead.");
   parked_pages_ = gauge("sieve:parked_kv_pages",
                         "KV pages they hold (free to take back: counted in sieve:kv_pages_free).");
   kv_pages_kept_ =
@@ -224,6 +231,9 @@ std::string Metrics::render(const engine::EngineStats& stats) {
   sync_counter(*parked_evictions_, last_parked_evictions_, stats.kv.num_parked_evictions);
   parked_seqs_->Set(stats.kv.num_parked_seqs);
   parked_pages_->Set(stats.kv.num_parked_pages);
+  precise_spares_free_->Set(stats.kv.num_free_spare_areas);
+  sync_counter(*precise_copies_dropped_, last_precise_copies_dropped_,
+               stats.kv.num_dropped_f16_copies);
   sync_counter(*spec_drafts_, last_spec_drafts_, stats.spec_num_drafts);
   sync_counter(*spec_draft_tokens_, last_spec_draft_tokens_, stats.spec_num_draft_tokens);
   sync_counter(*spec_accepted_tokens_, last_spec_accepted_tokens_, stats.spec_num_accepted_tokens);

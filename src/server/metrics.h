@@ -91,6 +91,8 @@ class Metrics {
   prometheus::Counter* parked_evictions_;
   prometheus::Gauge* parked_seqs_;
   prometheus::Gauge* parked_pages_;
+  prometheus::Gauge* precise_spares_free_;
+  prometheus::Counter* precise_copies_dropped_;
   prometheus::Counter* kv_pages_kept_;
   prometheus::Counter* kv_pages_dense_;
   prometheus::Counter* kv_bytes_kept_;
@@ -123,6 +125,7 @@ class Metrics {
   int64_t last_continued_requests_ = 0;
   int64_t last_continued_tokens_ = 0;
   int64_t last_parked_evictions_ = 0;
+  int64_t last_precise_copies_dropped_ = 0;
   int64_t last_spec_drafts_ = 0;
   int64_t last_spec_draft_tokens_ = 0;
   int64_t last_spec_accepted_tokens_ = 0;

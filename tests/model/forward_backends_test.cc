@@ -87,7 +87,7 @@ Outputs run_on(const kernels::BackendOptions& backend) {
           model::KvStream& stream = kv.streams[2];
           const int32_t num_full = len / kPageSize;
           summaries[2].resize(static_cast<size_t>(num_full * 2 * m.config().head_dim));
-          cache.summarize_slices(2, stream.slices, 0, num_full, /*key_halves=*/false,
+          cache.summarize_slices(2, stream.slices, {}, 0, num_full, /*key_halves=*/false,
                                  summaries[2].data());
           stream.selection = model::SliceSelection{.choose = true,
                                                    .summaries = summaries[2].data(),

@@ -66,8 +66,11 @@ TEST(KvCache, BytesPerPageIsExactForEachDType) {
   const ModelConfig one = shape(1, 1, 128);
   EXPECT_EQ(KvCache::bytes_per_page(one, 1, DType::kQ8_0), 272u);  // 2.125 * 128
   EXPECT_EQ(KvCache::bytes_per_page(one, 1, DType::kQ4_1), 160u);  // 1.25 * 128
-  // Each precise stream adds its f16 K and V rows of the page.
-  EXPECT_EQ(KvCache::bytes_per_page(c, 16, DType::kQ8_0, 2), rows * 2 * 34 + 2 * 2 * 16 * 64 * 2);
+  // Each precise stream adds its f16 K and V rows of the page, and a quarter of that for the
+  // spare areas (kSpareAreasPerPage).
+  EXPECT_EQ(KvCache::bytes_per_page(c, 16, DType::kQ8_0, 2),
+            rows * 2 * 34 + 2 * 2 * 16 * 64 * 2 * 5 / 4);
+  EXPECT_EQ(KvCache::spare_areas_for(100, 2), 50);
 }
 
 // A precise stream's rows of dense pages: written to the f16 copy (write_precise_rows), read
@@ -168,7 +171,8 @@ TEST(KvCache, QuestSummariesOfRotatedStreamsAreOfTheKeysRotatedBack) {
   constexpr int32_t kPageSize = 16;
   const ModelConfig c = shape(1, 2, kHeadDim);
   const std::unique_ptr<kernels::Backend> backend = kernels::make_cpu_backend(1);
-  KvCache cache(*backend, c, 2, kPageSize, DType::kQ8_0);
+  // Both streams precise, two spare areas: summaries of their f16 areas too.
+  KvCache cache(*backend, c, 2, kPageSize, DType::kQ8_0, {0, 1}, 2);
   const KeySmoothing::Shape smoothing_shape{.num_layers = 1,
                                             .num_heads = c.num_heads,
                                             .num_kv_heads = c.num_kv_heads,
@@ -194,27 +198,46 @@ TEST(KvCache, QuestSummariesOfRotatedStreamsAreOfTheKeysRotatedBack) {
       offsets.push_back(cache.row_offset(slices.dense_slice(kv::PageId{0}, stream).value, slot));
   }
   cache.write_rows({k.data(), kHeadDim}, {k.data(), kHeadDim}, offsets);
-
+  // Stream 0's f16 copy in spare area 4, stream 1's in page 1's area of rank 0 (area 1).
+  const std::vector<int32_t> area_of = {4, 1};
+  std::vector<int64_t> area_offsets;
   for (int32_t stream = 0; stream < 2; ++stream) {
-    SCOPED_TRACE("stream " + std::to_string(stream));
-    const std::vector<int32_t> table = {
-        static_cast<int32_t>(slices.dense_slice(kv::PageId{0}, stream).value)};
-    std::vector<float> got(
-        static_cast<size_t>(kernels::key_summary_floats(kHeadDim, kPageSize, false)));
-    cache.summarize_slices(stream, table, 0, 1, /*key_halves=*/false, got.data());
-    std::vector<float> lo(kHeadDim, INFINITY), hi(kHeadDim, -INFINITY);
-    for (int32_t slot = 0; slot < kPageSize; ++slot) {
-      std::vector<float> row(kHeadDim);
-      kernels::load_kv_row(cache.slice_view(table, 0), false, slot, 0, row.data());
-      if (stream == 0) kernels::rotate_heads(row.data(), 1, 1, kHeadDim);
-      for (int64_t ch = 0; ch < kHeadDim; ++ch) {
-        lo[ch] = std::min(lo[ch], row[ch]);
-        hi[ch] = std::max(hi[ch], row[ch]);
+    for (int32_t slot = 0; slot < kPageSize; ++slot)
+      area_offsets.push_back(cache.area_row_offset(area_of[static_cast<size_t>(stream)], slot));
+  }
+  cache.write_precise_rows({k.data(), kHeadDim}, {k.data(), kHeadDim}, area_offsets);
+
+  for (const bool f16_copy : {false, true}) {
+    for (int32_t stream = 0; stream < 2; ++stream) {
+      SCOPED_TRACE("stream " + std::to_string(stream) + (f16_copy ? ", its f16 copy" : ""));
+      const std::vector<int32_t> table = {
+          static_cast<int32_t>(slices.dense_slice(kv::PageId{0}, stream).value)};
+      const std::vector<int32_t> areas = {area_of[static_cast<size_t>(stream)]};
+      std::vector<float> got(
+          static_cast<size_t>(kernels::key_summary_floats(kHeadDim, kPageSize, false)));
+      cache.summarize_slices(stream, table, f16_copy ? areas : std::vector<int32_t>{}, 0, 1,
+                             /*key_halves=*/false, got.data());
+      std::vector<float> lo(kHeadDim, INFINITY), hi(kHeadDim, -INFINITY);
+      for (int32_t slot = 0; slot < kPageSize; ++slot) {
+        std::vector<float> row(kHeadDim);
+        kernels::load_kv_row(f16_copy ? cache.area_view(areas, 0) : cache.slice_view(table, 0),
+                             false, slot, 0, row.data());
+        if (stream == 0) kernels::rotate_heads(row.data(), 1, 1, kHeadDim);
+        for (int64_t ch = 0; ch < kHeadDim; ++ch) {
+          lo[ch] = std::min(lo[ch], row[ch]);
+          hi[ch] = std::max(hi[ch], row[ch]);
+        }
       }
-    }
-    for (int64_t ch = 0; ch < kHeadDim; ++ch) {
-      EXPECT_FLOAT_EQ(got[ch], lo[ch]) << "min of channel " << ch;
-      EXPECT_FLOAT_EQ(got[kHeadDim + ch], hi[ch]) << "max of channel " << ch;
+      for (int64_t ch = 0; ch < kHeadDim; ++ch) {
+        EXPECT_FLOAT_EQ(got[ch], lo[ch]) << "min of channel " << ch;
+        EXPECT_FLOAT_EQ(got[kHeadDim + ch], hi[ch]) << "max of channel " << ch;
+      }
+      if (f16_copy) {  // and the f16 rows are not the q8 ones: the copy was read
+        std::vector<float> q8_row(kHeadDim), f16_row(kHeadDim);
+        kernels::load_kv_row(cache.slice_view(table, 0), false, 0, 0, q8_row.data());
+        kernels::load_kv_row(cache.area_view(areas, 0), false, 0, 0, f16_row.data());
+        EXPECT_NE(q8_row, f16_row);
+      }
     }
   }
 }
