@@ -159,6 +159,9 @@ TEST(EngineKvMemory, PagesOfQuantizedCachesPayForTheirPreciseHeads) {
               static_cast<int64_t>(model::KvCache::bytes_per_page(mc, 16, dtype)));
     EXPECT_EQ(precise.config().num_kv_pages, (8 << 20) / precise.kv_bytes_per_page());
     EXPECT_EQ(plain.config().num_kv_pages, (8 << 20) / plain.kv_bytes_per_page());
+    // A quarter of a spare f16 area per page, for compressed sequences' copies.
+    EXPECT_EQ(precise.stats().kv.num_spare_areas, precise.config().num_kv_pages / 4);
+    EXPECT_EQ(plain.stats().kv.num_spare_areas, 0);
   }
 }
 

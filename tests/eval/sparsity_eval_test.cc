@@ -228,6 +228,40 @@ TEST(SparsityEval, QuantizedKvIsMeasuredAgainstF32Dense) {
   EXPECT_LT(quarter.kv_bytes_kept, 0.6 * q8_full.kv_bytes_kept);
 }
 
+// eval-32k's wired copy head is kept in f16 as well on q8 pages (kv_cache.h's precise streams).
+// A compressed sequence reads it from its own f16 areas: one that keeps every key (budget 2)
+// agrees with q8 full exactly, and both sit far closer to f32 than without the f16 copy.
+TEST(SparsityEval, CompressedSequencesReadTheirPreciseHeadInF16) {
+  model::LoadedModel loaded =
+      model::load_model({std::string(SIEVE_SOURCE_DIR) + "/models/eval-32k.gguf", ""});
+  ASSERT_EQ(loaded.model->precise_kv_streams(kernels::DType::kQ8_0), std::vector<int32_t>{2});
+  const std::string text = shared_text("models/copy/heldout.txt");
+  SparsityEvalConfig config{.families = {"snapkv"},
+                            .budgets = {2.0, 0.25},
+                            .num_prompts = 2,
+                            .prompt_tokens = 512,
+                            .continuation_tokens = 32,
+                            .retrieval_prompts = 0,
+                            .kv_dtype = kernels::DType::kQ8_0};
+  const std::vector<PolicyFidelity> precise =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
+  config.precise_kv_heads = false;
+  const std::vector<PolicyFidelity> plain =
+      run_sparsity_eval(loaded.model, loaded.tokenizer, text, config);
+  ASSERT_EQ(precise.size(), 4u) << "f32 dense, q8 full, then the budgets";
+  ASSERT_EQ(plain.size(), 4u);
+  for (size_t i = 1; i < 4; ++i) {
+    std::printf("%s at %.2f: KL against f32 %.2e with the f16 copy, %.2e without\n",
+                precise[i].family.c_str(), precise[i].budget, precise[i].mean_kl, plain[i].mean_kl);
+  }
+  const PolicyFidelity &full = precise[1], &keep_all = precise[2];
+  EXPECT_EQ(keep_all.family, "snapkv");
+  EXPECT_DOUBLE_EQ(keep_all.top1_agreement, full.top1_agreement);
+  EXPECT_NEAR(keep_all.perplexity, full.perplexity, 1e-6 * full.perplexity);
+  EXPECT_LT(full.mean_kl, plain[1].mean_kl / 10);
+  EXPECT_LT(keep_all.mean_kl, plain[2].mean_kl / 10);
+}
+
 TEST(SparsityEval, PolicyStringsScaleWithTheBudget) {
   EXPECT_EQ(policy_for_budget("streaming", 0.25, 256, 8), "streaming:S=4,W=60");
   EXPECT_EQ(policy_for_budget("snapkv", 0.5, 256, 8), "snapkv:B=120,W=8");

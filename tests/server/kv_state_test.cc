@@ -160,6 +160,7 @@ TEST_F(KvStateTest, FieldsAddUpWhileRequestsDecodeAndThePoolEmptiesAfterwards) {
   EXPECT_EQ(s["page_tokens"], 16);
   EXPECT_EQ(s["bytes_per_page"], engine_->kv_bytes_per_page());
   EXPECT_EQ(s["precise_heads"], json::array()) << "f32 pages keep every head as it is";
+  EXPECT_EQ(s["precise_spare_areas"], json({{"total", 0}, {"free", 0}, {"copies_dropped", 0}}));
   const json& pool = s["pool"];
   EXPECT_EQ(pool["pages_total"], kNumPages);
   EXPECT_EQ(pool["pages_used"].get<int>() + pool["pages_free"].get<int>(), kNumPages) << pool;
