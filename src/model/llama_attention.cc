@@ -443,23 +443,56 @@ void LlamaModel::read_keys(const SequenceKv& kv, int32_t num_positions, const Kv
       static_cast<int64_t>(kv.streams.size()) != c.num_layers * c.num_kv_heads)
     fail("read_keys: wrong stream count");
   keys.clear();
-  // One view at a time through the scratch buffer: a layer's (shared table) or a stream's keys.
-  const auto read = [&](const kernels::PagedKv& view, int64_t num_keys) {
-    const int64_t floats = view.num_kv_heads * num_keys * c.head_dim;
+  // q8 / q4 caches store keys smoothed and rotated (kv_cache.h): policies get them back as the
+  // model computed them (a key's direction is what KeyDiff scores, and the shift alone moves
+  // every key's cosine to the mean).
+  const KeySmoothing* smoothing = cache.key_smoothing();
+  const int64_t group = KeySmoothing::rotation_group(c.head_dim);
+  std::vector<float> shift, scale;
+  // One view at a time through the scratch buffer: a layer's (shared table) or a stream's keys,
+  // kv heads [first_head, + view.num_kv_heads) of layer l.
+  const auto read = [&](int64_t l, int64_t first_head, const kernels::PagedKv& view,
+                        int64_t num_keys) {
+    const int64_t head_floats = num_keys * c.head_dim;
+    const int64_t floats = view.num_kv_heads * head_floats;
     float* buffer = grow(backend, s.scores, floats);
     backend.gather_keys(view, num_keys, buffer);
+    for (int64_t i = 0; smoothing && i < view.num_kv_heads; ++i) {
+      if (smoothing->rotates(l, first_head + i))
+        backend.rotate_heads({buffer + i * head_floats, c.head_dim}, num_keys, c.head_dim / group,
+                             group);
+    }
     const size_t at = keys.size();
     keys.resize(at + static_cast<size_t>(floats));
     backend.download(keys.data() + at, buffer, static_cast<size_t>(floats) * sizeof(float));
+    if (!smoothing) return;
+    for (int64_t i = 0; i < view.num_kv_heads; ++i) {
+      const int64_t channel0 = (first_head + i) * c.head_dim;
+      float* head = keys.data() + at + i * head_floats;
+      for (int64_t t = 0; t < num_keys; ++t) {
+        for (int64_t ch = 0; ch < c.head_dim; ++ch) {
+          float& x = head[t * c.head_dim + ch];
+          x = x / scale[channel0 + ch] - shift[channel0 + ch];  // project_qkv: (k + shift) * scale
+        }
+      }
+    }
   };
   for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (smoothing) {
+      const auto kv_dim = static_cast<size_t>(c.kv_dim());
+      shift.resize(kv_dim);
+      scale.resize(kv_dim);
+      backend.download(shift.data(), smoothing->key_shift(l), kv_dim * sizeof(float));
+      backend.download(scale.data(), smoothing->key_scale(l), kv_dim * sizeof(float));
+    }
     if (kv.shares_block_table()) {
-      read(cache.layer_view(l, kv.block_table), num_positions);
+      read(l, 0, cache.layer_view(l, kv.block_table), num_positions);
       continue;
     }
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
       const KvStream& stream = kv.streams[static_cast<size_t>(l * c.num_kv_heads + h)];
-      read(stream.areas.empty() ? cache.slice_view(stream.slices, stream.key_offset)
+      read(l, h,
+           stream.areas.empty() ? cache.slice_view(stream.slices, stream.key_offset)
                                 : cache.area_view(stream.areas, stream.key_offset),
            stream.num_keys);
     }

@@ -153,6 +153,38 @@ TEST(Observe, KeysReadThroughStreamsOrTheBlockTableAreTheCachesKeys) {
   EXPECT_EQ(streamed, dense);
 }
 
+// q8 / q4 caches store keys smoothed (shifted, scaled per channel) and rotated; policies read
+// them back as the model computed them, up to the dtype's rounding (copy-lm, q8: every head
+// smoothed and rotated).
+TEST(Observe, KeysReadFromAQuantizedCacheAreTheModelsKeys) {
+  model::LoadedModel loaded =
+      model::load_model({testing::shared_path("models/copy/copy-lm.gguf"), ""});
+  const model::Model& m = *loaded.model;
+  const std::vector<int32_t> tokens = loaded.tokenizer->encode(
+      "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.");
+  const auto n = static_cast<int32_t>(tokens.size());
+  const auto keys_of = [&](kernels::DType dtype) {
+    auto [cache, table] = model::KvCache::for_one_sequence(m.backend(), m.config(), n, 16, dtype);
+    model::ForwardScratch scratch;
+    model::Batch batch;
+    batch.begin_sequence(table);
+    for (int32_t i = 0; i < n; ++i) batch.add(tokens[i], i, false);
+    std::vector<float> logits, keys;
+    m.forward(batch, cache, scratch, logits);
+    m.read_keys({.block_table = table}, n, cache, scratch, keys);
+    return keys;
+  };
+  const std::vector<float> f32 = keys_of(kernels::DType::kF32);
+  const std::vector<float> q8 = keys_of(kernels::DType::kQ8_0);
+  ASSERT_EQ(q8.size(), f32.size());
+  float largest = 0;
+  for (float x : f32) largest = std::max(largest, std::fabs(x));
+  const float error = max_abs_diff(f32, q8);
+  std::printf("keys read from q8 pages: max |diff| %.4f of keys up to %.2f\n", error, largest);
+  EXPECT_GT(error, 0.0f);
+  EXPECT_LT(error, 0.02f * largest);
+}
+
 TEST(Forward, RaggedBatchOfSequencesEqualsEachAlone) {
   model::LoadedModel loaded = load();
   kernels::Backend& backend = loaded.model->backend();
