@@ -120,16 +120,13 @@ kernels::PagedKv KvCache::head_view(int64_t layer, int64_t kv_head,
     set_bases(view, layer * layer_stride_ + kv_head * head_stride_);
     return view;
   }
+  // Page p's own area of this rank is area rank * num_pages + p: the block table read from
+  // rank * num_pages areas on.
+  kernels::PagedKv view = area_view(block_table, 0);
   const int64_t base = precise_row_offset(rank, 0, 0);
-  return {.page_stride = head_stride_,
-          .head_stride = head_stride_,
-          .page_size = page_size_,
-          .head_dim = head_dim_,
-          .num_kv_heads = 1,
-          .block_table = block_table,
-          .dtype = kernels::DType::kF16,
-          .k_f16 = precise_keys_.as<const uint16_t>() + base,
-          .v_f16 = precise_values_.as<const uint16_t>() + base};
+  view.k_f16 += base;
+  view.v_f16 += base;
+  return view;
 }
 
 kernels::PagedKv KvCache::area_view(std::span<const int32_t> areas, int32_t key_offset) const {
