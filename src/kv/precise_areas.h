@@ -44,9 +44,11 @@ class PreciseAreas {
   int32_t num_spare() const { return num_spare_; }
   int64_t num_areas() const { return int64_t{num_precise()} * num_pages_ + num_spare_; }
 
-  AreaId page_area(int32_t rank, PageId page) const {
-    return AreaId{rank * num_pages_ + page.value};
+  // The numbering of a page's own areas (model::KvCache addresses its f16 rows by it).
+  static AreaId page_area(int32_t rank, PageId page, int32_t num_pages) {
+    return AreaId{rank * num_pages + page.value};
   }
+  AreaId page_area(int32_t rank, PageId page) const { return page_area(rank, page, num_pages_); }
   bool is_spare(AreaId area) const { return area.value >= num_precise() * num_pages_; }
   // The page whose own area `area` is (not a spare).
   PageId page_of(AreaId area) const { return PageId{area.value % num_pages_}; }

@@ -82,14 +82,13 @@ size_t KvCache::bytes_per_page(const ModelConfig& config, int32_t page_size, ker
   // A page's own areas, and its share of the spares (exact: precise_row is a multiple of 64).
   const size_t own_areas =
       2 * static_cast<size_t>(page_size) * precise_row * static_cast<size_t>(num_precise_streams);
-  const size_t spare_share = own_areas * kSpareAreasPerPage.num / kSpareAreasPerPage.den;
+  const size_t spare_share = own_areas / kPagesPerSpareArea;
   return 2 * static_cast<size_t>(page_size) * row * config.num_kv_heads * config.num_layers +
          own_areas + spare_share;
 }
 
 int32_t KvCache::spare_areas_for(int32_t num_pages, int64_t num_precise_streams) {
-  return static_cast<int32_t>(num_precise_streams * num_pages * kSpareAreasPerPage.num /
-                              kSpareAreasPerPage.den);
+  return static_cast<int32_t>(num_precise_streams * num_pages / kPagesPerSpareArea);
 }
 
 KvCache::Single KvCache::for_one_sequence(kernels::Backend& backend, const ModelConfig& config,

@@ -85,7 +85,7 @@
 // (the sequence's pages' areas first, then spares; area_view), and the runner mirrors every
 // row move into the areas. The q8 / q4 rows are always written too: a sparse stream that found
 // no area reads them, and turning a dense sequence sparse in place moves nothing extra. There
-// are kSpareAreasPerPage spare areas per page and precise stream; all of it counts in
+// is a spare area per kPagesPerSpareArea pages and precise stream; all of it counts in
 // bytes_per_page (--kv-memory).
 //
 // K and V live in the backend's memory (DeviceBuffers); every write and copy here is a
@@ -101,6 +101,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/paged_attention.h"
+#include "kv/precise_areas.h"
 #include "kv/sparse_layout.h"
 #include "model/config.h"
 
@@ -114,14 +115,11 @@ class KeySmoothing;
 // stories260K's top logprobs by up to 2e-3), so f32 stays the default.
 inline constexpr kernels::DType kKvDefaultDType = kernels::DType::kF32;
 
-// Spare f16 areas of precise streams per page and precise stream (header): a sparse sequence's
-// precise stream that keeps more keys than its sequence owns pages (lserve's dynamic heads keep
-// all of them while its streaming heads keep a window) takes spares. A quarter: eval-32k's
-// lserve at 16k needs 0.8 spares per page it owns, streaming and snapkv about none.
-struct SpareShare {
-  int64_t num, den;
-};
-inline constexpr SpareShare kSpareAreasPerPage{1, 4};
+// Spare f16 areas of precise streams: one per kPagesPerSpareArea pages and precise stream
+// (header). A sparse sequence's precise stream that keeps more keys than its sequence owns pages
+// (lserve's dynamic heads keep all of them while its streaming heads keep a window) takes
+// spares: eval-32k's lserve at 16k needs 0.8 per page it owns, streaming and snapkv about none.
+inline constexpr int64_t kPagesPerSpareArea = 4;
 
 // The KV element types by their user-facing names (--kv-dtype, sieve eval, metrics): "f32",
 // "f16", "q8" (kQ8_0) and "q4" (kQ4_1). parse_kv_dtype: nullopt for any other name.
@@ -142,7 +140,7 @@ class KvCache {
 
   // Bytes of K and V one page takes, exactly (the unit of --kv-memory accounting): num_layers *
   // num_kv_heads * 2 * page_size * bytes per row (header), plus 2 * page_size * 2 * head_dim per
-  // precise stream and its share of spare areas (kSpareAreasPerPage). Checks the dtype like
+  // precise stream and its share of spare areas (kPagesPerSpareArea). Checks the dtype like
   // the constructor.
   static size_t bytes_per_page(const ModelConfig& config, int32_t page_size,
                                kernels::DType dtype = kKvDefaultDType,
@@ -197,7 +195,8 @@ class KvCache {
   void write_precise_rows(kernels::Rows<const float> k, kernels::Rows<const float> v,
                           std::span<const int64_t> offsets);
   int64_t precise_row_offset(int32_t rank, int32_t page, int32_t slot) const {
-    return area_row_offset(int64_t{rank} * num_pages_ + page, slot);
+    return area_row_offset(kv::PreciseAreas::page_area(rank, kv::PageId{page}, num_pages_).value,
+                           slot);
   }
   // Areas of the f16 copy (kv/precise_areas.h's numbering): row `slot` of area `area`.
   int64_t num_precise_areas() const { return num_areas_; }

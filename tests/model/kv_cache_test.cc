@@ -67,7 +67,7 @@ TEST(KvCache, BytesPerPageIsExactForEachDType) {
   EXPECT_EQ(KvCache::bytes_per_page(one, 1, DType::kQ8_0), 272u);  // 2.125 * 128
   EXPECT_EQ(KvCache::bytes_per_page(one, 1, DType::kQ4_1), 160u);  // 1.25 * 128
   // Each precise stream adds its f16 K and V rows of the page, and a quarter of that for the
-  // spare areas (kSpareAreasPerPage).
+  // spare areas (kPagesPerSpareArea).
   EXPECT_EQ(KvCache::bytes_per_page(c, 16, DType::kQ8_0, 2),
             rows * 2 * 34 + 2 * 2 * 16 * 64 * 2 * 5 / 4);
   EXPECT_EQ(KvCache::spare_areas_for(100, 2), 50);
