@@ -233,7 +233,8 @@ void register_all() {
 // target with all threads, each also with its packed copy (/packed) where the CPU packs it:
 //   SuperBlocks/Decode/<dtype>/RxC[/packed]  GB/s of weights streamed (32000x4096 exceeds the L3;
 //                                         4096x4096/threads:1: from L3, per CPU second;
-//                                         32000x4096/threads:1: from DRAM on one core)
+//                                         32000x4096/threads:1: from DRAM on one core;
+//                                         256x2048/threads:1: from L2, the compute ceiling)
 //   SuperBlocks/Prefill/<dtype>/RxC/x256/threads:T  GFLOP/s (T = 1: per CPU second)
 void register_super_blocks() {
   const int threads = hardware_threads();
@@ -258,6 +259,12 @@ void register_super_blocks() {
       benchmark::RegisterBenchmark(
           ("SuperBlocks/Decode/" + shape_name(c) + suffix + "/threads:1").c_str(), run_matmul, c)
           ->Unit(benchmark::kMillisecond);
+      // From L2 on one thread (at most 1 MiB of weights): the kernel's compute ceiling, what it
+      // would stream if memory were never the bound.
+      const MatmulCase l2{target, dtype, 256, 2048, 1, 1, packed};
+      benchmark::RegisterBenchmark(
+          ("SuperBlocks/Decode/" + shape_name(l2) + suffix + "/threads:1").c_str(), run_matmul, l2)
+          ->Unit(benchmark::kMicrosecond);
       // From DRAM on one thread: what one core's streams (the prefetchers, the misses it keeps in
       // flight) draw, apart from the compute.
       const MatmulCase dram{target, dtype, 32000, 4096, 1, 1, packed};

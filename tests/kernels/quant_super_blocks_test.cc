@@ -310,7 +310,9 @@ TEST_P(SuperBlockMatmul, PackedK_QuantsMatchReference) {
   for (const auto& [dtype, packed_block] :
        {std::pair{DType::kQ2_K, size_t{1344}}, std::pair{DType::kQ3_K, size_t{1856}},
         std::pair{DType::kQ4_K, size_t{2368}}, std::pair{DType::kQ5_K, size_t{2880}},
-        std::pair{DType::kQ6_K, size_t{3360}}, std::pair{DType::kIQ4_XS, size_t{2208}}}) {
+        std::pair{DType::kQ6_K, size_t{3392}}, std::pair{DType::kIQ4_XS, size_t{2240}}}) {
+    // Whole cache lines, so that every block's level vectors start on one (the tiles' loads).
+    EXPECT_EQ(packed_block % 64, 0u) << to_string(dtype);
     for (int fill : {-1, 0xFF}) {
       for (int64_t cols : {256, 1280}) {
         for (int64_t rows : {1, 15, 16, 37}) {

@@ -153,7 +153,7 @@ struct PackedQ6_KFormat {
   const uint8_t* block;
   SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
     const __m512i nibble = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
-    const uint8_t* chunk = block + 32 + 16 * 16 + (s / 2) * kPackedQ6_KChunkBytes;
+    const uint8_t* chunk = block + kPackedQ6_KLevels + (s / 2) * kPackedQ6_KChunkBytes;
     const int half = s % 2;  // columns 64 (s / 2) + 32 half + [0, 32)
     for (int k = 0; k < 8; ++k) {
       __m512i v = _mm512_loadu_si512(chunk + 64 * k);
@@ -182,7 +182,7 @@ struct PackedIQ4_XSFormat {
     const __m512i table =
         _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kBiased.data())));
     const __m512i nibble = _mm512_set1_epi8(0x0F);
-    const uint8_t* levels = block + 32 + 8 * 16 + 256 * s;
+    const uint8_t* levels = block + kPackedIQ4_XSLevels + 256 * s;
     for (int k = 0; k < 4; ++k) {
       const __m512i v = _mm512_loadu_si512(levels + 64 * k);
       w[k] = _mm512_shuffle_epi8(table, _mm512_and_si512(v, nibble));
@@ -255,7 +255,6 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < num_blocks; ++sb) {
     const F f{group + sb * F::kBytes};
-    PrefetchPackedAhead<F::kBytes>(f.block);
     const BlockQ8_K* xb[kX];
     const int32_t* offsets[kX];
     const float* sums[kX];
@@ -271,6 +270,7 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
     for (int i = 0; i < kX; ++i) block_acc[i] = min_acc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
+      PrefetchPackedAheadPart<F::kBytes, 8>(f.block, s);
       __m512i w[8];
       f.Levels(s, w);
       constexpr bool kHalves = F::kGroupCols == 16;

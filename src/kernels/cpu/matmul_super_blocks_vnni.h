@@ -74,8 +74,11 @@ inline constexpr int64_t kPackedQ5_KChunkBytes = 8 * 64 + 2 * 64;
 inline constexpr int64_t kPackedQ5_KBytes = 64 + 2 * 8 * 16 + 4 * kPackedQ5_KChunkBytes;
 
 // Q6_K packed by pack_for_matmul(): groups of 16 rows, and per group and super-block
-// kPackedQ6_KBytes, the same as the 16 rows' blocks:
-//   16 f16 d (row order); scales [16 groups of 16 columns][16 rows] i8; then for chunk j = 0..3
+// kPackedQ6_KBytes (+1%: 32 bytes of padding, so that the level vectors start on a cache line;
+// without it every other block's loads each spanned two lines, and one thread's decode from L2
+// ran at 57 GFLOP/s):
+//   16 f16 d (row order); scales [16 groups of 16 columns][16 rows] i8; padding; then from
+//   kPackedQ6_KLevels, for chunk j = 0..3
 //   (64 columns, kPackedQ6_KChunkBytes each, so that a tile reads the block in address order):
 //   - the levels' low 4 bits as Q4_K's levels above (k = 0..7, row r, byte b: columns
 //     c = 64j + 4k + b and c + 32);
@@ -83,14 +86,17 @@ inline constexpr int64_t kPackedQ5_KBytes = 64 + 2 * 8 * 16 + 4 * kPackedQ5_KChu
 //     c + 16 and c + 48 (c = 64j + 4h + b) in bits 0-1, 2-3, 4-5 and 6-7.
 // Levels are q + 32 (0..63); the offset is folded into x.offset_sums as in super_block_tile.
 inline constexpr int64_t kPackedQ6_KChunkBytes = 8 * 64 + 4 * 64;
-inline constexpr int64_t kPackedQ6_KBytes = 32 + 16 * 16 + 4 * kPackedQ6_KChunkBytes;
+inline constexpr int64_t kPackedQ6_KLevels = 32 + 16 * 16 + 32;
+inline constexpr int64_t kPackedQ6_KBytes = kPackedQ6_KLevels + 4 * kPackedQ6_KChunkBytes;
 
 // IQ4_XS packed by pack_for_matmul(): groups of 16 rows, and per group and super-block
-// kPackedIQ4_XSBytes: 16 f16 d (row order); scales [8 sub-blocks][16 rows] i8 (ls - 32); then per
+// kPackedIQ4_XSBytes: 16 f16 d (row order); scales [8 sub-blocks][16 rows] i8 (ls - 32); 32 bytes
+// of padding (the levels start on a cache line, as Q6_K's); then from kPackedIQ4_XSLevels per
 // sub-block s (32 columns) as the packed 32-value blocks (matmul_vnni_small_blocks.h): for
 // k = 0..3, row r: the sub-block's qs[4k .. 4k + 3] (low nibbles columns 4k.., high 16 + 4k..),
-// indices into kIQ4NLValues. 2208 bytes where the rows' blocks take 2176 (+1.5%).
-inline constexpr int64_t kPackedIQ4_XSBytes = 32 + 8 * 16 + 8 * 256;
+// indices into kIQ4NLValues. 2240 bytes where the rows' blocks take 2176 (+2.9%).
+inline constexpr int64_t kPackedIQ4_XSLevels = 32 + 8 * 16 + 32;
+inline constexpr int64_t kPackedIQ4_XSBytes = kPackedIQ4_XSLevels + 8 * 256;
 
 // The product from weights of `dtype` (Q2_K .. Q6_K, IQ4_XS) packed as above, any number of
 // activation rows (x as for super_block_tile: the types with a level offset read offset_sums,

@@ -248,7 +248,7 @@ PackedBytes pack_iq4_xs(const MatrixView& w, ThreadPool* pool) {
     const auto& block = *reinterpret_cast<const BlockIQ4_XS*>(bytes);
     std::memcpy(out + 2 * lane, &block.d, 2);
     uint8_t* scales = out + 32;
-    uint8_t* levels = scales + 8 * kGroupRows;
+    uint8_t* levels = out + vnni::kPackedIQ4_XSLevels;
     for (int s = 0; s < 8; ++s) {
       const int ls = ((block.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) |
                      (((block.scales_h >> (2 * s)) & 3) << 4);
@@ -276,7 +276,7 @@ PackedBytes pack_q6_k(const MatrixView& w, ThreadPool* pool) {
     for (int s = 0; s < 16; ++s)
       scales[s * kGroupRows + lane] = static_cast<uint8_t>(block.scales[s]);
     for (int j = 0; j < 4; ++j) {
-      uint8_t* low = scales + 16 * kGroupRows + j * vnni::kPackedQ6_KChunkBytes;
+      uint8_t* low = out + vnni::kPackedQ6_KLevels + j * vnni::kPackedQ6_KChunkBytes;
       uint8_t* high = low + 8 * 64;
       const uint8_t* ql = block.ql + 64 * (j / 2);
       const uint8_t* qh = block.qh + 32 * (j / 2);

@@ -19,7 +19,7 @@
 // the 32-value blocks as cpu/matmul_vnni_small_blocks.h's packed_block_bytes() (nibbles stay
 // packed), the same size as the blocks, rounded up to 16 rows; Q4_K as
 // cpu/matmul_super_blocks_vnni.h's kPackedQ4_KBytes, 2.8% more (scales and mins as bytes), Q5_K
-// as its kPackedQ5_KBytes (+2.3%), Q6_K as its kPackedQ6_KBytes, the same size.
+// as its kPackedQ5_KBytes (+2.3%), Q6_K as its kPackedQ6_KBytes (+1%).
 //
 // The bytes start on a cache line: the packed tiles load whole 64-byte lines, and from the 16
 // bytes past one that malloc gives, every load spans two (kernels_bench: L3-resident packed

@@ -71,6 +71,17 @@ SIEVE_VNNI_ATTR inline void PrefetchPackedAhead(const uint8_t* block) {
     _mm_prefetch(reinterpret_cast<const char*>(block + kPackedPrefetchBytes + at), _MM_HINT_T1);
 }
 
+// The same lines, spread over a block's kParts steps (this is step `part`): one burst per block
+// of prefetches keeps the fill buffers from the tile's own loads.
+template <int64_t kBytes, int kParts>
+SIEVE_VNNI_ATTR inline void PrefetchPackedAheadPart(const uint8_t* block, int part) {
+  constexpr int64_t kLines = (kBytes + 63) / 64;
+  const int64_t end = kLines * (part + 1) / kParts;
+  for (int64_t line = kLines * part / kParts; line < end; ++line)
+    _mm_prefetch(reinterpret_cast<const char*>(block + kPackedPrefetchBytes + 64 * line),
+                 _MM_HINT_T1);
+}
+
 // {d[0] x 8, d[1] x 8} from the first one or two f32 lanes of v (lane 1 zero for one block).
 SIEVE_VNNI_ATTR inline __m512 SpreadPair(__m128 v) {
   const __m512i index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
