@@ -149,17 +149,8 @@ void run_mem_bandwidth(benchmark::State& state, int threads) {
     pool.parallel_for(
         num_chunks,
         [&](int64_t begin, int64_t end) {
-          for (int64_t chunk = begin; chunk < end; ++chunk) {
-            const uint64_t* p = buffer.data() + chunk * kChunk;
-            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            for (int64_t i = 0; i < kChunk; i += 4) {
-              s0 += p[i];
-              s1 += p[i + 1];
-              s2 += p[i + 2];
-              s3 += p[i + 3];
-            }
-            sums[chunk] = s0 + s1 + s2 + s3;
-          }
+          for (int64_t chunk = begin; chunk < end; ++chunk)
+            sums[chunk] = sum_words(buffer.data() + chunk * kChunk, kChunk);
         },
         1);
     benchmark::DoNotOptimize(sums.data());

@@ -52,17 +52,7 @@ double ReadBandwidthProbe::pass() {
   std::vector<uint64_t> sums(pool_.num_threads());
   const auto start = Clock::now();
   for_each_share([&](int64_t t, uint64_t lo, uint64_t hi) {
-    // Four independent accumulators; integer adds vectorise without reassociation flags.
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    uint64_t i = lo;
-    for (; i + 4 <= hi; i += 4) {
-      s0 += buffer_[i];
-      s1 += buffer_[i + 1];
-      s2 += buffer_[i + 2];
-      s3 += buffer_[i + 3];
-    }
-    for (; i < hi; ++i) s0 += buffer_[i];
-    sums[t] = s0 + s1 + s2 + s3;
+    sums[t] = kernels::sum_words(buffer_ + lo, static_cast<int64_t>(hi - lo));
   });
   const double gb_per_s = static_cast<double>(bytes()) / seconds_between(start, Clock::now()) / 1e9;
   // Keep the sums observable so the loop cannot be optimised away.

@@ -20,7 +20,8 @@ struct BandwidthResult {
   double mean_gb_per_s = 0.0;
 };
 // STREAM-style "sum": every thread sums its share of one buffer of `bytes`, allocated and
-// touched once; each pass() reads all of it and returns GB/s.
+// touched once; each pass() reads all of it (kernels::sum_words: full-width loads, prefetched as
+// decode's weights are) and returns GB/s.
 class ReadBandwidthProbe {
  public:
   ReadBandwidthProbe(ThreadPool& pool, uint64_t bytes);

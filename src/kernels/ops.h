@@ -89,6 +89,11 @@ float softmax(float* x, int64_t n);
 // channels (what a quantized KV cache wants of its keys, paged_attention.h). Cost head_dim *
 // log2(head_dim) adds per head.
 void rotate_heads(float* x, int64_t num_rows, int64_t num_heads, int64_t head_dim);
+// The wrapping sum of n words, read with the widest loads this CPU has and prefetched ahead into
+// L2, as decode streams its weights: the memory bandwidth probe (eval/speed.h). A plain C++ sum
+// draws less: 8-byte loads read ~20 GB/s from DRAM on two Xeon cores where 64-byte ones read
+// 27-28, and 30-31 prefetched.
+uint64_t sum_words(const uint64_t* words, int64_t n);
 
 namespace ref {
 void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -41,6 +42,19 @@ TEST_P(VecOps, Axpy) {
           << n << " " << i;
     }
     EXPECT_EQ(y[n], y_ref[n]) << "wrote past the end, n=" << n;
+  }
+}
+
+TEST_P(VecOps, SumWordsWrapsAsUnsignedAddition) {
+  for (int64_t n : kSizes) {
+    std::vector<uint64_t> words(n);
+    uint64_t expected = 0, state = 0x9E3779B97F4A7C15ull;
+    for (uint64_t& w : words) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      w = state;  // large values: the sum wraps
+      expected += w;
+    }
+    EXPECT_EQ(sum_words(words.data(), n), expected) << "n=" << n;
   }
 }
 
