@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/targets.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge source: false
@@ -289,9 +291,8 @@ namespace {
 
 // Packed group g x activation rows [x0, x0 + kX): per column, the group's 4 weight vectors
 // against each row's broadcast activation, into 4 kX accumulators (24 at most, with the 4
-// weight vectors and the broadcast in the 32 registers). No software prefetch: the group is one
-// sequential stream, which the hardware prefetchers follow (measured one thread from DRAM, F16
-// 32000x4096: 23-25 GB/s, as the read test; prefetching 2-16 KiB ahead: 17-20).
+// weight vectors and the broadcast in the 32 registers). The group is one sequential stream;
+// whether software prefetch helps the hardware's depends on the CPU (packed_float_prefetch_bytes).
 template <FloatFormat F, int kX>
 SIEVE_AVX512_ATTR void PackedColumns(const FloatProblem& p, const float* x, int64_t g, int64_t x0) {
   constexpr int64_t kElemBytes = F == FloatFormat::kF32 ? 4 : 2;
@@ -306,7 +307,13 @@ SIEVE_AVX512_ATTR void PackedColumns(const FloatProblem& p, const float* x, int6
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) acc[i][v] = _mm512_setzero_ps();
   }
+  const int64_t prefetch = packed_float_prefetch_bytes();
   for (int64_t c = 0; c < p.cols; ++c, column += kColumnBytes) {
+    if (prefetch > 0) {
+#pragma GCC unroll 4
+      for (int64_t line = 0; line < kColumnBytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(column + prefetch + line), _MM_HINT_T1);
+    }
     __m512 w[kVecs];
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) w[v] = LoadRow<F>(column, 16 * v, 0xFFFF);

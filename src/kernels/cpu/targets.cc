@@ -33,6 +33,15 @@ std::vector<int64_t> usable_targets() {
 
 }  // namespace
 
+int64_t packed_float_prefetch_bytes() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const int64_t bytes = __builtin_cpu_is("intel") ? 8192 : 0;
+  return bytes;
+#else
+  return 0;
+#endif
+}
+
 std::vector<std::string> available_targets() {
   std::vector<std::string> names;
   for (int64_t target : usable_targets()) names.emplace_back(hwy::TargetName(target));
