@@ -7,6 +7,7 @@
 // mins with the group's activation sum); per super-block one FMA with the activation scale.
 #include "kernels/cpu/matmul_super_blocks_vnni.h"
 
+#include <algorithm>
 #include <array>
 #include <cassert>
 #include <cstring>
@@ -195,11 +196,21 @@ struct PackedIQ4_XSFormat {
 
 // The 2-bit fields of Q2_K / Q3_K's packed levels (4 vectors per 64-column chunk): byte b of row
 // r's lane in vector k % 4 holds columns 64j + 32 half + 4k + b in bits 2f, 2f + 1, f = 2 half +
-// k / 4. Level vector k of half `half` of the chunk at `low`:
+// k / 4. A field is used where it lies, without a shift, as level x 4^f (vpdpbusd is linear; the
+// dot is scaled back with the group's scale, exactly: powers of two), while level x 4^f fits a
+// byte: fields f > kMaxLog4 are shifted down to kMaxLog4. Shifts run on one port on Intel cores,
+// with vpdpbusd. TwoBitLog4 is the power of 4 of level vector k of half `half`:
+template <int kMaxLog4>
+constexpr int TwoBitLog4(int half, int k) {
+  return std::min(2 * half + k / 4, kMaxLog4);
+}
+template <int kMaxLog4>
 SIEVE_VNNI_ATTR inline __m512i TwoBitLevels(const uint8_t* low, int half, int k) {
   const __m512i v = _mm512_loadu_si512(low + 64 * (k % 4));
+  const int field = 2 * half + k / 4, log4 = TwoBitLog4<kMaxLog4>(half, k);
   // 16-bit shifts: what crosses a byte is masked off.
-  return _mm512_and_si512(_mm512_srli_epi16(v, 2 * (2 * half + k / 4)), _mm512_set1_epi8(3));
+  const __m512i at = field > log4 ? _mm512_srli_epi16(v, 2 * (field - log4)) : v;
+  return _mm512_and_si512(at, _mm512_set1_epi8(char(3 << (2 * log4))));
 }
 
 // Q2_K: levels 0..3, per 16 columns a byte of 4-bit scale (low) and min (high), as the blocks'.
@@ -207,10 +218,14 @@ struct PackedQ2_KFormat {
   static constexpr int64_t kBytes = kPackedQ2_KBytes;
   static constexpr int kGroupCols = 16;
   static constexpr bool kMins = true, kOffset = false;
+  static constexpr int kMaxLog4 = 3;  // 3 x 4^3 < 256
   const uint8_t* block;
+  // Level vectors k < 4 and k >= 4 of sub-block s (the two 16-column groups) are scaled by
+  // 4^DotLog4(s, 0) and 4^DotLog4(s, 1).
+  static constexpr int DotLog4(int s, int group) { return TwoBitLog4<kMaxLog4>(s % 2, 4 * group); }
   SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
     const uint8_t* low = block + 64 + 16 * 16 + (s / 2) * 4 * 64;
-    for (int k = 0; k < 8; ++k) w[k] = TwoBitLevels(low, s % 2, k);
+    for (int k = 0; k < 8; ++k) w[k] = TwoBitLevels<kMaxLog4>(low, s % 2, k);
   }
   SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
   SIEVE_VNNI_ATTR __m512 DMin() const { return RowScales(block + 32); }
@@ -229,19 +244,33 @@ struct PackedQ3_KFormat {
   static constexpr int64_t kBytes = kPackedQ3_KBytes;
   static constexpr int kGroupCols = 16;
   static constexpr bool kMins = false, kOffset = true;
+  static constexpr int kMaxLog4 = 2;  // 7 x 4^2 < 256
   const uint8_t* block;
+  static constexpr int DotLog4(int s, int group) { return TwoBitLog4<kMaxLog4>(s % 2, 4 * group); }
   SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
     const uint8_t* low = block + 320 + (s / 2) * kPackedQ3_KChunkBytes;
     const __m512i high = _mm512_loadu_si512(low + 4 * 64 + 64 * (s % 2));
     for (int k = 0; k < 8; ++k) {
-      w[k] = TwoBitLevels(low, s % 2, k);
+      w[k] = TwoBitLevels<kMaxLog4>(low, s % 2, k);
       const __mmask64 set = _mm512_test_epi8_mask(high, _mm512_set1_epi8(char(1 << k)));
-      w[k] = _mm512_mask_add_epi8(w[k], set, w[k], _mm512_set1_epi8(4));
+      const int log4 = TwoBitLog4<kMaxLog4>(s % 2, k);
+      w[k] = _mm512_mask_add_epi8(w[k], set, w[k], _mm512_set1_epi8(char(4 << (2 * log4))));
     }
   }
   SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
   SIEVE_VNNI_ATTR __m512 Scale(int g) const { return ExpandBytes(block + 32 + 16 * g, true); }
 };
+
+// The power of 4 that F's level vectors of 16-column group `group` (0: k < 4, 1: k >= 4) of
+// sub-block s carry (TwoBitLevels); 0 for the formats whose levels are not scaled.
+template <class F>
+constexpr int DotLog4(int s, int group) {
+  if constexpr (requires { F::DotLog4(s, group); }) {
+    return F::DotLog4(s, group);
+  } else {
+    return 0;
+  }
+}
 
 // 16 packed rows (group at `group`) x activation rows [x0, x0 + kX), all super-blocks: the sums
 // of super_block_tile's Tile<F::kGroupCols, F::kMins, kX>, with the levels and the f32 scales
@@ -274,8 +303,13 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
       __m512i w[8];
       f.Levels(s, w);
       constexpr bool kHalves = F::kGroupCols == 16;
-      const __m512 scale0 = f.Scale(kHalves ? 2 * s : s);
-      const __m512 scale1 = kHalves ? f.Scale(2 * s + 1) : scale0;
+      // Levels scaled by 4^log4: the offsets by as much, the group's scale by its inverse.
+      const int log4_0 = DotLog4<F>(s, 0), log4_1 = DotLog4<F>(s, 1);
+      const auto unscale = [](__m512 scale, int log4) SIEVE_VNNI_ATTR {
+        return log4 == 0 ? scale : _mm512_mul_ps(scale, _mm512_set1_ps(1.0f / (1 << (2 * log4))));
+      };
+      const __m512 scale0 = unscale(f.Scale(kHalves ? 2 * s : s), log4_0);
+      const __m512 scale1 = kHalves ? unscale(f.Scale(2 * s + 1), log4_1) : scale0;
       __m512 min0 = _mm512_setzero_ps(), min1 = _mm512_setzero_ps();
       if constexpr (F::kMins) {
         min0 = f.Min(kHalves ? 2 * s : s);
@@ -288,8 +322,9 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
         // by one chain's latency; they start at the level offset's correction.
         __m512i dot0 = _mm512_setzero_si512(), dot1 = _mm512_setzero_si512();
         if constexpr (F::kOffset) {
-          dot0 = _mm512_set1_epi32(offsets[i][kHalves ? 2 * s : s]);
-          if constexpr (kHalves) dot1 = _mm512_set1_epi32(offsets[i][2 * s + 1]);
+          dot0 = _mm512_set1_epi32(offsets[i][kHalves ? 2 * s : s] * (1 << (2 * log4_0)));
+          if constexpr (kHalves)
+            dot1 = _mm512_set1_epi32(offsets[i][2 * s + 1] * (1 << (2 * log4_1)));
         }
         for (int k = 0; k < 4; ++k) {
           dot0 = DpbusdBroadcast(dot0, w[k], xq + 4 * k);
