@@ -12,6 +12,10 @@
 #            q8_0" bench/decode_bandwidth.sh /tmp/x --bandwidth-mib 64); its quantized files go
 #            to OUT_DIR too
 #   SIEVE    the sieve binary, default build/sieve
+#   DIM LAYERS HEADS KV_HEADS FFN   the generated model's shape (default 2048 8 16 4 5632, ~1 GB
+#            in F16). On a machine whose L3 holds most of that (a 260 MiB one does), decode is
+#            served partly from cache: DIM=4096 LAYERS=6 HEADS=32 KV_HEADS=8 FFN=11008 (2.65 GB)
+#            reads from DRAM (docs/performance.md, "Decode from DRAM")
 # A type this build cannot write (its quantizer is missing) is reported and left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +26,11 @@ sieve=${SIEVE:-build/sieve}
 types=${TYPES:-f16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k_m q5_k_m q6_k iq4_xs}
 mkdir -p "$out"
 
-source_model=${MODEL:-$out/r2048-f16.gguf}
+dim=${DIM:-2048}
+source_model=${MODEL:-$out/r$dim-f16.gguf}
 if [ -z "${MODEL:-}" ] && [ ! -f "$source_model" ]; then
-  "$sieve" gen-model --dim 2048 --layers 8 --heads 16 --kv-heads 4 --ffn 5632 \
+  "$sieve" gen-model --dim "$dim" --layers "${LAYERS:-8}" --heads "${HEADS:-16}" \
+    --kv-heads "${KV_HEADS:-4}" --ffn "${FFN:-5632}" \
     --ctx 32768 --rope-base 500000 --type f16 --seed 1 \
     --vocab "$shared/golden/tokenizer/ggml-vocab-llama-spm.gguf" -o "$source_model"
 fi
