@@ -3,21 +3,14 @@
 // M greedy decode steps (timed from the first generated token). Prints one JSON line with the
 // medians of the rounds.
 //   node bench.mjs MODEL.gguf [threads=2] [prompt=256] [decode=32] [rounds=3]
-// The batches are dispatched at once (node-llama-cpp waits for the next event-loop cycle by
-// default).
-import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+import {openContext, promptOf} from "./common.mjs";
 const [modelPath, threadsArg, promptArg, decodeArg, roundsArg] = process.argv.slice(2);
 const threads = Number(threadsArg ?? 2), promptTokens = Number(promptArg ?? 256);
 const decodeTokens = Number(decodeArg ?? 32), rounds = Number(roundsArg ?? 3);
-const llama = await getLlama({gpu: false, build: "never",
-                              logLevel: process.env.NLC_LOG ? LlamaLogLevel.debug : LlamaLogLevel.error});
-const model = await llama.loadModel({modelPath, gpuLayers: 0});
-const context = await model.createContext({contextSize: promptTokens + decodeTokens + 64, threads,
-                                           batchSize: Math.max(512, promptTokens), flashAttention: true,
-                                           batching: {dispatchSchedule: (dispatch) => dispatch()}});
+const {model, context} = await openContext(modelPath, {threads, contextSize: promptTokens + decodeTokens + 64,
+                                                       batchSize: Math.max(512, promptTokens)});
 const seq = context.getSequence();
-const text = model.tokenize("Once upon a time there was a little girl who lived in a village near the forest. ");
-const prompt = Array.from({length: promptTokens}, (_, i) => text[i % text.length]);
+const prompt = promptOf(model, promptTokens);
 await seq.evaluateWithoutGeneratingNewTokens(prompt.slice(0, 8));  // touch every weight once
 const median = (v) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)];
 const prefill = [], decode = [];

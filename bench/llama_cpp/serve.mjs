@@ -3,23 +3,18 @@
 // steps into one llama_decode), each request a distinct prompt of P tokens and G greedy tokens.
 // Prints one JSON line: wall seconds, generated tokens/s, mean TTFT.
 //   node serve.mjs MODEL.gguf [threads=2] [concurrency=16] [prompt=4000] [generate=500]
-import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+import {openContext, promptOf} from "./common.mjs";
 const [modelPath, threadsArg, concurrencyArg, promptArg, generateArg] = process.argv.slice(2);
 const threads = Number(threadsArg ?? 2), concurrency = Number(concurrencyArg ?? 16);
 const promptTokens = Number(promptArg ?? 4000), generateTokens = Number(generateArg ?? 500);
-const llama = await getLlama({gpu: false, build: "never", logLevel: LlamaLogLevel.error});
-const model = await llama.loadModel({modelPath, gpuLayers: 0});
-const context = await model.createContext({
-  contextSize: concurrency * (promptTokens + generateTokens + 16), sequences: concurrency, threads,
-  batchSize: 512, flashAttention: true, batching: {dispatchSchedule: (dispatch) => dispatch()}});
-const text = model.tokenize("Once upon a time there was a little girl who lived in a village near the forest. " +
-                            "She liked to walk to the river with her dog and count the boats. ");
+const {model, context} = await openContext(modelPath, {
+  threads, contextSize: concurrency * (promptTokens + generateTokens + 16), sequences: concurrency});
 const start = performance.now();
 const ttft = [];
 let generated = 0;
 await Promise.all(Array.from({length: concurrency}, async (_, r) => {
   const seq = context.getSequence();
-  const prompt = Array.from({length: promptTokens}, (_, i) => text[(i * (r + 1) + r) % text.length]);
+  const prompt = promptOf(model, promptTokens, r);
   let n = 0;
   for await (const _ of seq.evaluate(prompt, {temperature: 0})) {
     if (n === 0) ttft.push((performance.now() - start) / 1000);

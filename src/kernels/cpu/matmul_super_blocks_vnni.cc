@@ -299,7 +299,7 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
     for (int i = 0; i < kX; ++i) block_acc[i] = min_acc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
-      PrefetchPackedAheadPart<F::kBytes, 8>(f.block, s);
+      PrefetchPackedAhead<F::kBytes, 8>(f.block, s);
       __m512i w[8];
       f.Levels(s, w);
       constexpr bool kHalves = F::kGroupCols == 16;

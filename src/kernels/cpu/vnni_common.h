@@ -65,16 +65,10 @@ SIEVE_VNNI_ATTR inline __m512 FmaddBroadcast(__m512 acc, __m512 v, const float* 
 // against 16-21 unpacked). So the packed tiles prefetch each block's bytes this far ahead into L2
 // (PREFETCHT1: prefetching into L1 instead gained nothing, it holds L1's few miss buffers).
 inline constexpr int64_t kPackedPrefetchBytes = 8192;
-template <int64_t kBytes>
-SIEVE_VNNI_ATTR inline void PrefetchPackedAhead(const uint8_t* block) {
-  for (int64_t at = 0; at < kBytes; at += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(block + kPackedPrefetchBytes + at), _MM_HINT_T1);
-}
-
-// The same lines, spread over a block's kParts steps (this is step `part`): one burst per block
-// of prefetches keeps the fill buffers from the tile's own loads.
-template <int64_t kBytes, int kParts>
-SIEVE_VNNI_ATTR inline void PrefetchPackedAheadPart(const uint8_t* block, int part) {
+// A block's lines; with kParts > 1, spread over the block's kParts steps (this is step `part`):
+// a burst of up to 53 prefetches per block keeps the fill buffers from the tile's own loads.
+template <int64_t kBytes, int kParts = 1>
+SIEVE_VNNI_ATTR inline void PrefetchPackedAhead(const uint8_t* block, int part = 0) {
   constexpr int64_t kLines = (kBytes + 63) / 64;
   const int64_t end = kLines * (part + 1) / kParts;
   for (int64_t line = kLines * part / kParts; line < end; ++line)
