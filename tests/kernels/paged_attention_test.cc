@@ -277,26 +277,51 @@ TEST_P(PagedAttention, ChunkRowsEqualTheirDecodeBitForBit) {
   ThreadPool pool1(1), pool2(2);
   uint32_t seed = 900;
   const auto expect_rows_equal_alone = [&](const TestCache& cache, int64_t group, int64_t begin,
-                                           int64_t rows, ThreadPool& pool) {
+                                           int64_t rows, ThreadPool& pool,
+                                           std::optional<int32_t> window = std::nullopt) {
     const int64_t head_dim = cache.shape().head_dim;
     const std::vector<int32_t> positions = position_range(begin, begin + rows);
     const int64_t num_heads = 2 * group;
     const std::vector<float> q = random_floats(rows * num_heads * head_dim, ++seed, -4.0f, 4.0f);
     Outputs chunk(rows, num_heads, head_dim, 0.0f);
-    paged_attention(cache.view(), {q.data(), positions, num_heads, 0.25f}, chunk.view(), pool);
+    paged_attention(cache.view(), {q.data(), positions, num_heads, 0.25f, window}, chunk.view(),
+                    pool);
     for (int64_t i = 0; i < rows; ++i) {
       Outputs alone(1, num_heads, head_dim, 0.0f);
       const std::vector<int32_t> one = {positions[static_cast<size_t>(i)]};
-      paged_attention(cache.view(), {q.data() + i * num_heads * head_dim, one, num_heads, 0.25f},
+      paged_attention(cache.view(),
+                      {q.data() + i * num_heads * head_dim, one, num_heads, 0.25f, window},
                       alone.view(), pool);
       for (int64_t j = 0; j < num_heads * head_dim; ++j) {
         ASSERT_EQ(chunk.out[i * num_heads * head_dim + j], alone.out[j])
             << to_string(cache.shape().dtype) << " head_dim " << head_dim << " group " << group
             << " begin " << begin << " rows " << rows << " row " << i << " threads "
-            << pool.num_threads();
+            << pool.num_threads() << " page_size " << cache.shape().page_size << " window "
+            << window.value_or(0);
       }
     }
   };
+  // Pages of other sizes: f32 / f16 jobs attend in chunks at absolute multiples of a length
+  // that a piece need not be a multiple of (5-key pages: 515-key pieces, 320-key chunks), and
+  // under a sliding window a chunk's rows start at different keys than the row alone.
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    for (int32_t page_size : {5, 8}) {
+      const TestCache cache({.num_keys = 1100,
+                             .num_kv_heads = 2,
+                             .head_dim = 64,
+                             .page_size = page_size,
+                             .dtype = dtype},
+                            ++seed);
+      for (int64_t begin : {300, 515, 640, 1030}) {
+        for (std::optional<int32_t> window :
+             {std::optional<int32_t>{}, std::optional<int32_t>{40}, std::optional<int32_t>{700}}) {
+          for (ThreadPool* pool : {&pool1, &pool2}) {
+            expect_rows_equal_alone(cache, 4, begin, 7, *pool, window);
+          }
+        }
+      }
+    }
+  }
   // Chunks that cross a key piece (kAttentionSplitKeys): the rows before the boundary see one
   // piece alone and a masked one in the chunk.
   for (DType dtype : {DType::kF32, DType::kQ4_1}) {

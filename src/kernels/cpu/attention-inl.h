@@ -71,6 +71,7 @@
 #include "kernels/cpu/attention_vnni.h"
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/ops-inl.h"
+#include "kernels/cpu/targets.h"
 #include "kernels/cpu/transpose16x16.h"
 #include "kernels/paged_attention.h"
 #include "util/thread_pool.h"
@@ -119,7 +120,9 @@ inline constexpr int kPvChunks = 4;
 // kOneHeadPrefetchTiles ahead. A 1024-key stream on every other slice, evicted from the caches
 // (attention_bench-like, one thread, Zen 4): ~70-110 us without, ~45 us 2 tiles ahead, ~50 us
 // 1 ahead; into L2 (T1) or the whole task up front, 55-70 us.
-inline constexpr int64_t kOneHeadPrefetchTiles = 2;
+inline constexpr int64_t kOneHeadPrefetchPages = 2;
+// Row-invariant jobs on f32 / f16 pools (AttendChunks): at most this many pages per chunk.
+inline constexpr int64_t kMaxChunkPages = 64;
 // Quantized pools on AVX3 with VNNI (RunTask): keys per tile at most (Q4_1: 4 pages of 16;
 // Q8_0 half that), and tiles prefetched this many tiles ahead.
 inline constexpr int64_t kVnniTileKeys = 64;
@@ -185,6 +188,9 @@ struct Problem {
   // Not row-invariant, f32 / f16 pool, kKeysInLanes target: kLongTileKeys tiles (tp), and the
   // tasks with enough query vectors score with keys in lanes (RunTask).
   bool long_tiles = false;
+  // Row-invariant, f32 / f16 pool: the task's keys in chunks of chunk_keys (tp), AttendChunks.
+  bool chunked = false;
+  int64_t chunk_keys = 0;
   // A partial slot: [max_rows][dp] acc, [max_rows] max, [max_rows] sum; whole cache lines, so
   // every slot's acc is vector-aligned.
   int64_t SlotFloats() const { return (max_rows * (dp + 2) + 15) / 16 * 16; }
@@ -912,23 +918,11 @@ HWY_INLINE void PrefetchTile(const PagedKv& kv, int64_t kv_head, int64_t key0, i
   }
 }
 
-// f32 / f16 pools: prefetches the K and V rows of keys [key0, key1) of kv_head.
+// f32 / f16 pools: prefetches `elements` values from p.
 template <typename T>
-HWY_INLINE void PrefetchRuns(const PagedKv& kv, int64_t kv_head, int64_t key0, int64_t key1) {
-  for (int64_t t = key0; t < key1;) {
-    const int64_t slot = (t + kv.key_offset) % kv.page_size;
-    const int64_t count = std::min(key1 - t, kv.page_size - slot);
-    const int64_t offset = kv_offset(kv, t, kv_head);
-    const T* k = KBase<T>(kv) + offset;
-    const T* v = VBase<T>(kv) + offset;
-    const int64_t elements = count * kv.head_dim;
-    constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
-    for (int64_t i = 0; i < elements; i += kLine) {
-      hwy::Prefetch(k + i);
-      hwy::Prefetch(v + i);
-    }
-    t += count;
-  }
+HWY_INLINE void PrefetchRows(const T* p, int64_t elements) {
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(T));
+  for (int64_t i = 0; i < elements; i += kLine) hwy::Prefetch(p + i);
 }
 
 // out row = acc / sum (head_dim floats, acc padded to whole vectors).
@@ -970,6 +964,108 @@ HWY_INLINE int64_t TileKeys(const PagedKv& kv, int64_t num_heads, bool row_invar
   if ((row_invariant || num_heads > 1) && kv.page_size >= 8 && kv.page_size < kTileKeys)
     return kv.page_size;
   return kTileKeys;
+}
+
+// The chunk length for pages of page_size keys: one kAttentionSplitKeys piece (a row-invariant
+// task's keys at most), or kMaxChunkPages pages when that is shorter (pages under 8 keys).
+HWY_INLINE int64_t ChunkKeys(int64_t page_size) {
+  return std::min(attention_split_keys(page_size), kMaxChunkPages * page_size);
+}
+
+// acc *= alpha for each query vector of the block, then alpha = 1: P·V then runs over a chunk in
+// several calls (PvTile rescales on every call where alpha != 1).
+HWY_INLINE void RescaleAcc(const Problem& p, const HeadBlock& block) {
+  const DF d;
+  for (int64_t m = 0; m < block.num_rows; ++m) {
+    if (block.alpha[m] == 1.0f) continue;
+    const VF scale = hn::Set(d, block.alpha[m]);
+    float* HWY_RESTRICT acc = block.acc + m * p.dp;
+    for (int64_t i = 0; i < p.dp; i += static_cast<int64_t>(hn::Lanes(d))) {
+      hn::Store(hn::Mul(hn::Load(d, acc + i), scale), d, acc + i);
+    }
+    block.alpha[m] = 1.0f;
+  }
+}
+
+// Row-invariant jobs (decode, speculative verification) on f32 / f16 pools: the task's keys in
+// chunks of p.chunk_keys at absolute multiples of it (one chunk per task when pages hold >= 8
+// keys: a task is at most one kAttentionSplitKeys piece), each in three passes:
+//   QK       the scores of every key of the chunk, K read page by page, each page through all
+//            the task's kv heads (one stream through the layer's K when the page ids run on)
+//   softmax  one step per query vector over the whole chunk (the fast exp, ExpOfScores)
+//   PV       page by page as QK, V likewise
+// Page-long tiles (the rest of RunTask) paid a max, a rescale and an exp call per page and
+// interleaved the K and V streams: decode of 1024 keys (attention_bench EngineDecode f32,
+// threads:1, 2-core Xeon) took 0.052 ms, L2-resident 0.039. A key's lane in the score rows is
+// its position in its chunk, and chunks start at absolute multiples, so a row's bits do not
+// depend on the rows, heads or threads beside it.
+template <typename T>
+HWY_INLINE void AttendChunks(const Problem& p, const AttentionTask& task, Scratch& sc,
+                             int64_t per_head, const int64_t* first, const int64_t* limit) {
+  const int64_t num_heads = task.kv_head_end - task.kv_head_begin;
+  const int64_t head_dim = p.kv.head_dim;
+  const bool prefetch = num_heads == 1 && one_head_kv_prefetch();
+  const auto block_of = [&](int64_t b) {
+    return HeadBlock{sc.q + b * per_head * p.dp,
+                     sc.acc + b * per_head * p.dp,
+                     sc.max + b * per_head,
+                     sc.sum + b * per_head,
+                     sc.s + b * per_head * p.tp,
+                     sc.alpha + b * per_head,
+                     per_head};
+  };
+  KeyRun<T> runs[kMaxChunkPages + 1];  // + 1: a pool whose first page starts mid-page
+  for (int64_t base = task.key_begin / p.chunk_keys * p.chunk_keys; base < task.key_end;
+       base += p.chunk_keys) {
+    const int64_t key0 = std::max(base, task.key_begin);
+    const int64_t key1 = std::min(task.key_end, base + p.chunk_keys);
+    const int64_t num_runs = TileRuns(p.kv, task.kv_head_begin, key0, key1, runs);
+    for (int64_t r = 0; r < num_runs; ++r) runs[r].col += key0 - base;
+    // Run r of the task's head b: the same slots b head strides further.
+    const auto head_run = [&](int64_t r, int64_t b) {
+      KeyRun<T> run = runs[r];
+      run.k += b * p.kv.head_stride;
+      run.v += b * p.kv.head_stride;
+      return run;
+    };
+    if (num_heads == 1 && !prefetch) {
+      Qk(p, block_of(0), runs, num_runs);
+    } else {
+      for (int64_t r = 0; r < num_runs; ++r) {
+        if (prefetch && r + kOneHeadPrefetchPages < num_runs) {
+          const KeyRun<T>& ahead = runs[r + kOneHeadPrefetchPages];
+          PrefetchRows(ahead.k, ahead.count * head_dim);
+        }
+        for (int64_t b = 0; b < num_heads; ++b) {
+          const KeyRun<T> run = head_run(r, b);
+          Qk(p, block_of(b), &run, 1);
+        }
+      }
+    }
+    for (int64_t b = 0; b < num_heads; ++b) {
+      const HeadBlock block = block_of(b);
+      // Columns before the task's first key (a task starting mid-chunk): not keys of this task.
+      for (int64_t m = 0; m < per_head; ++m) {
+        std::fill(block.s + m * p.tp, block.s + m * p.tp + (key0 - base), kNegInf);
+      }
+      SoftmaxStep4<true>(p, block, first, limit, base, key1 - base);
+      RescaleAcc(p, block);
+    }
+    if (num_heads == 1 && !prefetch) {
+      Pv(p, block_of(0), runs, num_runs);
+    } else {
+      for (int64_t r = 0; r < num_runs; ++r) {
+        if (prefetch && r + kOneHeadPrefetchPages < num_runs) {
+          const KeyRun<T>& ahead = runs[r + kOneHeadPrefetchPages];
+          PrefetchRows(ahead.v, ahead.count * head_dim);
+        }
+        for (int64_t b = 0; b < num_heads; ++b) {
+          const KeyRun<T> run = head_run(r, b);
+          Pv(p, block_of(b), &run, 1);
+        }
+      }
+    }
+  }
 }
 
 template <typename T>
@@ -1061,6 +1157,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
       }
     }
   }
+  if (p.chunked) AttendChunks<T>(p, task, sc, per_head, first, limit);
   // Otherwise units of work in order: for each key tile, each kv head of the task.
   KeyRun<T> runs[kMaxRuns];
   const bool keys_in_lanes = p.long_tiles && per_head >= kKeysInLanesMinVectors;
@@ -1068,14 +1165,9 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   // of them, so reading order matters less than per-tile work).
   const int64_t tile_keys =
       keys_in_lanes ? kLongTileKeys : TileKeys(p.kv, num_heads, p.row_invariant);
-  for (int64_t key0 = task.key_begin; !p.vnni && key0 < task.key_end; key0 += tile_keys) {
+  for (int64_t key0 = task.key_begin; !p.vnni && !p.chunked && key0 < task.key_end;
+       key0 += tile_keys) {
     const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
-    if (num_heads == 1 && !p.quantized && !keys_in_lanes) {
-      const int64_t ahead = key0 + kOneHeadPrefetchTiles * tile_keys;
-      if (ahead < task.key_end) {
-        PrefetchRuns<T>(p.kv, task.kv_head_begin, ahead, std::min(task.key_end, ahead + tile_keys));
-      }
-    }
     for (int64_t b = 0; b < num_heads; ++b) {
       int64_t num_runs;
       if constexpr (std::is_same_v<T, float>) {
@@ -1188,6 +1280,11 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
                   plan.row_invariant};
   problem.long_tiles = kKeysInLanes && !plan.row_invariant;
   if (problem.long_tiles) problem.tp = kLongTileKeys;
+  problem.chunked = plan.row_invariant && !problem.quantized;
+  if (problem.chunked) {
+    problem.chunk_keys = ChunkKeys(kv.page_size);
+    problem.tp = (problem.chunk_keys + N - 1) / N * N;
+  }
 #if HWY_TARGET == HWY_AVX3
   // Long jobs on quantized pools dequantize each tile once for all its query vectors and score
   // with keys in lanes, as f16 pools do: VNNI's int8 P·V widens every V row again for each set

@@ -38,6 +38,10 @@ inline constexpr int64_t kAttentionLongJobQueryVectorsPerTask = 256;
 // generated 57M model 0.7-0.8x (f16 KV, 2k / 16k prompts), and page-long tiles ~0.9x.
 inline constexpr int64_t kAttentionInvariantRows = 32;
 inline constexpr int64_t kAttentionSplitKeys = 512;
+// The pieces' length for a pool of `page_size`-key pages: kAttentionSplitKeys in whole pages.
+inline int64_t attention_split_keys(int64_t page_size) {
+  return (kAttentionSplitKeys + page_size - 1) / page_size * page_size;
+}
 // Longer jobs: split keys when there are fewer than this many tasks per thread...
 inline constexpr int64_t kAttentionTasksPerThread = 4;
 // ...but no split task reads less than this much K+V: it would cost more in task overhead and

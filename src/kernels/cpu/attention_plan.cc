@@ -62,7 +62,7 @@ AttentionPlan plan_paged_attention(const PagedKv& kv, const AttentionQuery& q, i
     // threads: a row's keys go through the same pieces, tiles and merge whether it is attended
     // alone (decode) or in a short chunk (a speculative verification), so both give the same
     // bits. A piece a row cannot see merges as nothing (max -inf).
-    const int64_t split_keys = ceil_div(kAttentionSplitKeys, kv.page_size) * kv.page_size;
+    const int64_t split_keys = attention_split_keys(kv.page_size);
     // Too few pieces to keep kAttentionTasksPerThread tasks per thread busy (a decode row under
     // a few split_keys keys; its last piece is short): fewer kv heads per task, so that the
     // threads share the heads and even out. A head's arithmetic does not depend on which heads

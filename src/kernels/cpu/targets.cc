@@ -42,6 +42,15 @@ int64_t packed_float_prefetch_bytes() {
 #endif
 }
 
+bool one_head_kv_prefetch() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool prefetch = !__builtin_cpu_is("intel");
+  return prefetch;
+#else
+  return true;
+#endif
+}
+
 std::vector<std::string> available_targets() {
   std::vector<std::string> names;
   for (int64_t target : usable_targets()) names.emplace_back(hwy::TargetName(target));
