@@ -29,6 +29,10 @@
 // a time (f16 V widened once per tile). Decode and verification rows never take it, so they
 // stay the same bits alone and in any batch.
 //
+// Short jobs (decode, verification: row-invariant plans) on f32 / f16 pools take whole chunks
+// instead of tiles (AttendChunks): all the scores of a task's piece of keys, one softmax step,
+// then P·V; QK as above (QkTile), the exp by ExpOfScores.
+//
 // At the end: out = acc / sum, row_max = max, lse = max + log(sum); or, for a split task, the
 // (max, sum, acc) state goes to a partial slot and MergeSplits combines the slots:
 //   max = max_j max_j,  w_j = exp(max_j - max),  sum = sum_j w_j sum_j,
@@ -114,12 +118,13 @@ inline constexpr int kPvChunks = 4;
 // Software prefetch: for tasks of several kv heads (dense layers), none: paced prefetching of
 // the next unit's K/V rows (as the matmul does) or of V during QK, or of the next tiles,
 // measured neutral to 5% slower on Zen 4, DRAM- or L3-resident; what helps is the order of the
-// reads (TileKeys below). Tasks of one kv head (a compressed sequence's streams, short dense
-// jobs) read one head's page-long slices, 4 KiB apart at best (f32, head_dim 64), which the
-// hardware prefetchers do not run ahead of: they prefetch the K and V rows of the tile
-// kOneHeadPrefetchTiles ahead. A 1024-key stream on every other slice, evicted from the caches
-// (attention_bench-like, one thread, Zen 4): ~70-110 us without, ~45 us 2 tiles ahead, ~50 us
-// 1 ahead; into L2 (T1) or the whole task up front, 55-70 us.
+// reads (TileKeys below). Decode tasks of one kv head (a compressed sequence's streams) read
+// one head's page-long slices, 4 KiB apart at best (f32, head_dim 64), which the hardware
+// prefetchers of Zen 4 do not run ahead of: there (one_head_kv_prefetch) AttendChunks
+// prefetches the K and V slices kOneHeadPrefetchPages pages ahead. A 1024-key stream on every
+// other slice, evicted from the caches (attention_bench-like, one thread, Zen 4): ~70-110 us
+// without, ~45 us 2 pages ahead, ~50 us 1 ahead; into L2 (T1) or the whole task up front,
+// 55-70 us.
 inline constexpr int64_t kOneHeadPrefetchPages = 2;
 // Row-invariant jobs on f32 / f16 pools (AttendChunks): at most this many pages per chunk.
 inline constexpr int64_t kMaxChunkPages = 64;
@@ -957,9 +962,9 @@ HWY_INLINE void StoreRow(const Problem& p, int64_t row0, int64_t kv_head, int64_
 // 0.8 (f32), 1.2 instead of 0.6 (f16). Tasks of a row-invariant plan (short jobs: decode and
 // speculative verification) all take page-long tiles, whatever their heads: the online softmax
 // rescales at tile ends, so a row alone and in a short chunk must step through the same tiles
-// to come out bit for bit the same. Tiles start on multiples of their length (such tasks start
-// on kAttentionSplitKeys multiples). Pages under 8 keys keep the long tiles (per-tile costs
-// would dominate).
+// to come out bit for bit the same (on f32 / f16 pools they take AttendChunks instead). Tiles
+// start on multiples of their length (such tasks start on kAttentionSplitKeys multiples).
+// Pages under 8 keys keep the long tiles (per-tile costs would dominate).
 HWY_INLINE int64_t TileKeys(const PagedKv& kv, int64_t num_heads, bool row_invariant) {
   if ((row_invariant || num_heads > 1) && kv.page_size >= 8 && kv.page_size < kTileKeys)
     return kv.page_size;
