@@ -553,28 +553,28 @@ HWY_INLINE void QkKeysInLanes(const Problem& p, const HeadBlock& block, const Ke
 
 // ----------------------------------------------------------------------------- softmax
 
-// exp(x) for the scores of long jobs' tiles (x <= 0: a score minus its running max, or -inf),
-// in about half of hn::Exp's instructions (the exp was ~17% of a prefill chunk's attention at
-// head_dim 64): n = round(x / ln 2), f = x - n ln 2 in two parts (Cody-Waite), e^f by its Taylor
-// polynomial of degree 6 (relative error < 2e-7 on |f| <= ln 2 / 2), times 2^n by vscalefps;
-// 0 below -87 (no subnormal probabilities, which would slow P·V's FMAs) and for -inf. Only
-// jobs that are not row-invariant use it (attention-inl.h's QkKeysInLanes says why).
+// exp(x) for the scores of long jobs' tiles and decode chunks (x <= 0: a score minus its max, or
+// -inf), in about half of hn::Exp's instructions (the exp was ~17% of a prefill chunk's
+// attention at head_dim 64): t = x log2(e), n = round(t), f = t - n (exact, |f| <= 1/2), 2^f by
+// a minimax polynomial of degree 5 (relative error 2.1e-7 in f32, as the degree-6 Taylor
+// polynomial of e^f it replaced, which needed a two-part n ln 2 step: 10 instructions instead of
+// 12), times 2^n by vscalefps; 0 below -87 (no subnormal probabilities, which would slow P·V's
+// FMAs) and for -inf. The rounding of t adds |x| 2^-24 ln 2 relative, at most ~2e-8 of the
+// largest probability. Jobs without AVX-512 use hn::Exp (ScoreExp).
 #if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
 #pragma GCC diagnostic push  // GCC 12's false positive, as at TransposeTile
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 HWY_INLINE VF ExpOfScores(DF, VF x) {
   const __m512 v = x.raw;
   const __mmask16 finite = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), v);
-  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), f);
-  __m512 e = _mm512_set1_ps(1.0f / 720);
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f / 120));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f / 24));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f / 6));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(0.5f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
+  const __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 e = _mm512_set1_ps(1.3276472454890609e-3f);
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.675540961325169e-3f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.550713092088699e-2f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.4022120237350464e-1f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.931469440460205e-1f));
   e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
   return VF{_mm512_maskz_scalef_ps(finite, e, n)};
 }
