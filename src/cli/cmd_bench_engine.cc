@@ -61,6 +61,9 @@ nlohmann::json to_json(const eval::DepthPoint& p) {
           {"kv_bytes", p.kv_bytes},
           {"ratio_vs_baseline", p.ratio_vs_baseline},
           {"itl_p50_seconds", p.itl_p50_seconds},
+          {"first_step_seconds", p.first_step_seconds},
+          {"steady_tokens_per_s", p.steady_tokens_per_s},
+          {"steady_ratio_vs_depth0", p.steady_ratio_vs_depth0},
           {"itl_ratio_vs_baseline", p.itl_ratio_vs_baseline},
           {"prompt_tokens", p.prompt_tokens},
           {"num_kv_pages", p.num_kv_pages},
@@ -95,10 +98,12 @@ void print_depth_row(const eval::DepthPoint& p) {
           ? fmt::format("{:.2f}", static_cast<double>(p.spec_accepted_tokens) / p.spec_draft_tokens)
           : std::string("-");
   fmt::print(
-      "{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>9.3f} {:>8} {:>10.3f} "
-      "{:>8} {:>6} {:>5}  {} | {}{}\n",
+      "{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>12.2f} {:>8} {:>9.2f} "
+      "{:>9.3f} {:>8} {:>10.3f} {:>8} {:>6} {:>5}  {} | {}{}\n",
       p.depth, p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens,
-      p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), static_cast<double>(p.kv_bytes) / (1 << 20),
+      p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), 1e3 * p.first_step_seconds,
+      p.steady_tokens_per_s, ratio(p.steady_ratio_vs_depth0),
+      static_cast<double>(p.kv_bytes) / (1 << 20),
       p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
       ratio(p.ratio_vs_baseline), 1e3 * p.itl_p50_seconds, ratio(p.itl_ratio_vs_baseline),
       acceptance, p.same_tokens_as_baseline ? "yes" : "no", p.policy, p.speculative,
@@ -150,15 +155,15 @@ void bench_engine(BenchEngineOptions options) {
       if (!depth_header) {
         fmt::print(
             "\ndecode vs context depth: one sequence, {} decode tokens after the first, prefill in "
-            "chunks of {}\n",
+            "chunks of {}; 1st ms: the first decode step (where a sparse policy compresses the "
+            "prompt), steady: the steps after it\n",
             config.depth_decode_tokens, config.max_batch_tokens);
         fmt::print(
-            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>9} {:>8} {:>10} {:>8} {:>6} "
-            "{:>5}  "
-            "{} | {}\n",
+            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>12} {:>8} {:>9} {:>9} {:>8} "
+            "{:>10} {:>8} {:>6} {:>5}  {} | {}\n",
             "depth", "prompt", "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0",
-            "KV MiB", "KV/dense", "vs first", "ITL p50 ms", "vs first", "accept", "same",
-            "kv_policy", "speculative");
+            "1st ms", "steady tok/s", "vs d=0", "KV MiB", "KV/dense", "vs first", "ITL p50 ms",
+            "vs first", "accept", "same", "kv_policy", "speculative");
         depth_header = true;
       }
       print_depth_row(p);

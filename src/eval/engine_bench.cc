@@ -290,6 +290,9 @@ DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
     std::nth_element(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(gaps.size() / 2),
                      gaps.end());
     point.itl_p50_seconds = gaps[gaps.size() / 2];
+    point.first_step_seconds = ts[1] - ts[0];
+    if (ts.size() >= 3 && ts.back() > ts[1])
+      point.steady_tokens_per_s = static_cast<double>(ts.size() - 2) / (ts.back() - ts[1]);
   }
   if (finished.token_cpu_seconds.size() >= 2)
     point.decode_cpu_seconds =
@@ -341,6 +344,7 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::Model>& mo
     result.concurrency.push_back(point);
   }
   std::optional<double> d0;
+  double steady_d0 = 0.0;
   for (int32_t d : depths) {
     std::optional<DepthPoint> baseline;
     std::vector<std::pair<std::string, const speculative::SpeculativeConfig*>> variants;
@@ -360,8 +364,12 @@ EngineBenchResult run_engine_bench(const std::shared_ptr<const model::Model>& mo
         point.cpu_ratio_vs_baseline = baseline->decode_cpu_seconds / point.decode_cpu_seconds;
       // Greedy: speculation must give the baseline's tokens (a sparse policy need not).
       point.same_tokens_as_baseline = point.tokens == baseline->tokens;
-      if (d == 0 && !d0) d0 = point.decode_tokens_per_s;
+      if (d == 0 && !d0) {
+        d0 = point.decode_tokens_per_s;
+        steady_d0 = point.steady_tokens_per_s;
+      }
       if (d0 && *d0 > 0) point.ratio_vs_depth0 = point.decode_tokens_per_s / *d0;
+      if (steady_d0 > 0) point.steady_ratio_vs_depth0 = point.steady_tokens_per_s / steady_d0;
       if (progress.on_depth) progress.on_depth(point);
       result.depths.push_back(point);
     }

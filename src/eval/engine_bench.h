@@ -96,6 +96,11 @@ struct DepthPoint {
   // Median time between two decode tokens: steady decode, without one-off work such as a
   // sparse policy's compression right after the first token (which the mean above includes).
   double itl_p50_seconds = 0.0;
+  // The first decode step apart (one-off work: a sparse policy compresses the prompt there) and
+  // the rate of the steps after it: what a step that reads the kept keys costs.
+  double first_step_seconds = 0.0;
+  double steady_tokens_per_s = 0.0;
+  double steady_ratio_vs_depth0 = 0.0;  // steady tok/s / the depth-0 point's (the first one)
   // Process CPU time from the first token's event to the last: with one thread (-t 1) the
   // decode's own work, which wall time on a shared machine is not.
   double decode_cpu_seconds = 0.0;
