@@ -553,47 +553,9 @@ HWY_INLINE void QkKeysInLanes(const Problem& p, const HeadBlock& block, const Ke
 
 // ----------------------------------------------------------------------------- softmax
 
-// exp(x) for the scores of long jobs' tiles and decode chunks (x <= 0: a score minus its max, or
-// -inf), in about half of hn::Exp's instructions (the exp was ~17% of a prefill chunk's
-// attention at head_dim 64): t = x log2(e), n = round(t), f = t - n (exact, |f| <= 1/2), 2^f by
-// a minimax polynomial of degree 5 (relative error 2.1e-7 in f32, as the degree-6 Taylor
-// polynomial of e^f it replaced, which needed a two-part n ln 2 step: 10 instructions instead of
-// 12), times 2^n by vscalefps; 0 below -87 (no subnormal probabilities, which would slow P·V's
-// FMAs) and for -inf. The rounding of t adds |x| 2^-24 ln 2 relative, at most ~2e-8 of the
-// largest probability. Jobs without AVX-512 use hn::Exp (ScoreExp).
-#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
-#pragma GCC diagnostic push  // GCC 12's false positive, as at TransposeTile
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-HWY_INLINE VF ExpOfScores(DF, VF x) {
-  const __m512 v = x.raw;
-  const __mmask16 finite = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  const __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 e = _mm512_set1_ps(1.3276472454890609e-3f);
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.675540961325169e-3f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.550713092088699e-2f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.4022120237350464e-1f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.931469440460205e-1f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
-  return VF{_mm512_maskz_scalef_ps(finite, e, n)};
-}
-#pragma GCC diagnostic pop
-#endif
-
-// e^x of a tile's scores (x <= 0 or -inf): ExpOfScores for long jobs' tiles, else hn::Exp.
-template <bool kLongJob>
-HWY_INLINE VF ScoreExp(DF d, VF x) {
-#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
-  if constexpr (kLongJob) return ExpOfScores(d, x);
-#endif
-  return hn::Exp(d, x);
-}
-
 // Online softmax step of query vector m for one tile of num_keys keys starting at position key0.
 // Query vector m (row m / group) sees keys in [first, limit) of its row. Leaves its
 // probabilities in S (0 for masked keys) and its acc rescale factor in alpha.
-template <bool kLongJob>
 HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64_t* first,
                            const int64_t* limit, int64_t key0, int64_t num_keys, int64_t m) {
   const DF d;
@@ -619,7 +581,7 @@ HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64
   const VF shift = hn::Set(d, new_max);
   VF vsum = hn::Zero(d);
   for (int64_t i = 0; i < width; i += N) {
-    const VF e = ScoreExp<kLongJob>(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
+    const VF e = ExpOfScores(d, hn::Sub(hn::Load(d, s + i), shift));  // exp(-inf) = 0
     hn::Store(e, d, s + i);
     vsum = hn::Add(vsum, e);
   }
@@ -630,11 +592,10 @@ HWY_INLINE void SoftmaxRow(const Problem& p, const HeadBlock& block, const int64
 
 // Online softmax step for one tile of num_keys keys starting at position key0, every query
 // vector of the block (SoftmaxRow).
-template <bool kLongJob>
 HWY_INLINE void SoftmaxStep(const Problem& p, const HeadBlock& block, const int64_t* first,
                             const int64_t* limit, int64_t key0, int64_t num_keys) {
   for (int64_t m = 0; m < block.num_rows; ++m) {
-    SoftmaxRow<kLongJob>(p, block, first, limit, key0, num_keys, m);
+    SoftmaxRow(p, block, first, limit, key0, num_keys, m);
   }
 }
 
@@ -668,7 +629,6 @@ HWY_INLINE auto Max4(D d, hn::Vec<D> a, hn::Vec<D> b, hn::Vec<D> c, hn::Vec<D> e
 // to all 4 (every tile of a decode row but its last): their maxima, rescale factors and sums
 // as 4 lanes (one Exp for the 4 alphas, no scalar exp, 2 horizontal folds per 4 vectors
 // instead of 2 per vector). The other vectors take SoftmaxRow.
-template <bool kLongJob>
 HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int64_t* first,
                              const int64_t* limit, int64_t key0, int64_t num_keys) {
 #if HWY_TARGET != HWY_SCALAR
@@ -686,8 +646,7 @@ HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int
         visible = visible && first[row] <= key0 && limit[row] >= key1;
       }
       if (!visible) {
-        for (int64_t r = 0; r < 4; ++r)
-          SoftmaxRow<kLongJob>(p, block, first, limit, key0, num_keys, m + r);
+        for (int64_t r = 0; r < 4; ++r) SoftmaxRow(p, block, first, limit, key0, num_keys, m + r);
         continue;
       }
       float* HWY_RESTRICT s = block.s + m * p.tp;
@@ -715,7 +674,7 @@ HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int
         const VF sh = hn::Set(d, shift[r]);
         vsum[r] = hn::Zero(d);
         for (int64_t i = 0; i < width; i += N) {
-          const VF e = ScoreExp<kLongJob>(d, hn::Sub(hn::Load(d, row + i), sh));  // exp(-inf) = 0
+          const VF e = ExpOfScores(d, hn::Sub(hn::Load(d, row + i), sh));  // exp(-inf) = 0
           hn::Store(e, d, row + i);
           vsum[r] = hn::Add(vsum[r], e);
         }
@@ -725,11 +684,11 @@ HWY_INLINE void SoftmaxStep4(const Problem& p, const HeadBlock& block, const int
       hn::StoreU(new_max, d4, block.max + m);
       hn::StoreU(hn::MulAdd(hn::LoadU(d4, block.sum + m), alpha, sums), d4, block.sum + m);
     }
-    for (; m < block.num_rows; ++m) SoftmaxRow<kLongJob>(p, block, first, limit, key0, num_keys, m);
+    for (; m < block.num_rows; ++m) SoftmaxRow(p, block, first, limit, key0, num_keys, m);
     return;
   }
 #endif
-  SoftmaxStep<kLongJob>(p, block, first, limit, key0, num_keys);
+  SoftmaxStep(p, block, first, limit, key0, num_keys);
 }
 
 // ----------------------------------------------------------------------------- PV
@@ -1053,7 +1012,7 @@ HWY_INLINE void AttendChunks(const Problem& p, const AttentionTask& task, Scratc
       for (int64_t m = 0; m < per_head; ++m) {
         std::fill(block.s + m * p.tp, block.s + m * p.tp + (key0 - base), kNegInf);
       }
-      SoftmaxStep4<true>(p, block, first, limit, base, key1 - base);
+      SoftmaxStep4(p, block, first, limit, base, key1 - base);
       RescaleAcc(p, block);
     }
     if (num_heads == 1 && !prefetch) {
@@ -1156,7 +1115,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
         const uint8_t* v_rows[kVnniTileKeys];
         const int64_t num_keys = QuantTileRows(p.kv, kv_head, key0, key1, k_rows, v_rows);
         vnni::attn_scores(format, q_sets, per_head, head_dim, k_rows, num_keys, block.s, p.tp);
-        SoftmaxStep4<false>(p, block, first, limit, key0, num_keys);
+        SoftmaxStep4(p, block, first, limit, key0, num_keys);
         vnni::attn_pv(format, block.s, p.tp, block.alpha, per_head, v_rows, num_keys, head_dim,
                       block.acc, p.dp);
       }
@@ -1197,11 +1156,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
 #else
       Qk(p, block, runs, num_runs);
 #endif
-      if (p.long_tiles) {
-        SoftmaxStep4<true>(p, block, first, limit, key0, key1 - key0);
-      } else {
-        SoftmaxStep4<false>(p, block, first, limit, key0, key1 - key0);
-      }
+      SoftmaxStep4(p, block, first, limit, key0, key1 - key0);
       if constexpr (!std::is_same_v<T, float>) {
         // f16 pools in long jobs: the tile's V widened once for all the P·V passes over it
         // (each pass of 6 query vectors would widen every V row again).

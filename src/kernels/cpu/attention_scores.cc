@@ -6,7 +6,7 @@
 // group; pre-scaled, zero padded to dp), then walks its keys in tiles of kTileKeys: gather the
 // tile's K rows into a contiguous buffer, and per query vector m that sees any of them
 //   s[j] = q_m · k_j              4 keys at a time, lanes along head_dim
-//   p[j] = exp(s[j] - lse_m)      vector Exp over the tile; keys past row m's position -> 0
+//   p[j] = exp(s[j] - lse_m)      ExpOfScores over the tile; keys past row m's position -> 0
 //   acc[j] += p[j]
 // Each key's sum is formed in query-vector order inside one task: deterministic for any pool.
 // Quantized pools (kQ8_0 / kQ4_1): the gather dequantizes the tile's rows (SIMD), so the scores
@@ -232,7 +232,7 @@ HWY_NOINLINE void ObservationTask(const ObservationProblem& p, int64_t kv_head, 
                   -std::numeric_limits<float>::infinity());  // older than the window
         const VF shift = hn::Set(d, sc.lse[m]);
         for (int64_t i = 0; i < p.tp; i += N) {
-          const VF prob = hn::Exp(d, hn::Sub(hn::Load(d, s_row + i), shift));  // exp(-inf) = 0
+          const VF prob = ExpOfScores(d, hn::Sub(hn::Load(d, s_row + i), shift));  // exp(-inf) = 0
           hn::Store(hn::Add(hn::Load(d, sc.acc + i), prob), d, sc.acc + i);
         }
       }

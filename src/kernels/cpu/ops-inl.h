@@ -87,6 +87,42 @@ HWY_INLINE float F16ToF32(const uint16_t* p) {
   return hn::GetLane(PromoteF16(d4, p));
 }
 
+// ----------------------------------------------------------------------------- exp
+
+// exp(x) for attention scores minus their max or their rows' log-sum-exp (x <= 0, or -inf): the
+// attention's long jobs and decode chunks (cpu/attention-inl.h) and the observation scores
+// (cpu/attention_scores.cc). In about half of hn::Exp's instructions (the exp was ~17% of a
+// prefill chunk's attention at head_dim 64): t = x log2(e), n = round(t), f = t - n (exact,
+// |f| <= 1/2), 2^f by a minimax polynomial of degree 5 (relative error 2.1e-7 in f32, as the
+// degree-6 Taylor polynomial of e^f it replaced, which needed a two-part n ln 2 step: 10
+// instructions instead of 12), times 2^n by vscalefps; 0 below -87 (no subnormal probabilities,
+// which would slow P·V's FMAs) and for -inf. The rounding of t adds |x| 2^-24 ln 2 relative, at
+// most ~2e-8 of the largest probability. Other targets take hn::Exp.
+#pragma GCC diagnostic push  // GCC 12's false positive about _mm512_undefined in intrinsics
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <class DF>
+HWY_INLINE hn::Vec<DF> ExpOfScores(DF d, hn::Vec<DF> x) {
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+  static_assert(hn::MaxLanes(DF()) == 16);
+  (void)d;
+  const __m512 v = x.raw;
+  const __mmask16 finite = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  const __m512 t = _mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 e = _mm512_set1_ps(1.3276472454890609e-3f);
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.675540961325169e-3f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(5.550713092088699e-2f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(2.4022120237350464e-1f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.931469440460205e-1f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(1.0f));
+  return hn::Vec<DF>{_mm512_maskz_scalef_ps(finite, e, n)};
+#else
+  return hn::Exp(d, x);
+#endif
+}
+#pragma GCC diagnostic pop
+
 // ----------------------------------------------------------------------------- activations
 
 // One row of activations (num_blocks * 32 values) -> Q8_0 blocks, bit-identical to
