@@ -273,6 +273,13 @@ TEST(Cli, BenchEngineOnATextChecksSpeculativeTokensAgainstPlain) {
   const nlohmann::json &plain = out["depths"][0], &speculative = out["depths"][1];
   EXPECT_EQ(plain["speculative"], "none");
   EXPECT_TRUE(plain["same_tokens_as_baseline"].get<bool>());
+  // The decode window split into its first step and the steady steps after it.
+  const double first = plain["first_step_seconds"].get<double>();
+  const double steady = plain["steady_tokens_per_s"].get<double>();
+  const double window = plain["decode_seconds"].get<double>();
+  ASSERT_GT(first, 0.0);
+  ASSERT_GT(steady, 0.0);
+  EXPECT_NEAR((plain["decode_tokens"].get<int>() - 1) / steady + first, window, 1e-9 * window);
   EXPECT_NE(speculative["speculative"], "none");
   EXPECT_GT(speculative["spec_draft_tokens"].get<int>(), 0);
   EXPECT_TRUE(speculative["same_tokens_as_baseline"].get<bool>());
