@@ -91,10 +91,12 @@ using VF = hn::Vec<DF>;
 
 // Keys per online-softmax step: 2 pages of 16; K and V tiles of 16 KiB each at head_dim 128.
 inline constexpr int64_t kTileKeys = 32;
-// Long jobs (not row-invariant) on f32 / f16 pools where keys go in lanes (kKeysInLanes): 8-page
-// tiles, so the online softmax's per-tile work (maxima, rescale factors, acc rescaling) is paid
-// once per 128 keys (64 before: the 57M model's dense 16k prefill 11.54-11.69 -> 10.90-11.13 s,
-// 2-core Xeon; scratch per thread then ~300 KiB at 256 query vectors, head_dim 64).
+// Long jobs (not row-invariant) on f32 / f16 pools where keys go in lanes (kKeysInLanes): up to
+// 8-page tiles, so the online softmax's per-tile work (maxima, rescale factors, acc rescaling) is
+// paid once per 128 keys (64 before: the 57M model's dense 16k prefill 11.54-11.69 -> 10.90-11.13
+// s, 2-core Xeon; scratch per thread then ~300 KiB at 256 query vectors, head_dim 64). At
+// head_dim 128 the transposed tile would pass L1 (LongTileKeys): 64 keys (attention_bench
+// Prefill/AVX3/n:2048 227-231 GFLOP/s with 128, 241-245 with 64).
 inline constexpr int64_t kLongTileKeys = 128;
 // At most this many runs (pages) per tile: a page of one slot makes one run per key.
 inline constexpr int64_t kMaxRuns = kLongTileKeys;
@@ -1033,6 +1035,12 @@ HWY_INLINE void AttendChunks(const Problem& p, const AttentionTask& task, Scratc
   }
 }
 
+// Keys per tile of a long job scoring with keys in lanes: kLongTileKeys, fewer where the
+// transposed tile (dp x tile floats) would pass 32 KiB and crowd L1 (head_dim 128: 64 keys).
+HWY_INLINE int64_t LongTileKeys(int64_t dp) {
+  return std::clamp<int64_t>(8192 / dp / 32 * 32, 32, kLongTileKeys);
+}
+
 template <typename T>
 HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& sc) {
   const DF d;
@@ -1129,7 +1137,7 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
   // Long jobs with enough query vectors per key: 8-page tiles (the tile's keys are reused by all
   // of them, so reading order matters less than per-tile work).
   const int64_t tile_keys =
-      keys_in_lanes ? kLongTileKeys : TileKeys(p.kv, num_heads, p.row_invariant);
+      keys_in_lanes ? LongTileKeys(p.dp) : TileKeys(p.kv, num_heads, p.row_invariant);
   for (int64_t key0 = task.key_begin; !p.vnni && !p.chunked && key0 < task.key_end;
        key0 += tile_keys) {
     const int64_t key1 = std::min(task.key_end, key0 + tile_keys);
