@@ -10,7 +10,10 @@ namespace sieve::engine {
 model::SequenceKv ModelRunner::sequence_kv(sched::SeqId seq, const kv::SparseAppend* append,
                                            const RowRequests* requests) {
   model::SequenceKv view;
-  if (requests) view.want_attention = requests->want_attention;
+  if (requests) {
+    view.want_attention = requests->want_attention;
+    view.observe_rows = requests->observe_rows;
+  }
   if (!kv_.is_sparse(seq)) {
     for (kv::PageId page : kv_.block_table(seq)) view.block_table.push_back(page.value);
     return view;
@@ -205,6 +208,22 @@ const ModelRunner::ObservationScores& ModelRunner::read_keys(sched::SeqId seq,
   for (int32_t length : kv_.stream_lengths(seq, num_positions))
     keys_.offsets.push_back(keys_.offsets.back() + static_cast<size_t>(length) * head_dim);
   return keys_;
+}
+
+const ModelRunner::ObservationScores* ModelRunner::observed(sched::SeqId seq, int32_t num_tokens,
+                                                            int32_t window) {
+  auto it = step_index_.find(seq);
+  if (it == step_index_.end()) return nullptr;
+  model::StreamOutputs& out = outputs_[it->second];
+  if (out.observed.empty() || out.observed_rows != window || out.observed_through != num_tokens)
+    return nullptr;
+  scores_.values = std::move(out.observed);
+  out.observed.clear();
+  scores_.offsets.assign(1, 0);
+  for (int32_t length : kv_.stream_lengths(seq, num_tokens))
+    scores_.offsets.push_back(scores_.offsets.back() + static_cast<size_t>(length));
+  if (scores_.offsets.back() != scores_.values.size()) return nullptr;
+  return &scores_;
 }
 
 const model::StreamOutputs* ModelRunner::outputs(sched::SeqId seq) const {

@@ -111,6 +111,56 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
               1e-2f);
 }
 
+TEST(Observe, TheWindowScoredInItsOwnForwardStepEqualsObserve) {
+  // A prompt chunk that ends where the prompt is compressed scores its last rows in its own
+  // step (SequenceKv::observe_rows), instead of observe() running them again after it: the
+  // same scores, dense or through streams of their own, in the same order.
+  model::LoadedModel loaded = load();
+  const model::Model& m = *loaded.model;
+  std::vector<int32_t> tokens = loaded.tokenizer->encode(
+      "Once upon a time there was a little girl named Lily. She liked to play outside in the park "
+      "with her dog.");
+  const auto n = static_cast<int32_t>(tokens.size());
+  const int32_t window = 6;
+  auto [cache, table] = model::KvCache::for_one_sequence(m.backend(), m.config(), n, 8);
+  model::SequenceKv sparse;
+  const kv::SliceShape shape = cache.slice_shape();
+  for (int32_t s = 0; s < shape.num_streams(); ++s) {
+    model::KvStream& stream = sparse.streams.emplace_back();
+    for (int32_t page : table)
+      stream.slices.push_back(static_cast<int32_t>(shape.dense_slice(kv::PageId{page}, s).value));
+    stream.num_keys = n;
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t page = table[static_cast<size_t>(i / 8)];
+      stream.new_rows.emplace_back(
+          static_cast<int32_t>(shape.dense_slice(kv::PageId{page}, s).value), i % 8);
+    }
+  }
+  std::vector<int32_t> positions;
+  for (int32_t i = n - window; i < n; ++i) positions.push_back(i);
+  const std::span<const int32_t> window_tokens =
+      std::span<const int32_t>(tokens).subspan(n - window);
+  for (bool dense : {true, false}) {
+    model::SequenceKv kv = dense ? model::SequenceKv{.block_table = table} : sparse;
+    kv.observe_rows = window;
+    model::ForwardScratch scratch;
+    model::Batch batch;
+    batch.begin_sequence(kv);
+    for (int32_t i = 0; i < n; ++i) batch.add(tokens[i], i, i + 1 == n);
+    std::vector<float> logits, observed;
+    std::vector<model::StreamOutputs> outputs;
+    m.forward(batch, cache, scratch, logits, &outputs);
+    ASSERT_EQ(outputs.size(), 1u);
+    EXPECT_EQ(outputs[0].observed_rows, window);
+    EXPECT_EQ(outputs[0].observed_through, n);
+    kv.observe_rows = 0;
+    m.observe(window_tokens, positions, kv, cache, scratch, observed);
+    ASSERT_EQ(outputs[0].observed.size(), observed.size()) << dense;
+    // The window's log-sum-exps come from a chunk of n rows there and of `window` rows here.
+    EXPECT_LT(max_abs_diff(outputs[0].observed, observed), 1e-5f) << dense;
+  }
+}
+
 TEST(Observe, KeysReadThroughStreamsOrTheBlockTableAreTheCachesKeys) {
   // KV policies that score keys themselves (KeyDiff) read them per stream, in stream order.
   model::LoadedModel loaded = load();
