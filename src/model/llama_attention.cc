@@ -1,6 +1,7 @@
 // The Llama family's attention over the paged KV cache (LlamaModel::attend: dense, sparse and
-// Quest streams in one batched kernel call per layer) and the passes that reuse it without
-// writing K/V: SnapKV's observation scores (observe) and the keys KV policies read (read_keys).
+// Quest streams in one batched kernel call per layer; a prompt chunk's last rows may also score
+// every key there, SequenceKv::observe_rows) and the passes that reuse it without writing K/V:
+// SnapKV's observation scores (observe) and the keys KV policies read (read_keys).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
