@@ -995,20 +995,26 @@ HWY_INLINE void AttendChunks(const Problem& p, const AttentionTask& task, Scratc
       run.v += b * p.kv.head_stride;
       return run;
     };
-    if (num_heads == 1 && !prefetch) {
-      Qk(p, block_of(0), runs, num_runs);
-    } else {
+    // pass(block, runs, num_runs) over the chunk's pages (QK reading K, P·V reading V): with
+    // several heads (or a prefetch) page by page, each page through the task's heads.
+    const auto each_page = [&](bool values, const auto& pass) HWY_ATTR {
+      if (num_heads == 1 && !prefetch) {
+        pass(block_of(0), runs, num_runs);
+        return;
+      }
       for (int64_t r = 0; r < num_runs; ++r) {
         if (prefetch && r + kOneHeadPrefetchPages < num_runs) {
           const KeyRun<T>& ahead = runs[r + kOneHeadPrefetchPages];
-          PrefetchRows(ahead.k, ahead.count * head_dim);
+          PrefetchRows(values ? ahead.v : ahead.k, ahead.count * head_dim);
         }
         for (int64_t b = 0; b < num_heads; ++b) {
           const KeyRun<T> run = head_run(r, b);
-          Qk(p, block_of(b), &run, 1);
+          pass(block_of(b), &run, 1);
         }
       }
-    }
+    };
+    each_page(false, [&](const HeadBlock& block, const KeyRun<T>* page_runs, int64_t count)
+                         HWY_ATTR { Qk(p, block, page_runs, count); });
     for (int64_t b = 0; b < num_heads; ++b) {
       const HeadBlock block = block_of(b);
       // Columns before the task's first key (a task starting mid-chunk): not keys of this task.
@@ -1018,20 +1024,8 @@ HWY_INLINE void AttendChunks(const Problem& p, const AttentionTask& task, Scratc
       SoftmaxStep4(p, block, first, limit, base, key1 - base);
       RescaleAcc(p, block);
     }
-    if (num_heads == 1 && !prefetch) {
-      Pv(p, block_of(0), runs, num_runs);
-    } else {
-      for (int64_t r = 0; r < num_runs; ++r) {
-        if (prefetch && r + kOneHeadPrefetchPages < num_runs) {
-          const KeyRun<T>& ahead = runs[r + kOneHeadPrefetchPages];
-          PrefetchRows(ahead.v, ahead.count * head_dim);
-        }
-        for (int64_t b = 0; b < num_heads; ++b) {
-          const KeyRun<T> run = head_run(r, b);
-          Pv(p, block_of(b), &run, 1);
-        }
-      }
-    }
+    each_page(true, [&](const HeadBlock& block, const KeyRun<T>* page_runs, int64_t count)
+                        HWY_ATTR { Pv(p, block, page_runs, count); });
   }
 }
 
