@@ -184,6 +184,13 @@ void ModelRunner::apply(const kv::CompactionPlan& plan) {
   for (const kv::AreaMove& move : plan.area_moves) cache_.copy_area(move.src.value, move.dst.value);
 }
 
+void ModelRunner::set_stream_offsets(sched::SeqId seq, int32_t num_positions, size_t floats_per_key,
+                                     ObservationScores& to) const {
+  to.offsets.assign(1, 0);
+  for (int32_t length : kv_.stream_lengths(seq, num_positions))
+    to.offsets.push_back(to.offsets.back() + static_cast<size_t>(length) * floats_per_key);
+}
+
 const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
                                                            std::span<const int32_t> tokens,
                                                            int32_t window) {
@@ -193,9 +200,7 @@ const ModelRunner::ObservationScores& ModelRunner::observe(sched::SeqId seq,
   for (int32_t i = 0; i < window; ++i) positions[i] = n - window + i;
   const model::SequenceKv view = sequence_kv(seq, nullptr, nullptr);
   model_.observe(tokens.subspan(n - window), positions, view, cache_, scratch_, scores_.values);
-  scores_.offsets.assign(1, 0);
-  for (int32_t length : kv_.stream_lengths(seq, n))
-    scores_.offsets.push_back(scores_.offsets.back() + static_cast<size_t>(length));
+  set_stream_offsets(seq, n, 1, scores_);
   return scores_;
 }
 
@@ -204,9 +209,7 @@ const ModelRunner::ObservationScores& ModelRunner::read_keys(sched::SeqId seq,
   const model::SequenceKv view = sequence_kv(seq, nullptr, nullptr);
   model_.read_keys(view, num_positions, cache_, scratch_, keys_.values);
   const auto head_dim = static_cast<size_t>(model_.config().head_dim);
-  keys_.offsets.assign(1, 0);
-  for (int32_t length : kv_.stream_lengths(seq, num_positions))
-    keys_.offsets.push_back(keys_.offsets.back() + static_cast<size_t>(length) * head_dim);
+  set_stream_offsets(seq, num_positions, head_dim, keys_);
   return keys_;
 }
 
@@ -219,9 +222,7 @@ const ModelRunner::ObservationScores* ModelRunner::observed(sched::SeqId seq, in
     return nullptr;
   scores_.values = std::move(out.observed);
   out.observed.clear();
-  scores_.offsets.assign(1, 0);
-  for (int32_t length : kv_.stream_lengths(seq, num_tokens))
-    scores_.offsets.push_back(scores_.offsets.back() + static_cast<size_t>(length));
+  set_stream_offsets(seq, num_tokens, 1, scores_);
   if (scores_.offsets.back() != scores_.values.size()) return nullptr;
   return &scores_;
 }

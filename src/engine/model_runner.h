@@ -126,6 +126,10 @@ class ModelRunner {
                                         std::vector<SliceSummaries>& summaries, size_t stream_idx,
                                         const model::KvStream& stream, int32_t num_written);
 
+  // to.offsets for the sequence's streams at num_positions, floats_per_key floats a key.
+  void set_stream_offsets(sched::SeqId seq, int32_t num_positions, size_t floats_per_key,
+                          ObservationScores& to) const;
+
   const model::Model& model_;
   model::KvCache& cache_;
   const kv::KvManager& kv_;
