@@ -9,44 +9,72 @@ namespace sieve::server {
 AnswerTokens::AnswerTokens(const tok::Tokenizer& tokenizer, size_t capacity)
     : tokenizer_(tokenizer), capacity_(capacity) {}
 
+AnswerTokens::AnswerMatch AnswerTokens::match_answer(const Entry& e, std::string_view text,
+                                                     std::span<const TokenId> ids) {
+  const size_t ids_at = e.prompt_ids.size();
+  const auto id_matches = [&](size_t k) {
+    return ids.empty() || (ids_at + k < ids.size() && ids[ids_at + k] == e.answer[k]);
+  };
+  AnswerMatch m{.end_bytes = e.prompt_text.size()};
+  if (e.sent_tokens > 0 && text.substr(m.end_bytes).starts_with(e.sent_text)) {
+    size_t k = 0;
+    while (k < e.sent_tokens && id_matches(k)) ++k;
+    if (k == e.sent_tokens)
+      m = {.end_bytes = m.end_bytes + e.sent_text.size(), .tokens = k, .whole = true};
+  }
+  for (; m.tokens < e.answer_pieces.size(); ++m.tokens) {
+    const std::string& piece = e.answer_pieces[m.tokens];
+    if (piece.empty() || !id_matches(m.tokens) ||
+        text.substr(m.end_bytes).substr(0, piece.size()) != piece) {
+      break;
+    }
+    m.end_bytes += piece.size();
+  }
+  return m;
+}
+
 std::vector<TokenId> AnswerTokens::encode(std::string_view text, tok::EncodeOptions options) const {
   std::vector<TokenId> ids;
   size_t kept_bytes = 0;
   {
     std::lock_guard lock(mutex_);
     const Entry* best = nullptr;
+    size_t best_prompt_ids = 0;  // of best->prompt_ids, then best_tokens of its answer
     size_t best_tokens = 0;
     bool best_whole = false;
     for (const Entry& e : entries_) {
-      if (e.add_special != options.add_special || e.parse_special != options.parse_special ||
-          !text.starts_with(e.prompt_text)) {
+      if (e.add_special != options.add_special || e.parse_special != options.parse_special) {
         continue;
       }
-      size_t at = e.prompt_text.size();
-      size_t n = 0;
-      const bool whole = e.sent_tokens > 0 && text.substr(at).starts_with(e.sent_text);
-      if (whole) {
-        at += e.sent_text.size();
-        n = e.sent_tokens;
-      }
-      for (; n < e.answer_pieces.size(); ++n) {
-        const std::string& piece = e.answer_pieces[n];
-        if (piece.empty() || text.substr(at).substr(0, piece.size()) != piece) break;
-        at += piece.size();
+      AnswerMatch m;
+      size_t prompt_ids = e.prompt_ids.size();
+      if (text.starts_with(e.prompt_text)) m = match_answer(e, text);
+      if (m.tokens == 0) {
+        // Not this entry's answer: the prompt it superseded may still be resent (a next turn
+        // sent again: its text stops where this entry's answer would start).
+        if (e.kept_prefix_ids == 0 ||
+            !text.starts_with(std::string_view(e.prompt_text).substr(0, e.kept_prefix_bytes))) {
+          continue;
+        }
+        m = {.end_bytes = e.kept_prefix_bytes, .tokens = 0, .whole = e.kept_prefix_whole};
+        prompt_ids = e.kept_prefix_ids;
       }
       // An answer resent whole is the conversation the client holds: it beats a longer piecewise
       // match of another answer to the same prompt (same text, but ids past this answer's end:
       // "   " + " The" read as another answer's four spaces then "The"). Among equals, the most
       // bytes; of equal bytes, the most recent.
-      if (n == 0 || (best_whole && !whole) || (whole == best_whole && at <= kept_bytes)) continue;
+      if ((best_whole && !m.whole) || (m.whole == best_whole && m.end_bytes <= kept_bytes)) {
+        continue;
+      }
       best = &e;
-      best_tokens = n;
-      best_whole = whole;
-      kept_bytes = at;
+      best_prompt_ids = prompt_ids;
+      best_tokens = m.tokens;
+      best_whole = m.whole;
+      kept_bytes = m.end_bytes;
     }
     if (best) {
-      ids.reserve(best->prompt_ids.size() + best_tokens + (text.size() - kept_bytes) / 3 + 1);
-      ids.assign(best->prompt_ids.begin(), best->prompt_ids.end());
+      ids.reserve(best_prompt_ids + best_tokens + (text.size() - kept_bytes) / 3 + 1);
+      ids.assign(best->prompt_ids.begin(), best->prompt_ids.begin() + best_prompt_ids);
       ids.insert(ids.end(), best->answer.begin(), best->answer.begin() + best_tokens);
     }
   }
@@ -117,16 +145,31 @@ void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenI
               .add_special = options.add_special,
               .parse_special = options.parse_special};
   std::lock_guard lock(mutex_);
-  // A conversation keeps one entry: the turn this prompt continues is superseded by it. Other
-  // answers to the same prompt stay (n > 1, a regenerated answer: each may be resent), but the
-  // same answer again replaces its older copy.
+  // A conversation keeps one entry: the turn this prompt continues is superseded by it, and the
+  // new entry keeps what of its prompt came from that turn's answer (so that this prompt, resent,
+  // is encoded as it was now). Other answers to the same prompt stay (n > 1, a regenerated
+  // answer: each may be resent), but the same answer again replaces its older copy.
+  const auto continues = [&](const Entry& e) {
+    return e.add_special == entry.add_special && e.parse_special == entry.parse_special &&
+           prompt_text.starts_with(e.prompt_text) &&
+           std::ranges::mismatch(e.prompt_ids, entry.prompt_ids).in1 == e.prompt_ids.end();
+  };
+  for (const Entry& e : entries_) {
+    if (!continues(e)) continue;
+    // A longer prompt continues e's answer; the same prompt (another answer to it) keeps e's
+    // kept start.
+    const AnswerMatch m = prompt_text.size() > e.prompt_text.size()
+                              ? match_answer(e, prompt_text, entry.prompt_ids)
+                              : AnswerMatch{};
+    const bool answer = m.tokens > 0;
+    const size_t bytes = answer ? m.end_bytes : e.kept_prefix_bytes;
+    if (bytes <= entry.kept_prefix_bytes) continue;
+    entry.kept_prefix_bytes = bytes;
+    entry.kept_prefix_ids = answer ? e.prompt_ids.size() + m.tokens : e.kept_prefix_ids;
+    entry.kept_prefix_whole = answer ? m.whole : e.kept_prefix_whole;
+  }
   std::erase_if(entries_, [&](const Entry& e) {
-    if (e.add_special != entry.add_special || e.parse_special != entry.parse_special ||
-        !prompt_text.starts_with(e.prompt_text) ||
-        std::ranges::mismatch(e.prompt_ids, entry.prompt_ids).in1 != e.prompt_ids.end()) {
-      return false;
-    }
-    return prompt_text.size() > e.prompt_text.size() || e.answer == entry.answer;
+    return continues(e) && (prompt_text.size() > e.prompt_text.size() || e.answer == entry.answer);
   });
   entries_.push_front(std::move(entry));
   while (entries_.size() > capacity_) entries_.pop_back();

@@ -63,9 +63,25 @@ class AnswerTokens {
     // pieces are matched one by one only).
     std::string sent_text;
     size_t sent_tokens = 0;
+    // The start of the prompt whose ids came from the answer of the turn this entry superseded
+    // (its bytes and ids; 0: none): a prompt resent again, which does not go on with this
+    // entry's answer, still keeps those ids, as the superseded entry would have kept them.
+    size_t kept_prefix_bytes = 0;
+    size_t kept_prefix_ids = 0;
+    bool kept_prefix_whole = false;
     bool add_special = false;
     bool parse_special = false;
   };
+
+  // How much of `text` past `at` the entry's answer covers: whole (its sent text), then piece by
+  // piece; with `ids`, only as far as ids[ids_at...] are the answer's ids too.
+  struct AnswerMatch {
+    size_t end_bytes = 0;
+    size_t tokens = 0;
+    bool whole = false;
+  };
+  static AnswerMatch match_answer(const Entry& e, std::string_view text,
+                                  std::span<const TokenId> ids = {});
 
   const tok::Tokenizer& tokenizer_;
   size_t capacity_;

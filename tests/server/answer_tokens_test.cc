@@ -161,6 +161,49 @@ TEST(AnswerTokens, AConversationKeepsOneEntryAndTheOldestGoFirst) {
   EXPECT_EQ(none.size(), 0u);
 }
 
+// A next turn sent again (a retry, or another client of the same conversation) after it was
+// answered: its entry superseded the first turn's, and it is still prompted with the first
+// answer's ids, as the first time; so is a regenerated answer's resend and the turn after.
+TEST(AnswerTokens, ANextTurnSentAgainKeepsTheIdsItHadTheFirstTime) {
+  const auto tokenizer = load_tokenizer("models/stories260K.gguf");
+  AnswerTokens kept(*tokenizer, 8);
+  const std::string prompt = "Lily had a big red ball.";
+  const std::string answer_text = " She played with it in the park every day.";
+  const auto prompt_ids = kept.encode(prompt, kCompletion);
+  const auto answer = written_in_pieces(*tokenizer, answer_text, 1);
+  kept.remember(prompt, prompt_ids, answer, kCompletion, answer_text);
+
+  const std::string next = prompt + answer_text + " Then?";
+  const auto next_ids = kept.encode(next, kCompletion);
+  ASSERT_NE(next_ids, tokenizer->encode(next, kCompletion))
+      << "the answer re-tokenizes to its own ids: the test shows nothing";
+  const auto next_answer = written_in_pieces(*tokenizer, " They ran home.", 1);
+  kept.remember(next, next_ids, next_answer, kCompletion, text_of(*tokenizer, next_answer));
+  EXPECT_EQ(kept.size(), 1u) << "the next turn supersedes the first";
+  EXPECT_EQ(kept.encode(next, kCompletion), next_ids) << "sent again";
+  const std::string retry = next + " Why?";
+  const auto retry_ids = kept.encode(retry, kCompletion);
+  ASSERT_GE(retry_ids.size(), prompt_ids.size() + answer.size());
+  EXPECT_TRUE(std::equal(next_ids.begin(), next_ids.begin() + prompt_ids.size() + answer.size(),
+                         retry_ids.begin()))
+      << "a longer text that leaves the next turn's answer keeps the first answer's ids";
+
+  // Another answer to the next turn, and the same answer again, keep what the entry kept.
+  const auto other_answer = written_in_pieces(*tokenizer, " Max barked.", 2);
+  kept.remember(next, next_ids, other_answer, kCompletion, text_of(*tokenizer, other_answer));
+  kept.remember(next, next_ids, next_answer, kCompletion, text_of(*tokenizer, next_answer));
+  EXPECT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept.encode(next, kCompletion), next_ids);
+
+  // The third turn keeps both answers' ids.
+  const std::string third = next + text_of(*tokenizer, next_answer) + " And?";
+  const auto third_ids = kept.encode(third, kCompletion);
+  const auto both = concat(next_ids, next_answer);
+  ASSERT_GE(third_ids.size(), both.size());
+  EXPECT_TRUE(std::equal(both.begin(), both.end(), third_ids.begin()));
+  EXPECT_EQ(tokenizer->decode(third_ids), tokenizer->decode(tokenizer->encode(third, kCompletion)));
+}
+
 // Two answers to one prompt, one the start of the other ("  " and "    ", written a space a
 // token): a next turn that resends the short one whole, then " The", keeps the short one's ids,
 // although the long one's pieces would match one more space (a text the same, ids past the
