@@ -10,7 +10,10 @@ namespace sieve::engine {
 model::SequenceKv ModelRunner::sequence_kv(sched::SeqId seq, const kv::SparseAppend* append,
                                            const RowRequests* requests) {
   model::SequenceKv view;
-  if (requests) view.want_attention = requests->want_attention;
+  if (requests) {
+    view.want_attention = requests->want_attention;
+    view.observe_rows = requests->observe_rows;
+  }
   if (!kv_.is_sparse(seq)) {
     for (kv::PageId page : kv_.block_table(seq)) view.block_table.push_back(page.value);
     return view;
@@ -208,6 +211,20 @@ const ModelRunner::ObservationScores& ModelRunner::read_keys(sched::SeqId seq,
   const auto head_dim = static_cast<size_t>(model_.config().head_dim);
   set_stream_offsets(seq, num_positions, head_dim, keys_);
   return keys_;
+}
+
+const ModelRunner::ObservationScores* ModelRunner::observed(sched::SeqId seq, int32_t num_tokens,
+                                                            int32_t window) {
+  auto it = step_index_.find(seq);
+  if (it == step_index_.end()) return nullptr;
+  model::StreamOutputs& out = outputs_[it->second];
+  if (out.observed.empty() || out.observed_rows != window || out.observed_through != num_tokens)
+    return nullptr;
+  scores_.values = std::move(out.observed);
+  out.observed.clear();
+  set_stream_offsets(seq, num_tokens, 1, scores_);
+  if (scores_.offsets.back() != scores_.values.size()) return nullptr;
+  return &scores_;
 }
 
 const model::StreamOutputs* ModelRunner::outputs(sched::SeqId seq) const {

@@ -28,6 +28,9 @@ class ModelRunner {
   struct RowRequests {
     std::vector<uint8_t> want_attention;                         // [stream], empty: none
     std::vector<std::optional<sparsity::PageReads>> page_reads;  // [stream], empty: read all
+    // A prompt chunk that ends where the prompt is compressed: its last observe_rows rows score
+    // the keys in the step (model::SequenceKv::observe_rows; observed()).
+    int32_t observe_rows = 0;
   };
   // `tokens_of(seq)` gives a sequence's known tokens; `requests_of(seq)` (may be empty, or return
   // null) what its sparsity asks. Returns logits [rows][vocab]: for each entry of `out.scheduled`,
@@ -81,6 +84,10 @@ class ModelRunner {
   };
   const ObservationScores& observe(sched::SeqId seq, std::span<const int32_t> tokens,
                                    int32_t window);
+  // After run(): observe(seq, tokens, window)'s scores if the step's last `window` rows of the
+  // sequence scored them (RowRequests::observe_rows) and it has computed exactly `num_tokens`;
+  // else null.
+  const ObservationScores* observed(sched::SeqId seq, int32_t num_tokens, int32_t window);
   // The keys of its streams over its first num_positions positions (model::Model::
   // read_keys), laid out as observe's scores with head_dim floats per key.
   const ObservationScores& read_keys(sched::SeqId seq, int32_t num_positions);

@@ -104,8 +104,20 @@ void SparsityDriver::plan_rows(const sched::ScheduleOutput& out, const Samples& 
   row_requests_.clear();
   for (const sched::ScheduledSequence& scheduled : out.scheduled) {
     const Sample& sample = *samples.at(scheduled.seq_id);
-    if (!sample.sparsity || !sample.sparsity->prompt_compressed() || !scheduled.stream_slots)
+    if (!sample.sparsity) continue;
+    if (!sample.sparsity->prompt_compressed()) {
+      // A prompt chunk after which the prompt is compressed (on_prefill_chunk, on_prompt_done):
+      // its last rows score the keys in this step, instead of compress() running them again.
+      const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
+      const int32_t boundary = sample.chunk_boundary;
+      const bool compresses = scheduled.samples || (boundary > 0 && computed % boundary == 0);
+      const int32_t window = sample.sparsity->observation_rows();
+      if (compresses && window > 0 && window <= scheduled.num_new_tokens &&
+          scheduled.num_draft_tokens == 0)
+        row_requests_.emplace(scheduled.seq_id, ModelRunner::RowRequests{.observe_rows = window});
       continue;
+    }
+    if (!scheduled.stream_slots) continue;
     const sparsity::SparsityController& controller = *sample.sparsity;
     ModelRunner::RowRequests requests{.want_attention = controller.decode_attention_streams()};
     if (controller.selects_pages()) {
@@ -189,8 +201,10 @@ void SparsityDriver::compress(sched::SeqId seq, Sample& sample) {
   const std::vector<int32_t> num_keys = kv_.stream_lengths(seq, n);
   std::vector<std::span<const float>> scores;
   if (const int32_t rows = controller.observation_rows(); rows > 0) {
+    // Scored in the step that computed the window (plan_rows), or now by running it again.
+    const ModelRunner::ObservationScores* in_step = runner_.observed(seq, n, rows);
     const ModelRunner::ObservationScores& observed =
-        runner_.observe(seq, scheduler_.tokens(seq).first(n), rows);
+        in_step ? *in_step : runner_.observe(seq, scheduler_.tokens(seq).first(n), rows);
     for (size_t s = 0; s < num_keys.size(); ++s) scores.push_back(observed.stream(s));
   }
   std::vector<std::span<const float>> keys;

@@ -3,10 +3,13 @@
 // and the KV manager and model runner (which move keys and run rows). Per request and step:
 //   submit        admission bound: the controller, its prefill chunks and the most pages the
 //                 request can hold at once (kv::sparse_peak_pages)
-//   before run    row plans: which slices each decode row reads (Quest, LServe) and which
-//                 streams hand back attention weights (H2O, FastGen)
+//   before run    row plans: which slices each decode row reads (Quest, LServe), which
+//                 streams hand back attention weights (H2O, FastGen), and which prompt chunks
+//                 score their last rows in the step (the chunk after which the prompt is
+//                 compressed: SnapKV's window)
 //   after run     a prompt chunk that ended on a boundary, or a prompt just finished:
-//                 observe (score the last rows) → propose (keep-sets) → compress (KV manager's
+//                 observe (the scores of the last rows: from the step, or by running them
+//                 again) → propose (keep-sets) → compress (KV manager's
 //                 plan, applied by the runner) → commit (the controller's new state);
 //                 a decode step: each stream drops what its policy lets go
 // Owned by the stepping thread (admit() runs on submit()'s and only reads).

@@ -120,6 +120,9 @@ struct Rows {
 struct ObservationOutput {
   int64_t num_keys = 0;
   float* scores = nullptr;  // [kv.num_kv_heads][num_keys]
+  // > 0: only the job's last last_rows rows observe (a prompt chunk that ends on SnapKV's
+  // window, scored in the chunk's own step instead of by Model::observe afterwards).
+  int64_t last_rows = 0;
 };
 // One sequence's (or one KV head's stream's) attention, for paged_attention_batch().
 struct AttentionJob {
@@ -129,6 +132,20 @@ struct AttentionJob {
   // Each needs out.row_lse; they run after the attention, on the same threads.
   std::span<const ObservationOutput> observations;
 };
+
+// The query rows an observation of `job` reads, and their log-sum-exps.
+struct ObservedRows {
+  AttentionQuery query;
+  const float* row_lse = nullptr;
+};
+inline ObservedRows observed_rows(const AttentionJob& job, const ObservationOutput& o) {
+  const auto num_q = static_cast<int64_t>(job.query.positions.size());
+  const int64_t skip = o.last_rows > 0 && o.last_rows < num_q ? num_q - o.last_rows : 0;
+  AttentionQuery query = job.query;
+  query.q += skip * query.num_heads * job.kv.head_dim;
+  query.positions = query.positions.subspan(static_cast<size_t>(skip));
+  return {query, job.out.row_lse + skip * query.num_heads};
+}
 
 class Backend {
  public:

@@ -72,6 +72,10 @@ struct SequenceKv {
   // Streams whose decode row's attention weights the caller wants back (H2O, FastGen's
   // frequent set): StreamOutputs::attention.
   std::vector<uint8_t> want_attention;  // [stream], empty: none
+  // > 0: the step's last observe_rows rows (SnapKV's window, when the step's chunk ends where
+  // the prompt is compressed) score every key as Model::observe would, in the step itself:
+  // StreamOutputs::observed. At most the step's rows of the sequence.
+  int32_t observe_rows = 0;
   bool shares_block_table() const { return streams.empty(); }
 };
 
@@ -82,6 +86,10 @@ struct StreamOutputs {
   std::vector<std::vector<float>> attention;
   // [stream]: the slices a choosing Quest row read (SliceSelection::choose); else empty.
   std::vector<std::vector<int32_t>> chosen_slices;
+  // With SequenceKv::observe_rows: Model::observe's scores of the observed_rows-row window that
+  // ends at position observed_through - 1 (stream after stream); else empty.
+  std::vector<float> observed;
+  int32_t observed_rows = 0, observed_through = 0;
 };
 
 struct BatchSequence {

@@ -1,6 +1,7 @@
 // The Llama family's attention over the paged KV cache (LlamaModel::attend: dense, sparse and
-// Quest streams in one batched kernel call per layer) and the passes that reuse it without
-// writing K/V: SnapKV's observation scores (observe) and the keys KV policies read (read_keys).
+// Quest streams in one batched kernel call per layer; a prompt chunk's last rows may also score
+// every key there, SequenceKv::observe_rows) and the passes that reuse it without writing K/V:
+// SnapKV's observation scores (observe) and the keys KV policies read (read_keys).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -77,9 +78,24 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
   };
 
   // Sizes of this layer's outputs, before any pointer into them is taken.
-  int64_t num_weights = 0, num_bounds = 0, num_own = 0, num_rows = 0;
+  // Sequences whose last rows score every key this step (SequenceKv::observe_rows).
+  const auto observes = [&](const SequenceRows& seq) {
+    return !scores && seq.kv->observe_rows > 0 && seq.kv->observe_rows <= seq.num_tokens;
+  };
+  // The keys of the layer's streams of a sequence, and of the layers before.
+  const auto layer_keys = [&](const SequenceRows& seq, int64_t l) {
+    int64_t keys = 0;
+    for (int64_t g = 0; g < nkv; ++g) {
+      keys += seq.kv->shares_block_table()
+                  ? dense_keys(seq)
+                  : seq.kv->streams[static_cast<size_t>(l * nkv + g)].num_keys;
+    }
+    return keys;
+  };
+  int64_t num_weights = 0, num_bounds = 0, num_own = 0, num_rows = 0, num_observed = 0;
   for (const SequenceRows& seq : sequences) {
     num_rows = std::max<int64_t>(num_rows, int64_t{seq.first_token} + seq.num_tokens);
+    if (observes(seq)) num_observed += layer_keys(seq, layer);
     if (one_job(seq)) {
       if (dense_wants(seq)) num_weights += nkv * dense_keys(seq);
       continue;
@@ -94,6 +110,7 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
   }
   float* weights = num_weights > 0 ? grow(backend, s.weights, num_weights) : nullptr;
   float* bounds = num_bounds > 0 ? grow(backend, s.bounds, num_bounds) : nullptr;
+  float* observed = num_observed > 0 ? grow(backend, s.scores, num_observed) : nullptr;
   const float* q = s.q.as<const float>();
   float* attn = s.attn.as<float>();
   float* q_group = s.q_group.as<float>();
@@ -169,9 +186,10 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
   };
   own_idx = 0;
   bounds_at = 0;
-  int64_t weights_at = 0;
+  int64_t weights_at = 0, observed_at = 0;
   for (const SequenceRows& seq : sequences) {
     const int64_t f = seq.first_token, nt = seq.num_tokens;
+    const bool observing = observes(seq);
     if (one_job(seq)) {
       const size_t first_observation = s.observations.size();
       // Every stream of the layer reads one block table: one job for all heads reads each page
@@ -179,21 +197,28 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
       const int64_t num_keys = dense_keys(seq);
       const bool want = dense_wants(seq);
       if (scores) s.observations.push_back({.num_keys = num_keys, .scores = scores});
+      if (observing) {
+        s.observations.push_back({.num_keys = num_keys,
+                                  .scores = observed + observed_at,
+                                  .last_rows = seq.kv->observe_rows});
+        observed_at += nkv * num_keys;
+      }
       if (want) {  // one extra pass over the row's keys, reusing its log-sum-exp
         need_output(seq);
         s.observations.push_back({.num_keys = num_keys, .scores = weights + weights_at});
         weights_at += nkv * num_keys;
       }
-      s.jobs.push_back({.kv = cache.layer_view(layer, seq.kv->block_table),
-                        .query = {.q = q + f * q_dim,
-                                  .positions = std::span<const int32_t>(seq.positions, nt),
-                                  .num_heads = c.num_heads,
-                                  .scale = scale,
-                                  .window = window(),
-                                  .chunk_tiles = scores != nullptr},
-                        .out = {.out = attn + f * q_dim,
-                                .row_lse = want || scores ? lse + f * c.num_heads : nullptr},
-                        .observations = observations_from(first_observation)});
+      s.jobs.push_back(
+          {.kv = cache.layer_view(layer, seq.kv->block_table),
+           .query = {.q = q + f * q_dim,
+                     .positions = std::span<const int32_t>(seq.positions, nt),
+                     .num_heads = c.num_heads,
+                     .scale = scale,
+                     .window = window(),
+                     .chunk_tiles = scores != nullptr},
+           .out = {.out = attn + f * q_dim,
+                   .row_lse = want || scores || observing ? lse + f * c.num_heads : nullptr},
+           .observations = observations_from(first_observation)});
       continue;
     }
     // Streams of their own: each KV head has its own kept keys, so the query heads of one group
@@ -248,12 +273,18 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
         s.observations.push_back({.num_keys = num_keys, .scores = head_scores});
         head_scores += num_keys;
       }
+      if (observing) {  // the same for the step's last rows
+        s.observations.push_back({.num_keys = num_keys,
+                                  .scores = observed + observed_at,
+                                  .last_rows = seq.kv->observe_rows});
+        observed_at += num_keys;
+      }
       if (want) {  // one extra pass over this row's keys, reusing its log-sum-exp
         need_output(seq);
         s.observations.push_back({.num_keys = num_keys, .scores = weights + weights_at});
         weights_at += num_keys;
       }
-      const bool need_lse = want || scores;
+      const bool need_lse = want || scores || observing;
       s.jobs.push_back(
           {.kv = view,
            .query = {.q = q_group + group_at(f, nt, g),
@@ -270,10 +301,28 @@ void LlamaModel::attend(kernels::Backend& backend, std::span<const SequenceRows>
   }
   backend.paged_attention_batch(s.jobs);
 
-  // 4. Outputs of streams of their own back into attn; attention weights to the host.
+  // 4. Outputs of streams of their own back into attn; attention weights and observed scores
+  // to the host.
   weights_at = 0;
+  observed_at = 0;
   for (const SequenceRows& seq : sequences) {
     const int64_t f = seq.first_token, nt = seq.num_tokens;
+    if (observes(seq)) {
+      need_output(seq);
+      int64_t total = 0, before = 0;
+      for (int64_t l = 0; l < c.num_layers; ++l) {
+        if (l == layer) before = total;
+        total += layer_keys(seq, l);
+      }
+      std::vector<float>& to = seq.out->observed;
+      to.resize(static_cast<size_t>(total));
+      const int64_t keys = layer_keys(seq, layer);
+      backend.download(to.data() + before, observed + observed_at,
+                       static_cast<size_t>(keys) * sizeof(float));
+      observed_at += keys;
+      seq.out->observed_rows = seq.kv->observe_rows;
+      seq.out->observed_through = seq.positions[nt - 1] + 1;
+    }
     if (one_job(seq)) {
       if (!dense_wants(seq)) continue;
       const int64_t num_keys = dense_keys(seq);

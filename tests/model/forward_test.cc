@@ -67,6 +67,27 @@ TEST(Forward, PrefillBatchEqualsTokenByToken) {
   EXPECT_LT(max_abs_diff(batched, token_by_token(*loaded.model, tokens)), 1e-4f);
 }
 
+// A sequence's n positions on the pages of `table` as streams of their own, every key kept in
+// place (what chunk-by-chunk compression scores through); with `writes`, each position is also
+// a new row of every stream (a forward step writes them).
+model::SequenceKv streams_in_place(const model::KvCache& cache, std::span<const int32_t> table,
+                                   int32_t n, bool writes) {
+  model::SequenceKv kv;
+  const kv::SliceShape shape = cache.slice_shape();
+  const int32_t page_size = cache.page_size();
+  for (int32_t s = 0; s < shape.num_streams(); ++s) {
+    model::KvStream& stream = kv.streams.emplace_back();
+    for (int32_t page : table)
+      stream.slices.push_back(static_cast<int32_t>(shape.dense_slice(kv::PageId{page}, s).value));
+    stream.num_keys = n;
+    for (int32_t i = 0; writes && i < n; ++i) {
+      stream.new_rows.emplace_back(stream.slices[static_cast<size_t>(i / page_size)],
+                                   i % page_size);
+    }
+  }
+  return kv;
+}
+
 TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   // Chunk-by-chunk compression scores a compressed sequence through its per-(layer, KV head)
   // streams; with every key kept in place they must be the dense observation scores.
@@ -93,15 +114,8 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   std::vector<float> dense, streamed;
   m.observe(window_tokens, positions, {.block_table = table}, cache, scratch, dense);
 
-  model::SequenceKv sparse;
-  const kv::SliceShape shape = cache.slice_shape();
-  for (int32_t s = 0; s < shape.num_streams(); ++s) {
-    model::KvStream& stream = sparse.streams.emplace_back();
-    for (int32_t page : table)
-      stream.slices.push_back(static_cast<int32_t>(shape.dense_slice(kv::PageId{page}, s).value));
-    stream.num_keys = n;
-  }
-  m.observe(window_tokens, positions, sparse, cache, scratch, streamed);
+  m.observe(window_tokens, positions, streams_in_place(cache, table, n, false), cache, scratch,
+            streamed);
   ASSERT_EQ(streamed.size(), dense.size());
   EXPECT_LT(max_abs_diff(streamed, dense), 1e-4f);  // the kernels tile one head vs all heads
   float total = 0;
@@ -109,6 +123,44 @@ TEST(Observe, ScoresOfASequenceThroughItsStreamsEqualTheDensePass) {
   // Every row's probabilities sum to 1 per query head: window rows x query heads in all.
   EXPECT_NEAR(total, static_cast<float>(window * m.config().num_heads * m.config().num_layers),
               1e-2f);
+}
+
+TEST(Observe, TheWindowScoredInItsOwnForwardStepEqualsObserve) {
+  // A prompt chunk that ends where the prompt is compressed scores its last rows in its own
+  // step (SequenceKv::observe_rows), instead of observe() running them again after it: the
+  // same scores, dense or through streams of their own, in the same order.
+  model::LoadedModel loaded = load();
+  const model::Model& m = *loaded.model;
+  std::vector<int32_t> tokens = loaded.tokenizer->encode(
+      "Once upon a time there was a little girl named Lily. She liked to play outside in the park "
+      "with her dog.");
+  const auto n = static_cast<int32_t>(tokens.size());
+  const int32_t window = 6;
+  auto [cache, table] = model::KvCache::for_one_sequence(m.backend(), m.config(), n, 8);
+  const model::SequenceKv sparse = streams_in_place(cache, table, n, true);
+  std::vector<int32_t> positions;
+  for (int32_t i = n - window; i < n; ++i) positions.push_back(i);
+  const std::span<const int32_t> window_tokens =
+      std::span<const int32_t>(tokens).subspan(n - window);
+  for (bool dense : {true, false}) {
+    model::SequenceKv kv = dense ? model::SequenceKv{.block_table = table} : sparse;
+    kv.observe_rows = window;
+    model::ForwardScratch scratch;
+    model::Batch batch;
+    batch.begin_sequence(kv);
+    for (int32_t i = 0; i < n; ++i) batch.add(tokens[i], i, i + 1 == n);
+    std::vector<float> logits, observed;
+    std::vector<model::StreamOutputs> outputs;
+    m.forward(batch, cache, scratch, logits, &outputs);
+    ASSERT_EQ(outputs.size(), 1u);
+    EXPECT_EQ(outputs[0].observed_rows, window);
+    EXPECT_EQ(outputs[0].observed_through, n);
+    kv.observe_rows = 0;
+    m.observe(window_tokens, positions, kv, cache, scratch, observed);
+    ASSERT_EQ(outputs[0].observed.size(), observed.size()) << dense;
+    // The window's log-sum-exps come from a chunk of n rows there and of `window` rows here.
+    EXPECT_LT(max_abs_diff(outputs[0].observed, observed), 1e-5f) << dense;
+  }
 }
 
 TEST(Observe, KeysReadThroughStreamsOrTheBlockTableAreTheCachesKeys) {

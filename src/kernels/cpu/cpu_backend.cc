@@ -244,8 +244,10 @@ class CpuBackend final : public HostMemoryBackend {
  private:
   static void run_job(const AttentionJob& job, ThreadPool& pool) {
     kernels::paged_attention(job.kv, job.query, job.out, pool);
-    for (const ObservationOutput& o : job.observations)
-      kernels::observation_scores(job.kv, job.query, job.out.row_lse, o.num_keys, o.scores, pool);
+    for (const ObservationOutput& o : job.observations) {
+      const ObservedRows rows = observed_rows(job, o);
+      kernels::observation_scores(job.kv, rows.query, rows.row_lse, o.num_keys, o.scores, pool);
+    }
   }
 
   // fn(begin, end) over [0, num_rows): on the pool when the rows are worth a dispatch.

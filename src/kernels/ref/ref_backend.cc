@@ -93,8 +93,10 @@ class ReferenceBackend final : public HostMemoryBackend {
   void paged_attention_batch(std::span<const AttentionJob> jobs) override {
     for (const AttentionJob& job : jobs) {
       ref::paged_attention(job.kv, job.query, job.out);
-      for (const ObservationOutput& o : job.observations)
-        ref::observation_scores(job.kv, job.query, job.out.row_lse, o.num_keys, o.scores);
+      for (const ObservationOutput& o : job.observations) {
+        const ObservedRows rows = observed_rows(job, o);
+        ref::observation_scores(job.kv, rows.query, rows.row_lse, o.num_keys, o.scores);
+      }
     }
   }
 
