@@ -73,8 +73,9 @@ class AnswerTokens {
     bool parse_special = false;
   };
 
-  // How much of `text` past `at` the entry's answer covers: whole (its sent text), then piece by
-  // piece; with `ids`, only as far as ids[ids_at...] are the answer's ids too.
+  // How much of `text` (which starts with e's prompt text) e's answer covers after the prompt:
+  // whole (its sent text), then piece by piece; given `ids` (a prompt's ids that start with e's
+  // prompt ids), only as far as they go on with the answer's ids.
   struct AnswerMatch {
     size_t end_bytes = 0;
     size_t tokens = 0;
