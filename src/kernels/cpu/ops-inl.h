@@ -324,6 +324,8 @@ HWY_INLINE float Softmax(float* HWY_RESTRICT x, int64_t n) {
   const hn::ScalableTag<float> d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // Nothing: -inf, said here (EMU128's MaxOfLanes of -inf lanes gives the lowest finite float).
+  if (n == 0) return kNegInf;
   const size_t rest = static_cast<size_t>(n % N);
   const int64_t n_full = n - static_cast<int64_t>(rest);
 
