@@ -128,7 +128,11 @@ std::pair<ClientConfig, size_t> point_setup(const ClientConfig& base_config, con
 RunResult run_conversations(const ServerUrl& url, const ClientConfig& base_config,
                             const std::vector<Conversation>& conversations, const RunPoint& point,
                             const RunOptions& options, const ProgressCallback& progress) {
-  const auto [config, num_workers] = point_setup(base_config, point, options, conversations.size());
+  // Not a structured binding: the workers' lambda captures config (Clang before 16 cannot).
+  const std::pair<ClientConfig, size_t> setup =
+      point_setup(base_config, point, options, conversations.size());
+  const ClientConfig& config = setup.first;
+  const size_t num_workers = setup.second;
   std::vector<size_t> first_record(conversations.size() + 1, 0);
   for (size_t c = 0; c < conversations.size(); ++c)
     first_record[c + 1] = first_record[c] + conversations[c].turns.size();

@@ -157,7 +157,8 @@ TEST(HfTokenizer, BosAndEosFallBackToConfigJsonsIds) {
            {{{"eos_token_id", {-1}}}, "dir/config.json: eos_token_id is -1"},
            {json::array(), "dir/config.json: not a JSON object"},
        }) {
-    const std::string error = error_of([&] { vocab_of(no_special_tokens, model_config); });
+    const std::string error =
+        error_of([&, &model_config = model_config] { vocab_of(no_special_tokens, model_config); });
     EXPECT_NE(error.find(expected), std::string::npos) << error;
   }
 }
@@ -249,7 +250,9 @@ TEST(HfTokenizer, MalformedTokenizerConfigIsAnErrorNamingTheFile) {
       {{{"chat_template", {{{"name", "default"}}}}}, "need \"name\" and \"template\""},
   };
   for (const auto& [tokenizer_config, expected] : cases) {
-    const std::string error = error_of([&] { metadata(byte_level_tokenizer(), tokenizer_config); });
+    const std::string error = error_of([&tokenizer_config = tokenizer_config] {
+      metadata(byte_level_tokenizer(), tokenizer_config);
+    });
     EXPECT_NE(error.find(expected), std::string::npos) << error;
   }
 }

@@ -185,7 +185,7 @@ TEST(PolicySpec, ErrorsNameTheProblem) {
       {"full:X=1", "unknown parameter \"X\""},
   };
   for (const auto& [input, expected] : cases) {
-    const std::string message = error_of([&] { parse_policy(input); });
+    const std::string message = error_of([&input = input] { parse_policy(input); });
     EXPECT_NE(message.find(expected), std::string::npos)
         << "input \"" << input << "\" gave \"" << message << "\", wanted \"" << expected << "\"";
   }
@@ -201,7 +201,7 @@ TEST(PolicySpec, ErrorsNameTheProblem) {
       {"[1]", "must be a string or an object"},
   };
   for (const auto& [input, expected] : json_cases) {
-    const std::string message = error_of([&] { parse_policy_json(input); });
+    const std::string message = error_of([&input = input] { parse_policy_json(input); });
     EXPECT_NE(message.find(expected), std::string::npos)
         << "input " << input << " gave \"" << message << "\", wanted \"" << expected << "\"";
   }
