@@ -145,10 +145,10 @@ void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenI
               .add_special = options.add_special,
               .parse_special = options.parse_special};
   std::lock_guard lock(mutex_);
-  // A conversation keeps one entry: the turn this prompt continues is superseded by it, and the
-  // new entry keeps what of its prompt came from that turn's answer (so that this prompt, resent,
-  // is encoded as it was now). Other answers to the same prompt stay (n > 1, a regenerated
-  // answer: each may be resent), but the same answer again replaces its older copy.
+  // A conversation keeps one entry: the turn whose answer this prompt goes on with is superseded
+  // by it, and the new entry keeps what of its prompt came from that answer (so that this
+  // prompt, resent, is encoded as it was now). Other answers to the same prompt stay (n > 1, a
+  // regenerated answer: each may be resent), but the same answer again replaces its older copy.
   const auto continues = [&](const Entry& e) {
     return e.add_special == entry.add_special && e.parse_special == entry.parse_special &&
            prompt_text.starts_with(e.prompt_text) &&
@@ -168,8 +168,14 @@ void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenI
     entry.kept_prefix_ids = answer ? e.prompt_ids.size() + m.tokens : e.kept_prefix_ids;
     entry.kept_prefix_whole = answer ? m.whole : e.kept_prefix_whole;
   }
+  // Superseded: the turn this prompt goes on from (with some of its answer's ids), and the same
+  // answer to the same prompt. A prompt that branches off before e's answer leaves e: a client
+  // may still resend that answer.
   std::erase_if(entries_, [&](const Entry& e) {
-    return continues(e) && (prompt_text.size() > e.prompt_text.size() || e.answer == entry.answer);
+    if (!continues(e)) return false;
+    return prompt_text.size() > e.prompt_text.size()
+               ? match_answer(e, prompt_text, entry.prompt_ids).tokens > 0
+               : e.answer == entry.answer;
   });
   entries_.push_front(std::move(entry));
   while (entries_.size() > capacity_) entries_.pop_back();

@@ -202,6 +202,16 @@ TEST(AnswerTokens, ANextTurnSentAgainKeepsTheIdsItHadTheFirstTime) {
   ASSERT_GE(third_ids.size(), both.size());
   EXPECT_TRUE(std::equal(both.begin(), both.end(), third_ids.begin()));
   EXPECT_EQ(tokenizer->decode(third_ids), tokenizer->decode(tokenizer->encode(third, kCompletion)));
+
+  // A prompt that branches off the first turn before its answer (the user rewrote it) does not
+  // supersede the entries it starts like: the first answer, resent later, keeps its ids.
+  AnswerTokens branched(*tokenizer, 8);
+  branched.remember(prompt, prompt_ids, answer, kCompletion, answer_text);
+  const std::string branch = prompt + "\nThen it rained.";  // not the answer's first byte
+  branched.remember(branch, branched.encode(branch, kCompletion), next_answer, kCompletion,
+                    text_of(*tokenizer, next_answer));
+  EXPECT_EQ(branched.size(), 2u);
+  EXPECT_EQ(branched.encode(next, kCompletion), next_ids);
 }
 
 // Two answers to one prompt, one the start of the other ("  " and "    ", written a space a
