@@ -18,6 +18,16 @@ sparsity::TokenClass token_class(const tok::Tokenizer& tokenizer, TokenId token)
   return sparsity::TokenClass::kOther;
 }
 
+// The step's chunk of a sparse sequence ends where its prompt is compressed: on a chunk
+// boundary, or at the prompt's end (the step samples). plan_rows asks such a chunk for its
+// window's scores; on_prefill_chunk and on_prompt_done queue the compression.
+bool ends_where_compressed(const sched::ScheduledSequence& scheduled, const Sample& sample) {
+  if (!sample.sparsity || sample.sparsity->prompt_compressed()) return false;
+  const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
+  const int32_t boundary = sample.chunk_boundary;
+  return scheduled.samples || (boundary > 0 && computed % boundary == 0);
+}
+
 }  // namespace
 
 sparsity::PolicySpec SparsityDriver::with_model_window(sparsity::PolicySpec policy) const {
@@ -106,14 +116,11 @@ void SparsityDriver::plan_rows(const sched::ScheduleOutput& out, const Samples& 
     const Sample& sample = *samples.at(scheduled.seq_id);
     if (!sample.sparsity) continue;
     if (!sample.sparsity->prompt_compressed()) {
-      // A prompt chunk after which the prompt is compressed (on_prefill_chunk, on_prompt_done):
-      // its last rows score the keys in this step, instead of compress() running them again.
-      const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
-      const int32_t boundary = sample.chunk_boundary;
-      const bool compresses = scheduled.samples || (boundary > 0 && computed % boundary == 0);
+      // A prompt chunk after which the prompt is compressed: its last rows score the keys in
+      // this step, instead of compress() running them again.
       const int32_t window = sample.sparsity->observation_rows();
-      if (compresses && window > 0 && window <= scheduled.num_new_tokens &&
-          scheduled.num_draft_tokens == 0)
+      if (ends_where_compressed(scheduled, sample) && window > 0 &&
+          window <= scheduled.num_new_tokens && scheduled.num_draft_tokens == 0)
         row_requests_.emplace(scheduled.seq_id, ModelRunner::RowRequests{.observe_rows = window});
       continue;
     }
@@ -138,10 +145,7 @@ const ModelRunner::RowRequests* SparsityDriver::row_requests(sched::SeqId seq) c
 void SparsityDriver::on_prefill_chunk(const sched::ScheduledSequence& scheduled,
                                       const Sample& sample) {
   // A prefill chunk of a sparse request ended on a boundary: compress before the next one.
-  const int32_t computed = scheduled.num_computed_before + scheduled.num_new_tokens;
-  const int32_t boundary = sample.chunk_boundary;
-  if (boundary > 0 && computed % boundary == 0 && !sample.sparsity->prompt_compressed())
-    to_compress_.push_back(scheduled.seq_id);
+  if (ends_where_compressed(scheduled, sample)) to_compress_.push_back(scheduled.seq_id);
 }
 
 void SparsityDriver::on_prompt_done(sched::SeqId seq, const Sample& sample) {

@@ -154,6 +154,10 @@ void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenI
            prompt_text.starts_with(e.prompt_text) &&
            std::ranges::mismatch(e.prompt_ids, entry.prompt_ids).in1 == e.prompt_ids.end();
   };
+  // Superseded: the turn this prompt goes on from (with some of its answer's ids), and the same
+  // answer to the same prompt. A prompt that branches off before e's answer leaves e: a client
+  // may still resend that answer.
+  std::vector<const Entry*> superseded;
   for (const Entry& e : entries_) {
     if (!continues(e)) continue;
     // A longer prompt continues e's answer; the same prompt (another answer to it) keeps e's
@@ -162,20 +166,16 @@ void AnswerTokens::remember(std::string_view prompt_text, std::span<const TokenI
                               ? match_answer(e, prompt_text, entry.prompt_ids)
                               : AnswerMatch{};
     const bool answer = m.tokens > 0;
+    if (answer || (prompt_text.size() == e.prompt_text.size() && e.answer == entry.answer))
+      superseded.push_back(&e);
     const size_t bytes = answer ? m.end_bytes : e.kept_prefix_bytes;
     if (bytes <= entry.kept_prefix_bytes) continue;
     entry.kept_prefix_bytes = bytes;
     entry.kept_prefix_ids = answer ? e.prompt_ids.size() + m.tokens : e.kept_prefix_ids;
     entry.kept_prefix_whole = answer ? m.whole : e.kept_prefix_whole;
   }
-  // Superseded: the turn this prompt goes on from (with some of its answer's ids), and the same
-  // answer to the same prompt. A prompt that branches off before e's answer leaves e: a client
-  // may still resend that answer.
   std::erase_if(entries_, [&](const Entry& e) {
-    if (!continues(e)) return false;
-    return prompt_text.size() > e.prompt_text.size()
-               ? match_answer(e, prompt_text, entry.prompt_ids).tokens > 0
-               : e.answer == entry.answer;
+    return std::ranges::find(superseded, &e) != superseded.end();
   });
   entries_.push_front(std::move(entry));
   while (entries_.size() > capacity_) entries_.pop_back();
