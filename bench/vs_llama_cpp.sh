@@ -21,7 +21,11 @@ rounds=${ROUNDS:-1}
 sieve=${SIEVE:-build/sieve}
 [ $# -gt 0 ] || { echo "usage: $0 MODEL.gguf [MODEL.gguf ...]" >&2; exit 2; }
 if [ ! -d bench/llama_cpp/node_modules/node-llama-cpp ]; then
-  npm ci --prefix bench/llama_cpp --omit=optional --ignore-scripts --no-audit --no-fund >&2
+  # npm 11's `ci` refuses a lock file without node-llama-cpp's optional platform packages, which
+  # a registry mirror may not carry at all: then install the same pinned versions without it.
+  npm ci --prefix bench/llama_cpp --omit=optional --ignore-scripts --no-audit --no-fund >&2 ||
+    npm install --prefix bench/llama_cpp --omit=optional --ignore-scripts --no-audit --no-fund \
+      --no-save >&2
 fi
 
 run_sieve() {
