@@ -12,7 +12,7 @@
 //   DecodeL2/<target>/ctx:64/threads:1       ... and in L2 (512 KiB): the kernel's compute speed
 //   Prefill/<target>/n:N/threads:T           causal prompt of N tokens: GFLOP/s (4 * head_dim
 //                                            * heads * N(N+1)/2 per call)
-//   FmaPeak/threads:T                        f32 FMAs from registers (512-bit, else 256-bit):
+//   FmaPeak/threads:T                        f32 FMAs from registers (kernels::fma_chains):
 //                                            the peak the GFLOP/s figures compare against
 //   EnginePrefillChunk/<target>/<f32|f16>/ctx:C/threads:T
 //                                            one 512-row prefill chunk at the end of a C-key
@@ -42,10 +42,6 @@
 //
 //   attention_bench --benchmark_filter='Decode/AVX3'
 #include <benchmark/benchmark.h>
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -325,62 +321,29 @@ void run_engine_prefill_chunk(benchmark::State& state, const std::string& target
   force_target_for_testing("");
 }
 
-// The f32 FMA peak the attention's GFLOP/s compare against: 12 independent chains of 512-bit
-// (AVX2: 256-bit) FMAs from registers on each thread; 2 flops per lane.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) double fma_chains_512(int64_t iterations) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
-  const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-6f);
-  for (int64_t k = 0; k < iterations; ++k) {
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
-  }
-  __m512 sum = acc[0];
-  for (int i = 1; i < 12; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  return lanes[0];
-}
-__attribute__((target("avx2,fma"))) double fma_chains_256(int64_t iterations) {
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i));
-  const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-6f);
-  for (int64_t k = 0; k < iterations; ++k) {
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], b, c);
-  }
-  __m256 sum = acc[0];
-  for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, acc[i]);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  return lanes[0];
-}
-
+// The f32 FMA peak the attention's GFLOP/s compare against: kernels::fma_chains (12 independent
+// chains of the widest vector FMAs, from registers) on each thread, as `sieve bench` probes it.
 void run_fma_peak(benchmark::State& state, int threads) {
-  const bool wide = __builtin_cpu_supports("avx512f");
-  if (!wide && !__builtin_cpu_supports("fma")) {
-    state.SkipWithError("no FMA");
-    return;
-  }
   constexpr int64_t kIterations = 1 << 22;
   ThreadPool& pool = pool_of(threads);
-  std::vector<double> sink(static_cast<size_t>(threads));
+  std::vector<float> sink(static_cast<size_t>(threads));
+  std::vector<double> flops(static_cast<size_t>(threads));
   for (auto _ : state) {
     pool.parallel_for(
         threads,
         [&](int64_t begin, int64_t end) {
           for (int64_t t = begin; t < end; ++t) {
-            sink[static_cast<size_t>(t)] =
-                wide ? fma_chains_512(kIterations) : fma_chains_256(kIterations);
+            sink[static_cast<size_t>(t)] = fma_chains(kIterations, &flops[static_cast<size_t>(t)]);
           }
         },
         1);
     benchmark::DoNotOptimize(sink.data());
   }
-  const double flops = 2.0 * (wide ? 16 : 8) * 12.0 * kIterations * threads;
+  double total = 0.0;
+  for (double f : flops) total += f;
   state.counters["GFLOP/s"] =
-      benchmark::Counter(flops * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+      benchmark::Counter(total * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
-#endif
 
 // Sums a 1 GiB buffer with all threads: the read bandwidth decode can hope for.
 void run_observation(benchmark::State& state, const std::string& target, int64_t n, int threads) {
@@ -543,14 +506,12 @@ void register_all() {
           ->Unit(benchmark::kMillisecond);
     }
   }
-#if defined(__x86_64__) && defined(__GNUC__)
   for (int threads : thread_counts) {
     const std::string name = "FmaPeak/threads:" + std::to_string(threads);
     benchmark::RegisterBenchmark(name.c_str(), run_fma_peak, threads)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
-#endif
   for (const std::string& target : available_targets()) {
     for (DType dtype : {DType::kF32, DType::kF16}) {
       for (int64_t ctx : {4096, 16384, 32768}) {

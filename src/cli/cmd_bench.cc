@@ -1,5 +1,5 @@
-// `sieve bench`: memory bandwidth, then prompt and decode speed of each model, with decode
-// expressed as a fraction of the measured bandwidth.
+// `sieve bench`: memory bandwidth and f32 FMA peak, then prompt and decode speed of each model,
+// with prefill expressed as a fraction of the FMA peak and decode as one of the bandwidth.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -48,25 +48,33 @@ void bench(const BenchOptions& options) {
   }
   eval::ReadBandwidthProbe probe(pool, static_cast<uint64_t>(options.bandwidth_mib) << 20);
   const eval::BandwidthResult bandwidth = eval::measure_read_bandwidth(probe, options.repetitions);
+  eval::FmaPeakProbe fma_probe(pool);
+  double fma_peak = 0.0;
+  for (int rep = 0; rep < std::max(1, options.repetitions); ++rep)
+    fma_peak = std::max(fma_peak, fma_probe.pass());
   nlohmann::json out = {{"threads", pool.num_threads()},
                         {"simd_target", kernels::active_target()},
                         {"bandwidth",
                          {{"bytes", bandwidth.bytes},
                           {"best_gb_per_s", bandwidth.best_gb_per_s},
                           {"mean_gb_per_s", bandwidth.mean_gb_per_s}}},
+                        {"fma_peak_gflop_per_s", fma_peak},
                         {"models", nlohmann::json::array()}};
   if (!options.json) {
-    fmt::print("memory read bandwidth (sum over {:.2f} GiB, best of {}): {:.2f} GB/s\n\n",
+    fmt::print("memory read bandwidth (sum over {:.2f} GiB, best of {}): {:.2f} GB/s\n",
                bandwidth.bytes / double(1 << 30), options.repetitions, bandwidth.best_gb_per_s);
-    fmt::print("{:<40} {:<10} {:>10} {:>12} {:>14} {:>12} {:>12} {:>8} {:>9}\n", "model", "type",
-               "MB/token", "prompt tok/s", "prompt GFLOP/s", "decode tok/s", "decode GB/s",
-               "bw util", "adjacent");
+    fmt::print("f32 FMA peak (best of {}): {:.1f} GFLOP/s\n\n", std::max(1, options.repetitions),
+               fma_peak);
+    fmt::print("{:<40} {:<10} {:>10} {:>12} {:>14} {:>7} {:>12} {:>12} {:>8} {:>9}\n", "model",
+               "type", "MB/token", "prompt tok/s", "prompt GFLOP/s", "of peak", "decode tok/s",
+               "decode GB/s", "bw util", "adjacent");
   }
   for (const std::string& path : options.model_paths) {
     model::LoadedModel loaded = model::load_model(
         {.model_path = path, .backend = {.device = "cpu", .threads = options.threads}});
-    eval::ModelSpeed speed = eval::measure_model_speed(
-        *loaded.model, options.prompt_tokens, options.decode_tokens, &probe, options.rounds);
+    eval::ModelSpeed speed =
+        eval::measure_model_speed(*loaded.model, options.prompt_tokens, options.decode_tokens,
+                                  &probe, options.rounds, &fma_probe);
     const double utilisation = speed.decode_gb_per_s / bandwidth.best_gb_per_s;
     const std::string file_type = weight_type_name(*loaded.model);
     out["models"].push_back({{"path", path},
@@ -76,6 +84,8 @@ void bench(const BenchOptions& options) {
                              {"prompt_tokens_per_s", speed.prompt_tokens_per_s},
                              {"matmul_params_per_token", speed.matmul_params_per_token},
                              {"prompt_gflop_per_s", speed.prompt_gflop_per_s},
+                             {"prompt_fma_peak_gflop_per_s", speed.prompt_fma_peak_gflop_per_s},
+                             {"prompt_peak_fraction", speed.prompt_peak_fraction},
                              {"decode_tokens", speed.decode_tokens},
                              {"decode_tokens_per_s", speed.decode_tokens_per_s},
                              {"decode_gb_per_s", speed.decode_gb_per_s},
@@ -84,16 +94,18 @@ void bench(const BenchOptions& options) {
                              {"adjacent_utilisation", speed.median_utilisation}});
     if (!options.json) {
       fmt::print(
-          "{:<40} {:<10} {:>10.1f} {:>12.1f} {:>14.1f} {:>12.2f} {:>12.2f} {:>7.1f}% {:>8.1f}%\n",
+          "{:<40} {:<10} {:>10.1f} {:>12.1f} {:>14.1f} {:>6.1f}% {:>12.2f} {:>12.2f} {:>7.1f}% "
+          "{:>8.1f}%\n",
           path, file_type, speed.bytes_per_token / 1e6, speed.prompt_tokens_per_s,
-          speed.prompt_gflop_per_s, speed.decode_tokens_per_s, speed.decode_gb_per_s,
-          100.0 * utilisation, 100.0 * speed.median_utilisation);
+          speed.prompt_gflop_per_s, 100.0 * speed.prompt_peak_fraction, speed.decode_tokens_per_s,
+          speed.decode_gb_per_s, 100.0 * utilisation, 100.0 * speed.median_utilisation);
     }
   }
   if (!options.json) {
     fmt::print(
         "\nprompt GFLOP/s = 2 x (q/k/v/o/gate/up/down parameters of all layers) x prompt tokens / "
-        "prompt time; embedding lookup, output matrix and attention scores not counted\n"
+        "prompt time; embedding lookup, output matrix and attention scores not counted; of peak = "
+        "prompt GFLOP/s / the mean of f32 FMA peak passes just before and after the prompt\n"
         "bw util = decode GB/s / the bandwidth above; adjacent = median over {} decode rounds of "
         "the round's GB/s / the mean of bandwidth passes just before and after it\n",
         options.rounds);

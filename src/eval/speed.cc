@@ -73,6 +73,28 @@ BandwidthResult measure_read_bandwidth(ReadBandwidthProbe& probe, int repetition
   return result;
 }
 
+FmaPeakProbe::FmaPeakProbe(ThreadPool& pool, int64_t iterations)
+    : pool_(pool), iterations_(iterations) {}
+
+double FmaPeakProbe::pass() {
+  const int num_threads = pool_.num_threads();
+  std::vector<double> flops(num_threads, 0.0);
+  std::vector<float> sums(num_threads, 0.0f);
+  const auto start = Clock::now();
+  pool_.parallel_for(
+      num_threads,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) sums[t] = kernels::fma_chains(iterations_, &flops[t]);
+      },
+      1);
+  const double seconds = seconds_between(start, Clock::now());
+  double total = 0.0;
+  for (double f : flops) total += f;
+  volatile float sink = 0.0f;  // the chains' results stay observable
+  for (float v : sums) sink = sink + v;
+  return total / seconds / 1e9;
+}
+
 uint64_t layer_matmul_params(const model::Weights& weights) {
   auto params = [](const kernels::MatrixView& m) { return static_cast<uint64_t>(m.rows) * m.cols; };
   uint64_t total = 0;
@@ -84,7 +106,8 @@ uint64_t layer_matmul_params(const model::Weights& weights) {
 }
 
 ModelSpeed measure_model_speed(const model::Model& model, int64_t prompt_tokens,
-                               int64_t decode_tokens, ReadBandwidthProbe* probe, int rounds) {
+                               int64_t decode_tokens, ReadBandwidthProbe* probe, int rounds,
+                               FmaPeakProbe* fma_probe) {
   const int64_t vocab = model.config().vocab_size;
   std::vector<int32_t> prompt(prompt_tokens);
   for (int64_t i = 0; i < prompt_tokens; ++i)
@@ -107,8 +130,11 @@ ModelSpeed measure_model_speed(const model::Model& model, int64_t prompt_tokens,
   int64_t calls = 0;
   int round = 0;
   Clock::time_point resumed{};
+  // The FMA peak just before the prompt and right after it (outside its time).
+  double peak_before = fma_probe != nullptr ? fma_probe->pass() : 0.0, peak_after = 0.0;
   engine::GenerationStats stats =
       engine::generate(model, prompt, options, [&](int32_t, std::span<const float>) {
+        if (calls == 0 && fma_probe != nullptr) peak_after = fma_probe->pass();
         if (calls > 0) {  // decode step calls - 1 has just ended
           round_seconds[round] += seconds_between(resumed, Clock::now());
           ++round_steps[round];
@@ -133,6 +159,10 @@ ModelSpeed measure_model_speed(const model::Model& model, int64_t prompt_tokens,
   speed.decode_gb_per_s = speed.bytes_per_token * speed.decode_tokens_per_s / 1e9;
   speed.matmul_params_per_token = layer_matmul_params(model.weights());
   speed.prompt_gflop_per_s = 2.0 * speed.matmul_params_per_token * speed.prompt_tokens_per_s / 1e9;
+  if (fma_probe != nullptr && calls > 0) {
+    speed.prompt_fma_peak_gflop_per_s = 0.5 * (peak_before + peak_after);
+    speed.prompt_peak_fraction = speed.prompt_gflop_per_s / speed.prompt_fma_peak_gflop_per_s;
+  }
   if (probe != nullptr) {
     for (int r = 0; r + 1 < std::ssize(probes); ++r) {  // rounds with a probe on both sides
       if (round_steps[r] == 0 || round_seconds[r] <= 0.0) continue;

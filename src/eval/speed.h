@@ -43,6 +43,20 @@ class ReadBandwidthProbe {
 // Best and mean of N passes of the probe.
 BandwidthResult measure_read_bandwidth(ReadBandwidthProbe& probe, int repetitions);
 
+// The f32 FMA peak: every thread of the pool runs kernels::fma_chains (12 chains of the widest
+// vector FMAs, from registers) for `iterations` steps; pass() returns GFLOP/s. Like the read
+// bandwidth, this kind of VM's peak moves between runs (a second vCPU shared with other work), so
+// prefill is set against passes taken right around it (measure_model_speed).
+class FmaPeakProbe {
+ public:
+  explicit FmaPeakProbe(ThreadPool& pool, int64_t iterations = int64_t{1} << 21);
+  double pass();
+
+ private:
+  ThreadPool& pool_;
+  int64_t iterations_;
+};
+
 struct ModelSpeed {
   int64_t prompt_tokens = 0;
   double prompt_tokens_per_s = 0.0;
@@ -56,6 +70,10 @@ struct ModelSpeed {
   uint64_t matmul_params_per_token = 0;
   double prompt_gflop_per_s =
       0.0;  // 2 * matmul_params_per_token * prompt_tokens / prompt time / 1e9
+  // With an FMA peak probe: the mean of its passes just before and right after the prompt, and
+  // prompt_gflop_per_s as a fraction of it.
+  double prompt_fma_peak_gflop_per_s = 0.0;
+  double prompt_peak_fraction = 0.0;
   // With a bandwidth probe (measure_model_speed): decode in rounds, the probe's pass before each
   // round and after the last, so each round's decode GB/s is set against the bandwidth the
   // machine gave at that time (this kind of VM's read bandwidth moves up to 2x within minutes).
@@ -66,9 +84,10 @@ struct ModelSpeed {
 uint64_t layer_matmul_params(const model::Weights& weights);
 // One prompt of `prompt_tokens` tokens in a single batch, then `decode_tokens` single-token
 // steps (greedy). Prompt ids are drawn deterministically from the vocabulary. With `probe`, the
-// decode steps run in `rounds` rounds between probe passes (not counted in the decode time).
+// decode steps run in `rounds` rounds between probe passes (not counted in the decode time);
+// with `fma_probe`, the prompt between two of its passes.
 ModelSpeed measure_model_speed(const model::Model& model, int64_t prompt_tokens,
                                int64_t decode_tokens, ReadBandwidthProbe* probe = nullptr,
-                               int rounds = 1);
+                               int rounds = 1, FmaPeakProbe* fma_probe = nullptr);
 
 }  // namespace sieve::eval

@@ -94,6 +94,11 @@ void rotate_heads(float* x, int64_t num_rows, int64_t num_heads, int64_t head_di
 // draws less: 8-byte loads read ~20 GB/s from DRAM on two Xeon cores where 64-byte ones read
 // 27-28, and 30-31 prefetched.
 uint64_t sum_words(const uint64_t* words, int64_t n);
+// `iterations` steps of 12 independent chains of vector FMAs (acc = acc x 0.9999 + 1e-6, chain
+// i from i / 1024) in registers, with the widest vectors this CPU has: the f32 FMA peak probe
+// (eval/speed.h) that prefill GFLOP/s are set against. Returns the chains' sum in lane 0 (in
+// chain order); *flops gets the multiply-adds done x 2.
+float fma_chains(int64_t iterations, double* flops);
 
 namespace ref {
 void matmul(const MatrixView& w, const float* x, int64_t num_x, float* y);

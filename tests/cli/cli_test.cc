@@ -323,7 +323,8 @@ TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
   std::filesystem::remove(path);
 }
 
-// sieve bench: prefill GFLOP/s counts 2 x the layers' matmul parameters per prompt token.
+// sieve bench: prefill GFLOP/s counts 2 x the layers' matmul parameters per prompt token, and is
+// set against the FMA peak.
 TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
   Result r =
       run("bench -m " + model() +
@@ -342,6 +343,12 @@ TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
   EXPECT_NEAR(m["prompt_gflop_per_s"].get<double>(), expected_gflops,
               1e-9 * expected_gflops + 1e-12);
   EXPECT_GT(m["prompt_gflop_per_s"].get<double>(), 0.0);
+  // Prefill against the FMA peak probed around the prompt.
+  EXPECT_GT(out["fma_peak_gflop_per_s"].get<double>(), 0.0);
+  const double peak = m["prompt_fma_peak_gflop_per_s"].get<double>();
+  ASSERT_GT(peak, 0.0);
+  EXPECT_NEAR(m["prompt_peak_fraction"].get<double>(), m["prompt_gflop_per_s"].get<double>() / peak,
+              1e-12);
   EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0.0);
   // Two decode rounds, each set against the bandwidth passes around it; the median of two is
   // their mean.

@@ -58,6 +58,33 @@ TEST_P(VecOps, SumWordsWrapsAsUnsignedAddition) {
   }
 }
 
+// The FMA peak probe does the work it counts: its chains' sum equals a scalar replay of them,
+// and its flops are 2 x 12 chains x lanes x iterations.
+TEST_P(VecOps, FmaChainsComputeTheChainsTheyCount) {
+  for (int64_t iterations : {0, 1, 1000}) {
+    double flops = -1.0;
+    const float sum = fma_chains(iterations, &flops);
+    float chains[12];
+    for (int i = 0; i < 12; ++i) {
+      chains[i] = static_cast<float>(i) / 1024;
+      for (int64_t k = 0; k < iterations; ++k) chains[i] = std::fma(chains[i], 0.9999f, 1e-6f);
+    }
+    float expected = chains[0];
+    for (int i = 1; i < 12; ++i) expected += chains[i];
+    // Targets without a fused multiply-add round the product too: a few ulp over 1000 steps.
+    EXPECT_NEAR(sum, expected, 1e-5f * std::fabs(expected)) << "iterations " << iterations;
+    const double per_lane = 2.0 * 12 * static_cast<double>(iterations);
+    if (iterations == 0) {
+      EXPECT_EQ(flops, 0.0);
+    } else {
+      const double lanes = flops / per_lane;
+      EXPECT_EQ(lanes, std::round(lanes)) << flops;
+      EXPECT_GE(lanes, 1.0);
+      EXPECT_LE(lanes, 64.0);
+    }
+  }
+}
+
 TEST_P(VecOps, RmsNorm) {
   for (int64_t n : kSizes) {
     if (n == 0) continue;

@@ -36,6 +36,37 @@ uint64_t SumWordsImpl(const uint64_t* words, int64_t n) {
   for (; i < n; ++i) sum += words[i];
   return sum;
 }
+// 12 independent chains of acc = acc * b + c (chain i starts at i / 1024 in every lane): enough
+// chains to cover the FMA's latency on both of a core's FMA pipes. Returns the lane-0 sum of the
+// chains (in chain order) so the work cannot be dropped; *flops gets 2 x lanes x 12 x iterations.
+float FmaChainsImpl(int64_t iterations, double* flops) {
+  const hn::ScalableTag<float> d;
+  constexpr int kChains = 12;
+  const auto b = hn::Set(d, 0.9999f), c = hn::Set(d, 1e-6f);
+  auto a0 = hn::Set(d, 0.0f / 1024), a1 = hn::Set(d, 1.0f / 1024), a2 = hn::Set(d, 2.0f / 1024),
+       a3 = hn::Set(d, 3.0f / 1024), a4 = hn::Set(d, 4.0f / 1024), a5 = hn::Set(d, 5.0f / 1024),
+       a6 = hn::Set(d, 6.0f / 1024), a7 = hn::Set(d, 7.0f / 1024), a8 = hn::Set(d, 8.0f / 1024),
+       a9 = hn::Set(d, 9.0f / 1024), a10 = hn::Set(d, 10.0f / 1024), a11 = hn::Set(d, 11.0f / 1024);
+  for (int64_t k = 0; k < iterations; ++k) {
+    a0 = hn::MulAdd(a0, b, c);
+    a1 = hn::MulAdd(a1, b, c);
+    a2 = hn::MulAdd(a2, b, c);
+    a3 = hn::MulAdd(a3, b, c);
+    a4 = hn::MulAdd(a4, b, c);
+    a5 = hn::MulAdd(a5, b, c);
+    a6 = hn::MulAdd(a6, b, c);
+    a7 = hn::MulAdd(a7, b, c);
+    a8 = hn::MulAdd(a8, b, c);
+    a9 = hn::MulAdd(a9, b, c);
+    a10 = hn::MulAdd(a10, b, c);
+    a11 = hn::MulAdd(a11, b, c);
+  }
+  *flops = 2.0 * static_cast<double>(hn::Lanes(d)) * kChains * static_cast<double>(iterations);
+  auto sum = hn::Add(hn::Add(hn::Add(a0, a1), a2), a3);
+  sum = hn::Add(hn::Add(hn::Add(hn::Add(sum, a4), a5), a6), a7);
+  sum = hn::Add(hn::Add(hn::Add(hn::Add(sum, a8), a9), a10), a11);
+  return hn::GetLane(sum);
+}
 const char* VecOpsTargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace sieve::kernels::HWY_NAMESPACE
@@ -56,6 +87,7 @@ HWY_EXPORT(SiluMulImpl);
 HWY_EXPORT(SoftmaxImpl);
 HWY_EXPORT(RotateHeadsImpl);
 HWY_EXPORT(SumWordsImpl);
+HWY_EXPORT(FmaChainsImpl);
 HWY_EXPORT(VecOpsTargetName);
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -76,6 +108,9 @@ void rotate_heads(float* x, int64_t num_rows, int64_t num_heads, int64_t head_di
   HWY_DYNAMIC_DISPATCH(RotateHeadsImpl)(x, num_rows * num_heads, head_dim);
 }
 
+float fma_chains(int64_t iterations, double* flops) {
+  return HWY_DYNAMIC_DISPATCH(FmaChainsImpl)(iterations, flops);
+}
 uint64_t sum_words(const uint64_t* words, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(SumWordsImpl)(words, n);
 }
