@@ -70,8 +70,8 @@ struct ModelSpeed {
   uint64_t matmul_params_per_token = 0;
   double prompt_gflop_per_s =
       0.0;  // 2 * matmul_params_per_token * prompt_tokens / prompt time / 1e9
-  // With an FMA peak probe: the mean of its passes just before and right after the prompt, and
-  // prompt_gflop_per_s as a fraction of it.
+  // With an FMA peak probe: the mean of its best passes just before and right after the prompt,
+  // and prompt_gflop_per_s as a fraction of it.
   double prompt_fma_peak_gflop_per_s = 0.0;
   double prompt_peak_fraction = 0.0;
   // With a bandwidth probe (measure_model_speed): decode in rounds, the probe's pass before each
