@@ -43,28 +43,15 @@ float FmaChainsImpl(int64_t iterations, double* flops) {
   const hn::ScalableTag<float> d;
   constexpr int kChains = 12;
   const auto b = hn::Set(d, 0.9999f), c = hn::Set(d, 1e-6f);
-  auto a0 = hn::Set(d, 0.0f / 1024), a1 = hn::Set(d, 1.0f / 1024), a2 = hn::Set(d, 2.0f / 1024),
-       a3 = hn::Set(d, 3.0f / 1024), a4 = hn::Set(d, 4.0f / 1024), a5 = hn::Set(d, 5.0f / 1024),
-       a6 = hn::Set(d, 6.0f / 1024), a7 = hn::Set(d, 7.0f / 1024), a8 = hn::Set(d, 8.0f / 1024),
-       a9 = hn::Set(d, 9.0f / 1024), a10 = hn::Set(d, 10.0f / 1024), a11 = hn::Set(d, 11.0f / 1024);
+  hn::Vec<decltype(d)> acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = hn::Set(d, static_cast<float>(i) / 1024);
   for (int64_t k = 0; k < iterations; ++k) {
-    a0 = hn::MulAdd(a0, b, c);
-    a1 = hn::MulAdd(a1, b, c);
-    a2 = hn::MulAdd(a2, b, c);
-    a3 = hn::MulAdd(a3, b, c);
-    a4 = hn::MulAdd(a4, b, c);
-    a5 = hn::MulAdd(a5, b, c);
-    a6 = hn::MulAdd(a6, b, c);
-    a7 = hn::MulAdd(a7, b, c);
-    a8 = hn::MulAdd(a8, b, c);
-    a9 = hn::MulAdd(a9, b, c);
-    a10 = hn::MulAdd(a10, b, c);
-    a11 = hn::MulAdd(a11, b, c);
+#pragma GCC unroll 12  // every chain in its own register
+    for (int i = 0; i < kChains; ++i) acc[i] = hn::MulAdd(acc[i], b, c);
   }
   *flops = 2.0 * static_cast<double>(hn::Lanes(d)) * kChains * static_cast<double>(iterations);
-  auto sum = hn::Add(hn::Add(hn::Add(a0, a1), a2), a3);
-  sum = hn::Add(hn::Add(hn::Add(hn::Add(sum, a4), a5), a6), a7);
-  sum = hn::Add(hn::Add(hn::Add(hn::Add(sum, a8), a9), a10), a11);
+  auto sum = acc[0];
+  for (int i = 1; i < kChains; ++i) sum = hn::Add(sum, acc[i]);
   return hn::GetLane(sum);
 }
 const char* VecOpsTargetName() { return hwy::TargetName(HWY_TARGET); }
