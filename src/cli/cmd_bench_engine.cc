@@ -64,6 +64,9 @@ nlohmann::json to_json(const eval::DepthPoint& p) {
           {"first_step_seconds", p.first_step_seconds},
           {"steady_tokens_per_s", p.steady_tokens_per_s},
           {"steady_ratio_vs_depth0", p.steady_ratio_vs_depth0},
+          {"twin_steady_tokens_per_s", p.twin_steady_tokens_per_s},
+          {"steady_ratio_vs_twin", p.steady_ratio_vs_twin},
+          {"twin_same_tokens", p.twin_same_tokens},
           {"itl_ratio_vs_baseline", p.itl_ratio_vs_baseline},
           {"prompt_tokens", p.prompt_tokens},
           {"num_kv_pages", p.num_kv_pages},
@@ -98,11 +101,11 @@ void print_depth_row(const eval::DepthPoint& p) {
           ? fmt::format("{:.2f}", static_cast<double>(p.spec_accepted_tokens) / p.spec_draft_tokens)
           : std::string("-");
   fmt::print(
-      "{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>12.2f} {:>8} {:>9.2f} "
-      "{:>9.3f} {:>8} {:>10.3f} {:>8} {:>6} {:>5}  {} | {}{}\n",
+      "{:>6} {:>7} {:>9.2f} {:>12.1f} {:>7} {:>12.2f} {:>8} {:>9.2f} {:>12.2f} {:>8} {:>8} "
+      "{:>9.2f} {:>9.3f} {:>8} {:>10.3f} {:>8} {:>6} {:>5}  {} | {}{}\n",
       p.depth, p.prompt_tokens, p.prompt_seconds, p.prompt_tokens_per_s, p.decode_tokens,
       p.decode_tokens_per_s, ratio(p.ratio_vs_depth0), 1e3 * p.first_step_seconds,
-      p.steady_tokens_per_s, ratio(p.steady_ratio_vs_depth0),
+      p.steady_tokens_per_s, ratio(p.steady_ratio_vs_depth0), ratio(p.steady_ratio_vs_twin),
       static_cast<double>(p.kv_bytes) / (1 << 20),
       p.kv_dense_pages > 0 ? static_cast<double>(p.kv_pages) / p.kv_dense_pages : 0.0,
       ratio(p.ratio_vs_baseline), 1e3 * p.itl_p50_seconds, ratio(p.itl_ratio_vs_baseline),
@@ -156,14 +159,15 @@ void bench_engine(BenchEngineOptions options) {
         fmt::print(
             "\ndecode vs context depth: one sequence, {} decode tokens after the first, prefill in "
             "chunks of {}; 1st ms: the first decode step (where a sparse policy compresses the "
-            "prompt), steady: the steps after it\n",
+            "prompt), steady: the steps after it; vs twin (--depth-twin): the steady rate of a "
+            "second run whose steps alternate with a depth-0 twin's, against the twin's\n",
             config.depth_decode_tokens, config.max_batch_tokens);
         fmt::print(
-            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>12} {:>8} {:>9} {:>9} {:>8} "
-            "{:>10} {:>8} {:>6} {:>5}  {} | {}\n",
+            "{:>6} {:>7} {:>9} {:>12} {:>7} {:>12} {:>8} {:>9} {:>12} {:>8} {:>8} {:>9} {:>9} "
+            "{:>8} {:>10} {:>8} {:>6} {:>5}  {} | {}\n",
             "depth", "prompt", "prefill s", "prompt tok/s", "decode", "decode tok/s", "vs d=0",
-            "1st ms", "steady tok/s", "vs d=0", "KV MiB", "KV/dense", "vs first", "ITL p50 ms",
-            "vs first", "accept", "same", "kv_policy", "speculative");
+            "1st ms", "steady tok/s", "vs d=0", "vs twin", "KV MiB", "KV/dense", "vs first",
+            "ITL p50 ms", "vs first", "accept", "same", "kv_policy", "speculative");
         depth_header = true;
       }
       print_depth_row(p);
@@ -190,6 +194,7 @@ void bench_engine(BenchEngineOptions options) {
           {"depths", config.depths},
           {"depth_decode_tokens", config.depth_decode_tokens},
           {"depth_policies", config.depth_policies},
+          {"depth_twin", config.depth_twin},
           {"kv_memory_mib", options.kv_memory_mib > 0 ? nlohmann::json(options.kv_memory_mib)
                                                       : nlohmann::json(nullptr)},
           {"max_batch_tokens", config.max_batch_tokens},
@@ -263,6 +268,11 @@ void add_bench_engine_command(CLI::App& app) {
           "Also run each depth point with this speculative config (vLLM's JSON; repeat for "
           "several): decode tok/s against the first point, and the draft acceptance")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  command->add_flag(
+      "--depth-twin", config.depth_twin,
+      "Also run each depth > 0 point a second time, its decode steps alternating with those of "
+      "a depth-0 twin in an engine beside it: 'vs twin' is the ratio of their steady rates, "
+      "which a machine whose speed drifts between points (a shared host) leaves alone");
   command
       ->add_option("--depth-prompt-period", config.depth_prompt_period,
                    "Depth prompts repeat a random span of this many tokens (text that repeats "

@@ -210,6 +210,84 @@ ConcurrencyPoint measure_concurrency(const std::shared_ptr<const model::Model>& 
   return point;
 }
 
+namespace {
+
+// Steady decode rates (tokens per second of the engine's own steps, the first decode step left
+// out) of a depth point's request and of its depth-0 twin over the same stretch of time.
+struct TwinRates {
+  double own = 0.0;
+  double twin = 0.0;
+};
+
+// Runs `engine` (one request just submitted, writing `finished`) to the end with a depth-0 twin
+// beside it: a 1-token prompt under the first depth policy, as the depth-0 point runs, in an engine of
+// its own. Both prefill first; then their steps alternate, one of the twin's, one of the point's,
+// so that whatever slows the machine for a while (a neighbour on a shared host, a busy second
+// core) slows both alike and cancels out of the ratio.
+TwinRates decode_beside_twin(const std::shared_ptr<const model::Model>& model,
+                             const std::shared_ptr<const tok::Tokenizer>& tokenizer,
+                             const EngineBenchConfig& config, engine::Engine& engine,
+                             Finished& finished) {
+  const int32_t max_tokens = config.depth_decode_tokens + 1;
+  const int32_t twin_pages =
+      pages_for_tokens(int64_t{1} + max_tokens, config.page_size) +
+      pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
+  engine::Engine twin_engine(engine_config(config, twin_pages, 1), model, tokenizer);
+  const int64_t vocab = model->config().vocab_size;
+  engine::Request request{
+      .prompt = config.prompt_text.empty() ? bench_prompt(vocab, 1, uint64_t{1} << 48)
+                                           : text_prompt(config.prompt_text, 0, 1),
+      .params = bench_params(max_tokens),
+      .kv_policy = sparsity::parse_policy(config.depth_policies.front())};
+  Finished twin_finished;
+  submit_or_fail(twin_engine, std::move(request), twin_finished);
+
+  struct Stepper {
+    engine::Engine* engine;
+    Finished* finished;
+    int32_t decode_steps = 0;  // steps that gave tokens after the first one
+    int32_t tokens = 0;        // their tokens, and their seconds
+    double seconds = 0.0;
+    // One step; false once the request is done (or the engine idle).
+    bool step() {
+      if (finished->done) return false;
+      const size_t before = finished->tokens.size();
+      const auto start = Clock::now();
+      const bool worked = engine->step();
+      const double elapsed = seconds_between(start, Clock::now());
+      const size_t after = finished->tokens.size();
+      // The first decode step is apart (a sparse policy compresses the prompt there), as in the
+      // steady rate of measure_depth.
+      if (before >= 1 && after > before && decode_steps++ > 0) {
+        tokens += static_cast<int32_t>(after - before);
+        seconds += elapsed;
+      }
+      return worked;
+    }
+    void prefill() {
+      while (finished->tokens.empty() && step()) {
+      }
+    }
+  };
+  Stepper own{&engine, &finished}, twin{&twin_engine, &twin_finished};
+  own.prefill();
+  twin.prefill();
+  for (bool more = true; more;) {
+    const bool twin_more = twin.step();
+    const bool own_more = own.step();
+    more = twin_more || own_more;
+  }
+  engine.run_until_idle();  // nothing left but the request's end
+  twin_engine.run_until_idle();
+  check_finished(twin_finished);
+  TwinRates rates;
+  if (own.seconds > 0) rates.own = own.tokens / own.seconds;
+  if (twin.seconds > 0) rates.twin = twin.tokens / twin.seconds;
+  return rates;
+}
+
+}  // namespace
+
 DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
                          const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                          const EngineBenchConfig& config, int32_t depth, const std::string& policy,
@@ -249,10 +327,24 @@ DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
                           .kv_policy = sparsity::parse_policy(policy)};
   if (speculative) request.speculative = *speculative;
   const sparsity::PolicySpec request_policy = request.kv_policy;
+  const bool with_twin = config.depth_twin && depth > 0;
+  std::optional<engine::Request> again;
+  if (with_twin) again = request;
   Finished finished;
   submit_or_fail(engine, std::move(request), finished);
   engine.run_until_idle();
   check_finished(finished);
+  // The twin pass: the same request again (prefix caching is off: a whole prefill again), its
+  // decode steps alternating with the twin's. Only the twin ratio comes from it.
+  std::optional<TwinRates> twin;
+  bool twin_same_tokens = false;
+  if (with_twin) {
+    Finished second;
+    submit_or_fail(engine, std::move(*again), second);
+    twin = decode_beside_twin(model, tokenizer, config, engine, second);
+    check_finished(second);
+    twin_same_tokens = second.tokens == finished.tokens;
+  }
 
   DepthPoint point;
   point.depth = depth;
@@ -298,6 +390,11 @@ DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
     point.decode_cpu_seconds =
         finished.token_cpu_seconds.back() - finished.token_cpu_seconds.front();
   point.steps = engine.stats().num_steps;
+  if (twin && twin->own > 0 && twin->twin > 0) {
+    point.twin_steady_tokens_per_s = twin->twin;
+    point.steady_ratio_vs_twin = twin->own / twin->twin;
+    point.twin_same_tokens = twin_same_tokens;
+  }
   return point;
 }
 

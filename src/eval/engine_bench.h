@@ -42,6 +42,9 @@ struct EngineBenchConfig {
   // > 0: the depth prompt is a random span of this many tokens repeated (text that repeats
   // itself, for prompt lookup); 0: random tokens throughout.
   int32_t depth_prompt_period = 0;
+  // Depth > 0: each point runs its request a second time with its decode steps alternating with
+  // a depth-0 twin's (DepthPoint::steady_ratio_vs_twin): a second prefill per point.
+  bool depth_twin = false;
   // Non-empty: prompts are these tokens (e.g. held-out text) instead of random ones, repeated
   // where a prompt runs past the end: the depth prompt from the start (depth_prompt_period is
   // then unused), request i of a concurrency point from i prompt lengths in.
@@ -101,6 +104,13 @@ struct DepthPoint {
   double first_step_seconds = 0.0;
   double steady_tokens_per_s = 0.0;
   double steady_ratio_vs_depth0 = 0.0;  // steady tok/s / the depth-0 point's (the first one)
+  // With depth_twin, depth > 0: the twin's steady rate (a 1-token prompt under the first policy,
+  // as the depth-0 point) over steps alternating with a second run of this point's request, and
+  // that run's steady rate over it. The machine's drifts between points (a neighbour on a shared
+  // host, a busy second core) cancel out of the ratio.
+  double twin_steady_tokens_per_s = 0.0;
+  double steady_ratio_vs_twin = 0.0;
+  bool twin_same_tokens = false;  // the second run generated the first run's tokens (greedy)
   // Process CPU time from the first token's event to the last: with one thread (-t 1) the
   // decode's own work, which wall time on a shared machine is not.
   double decode_cpu_seconds = 0.0;

@@ -290,6 +290,42 @@ TEST(Cli, BenchEngineOnATextChecksSpeculativeTokensAgainstPlain) {
   EXPECT_NE(empty.out.find("no text"), std::string::npos) << empty.out;
 }
 
+// --depth-twin: every depth > 0 point runs again beside a depth-0 twin, and reports the ratio of
+// the two steady rates; the second run generates the first run's greedy tokens.
+TEST(Cli, BenchEngineDepthTwinSetsEachDeepPointBesideADepthZeroTwin) {
+  const std::string copy = testing::shared_path("models/copy/copy-lm.gguf");
+  const std::string args = "bench-engine -m " + copy +
+                           " -t 2 --concurrency 1 --prompt-tokens 16 --output-tokens 2 "
+                           "--depths 0,200 --depth-decode-tokens 16 --kv-policy full "
+                           "--kv-policy streaming:S=4,W=60 --json";
+  Result twin = run(args + " --depth-twin");
+  ASSERT_EQ(twin.exit_code, 0) << twin.out;
+  const nlohmann::json out = nlohmann::json::parse(twin.out);
+  EXPECT_TRUE(out["config"]["depth_twin"].get<bool>());
+  ASSERT_EQ(out["depths"].size(), 4u);
+  for (const nlohmann::json& point : out["depths"]) {
+    if (point["depth"].get<int>() == 0) {
+      EXPECT_EQ(point["steady_ratio_vs_twin"].get<double>(), 0.0) << point;  // no twin at 0
+      continue;
+    }
+    const double own = point["steady_tokens_per_s"].get<double>();
+    const double twin_rate = point["twin_steady_tokens_per_s"].get<double>();
+    const double ratio = point["steady_ratio_vs_twin"].get<double>();
+    ASSERT_GT(own, 0.0) << point;
+    ASSERT_GT(twin_rate, 0.0) << point;
+    EXPECT_GT(ratio, 0.0) << point;
+    EXPECT_TRUE(point["twin_same_tokens"].get<bool>()) << point;
+  }
+  Result plain = run(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  const nlohmann::json alone = nlohmann::json::parse(plain.out);
+  EXPECT_FALSE(alone["config"]["depth_twin"].get<bool>());
+  for (const nlohmann::json& point : alone["depths"]) {
+    EXPECT_EQ(point["steady_ratio_vs_twin"].get<double>(), 0.0) << point;
+    EXPECT_EQ(point["twin_steady_tokens_per_s"].get<double>(), 0.0) << point;
+  }
+}
+
 TEST(Cli, CalibrateWritesAProfileOfTheModelsHeads) {
   const std::string path =
       (std::filesystem::temp_directory_path() / "sieve_cli_calibration.json").string();
