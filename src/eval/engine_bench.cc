@@ -220,10 +220,10 @@ struct TwinRates {
 };
 
 // Runs `engine` (one request just submitted, writing `finished`) to the end with a depth-0 twin
-// beside it: a 1-token prompt under the first depth policy, as the depth-0 point runs, in an engine of
-// its own. Both prefill first; then their steps alternate, one of the twin's, one of the point's,
-// so that whatever slows the machine for a while (a neighbour on a shared host, a busy second
-// core) slows both alike and cancels out of the ratio.
+// beside it: a 1-token prompt under the first depth policy, as the depth-0 point runs, in an engine
+// of its own. Both prefill first; then their steps alternate, one of the twin's, one of the
+// point's, so that whatever slows the machine for a while (a neighbour on a shared host, a busy
+// second core) slows both alike and cancels out of the ratio.
 TwinRates decode_beside_twin(const std::shared_ptr<const model::Model>& model,
                              const std::shared_ptr<const tok::Tokenizer>& tokenizer,
                              const EngineBenchConfig& config, engine::Engine& engine,
@@ -234,11 +234,11 @@ TwinRates decode_beside_twin(const std::shared_ptr<const model::Model>& model,
       pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
   engine::Engine twin_engine(engine_config(config, twin_pages, 1), model, tokenizer);
   const int64_t vocab = model->config().vocab_size;
-  engine::Request request{
-      .prompt = config.prompt_text.empty() ? bench_prompt(vocab, 1, uint64_t{1} << 48)
-                                           : text_prompt(config.prompt_text, 0, 1),
-      .params = bench_params(max_tokens),
-      .kv_policy = sparsity::parse_policy(config.depth_policies.front())};
+  engine::Request request{.prompt = config.prompt_text.empty()
+                                        ? bench_prompt(vocab, 1, uint64_t{1} << 48)
+                                        : text_prompt(config.prompt_text, 0, 1),
+                          .params = bench_params(max_tokens),
+                          .kv_policy = sparsity::parse_policy(config.depth_policies.front())};
   Finished twin_finished;
   submit_or_fail(twin_engine, std::move(request), twin_finished);
 
