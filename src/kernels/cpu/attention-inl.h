@@ -133,8 +133,8 @@ inline constexpr int64_t kOneHeadPrefetchPages = 2;
 // lines in flight for a core to draw K/V from DRAM at its rate (L1's miss buffers), and Zen 4
 // drops some L2 prefetches, which the L1 prefetch 2 pages ahead then makes up for. The 57M
 // model's steady decode at 16k, 1k keys, f32 KV, against a depth-0 twin
-// (bench-engine --depth-twin, Zen 4, 6 runs): streaming 0.66-0.73x -> 0.77-0.81x, snapkv
-// 0.65-0.71x -> 0.71-0.76x; 3, 6, 10 or 16 pages ahead gained less.
+// (bench-engine --depth-twin, Zen 4, 18 runs before, 6 after): streaming 0.66-0.74x ->
+// 0.77-0.81x, snapkv 0.65-0.72x -> 0.71-0.76x; 3, 6, 10 or 16 pages ahead gained less.
 inline constexpr int64_t kOneHeadFarPrefetchPages = 4;
 // Row-invariant jobs on f32 / f16 pools (AttendChunks): at most this many pages per chunk.
 inline constexpr int64_t kMaxChunkPages = 64;
