@@ -129,9 +129,10 @@ inline constexpr int kPvChunks = 4;
 // without, ~45 us 2 pages ahead, ~50 us 1 ahead; into L2 (T1) or the whole task up front,
 // 55-70 us.
 inline constexpr int64_t kOneHeadPrefetchPages = 2;
-// ...and kOneHeadFarPrefetchPages ahead into L2 as well: the L1 prefetches alone keep too few
-// lines in flight for a core to draw K/V from DRAM at its rate (L1's miss buffers), and Zen 4
-// drops some L2 prefetches, which the L1 prefetch 2 pages ahead then makes up for. The 57M
+// ...and kOneHeadFarPrefetchPages ahead into L2 as well. The L1 prefetches alone seem to keep
+// too few lines in flight for a core to draw K/V from DRAM at its rate (as if L1's few miss
+// buffers were the limit; this VM has no counters to tell), and Zen 4 is reported to drop some
+// L2 prefetches, which the L1 prefetch 2 pages ahead then makes up for. The 57M
 // model's steady decode at 16k, 1k keys, f32 KV, against a depth-0 twin
 // (bench-engine --depth-twin, Zen 4, 18 runs before, 6 after): streaming 0.66-0.74x ->
 // 0.77-0.81x, snapkv 0.65-0.72x -> 0.71-0.76x; 3, 6, 10 or 16 pages ahead gained less.
