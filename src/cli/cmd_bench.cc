@@ -49,9 +49,7 @@ void bench(const BenchOptions& options) {
   eval::ReadBandwidthProbe probe(pool, static_cast<uint64_t>(options.bandwidth_mib) << 20);
   const eval::BandwidthResult bandwidth = eval::measure_read_bandwidth(probe, options.repetitions);
   eval::FmaPeakProbe fma_probe(pool);
-  double fma_peak = 0.0;
-  for (int rep = 0; rep < std::max(1, options.repetitions); ++rep)
-    fma_peak = std::max(fma_peak, fma_probe.pass());
+  const double fma_peak = fma_probe.best_pass(options.repetitions);
   nlohmann::json out = {{"threads", pool.num_threads()},
                         {"simd_target", kernels::active_target()},
                         {"bandwidth",

@@ -29,6 +29,14 @@ int32_t pages_for_tokens(int64_t tokens, int32_t page_size) {
   return static_cast<int32_t>((tokens + page_size - 1) / page_size);
 }
 
+// The pages one depth request of prompt_len + max_tokens tokens needs: a sparse policy may
+// briefly hold a chunk's dense pages and their compressed copy, and its streams may start
+// mid-slice: a chunk and a few pages more than dense.
+int32_t depth_pages_needed(int64_t prompt_len, int32_t max_tokens, int32_t page_size) {
+  return pages_for_tokens(prompt_len + max_tokens, page_size) +
+         pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, page_size) + 4;
+}
+
 engine::EngineConfig engine_config(const EngineBenchConfig& config, int32_t pages_needed,
                                    int32_t max_num_seqs) {
   engine::EngineConfig ec;
@@ -229,10 +237,9 @@ TwinRates decode_beside_twin(const std::shared_ptr<const model::Model>& model,
                              const EngineBenchConfig& config, engine::Engine& engine,
                              Finished& finished) {
   const int32_t max_tokens = config.depth_decode_tokens + 1;
-  const int32_t twin_pages =
-      pages_for_tokens(int64_t{1} + max_tokens, config.page_size) +
-      pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
-  engine::Engine twin_engine(engine_config(config, twin_pages, 1), model, tokenizer);
+  engine::Engine twin_engine(
+      engine_config(config, depth_pages_needed(1, max_tokens, config.page_size), 1), model,
+      tokenizer);
   const int64_t vocab = model->config().vocab_size;
   engine::Request request{.prompt = config.prompt_text.empty()
                                         ? bench_prompt(vocab, 1, uint64_t{1} << 48)
@@ -301,12 +308,8 @@ DepthPoint measure_depth(const std::shared_ptr<const model::Model>& model,
     fail("depth {} + {} tokens exceeds the model's context of {} tokens", prompt_len, max_tokens,
          context);
   }
-  // A sparse policy may briefly hold a chunk's dense pages and their compressed copy, and its
-  // streams may start mid-slice: a chunk and a few pages more than dense.
-  const int32_t pages_needed =
-      pages_for_tokens(int64_t{prompt_len} + max_tokens, config.page_size) +
-      pages_for_tokens(engine::EngineConfig{}.sparse_prefill_chunk, config.page_size) + 4;
-  engine::EngineConfig ec = engine_config(config, pages_needed, 1);
+  engine::EngineConfig ec =
+      engine_config(config, depth_pages_needed(prompt_len, max_tokens, config.page_size), 1);
   // The engine loads a draft model named by its own config (one per engine).
   if (speculative && speculative->method == speculative::Method::kDraftModel)
     ec.speculative = *speculative;

@@ -95,6 +95,12 @@ double FmaPeakProbe::pass() {
   return total / seconds / 1e9;
 }
 
+double FmaPeakProbe::best_pass(int passes) {
+  double best = 0.0;
+  for (int i = 0; i < std::max(1, passes); ++i) best = std::max(best, pass());
+  return best;
+}
+
 uint64_t layer_matmul_params(const model::Weights& weights) {
   auto params = [](const kernels::MatrixView& m) { return static_cast<uint64_t>(m.rows) * m.cols; };
   uint64_t total = 0;
@@ -131,17 +137,13 @@ ModelSpeed measure_model_speed(const model::Model& model, int64_t prompt_tokens,
   int round = 0;
   Clock::time_point resumed{};
   // The FMA peak just before the prompt and right after it (outside its time), each the best of
-  // a few passes: a pass of a few milliseconds can lose the core to other work, and the peak is
-  // what the core can do, not what one pass got.
-  const auto best_peak = [&] {
-    double best = 0.0;
-    for (int i = 0; i < 3; ++i) best = std::max(best, fma_probe->pass());
-    return best;
-  };
-  double peak_before = fma_probe != nullptr ? best_peak() : 0.0, peak_after = 0.0;
+  // a few passes.
+  constexpr int kPeakPasses = 3;
+  double peak_before = fma_probe != nullptr ? fma_probe->best_pass(kPeakPasses) : 0.0;
+  double peak_after = 0.0;
   engine::GenerationStats stats =
       engine::generate(model, prompt, options, [&](int32_t, std::span<const float>) {
-        if (calls == 0 && fma_probe != nullptr) peak_after = best_peak();
+        if (calls == 0 && fma_probe != nullptr) peak_after = fma_probe->best_pass(kPeakPasses);
         if (calls > 0) {  // decode step calls - 1 has just ended
           round_seconds[round] += seconds_between(resumed, Clock::now());
           ++round_steps[round];

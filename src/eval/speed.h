@@ -51,6 +51,9 @@ class FmaPeakProbe {
  public:
   explicit FmaPeakProbe(ThreadPool& pool, int64_t iterations = int64_t{1} << 21);
   double pass();
+  // The best of `passes` passes (at least one): a pass of a few milliseconds can lose the core to
+  // other work, and the peak is what the core can do, not what one pass got.
+  double best_pass(int passes);
 
  private:
   ThreadPool& pool_;
