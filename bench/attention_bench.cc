@@ -14,7 +14,7 @@
 //                                            * heads * N(N+1)/2 per call)
 //   FmaPeak/threads:T                        f32 FMAs from registers (kernels::fma_chains):
 //                                            the peak the GFLOP/s figures compare against
-//   EnginePrefillChunk/<target>/<f32|f16>/ctx:C/threads:T
+//   EnginePrefillChunk/<target>/<f32|f16>[/bf16-pv|/bf16]/ctx:C/threads:T
 //                                            one 512-row prefill chunk at the end of a C-key
 //                                            context on bench-engine's model (head_dim 64, 8
 //                                            heads, 2 kv heads): GFLOP/s over the visible keys
@@ -292,7 +292,7 @@ void run_engine_decode(benchmark::State& state, const std::string& target, DType
 // the keys before it); each call runs the next layer. GFLOP/s of q·k and p·v over the visible
 // keys (4 * head_dim * heads per visible key and row).
 void run_engine_prefill_chunk(benchmark::State& state, const std::string& target, DType dtype,
-                              int64_t ctx, int threads) {
+                              int64_t ctx, int threads, PrefillDots dots) {
   if (!force_target_for_testing(target)) {
     state.SkipWithError("target not available");
     return;
@@ -302,7 +302,11 @@ void run_engine_prefill_chunk(benchmark::State& state, const std::string& target
   const std::vector<float> q = random_floats(kChunk * EngineCache::kHeadsQ * EngineCache::kDim, 7);
   std::vector<int32_t> positions(static_cast<size_t>(kChunk));
   std::iota(positions.begin(), positions.end(), static_cast<int32_t>(ctx - kChunk));
-  const AttentionQuery query{q.data(), positions, EngineCache::kHeadsQ, 0.125f};
+  const AttentionQuery query{.q = q.data(),
+                             .positions = positions,
+                             .num_heads = EngineCache::kHeadsQ,
+                             .scale = 0.125f,
+                             .prefill_dots = dots};
   std::vector<float> out(kChunk * EngineCache::kHeadsQ * EngineCache::kDim),
       row_lse(kChunk * EngineCache::kHeadsQ);
   ThreadPool& pool = pool_of(threads);
@@ -514,15 +518,18 @@ void register_all() {
   }
   for (const std::string& target : available_targets()) {
     for (DType dtype : {DType::kF32, DType::kF16}) {
-      for (int64_t ctx : {4096, 16384, 32768}) {
-        const std::string name = "EnginePrefillChunk/" + target + "/" +
-                                 std::string(dtype == DType::kF16 ? "f16" : "f32") +
-                                 "/ctx:" + std::to_string(ctx) +
-                                 "/threads:" + std::to_string(max_threads);
-        benchmark::RegisterBenchmark(name.c_str(), run_engine_prefill_chunk, target, dtype, ctx,
-                                     max_threads)
-            ->UseRealTime()
-            ->Unit(benchmark::kMillisecond);
+      for (PrefillDots dots : {PrefillDots::kF32, PrefillDots::kBf16Pv, PrefillDots::kBf16}) {
+        for (int64_t ctx : {4096, 16384, 32768}) {
+          const std::string name =
+              "EnginePrefillChunk/" + target + "/" +
+              std::string(dtype == DType::kF16 ? "f16" : "f32") +
+              (dots == PrefillDots::kF32 ? "" : "/" + std::string(prefill_dots_name(dots))) +
+              "/ctx:" + std::to_string(ctx) + "/threads:" + std::to_string(max_threads);
+          benchmark::RegisterBenchmark(name.c_str(), run_engine_prefill_chunk, target, dtype, ctx,
+                                       max_threads, dots)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
       }
     }
   }

@@ -244,7 +244,10 @@ class Backend {
 // active_target() names at each call.
 std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool);
 // The same on a pool of its own of num_threads threads (<= 0: one per hardware thread).
-std::unique_ptr<Backend> make_cpu_backend(int num_threads);
+// prefill_dots: every attention job's AttentionQuery::prefill_dots (the arithmetic of prefill
+// chunks' attention, where the CPU has bf16 dot products).
+std::unique_ptr<Backend> make_cpu_backend(int num_threads,
+                                          PrefillDots prefill_dots = PrefillDots::kF32);
 // The scalar references, single-threaded.
 std::unique_ptr<Backend> make_reference_backend();
 
@@ -252,6 +255,7 @@ std::unique_ptr<Backend> make_reference_backend();
 struct BackendOptions {
   std::string device = "cpu";  // "cpu" (make_cpu_backend) or "reference" (make_reference_backend)
   int threads = 0;             // cpu: worker threads, <= 0: one per hardware thread
+  PrefillDots prefill_dots = PrefillDots::kF32;  // cpu: make_cpu_backend's
 };
 // The device names make_backend() accepts, for help texts and errors.
 inline constexpr const char* kBackendDevices = "cpu, reference";

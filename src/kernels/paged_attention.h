@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 
 #include "kernels/ops.h"
 
@@ -110,6 +111,20 @@ inline int64_t kv_offset(const PagedKv& kv, int64_t key, int64_t kv_head) {
 }
 
 // The new tokens (query rows) of ONE sequence.
+// The arithmetic of long jobs' (prefill chunks') products on f32 / f16 pools. The bf16 dot
+// products (vdpbf16ps: a pair of bf16 products per f32 lane, twice an f32 FMA's multiply-adds)
+// take effect where bf16_attention_supported(); rows of up to kAttentionInvariantRows (decode,
+// speculative verification) and other pools always run f32. The softmax and the sums stay f32.
+enum class PrefillDots : uint8_t {
+  kF32,     // f32 FMAs
+  kBf16Pv,  // p·v as bf16 dot products (P and V rounded to bf16)
+  kBf16,    // q·k too (Q and K rounded), as GPU FlashAttention does for bf16 models
+};
+// The names --prefill-attention takes: "f32", "bf16-pv", "bf16".
+inline constexpr std::string_view kPrefillDotsNames = "f32, bf16-pv, bf16";
+std::optional<PrefillDots> parse_prefill_dots(std::string_view name);
+std::string_view prefill_dots_name(PrefillDots dots);
+
 struct AttentionQuery {
   const float* q = nullptr;            // [num_q][num_heads][head_dim]
   std::span<const int32_t> positions;  // [num_q]; row i attends to key positions [0, positions[i]]
@@ -125,6 +140,7 @@ struct AttentionQuery {
   // rows never meet their decode (the observation window's recompute) sets this and is planned
   // as a prefill chunk, whose tiles run several times faster per key.
   bool chunk_tiles = false;
+  PrefillDots prefill_dots = PrefillDots::kF32;
 };
 
 // The first key row i may see: 0, or positions[i] - window + 1 under a sliding window.
@@ -146,6 +162,10 @@ struct AttentionOutput {
 // tiles x kv heads x key splits).
 void paged_attention(const PagedKv& kv, const AttentionQuery& q, const AttentionOutput& out,
                      ThreadPool& pool);
+
+// Whether AttentionQuery::prefill_dots' bf16 choices take effect here: the CPU has AVX512-BF16
+// and the attention runs on an AVX-512 (AVX3) target. Elsewhere they change nothing.
+bool bf16_attention_supported();
 
 namespace ref {
 // Naive full softmax per (row, head), in double; the definition of correct.

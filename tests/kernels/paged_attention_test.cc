@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/ops.h"
 #include "kernels_test_util.h"
 #include "paged_kv_test_util.h"
@@ -721,6 +722,86 @@ TEST_P(PagedAttention, PageOffsetsBeyond4GiB) {
   }
   munmap(k_mem, bytes);
   munmap(v_mem, bytes);
+}
+
+// AttentionQuery::prefill_dots. Long jobs (prefill chunks) on f32 / f16 pools with head_dim a
+// multiple of 32, on an AVX3 target of a CPU with AVX512-BF16: close to the reference within
+// bf16's rounding (8 significant bits: outputs, averages of V in [-1, 1], within 4 * 2^-8; row
+// max and lse relatively, bf16-pv's as f32's, it does not touch the scores). Everywhere else
+// (other targets, head sizes, short jobs such as decode) the choice changes no bit.
+TEST_P(PagedAttention, Bf16DotsInLongJobs) {
+  const bool dots = bf16_attention_supported();
+  EXPECT_EQ(dots, GetParam().starts_with("AVX3") && bf16::supported());
+  ThreadPool pool1(1), pool3(3);
+  uint32_t seed = 2100;
+  struct Case {
+    int64_t len, rows, head_dim, group;
+    DType dtype;
+    int32_t page_size;
+    std::optional<int32_t> window;
+  };
+  for (const Case& c :
+       {Case{100, 100, 64, 1, DType::kF32, 16, {}}, Case{600, 200, 64, 4, DType::kF32, 16, {}},
+        Case{1000, 1000, 64, 2, DType::kF16, 16, {}}, Case{301, 77, 128, 4, DType::kF32, 5, {}},
+        Case{513, 513, 64, 1, DType::kF16, 32, 100}, Case{300, 100, 80, 2, DType::kF32, 16, {}},
+        Case{700, 1, 64, 4, DType::kF32, 16, {}}, Case{700, 32, 64, 4, DType::kF16, 16, {}}}) {
+    const TestCache cache({.num_keys = c.len,
+                           .num_kv_heads = 2,
+                           .head_dim = c.head_dim,
+                           .page_size = c.page_size,
+                           .dtype = c.dtype},
+                          ++seed);
+    const int64_t num_heads = 2 * c.group;
+    const std::vector<int32_t> positions = position_range(c.len - c.rows, c.len);
+    const std::vector<float> q = random_floats(c.rows * num_heads * c.head_dim, ++seed);
+    AttentionQuery query{.q = q.data(),
+                         .positions = positions,
+                         .num_heads = num_heads,
+                         .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                         .window = c.window};
+    const bool eligible = dots && c.rows > kAttentionInvariantRows && c.head_dim % 32 == 0;
+    for (ThreadPool* pool : {&pool1, &pool3}) {
+      const std::string what = describe(cache.shape(), positions, c.group, pool->num_threads());
+      Outputs f32(c.rows, num_heads, c.head_dim, 0.0f), want(c.rows, num_heads, c.head_dim, 0.0f);
+      query.prefill_dots = PrefillDots::kF32;
+      paged_attention(cache.view(), query, f32.view(), *pool);
+      ref::paged_attention(cache.view(), query, want.view());
+      float f32_diff = 0.0f;
+      for (size_t i = 0; i < f32.out.size(); ++i)
+        f32_diff = std::max(f32_diff, std::fabs(f32.out[i] - want.out[i]));
+      for (PrefillDots mode : {PrefillDots::kBf16Pv, PrefillDots::kBf16}) {
+        const std::string name = what + " " + std::string(prefill_dots_name(mode));
+        Outputs got(c.rows, num_heads, c.head_dim, 0.0f);
+        query.prefill_dots = mode;
+        paged_attention(cache.view(), query, got.view(), *pool);
+        if (!eligible) {
+          for (size_t i = 0; i < got.out.size(); ++i) ASSERT_EQ(got.out[i], f32.out[i]) << name;
+          for (size_t i = 0; i < got.row_lse.size(); ++i)
+            ASSERT_EQ(got.row_lse[i], f32.row_lse[i]) << name;
+          continue;
+        }
+        constexpr float kBound = 4.0f / 256;
+        const float stats_bound = mode == PrefillDots::kBf16 ? kBound : 1e-5f;
+        float max_diff = 0.0f;
+        for (size_t i = 0; i < got.out.size(); ++i) {
+          ASSERT_NEAR(got.out[i], want.out[i], kBound) << name << " output " << i;
+          max_diff = std::max(max_diff, std::fabs(got.out[i] - want.out[i]));
+        }
+        for (size_t i = 0; i < got.row_lse.size(); ++i) {
+          ASSERT_NEAR(got.row_lse[i], want.row_lse[i],
+                      stats_bound * (1 + std::fabs(want.row_lse[i])))
+              << name << " row " << i;
+          ASSERT_NEAR(got.row_max[i], want.row_max[i],
+                      stats_bound * (1 + std::fabs(want.row_max[i])))
+              << name << " row " << i;
+        }
+        // The bf16 path really ran: its rounding shows, far above f32's.
+        EXPECT_GT(max_diff, 1e-4f) << name;
+        EXPECT_LT(f32_diff, 1e-5f) << name;
+        std::printf("%s: max |out - ref| %.2e (f32 %.2e)\n", name.c_str(), max_diff, f32_diff);
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTargets, PagedAttention, ::testing::ValuesIn(available_targets()),

@@ -72,6 +72,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_bf16.h"
 #include "kernels/cpu/attention_vnni.h"
 #include "kernels/cpu/matmul_vnni.h"
 #include "kernels/cpu/ops-inl.h"
@@ -207,6 +208,11 @@ struct Problem {
   // Row-invariant, f32 / f16 pool: the task's keys in chunks of chunk_keys (tp), AttendChunks.
   bool chunked = false;
   int64_t chunk_keys = 0;
+  // Long tiles scoring with keys in lanes, f32 / f16 pool, on an AVX512-BF16 CPU: p·v (bf16_pv)
+  // or q·k and p·v (bf16_qk too) as bf16 dot products (AttentionQuery::prefill_dots,
+  // cpu/attention_bf16.h).
+  bool bf16_pv = false;
+  bool bf16_qk = false;
   // A partial slot: [max_rows][dp] acc, [max_rows] max, [max_rows] sum; whole cache lines, so
   // every slot's acc is vector-aligned.
   int64_t SlotFloats() const { return (max_rows * (dp + 2) + 15) / 16 * 16; }
@@ -230,6 +236,10 @@ struct Scratch {
   hwy::AlignedFreeUniquePtr<int8_t[]> q_int;
   hwy::AlignedFreeUniquePtr<float[]> q_scale;
   hwy::AlignedFreeUniquePtr<uint8_t[]> q_sets;
+  // bf16: the staged queries ([max_rows][head_dim / 2] pairs), the tile's K ([head_dim / 2][tp]:
+  // pairs of dims, keys in lanes), V ([tp / 2][head_dim]: pairs of keys) and probabilities
+  // ([max_rows][tp / 2]), as bf16 pairs (cpu/attention_bf16.h).
+  hwy::AlignedFreeUniquePtr<uint32_t[]> q2, kt2, vt2, p2;
 
   explicit Scratch(const Problem& p) {
     const int64_t n = p.max_rows;
@@ -256,6 +266,13 @@ struct Scratch {
       q_scale = hwy::AllocateAligned<float>(static_cast<size_t>(n * hd / kQBlock));
       q_sets =
           hwy::AllocateAligned<uint8_t>(static_cast<size_t>(n) * vnni::attn_query_set_bytes(hd));
+    }
+    if (p.bf16_pv) {
+      const int64_t pairs = p.kv.head_dim / 2;
+      q2 = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(n * pairs));
+      kt2 = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(pairs * p.tp));
+      vt2 = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(p.tp / 2 * p.kv.head_dim));
+      p2 = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(n * p.tp / 2));
     }
   }
 };
@@ -1053,6 +1070,61 @@ HWY_INLINE void AttendChunks(const Problem& p, const AttentionTask& task, Scratc
   }
 }
 
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+// One unit of a long job (Problem::bf16): keys [key0, key1) of one kv head against the task's
+// query vectors of that head (theirs from vector v0 in Scratch::q2). The tile's K is transposed
+// as f32 (TransposeTile) and its dims paired; V rows are paired by keys (f16 rows widened
+// first); the probabilities are rounded after the f32 softmax, whose row sums they keep.
+template <typename T>
+HWY_INLINE void Bf16Unit(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
+                         int64_t num_runs, int64_t key0, int64_t key1, const int64_t* first,
+                         const int64_t* limit, Scratch& sc, int64_t v0) {
+  const int64_t head_dim = p.kv.head_dim;
+  const int64_t pairs = head_dim / 2;
+  const int64_t num_keys = key1 - key0;
+  const int64_t cols = (num_keys + kKeysPerCall - 1) / kKeysPerCall * kKeysPerCall;
+  if (p.bf16_qk) {
+    TransposeTile(runs, num_runs, head_dim, num_keys, p.tp, sc.kt);
+    for (int64_t i = 0; i < pairs; ++i) {
+      bf16::interleave_rows(sc.kt + 2 * i * p.tp, sc.kt + (2 * i + 1) * p.tp, cols,
+                            sc.kt2.get() + i * p.tp);
+    }
+    bf16::scores(sc.q2.get() + v0 * pairs, pairs, block.num_rows, sc.kt2.get(), p.tp, pairs, cols,
+                 block.s, p.tp);
+  } else {
+    QkKeysInLanes(p, block, runs, num_runs, num_keys, sc.kt);
+  }
+  SoftmaxStep4(p, block, first, limit, key0, num_keys);
+
+  const float* v_rows[kLongTileKeys];
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t r = 0; r < num_runs; ++r) {
+      for (int64_t j = 0; j < runs[r].count; ++j)
+        v_rows[runs[r].col + j] = runs[r].v + j * head_dim;
+    }
+  } else {
+    KeyRun<float> wide[kMaxRuns];
+    const int64_t num_wide = WidenValues(runs, num_runs, head_dim, sc.vt, wide);
+    for (int64_t r = 0; r < num_wide; ++r) {
+      for (int64_t j = 0; j < wide[r].count; ++j)
+        v_rows[wide[r].col + j] = wide[r].v + j * head_dim;
+    }
+  }
+  const int64_t num_pairs = (num_keys + 1) / 2;
+  for (int64_t t = 0; t < num_pairs; ++t) {
+    bf16::interleave_rows(v_rows[2 * t], 2 * t + 1 < num_keys ? v_rows[2 * t + 1] : nullptr,
+                          head_dim, sc.vt2.get() + t * head_dim);
+  }
+  const int64_t p_stride = p.tp / 2;
+  for (int64_t m = 0; m < block.num_rows; ++m) {
+    bf16::round_row(block.s + m * p.tp, 2 * num_pairs,
+                    reinterpret_cast<uint16_t*>(sc.p2.get() + m * p_stride));
+  }
+  bf16::pv(sc.p2.get(), p_stride, block.num_rows, block.alpha, sc.vt2.get(), num_pairs, head_dim,
+           block.acc, p.dp);
+}
+#endif
+
 // Keys per tile of a long job scoring with keys in lanes: kLongTileKeys, fewer where the
 // transposed tile (dp x tile floats) would pass 32 KiB and crowd L1 (head_dim 128: 64 keys).
 HWY_INLINE int64_t LongTileKeys(int64_t dp) {
@@ -1087,6 +1159,9 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                       sc.q_scale.get() + v * (head_dim / kQBlock));
     } else if (p.quantized) {
       RoundToQ8Blocks(dst, head_dim);
+    }
+    if (p.bf16_qk) {
+      bf16::round_row(dst, head_dim, reinterpret_cast<uint16_t*>(sc.q2.get() + v * (head_dim / 2)));
     }
     std::fill(sc.acc + v * p.dp, sc.acc + (v + 1) * p.dp, 0.0f);
     sc.max[v] = kNegInf;
@@ -1174,6 +1249,12 @@ HWY_NOINLINE void RunTask(const Problem& p, const AttentionTask& task, Scratch& 
                             sc.s,
                             sc.alpha,
                             per_head};
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+      if (keys_in_lanes && p.bf16_pv) {
+        Bf16Unit(p, block, runs, num_runs, key0, key1, first, limit, sc, b * per_head);
+        continue;
+      }
+#endif
 #if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX2
       if (keys_in_lanes) {
         QkKeysInLanes(p, block, runs, num_runs, key1 - key0, sc.kt);
@@ -1272,6 +1353,13 @@ inline void PagedAttention(const PagedKv& kv, const AttentionQuery& q, const Att
     problem.chunk_keys = ChunkKeys(kv.page_size);
     problem.tp = (problem.chunk_keys + N - 1) / N * N;
   }
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+  if (q.prefill_dots != PrefillDots::kF32 && problem.long_tiles && !problem.quantized &&
+      kv.head_dim % kQBlock == 0 && bf16::supported()) {
+    problem.bf16_pv = true;
+    problem.bf16_qk = q.prefill_dots == PrefillDots::kBf16;
+  }
+#endif
 #if HWY_TARGET == HWY_AVX3
   // Long jobs on quantized pools dequantize each tile once for all its query vectors and score
   // with keys in lanes, as f16 pools do: VNNI's int8 P·V widens every V row again for each set

@@ -20,6 +20,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <cassert>
 
+#include "kernels/cpu/attention_bf16.h"
+
 namespace sieve::kernels {
 
 HWY_EXPORT(PagedAttentionImpl);
@@ -34,6 +36,28 @@ void paged_attention(const PagedKv& kv, const AttentionQuery& q, const Attention
 
 std::string_view paged_attention_target_name() {
   return HWY_DYNAMIC_DISPATCH(AttentionTargetName)();
+}
+
+std::optional<PrefillDots> parse_prefill_dots(std::string_view name) {
+  if (name == "f32") return PrefillDots::kF32;
+  if (name == "bf16-pv") return PrefillDots::kBf16Pv;
+  if (name == "bf16") return PrefillDots::kBf16;
+  return std::nullopt;
+}
+
+std::string_view prefill_dots_name(PrefillDots dots) {
+  switch (dots) {
+    case PrefillDots::kBf16Pv:
+      return "bf16-pv";
+    case PrefillDots::kBf16:
+      return "bf16";
+    default:
+      return "f32";
+  }
+}
+
+bool bf16_attention_supported() {
+  return bf16::supported() && paged_attention_target_name().starts_with("AVX3");
 }
 
 }  // namespace sieve::kernels

@@ -48,8 +48,8 @@ void release_pages(const MatrixView& w) {
 class CpuBackend final : public HostMemoryBackend {
  public:
   explicit CpuBackend(ThreadPool& pool) : pool_(pool) {}
-  explicit CpuBackend(std::unique_ptr<ThreadPool> pool)
-      : owned_pool_(std::move(pool)), pool_(*owned_pool_) {}
+  CpuBackend(std::unique_ptr<ThreadPool> pool, PrefillDots prefill_dots)
+      : owned_pool_(std::move(pool)), pool_(*owned_pool_), prefill_dots_(prefill_dots) {}
 
   std::string_view name() const override { return "cpu"; }
   int num_threads() const override { return pool_.num_threads(); }
@@ -156,7 +156,7 @@ class CpuBackend final : public HostMemoryBackend {
 
   void paged_attention(const PagedKv& kv, const AttentionQuery& q,
                        const AttentionOutput& out) override {
-    kernels::paged_attention(kv, q, out, pool_);
+    kernels::paged_attention(kv, with_dots(q), out, pool_);
   }
 
   // Many short jobs (decode rows of many sequences, or one row's KV-head streams): one job per
@@ -242,8 +242,13 @@ class CpuBackend final : public HostMemoryBackend {
   }
 
  private:
-  static void run_job(const AttentionJob& job, ThreadPool& pool) {
-    kernels::paged_attention(job.kv, job.query, job.out, pool);
+  AttentionQuery with_dots(AttentionQuery q) const {
+    if (q.prefill_dots == PrefillDots::kF32) q.prefill_dots = prefill_dots_;
+    return q;
+  }
+
+  void run_job(const AttentionJob& job, ThreadPool& pool) const {
+    kernels::paged_attention(job.kv, with_dots(job.query), job.out, pool);
     for (const ObservationOutput& o : job.observations) {
       const ObservedRows rows = observed_rows(job, o);
       kernels::observation_scores(job.kv, rows.query, rows.row_lse, o.num_keys, o.scores, pool);
@@ -261,6 +266,7 @@ class CpuBackend final : public HostMemoryBackend {
 
   std::unique_ptr<ThreadPool> owned_pool_;  // make_cpu_backend(num_threads); else null
   ThreadPool& pool_;
+  const PrefillDots prefill_dots_ = PrefillDots::kF32;
   std::mutex packed_mutex_;
   std::vector<PackedBytes> packed_;  // repackings handed out by prepare_weights
 };
@@ -271,8 +277,8 @@ std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool) {
   return std::make_unique<CpuBackend>(pool);
 }
 
-std::unique_ptr<Backend> make_cpu_backend(int num_threads) {
-  return std::make_unique<CpuBackend>(std::make_unique<ThreadPool>(num_threads));
+std::unique_ptr<Backend> make_cpu_backend(int num_threads, PrefillDots prefill_dots) {
+  return std::make_unique<CpuBackend>(std::make_unique<ThreadPool>(num_threads), prefill_dots);
 }
 
 }  // namespace sieve::kernels
