@@ -12,6 +12,7 @@
 #   DECODE   decode tokens, default 32
 #   ROUNDS   round pairs (sieve, llama.cpp, llama.cpp, sieve), default 1
 #   SIEVE    the sieve binary, default build/sieve
+#   SIEVE_ARGS  more `sieve bench` options, e.g. "--prefill-attention bf16"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${THREADS:-2}
@@ -19,6 +20,7 @@ prompt=${PROMPT:-256}
 decode=${DECODE:-32}
 rounds=${ROUNDS:-1}
 sieve=${SIEVE:-build/sieve}
+read -r -a sieve_args <<<"${SIEVE_ARGS:-}"
 [ $# -gt 0 ] || { echo "usage: $0 MODEL.gguf [MODEL.gguf ...]" >&2; exit 2; }
 if [ ! -d bench/llama_cpp/node_modules/node-llama-cpp ]; then
   # npm 11's `ci` refuses a lock file without node-llama-cpp's optional platform packages, which
@@ -30,7 +32,7 @@ fi
 
 run_sieve() {
   "$sieve" bench -m "$1" --prompt-tokens "$prompt" --decode-tokens "$decode" -t "$threads" \
-    --bandwidth-mib 64 --reps 1 --rounds 1 --json |
+    --bandwidth-mib 64 --reps 1 --rounds 1 "${sieve_args[@]}" --json |
     python3 -c 'import json,sys; m=json.load(sys.stdin)["models"][0]; print(m["prompt_tokens_per_s"], m["decode_tokens_per_s"])'
 }
 run_llama() {
@@ -58,4 +60,4 @@ print(f"{name:<28} {med(s_pp):12.1f} {med(l_pp):12.1f} {med(s_pp) / med(l_pp):7.
 EOF
 done
 echo "pp = prompt tokens/s ($prompt tokens), tg = decode tokens/s ($decode tokens), $threads threads;" \
-  "medians of $((2 * rounds)) runs each, interleaved"
+  "medians of $((2 * rounds)) runs each, interleaved${SIEVE_ARGS:+; sieve with $SIEVE_ARGS}"

@@ -396,6 +396,34 @@ TEST(Cli, BenchReportsPrefillGflopsAndWeightType) {
   EXPECT_NEAR(m["adjacent_utilisation"].get<double>(), 0.5 * (r0 + r1), 1e-12);
 }
 
+// --prefill-attention takes f32, bf16-pv and bf16 on every command that loads a model and on
+// bench (whose JSON records it); anything else is a usage error listing them. A long prompt (a
+// prefill chunk of more than 32 rows) runs under each.
+TEST(Cli, PrefillAttentionIsOneOptionOnEveryCommand) {
+  for (const char* command : {"run", "batch", "serve", "eval", "bench-engine", "bench"}) {
+    Result bad = run(std::string(command) + " -m " + model() + " --prefill-attention bf32", true);
+    EXPECT_NE(bad.exit_code, 0) << command;
+    EXPECT_NE(bad.out.find("f32"), std::string::npos) << command << ": " << bad.out;
+    EXPECT_NE(bad.out.find("bf16-pv"), std::string::npos) << command << ": " << bad.out;
+  }
+  const std::string copy_lm = testing::shared_path("models/copy/copy-lm.gguf");
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) prompt += "the cat sat on the mat. ";
+  for (const char* mode : {"f32", "bf16-pv", "bf16"}) {
+    Result r = run("run -m " + copy_lm + " -p '" + prompt + "' -n 8 --temp 0 -t 2 --json " +
+                   "--prefill-attention " + mode);
+    ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.out;
+    const nlohmann::json out = nlohmann::json::parse(r.out);
+    EXPECT_GT(out["prompt_tokens"].size(), 32u) << mode;
+    EXPECT_EQ(out["tokens"].size(), 8u) << mode;
+  }
+  Result bench = run("bench -m " + model() +
+                     " --bandwidth-mib 16 --reps 1 --prompt-tokens 64 --decode-tokens 2 "
+                     "--rounds 1 -t 2 --prefill-attention bf16 --json");
+  ASSERT_EQ(bench.exit_code, 0) << bench.out;
+  EXPECT_EQ(nlohmann::json::parse(bench.out)["prefill_attention"], "bf16");
+}
+
 // --- files sieve must refuse at load ---------------------------------------------------------
 
 std::string read_file(const std::string& path) {

@@ -1071,10 +1071,11 @@ HWY_INLINE void AttendChunks(const Problem& p, const AttentionTask& task, Scratc
 }
 
 #if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
-// One unit of a long job (Problem::bf16): keys [key0, key1) of one kv head against the task's
-// query vectors of that head (theirs from vector v0 in Scratch::q2). The tile's K is transposed
-// as f32 (TransposeTile) and its dims paired; V rows are paired by keys (f16 rows widened
-// first); the probabilities are rounded after the f32 softmax, whose row sums they keep.
+// One unit of a long job with bf16 dot products (Problem::bf16_pv): keys [key0, key1) of one kv
+// head against the task's query vectors of that head (theirs from vector v0 in Scratch::q2).
+// With bf16_qk the tile's K rows are paired by dims and transposed (bf16::pack_keys), else QK
+// runs in f32; the f32 softmax keeps its row sums, and the probabilities are rounded after it;
+// the V rows are paired by keys (bf16::pack_values).
 template <typename T>
 HWY_INLINE void Bf16Unit(const Problem& p, const HeadBlock& block, const KeyRun<T>* runs,
                          int64_t num_runs, int64_t key0, int64_t key1, const int64_t* first,
@@ -1082,13 +1083,14 @@ HWY_INLINE void Bf16Unit(const Problem& p, const HeadBlock& block, const KeyRun<
   const int64_t head_dim = p.kv.head_dim;
   const int64_t pairs = head_dim / 2;
   const int64_t num_keys = key1 - key0;
-  const int64_t cols = (num_keys + kKeysPerCall - 1) / kKeysPerCall * kKeysPerCall;
+  constexpr bool kHalves = !std::is_same_v<T, float>;
+  const void* rows[kLongTileKeys];  // the tile's K rows, then its V rows, by column
   if (p.bf16_qk) {
-    TransposeTile(runs, num_runs, head_dim, num_keys, p.tp, sc.kt);
-    for (int64_t i = 0; i < pairs; ++i) {
-      bf16::interleave_rows(sc.kt + 2 * i * p.tp, sc.kt + (2 * i + 1) * p.tp, cols,
-                            sc.kt2.get() + i * p.tp);
+    const int64_t cols = (num_keys + kKeysPerCall - 1) / kKeysPerCall * kKeysPerCall;
+    for (int64_t r = 0; r < num_runs; ++r) {
+      for (int64_t j = 0; j < runs[r].count; ++j) rows[runs[r].col + j] = runs[r].k + j * head_dim;
     }
+    bf16::pack_keys(rows, kHalves, num_keys, cols, head_dim, sc.kt2.get(), p.tp);
     bf16::scores(sc.q2.get() + v0 * pairs, pairs, block.num_rows, sc.kt2.get(), p.tp, pairs, cols,
                  block.s, p.tp);
   } else {
@@ -1096,25 +1098,11 @@ HWY_INLINE void Bf16Unit(const Problem& p, const HeadBlock& block, const KeyRun<
   }
   SoftmaxStep4(p, block, first, limit, key0, num_keys);
 
-  const float* v_rows[kLongTileKeys];
-  if constexpr (std::is_same_v<T, float>) {
-    for (int64_t r = 0; r < num_runs; ++r) {
-      for (int64_t j = 0; j < runs[r].count; ++j)
-        v_rows[runs[r].col + j] = runs[r].v + j * head_dim;
-    }
-  } else {
-    KeyRun<float> wide[kMaxRuns];
-    const int64_t num_wide = WidenValues(runs, num_runs, head_dim, sc.vt, wide);
-    for (int64_t r = 0; r < num_wide; ++r) {
-      for (int64_t j = 0; j < wide[r].count; ++j)
-        v_rows[wide[r].col + j] = wide[r].v + j * head_dim;
-    }
+  for (int64_t r = 0; r < num_runs; ++r) {
+    for (int64_t j = 0; j < runs[r].count; ++j) rows[runs[r].col + j] = runs[r].v + j * head_dim;
   }
+  bf16::pack_values(rows, kHalves, num_keys, head_dim, sc.vt2.get());
   const int64_t num_pairs = (num_keys + 1) / 2;
-  for (int64_t t = 0; t < num_pairs; ++t) {
-    bf16::interleave_rows(v_rows[2 * t], 2 * t + 1 < num_keys ? v_rows[2 * t + 1] : nullptr,
-                          head_dim, sc.vt2.get() + t * head_dim);
-  }
   const int64_t p_stride = p.tp / 2;
   for (int64_t m = 0; m < block.num_rows; ++m) {
     bf16::round_row(block.s + m * p.tp, 2 * num_pairs,

@@ -2,6 +2,8 @@
 // cpu/attention-inl.h's QkKeysInLanes and Pv.
 #include "kernels/cpu/attention_bf16.h"
 
+#include "kernels/cpu/transpose16x16.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the unused merge source: false
@@ -16,8 +18,7 @@ namespace sieve::kernels::bf16 {
 #if defined(__x86_64__) && defined(__GNUC__)
 
 bool supported() {
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bf16");
   return has;
@@ -38,6 +39,15 @@ SIEVE_BF16_ATTR inline __m512i Interleave(__m512 a, __m512 b) {
   const __m512i index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
                                          8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(index, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+}
+
+// Values [c, c + 16) of a row of f32 or (halves) f16 values, as f32.
+SIEVE_BF16_ATTR inline __m512 Load16(const void* row, bool halves, int64_t c) {
+  if (halves) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + c)));
+  }
+  return _mm512_loadu_ps(static_cast<const float*>(row) + c);
 }
 
 // s rows m < kM, columns [0, 16 kC): pair dot products over num_pairs.
@@ -74,14 +84,22 @@ SIEVE_BF16_ATTR inline void ScoreColumns(const uint32_t* q, int64_t q_stride, in
   const uint32_t* qm = q + m * q_stride;
   float* sm = s + m * s_stride;
   switch (count - m) {
-    case 7: return ScoreTile<7, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 6: return ScoreTile<6, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 5: return ScoreTile<5, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 4: return ScoreTile<4, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 3: return ScoreTile<3, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 2: return ScoreTile<2, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 1: return ScoreTile<1, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    default: return;
+    case 7:
+      return ScoreTile<7, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
+    case 6:
+      return ScoreTile<6, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
+    case 5:
+      return ScoreTile<5, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
+    case 4:
+      return ScoreTile<4, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
+    case 3:
+      return ScoreTile<3, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
+    case 2:
+      return ScoreTile<2, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
+    case 1:
+      return ScoreTile<1, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
+    default:
+      return;
   }
 }
 
@@ -140,13 +158,39 @@ SIEVE_BF16_ATTR void round_row(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
-SIEVE_BF16_ATTR void interleave_rows(const float* a, const float* b, int64_t n, uint32_t* out) {
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 lanes =
-        n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(lanes, a + j);
-    const __m512 y = b ? _mm512_maskz_loadu_ps(lanes, b + j) : _mm512_setzero_ps();
-    _mm512_mask_storeu_epi32(out + j, lanes, Interleave(x, y));
+SIEVE_BF16_ATTR void pack_keys(const void* const* rows, bool halves, int64_t num_keys,
+                               int64_t num_cols, int64_t head_dim, uint32_t* k, int64_t tp) {
+  // Per 16 keys and 32 dims: each key's 32 values as 16 pairs (cvtne2ps keeps them in order),
+  // then one 16 x 16 transpose of the 32-bit pairs puts the keys in lanes.
+  for (int64_t j0 = 0; j0 < num_cols; j0 += 16) {
+    for (int64_t c = 0; c < head_dim; c += 32) {
+      __m512i pairs[16];
+      for (int64_t e = 0; e < 16; ++e) {
+        if (j0 + e >= num_keys) {
+          pairs[e] = _mm512_setzero_si512();
+          continue;
+        }
+        pairs[e] = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+            Load16(rows[j0 + e], halves, c + 16), Load16(rows[j0 + e], halves, c)));
+      }
+      alignas(64) uint32_t block[16 * 16];
+      Transpose16x16(pairs, reinterpret_cast<uint8_t*>(block));
+      for (int64_t e = 0; e < 16; ++e) {
+        _mm512_storeu_si512(k + (c / 2 + e) * tp + j0, _mm512_load_si512(block + 16 * e));
+      }
+    }
+  }
+}
+
+SIEVE_BF16_ATTR void pack_values(const void* const* rows, bool halves, int64_t num_keys,
+                                 int64_t head_dim, uint32_t* v) {
+  for (int64_t t = 0; 2 * t < num_keys; ++t) {
+    const void* a = rows[2 * t];
+    const void* b = 2 * t + 1 < num_keys ? rows[2 * t + 1] : nullptr;
+    for (int64_t c = 0; c < head_dim; c += 16) {
+      const __m512 y = b ? Load16(b, halves, c) : _mm512_setzero_ps();
+      _mm512_storeu_si512(v + t * head_dim + c, Interleave(Load16(a, halves, c), y));
+    }
   }
 }
 
@@ -156,7 +200,8 @@ SIEVE_BF16_ATTR void scores(const uint32_t* q, int64_t q_stride, int64_t count, 
   int64_t j = 0;
   for (; j + 32 <= num_cols; j += 32)
     ScoreColumns<2>(q, q_stride, count, k + j, k_stride, num_pairs, s + j, s_stride);
-  if (j < num_cols) ScoreColumns<1>(q, q_stride, count, k + j, k_stride, num_pairs, s + j, s_stride);
+  if (j < num_cols)
+    ScoreColumns<1>(q, q_stride, count, k + j, k_stride, num_pairs, s + j, s_stride);
 }
 
 SIEVE_BF16_ATTR void pv(const uint32_t* p, int64_t p_stride, int64_t count, const float* alpha,
@@ -169,12 +214,18 @@ SIEVE_BF16_ATTR void pv(const uint32_t* p, int64_t p_stride, int64_t count, cons
   const uint32_t* pm = p + m * p_stride;
   float* am = acc + m * dp;
   switch (count - m) {
-    case 5: return PvRows<5>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    case 4: return PvRows<4>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    case 3: return PvRows<3>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    case 2: return PvRows<2>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    case 1: return PvRows<1>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    default: return;
+    case 5:
+      return PvRows<5>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
+    case 4:
+      return PvRows<4>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
+    case 3:
+      return PvRows<3>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
+    case 2:
+      return PvRows<2>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
+    case 1:
+      return PvRows<1>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
+    default:
+      return;
   }
 }
 
@@ -182,7 +233,8 @@ SIEVE_BF16_ATTR void pv(const uint32_t* p, int64_t p_stride, int64_t count, cons
 
 bool supported() { return false; }
 void round_row(const float*, int64_t, uint16_t*) {}
-void interleave_rows(const float*, const float*, int64_t, uint32_t*) {}
+void pack_keys(const void* const*, bool, int64_t, int64_t, int64_t, uint32_t*, int64_t) {}
+void pack_values(const void* const*, bool, int64_t, int64_t, uint32_t*) {}
 void scores(const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, int64_t, int64_t, float*,
             int64_t) {}
 void pv(const uint32_t*, int64_t, int64_t, const float*, const uint32_t*, int64_t, int64_t, float*,

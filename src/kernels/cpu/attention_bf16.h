@@ -24,13 +24,22 @@ bool supported();
 // dst[j] = bf16(src[j]) for j < n: as 32-bit words, the pairs (src[2i], src[2i + 1]).
 void round_row(const float* src, int64_t n, uint16_t* dst);
 
-// out[j] = bf16(a[j]) | bf16(b[j]) << 16 for j < n; b null: b[j] = 0.
-void interleave_rows(const float* a, const float* b, int64_t n, uint32_t* out);
+// A tile's K for scores(): rows[j] is key j's row of head_dim values (f32, or f16 halves with
+// `halves`), j < num_keys; k[i * tp + j] = the pair (dims 2i, 2i + 1) of key j for i <
+// head_dim / 2 and j < num_cols (a multiple of 16, >= num_keys; keys past num_keys are 0).
+// head_dim is a multiple of 32.
+void pack_keys(const void* const* rows, bool halves, int64_t num_keys, int64_t num_cols,
+               int64_t head_dim, uint32_t* k, int64_t tp);
+
+// A tile's V for pv(): v[t * head_dim + c] = the pair (value c of key 2t, of key 2t + 1) for
+// t < (num_keys + 1) / 2 (a key past num_keys is 0); rows and halves as pack_keys.
+void pack_values(const void* const* rows, bool halves, int64_t num_keys, int64_t head_dim,
+                 uint32_t* v);
 
 // s[m * s_stride + j] = sum_{i < num_pairs} q[m * q_stride + i] · k[i * k_stride + j] (pair
 // dot products) for m < count and j < num_cols (a multiple of 16).
-void scores(const uint32_t* q, int64_t q_stride, int64_t count, const uint32_t* k,
-            int64_t k_stride, int64_t num_pairs, int64_t num_cols, float* s, int64_t s_stride);
+void scores(const uint32_t* q, int64_t q_stride, int64_t count, const uint32_t* k, int64_t k_stride,
+            int64_t num_pairs, int64_t num_cols, float* s, int64_t s_stride);
 
 // acc[m * dp + c] = alpha[m] * acc[m * dp + c] + sum_{t < num_pairs} p[m * p_stride + t] ·
 // v[t * head_dim + c] for m < count and c < head_dim (a multiple of 32).
