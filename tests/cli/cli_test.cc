@@ -422,6 +422,11 @@ TEST(Cli, PrefillAttentionIsOneOptionOnEveryCommand) {
                      "--rounds 1 -t 2 --prefill-attention bf16 --json");
   ASSERT_EQ(bench.exit_code, 0) << bench.out;
   EXPECT_EQ(nlohmann::json::parse(bench.out)["prefill_attention"], "bf16");
+  Result engine = run("bench-engine -m " + model() +
+                      " --concurrency 1 --prompt-tokens 40 --output-tokens 2 --depths 0 -t 2 "
+                      "--prefill-attention bf16-pv --json");
+  ASSERT_EQ(engine.exit_code, 0) << engine.out;
+  EXPECT_EQ(nlohmann::json::parse(engine.out)["config"]["prefill_attention"], "bf16-pv");
 }
 
 // --- files sieve must refuse at load ---------------------------------------------------------
