@@ -203,9 +203,13 @@ void serve(ServeOptions options) {
     spdlog::info("default kv_policy: {}; speculative decoding: {}",
                  sparsity::to_string(default_policy), speculative::to_json(ec.speculative));
     spdlog::info(
-        "compute: {} backend, {} threads; chat template: {}; tool calls: {}{}; API key: {}",
-        loaded.model->backend().name(), loaded.model->backend().num_threads(), template_origin,
-        server::tool_call_format_name(tool_call_format),
+        "compute: {} backend, {} threads, prefill attention {}; chat template: {}; tool calls: "
+        "{}{}; API key: {}",
+        loaded.model->backend().name(), loaded.model->backend().num_threads(),
+        options.model.prefill_attention == "f32" || kernels::bf16_attention_supported()
+            ? options.model.prefill_attention
+            : options.model.prefill_attention + " (unsupported here: f32)",
+        template_origin, server::tool_call_format_name(tool_call_format),
         options.tool_call_parser == "auto" ? " (detected)" : "",
         options.server.api_key.empty() ? "none" : "required");
     if (generation) {

@@ -4,8 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <string>
 
+#include "kernels/paged_attention.h"
 #include "model/loader.h"
 
 namespace sieve::cli {
@@ -78,6 +80,12 @@ struct ModelOptions {
         ->check(CLI::PositiveNumber);
   }
   model::LoadOptions load_options() const {
+    if (prefill_attention != "f32" && device == "cpu" && !kernels::bf16_attention_supported()) {
+      fmt::print(stderr,
+                 "sieve: --prefill-attention {}: this CPU has no AVX512-BF16 dot products (or "
+                 "runs another SIMD target); prompts' attention stays f32\n",
+                 prefill_attention);
+    }
     model::ContextOverrides context;
     if (context_size > 0) context.context_length = context_size;
     if (!rope_scaling.empty()) context.rope_scaling = model::parse_rope_scaling(rope_scaling);
