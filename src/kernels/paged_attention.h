@@ -110,7 +110,6 @@ inline int64_t kv_offset(const PagedKv& kv, int64_t key, int64_t kv_head) {
   return page * kv.page_stride + kv_head * kv.head_stride + (position % kv.page_size) * kv.head_dim;
 }
 
-// The new tokens (query rows) of ONE sequence.
 // The arithmetic of long jobs' (prefill chunks') products on f32 / f16 pools. The bf16 dot
 // products (vdpbf16ps: a pair of bf16 products per f32 lane, twice an f32 FMA's multiply-adds)
 // take effect where bf16_attention_supported(); rows of up to kAttentionInvariantRows (decode,
@@ -120,11 +119,11 @@ enum class PrefillDots : uint8_t {
   kBf16Pv,  // p·v as bf16 dot products (P and V rounded to bf16)
   kBf16,    // q·k too (Q and K rounded), as GPU FlashAttention does for bf16 models
 };
-// The names --prefill-attention takes: "f32", "bf16-pv", "bf16".
-inline constexpr std::string_view kPrefillDotsNames = "f32, bf16-pv, bf16";
+// By the names --prefill-attention takes: "f32", "bf16-pv", "bf16"; nullopt for any other.
 std::optional<PrefillDots> parse_prefill_dots(std::string_view name);
 std::string_view prefill_dots_name(PrefillDots dots);
 
+// The new tokens (query rows) of ONE sequence.
 struct AttentionQuery {
   const float* q = nullptr;            // [num_q][num_heads][head_dim]
   std::span<const int32_t> positions;  // [num_q]; row i attends to key positions [0, positions[i]]

@@ -27,7 +27,9 @@
 // tiles (kLongTileKeys), QK with the keys along the lanes (QkKeysInLanes: the tile's K
 // transposed once, no horizontal sums), the scores' exp by ExpOfScores, P·V 6 query vectors at
 // a time (f16 V widened once per tile). Decode and verification rows never take it, so they
-// stay the same bits alone and in any batch.
+// stay the same bits alone and in any batch. With AttentionQuery::prefill_dots on an
+// AVX512-BF16 CPU, the tile's P·V (and Q·K) run as bf16 dot products instead (Bf16Unit,
+// cpu/attention_bf16.h).
 //
 // Short jobs (decode, verification: row-invariant plans) on f32 / f16 pools take whole chunks
 // instead of tiles (AttendChunks): all the scores of a task's piece of keys, one softmax step,
