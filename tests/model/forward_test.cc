@@ -35,6 +35,34 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return diff;
 }
 
+// Per row of `vocab` logits, whether `got`'s argmax is `want`'s, and KL(want || got) of their
+// softmaxes: the count of agreeing rows and the KL summed over rows.
+struct LogitAgreement {
+  int64_t rows = 0, agree = 0;
+  double kl_sum = 0;
+};
+LogitAgreement compare_logits(const std::vector<float>& want, const std::vector<float>& got,
+                              int64_t vocab) {
+  LogitAgreement r;
+  r.rows = static_cast<int64_t>(std::min(want.size(), got.size())) / vocab;
+  for (int64_t row = 0; row < r.rows; ++row) {
+    const float* a = want.data() + row * vocab;
+    const float* b = got.data() + row * vocab;
+    r.agree += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b;
+    const double max_a = *std::max_element(a, a + vocab), max_b = *std::max_element(b, b + vocab);
+    double sum_a = 0, sum_b = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      sum_a += std::exp(a[v] - max_a);
+      sum_b += std::exp(b[v] - max_b);
+    }
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double la = a[v] - max_a - std::log(sum_a), lb = b[v] - max_b - std::log(sum_b);
+      r.kl_sum += std::exp(la) * (la - lb);
+    }
+  }
+  return r;
+}
+
 // Logits of every position of `tokens`, fed one token per forward call.
 std::vector<float> token_by_token(const model::Model& m, const std::vector<int32_t>& tokens) {
   auto [cache, table] = model::KvCache::for_one_sequence(m.backend(), m.config(),
@@ -362,23 +390,10 @@ std::map<kernels::DType, KvFidelity> kv_fidelity(const std::string& model_path, 
       const Run got = run(dtype, p);
       f.logit_diff = std::max(f.logit_diff, max_abs_diff(want.logits, got.logits));
       f.score_diff = std::max(f.score_diff, max_abs_diff(want.scores, got.scores));
-      for (int64_t row = 0; row < length; ++row) {
-        const float* a = want.logits.data() + row * vocab;
-        const float* b = got.logits.data() + row * vocab;
-        agree += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b;
-        const double max_a = *std::max_element(a, a + vocab),
-                     max_b = *std::max_element(b, b + vocab);
-        double sum_a = 0, sum_b = 0;
-        for (int64_t v = 0; v < vocab; ++v) {
-          sum_a += std::exp(a[v] - max_a);
-          sum_b += std::exp(b[v] - max_b);
-        }
-        for (int64_t v = 0; v < vocab; ++v) {
-          const double la = a[v] - max_a - std::log(sum_a), lb = b[v] - max_b - std::log(sum_b);
-          f.mean_kl += std::exp(la) * (la - lb);
-        }
-        ++positions;
-      }
+      const LogitAgreement a = compare_logits(want.logits, got.logits, vocab);
+      agree += a.agree;
+      f.mean_kl += a.kl_sum;
+      positions += a.rows;
     }
     f.agreement = static_cast<double>(agree) / static_cast<double>(positions);
     f.mean_kl /= static_cast<double>(positions);
@@ -521,28 +536,11 @@ TEST(Forward, Bf16PrefillAttentionTracksF32OnTrainedModels) {
         EXPECT_EQ(diff, 0.0f) << path;
         continue;
       }
-      int64_t agree = 0;
-      double mean_kl = 0;
-      const int64_t rows = static_cast<int64_t>(want.size()) / vocab;
-      for (int64_t row = 0; row < rows; ++row) {
-        const float* a = want.data() + row * vocab;
-        const float* b = got.data() + row * vocab;
-        agree += std::max_element(a, a + vocab) - a == std::max_element(b, b + vocab) - b;
-        const double max_a = *std::max_element(a, a + vocab),
-                     max_b = *std::max_element(b, b + vocab);
-        double sum_a = 0, sum_b = 0;
-        for (int64_t v = 0; v < vocab; ++v) {
-          sum_a += std::exp(a[v] - max_a);
-          sum_b += std::exp(b[v] - max_b);
-        }
-        for (int64_t v = 0; v < vocab; ++v) {
-          const double la = a[v] - max_a - std::log(sum_a), lb = b[v] - max_b - std::log(sum_b);
-          mean_kl += std::exp(la) * (la - lb);
-        }
-      }
-      mean_kl /= static_cast<double>(rows);
+      const LogitAgreement a = compare_logits(want, got, vocab);
+      ASSERT_GT(a.rows, 0) << path;
+      const double mean_kl = a.kl_sum / static_cast<double>(a.rows);
       kl[dots] = mean_kl;
-      const double agreement = static_cast<double>(agree) / static_cast<double>(rows);
+      const double agreement = static_cast<double>(a.agree) / static_cast<double>(a.rows);
       const std::string name(kernels::prefill_dots_name(dots));
       std::printf(
           "%s %s prefill attention vs f32: top-1 agreement %.4f, mean KL %.2e, "

@@ -50,6 +50,15 @@ SIEVE_BF16_ATTR inline __m512 Load16(const void* row, bool halves, int64_t c) {
   return _mm512_loadu_ps(static_cast<const float*>(row) + c);
 }
 
+// fn.template operator()<rows>() for 1 <= rows <= kMax (a tile's last rows); nothing for 0.
+template <int kMax, class Fn>
+SIEVE_BF16_ATTR inline void WithRows(int64_t rows, const Fn& fn) {
+  if constexpr (kMax > 0) {
+    if (rows == kMax) return fn.template operator()<kMax>();
+    WithRows<kMax - 1>(rows, fn);
+  }
+}
+
 // s rows m < kM, columns [0, 16 kC): pair dot products over num_pairs.
 template <int kM, int kC>
 SIEVE_BF16_ATTR inline void ScoreTile(const uint32_t* q, int64_t q_stride, const uint32_t* k,
@@ -83,24 +92,9 @@ SIEVE_BF16_ATTR inline void ScoreColumns(const uint32_t* q, int64_t q_stride, in
   }
   const uint32_t* qm = q + m * q_stride;
   float* sm = s + m * s_stride;
-  switch (count - m) {
-    case 7:
-      return ScoreTile<7, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 6:
-      return ScoreTile<6, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 5:
-      return ScoreTile<5, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 4:
-      return ScoreTile<4, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 3:
-      return ScoreTile<3, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 2:
-      return ScoreTile<2, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    case 1:
-      return ScoreTile<1, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
-    default:
-      return;
-  }
+  WithRows<kRows - 1>(count - m, [&]<int kM>() SIEVE_BF16_ATTR {
+    ScoreTile<kM, kC>(qm, q_stride, k, k_stride, num_pairs, sm, s_stride);
+  });
 }
 
 // acc rows m < kM, columns [c0, c0 + 16 kC).
@@ -213,20 +207,9 @@ SIEVE_BF16_ATTR void pv(const uint32_t* p, int64_t p_stride, int64_t count, cons
     PvRows<kRows>(p + m * p_stride, p_stride, alpha + m, v, num_pairs, head_dim, acc + m * dp, dp);
   const uint32_t* pm = p + m * p_stride;
   float* am = acc + m * dp;
-  switch (count - m) {
-    case 5:
-      return PvRows<5>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    case 4:
-      return PvRows<4>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    case 3:
-      return PvRows<3>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    case 2:
-      return PvRows<2>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    case 1:
-      return PvRows<1>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
-    default:
-      return;
-  }
+  WithRows<kRows - 1>(count - m, [&]<int kM>() SIEVE_BF16_ATTR {
+    PvRows<kM>(pm, p_stride, alpha + m, v, num_pairs, head_dim, am, dp);
+  });
 }
 
 #else  // not x86-64 with GCC/Clang
