@@ -26,7 +26,7 @@ struct BenchOptions {
   int64_t decode_tokens = 32;
   int rounds = 4;
   int threads = 0;
-  std::string prefill_attention = "f32";
+  kernels::PrefillDots prefill_dots = kernels::PrefillDots::kF32;
   bool json = false;
 };
 
@@ -59,7 +59,7 @@ void bench(const BenchOptions& options) {
                           {"best_gb_per_s", bandwidth.best_gb_per_s},
                           {"mean_gb_per_s", bandwidth.mean_gb_per_s}}},
                         {"fma_peak_gflop_per_s", fma_peak},
-                        {"prefill_attention", options.prefill_attention},
+                        {"prefill_attention", kernels::prefill_dots_name(options.prefill_dots)},
                         {"models", nlohmann::json::array()}};
   if (!options.json) {
     fmt::print("memory read bandwidth (sum over {:.2f} GiB, best of {}): {:.2f} GB/s\n",
@@ -73,9 +73,8 @@ void bench(const BenchOptions& options) {
   for (const std::string& path : options.model_paths) {
     model::LoadedModel loaded = model::load_model(
         {.model_path = path,
-         .backend = {.device = "cpu",
-                     .threads = options.threads,
-                     .prefill_dots = *kernels::parse_prefill_dots(options.prefill_attention)}});
+         .backend = {
+             .device = "cpu", .threads = options.threads, .prefill_dots = options.prefill_dots}});
     eval::ModelSpeed speed =
         eval::measure_model_speed(*loaded.model, options.prompt_tokens, options.decode_tokens,
                                   &probe, options.rounds, &fma_probe);
@@ -140,7 +139,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   command->add_option("-t,--threads", options->threads, "Worker threads (default: all cores)");
-  add_prefill_attention_option(*command, options->prefill_attention);
+  add_prefill_attention_option(*command, options->prefill_dots);
   command->add_flag("--json", options->json, "Print the results as JSON");
   command->callback([options] { bench(*options); });
 }

@@ -200,7 +200,7 @@ void bench_engine(BenchEngineOptions options) {
           {"max_batch_tokens", config.max_batch_tokens},
           {"page_size", config.page_size},
           {"kv_dtype", model::kv_dtype_name(config.kv_dtype)},
-          {"prefill_attention", options.model.prefill_attention},
+          {"prefill_attention", kernels::prefill_dots_name(options.model.prefill_dots)},
           {"speculative", nlohmann::json::parse(speculative::to_json(config.speculative))},
           {"prefix_caching", false}}},
         {"concurrency", nlohmann::json::array()},

@@ -206,9 +206,9 @@ void serve(ServeOptions options) {
         "compute: {} backend, {} threads, prefill attention {}; chat template: {}; tool calls: "
         "{}{}; API key: {}",
         loaded.model->backend().name(), loaded.model->backend().num_threads(),
-        options.model.prefill_attention == "f32" || kernels::bf16_attention_supported()
-            ? options.model.prefill_attention
-            : options.model.prefill_attention + " (unsupported here: f32)",
+        kernels::bf16_attention_supported()
+            ? kernels::prefill_dots_name(options.model.prefill_dots)
+            : kernels::prefill_dots_name(kernels::PrefillDots::kF32),
         template_origin, server::tool_call_format_name(tool_call_format),
         options.tool_call_parser == "auto" ? " (detected)" : "",
         options.server.api_key.empty() ? "none" : "required");

@@ -12,16 +12,26 @@
 
 namespace sieve::cli {
 
-// --prefill-attention: the arithmetic of prompt chunks' attention (kernels::PrefillDots).
-inline void add_prefill_attention_option(CLI::App& command, std::string& value) {
-  command
-      .add_option(
-          "--prefill-attention", value,
+// --prefill-attention, the arithmetic of prompt chunks' attention, as --kv-dtype is added
+// (kv_dtype_option.h): the parsed choice written into `dots` (which must outlive the parse), an
+// unknown name a parse error listing kernels::parse_prefill_dots' names.
+inline CLI::Option* add_prefill_attention_option(CLI::App& command, kernels::PrefillDots& dots) {
+  const CLI::Validator known(
+      [](std::string& name) -> std::string {
+        if (kernels::parse_prefill_dots(name)) return {};
+        return fmt::format("unknown prefill attention '{}'; use one of {}", name,
+                           kernels::kPrefillDotsNames);
+      },
+      "f32|bf16-pv|bf16", "prefill attention");
+  return command
+      .add_option_function<std::string>(
+          "--prefill-attention",
+          [&dots](const std::string& name) { dots = *kernels::parse_prefill_dots(name); },
           "Arithmetic of prompt chunks' attention on CPUs with AVX512-BF16 (e.g. Zen 4): "
           "f32; bf16-pv (p.v as bf16 dot products: 16k prompts ~1.2x faster, about f16 KV's "
           "error); bf16 (q.k too: ~1.4x, about q8 KV's error). Decode stays f32")
-      ->check(CLI::IsMember({"f32", "bf16-pv", "bf16"}))
-      ->capture_default_str();
+      ->default_str(std::string(kernels::prefill_dots_name(dots)))
+      ->check(known);
 }
 
 struct ModelOptions {
@@ -34,7 +44,7 @@ struct ModelOptions {
   float rope_scale = 0.0f;   // 0: the file's
   int64_t yarn_original_context = 0;
   std::string quantize;  // empty: the weights as stored
-  std::string prefill_attention = "f32";
+  kernels::PrefillDots prefill_dots = kernels::PrefillDots::kF32;
 
   void add_to(CLI::App& command) {
     command
@@ -73,18 +83,19 @@ struct ModelOptions {
                        "Convert the weights at load, in memory, as `sieve quantize` writes them "
                        "(q8_0, q4_0, q4_k_m, q6_k, ...; e.g. a Hugging Face folder's BF16 "
                        "weights); default: as the file stores them");
-    add_prefill_attention_option(command, prefill_attention);
+    add_prefill_attention_option(command, prefill_dots);
     command
         .add_option("--yarn-orig-ctx", yarn_original_context,
                     "YaRN: the context the model was trained for (default: the file's)")
         ->check(CLI::PositiveNumber);
   }
   model::LoadOptions load_options() const {
-    if (prefill_attention != "f32" && device == "cpu" && !kernels::bf16_attention_supported()) {
+    if (prefill_dots != kernels::PrefillDots::kF32 && device == "cpu" &&
+        !kernels::bf16_attention_supported()) {
       fmt::print(stderr,
                  "sieve: --prefill-attention {}: this CPU has no AVX512-BF16 dot products (or "
                  "runs another SIMD target); prompts' attention stays f32\n",
-                 prefill_attention);
+                 kernels::prefill_dots_name(prefill_dots));
     }
     model::ContextOverrides context;
     if (context_size > 0) context.context_length = context_size;
@@ -93,9 +104,7 @@ struct ModelOptions {
     if (yarn_original_context > 0) context.yarn_original_context = yarn_original_context;
     return {.model_path = model_path,
             .tokenizer_path = tokenizer_path,
-            .backend = {.device = device,
-                        .threads = threads,
-                        .prefill_dots = *kernels::parse_prefill_dots(prefill_attention)},
+            .backend = {.device = device, .threads = threads, .prefill_dots = prefill_dots},
             .context = context,
             .quantize = quantize};
   }

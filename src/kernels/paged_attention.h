@@ -119,7 +119,8 @@ enum class PrefillDots : uint8_t {
   kBf16Pv,  // p·v as bf16 dot products (P and V rounded to bf16)
   kBf16,    // q·k too (Q and K rounded), as GPU FlashAttention does for bf16 models
 };
-// By the names --prefill-attention takes: "f32", "bf16-pv", "bf16"; nullopt for any other.
+// The names --prefill-attention takes. parse_prefill_dots: nullopt for any other name.
+inline constexpr std::string_view kPrefillDotsNames = "f32, bf16-pv, bf16";
 std::optional<PrefillDots> parse_prefill_dots(std::string_view name);
 std::string_view prefill_dots_name(PrefillDots dots);
 
