@@ -117,20 +117,20 @@ SIEVE_VNNI_ATTR inline __m512 RowScales(const uint8_t* at) {
 template <bool kFifthBits>
 struct PackedQ4_KFormat {
   static constexpr int64_t kBytes = kFifthBits ? kPackedQ5_KBytes : kPackedQ4_KBytes;
-  static constexpr int64_t kChunkBytes = kFifthBits ? kPackedQ5_KChunkBytes : 8 * 64;
+  static constexpr int64_t kChunkBytes = kFifthBits ? kPackedQ5_KChunkBytes : kPackedQ4_KChunkBytes;
   static constexpr int kGroupCols = 32;
   static constexpr bool kMins = true, kOffset = false;
   const uint8_t* block;
   SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
     const __m512i nibble = _mm512_set1_epi8(0x0F);
-    const uint8_t* chunk = block + 64 + 2 * 8 * 16 + (s / 2) * kChunkBytes;
+    const uint8_t* levels = Chunk(s / 2) + 64;
     for (int k = 0; k < 8; ++k) {
-      __m512i v = _mm512_loadu_si512(chunk + 64 * k);
+      __m512i v = _mm512_loadu_si512(levels + 64 * k);
       if (s % 2 == 1) v = _mm512_srli_epi16(v, 4);
       w[k] = _mm512_and_si512(v, nibble);
     }
     if constexpr (kFifthBits) {  // w[k]'s byte mask of fifth bits, straight into a mask register
-      const uint8_t* masks = chunk + 8 * 64 + 64 * (s % 2);
+      const uint8_t* masks = levels + 8 * 64 + 64 * (s % 2);
       for (int k = 0; k < 8; ++k) {
         uint64_t bits;
         std::memcpy(&bits, masks + 8 * k, sizeof(bits));
@@ -140,10 +140,13 @@ struct PackedQ4_KFormat {
   }
   SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
   SIEVE_VNNI_ATTR __m512 DMin() const { return RowScales(block + 32); }
-  SIEVE_VNNI_ATTR __m512 Scale(int s) const { return ExpandBytes(block + 64 + 16 * s, false); }
-  SIEVE_VNNI_ATTR __m512 Min(int s) const {
-    return ExpandBytes(block + 64 + 8 * 16 + 16 * s, false);
+  SIEVE_VNNI_ATTR __m512 Scale(int s) const {
+    return ExpandBytes(Chunk(s / 2) + 16 * (s % 2), false);
   }
+  SIEVE_VNNI_ATTR __m512 Min(int s) const {
+    return ExpandBytes(Chunk(s / 2) + 32 + 16 * (s % 2), false);
+  }
+  const uint8_t* Chunk(int j) const { return block + 64 + j * kChunkBytes; }
 };
 
 // Q6_K: levels q + 32 (0..63), i8 scales per 16 columns.
@@ -154,22 +157,27 @@ struct PackedQ6_KFormat {
   const uint8_t* block;
   SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
     const __m512i nibble = _mm512_set1_epi8(0x0F), high_bits = _mm512_set1_epi8(0x30);
-    const uint8_t* chunk = block + kPackedQ6_KLevels + (s / 2) * kPackedQ6_KChunkBytes;
+    const uint8_t* chunk = Chunk(s / 2);
     const int half = s % 2;  // columns 64 (s / 2) + 32 half + [0, 32)
     for (int k = 0; k < 8; ++k) {
-      __m512i v = _mm512_loadu_si512(chunk + 64 * k);
+      __m512i v = _mm512_loadu_si512(chunk + 64 * Q6_KLowVector(k));
       if (half == 1) v = _mm512_srli_epi16(v, 4);
       // The pair of bits 2 half + 4 (k / 4) of high vector k % 4 to bits 4, 5 (16-bit shifts:
       // what crosses a byte is masked off).
       const int shift = 2 * half + 4 * (k / 4);
-      __m512i h = _mm512_loadu_si512(chunk + 8 * 64 + 64 * (k % 4));
+      __m512i h = _mm512_loadu_si512(chunk + 64 * Q6_KHighVector(k % 4));
       if (shift < 4) h = _mm512_slli_epi16(h, 4 - shift);
       if (shift > 4) h = _mm512_srli_epi16(h, shift - 4);
       w[k] = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_and_si512(h, high_bits));
     }
   }
   SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
-  SIEVE_VNNI_ATTR __m512 Scale(int g) const { return ExpandBytes(block + 32 + 16 * g, true); }
+  SIEVE_VNNI_ATTR __m512 Scale(int g) const {
+    return ExpandBytes(Chunk(g / 4) + 16 * (g % 4), true);
+  }
+  const uint8_t* Chunk(int j) const {
+    return block + kPackedQ6_KLevels + j * kPackedQ6_KChunkBytes;
+  }
 };
 
 // IQ4_XS: levels kIQ4NLValues + 128 (u8) by nibble, i8 scales (ls - 32) per 32 columns.
@@ -224,16 +232,17 @@ struct PackedQ2_KFormat {
   // 4^DotLog4(s, 0) and 4^DotLog4(s, 1).
   static constexpr int DotLog4(int s, int group) { return TwoBitLog4<kMaxLog4>(s % 2, 4 * group); }
   SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
-    const uint8_t* low = block + 64 + 16 * 16 + (s / 2) * 4 * 64;
+    const uint8_t* low = Chunk(s / 2) + 64;
     for (int k = 0; k < 8; ++k) w[k] = TwoBitLevels<kMaxLog4>(low, s % 2, k);
   }
+  const uint8_t* Chunk(int j) const { return block + 64 + j * kPackedQ2_KChunkBytes; }
   SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
   SIEVE_VNNI_ATTR __m512 DMin() const { return RowScales(block + 32); }
   SIEVE_VNNI_ATTR __m512 Scale(int g) const { return Nibble(g, 0); }
   SIEVE_VNNI_ATTR __m512 Min(int g) const { return Nibble(g, 4); }
   SIEVE_VNNI_ATTR __m512 Nibble(int g, int shift) const {
     const __m512i bytes = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 64 + 16 * g)));
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(Chunk(g / 4) + 16 * (g % 4))));
     return _mm512_cvtepi32_ps(
         _mm512_and_si512(_mm512_srli_epi32(bytes, shift), _mm512_set1_epi32(15)));
   }
@@ -248,7 +257,7 @@ struct PackedQ3_KFormat {
   const uint8_t* block;
   static constexpr int DotLog4(int s, int group) { return TwoBitLog4<kMaxLog4>(s % 2, 4 * group); }
   SIEVE_VNNI_ATTR void Levels(int s, __m512i (&w)[8]) const {
-    const uint8_t* low = block + 320 + (s / 2) * kPackedQ3_KChunkBytes;
+    const uint8_t* low = Chunk(s / 2) + 64;
     const __m512i high = _mm512_loadu_si512(low + 4 * 64 + 64 * (s % 2));
     for (int k = 0; k < 8; ++k) {
       w[k] = TwoBitLevels<kMaxLog4>(low, s % 2, k);
@@ -258,7 +267,10 @@ struct PackedQ3_KFormat {
     }
   }
   SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
-  SIEVE_VNNI_ATTR __m512 Scale(int g) const { return ExpandBytes(block + 32 + 16 * g, true); }
+  SIEVE_VNNI_ATTR __m512 Scale(int g) const {
+    return ExpandBytes(Chunk(g / 4) + 16 * (g % 4), true);
+  }
+  const uint8_t* Chunk(int j) const { return block + 64 + j * kPackedQ3_KChunkBytes; }
 };
 
 // The power of 4 that F's level vectors of 16-column group `group` (0: k < 4, 1: k >= 4) of
@@ -299,7 +311,6 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
     for (int i = 0; i < kX; ++i) block_acc[i] = min_acc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
-      PrefetchPackedAhead<F::kBytes, 8>(f.block, s);
       __m512i w[8];
       f.Levels(s, w);
       constexpr bool kHalves = F::kGroupCols == 16;

@@ -44,49 +44,61 @@ void super_block_tile(const SuperBlockTile& tile, const SuperBlockActivations& x
 // Q2_K and Q3_K weights packed by pack_for_matmul() (cpu/pack.h): groups of 16 rows (the last one
 // padded with zero rows); their levels' 2 low bits, per 64-column chunk j, for m = 0..3, row r:
 // 4 bytes, byte b holding in bits 2f, 2f + 1 (f = 0..3) the column 64j + 32 (f / 2) + 4k + b with
-// k = m + 4 (f % 2). Per group and super-block:
+// k = m + 4 (f % 2). Per group and super-block, chunks in ascending order of use (as Q6_K's
+// below, for the hardware prefetchers), each starting with the scales of its four 16-column
+// groups 4j .. 4j + 3 ([group][16 rows] bytes):
 //   Q2_K, kPackedQ2_KBytes (the same as the rows' blocks): 16 f16 d, 16 f16 dmin (row order);
-//     [16 groups of 16 columns][16 rows] bytes, scale | min << 4 as in the block; the 4 chunks'
-//     2-bit levels (256 bytes each).
-//   Q3_K, kPackedQ3_KBytes (+5.5%): 16 f16 d; [16 groups][16 rows] i8 scales; 32 bytes of
-//     padding (so chunks start on a cache line); per chunk the 2-bit fields of q + 4 (256 bytes),
-//     then for half = 0, 1, row r: 4 bytes, bit k of byte b its high bit (bit 2) for column
-//     64j + 32 half + 4k + b. Levels q + 4 (0..7); the offset is folded into x.offset_sums.
-inline constexpr int64_t kPackedQ2_KBytes = 64 + 16 * 16 + 4 * 4 * 64;
-inline constexpr int64_t kPackedQ3_KChunkBytes = 4 * 64 + 2 * 64;
-inline constexpr int64_t kPackedQ3_KBytes = 320 + 4 * kPackedQ3_KChunkBytes;
+//     per chunk its scale | min << 4 bytes (as in the block), then its 2-bit levels (256 bytes).
+//   Q3_K, kPackedQ3_KBytes (+5.5%): 16 f16 d, 32 bytes of padding (so chunks start on a cache
+//     line); per chunk its i8 scales, the 2-bit fields of q + 4 (256 bytes), then for half = 0, 1,
+//     row r: 4 bytes, bit k of byte b its high bit (bit 2) for column 64j + 32 half + 4k + b.
+//     Levels q + 4 (0..7); the offset is folded into x.offset_sums.
+inline constexpr int64_t kPackedQ2_KChunkBytes = 64 + 4 * 64;
+inline constexpr int64_t kPackedQ2_KBytes = 64 + 4 * kPackedQ2_KChunkBytes;
+inline constexpr int64_t kPackedQ3_KChunkBytes = 64 + 4 * 64 + 2 * 64;
+inline constexpr int64_t kPackedQ3_KBytes = 64 + 4 * kPackedQ3_KChunkBytes;
 
 // Q4_K weights packed by pack_for_matmul() (cpu/pack.h): groups of 16 rows (the last one padded
 // with zero rows), and per group and super-block kPackedQ4_KBytes:
-//   16 f16 d, 16 f16 dmin (row order); scales [8 sub-blocks][16 rows] u8; mins [8][16] u8;
-//   then for chunk j = 0..3 (64 columns), k = 0..7, row r: 4 bytes, byte b holding the level of
-//   column 64j + 4k + b (low nibble, sub-block 2j) and of column 64j + 32 + 4k + b (high
-//   nibble, sub-block 2j + 1)
-// so one 64-byte load gives two vpdpbusd operands of 4 columns x 16 rows. 2368 bytes where the
-// 16 rows' blocks take 2304: the 6-bit scales and mins are stored as bytes (+2.8%).
-inline constexpr int64_t kPackedQ4_KBytes = 64 + 2 * 8 * 16 + 4 * 8 * 64;
+//   16 f16 d, 16 f16 dmin (row order); then for chunk j = 0..3 (64 columns, sub-blocks 2j and
+//   2j + 1), kPackedQ4_KChunkBytes each:
+//   - scales [2 sub-blocks][16 rows] u8, mins [2][16] u8;
+//   - for k = 0..7, row r: 4 bytes, byte b holding the level of column 64j + 4k + b (low nibble,
+//     sub-block 2j) and of column 64j + 32 + 4k + b (high nibble, sub-block 2j + 1)
+// so one 64-byte load gives two vpdpbusd operands of 4 columns x 16 rows, and a tile reads the
+// block in ascending address order (as Q6_K's below, for the hardware prefetchers). 2368 bytes
+// where the 16 rows' blocks take 2304: the 6-bit scales and mins are stored as bytes (+2.8%).
+inline constexpr int64_t kPackedQ4_KChunkBytes = 64 + 8 * 64;
+inline constexpr int64_t kPackedQ4_KBytes = 64 + 4 * kPackedQ4_KChunkBytes;
 
-// Q5_K packed the same way, each 64-column chunk's nibbles (512 bytes) followed by their fifth
-// bits as byte masks of the level vectors: for half = 0, 1 (columns 64j + 32 half + [0, 32)) and
-// k = 0..7, 8 bytes whose bit 4r + b is the fifth bit of row r, column 64j + 32 half + 4k + b
-// (byte 4r + b of level vector k). 2880 bytes where the rows' blocks take 2816 (+2.3%).
-inline constexpr int64_t kPackedQ5_KChunkBytes = 8 * 64 + 2 * 64;
-inline constexpr int64_t kPackedQ5_KBytes = 64 + 2 * 8 * 16 + 4 * kPackedQ5_KChunkBytes;
+// Q5_K packed the same way, each chunk's nibbles followed by their fifth bits as byte masks of
+// the level vectors: for half = 0, 1 (columns 64j + 32 half + [0, 32)) and k = 0..7, 8 bytes
+// whose bit 4r + b is the fifth bit of row r, column 64j + 32 half + 4k + b (byte 4r + b of level
+// vector k). 2880 bytes where the rows' blocks take 2816 (+2.3%).
+inline constexpr int64_t kPackedQ5_KChunkBytes = kPackedQ4_KChunkBytes + 2 * 64;
+inline constexpr int64_t kPackedQ5_KBytes = 64 + 4 * kPackedQ5_KChunkBytes;
 
 // Q6_K packed by pack_for_matmul(): groups of 16 rows, and per group and super-block
-// kPackedQ6_KBytes (+1%: 32 bytes of padding, so that the level vectors start on a cache line;
-// without it every other block's loads each spanned two lines, and one thread's decode from L2
-// ran at 57 GFLOP/s):
-//   16 f16 d (row order); scales [16 groups of 16 columns][16 rows] i8; padding; then from
-//   kPackedQ6_KLevels, for chunk j = 0..3
-//   (64 columns, kPackedQ6_KChunkBytes each, so that a tile reads the block in address order):
+// kPackedQ6_KBytes (+1%: 32 bytes of padding after d, so that every vector starts on a cache
+// line; without it every other block's loads each spanned two lines, and one thread's decode from
+// L2 ran at 57 GFLOP/s):
+//   16 f16 d (row order), padding; then for chunk j = 0..3 (64 columns), kPackedQ6_KChunkBytes
+//   each, in the order a tile first reads them (vectors by Q6_KLowVector / Q6_KHighVector):
+//   - the scales of its 16-column groups 4j .. 4j + 3: [group][16 rows] i8;
 //   - the levels' low 4 bits as Q4_K's levels above (k = 0..7, row r, byte b: columns
 //     c = 64j + 4k + b and c + 32);
 //   - their high 2 bits, for h = 0..3, row r: 4 bytes, byte b holding those of columns c, c + 32,
 //     c + 16 and c + 48 (c = 64j + 4h + b) in bits 0-1, 2-3, 4-5 and 6-7.
+//   A tile reads low vector k with high vector k % 4, so they are interleaved (low 0, high 0, low
+//   1, high 1, ..., high 3, low 4 .. 7): a block is read in ascending address order, which the
+//   hardware prefetchers follow. With all scales ahead of the levels and the high vectors after
+//   the low ones, a model's Q6_K decode read 65-72% of the adjacent bandwidth on Zen 4, and 83-91%
+//   in this order (docs/performance.md, "Super-blocks in the order they are read").
 // Levels are q + 32 (0..63); the offset is folded into x.offset_sums as in super_block_tile.
-inline constexpr int64_t kPackedQ6_KChunkBytes = 8 * 64 + 4 * 64;
-inline constexpr int64_t kPackedQ6_KLevels = 32 + 16 * 16 + 32;
+inline constexpr int64_t kPackedQ6_KChunkBytes = 64 + 8 * 64 + 4 * 64;
+inline constexpr int64_t kPackedQ6_KLevels = 64;  // where chunk 0 starts
+constexpr int Q6_KLowVector(int k) { return k < 4 ? 1 + 2 * k : 5 + k; }
+constexpr int Q6_KHighVector(int h) { return 2 + 2 * h; }
 inline constexpr int64_t kPackedQ6_KBytes = kPackedQ6_KLevels + 4 * kPackedQ6_KChunkBytes;
 
 // IQ4_XS packed by pack_for_matmul(): groups of 16 rows, and per group and super-block

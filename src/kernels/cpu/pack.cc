@@ -149,24 +149,23 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w, ThreadPool* pool) {
   constexpr bool kFifthBits = std::is_same_v<Block, BlockQ5_K>;
   constexpr int64_t kGroupRows = 16;
   constexpr int64_t kBytes = kFifthBits ? vnni::kPackedQ5_KBytes : vnni::kPackedQ4_KBytes;
-  constexpr int64_t kChunkBytes = kFifthBits ? vnni::kPackedQ5_KChunkBytes : 8 * 64;
+  constexpr int64_t kChunkBytes =
+      kFifthBits ? vnni::kPackedQ5_KChunkBytes : vnni::kPackedQ4_KChunkBytes;
   const auto pack_block = [](const uint8_t* bytes, uint8_t* out, int64_t lane) {
     const Block& block = *reinterpret_cast<const Block*>(bytes);
     std::memcpy(out + 2 * lane, &block.d, 2);
     std::memcpy(out + 32 + 2 * lane, &block.dmin, 2);
-    uint8_t* scales = out + 64;
-    uint8_t* mins = scales + 8 * kGroupRows;
-    uint8_t* levels = mins + 8 * kGroupRows;
-    for (int s = 0; s < 8; ++s) {
-      int scale = 0, min = 0;
-      quant::scale_min_k4(s, block.scales, &scale, &min);
-      scales[s * kGroupRows + lane] = static_cast<uint8_t>(scale);
-      mins[s * kGroupRows + lane] = static_cast<uint8_t>(min);
-    }
     for (int j = 0; j < 4; ++j) {
-      uint8_t* chunk = levels + j * kChunkBytes;
+      uint8_t* chunk = out + 64 + j * kChunkBytes;
+      for (int half = 0; half < 2; ++half) {
+        int scale = 0, min = 0;
+        quant::scale_min_k4(2 * j + half, block.scales, &scale, &min);
+        chunk[half * kGroupRows + lane] = static_cast<uint8_t>(scale);
+        chunk[(2 + half) * kGroupRows + lane] = static_cast<uint8_t>(min);
+      }
+      uint8_t* levels = chunk + 64;
       for (int k = 0; k < 8; ++k)
-        std::memcpy(chunk + (k * kGroupRows + lane) * 4, block.qs + 32 * j + 4 * k, 4);
+        std::memcpy(levels + (k * kGroupRows + lane) * 4, block.qs + 32 * j + 4 * k, 4);
       if constexpr (kFifthBits) {
         // Column 64j + 32 half + 4k + e has its fifth bit at bit 2j + half of qh[4k + e]; it
         // goes to bit 4 lane + e of level vector k's 8-byte mask (the lane's nibble).
@@ -174,7 +173,7 @@ PackedBytes pack_q4_k_or_q5_k(const MatrixView& w, ThreadPool* pool) {
           for (int k = 0; k < 8; ++k) {
             int bits = 0;
             for (int e = 0; e < 4; ++e) bits |= ((block.qh[4 * k + e] >> (2 * j + half)) & 1) << e;
-            chunk[8 * 64 + half * 64 + 8 * k + lane / 2] |=
+            levels[8 * 64 + half * 64 + 8 * k + lane / 2] |=
                 static_cast<uint8_t>(bits << (4 * (lane % 2)));
           }
         }
@@ -192,8 +191,11 @@ PackedBytes pack_q2_k_or_q3_k(const MatrixView& w, ThreadPool* pool) {
   constexpr int64_t kGroupRows = 16;
   const bool q3 = w.dtype == DType::kQ3_K;
   assert(q3 || w.dtype == DType::kQ2_K);
-  const int64_t levels_at = q3 ? 320 : 64 + 16 * 16;
-  const int64_t chunk_bytes = q3 ? vnni::kPackedQ3_KChunkBytes : 4 * 64;
+  const int64_t chunk_bytes = q3 ? vnni::kPackedQ3_KChunkBytes : vnni::kPackedQ2_KChunkBytes;
+  // The scales of 16-column group s, at the start of its chunk.
+  const auto scale_at = [&](uint8_t* out, int s, int64_t lane) {
+    return out + 64 + s / 4 * chunk_bytes + s % 4 * kGroupRows + lane;
+  };
   const auto pack_block = [&](const uint8_t* block, uint8_t* out, int64_t lane) {
     const uint8_t* qs;
     const uint8_t* hmask = nullptr;
@@ -203,19 +205,19 @@ PackedBytes pack_q2_k_or_q3_k(const MatrixView& w, ThreadPool* pool) {
       hmask = b.hmask;
       std::memcpy(out + 2 * lane, &b.d, 2);
       for (int s = 0; s < 16; ++s)
-        out[32 + s * kGroupRows + lane] = static_cast<uint8_t>(quant::scale_q3_k(s, b.scales) - 32);
+        *scale_at(out, s, lane) = static_cast<uint8_t>(quant::scale_q3_k(s, b.scales) - 32);
     } else {
       const auto& b = *reinterpret_cast<const BlockQ2_K*>(block);
       qs = b.qs;
       std::memcpy(out + 2 * lane, &b.d, 2);
       std::memcpy(out + 32 + 2 * lane, &b.dmin, 2);
-      for (int s = 0; s < 16; ++s) out[64 + s * kGroupRows + lane] = b.scales[s];
+      for (int s = 0; s < 16; ++s) *scale_at(out, s, lane) = b.scales[s];
     }
     for (int j = 0; j < 4; ++j) {
       // Chunk j: columns 128 H + 32 g + l for H = j / 2, g = 2 (j % 2) + half.
       const uint8_t* q = qs + 32 * (j / 2);
       const int shift = 4 * (j % 2);  // of g's bits for half 0; half 1's are 2 above
-      uint8_t* low = out + levels_at + j * chunk_bytes;
+      uint8_t* low = out + 64 + j * chunk_bytes + 64;
       // Field f of byte (m, e): half f / 2, column l = 4 (m + 4 (f % 2)) + e of it.
       for (int m = 0; m < 4; ++m) {
         for (int e = 0; e < 4; ++e) {
@@ -272,21 +274,21 @@ PackedBytes pack_q6_k(const MatrixView& w, ThreadPool* pool) {
   const auto pack_block = [](const uint8_t* bytes, uint8_t* out, int64_t lane) {
     const auto& block = *reinterpret_cast<const BlockQ6_K*>(bytes);
     std::memcpy(out + 2 * lane, &block.d, 2);
-    uint8_t* scales = out + 32;
-    for (int s = 0; s < 16; ++s)
-      scales[s * kGroupRows + lane] = static_cast<uint8_t>(block.scales[s]);
     for (int j = 0; j < 4; ++j) {
-      uint8_t* low = out + vnni::kPackedQ6_KLevels + j * vnni::kPackedQ6_KChunkBytes;
-      uint8_t* high = low + 8 * 64;
+      uint8_t* chunk = out + vnni::kPackedQ6_KLevels + j * vnni::kPackedQ6_KChunkBytes;
+      for (int g = 0; g < 4; ++g)
+        chunk[g * kGroupRows + lane] = static_cast<uint8_t>(block.scales[4 * j + g]);
       const uint8_t* ql = block.ql + 64 * (j / 2);
       const uint8_t* qh = block.qh + 32 * (j / 2);
       const int nibble = 4 * (j % 2);
       for (int i = 0; i < 32; ++i) {  // columns 64 j + i (low nibble) and 64 j + 32 + i (high)
-        low[(i / 4 * kGroupRows + lane) * 4 + i % 4] =
+        uint8_t* low = chunk + 64 * vnni::Q6_KLowVector(i / 4);
+        low[lane * 4 + i % 4] =
             static_cast<uint8_t>(((ql[i] >> nibble) & 0xF) | ((ql[32 + i] >> nibble) & 0xF) << 4);
       }
       for (int i = 0; i < 16; ++i) {  // high bits of columns 64 j + i, + 32, + 16, + 48
-        high[(i / 4 * kGroupRows + lane) * 4 + i % 4] =
+        uint8_t* high = chunk + 64 * vnni::Q6_KHighVector(i / 4);
+        high[lane * 4 + i % 4] =
             static_cast<uint8_t>(((qh[i] >> nibble) & 0xF) | ((qh[16 + i] >> nibble) & 0xF) << 4);
       }
     }
