@@ -12,6 +12,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "kernels/cpu/targets.h"
 #include "kernels/cpu/vnni_common.h"
 
 namespace sieve::kernels::vnni {
@@ -290,7 +291,7 @@ constexpr int DotLog4(int s, int group) {
 template <class F, int kX>
 SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
                                        const SuperBlockActivations& a, int64_t x0, float* y,
-                                       int64_t y_stride, __mmask16 rows) {
+                                       int64_t y_stride, __mmask16 rows, bool prefetch) {
   constexpr int kGroups = kQKBlock / F::kGroupCols;
   __m512 acc[kX];
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
@@ -311,6 +312,7 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
     for (int i = 0; i < kX; ++i) block_acc[i] = min_acc[i] = _mm512_setzero_ps();
 #pragma GCC unroll 8  // s % 2 becomes a constant
     for (int s = 0; s < 8; ++s) {
+      if (prefetch) PrefetchPackedAhead<F::kBytes, 8>(f.block, s);
       __m512i w[8];
       f.Levels(s, w);
       constexpr bool kHalves = F::kGroupCols == 16;
@@ -371,10 +373,11 @@ SIEVE_VNNI_ATTR inline void PackedTile(const uint8_t* group, int64_t num_blocks,
 template <class F, int kX>
 SIEVE_VNNI_ATTR void PackedRemainder(const uint8_t* group, int64_t num_blocks,
                                      const SuperBlockActivations& a, int64_t x0, int64_t num_x_left,
-                                     float* y, int64_t y_stride, __mmask16 rows) {
+                                     float* y, int64_t y_stride, __mmask16 rows, bool prefetch) {
   if constexpr (kX > 0) {
-    if (num_x_left == kX) return PackedTile<F, kX>(group, num_blocks, a, x0, y, y_stride, rows);
-    PackedRemainder<F, kX - 1>(group, num_blocks, a, x0, num_x_left, y, y_stride, rows);
+    if (num_x_left == kX)
+      return PackedTile<F, kX>(group, num_blocks, a, x0, y, y_stride, rows, prefetch);
+    PackedRemainder<F, kX - 1>(group, num_blocks, a, x0, num_x_left, y, y_stride, rows, prefetch);
   }
 }
 
@@ -386,6 +389,7 @@ SIEVE_VNNI_ATTR void PackedGroups(const uint8_t* packed, int64_t rows, int64_t c
                                   int64_t g_end, int64_t num_x) {
   constexpr int kX = 6;
   const int64_t num_blocks = cols / kQKBlock;
+  const bool prefetch = packed_super_block_prefetch();
   for (int64_t g = g_begin; g < g_end; ++g) {
     const int64_t r0 = g * 16;
     const __mmask16 mask =
@@ -393,8 +397,8 @@ SIEVE_VNNI_ATTR void PackedGroups(const uint8_t* packed, int64_t rows, int64_t c
     const uint8_t* group = packed + g * num_blocks * F::kBytes;
     int64_t x0 = 0;
     for (; x0 + kX <= num_x; x0 += kX)
-      PackedTile<F, kX>(group, num_blocks, x, x0, y + r0, rows, mask);
-    PackedRemainder<F, kX - 1>(group, num_blocks, x, x0, num_x - x0, y + r0, rows, mask);
+      PackedTile<F, kX>(group, num_blocks, x, x0, y + r0, rows, mask, prefetch);
+    PackedRemainder<F, kX - 1>(group, num_blocks, x, x0, num_x - x0, y + r0, rows, mask, prefetch);
   }
 }
 

@@ -42,6 +42,15 @@ int64_t packed_float_prefetch_bytes() {
 #endif
 }
 
+bool packed_super_block_prefetch() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool prefetch = __builtin_cpu_is("intel");
+  return prefetch;
+#else
+  return false;
+#endif
+}
+
 bool one_head_kv_prefetch() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool prefetch = !__builtin_cpu_is("intel");

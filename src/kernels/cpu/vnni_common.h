@@ -60,18 +60,19 @@ SIEVE_VNNI_ATTR inline __m512 FmaddBroadcast(__m512 acc, __m512 v, const float* 
 }
 
 // Packed weights stream from memory as one sequence per thread, where the unpacked tiles read 16
-// rows' streams at once. For the packed 32-value blocks the hardware prefetchers alone kept too
-// few lines of one stream in flight (on the Intel VM of sessions 26-32: packed Q6_K from DRAM, one
-// thread, 9-13 GB/s against 16-21 unpacked), so their tiles prefetch each block's bytes this far
-// ahead into L2 (PREFETCHT1: prefetching into L1 instead gained nothing, it holds L1's few miss
-// buffers). The super-block tiles do not: their blocks are laid out in the order a tile reads
-// them, which the prefetchers follow, and on Zen 4 a model's decode read more without the
-// software prefetch than with it (docs/performance.md, "Super-blocks in the order they are read").
+// rows' streams at once. On the Intel VM of sessions 26-32 the hardware prefetchers alone kept
+// too few lines of one stream in flight (packed Q6_K from DRAM, one thread, 9-13 GB/s against
+// 16-21 unpacked), so the packed tiles prefetch each block's bytes this far ahead into L2
+// (PREFETCHT1: prefetching into L1 instead gained nothing, it holds L1's few miss buffers). The
+// super-block tiles do so on Intel CPUs only (packed_super_block_prefetch()).
 inline constexpr int64_t kPackedPrefetchBytes = 8192;
-template <int64_t kBytes>
-SIEVE_VNNI_ATTR inline void PrefetchPackedAhead(const uint8_t* block) {
+// A block's lines; with kParts > 1, spread over the block's kParts steps (this is step `part`):
+// a burst of up to 53 prefetches per block keeps the fill buffers from the tile's own loads.
+template <int64_t kBytes, int kParts = 1>
+SIEVE_VNNI_ATTR inline void PrefetchPackedAhead(const uint8_t* block, int part = 0) {
   constexpr int64_t kLines = (kBytes + 63) / 64;
-  for (int64_t line = 0; line < kLines; ++line)
+  const int64_t end = kLines * (part + 1) / kParts;
+  for (int64_t line = kLines * part / kParts; line < end; ++line)
     _mm_prefetch(reinterpret_cast<const char*>(block + kPackedPrefetchBytes + 64 * line),
                  _MM_HINT_T1);
 }
