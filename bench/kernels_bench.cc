@@ -8,6 +8,8 @@
 //   Ref{Decode,Prefill}/<dtype>/...         the scalar reference, for scale
 //   Ceiling/Vnni/{dpbusd,tile}              the packed prefill tiles' instruction mix in
 //                                           registers only (one thread): what this CPU allows
+//   SuperBlocks/DecodeStep/<dtype>          one decode step's matmuls of a 2048-dim 8-layer
+//                                           model, each matrix its own copy: GB/s streamed
 //   Small/<target>/Q8_0/RxC[/packed]/xN              the bench-engine model's shapes (512-dim, ffn
 //   1536,
 //                                           32000 vocab) for N = 1..512 rows, one thread, CPU
@@ -295,6 +297,62 @@ void register_super_blocks() {
   }
 }
 const bool kSuperBlocksRegistered = (register_super_blocks(), true);
+
+// One decode step's matmuls of the 2048-dim model of bench/decode_bandwidth.sh (8 layers of q, k,
+// v, o, gate, up, down, then the 32000-row output), every matrix its own packed copy, one
+// activation row, all threads: GB/s of weights streamed. Unlike one 32000x4096 matrix read over
+// and over, this is what a model's decode reads (dozens of 1-23 MB matrices a step): it showed the
+// K-quants' packed layouts drawing 65-78% of the read bandwidth where the kernels alone did not.
+//   SuperBlocks/DecodeStep/<dtype>
+void run_decode_step(benchmark::State& state, DType dtype) {
+  if (!force_target_for_testing(available_targets().front())) {
+    state.SkipWithError("target not available");
+    return;
+  }
+  constexpr int64_t kDim = 2048, kKvRows = 512, kFfn = 5632, kVocab = 32000, kLayers = 8;
+  const std::pair<int64_t, int64_t> layer_shapes[] = {
+      {kDim, kDim}, {kKvRows, kDim}, {kKvRows, kDim}, {kDim, kDim},
+      {kFfn, kDim}, {kFfn, kDim},    {kDim, kFfn}};
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (int64_t layer = 0; layer < kLayers; ++layer)
+    shapes.insert(shapes.end(), std::begin(layer_shapes), std::end(layer_shapes));
+  shapes.push_back({kVocab, kDim});
+  std::vector<MatrixView> views;
+  std::vector<PackedBytes> packed;  // one copy per matrix: each read from its own memory
+  views.reserve(shapes.size());
+  packed.reserve(shapes.size());
+  double step_bytes = 0.0;
+  for (auto [rows, cols] : shapes) {
+    views.push_back(weights(dtype, rows, cols).view);
+    if (packed_matmul_supported(dtype)) {
+      packed.push_back(pack_for_matmul(views.back()));
+      attach_packed(views.back(), packed.back());
+    }
+    step_bytes += static_cast<double>(row_bytes(dtype, cols)) * rows;
+  }
+  const std::vector<float> x = random_floats(kFfn, 99);
+  std::vector<float> y(kVocab);
+  ThreadPool& pool = pool_of(hardware_threads());
+  for (auto _ : state) {
+    for (const MatrixView& w : views) matmul(w, x.data(), 1, y.data(), pool);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GB/s"] =
+      benchmark::Counter(step_bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  force_target_for_testing("");
+}
+
+const bool kDecodeStepRegistered = [] {
+  for (DType dtype : {DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ3_K, DType::kQ4_K,
+                      DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS}) {
+    benchmark::RegisterBenchmark(
+        ("SuperBlocks/DecodeStep/" + std::string(to_string(dtype))).c_str(), run_decode_step, dtype)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  return true;
+}();
 
 // The ceiling of the packed prefill tiles (cpu/matmul_vnni*.cc): per 16 weight rows x 32
 // columns x one activation row they issue 8 vpdpbusd, then an integer add, a conversion, a
