@@ -389,7 +389,7 @@ SIEVE_VNNI_ATTR void PackedGroups(const uint8_t* packed, int64_t rows, int64_t c
                                   int64_t g_end, int64_t num_x) {
   constexpr int kX = 6;
   const int64_t num_blocks = cols / kQKBlock;
-  const bool prefetch = packed_super_block_prefetch();
+  const bool prefetch = packed_block_prefetch();
   for (int64_t g = g_begin; g < g_end; ++g) {
     const int64_t r0 = g * 16;
     const __mmask16 mask =

@@ -36,6 +36,7 @@
 #include <cstring>
 
 #include "kernels/blocks.h"
+#include "kernels/cpu/targets.h"
 #include "kernels/cpu/vnni_common.h"
 
 namespace sieve::kernels::vnni {
@@ -505,7 +506,8 @@ SIEVE_VNNI_ATTR inline void UnpackLevels(const uint8_t* block, __m512i (&u)[8]) 
 // per activation row and block (low and high nibbles): decode's single row is not bound by the
 // latency of one chain of 8, and prefill was slower with one (-7%, Q4_0, one thread).
 template <SmallBlockFormat kFormat, int kX>
-SIEVE_VNNI_ATTR inline void PackedGroupTile(const SmallBlockProblem& p, int64_t g, int64_t x0) {
+SIEVE_VNNI_ATTR inline void PackedGroupTile(const SmallBlockProblem& p, int64_t g, int64_t x0,
+                                            bool prefetch) {
   using F = Format<kFormat>;
   static_assert(F::kMin == packed_has_min(kFormat) &&
                 F::kFifthBits == packed_has_fifth_bits(kFormat));
@@ -516,7 +518,7 @@ SIEVE_VNNI_ATTR inline void PackedGroupTile(const SmallBlockProblem& p, int64_t 
   for (int i = 0; i < kX; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < num_blocks; ++b) {
     const uint8_t* block = group + b * kBytes;
-    PrefetchPackedAhead<kBytes>(block);
+    if (prefetch) PrefetchPackedAhead<kBytes>(block);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
     __m512 mw = _mm512_setzero_ps();
     if constexpr (F::kMin)
@@ -546,21 +548,22 @@ SIEVE_VNNI_ATTR inline void PackedGroupTile(const SmallBlockProblem& p, int64_t 
 
 template <SmallBlockFormat kFormat, int kX>
 SIEVE_VNNI_ATTR inline void PackedRemainder(const SmallBlockProblem& p, int64_t g, int64_t x0,
-                                            int64_t num_x_left) {
+                                            int64_t num_x_left, bool prefetch) {
   if constexpr (kX > 0) {
-    if (num_x_left == kX) return PackedGroupTile<kFormat, kX>(p, g, x0);
-    PackedRemainder<kFormat, kX - 1>(p, g, x0, num_x_left);
+    if (num_x_left == kX) return PackedGroupTile<kFormat, kX>(p, g, x0, prefetch);
+    PackedRemainder<kFormat, kX - 1>(p, g, x0, num_x_left, prefetch);
   }
 }
 
 template <SmallBlockFormat kFormat>
 SIEVE_VNNI_ATTR void PackedGroups(const SmallBlockProblem& p, int64_t g_begin, int64_t g_end,
                                   int64_t num_x) {
+  const bool prefetch = packed_block_prefetch();
   for (int64_t g = g_begin; g < g_end; ++g) {
     int64_t x0 = 0;
     for (; x0 + kGroupRowsX <= num_x; x0 += kGroupRowsX)
-      PackedGroupTile<kFormat, kGroupRowsX>(p, g, x0);
-    PackedRemainder<kFormat, kGroupRowsX - 1>(p, g, x0, num_x - x0);
+      PackedGroupTile<kFormat, kGroupRowsX>(p, g, x0, prefetch);
+    PackedRemainder<kFormat, kGroupRowsX - 1>(p, g, x0, num_x - x0, prefetch);
   }
 }
 

@@ -42,7 +42,7 @@ int64_t packed_float_prefetch_bytes() {
 #endif
 }
 
-bool packed_super_block_prefetch() {
+bool packed_block_prefetch() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool prefetch = __builtin_cpu_is("intel");
   return prefetch;

@@ -15,12 +15,14 @@ namespace sieve::kernels {
 // - AMD (Zen 4): one thread read 23-25 GB/s without, 17-20 prefetching 2-16 KiB ahead.
 int64_t packed_float_prefetch_bytes();
 
-// Whether the packed super-block tiles (K-quants, IQ4_XS) prefetch their blocks 8 KiB ahead:
+// Whether the packed quantized tiles (32-value blocks and super-blocks) prefetch their blocks 8 KiB
+// ahead into L2:
 // - Intel (2-core Xeon): Q4_K_M decode 14.2-14.9 / 27.2-30.3 GB/s (1 / 2 threads) with, 11.0-11.5
-//   / 20.6-22.8 without (blocks then laid out with all scales first);
-// - AMD (Zen 4): with the blocks in the order a tile reads them, a model's decode read 83-91% of
-//   the adjacent bandwidth without (Q6_K), 69-74% with.
-bool packed_super_block_prefetch();
+//   / 20.6-22.8 without (super-blocks then laid out with all scales first);
+// - AMD (Zen 4): a model's decode read more of the adjacent bandwidth without: Q6_K, blocks in
+//   the order a tile reads them, 83-91% against 69-74%; Q4_0 92.6% against 88.1%, Q5_1 94.3%
+//   against 84.5% (medians of 5).
+bool packed_block_prefetch();
 
 // Whether decode attention over one kv head's pages (every other 4 KiB slice of a layer's pool)
 // prefetches the K and V slices two pages ahead:

@@ -63,8 +63,8 @@ SIEVE_VNNI_ATTR inline __m512 FmaddBroadcast(__m512 acc, __m512 v, const float* 
 // rows' streams at once. On the Intel VM of sessions 26-32 the hardware prefetchers alone kept
 // too few lines of one stream in flight (packed Q6_K from DRAM, one thread, 9-13 GB/s against
 // 16-21 unpacked), so the packed tiles prefetch each block's bytes this far ahead into L2
-// (PREFETCHT1: prefetching into L1 instead gained nothing, it holds L1's few miss buffers). The
-// super-block tiles do so on Intel CPUs only (packed_super_block_prefetch()).
+// (PREFETCHT1: prefetching into L1 instead gained nothing, it holds L1's few miss buffers), on
+// Intel CPUs only: on Zen 4 the hardware prefetchers drew more alone (packed_block_prefetch()).
 inline constexpr int64_t kPackedPrefetchBytes = 8192;
 // A block's lines; with kParts > 1, spread over the block's kParts steps (this is step `part`):
 // a burst of up to 53 prefetches per block keeps the fill buffers from the tile's own loads.
