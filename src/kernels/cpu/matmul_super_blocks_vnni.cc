@@ -236,7 +236,6 @@ struct PackedQ2_KFormat {
     const uint8_t* low = Chunk(s / 2) + 64;
     for (int k = 0; k < 8; ++k) w[k] = TwoBitLevels<kMaxLog4>(low, s % 2, k);
   }
-  const uint8_t* Chunk(int j) const { return block + 64 + j * kPackedQ2_KChunkBytes; }
   SIEVE_VNNI_ATTR __m512 D() const { return RowScales(block); }
   SIEVE_VNNI_ATTR __m512 DMin() const { return RowScales(block + 32); }
   SIEVE_VNNI_ATTR __m512 Scale(int g) const { return Nibble(g, 0); }
@@ -247,6 +246,7 @@ struct PackedQ2_KFormat {
     return _mm512_cvtepi32_ps(
         _mm512_and_si512(_mm512_srli_epi32(bytes, shift), _mm512_set1_epi32(15)));
   }
+  const uint8_t* Chunk(int j) const { return block + 64 + j * kPackedQ2_KChunkBytes; }
 };
 
 // Q3_K: levels q + 4 (0..7) from 2 low bits and a high bit, i8 scales per 16 columns.

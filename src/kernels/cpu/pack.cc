@@ -192,9 +192,11 @@ PackedBytes pack_q2_k_or_q3_k(const MatrixView& w, ThreadPool* pool) {
   const bool q3 = w.dtype == DType::kQ3_K;
   assert(q3 || w.dtype == DType::kQ2_K);
   const int64_t chunk_bytes = q3 ? vnni::kPackedQ3_KChunkBytes : vnni::kPackedQ2_KChunkBytes;
-  // The scales of 16-column group s, at the start of its chunk.
+  // Chunk j (64 columns) of the block at `out`: the scales of its four 16-column groups, then its
+  // levels from byte 64.
+  const auto chunk_at = [&](uint8_t* out, int j) { return out + 64 + j * chunk_bytes; };
   const auto scale_at = [&](uint8_t* out, int s, int64_t lane) {
-    return out + 64 + s / 4 * chunk_bytes + s % 4 * kGroupRows + lane;
+    return chunk_at(out, s / 4) + s % 4 * kGroupRows + lane;
   };
   const auto pack_block = [&](const uint8_t* block, uint8_t* out, int64_t lane) {
     const uint8_t* qs;
@@ -217,7 +219,7 @@ PackedBytes pack_q2_k_or_q3_k(const MatrixView& w, ThreadPool* pool) {
       // Chunk j: columns 128 H + 32 g + l for H = j / 2, g = 2 (j % 2) + half.
       const uint8_t* q = qs + 32 * (j / 2);
       const int shift = 4 * (j % 2);  // of g's bits for half 0; half 1's are 2 above
-      uint8_t* low = out + 64 + j * chunk_bytes + 64;
+      uint8_t* low = chunk_at(out, j) + 64;
       // Field f of byte (m, e): half f / 2, column l = 4 (m + 4 (f % 2)) + e of it.
       for (int m = 0; m < 4; ++m) {
         for (int e = 0; e < 4; ++e) {
