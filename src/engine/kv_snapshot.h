@@ -117,9 +117,12 @@ struct KvSnapshot {
     int32_t num_layers = 0;
     int32_t num_kv_heads = 0;
     std::vector<KvHeadSnapshot> heads;  // [layer * num_kv_heads + kv_head]
+    // Set when the sequence has finished: its heads as they stood then (KvFinishedSnapshot's
+    // finish_reason).
+    std::optional<std::string> finish_reason;
   };
-  // With KvSnapshotQuery::label_id: that sequence's heads; nullopt when no live sequence has
-  // that label (and choice).
+  // With KvSnapshotQuery::label_id: that sequence's heads, live or among `finished`; nullopt when
+  // neither has that label (and choice).
   std::optional<Heads> heads;
 };
 

@@ -55,7 +55,7 @@ void KvSnapshots::serve() {
   const KvSnapshot common = make();
   for (Ask& ask : asks) {
     KvSnapshot snapshot = common;
-    if (ask.query.label_id) snapshot.heads = heads(ask.query);
+    if (ask.query.label_id) snapshot.heads = heads(ask.query, common.taken_at);
     ask.done(std::move(snapshot));
   }
 }
@@ -111,9 +111,9 @@ KvSnapshot KvSnapshots::make() const {
   for (const auto& [seq, sample] : samples_) seqs.push_back(seq);
   std::sort(seqs.begin(), seqs.end());  // ids are handed out in admission order
   for (sched::SeqId seq : seqs) snapshot.sequences.push_back(sequence(seq, *samples_.at(seq)));
-  for (const KvFinishedSnapshot& f : finished_) {
-    if (snapshot.taken_at - f.finished_at > kFinishedWindow) break;  // the rest are older
-    snapshot.finished.push_back(f);
+  for (const Finished& f : finished_) {
+    if (snapshot.taken_at - f.shown.finished_at > kFinishedWindow) break;  // the rest are older
+    snapshot.finished.push_back(f.shown);
   }
   return snapshot;
 }
@@ -147,13 +147,17 @@ KvSequenceSnapshot KvSnapshots::sequence(sched::SeqId seq, const Sample& sample)
 
 void KvSnapshots::record_finished(sched::SeqId seq, const Sample& sample,
                                   std::string_view finish_reason) {
-  finished_.push_front({.sequence = sequence(seq, sample),
-                        .finish_reason = std::string(finish_reason),
-                        .finished_at = std::chrono::system_clock::now()});
+  Finished f{.shown = {.sequence = sequence(seq, sample),
+                       .finish_reason = std::string(finish_reason),
+                       .finished_at = std::chrono::system_clock::now()},
+             .heads = heads_of(seq, sample)};
+  f.heads.finish_reason = f.shown.finish_reason;
+  finished_.push_front(std::move(f));
   if (finished_.size() > kMaxFinished) finished_.pop_back();
 }
 
-std::optional<KvSnapshot::Heads> KvSnapshots::heads(const KvSnapshotQuery& query) const {
+std::optional<KvSnapshot::Heads> KvSnapshots::heads(
+    const KvSnapshotQuery& query, std::chrono::system_clock::time_point now) const {
   // The sequence asked about: that choice, or the lowest live choice of the label.
   const Sample* found = nullptr;
   sched::SeqId found_seq{0};
@@ -166,22 +170,36 @@ std::optional<KvSnapshot::Heads> KvSnapshots::heads(const KvSnapshotQuery& query
     found = sample.get();
     found_seq = seq;
   }
-  if (!found) return std::nullopt;
-  KvSnapshot::Heads heads{.label_id = found->label->id,
-                          .choice = found->label->first_choice + found->sample_idx,
+  if (found) return heads_of(found_seq, *found);
+  // Finished since: a dashboard asks for what its last overview listed, one step later.
+  const KvSnapshot::Heads* finished = nullptr;
+  for (const Finished& f : finished_) {
+    if (now - f.shown.finished_at > kFinishedWindow) break;  // as the overview lists them
+    if (f.heads.label_id != *query.label_id) continue;
+    if (query.choice ? f.heads.choice != *query.choice
+                     : finished && f.heads.choice >= finished->choice)
+      continue;
+    finished = &f.heads;
+  }
+  if (finished) return *finished;
+  return std::nullopt;
+}
+
+KvSnapshot::Heads KvSnapshots::heads_of(sched::SeqId seq, const Sample& sample) const {
+  KvSnapshot::Heads heads{.label_id = sample.label->id,
+                          .choice = sample.label->first_choice + sample.sample_idx,
                           .num_layers = shape_.num_layers,
                           .num_kv_heads = shape_.num_kv_heads};
   const auto num_streams = static_cast<size_t>(heads.num_layers) * heads.num_kv_heads;
   heads.heads.assign(num_streams, KvHeadSnapshot{.kind = "full"});
-  if (kv_.contains(found_seq)) {
+  if (kv_.contains(seq)) {
     const std::vector<int32_t> lengths =
-        kv_.is_sparse(found_seq)
-            ? kv_.stream_lengths(found_seq, kv_.sparse_layout(found_seq).num_positions)
-            : kv_.stream_lengths(found_seq, scheduler_.num_computed(found_seq));
+        kv_.is_sparse(seq) ? kv_.stream_lengths(seq, kv_.sparse_layout(seq).num_positions)
+                           : kv_.stream_lengths(seq, scheduler_.num_computed(seq));
     for (size_t s = 0; s < num_streams; ++s) heads.heads[s].num_tokens = lengths[s];
   }
-  if (found->sparsity) {
-    const std::vector<sparsity::SparsityController::StreamState> states = found->sparsity->report();
+  if (sample.sparsity) {
+    const std::vector<sparsity::SparsityController::StreamState> states = sample.sparsity->report();
     for (size_t s = 0; s < num_streams; ++s) {
       heads.heads[s].kind = states[s].report.kind;
       heads.heads[s].num_pages_read = states[s].report.pages_read;

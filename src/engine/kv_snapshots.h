@@ -56,7 +56,8 @@ class KvSnapshots {
   // polled within kWatchWindow.
   void publish();
   // Stepping thread, as `seq` finishes (`finish_reason`: "stop", "length", "cancelled"), before
-  // its pages go back: keeps its last figures for KvSnapshot::finished. O(pages it holds).
+  // its pages go back: keeps its last figures for KvSnapshot::finished, and its heads for an ask
+  // that names it (a dashboard whose overview still listed it live). O(pages it holds + streams).
   void record_finished(sched::SeqId seq, const Sample& sample, std::string_view finish_reason);
 
  private:
@@ -64,16 +65,22 @@ class KvSnapshots {
     KvSnapshotQuery query;
     KvSnapshotSink done;
   };
+  struct Finished {
+    KvFinishedSnapshot shown;  // copied into every overview
+    KvSnapshot::Heads heads;   // only into an ask that names it
+  };
   KvSnapshot make() const;
   std::vector<std::pair<int32_t, int32_t>> precise_heads() const;
   KvSequenceSnapshot sequence(sched::SeqId seq, const Sample& sample) const;
-  std::optional<KvSnapshot::Heads> heads(const KvSnapshotQuery& query) const;
+  std::optional<KvSnapshot::Heads> heads(const KvSnapshotQuery& query,
+                                         std::chrono::system_clock::time_point now) const;
+  KvSnapshot::Heads heads_of(sched::SeqId seq, const Sample& sample) const;
 
   const CacheShape shape_;
   const kv::KvManager& kv_;
   const sched::Scheduler& scheduler_;
   const Samples& samples_;
-  std::deque<KvFinishedSnapshot> finished_;  // newest first; stepping thread only
+  std::deque<Finished> finished_;  // newest first; stepping thread only
 
   mutable std::mutex mutex_;
   std::vector<Ask> asks_;

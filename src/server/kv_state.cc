@@ -102,8 +102,9 @@ KvStateResponse kv_state_response(const engine::KvSnapshot& snapshot,
                                   ? fmt::format("'{}' index {}", *query.label_id, *query.choice)
                                   : fmt::format("'{}'", *query.label_id);
     const ApiError error{.status = 404,
-                         .message = fmt::format("no running or waiting request {} (a request is "
-                                                "only shown until it finishes)",
+                         .message = fmt::format("no running, waiting or recently finished request "
+                                                "{} (one that finished is kept as long as the "
+                                                "state lists it under 'finished')",
                                                 which),
                          .type = "NotFoundError",
                          .param = "request",
@@ -166,7 +167,8 @@ KvStateResponse kv_state_response(const engine::KvSnapshot& snapshot,
                      {"index", h.choice},
                      {"layers", h.num_layers},
                      {"kv_heads", h.num_kv_heads},
-                     {"kept", std::move(kept)}};
+                     {"kept", std::move(kept)},
+                     {"finish_reason", h.finish_reason ? json(*h.finish_reason) : json(nullptr)}};
   }
   return {.status = 200, .body = std::move(body)};
 }

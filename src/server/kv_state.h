@@ -50,8 +50,10 @@
 //     finish_reason     "stop" | "length" | "cancelled" (the client went away or stopped it)
 //     finished_at       unix seconds (fractional)
 //   heads             only with ?request=ID (and optionally &index=N, default the lowest live
-//                     index of ID): what each KV head of that sequence keeps
+//                     index of ID, else the lowest finished one): what each KV head of that
+//                     sequence keeps, live or, once finished, as it stood at its last step
 //     request, index, layers, kv_heads
+//     finish_reason     null while it lives; once finished, its entry's in `finished`
 //     kept              [layers][kv_heads] of
 //       kind              "full" | "window" | "snapkv" | "adakv" | "heavy_hitters" | "quest" |
 //                         "fastgen:<choice>" (special, special+punct, special+punct+local,
@@ -61,8 +63,8 @@
 //                         window pages included); null: the head reads every key it keeps
 //       recovery          the head's own attention_recovery; null where not measured
 //
-// ?request= naming no live sequence (unknown, or finished: nothing is kept after the end) is a
-// 404 in the OpenAI error shape; a malformed index a 400.
+// ?request= naming no sequence that lives or that `finished` lists (unknown, or finished too long
+// ago) is a 404 in the OpenAI error shape; a malformed index a 400.
 #include <optional>
 #include <string>
 #include <string_view>

@@ -226,10 +226,7 @@ TEST_F(KvStateTest, FieldsAddUpWhileRequestsDecodeAndThePoolEmptiesAfterwards) {
   EXPECT_EQ(after.body["pool"]["pages_used"], 0);
   EXPECT_EQ(after.body["pool"]["pages_free"], kNumPages);
   EXPECT_EQ(after.body["requests"]["running"], 0);
-  // A finished request's heads are not kept,
-  const Reply gone = state("request=" + snap_id);
-  EXPECT_EQ(gone.status, 404) << gone.body;
-  // but its figures are, as they stood at its last step: what the client's usage reports.
+  // Its figures are kept as they stood at its last step (what the client's usage reports),
   const json& finished = after.body["finished"];
   ASSERT_EQ(finished.size(), 4u) << after.body;
   for (size_t i = 0; i < finished.size(); ++i) {
@@ -256,6 +253,36 @@ TEST_F(KvStateTest, FieldsAddUpWhileRequestsDecodeAndThePoolEmptiesAfterwards) {
   EXPECT_LT((*fc)["pages_held"].get<int>(), (*fc)["pages_dense"].get<int>()) << *fc;
   EXPECT_TRUE((*fc)["attention_recovery"].is_number()) << *fc;
   EXPECT_TRUE(find_sequence(as_state, pair_id, 1));
+
+  // and so are its heads: a dashboard whose overview still listed it asks for them a step later.
+  const Reply snap_heads = state("request=" + snap_id);
+  ASSERT_EQ(snap_heads.status, 200) << snap_heads.body;
+  const json& h = snap_heads.body["heads"];
+  EXPECT_EQ(h["request"], snap_id);
+  EXPECT_EQ(h["index"], 0);
+  EXPECT_EQ(h["finish_reason"], "length");
+  ASSERT_EQ(h["kept"].size(), static_cast<size_t>(h["layers"].get<int>())) << h;
+  const int dense_tokens = (*fc)["computed_tokens"].get<int>();
+  for (const json& layer : h["kept"]) {
+    ASSERT_EQ(layer.size(), static_cast<size_t>(h["kv_heads"].get<int>())) << h;
+    for (const json& head : layer) {
+      EXPECT_EQ(head["kind"], "snapkv") << head;
+      EXPECT_GT(head["tokens"].get<int>(), 0) << head;
+      EXPECT_LT(head["tokens"].get<int>(), dense_tokens) << head;
+    }
+  }
+  // Without an index, the lowest finished choice; with one, that choice.
+  const Reply pair_first = state("request=" + pair_id),
+              pair_second = state("request=" + pair_id + "&index=1");
+  ASSERT_EQ(pair_first.status, 200) << pair_first.body;
+  ASSERT_EQ(pair_second.status, 200) << pair_second.body;
+  EXPECT_EQ(pair_first.body["heads"]["index"], 0);
+  EXPECT_EQ(pair_second.body["heads"]["index"], 1);
+  EXPECT_EQ(pair_second.body["heads"]["kept"][0][0]["kind"], "full");
+  const json* pair_second_entry = find_sequence(as_state, pair_id, 1);
+  EXPECT_EQ(pair_second.body["heads"]["kept"][0][0]["tokens"],
+            (*pair_second_entry)["computed_tokens"])
+      << "a dense head holds every computed token";
 }
 
 // Only the last KvSnapshots::kMaxFinished finished sequences are reported, newest first.
@@ -275,6 +302,11 @@ TEST_F(KvStateTest, FinishedRequestsAreTheLastFewNewestFirst) {
   const json& finished = r.body["finished"];
   ASSERT_EQ(finished.size(), max_finished) << r.body;
   for (size_t i = 0; i < max_finished; ++i) EXPECT_EQ(finished[i]["id"], ids[ids.size() - 1 - i]);
+  // Their heads go with them: the newest answers, the first one no longer does.
+  const Reply newest = state("request=" + ids.back());
+  ASSERT_EQ(newest.status, 200) << newest.body;
+  EXPECT_EQ(newest.body["heads"]["finish_reason"], "length");
+  EXPECT_EQ(state("request=" + ids.front()).status, 404);
 }
 
 // ?request= gives layers x kv_heads entries, layer-major, of the kinds the policy assigns.
@@ -352,6 +384,7 @@ TEST_F(KvStateTest, HeadsShowWhatEachKvHeadKeeps) {
     EXPECT_EQ(heads["index"], 0);
     EXPECT_EQ(heads["layers"], num_layers);
     EXPECT_EQ(heads["kv_heads"], num_kv_heads);
+    EXPECT_TRUE(heads["finish_reason"].is_null()) << "it still runs";
     ASSERT_EQ(heads["kept"].size(), static_cast<size_t>(num_layers));
     // The same step: the second snapshot was taken after one more step at most.
     const int now_computed = r.body["sequences"][0]["computed_tokens"];
@@ -430,6 +463,9 @@ TEST_F(KvStateTest, ACancelledRequestLeavesNoPageBehind) {
   ASSERT_EQ(after.body["finished"].size(), 1u) << after.body;
   EXPECT_EQ(after.body["finished"][0]["finish_reason"], "cancelled");
   EXPECT_GT(after.body["finished"][0]["pages_held"].get<int>(), 0);
+  const Reply heads = state("request=" + after.body["finished"][0]["id"].get<std::string>());
+  ASSERT_EQ(heads.status, 200) << heads.body;
+  EXPECT_EQ(heads.body["heads"]["finish_reason"], "cancelled");
 }
 
 // The engine's own loop, requests starting and finishing while a dashboard polls: every answer

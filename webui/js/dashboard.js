@@ -57,6 +57,7 @@ export function mountDashboard() {
   let shown = false;
   let selected = null;  // {id, index} of the sequence whose heads are mapped
   let finishedNote = '';  // said in place of the map once the chosen sequence has finished
+  let finishedHeads = null;  // its heads at its end, shown until another request is chosen
   let hasKvState = true;  // false on a server without /v1/kv/state: /metrics only
   let busy = false;  // a poll is in flight
   let showAll = false;  // the running table lists every sequence, not the first MAX_ROWS
@@ -106,6 +107,7 @@ export function mountDashboard() {
       const isSelected = selected && selected.id === row.dataset.id && selected.index === Number(row.dataset.index);
       selected = isSelected ? null : { id: row.dataset.id, index: Number(row.dataset.index) };
       finishedNote = '';
+      finishedHeads = null;
       poll();
     });
     first.append(pick);
@@ -176,15 +178,18 @@ export function mountDashboard() {
     $('fin-empty').hidden = finished.length > 0;
   }
 
-  function renderHeads(heads) {
+  function renderHeads(liveHeads) {
     const map = $('heads-map');
+    const heads = liveHeads || finishedHeads;
     if (!heads) {
       map.replaceChildren();
       $('heads-info').textContent = finishedNote || 'Choose a request above to see its heads.';
       return;
     }
+    const who = `${heads.request}${heads.index ? ` #${heads.index}` : ''}`;
     $('heads-info').textContent =
-      `${heads.request}${heads.index ? ` #${heads.index}` : ''}: ${heads.layers} layers × ${heads.kv_heads} KV heads. ` +
+      (heads.finish_reason ? `${who} has finished (${heads.finish_reason}); at its end, ` : `${who}: `) +
+      `${heads.layers} layers × ${heads.kv_heads} KV heads. ` +
       'Each cell: what the head keeps, its keys, and for Quest heads the pages read per step.';
     const table = document.createElement('table');
     table.className = 'heads';
@@ -248,19 +253,27 @@ export function mountDashboard() {
       $('dash-pool-info').textContent = 'This server has no /v1/kv/state: pool figures come from /metrics, per-request figures are not shown.';
       return null;
     }
-    const live = selected && state.sequences.some((s) => s.id === selected.id && (s.index ?? 0) === selected.index);
-    if (!live) {
+    const listed = (list) => list && list.some((s) => s.id === selected.id && (s.index ?? 0) === selected.index);
+    // A request that finished since it was chosen is asked for once more: the server keeps its
+    // heads as they stood at its end while `finished` lists it.
+    if (!selected || !(listed(state.sequences) || listed(state.finished))) {
       if (selected) finishedNote = `${selected.id} has finished.`;
       selected = null;
       return state;
     }
     const asked = selected;
     try {
-      return await getJson(`/v1/kv/state?request=${encodeURIComponent(asked.id)}&index=${asked.index}`);
+      const withHeads = await getJson(`/v1/kv/state?request=${encodeURIComponent(asked.id)}&index=${asked.index}`);
+      const heads = withHeads.heads;
+      if (heads && heads.finish_reason && selected === asked) {
+        finishedNote = `${asked.id} has finished.`;
+        finishedHeads = heads;
+        selected = null;
+      }
+      return withHeads;
     } catch (e) {
       if (!(e instanceof ApiError) || e.status !== 404) throw e;
-      // It finished between the two reads (the heads are read at the engine's next step, the
-      // overview may come from the last one): said now, and not asked for again.
+      // Gone from the server's finished list too: said now, and not asked for again.
       if (selected === asked) {
         finishedNote = `${asked.id} has finished.`;
         selected = null;
