@@ -67,8 +67,20 @@ export async function curl(args) {
 export const auth = ['-H', `Authorization: Bearer ${KEY}`];
 export const jsonHeaders = [...auth, '-H', 'Content-Type: application/json'];
 
+// A GET, sent once more if the connection fails under it: fetch reuses idle keep-alive
+// connections, and a server may close one (its --keep-alive-timeout) just as a request goes out
+// on it, the race RFC 9112 (9.3.1) lets clients retry idempotent requests after.
+export async function get(url, init = {}) {
+  try {
+    return await fetch(url, init);
+  } catch (e) {
+    if (!(e instanceof TypeError)) throw e;  // fetch's network error
+    return fetch(url, init);
+  }
+}
+
 export async function metrics(base) {
-  const r = await fetch(`${base}/metrics`, { headers: { Authorization: `Bearer ${KEY}` } });
+  const r = await get(`${base}/metrics`, { headers: { Authorization: `Bearer ${KEY}` } });
   assert.equal(r.status, 200);
   const values = {};
   for (const line of (await r.text()).split('\n')) {
