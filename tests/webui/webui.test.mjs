@@ -524,8 +524,21 @@ test('a finished chat answer stays on the KV dashboard with its policy and the p
   assert.equal(await page.isVisible('#fin-empty'), false);
   assert.match(await page.innerText('#dash-cached-info'), /free/);
   assert.match(await page.innerText('#dash-cached-free'), /^\d+$/);
+  // Its heads, as they stood at its end: a click on its name, which keeps the focus across polls.
+  const pick = row.getByRole('button');
+  await pick.click();
+  await page.locator('#heads-map table').waitFor();
+  assert.match(await page.innerText('#heads-info'), new RegExp(`^${stats.id} has finished \\((stop|length)\\); at its end, 5 layers`));
+  assert.equal(await page.locator('#heads-map tbody tr').count(), 5, 'one row per layer');
+  assert.match(await page.locator('#heads-map td').first().innerText(), /full[\s\S]*\d+ keys/);
+  assert.equal(await pick.getAttribute('aria-pressed'), 'true');
+  await page.waitForTimeout(1500);  // polls go by
+  assert.equal(await pick.evaluate((b) => b === document.activeElement), true, 'the focus stays');
   await audit(page, 'the dashboard with a finished request');
   await screenshot(page, 'dashboard-finished');
+  await pick.click();  // and a second click puts the map away
+  await page.locator('#heads-map table').waitFor({ state: 'detached' });
+  assert.equal(await pick.getAttribute('aria-pressed'), 'false');
 });
 
 test('25 running requests: the table lists 20 and expands to all', async () => {

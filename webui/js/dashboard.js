@@ -90,9 +90,9 @@ export function mountDashboard() {
     });
   }
 
-  // One row of the running table, kept across polls (updateSequenceRow fills it): a row and its
-  // button stay the same elements while their sequence lives, so that a click or the focus on them
-  // survives the twice-a-second refresh.
+  // One row of the running or the finished table, kept across polls (updateSequenceRow /
+  // updateFinishedRow fill it): a row and its button stay the same elements while their sequence
+  // is listed, so that a click or the focus on them survives the twice-a-second refresh.
   function sequenceRow(s) {
     const row = document.createElement('tr');
     row.dataset.id = s.id;
@@ -104,8 +104,10 @@ export function mountDashboard() {
     pick.textContent = requestName(s);
     pick.title = 'Show what each KV head of this request keeps';
     pick.addEventListener('click', () => {
-      const isSelected = selected && selected.id === row.dataset.id && selected.index === Number(row.dataset.index);
-      selected = isSelected ? null : { id: row.dataset.id, index: Number(row.dataset.index) };
+      const id = row.dataset.id, index = Number(row.dataset.index);
+      const shown = (selected && selected.id === id && selected.index === index) ||
+        (finishedHeads && finishedHeads.request === id && finishedHeads.index === index);
+      selected = shown ? null : { id, index };
       finishedNote = '';
       finishedHeads = null;
       poll();
@@ -115,9 +117,36 @@ export function mountDashboard() {
     return row;
   }
 
-  function updateSequenceRow(row, s) {
-    const isSelected = selected && selected.id === s.id && selected.index === (s.index ?? 0);
+  // Rows of `body` matched by sequence (id, index) to `list`: a listed sequence keeps its row, a
+  // new one gets one, the rest go; `update` fills each.
+  function syncRows(body, list, update) {
+    const key = (id, index) => `${id}#${index}`;
+    const rows = new Map([...body.rows].map((r) => [key(r.dataset.id, r.dataset.index), r]));
+    const wanted = list.map((s) => {
+      const k = key(s.id, s.index ?? 0);
+      const row = rows.get(k) ?? sequenceRow(s);
+      rows.delete(k);
+      update(row, s);
+      return row;
+    });
+    for (const gone of rows.values()) gone.remove();
+    // In the list's order; moving only rows out of place (a row moved loses the focus it holds).
+    wanted.forEach((row, i) => {
+      if (body.rows[i] !== row) body.insertBefore(row, body.rows[i] ?? null);
+    });
+  }
+
+  // The pick button's state: pressed while its sequence's heads are shown (asked for, or kept
+  // from its end).
+  function markPicked(row, s) {
+    const index = s.index ?? 0;
+    const shownFinished = finishedHeads && finishedHeads.request === s.id && finishedHeads.index === index;
+    const isSelected = (selected && selected.id === s.id && selected.index === index) || shownFinished;
     row.querySelector('button').setAttribute('aria-pressed', isSelected ? 'true' : 'false');
+  }
+
+  function updateSequenceRow(row, s) {
+    markPicked(row, s);
     row.dataset.pagesHeld = s.pages_held;
     row.dataset.pagesDense = s.pages_dense;
     // The cells after the first, rebuilt: plain text, no element anyone holds on to.
@@ -139,42 +168,27 @@ export function mountDashboard() {
     $('seq-more-text').textContent = collapsed ? `The first ${MAX_ROWS} of ${all.length} sequences.` : `All ${all.length} sequences.`;
     $('seq-more').textContent = collapsed ? `Show all ${all.length}` : `Show the first ${MAX_ROWS} only`;
     $('seq-more').setAttribute('aria-expanded', collapsed ? 'false' : 'true');
-    // Rows are matched by sequence (id, index): a live sequence keeps its row, a new one gets one,
-    // a finished one's goes.
-    const key = (id, index) => `${id}#${index}`;
-    const rows = new Map([...body.rows].map((r) => [key(r.dataset.id, r.dataset.index), r]));
-    const wanted = sequences.map((s) => {
-      const k = key(s.id, s.index ?? 0);
-      const row = rows.get(k) ?? sequenceRow(s);
-      rows.delete(k);
-      updateSequenceRow(row, s);
-      return row;
-    });
-    for (const gone of rows.values()) gone.remove();
-    // In admission order; moving only rows out of place (a row moved loses the focus it holds).
-    wanted.forEach((row, i) => {
-      if (body.rows[i] !== row) body.insertBefore(row, body.rows[i] ?? null);
-    });
+    syncRows(body, sequences, updateSequenceRow);  // in admission order
     $('seq-empty').hidden = all.length > 0;
   }
 
-  // The last sequences to finish, newest first; `now`: the snapshot's time (unix seconds).
+  function updateFinishedRow(row, s, now) {
+    markPicked(row, s);
+    row.dataset.pagesHeld = s.pages_held;
+    row.dataset.pagesDense = s.pages_dense;
+    while (row.cells.length > 1) row.lastElementChild.remove();
+    cell(row, s.policy, 'mono');
+    cell(row, `${s.finish_reason}, ${Math.max(0, Math.round(now - s.finished_at))} s ago`);
+    cell(row, s.prompt_tokens, 'num');
+    cell(row, s.generated_tokens, 'num');
+    pagesCell(row, s.pages_held, s.pages_dense);
+    cell(row, recoveryText(s.attention_recovery), 'num');
+  }
+
+  // The last sequences to finish, newest first; `now`: the snapshot's time (unix seconds). Their
+  // heads, which the server keeps while it lists them, are a click away as the running ones' are.
   function renderFinished(finished, now) {
-    $('fin-body').replaceChildren(...finished.map((s) => {
-      const row = document.createElement('tr');
-      row.dataset.id = s.id;
-      row.dataset.index = s.index ?? 0;
-      row.dataset.pagesHeld = s.pages_held;
-      row.dataset.pagesDense = s.pages_dense;
-      cell(row, requestName(s), 'mono');
-      cell(row, s.policy, 'mono');
-      cell(row, `${s.finish_reason}, ${Math.max(0, Math.round(now - s.finished_at))} s ago`);
-      cell(row, s.prompt_tokens, 'num');
-      cell(row, s.generated_tokens, 'num');
-      pagesCell(row, s.pages_held, s.pages_dense);
-      cell(row, recoveryText(s.attention_recovery), 'num');
-      return row;
-    }));
+    syncRows($('fin-body'), finished, (row, s) => updateFinishedRow(row, s, now));
     $('fin-empty').hidden = finished.length > 0;
   }
 
