@@ -158,28 +158,30 @@ void KvSnapshots::record_finished(sched::SeqId seq, const Sample& sample,
 
 std::optional<KvSnapshot::Heads> KvSnapshots::heads(
     const KvSnapshotQuery& query, std::chrono::system_clock::time_point now) const {
-  // The sequence asked about: that choice, or the lowest live choice of the label.
+  // The sequence asked about: that choice, or the lowest choice of the label; a live one first.
+  const auto better = [&](const std::string& label_id, int32_t choice,
+                          std::optional<int32_t> best) {
+    if (label_id != *query.label_id) return false;
+    return query.choice ? choice == *query.choice : !best || choice < *best;
+  };
   const Sample* found = nullptr;
   sched::SeqId found_seq{0};
+  std::optional<int32_t> best;
   for (const auto& [seq, sample] : samples_) {
-    if (sample->label->id != *query.label_id) continue;
     const int32_t choice = sample->label->first_choice + sample->sample_idx;
-    if (query.choice ? choice != *query.choice
-                     : found && choice >= found->label->first_choice + found->sample_idx)
-      continue;
+    if (!better(sample->label->id, choice, best)) continue;
     found = sample.get();
     found_seq = seq;
+    best = choice;
   }
   if (found) return heads_of(found_seq, *found);
   // Finished since: a dashboard asks for what its last overview listed, one step later.
   const KvSnapshot::Heads* finished = nullptr;
   for (const Finished& f : finished_) {
     if (now - f.shown.finished_at > kFinishedWindow) break;  // as the overview lists them
-    if (f.heads.label_id != *query.label_id) continue;
-    if (query.choice ? f.heads.choice != *query.choice
-                     : finished && f.heads.choice >= finished->choice)
-      continue;
+    if (!better(f.heads.label_id, f.heads.choice, best)) continue;
     finished = &f.heads;
+    best = f.heads.choice;
   }
   if (finished) return *finished;
   return std::nullopt;

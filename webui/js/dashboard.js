@@ -105,9 +105,7 @@ export function mountDashboard() {
     pick.title = 'Show what each KV head of this request keeps';
     pick.addEventListener('click', () => {
       const id = row.dataset.id, index = Number(row.dataset.index);
-      const shown = (selected && selected.id === id && selected.index === index) ||
-        (finishedHeads && finishedHeads.request === id && finishedHeads.index === index);
-      selected = shown ? null : { id, index };
+      selected = headsShown(id, index) ? null : { id, index };
       finishedNote = '';
       finishedHeads = null;
       poll();
@@ -136,13 +134,15 @@ export function mountDashboard() {
     });
   }
 
-  // The pick button's state: pressed while its sequence's heads are shown (asked for, or kept
-  // from its end).
+  // Whether the map shows (or is asked for) sequence (id, index): chosen live, or kept from its end.
+  function headsShown(id, index) {
+    return Boolean((selected && selected.id === id && selected.index === index) ||
+      (finishedHeads && finishedHeads.request === id && finishedHeads.index === index));
+  }
+
+  // The pick button's state: pressed while its sequence's heads are shown.
   function markPicked(row, s) {
-    const index = s.index ?? 0;
-    const shownFinished = finishedHeads && finishedHeads.request === s.id && finishedHeads.index === index;
-    const isSelected = (selected && selected.id === s.id && selected.index === index) || shownFinished;
-    row.querySelector('button').setAttribute('aria-pressed', isSelected ? 'true' : 'false');
+    row.querySelector('button').setAttribute('aria-pressed', headsShown(s.id, s.index ?? 0) ? 'true' : 'false');
   }
 
   function updateSequenceRow(row, s) {
