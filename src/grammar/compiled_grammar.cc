@@ -109,28 +109,51 @@ void StackSet::add(std::span<const uint32_t> stack) {
 }
 
 void expand(const CompiledGrammar& g, std::vector<uint32_t>& stack, StackSet& out) {
-  if (stack.empty() || stack.back() == kCut) {
-    out.add(stack);
-    return;
+  // Depth first over the rules at the top, each rule entered a frame on an explicit stack (a
+  // chain of 10^5 rules, or of rules that match nothing, is 10^5 frames, not 10^5 calls). A frame
+  // holds the stack as it was below the rule (base) while its alternatives are tried; when all
+  // are, the stack is put back as it came.
+  struct Frame {
+    uint32_t top;  // the rule's position
+    bool has_next;
+    size_t base;
+    std::span<const uint32_t> alternatives;
+    size_t next_alt;
+  };
+  thread_local std::vector<Frame> frames;
+  frames.clear();  // what a throw (StackSet::add: too many stacks) left
+  // The top of the stack: a character or the end is a finished expansion; a rule is entered.
+  const auto enter = [&] {
+    if (stack.empty() || stack.back() == kCut) {
+      out.add(stack);
+      return;
+    }
+    const uint32_t top = stack.back();
+    const FlatElement& e = g.element(top);
+    if (e.kind == ElementKind::kChar) {
+      out.add(stack);
+      return;
+    }
+    // A rule: the continuation after it goes below, then each alternative on top.
+    stack.pop_back();
+    const bool has_next = g.element(top + 1).kind != ElementKind::kEnd;
+    if (has_next) stack.push_back(top + 1);
+    frames.push_back({top, has_next, stack.size(), g.alternatives(e.arg), 0});
+  };
+  enter();
+  while (!frames.empty()) {
+    Frame& f = frames.back();
+    stack.resize(f.base);
+    if (f.next_alt < f.alternatives.size()) {
+      const uint32_t alt = f.alternatives[f.next_alt++];
+      if (g.element(alt).kind != ElementKind::kEnd) stack.push_back(alt);
+      enter();  // may add a frame: f is not used after it
+      continue;
+    }
+    if (f.has_next) stack.pop_back();
+    stack.push_back(f.top);
+    frames.pop_back();
   }
-  const uint32_t top = stack.back();
-  const FlatElement& e = g.element(top);
-  if (e.kind == ElementKind::kChar) {
-    out.add(stack);
-    return;
-  }
-  // A rule: the continuation after it goes below, then each alternative on top.
-  stack.pop_back();
-  const bool has_next = g.element(top + 1).kind != ElementKind::kEnd;
-  if (has_next) stack.push_back(top + 1);
-  const size_t base = stack.size();
-  for (uint32_t alt : g.alternatives(e.arg)) {
-    if (g.element(alt).kind != ElementKind::kEnd) stack.push_back(alt);
-    expand(g, stack, out);
-    stack.resize(base);
-  }
-  if (has_next) stack.pop_back();
-  stack.push_back(top);
 }
 
 bool advance_byte(const CompiledGrammar& g, const StackSet& in, const Utf8Partial& partial,

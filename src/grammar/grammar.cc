@@ -15,6 +15,8 @@ namespace {
 constexpr uint32_t kSurrogateLo = 0xD800;
 constexpr uint32_t kSurrogateHi = 0xDFFF;
 constexpr uint64_t kMaxRepeat = 100000;
+// Groups ( ... ) inside groups: each level is a nested call of the parser.
+constexpr int kMaxGroupNesting = 256;
 
 // Sorts and merges ranges, then removes the surrogates.
 std::vector<CharRange> normalize(std::vector<CharRange> ranges) {
@@ -225,8 +227,13 @@ class Parser {
       seq.push_back(chars(normalize({{0, kMaxCodePoint}})));
     } else if (c == '(') {
       const size_t open = pos_;
+      if (group_depth_ >= kMaxGroupNesting) {
+        fail_here(fmt::format("groups nest deeper than {} levels", kMaxGroupNesting));
+      }
       ++pos_;
+      ++group_depth_;
       auto alternatives = parse_alternatives(owner, /*top_level=*/false);
+      --group_depth_;
       skip_space();
       if (peek() != ')') fail_at(open, "unclosed '(' (expected ')')");
       ++pos_;
@@ -424,6 +431,7 @@ class Parser {
 
   std::string_view src_;
   size_t pos_ = 0;
+  int group_depth_ = 0;  // groups open at pos_
   Grammar grammar_;
   std::unordered_map<std::string, uint32_t> ids_;
   std::vector<bool> defined_;
@@ -541,23 +549,64 @@ std::string to_gbnf(const Grammar& grammar) {
 }
 
 void check_grammar(const Grammar& grammar) {
+  // Every walk here is a loop over explicit worklists: a grammar of 10^5 rules that each name the
+  // next one must not take quadratic time or overflow the stack.
   const size_t num_rules = grammar.rules.size();
-  // Rules that may match the empty text, and rules that can finish at all (fixpoints).
+  // Where each rule is used: (user rule, alternative) for every element naming it.
+  struct Use {
+    uint32_t rule, alt;
+  };
+  std::vector<std::vector<Use>> uses(num_rules);
+  // Per (rule, alternative): how many of its elements are not known nullable yet, and how many
+  // are not known to finish yet (characters always finish, never match the empty text).
+  std::vector<std::vector<uint32_t>> not_nullable(num_rules), not_finishing(num_rules);
   std::vector<bool> nullable(num_rules, false);
   std::vector<bool> finishes(num_rules, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < num_rules; ++r) {
-      for (const Sequence& seq : grammar.rules[r].alternatives) {
-        bool all_nullable = true;
-        bool all_finish = true;
-        for (const Element& e : seq) {
-          const bool is_rule = e.kind == Element::Kind::kRule;
-          all_nullable = all_nullable && is_rule && nullable[e.rule_idx];
-          all_finish = all_finish && (!is_rule || finishes[e.rule_idx]);
+  std::vector<uint32_t> nullable_work, finish_work;
+  for (uint32_t r = 0; r < num_rules; ++r) {
+    const auto& alternatives = grammar.rules[r].alternatives;
+    not_nullable[r].resize(alternatives.size());
+    not_finishing[r].resize(alternatives.size());
+    for (uint32_t a = 0; a < alternatives.size(); ++a) {
+      uint32_t open_nullable = 0, open_finishing = 0;
+      for (const Element& e : alternatives[a]) {
+        ++open_nullable;  // a character never matches the empty text: stays counted
+        if (e.kind == Element::Kind::kRule) {
+          ++open_finishing;
+          uses[e.rule_idx].push_back({r, a});
         }
-        if (all_nullable && !nullable[r]) nullable[r] = changed = true;
-        if (all_finish && !finishes[r]) finishes[r] = changed = true;
+      }
+      not_nullable[r][a] = open_nullable;
+      not_finishing[r][a] = open_finishing;
+      if (open_nullable == 0 && !nullable[r]) {
+        nullable[r] = true;
+        nullable_work.push_back(r);
+      }
+      if (open_finishing == 0 && !finishes[r]) {
+        finishes[r] = true;
+        finish_work.push_back(r);
+      }
+    }
+  }
+  // A rule that became nullable (finishing) counts down each alternative using it; an alternative
+  // at zero makes its rule nullable (finishing). An element naming the rule twice counts twice.
+  while (!nullable_work.empty()) {
+    const uint32_t s = nullable_work.back();
+    nullable_work.pop_back();
+    for (const Use& u : uses[s]) {
+      if (--not_nullable[u.rule][u.alt] == 0 && !nullable[u.rule]) {
+        nullable[u.rule] = true;
+        nullable_work.push_back(u.rule);
+      }
+    }
+  }
+  while (!finish_work.empty()) {
+    const uint32_t s = finish_work.back();
+    finish_work.pop_back();
+    for (const Use& u : uses[s]) {
+      if (--not_finishing[u.rule][u.alt] == 0 && !finishes[u.rule]) {
+        finishes[u.rule] = true;
+        finish_work.push_back(u.rule);
       }
     }
   }
@@ -580,16 +629,30 @@ void check_grammar(const Grammar& grammar) {
       }
     }
   }
+  // Depth-first, the path and each rule's next edge on an explicit stack.
   std::vector<uint8_t> color(num_rules, 0);  // 0 new, 1 on the path, 2 done
-  std::vector<uint32_t> path;
-  auto visit = [&](auto&& self, uint32_t r) -> void {
-    color[r] = 1;
-    path.push_back(r);
-    for (uint32_t s : left[r]) {
+  struct Visit {
+    uint32_t rule;
+    size_t next_edge;
+  };
+  std::vector<Visit> path;
+  for (uint32_t root = 0; root < num_rules; ++root) {
+    if (color[root] != 0) continue;
+    color[root] = 1;
+    path.push_back({root, 0});
+    while (!path.empty()) {
+      Visit& top = path.back();
+      if (top.next_edge == left[top.rule].size()) {
+        color[top.rule] = 2;
+        path.pop_back();
+        continue;
+      }
+      const uint32_t s = left[top.rule][top.next_edge++];
       if (color[s] == 1) {
         std::string cycle;
-        auto it = std::find(path.begin(), path.end(), s);
-        for (; it != path.end(); ++it) cycle += grammar.rules[*it].name + " -> ";
+        auto it =
+            std::find_if(path.begin(), path.end(), [&](const Visit& v) { return v.rule == s; });
+        for (; it != path.end(); ++it) cycle += grammar.rules[it->rule].name + " -> ";
         cycle += grammar.rules[s].name;
         fail(
             "grammar: left recursion ({}): a rule reaches itself before consuming a character "
@@ -597,13 +660,11 @@ void check_grammar(const Grammar& grammar) {
             "be empty); rewrite it with repetition, e.g. `x (\",\" x)*`",
             cycle);
       }
-      if (color[s] == 0) self(self, s);
+      if (color[s] == 0) {
+        color[s] = 1;
+        path.push_back({s, 0});
+      }
     }
-    path.pop_back();
-    color[r] = 2;
-  };
-  for (uint32_t r = 0; r < num_rules; ++r) {
-    if (color[r] == 0) visit(visit, r);
   }
 }
 

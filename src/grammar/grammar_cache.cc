@@ -15,11 +15,7 @@ std::string cache_key(const GrammarSpec& spec) {
     case GrammarKind::kJsonObject:
       return "o";
     case GrammarKind::kJsonSchema:
-      try {
-        return "s" + nlohmann::ordered_json::parse(spec.text).dump();
-      } catch (const nlohmann::json::parse_error& e) {
-        fail("JSON schema: not valid JSON: {}", e.what());
-      }
+      return "s" + parse_schema(spec.text).value.dump();
   }
   return "";
 }

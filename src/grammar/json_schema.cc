@@ -10,6 +10,7 @@
 
 #include "grammar/grammar.h"
 #include "util/error.h"
+#include "util/json_text.h"
 
 namespace sieve::grammar {
 namespace {
@@ -43,6 +44,11 @@ std::string literal(const Json& value) { return "\"" + escape_gbnf_literal(value
 
 class SchemaCompiler {
  public:
+  // Each schema inside another (items, properties, anyOf ...) and each $ref followed is a nested
+  // call of visit: a schema deeper than this, or a chain of $refs longer, is refused rather than
+  // left to overflow the stack.
+  static constexpr int kMaxNesting = 256;
+
   explicit SchemaCompiler(Json root) : root_(std::move(root)) {}
 
   std::string compile() {
@@ -95,6 +101,17 @@ class SchemaCompiler {
   }
 
   std::string visit(const Json& schema, const std::string& path) {
+    if (depth_ >= kMaxNesting) {
+      error(path, fmt::format("schemas nest deeper than {} levels (counting each $ref followed)",
+                              kMaxNesting));
+    }
+    ++depth_;
+    std::string body = visit_schema(schema, path);
+    --depth_;
+    return body;
+  }
+
+  std::string visit_schema(const Json& schema, const std::string& path) {
     if (schema.is_boolean()) {
       if (!schema.get<bool>()) error(path, "schema 'false' matches nothing");
       return "value";
@@ -289,6 +306,7 @@ class SchemaCompiler {
   }
 
   Json root_;
+  int depth_ = 0;  // visits in progress
   std::vector<std::string> rules_;
   std::set<std::string> names_;
   std::map<std::string, std::string> refs_;
@@ -296,15 +314,22 @@ class SchemaCompiler {
 
 }  // namespace
 
+JsonParse parse_schema(std::string_view schema_json) {
+  // Its copies and dumps recurse once per level of the document, too.
+  constexpr size_t kMaxJsonDepth = 2 * SchemaCompiler::kMaxNesting;
+  JsonParse parsed = parse_ordered_json(schema_json, kMaxJsonDepth);
+  if (parsed.status == JsonParse::Status::kTooDeep) {
+    fail("JSON schema: arrays and objects nest deeper than {} levels", kMaxJsonDepth);
+  }
+  if (!parsed.ok()) fail("JSON schema: not valid JSON: {}", parsed.error);
+  return parsed;
+}
+
 std::string json_object_gbnf() { return std::string("root ::= object\n") + kPrimitives; }
 
 std::string json_schema_to_gbnf(std::string_view schema_json) {
-  Json schema;
-  try {
-    schema = Json::parse(schema_json);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("JSON schema: not valid JSON: {}", e.what());
-  }
+  JsonParse parsed = parse_schema(schema_json);
+  Json schema = std::move(parsed.value);
   return SchemaCompiler(std::move(schema)).compile();
 }
 

@@ -27,10 +27,16 @@
 #include <string>
 #include <string_view>
 
+#include "util/json_text.h"
+
 namespace sieve::grammar {
 
 // GBNF for any JSON object; `root` is the object.
 std::string json_object_gbnf();
+
+// The schema's JSON text parsed as json_schema_to_gbnf reads it (key order kept, linear time,
+// nesting limited); throws sieve::Error when it is not valid JSON or nests too deep.
+JsonParse parse_schema(std::string_view schema_json);
 
 // GBNF for documents valid under the schema (JSON text). Throws sieve::Error naming the keyword
 // and where it is (a JSON pointer) when the schema uses something unsupported or is malformed.

@@ -144,7 +144,13 @@ void check_context(const std::vector<TokenId>& prompt, engine::SamplingParams& p
 }  // namespace
 
 json parse_request_body(std::string_view text) {
-  std::optional<json> body = parse_json(text);
+  JsonError error = JsonError::kInvalid;
+  std::optional<json> body = parse_json(text, &error);
+  if (!body && error == JsonError::kTooDeep) {
+    throw_invalid("body", fmt::format("the request body nests arrays and objects deeper than {} "
+                                      "levels",
+                                      kMaxJsonDepth));
+  }
   if (!body) throw_invalid("body", "the request body is not valid JSON (UTF-8)");
   if (!body->is_object()) throw_invalid("body", "the request body must be a JSON object");
   return *std::move(body);

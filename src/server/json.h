@@ -16,10 +16,17 @@ namespace sieve::server {
 
 using json = nlohmann::ordered_json;
 
-// JSON text → json, in time linear in its size (nlohmann's own ordered parse looks every key up
-// by a scan of its object: quadratic in the number of keys); nullopt when it is not valid JSON
-// (UTF-8).
-std::optional<json> parse_json(std::string_view text);
+// The deepest nesting of arrays and objects parse_json takes: request bodies and a model's
+// tool-call JSON come from outside, and what walks a document recurses once per level
+// (util/json_text.h). No OpenAI request nests nearly this deep (OpenAI's strict schemas allow 10
+// levels).
+inline constexpr size_t kMaxJsonDepth = 128;
+
+enum class JsonError { kInvalid, kTooDeep };
+
+// JSON text → json, in time linear in its size (util/json_text.h); nullopt when it is not valid
+// JSON (UTF-8) or nests deeper than kMaxJsonDepth (which of the two in *error, when given).
+std::optional<json> parse_json(std::string_view text, JsonError* error = nullptr);
 
 // Compact JSON text as the server writes it: invalid UTF-8 in a string (a model's cut-off
 // character) is replaced, never thrown on.

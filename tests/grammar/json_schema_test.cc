@@ -1,5 +1,6 @@
 #include "grammar/json_schema.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -232,8 +233,27 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
       {R"(false)", "schema 'false' matches nothing"},
       {R"({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})", "can never finish"},
   };
+  // What the compiler walks recursively is bounded: the schemas' nesting (each $ref followed
+  // counts) and the document's.
+  std::string nested;
+  for (int i = 0; i < 300; ++i) nested += R"({"type": "array", "items": )";
+  nested += R"({"type": "string"})" + std::string(300, '}');
+  std::string chain = R"({"$defs": {)";
+  for (int i = 0; i < 100000; ++i)
+    chain += fmt::format(R"("d{}": {{"$ref": "#/$defs/d{}"}}, )", i, i + 1);
+  chain += R"("d100000": {"type": "string"}}, "$ref": "#/$defs/d0"})";
+  const std::string deep_value =
+      R"({"const": )" + std::string(600, '[') + std::string(600, ']') + "}";
+  const std::vector<Case> limits = {
+      {nested.c_str(), "schemas nest deeper than 256 levels (counting each $ref followed) at '#"},
+      {chain.c_str(),
+       "schemas nest deeper than 256 levels (counting each $ref followed) at '#/$defs/d255'"},
+      {deep_value.c_str(), "JSON schema: arrays and objects nest deeper than 512 levels"},
+  };
   GrammarCache cache(testing::golden_vocabulary("llama-spm"));
-  for (const Case& c : cases) {
+  std::vector<Case> all(std::begin(cases), std::end(cases));
+  all.insert(all.end(), limits.begin(), limits.end());
+  for (const Case& c : all) {
     std::string error;
     try {
       cache.get({GrammarKind::kJsonSchema, c.schema});

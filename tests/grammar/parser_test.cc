@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,12 +91,37 @@ TEST(GbnfParser, ErrorsSayWhereAndWhat) {
       {"root ::= list\nlist ::= list \",\" \"x\" | \"x\"", "left recursion (list -> list)"},
       {"root ::= a\na ::= b \"x\"\nb ::= \"\" | a", "left recursion (a -> b -> a)"},
       {"root ::= (\"a\"?)*", "left recursion"},
+      {"root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')'),
+       "grammar:1:266: groups nest deeper than 256 levels"},
   };
   for (const Case& c : cases) {
     const std::string error = error_of(c.text);
     EXPECT_NE(error.find(c.expected), std::string::npos)
         << "grammar: " << c.text << "\nerror: " << error << "\nexpected: " << c.expected;
   }
+}
+
+// A grammar's size is bounded only by the request body: the checks after parsing walk it in
+// loops, not one call per rule (a chain of 10^5 rules took minutes and then overflowed the stack).
+TEST(GbnfParser, LongChainsOfRulesAreCheckedWithoutRecursion) {
+  constexpr int kRules = 100000;
+  std::string chain = "root ::= r0\n";
+  for (int i = 0; i < kRules; ++i) chain += fmt::format("r{} ::= r{}\n", i, i + 1);
+  chain += fmt::format("r{} ::= \"a\"\n", kRules);
+  EXPECT_EQ(parse_gbnf(chain).rules.size(), static_cast<size_t>(kRules + 2));
+  // The same chain, defined last to first: each rule is known to finish only after the next.
+  std::string reversed = fmt::format("r{} ::= \"a\"\n", kRules);
+  for (int i = kRules - 1; i >= 0; --i) reversed += fmt::format("r{} ::= r{}\n", i, i + 1);
+  reversed += "root ::= r0\n";
+  EXPECT_EQ(parse_gbnf(reversed).rules.size(), static_cast<size_t>(kRules + 2));
+  // Closed into a cycle: left recursion through all of them, named.
+  std::string cycle = "root ::= r0\n";
+  for (int i = 0; i < kRules; ++i)
+    cycle += fmt::format("r{} ::= r{} | \"b\"\n", i, (i + 1) % kRules);
+  const std::string error = error_of(cycle);
+  EXPECT_NE(error.find("left recursion (r0 -> r1 -> r2 -> "), std::string::npos)
+      << error.substr(0, 200);
+  EXPECT_NE(error.find("r99999 -> r0)"), std::string::npos);
 }
 
 }  // namespace

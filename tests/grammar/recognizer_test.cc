@@ -4,6 +4,7 @@
 
 #include "grammar/compiled_grammar.h"
 #include "grammar/grammar_state.h"
+#include "util/error.h"
 
 namespace sieve::grammar {
 namespace {
@@ -36,6 +37,39 @@ TEST(Recognizer, AcceptsAndRejects) {
     const auto g = CompiledGrammar::from_gbnf(c.grammar);
     for (const std::string& s : c.yes) EXPECT_TRUE(matches(g, s)) << s;
     for (const std::string& s : c.no) EXPECT_FALSE(matches(g, s)) << s;
+  }
+}
+
+// Expanding the rules at the top of a stack is a loop, not one call per rule: a chain of 10^5
+// rules before the first character, or 10^5 rules in a row that may match nothing, would
+// overflow the stack.
+TEST(Recognizer, LongChainsExpandWithoutRecursion) {
+  constexpr int kRules = 100000;
+  std::string chain = "root ::= r0 \"!\"\n";
+  for (int i = 0; i < kRules; ++i)
+    chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+  chain += "r" + std::to_string(kRules) + " ::= \"a\" | \"b\"\n";
+  const auto g = CompiledGrammar::from_gbnf(chain);
+  EXPECT_TRUE(matches(g, "a!"));
+  EXPECT_TRUE(matches(g, "b!"));
+  EXPECT_FALSE(matches(g, "c!"));
+  // A chain of rules that match nothing: past each one's end, back to the one that named it.
+  std::string nullable = "root ::= n0 \"z\"\n";
+  for (int i = 0; i < kRules; ++i)
+    nullable += "n" + std::to_string(i) + " ::= n" + std::to_string(i + 1) + "\n";
+  nullable += "n" + std::to_string(kRules) + " ::= \"\"\n";
+  EXPECT_TRUE(matches(CompiledGrammar::from_gbnf(nullable), "z"));
+  // 60000 rules in a row that may each match nothing or "y": every one of them may be where a
+  // "y" starts, more parses than the automaton keeps: an error, not a crash.
+  std::string empties = "root ::= ";
+  for (int i = 0; i < 60000; ++i) empties += "e ";
+  empties += "\"z\"\ne ::= \"\" | \"y\"\n";
+  const auto g2 = CompiledGrammar::from_gbnf(empties);
+  try {
+    GrammarState state(g2);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("grammar too ambiguous"), std::string::npos) << e.what();
   }
 }
 

@@ -313,6 +313,23 @@ TEST_F(ApiRequestsTest, BodiesMustBeJsonObjects) {
     }
   }
   EXPECT_EQ(parse_request_body(R"({"a": [1, {"b": null}]})")["a"][1]["b"], nullptr);
+  // Nested deeper than anything walking it may recurse: a 400 that says why, not a crash.
+  for (size_t depth : {kMaxJsonDepth, size_t{100000}}) {  // with the body's own object: one more
+    const std::string text =
+        R"({"response_format": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
+    try {
+      parse_request_body(text);
+      ADD_FAILURE() << "accepted " << depth << " levels";
+    } catch (const ApiException& e) {
+      EXPECT_EQ(e.error().status, 400);
+      EXPECT_EQ(e.error().param.value_or(""), "body");
+      EXPECT_NE(e.error().message.find("nests arrays and objects deeper than 128 levels"),
+                std::string::npos)
+          << e.error().message;
+    }
+  }
+  EXPECT_NO_THROW(parse_request_body(R"({"a": )" + std::string(kMaxJsonDepth - 1, '[') +
+                                     std::string(kMaxJsonDepth - 1, ']') + "}"));
 }
 
 TEST_F(ApiRequestsTest, TokenizeAndDetokenize) {

@@ -77,5 +77,32 @@ TEST(ParseJson, ManyKeysKeepTheirOrder) {
   EXPECT_EQ(doc->back(), 0);
 }
 
+// What walks a document recurses once per level: 10^5 nested levels would overflow a stack.
+TEST(ParseJson, NestingDeeperThanTheLimitIsRefusedAsSuch) {
+  const auto nested = [](size_t depth, const std::string& open, const std::string& close) {
+    std::string text;
+    for (size_t i = 0; i < depth; ++i) text += open;
+    text += "1";
+    for (size_t i = 0; i < depth; ++i) text += close;
+    return text;
+  };
+  JsonError error = JsonError::kTooDeep;
+  const auto deepest = parse_json(nested(kMaxJsonDepth, "[", "]"), &error);
+  ASSERT_TRUE(deepest);
+  EXPECT_EQ(deepest->dump().size(), 2 * kMaxJsonDepth + 1);
+  for (size_t depth : {kMaxJsonDepth + 1, size_t{100000}}) {
+    error = JsonError::kInvalid;
+    EXPECT_FALSE(parse_json(nested(depth, "[", "]"), &error)) << depth;
+    EXPECT_EQ(error, JsonError::kTooDeep) << depth;
+    error = JsonError::kInvalid;
+    EXPECT_FALSE(parse_json(nested(depth, "{\"k\":", "}"), &error)) << depth;
+    EXPECT_EQ(error, JsonError::kTooDeep) << depth;
+  }
+  // Invalid text says so, also when it is deep (the depth is seen first only when it is reached).
+  error = JsonError::kTooDeep;
+  EXPECT_FALSE(parse_json("[[1,]]", &error));
+  EXPECT_EQ(error, JsonError::kInvalid);
+}
+
 }  // namespace
 }  // namespace sieve::server

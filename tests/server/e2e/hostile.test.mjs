@@ -4,6 +4,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
+import { writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { KEY, expectPoolEmpty, metrics, startServer } from './lib.mjs';
 
 const sleep = (ms) => new Promise((res) => setTimeout(res, ms));
@@ -299,6 +302,72 @@ test('hostile HTTP: each request gets a correct response or a clean close, and n
       body: JSON.stringify({ prompt: 'Once', max_tokens: 4 }),
     });
     assert.equal(ok.status, 200);
+  } finally {
+    assert.equal((await server.stop()).code, 0, server.log);
+  }
+});
+
+// What walks a request recursively (the JSON Schema compiler, the GBNF parser and automaton, the
+// chat template's context, copies and dumps of JSON) meets nesting and chains as deep as a body
+// of a few MB can make them: each such request gets a 400 that says why, or its answer, and the
+// server stays up. Each of the first four crashed the server (a stack overflow) before.
+test('hostile JSON and grammars: deep nesting and long chains get a 400 or an answer, never a crash', async () => {
+  const template = join(tmpdir(), `sieve-e2e-hostile-${process.pid}.jinja`);
+  writeFileSync(template, '{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n' +
+    '{% endfor %}{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}' +
+    '<|im_start|>assistant\n');
+  const server = await startServer(['--chat-template', template, '--tool-call-parser', 'hermes']);
+  const post = async (path, body) => {
+    const r = await fetch(`${server.base}${path}`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' },
+      body,
+    });
+    return { status: r.status, json: await r.json() };
+  };
+  const chat = (extra) => `{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,${extra}}`;
+  const nestedSchema = (depth) => '{"type":"array","items":'.repeat(depth) + '{"type":"string"}' + '}'.repeat(depth);
+  try {
+    let r = await post('/v1/chat/completions', chat(
+      `"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":${nestedSchema(10000)}}}`));
+    assert.equal(r.status, 400, JSON.stringify(r.json));
+    assert.equal(r.json.error.param, 'body');
+    assert.match(r.json.error.message, /nests arrays and objects deeper than 128 levels/);
+
+    r = await post('/v1/chat/completions', chat(`"tools":[{"type":"function","function":{"name":"f","parameters":` +
+      '{"type":"object","properties":{"a":'.repeat(100000) + '{"type":"string"}' + '}}'.repeat(100000) + '}}]'));
+    assert.equal(r.status, 400, JSON.stringify(r.json));
+    assert.equal(r.json.error.param, 'body');
+
+    r = await post('/v1/completions', JSON.stringify({
+      prompt: 'hi', max_tokens: 3, grammar: `root ::= ${'('.repeat(100000)}"a"${')'.repeat(100000)}` }));
+    assert.equal(r.status, 400, JSON.stringify(r.json));
+    assert.equal(r.json.error.param, 'grammar');
+    assert.match(r.json.error.message, /groups nest deeper than 256 levels/);
+
+    // 10^5 rules, each naming the next: fine, and answered.
+    let chain = 'root ::= r0\n';
+    for (let i = 0; i < 100000; ++i) chain += `r${i} ::= r${i + 1}\n`;
+    chain += 'r100000 ::= "a"\n';
+    r = await post('/v1/completions', JSON.stringify({ prompt: 'hi', max_tokens: 3, grammar: chain }));
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    assert.equal(r.json.choices[0].text, 'a');
+
+    // 10^5 $defs, each a $ref to the next: one object of 10^5 keys (parsed in linear time), and
+    // a chain of $refs deeper than the compiler follows.
+    const defs = {};
+    for (let i = 0; i < 100000; ++i) defs[`d${i}`] = { $ref: `#/$defs/d${i + 1}` };
+    defs.d100000 = { type: 'string' };
+    r = await post('/v1/chat/completions', chat(`"response_format":{"type":"json_schema","json_schema":{"name":"x",` +
+      `"schema":${JSON.stringify({ $defs: defs, $ref: '#/$defs/d0' })}}}`));
+    assert.equal(r.status, 400, JSON.stringify(r.json));
+    assert.equal(r.json.error.param, 'response_format');
+    assert.match(r.json.error.message, /schemas nest deeper than 256 levels/);
+
+    await expectPoolEmpty(server.base);
+    r = await post('/v1/chat/completions', chat(
+      `"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":${nestedSchema(100)}}}`));
+    assert.equal(r.status, 200, JSON.stringify(r.json));
   } finally {
     assert.equal((await server.stop()).code, 0, server.log);
   }
