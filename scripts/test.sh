@@ -49,7 +49,7 @@ CC=clang CXX=clang++ cmake -S . -B build-sanitizers -G Ninja -DCMAKE_BUILD_TYPE=
   -DSIEVE_SANITIZE=ON -DSIEVE_FUZZ=ON -DSIEVE_UNITY_BUILD=OFF -DSIEVE_SHARED_DIR="$shared"
 cmake --build build-sanitizers -j"$jobs" --target gguf_test tokenizer_test chat_template_test \
   kv_test sched_test sparse_engine_test grammar_test http_transport_test answer_tokens_test \
-  gguf_fuzz tokenizer_fuzz chat_template_fuzz hf_tokenizer_fuzz safetensors_fuzz
+  gguf_fuzz tokenizer_fuzz chat_template_fuzz hf_tokenizer_fuzz safetensors_fuzz grammar_fuzz
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # Runs the sanitized tests matching any of the patterns; a pattern that matches no test is an
 # error, so a renamed test cannot drop out of this stage unnoticed.
@@ -85,7 +85,7 @@ TSAN_OPTIONS=halt_on_error=1 setarch "$(uname -m)" -R build-sanitizers/thread_po
   --gtest_repeat=10 --gtest_brief=1
 
 echo "== [3/3] libFuzzer: ${fuzz_seconds}s per target"
-for target in gguf tokenizer chat_template hf_tokenizer safetensors; do
+for target in gguf tokenizer chat_template hf_tokenizer safetensors grammar; do
   corpus="build-sanitizers/corpus/$target"
   rm -rf "$corpus" && mkdir -p "$corpus"
   extra=()
@@ -98,6 +98,9 @@ for target in gguf tokenizer chat_template hf_tokenizer safetensors; do
     fuzz/make_hf_tokenizer_corpus.sh "$corpus"
   elif [ "$target" = safetensors ]; then
     fuzz/make_safetensors_corpus.sh "$corpus"
+  elif [ "$target" = grammar ]; then
+    fuzz/make_grammar_corpus.sh "$corpus"
+    extra=(-dict=fuzz/grammar.dict -max_len=4096)
   else
     cp "$shared"/golden/tokenizer/*.inp "$corpus"/
   fi
