@@ -78,7 +78,10 @@ class SchemaCompiler {
     if (base.empty() || base.size() > 40) base = "s";
     base = "s-" + base;
     std::string name = base;
-    for (int i = 2; names_.contains(name); ++i) name = fmt::format("{}{}", base, i);
+    // Numbered from where the base's last name stopped: an enum of 10^5 values may ask for as
+    // many names with one base.
+    int& suffix = next_suffix_.try_emplace(base, 2).first->second;
+    while (names_.contains(name)) name = fmt::format("{}{}", base, suffix++);
     names_.insert(name);
     return name;
   }
@@ -137,7 +140,7 @@ class SchemaCompiler {
       const Json& values = schema["enum"];
       if (!values.is_array() || values.empty())
         error(path + "/enum", "'enum' must be a non-empty array");
-      for (const Json& v : values) alternatives.push_back(literal(v));
+      alternatives.push_back(enum_trie(values, path));
     } else if (schema.contains("anyOf") || schema.contains("oneOf")) {
       const char* key = schema.contains("anyOf") ? "anyOf" : "oneOf";
       const Json& subs = schema[key];
@@ -187,6 +190,74 @@ class SchemaCompiler {
     std::string body;
     for (const std::string& a : alternatives) body += (body.empty() ? "" : " | ") + a;
     return "( " + body + " )";
+  }
+
+  // An enum as a trie of its values' JSON texts. As plain alternatives, values that share their
+  // first characters would each keep a parse of the automaton alive (over kMaxStacks = 128
+  // values, e.g. 200 country names, was "too ambiguous"); in the trie one parse follows each
+  // branch. Every node where values branch (or one ends and others go on) is a rule of its own,
+  // so long shared prefixes chain rules instead of nesting groups, and the trie is built and
+  // printed in loops, never recursion.
+  std::string enum_trie(const Json& values, const std::string& path) {
+    struct Node {
+      std::map<std::string, size_t> next;  // one UTF-8 character -> child
+      bool ends = false;                   // a value ends here
+    };
+    std::vector<Node> trie(1);
+    for (const Json& value : values) {
+      const std::string text = value.dump();  // as literal() writes it
+      size_t node = 0;
+      for (size_t i = 0; i < text.size();) {
+        const auto lead = static_cast<uint8_t>(text[i]);
+        const size_t len = lead < 0xC0 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+        std::string ch = text.substr(i, len);
+        i += len;
+        auto it = trie[node].next.find(ch);
+        if (it == trie[node].next.end()) {
+          trie.emplace_back();
+          it = trie[node].next.emplace(std::move(ch), trie.size() - 1).first;
+        }
+        node = it->second;
+      }
+      trie[node].ends = true;
+    }
+    const auto branches = [&](size_t n) {
+      return trie[n].next.size() > 1 || (trie[n].ends && !trie[n].next.empty());
+    };
+    std::map<size_t, std::string> rule_of;  // branching node -> its rule
+    std::vector<size_t> unprinted;
+    const auto rule_name = [&](size_t n) {
+      auto [it, added] = rule_of.try_emplace(n);
+      if (added) {
+        it->second = reserve_name(hint(path, "enum"));
+        unprinted.push_back(n);
+      }
+      return it->second;
+    };
+    // The alternatives after node n: per edge, its characters up to the next branching node (then
+    // that node's rule) or to the end of a value; "" where a value ends at n.
+    const auto body = [&](size_t n) {
+      std::string out;
+      for (const auto& [first, child] : trie[n].next) {
+        std::string text = first;
+        size_t m = child;
+        while (!branches(m) && !trie[m].next.empty()) {
+          text += trie[m].next.begin()->first;
+          m = trie[m].next.begin()->second;
+        }
+        out += (out.empty() ? "" : " | ") + ("\"" + escape_gbnf_literal(text) + "\"");
+        if (branches(m)) out += " " + rule_name(m);
+      }
+      if (trie[n].ends) out += " | \"\"";
+      return out;
+    };
+    const std::string root = body(0);
+    while (!unprinted.empty()) {
+      const size_t n = unprinted.back();
+      unprinted.pop_back();
+      rules_.push_back(rule_of[n] + " ::= " + body(n));
+    }
+    return trie[0].next.size() > 1 ? "( " + root + " )" : root;
   }
 
   std::string typed(const Json& schema, const std::string& type, const std::string& path) {
@@ -309,6 +380,7 @@ class SchemaCompiler {
   int depth_ = 0;  // visits in progress
   std::vector<std::string> rules_;
   std::set<std::string> names_;
+  std::map<std::string, int> next_suffix_;  // reserve_name: the next number to try per base
   std::map<std::string, std::string> refs_;
 };
 

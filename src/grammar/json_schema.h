@@ -23,7 +23,9 @@
 //     most 2 (doubles never overflow). Strings: JSON escapes, but no \uD800-\uDFFF (so no
 //     surrogate pairs: characters beyond U+FFFF come as UTF-8); no raw control characters. A
 //     string's length (minLength/maxLength) counts characters, an escape being one.
-//   - enum/const values are written compactly (nlohmann's dump(): no spaces).
+//   - enum/const values are written compactly (nlohmann's dump(): no spaces). An enum is a trie
+//     of its values' texts (a rule where they branch), so the automaton keeps one parse per
+//     branch, not one per value: hundreds of values sharing a prefix run as fast as a few.
 #include <string>
 #include <string_view>
 

@@ -10,7 +10,9 @@
 #include <string>
 #include <thread>
 
+#include "grammar/compiled_grammar.h"
 #include "grammar/grammar_cache.h"
+#include "grammar/grammar_state.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -154,6 +156,7 @@ const char* const kSchemas[] = {
         "required": ["sku", "qty", "price"]}, "minItems": 1, "maxItems": 3},
         "status": {"enum": ["open", "paid", "shipped"]}}, "required": ["items", "status"]})",
     R"({"type": "string", "minLength": 3})",
+    R"({"enum": ["ab", "abc", "abd", "a", 1, 12, 123, "é", "éa", [1], [1, 2], {"a": 1}, null]})",
 };
 
 // Random walks through the masks give JSON that parses and validates against the schema.
@@ -181,6 +184,44 @@ TEST(JsonSchema, RandomWalksProduceValidDocuments) {
       EXPECT_GT(num_ended, 0);
     }
   }
+}
+
+// An enum runs as a trie of its values: hundreds of values that share their first characters
+// (country names, codes) are one parse per branch, not one per value (as alternatives, over 128
+// values was "grammar too ambiguous"). Exactly the values match.
+TEST(JsonSchema, EnumsOfManyValuesMatchExactlyTheirValues) {
+  Json values = Json::array();
+  std::vector<std::string> texts;
+  for (int i = 0; i < 1000; ++i) values.push_back(fmt::format("value{}", i));  // shared prefix
+  for (int i = 0; i < 300; ++i) values.push_back(i * 7);                       // 0, 7, 14, 21 ...
+  for (const char* v : {"", "x", "xy", "xyz", "Ünïcödé", "Ünï", "日本", "日本語"})
+    values.push_back(v);
+  values.push_back(nullptr);
+  values.push_back(Json::parse(R"({"k": [1, 2]})"));
+  for (const Json& v : values) texts.push_back(v.dump());
+  Json schema = {{"enum", values}};
+  const auto g = CompiledGrammar::from_gbnf(json_schema_to_gbnf(schema.dump()));
+  const auto matches = [&](const std::string& text) {
+    GrammarState state(g);
+    return state.accept_bytes(text) && state.can_end();
+  };
+  for (const std::string& text : texts) EXPECT_TRUE(matches(text)) << text;
+  for (const std::string text :
+       {"\"value\"", "\"value1000\"", "\"value12x\"", "\"valu\"", "1", "71", "2100", "\"xyzz\"",
+        "\"Ün\"", "\"日\"", "nul", "{\"k\":[1]}", "\"x\" "}) {
+    EXPECT_FALSE(matches(text)) << text;
+  }
+  // As an object's property (values followed by more of the document), and 10^5 of them.
+  Json many = Json::array();
+  for (int i = 0; i < 100000; ++i) many.push_back(fmt::format("id-{}", i * 13));
+  Json object = {{"type", "object"},
+                 {"properties", {{"id", {{"enum", many}}}, {"n", {{"type", "integer"}}}}},
+                 {"required", {"id", "n"}}};
+  const auto g2 = CompiledGrammar::from_gbnf(json_schema_to_gbnf(object.dump()));
+  GrammarState state(g2);
+  EXPECT_TRUE(state.accept_bytes(R"({"id": "id-1299987", "n": 5})") && state.can_end());
+  GrammarState wrong(g2);
+  EXPECT_FALSE(wrong.accept_bytes(R"({"id": "id-1299988")"));
 }
 
 TEST(JsonSchema, JsonObjectIsAnyObject) {
