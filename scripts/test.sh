@@ -75,7 +75,7 @@ sanitized_tests '^SparseEngine\.' '^SparseLayoutTest\.' '^Seeds/SparseStressTest
   '^Architectures/SparseEngineOnModel\.MixedBatchGivesEachRequestItsTokensAlone/copylm_q8 '
 # Hostile input: grammars and JSON schemas from requests; mutated HTTP against the server.
 sanitized_tests '^GbnfParser' '^Recognizer' '^TokenMasker\.(SpecialTokens|PartialCharacters)' \
-  '^JsonSchema\.(Unsupported|OrderedProperties)' '^HttpTransportTest'
+  '^JsonSchema\.(Unsupported|OrderedProperties|EnumsOfMany)' '^HttpTransportTest'
 unset ASAN_OPTIONS UBSAN_OPTIONS
 echo "== ThreadSanitizer: the thread pool (parallel_for_shares claims items from both ends of a share)"
 clang++ -std=c++20 -fsanitize=thread -O1 -g -Isrc src/util/thread_pool.cc \

@@ -153,8 +153,26 @@ class SchemaCompiler {
                 fmt::format("keyword '{}' next to '{}' is not supported", other, key));
         }
       }
-      for (size_t i = 0; i < subs.size(); ++i) {
-        alternatives.push_back(visit(subs[i], fmt::format("{}/{}/{}", path, key, i)));
+      // Branches that are only values (a union of Literals, as Pydantic writes it): one trie of
+      // them all, as an enum.
+      Json values = Json::array();
+      for (const Json& sub : subs) {
+        if (!only_values(sub)) {
+          values.clear();
+          break;
+        }
+        if (sub.contains("const")) {
+          values.push_back(sub["const"]);
+        } else {
+          for (const Json& v : sub["enum"]) values.push_back(v);
+        }
+      }
+      if (!values.empty()) {
+        alternatives.push_back(enum_trie(values, path));
+      } else {
+        for (size_t i = 0; i < subs.size(); ++i) {
+          alternatives.push_back(visit(subs[i], fmt::format("{}/{}/{}", path, key, i)));
+        }
       }
     } else {
       std::vector<std::string> types;
@@ -190,6 +208,18 @@ class SchemaCompiler {
     std::string body;
     for (const std::string& a : alternatives) body += (body.empty() ? "" : " | ") + a;
     return "( " + body + " )";
+  }
+
+  // A schema that is one const or a non-empty enum, with nothing else but annotations.
+  static bool only_values(const Json& schema) {
+    if (!schema.is_object() || schema.contains("const") == schema.contains("enum")) return false;
+    if (schema.contains("enum") && (!schema["enum"].is_array() || schema["enum"].empty())) {
+      return false;
+    }
+    for (const auto& [key, v] : schema.items()) {
+      if (key != "const" && key != "enum" && !kAnnotations.contains(key)) return false;
+    }
+    return true;
   }
 
   // An enum as a trie of its values' JSON texts. As plain alternatives, values that share their

@@ -211,6 +211,20 @@ TEST(JsonSchema, EnumsOfManyValuesMatchExactlyTheirValues) {
         "\"Ün\"", "\"日\"", "nul", "{\"k\":[1]}", "\"x\" "}) {
     EXPECT_FALSE(matches(text)) << text;
   }
+  // A union of Literals as Pydantic writes it (anyOf of consts and enums): the same trie.
+  Json branches = Json::array();
+  for (int i = 0; i < 300; ++i)
+    branches.push_back({{"const", fmt::format("v{}", i)}, {"title", "t"}});
+  branches.push_back({{"enum", {"w", "w2"}}});
+  const auto g3 = CompiledGrammar::from_gbnf(json_schema_to_gbnf(Json{{"anyOf", branches}}.dump()));
+  for (const std::string text : {"\"v0\"", "\"v299\"", "\"w\"", "\"w2\""}) {
+    GrammarState state(g3);
+    EXPECT_TRUE(state.accept_bytes(text) && state.can_end()) << text;
+  }
+  for (const std::string text : {"\"v300\"", "\"w3\"", "\"v\""}) {
+    GrammarState state(g3);
+    EXPECT_FALSE(state.accept_bytes(text) && state.can_end()) << text;
+  }
   // As an object's property (values followed by more of the document), and 10^5 of them.
   Json many = Json::array();
   for (int i = 0; i < 100000; ++i) many.push_back(fmt::format("id-{}", i * 13));
