@@ -6,14 +6,9 @@
 #   fuzz/make_grammar_corpus.sh OUT_DIR
 #   build-fuzz/fuzz/grammar_fuzz -max_total_time=60 -dict=fuzz/grammar.dict OUT_DIR
 set -euo pipefail
-
-if [[ $# -ne 1 ]]; then
-  echo "usage: $0 OUT_DIR" >&2
-  exit 2
-fi
-here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$1"
-python3 - "$1" "$here"/../tests/grammar/*.cc <<'PY'
+out=${1:?usage: fuzz/make_grammar_corpus.sh OUT_DIR}
+mkdir -p "$out"
+python3 - "$out" "$(dirname "$0")"/../tests/grammar/*.cc <<'PY'
 import json, re, sys
 
 out, sources = sys.argv[1], sys.argv[2:]

@@ -563,6 +563,14 @@ void check_grammar(const Grammar& grammar) {
   std::vector<bool> nullable(num_rules, false);
   std::vector<bool> finishes(num_rules, false);
   std::vector<uint32_t> nullable_work, finish_work;
+  // A rule whose alternative has no open element left is known (nullable, or finishing).
+  const auto settle = [](uint32_t r, uint32_t open, std::vector<bool>& known,
+                         std::vector<uint32_t>& work) {
+    if (open == 0 && !known[r]) {
+      known[r] = true;
+      work.push_back(r);
+    }
+  };
   for (uint32_t r = 0; r < num_rules; ++r) {
     const auto& alternatives = grammar.rules[r].alternatives;
     not_nullable[r].resize(alternatives.size());
@@ -578,38 +586,22 @@ void check_grammar(const Grammar& grammar) {
       }
       not_nullable[r][a] = open_nullable;
       not_finishing[r][a] = open_finishing;
-      if (open_nullable == 0 && !nullable[r]) {
-        nullable[r] = true;
-        nullable_work.push_back(r);
-      }
-      if (open_finishing == 0 && !finishes[r]) {
-        finishes[r] = true;
-        finish_work.push_back(r);
-      }
+      settle(r, open_nullable, nullable, nullable_work);
+      settle(r, open_finishing, finishes, finish_work);
     }
   }
-  // A rule that became nullable (finishing) counts down each alternative using it; an alternative
-  // at zero makes its rule nullable (finishing). An element naming the rule twice counts twice.
-  while (!nullable_work.empty()) {
-    const uint32_t s = nullable_work.back();
-    nullable_work.pop_back();
-    for (const Use& u : uses[s]) {
-      if (--not_nullable[u.rule][u.alt] == 0 && !nullable[u.rule]) {
-        nullable[u.rule] = true;
-        nullable_work.push_back(u.rule);
-      }
+  // A rule that became known counts down each alternative using it; an alternative at zero makes
+  // its rule known. An element naming the rule twice counts twice.
+  const auto propagate = [&](std::vector<uint32_t>& work, std::vector<std::vector<uint32_t>>& open,
+                             std::vector<bool>& known) {
+    while (!work.empty()) {
+      const uint32_t s = work.back();
+      work.pop_back();
+      for (const Use& u : uses[s]) settle(u.rule, --open[u.rule][u.alt], known, work);
     }
-  }
-  while (!finish_work.empty()) {
-    const uint32_t s = finish_work.back();
-    finish_work.pop_back();
-    for (const Use& u : uses[s]) {
-      if (--not_finishing[u.rule][u.alt] == 0 && !finishes[u.rule]) {
-        finishes[u.rule] = true;
-        finish_work.push_back(u.rule);
-      }
-    }
-  }
+  };
+  propagate(nullable_work, not_nullable, nullable);
+  propagate(finish_work, not_finishing, finishes);
   for (size_t r = 0; r < num_rules; ++r) {
     if (!finishes[r]) {
       fail(
