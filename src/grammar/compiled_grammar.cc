@@ -154,6 +154,7 @@ void expand(const CompiledGrammar& g, std::vector<uint32_t>& stack, StackSet& ou
     stack.push_back(f.top);
     frames.pop_back();
   }
+  if (frames.capacity() > 4096) frames = {};  // a hostile chain's frames are not kept per thread
 }
 
 bool advance_byte(const CompiledGrammar& g, const StackSet& in, const Utf8Partial& partial,
