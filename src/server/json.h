@@ -4,13 +4,15 @@
 // Objects keep their keys in the order they came (nlohmann::ordered_json): a schema's declared
 // property order is the order of the output it constrains, a tool's parameters reach the chat
 // template as the client wrote them (transformers does the same), and responses list their
-// fields in the order they are built. A key given twice in one object keeps its first place and
-// its last value, as Python's json module (OpenAI's and vLLM's servers) reads it.
+// fields in the order they are built. A key given twice keeps its first place and its last value
+// (util/json_text.h).
 #include <nlohmann/json.hpp>
 
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include "util/json_text.h"
 
 namespace sieve::server {
 
@@ -22,7 +24,8 @@ using json = nlohmann::ordered_json;
 // levels).
 inline constexpr size_t kMaxJsonDepth = 128;
 
-enum class JsonError { kInvalid, kTooDeep };
+// Why parse_json gave nothing: kInvalid or kTooDeep (kOk is never set).
+using JsonError = JsonParse::Status;
 
 // JSON text → json, in time linear in its size (util/json_text.h); nullopt when it is not valid
 // JSON (UTF-8) or nests deeper than kMaxJsonDepth (which of the two in *error, when given).
